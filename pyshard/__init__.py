@@ -1,0 +1,67 @@
+"""pyshard: redistribute N-D arrays sharded over an MPI mesh, in the fewest collectives."""
+
+from __future__ import annotations
+
+# mpi4py loads (and initialises) the MPI library first; the core must use the same one.
+from mpi4py import MPI as _MPI
+
+try:
+    from . import _core
+except ImportError as _e:  # pragma: no cover - depends on the build
+    raise ImportError(
+        f"pyshard: cannot import the compiled core pyshard._core ({_e}). Build it with "
+        f"'pip install .' in an environment that has an MPI (pip install mpich)."
+    ) from _e
+
+
+def _check_same_mpi() -> None:
+    ours = _core.library_version().strip()
+    theirs = _MPI.Get_library_version().strip()
+    if ours.splitlines()[:1] != theirs.splitlines()[:1]:
+        raise ImportError(
+            "pyshard: the compiled core and mpi4py use different MPI libraries:\n"
+            f"  pyshard._core ({_core.library_path() or 'unknown path'}): "
+            f"{ours.splitlines()[0] if ours else '?'}\n"
+            f"  mpi4py: {theirs.splitlines()[0] if theirs else '?'}\n"
+            "Rebuild pyshard against the MPI that mpi4py loads (or reinstall mpi4py against "
+            "the MPI pyshard was built with)."
+        )
+
+
+_check_same_mpi()
+
+from .array import ShardedArray, distribute, from_local  # noqa: E402
+from .layout import Layout, Partial, Placement, Replicate, Shard, split_sizes  # noqa: E402
+from .mesh import Mesh  # noqa: E402
+from .plan import Plan, Step, plan  # noqa: E402
+
+
+def comm_stats() -> dict:
+    """Collectives the core has run in this process, by kind (e.g. ``{"alltoallv": 3}``)."""
+    return dict(_core.stats())
+
+
+def reset_comm_stats() -> None:
+    """Zero the counters of :func:`comm_stats`."""
+    _core.reset_stats()
+
+
+__version__ = _core.__version__
+
+__all__ = [
+    "Layout",
+    "Mesh",
+    "Partial",
+    "Placement",
+    "Plan",
+    "Replicate",
+    "Shard",
+    "ShardedArray",
+    "Step",
+    "comm_stats",
+    "distribute",
+    "from_local",
+    "plan",
+    "reset_comm_stats",
+    "split_sizes",
+]

@@ -1,0 +1,359 @@
+"""`ShardedArray`: a local numpy array plus the layout it belongs to, and plan execution."""
+
+from __future__ import annotations
+
+import logging
+from math import prod
+from typing import List, Optional, Sequence, Tuple
+
+import numpy as np
+
+from . import _core
+from .layout import (
+    Layout,
+    Partial,
+    PlacementsArg,
+    Replicate,
+    Shard,
+    SizesArg,
+    check_dtype,
+    check_placements,
+)
+from .mesh import Mesh
+from .plan import Plan, Step, plan
+
+__all__ = ["ShardedArray", "distribute", "from_local"]
+
+log = logging.getLogger("pyshard")
+
+
+def _check_mesh(mesh: object) -> Mesh:
+    if not isinstance(mesh, Mesh):
+        raise TypeError(f"mesh must be a pyshard.Mesh, got {type(mesh).__name__}")
+    return mesh
+
+
+def _check_array(a: object, name: str) -> np.ndarray:
+    if not isinstance(a, np.ndarray):
+        raise TypeError(f"{name} must be a numpy array, got {type(a).__name__}")
+    check_dtype(a.dtype, f"{name}.dtype")
+    return a
+
+
+class ShardedArray:
+    """This rank's shard ``local`` of a global array laid out as ``layout`` on ``mesh``.
+
+    ``global_array[x.box]`` equals ``x.local`` when no mesh dim is Partial. ``local`` is
+    always C-contiguous.
+    """
+
+    __slots__ = ("local", "layout", "mesh")
+
+    def __init__(self, local: np.ndarray, layout: Layout, mesh: Mesh) -> None:
+        want = layout.local_shape(mesh.coords)
+        if local.shape != want or local.dtype != layout.dtype:
+            raise ValueError(
+                f"local array {local.shape} {local.dtype} disagrees with the layout, which puts "
+                f"{want} {layout.dtype} at mesh coords {mesh.coords}"
+            )
+        self.local = np.ascontiguousarray(local)
+        self.layout = layout
+        self.mesh = mesh
+
+    @property
+    def global_shape(self) -> Tuple[int, ...]:
+        return self.layout.shape
+
+    @property
+    def shape(self) -> Tuple[int, ...]:
+        return self.layout.shape
+
+    @property
+    def dtype(self) -> np.dtype:
+        return self.layout.dtype
+
+    @property
+    def placements(self) -> Tuple:
+        return self.layout.placements
+
+    @property
+    def box(self) -> Tuple[slice, ...]:
+        """The global region this rank holds."""
+        return self.layout.box(self.mesh.coords)
+
+    def __repr__(self) -> str:
+        return f"ShardedArray({self.layout!r}, local {self.local.shape} at {self.mesh.coords})"
+
+    def plan_to(self, placements: PlacementsArg, sizes: SizesArg = None) -> Plan:
+        """The (cached) plan that :meth:`redistribute` would run; no communication."""
+        return plan(self.layout, self._target(placements, sizes))
+
+    def _target(self, placements: PlacementsArg, sizes: SizesArg) -> Layout:
+        return Layout(self.layout.shape, self.layout.dtype, self.mesh.shape, placements, sizes)
+
+    def redistribute(self, placements: PlacementsArg, sizes: SizesArg = None) -> ShardedArray:
+        """The same global array laid out as ``placements`` (and ``sizes``); collective.
+
+        Every layout check happens before any communication. When the target layout equals
+        the source, nothing is communicated or copied and the result shares ``local`` with
+        this array; otherwise the result owns a new buffer.
+        """
+        target = self._target(placements, sizes)
+        p = plan(self.layout, target)
+        return ShardedArray(execute(p, self.mesh, self.local), target, self.mesh)
+
+    def full(self) -> np.ndarray:
+        """The whole global array on every rank (reduced where the layout is Partial)."""
+        return self.redistribute([Replicate()] * self.mesh.ndim).local
+
+
+def distribute(
+    global_array: np.ndarray,
+    mesh: Mesh,
+    placements: PlacementsArg,
+    sizes: SizesArg = None,
+) -> ShardedArray:
+    """Every rank passes the same full array and gets its shard; no communication.
+
+    A Partial mesh dim holds the array as Replicate -> Partial would: ``sum`` keeps it at
+    coordinate 0 and zeros elsewhere; ``avg``, ``max`` and ``min`` keep it everywhere.
+    """
+    mesh = _check_mesh(mesh)
+    a = _check_array(global_array, "global_array")
+    layout = Layout(a.shape, a.dtype, mesh.shape, placements, sizes)
+    local = np.array(a[layout.box(mesh.coords)], order="C", copy=True)
+    if _zeroed(layout, mesh.coords):
+        local[...] = 0
+    return ShardedArray(local, layout, mesh)
+
+
+def from_local(
+    local: np.ndarray,
+    mesh: Mesh,
+    placements: PlacementsArg,
+    global_shape: Optional[Sequence[int]] = None,
+    sizes: SizesArg = None,
+    validate: bool = False,
+) -> ShardedArray:
+    """Wrap this rank's shard ``local`` as a ShardedArray.
+
+    With ``global_shape`` (and ``sizes`` where the split is not balanced) there is no
+    communication at all: every rank must pass the shard the layout gives it, or
+    :class:`ValueError` is raised on the ranks whose shard disagrees. ``validate=True`` adds
+    one Allgather of the local shapes so that every rank raises the same error.
+
+    With ``global_shape=None`` the extents are learned with one Allgather of the local
+    shapes (the only place pyshard asks other ranks for shapes); mismatches then raise the
+    same error on every rank.
+    """
+    mesh = _check_mesh(mesh)
+    a = _check_array(local, "local")
+    placements = check_placements(placements, mesh.ndim, a.ndim)
+    if global_shape is None:
+        shapes = _gather_shapes(a, mesh)
+        global_shape, sizes_in = _infer_global(shapes, mesh, placements)
+        if sizes is not None:
+            raise ValueError("from_local: give sizes only together with global_shape")
+        layout = Layout(global_shape, a.dtype, mesh.shape, placements, sizes_in)
+        return ShardedArray(a, layout, mesh)
+    layout = Layout(global_shape, a.dtype, mesh.shape, placements, sizes)
+    if validate:
+        shapes = _gather_shapes(a, mesh)
+        for r, shp in enumerate(shapes):
+            coords = tuple(_unravel(r, mesh.shape))
+            want = layout.local_shape(coords)
+            if tuple(shp) != want:
+                raise ValueError(
+                    f"from_local: rank {r} at mesh coords {coords} passed a local array of shape "
+                    f"{tuple(shp)}, but the layout gives it {want}"
+                )
+    return ShardedArray(a, layout, mesh)
+
+
+def _unravel(k: int, shape: Sequence[int]) -> List[int]:
+    out = []
+    for s in reversed(shape):
+        k, r = divmod(k, s)
+        out.append(r)
+    return out[::-1]
+
+
+def _gather_shapes(a: np.ndarray, mesh: Mesh) -> List[Tuple[int, ...]]:
+    # one Allgather of (ndim, itemsize code, extents...) padded to a fixed width of 34 ints
+    width = 34
+    if a.ndim > width - 2:
+        raise ValueError(f"from_local: arrays of ndim > {width - 2} are not supported")
+    mine = [a.ndim, hash(a.dtype.str) & 0x7FFFFFFF] + list(a.shape)
+    mine += [0] * (width - len(mine))
+    flat = _core.allgather_i64(mesh._core_comm(tuple(range(mesh.ndim))), mine)
+    rows = [flat[i * width : (i + 1) * width] for i in range(mesh.size)]
+    for r, row in enumerate(rows):
+        if row[0] != a.ndim or row[1] != mine[1]:
+            raise ValueError(
+                f"from_local: local arrays disagree in ndim or dtype across ranks (rank {r} has "
+                f"ndim {row[0]}); every rank must pass the same ndim and dtype"
+            )
+    return [tuple(row[2 : 2 + a.ndim]) for row in rows]
+
+
+def _infer_global(shapes: List[Tuple[int, ...]], mesh: Mesh, placements: Sequence) -> tuple:
+    ndim = len(shapes[0])
+    coords = [tuple(_unravel(r, mesh.shape)) for r in range(mesh.size)]
+    sharding = {}
+    for m, p in enumerate(placements):
+        if isinstance(p, Shard):
+            sharding.setdefault(p.dim, []).append(m)
+    gshape, sizes = [], {}
+    for d in range(ndim):
+        mdims = sharding.get(d, [])
+        nparts = prod(mesh.shape[m] for m in mdims)
+        ext: List[Optional[int]] = [None] * nparts
+        for r, c in enumerate(coords):
+            k = 0
+            for m in mdims:
+                k = k * mesh.shape[m] + c[m]
+            if ext[k] is None:
+                ext[k] = shapes[r][d]
+            elif ext[k] != shapes[r][d]:
+                raise ValueError(
+                    f"from_local: local extents along array dim {d} disagree between ranks that "
+                    f"must hold the same shard (rank {r} has {shapes[r][d]}, another {ext[k]})"
+                )
+        gshape.append(sum(ext))
+        if mdims:
+            sizes[d] = tuple(ext)
+    return tuple(gshape), sizes
+
+
+def _zeroed(layout: Layout, coords: Sequence[int]) -> bool:
+    """Does a Replicate -> Partial(sum) conversion hold zeros at these coords?"""
+    return any(
+        isinstance(p, Partial) and p.op == "sum" and coords[m] != 0
+        for m, p in enumerate(layout.placements)
+    )
+
+
+# ----------------------------------------------------------------------------- execution
+
+
+class _Exec:
+    """One step bound to this rank: the C++ object (built once) and how to run it."""
+
+    __slots__ = ("step", "core", "out_shape", "upcast", "scale", "zero")
+
+    def __init__(self, step: Step, mesh: Mesh) -> None:
+        self.step = step
+        coords = mesh.coords
+        self.out_shape = step.dst.local_shape(coords)
+        self.core = None
+        self.upcast = None
+        self.scale = None
+        self.zero = False
+        src_shape = list(step.src.local_shape(coords))
+        dst_shape = list(self.out_shape)
+        item = step.src.dtype.itemsize
+        src_lo = [step.src.interval(d, coords)[0] for d in range(step.src.ndim)]
+        dst_lo = [step.dst.interval(d, coords)[0] for d in range(step.dst.ndim)]
+        kind = step.kind
+        if kind in ("alltoallv", "allgatherv", "allreduce", "reduce_scatter"):
+            comm = mesh._core_comm(step.mesh_dims)
+        if kind == "alltoallv":
+            sends, recvs, local = [], [], []
+            for peer, box in step.sends(coords):
+                start = [lo - o for (lo, _), o in zip(box, src_lo)]
+                ext = [hi - lo for lo, hi in box]
+                if peer == coords:
+                    dstart = [lo - o for (lo, _), o in zip(box, dst_lo)]
+                    local.append((start, dstart, ext))
+                else:
+                    sends.append((step.group_rank(peer), start, ext))
+            for peer, box in step.recvs(coords):
+                if peer == coords:
+                    continue
+                start = [lo - o for (lo, _), o in zip(box, dst_lo)]
+                recvs.append((step.group_rank(peer), start, [hi - lo for lo, hi in box]))
+            sends.sort(key=lambda t: t[0])
+            recvs.sort(key=lambda t: t[0])
+            self.core = _core.AlltoallvStep(comm, item, src_shape, dst_shape, sends, recvs, local)
+        elif kind == "allgatherv":
+            blocks = []
+            for g in range(prod(step.group_shape)):
+                member = step.member(coords, g)
+                box = [step.src.interval(d, member) for d in range(step.src.ndim)]
+                blocks.append(
+                    ([lo - o for (lo, _), o in zip(box, dst_lo)], [hi - lo for lo, hi in box])
+                )
+            self.core = _core.AllgathervStep(comm, item, src_shape, dst_shape, blocks)
+        elif kind in ("allreduce", "reduce_scatter"):
+            code, op = _reduce_code(step.src.dtype, step.op)
+            if step.src.dtype == np.float16:
+                self.upcast = np.dtype(np.float32)
+            if step.op == "avg":
+                self.scale = 1.0 / prod(step.group_shape)
+            if kind == "allreduce":
+                self.core = _core.AllreduceStep(comm, code, op, src_shape)
+            else:
+                pieces = []
+                for g in range(prod(step.group_shape)):
+                    member = step.member(coords, g)
+                    box = [step.dst.interval(d, member) for d in range(step.dst.ndim)]
+                    pieces.append(
+                        ([lo - o for (lo, _), o in zip(box, src_lo)], [hi - lo for lo, hi in box])
+                    )
+                isz = self.upcast.itemsize if self.upcast is not None else item
+                self.core = _core.ReduceScatterStep(
+                    comm, code, op, isz, src_shape, dst_shape, pieces
+                )
+        elif kind == "local_copy":
+            self.core = tuple(
+                slice(a - o, b - o)
+                for (a, b), o in zip(
+                    (step.dst.interval(d, coords) for d in range(step.dst.ndim)), src_lo
+                )
+            )
+        elif kind == "make_partial":
+            self.zero = _zeroed(step.dst, coords)
+        else:  # pragma: no cover
+            raise AssertionError(kind)
+
+    def run(self, local: np.ndarray) -> np.ndarray:
+        kind = self.step.kind
+        if kind == "local_copy":
+            return np.ascontiguousarray(local[self.core])
+        if kind == "make_partial":
+            return np.zeros_like(local) if self.zero else local.copy()
+        src = local
+        dtype = local.dtype
+        if self.upcast is not None:
+            src = local.astype(self.upcast)
+            dtype = self.upcast
+        out = np.empty(self.out_shape, dtype=dtype)
+        self.core.run(src, out)
+        if self.scale is not None:
+            out *= out.dtype.type(self.scale)
+        if self.upcast is not None:
+            out = out.astype(local.dtype)
+        return out
+
+
+def _reduce_code(dtype: np.dtype, op: Optional[str]) -> Tuple[str, str]:
+    if dtype == np.float16:
+        dtype = np.dtype(np.float32)
+    code = f"{dtype.kind}{dtype.itemsize}" if dtype.kind != "b" else "b1"
+    mop = {"sum": "sum", "avg": "sum", "max": "max", "min": "min"}[op or "sum"]
+    if dtype.kind == "b":
+        mop = {"sum": "lor", "max": "lor", "min": "land"}[op or "sum"]
+    return code, mop
+
+
+def execute(p: Plan, mesh: Mesh, local: np.ndarray) -> np.ndarray:
+    """Run plan ``p`` on this rank's ``local`` shard; collective over ``mesh``."""
+    execs = mesh._exec_cache.get(p)
+    if execs is None:
+        execs = [_Exec(s, mesh) for s in p.steps]
+        mesh._exec_cache[p] = execs
+        log.debug("pyshard: built %s for rank %d", p, mesh.rank)
+    out = local
+    for e in execs:
+        out = e.run(out)
+    return out

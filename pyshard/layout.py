@@ -1,0 +1,379 @@
+"""Placements, split rules and layouts: pure Python, no MPI, identical on every rank.
+
+A :class:`Layout` records, for every array dim, which mesh dims shard it and the extent and
+offset held at every shard index (the *shard table*). Every rank can therefore compute every
+other rank's box from the layout alone; no collective is ever spent on shapes.
+"""
+
+from __future__ import annotations
+
+import numbers
+from dataclasses import dataclass
+from math import prod
+from typing import Dict, Mapping, Optional, Sequence, Tuple, Union
+
+import numpy as np
+
+__all__ = [
+    "Placement",
+    "Shard",
+    "Replicate",
+    "Partial",
+    "Layout",
+    "split_sizes",
+    "REDUCE_OPS",
+]
+
+REDUCE_OPS = ("sum", "avg", "max", "min")
+
+
+class Placement:
+    """Base class of the per-mesh-dim placements."""
+
+    __slots__ = ()
+
+
+@dataclass(frozen=True)
+class Shard(Placement):
+    """This mesh dim splits array dim ``dim`` into one shard per mesh coordinate."""
+
+    dim: int
+
+    def __post_init__(self) -> None:
+        if isinstance(self.dim, bool) or not isinstance(self.dim, numbers.Integral):
+            raise TypeError(f"Shard(dim): dim must be an int, got {self.dim!r}")
+        object.__setattr__(self, "dim", int(self.dim))
+
+    def __str__(self) -> str:
+        return f"S({self.dim})"
+
+
+@dataclass(frozen=True)
+class Replicate(Placement):
+    """Every rank along this mesh dim holds the same data."""
+
+    def __str__(self) -> str:
+        return "R"
+
+
+@dataclass(frozen=True)
+class Partial(Placement):
+    """Ranks along this mesh dim hold partial values; the array is their reduction by ``op``.
+
+    ``op`` is one of ``sum``, ``avg``, ``max``, ``min``.
+    """
+
+    op: str = "sum"
+
+    def __post_init__(self) -> None:
+        if self.op not in REDUCE_OPS:
+            raise ValueError(f"Partial(op): op must be one of {REDUCE_OPS}, got {self.op!r}")
+
+    def __str__(self) -> str:
+        return f"P({self.op})"
+
+
+# ----------------------------------------------------------------------------- split rules
+
+_RULES = ("balanced", "chunk")
+
+
+def _as_count(value: object, name: str) -> int:
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{name} must be an int, got {value!r}")
+    return int(value)
+
+
+def split_sizes(n: int, parts: int, rule: str = "balanced", grain: int = 1) -> Tuple[int, ...]:
+    """Extents of ``parts`` shards of an extent ``n``: always ``parts`` entries summing to ``n``.
+
+    rule: ``"balanced"`` is numpy.array_split (the first ``n % parts`` parts get one more);
+    ``"chunk"`` is torch.chunk (parts of ceil(n / parts), the remainder last), padded with
+    empty parts where torch.chunk would return fewer.
+    grain: every part but the last is a multiple of ``grain``; the split is made in whole
+    grains and the remainder ``n % grain`` goes to the last part.
+    """
+    n = _as_count(n, "split_sizes(n)")
+    parts = _as_count(parts, "split_sizes(parts)")
+    grain = _as_count(grain, "split_sizes(grain)")
+    if n < 0:
+        raise ValueError(f"split_sizes(n): must be >= 0, got {n}")
+    if parts < 1:
+        raise ValueError(f"split_sizes(parts): must be >= 1, got {parts}")
+    if grain < 1:
+        raise ValueError(f"split_sizes(grain): must be >= 1, got {grain}")
+    if rule not in _RULES:
+        raise ValueError(f"split_sizes(rule): must be one of {_RULES}, got {rule!r}")
+    units, rest = divmod(n, grain)
+    if rule == "balanced":
+        q, r = divmod(units, parts)
+        out = [q + 1] * r + [q] * (parts - r)
+    else:
+        c = -(-units // parts) if units else 0
+        out = []
+        left = units
+        for _ in range(parts):
+            take = min(c, left)
+            out.append(take)
+            left -= take
+    out = [u * grain for u in out]
+    out[-1] += rest
+    return tuple(out)
+
+
+# ----------------------------------------------------------------------------- layout
+
+SizesArg = Optional[Mapping[int, Sequence[int]]]
+
+
+def _check_shape(shape: object, name: str) -> Tuple[int, ...]:
+    if isinstance(shape, numbers.Integral) and not isinstance(shape, bool):
+        shape = (shape,)
+    if not isinstance(shape, (tuple, list)):
+        raise TypeError(f"{name} must be a tuple of ints, got {shape!r}")
+    out = tuple(_as_count(s, f"{name} entry") for s in shape)
+    if any(s < 0 for s in out):
+        raise ValueError(f"{name} must have non-negative extents, got {out}")
+    return out
+
+
+def check_dtype(dtype: object, name: str = "dtype") -> np.dtype:
+    """numpy dtype of a number or bool; object, string and structured dtypes are refused."""
+    try:
+        dt = np.dtype(dtype)
+    except TypeError as e:
+        raise TypeError(f"{name}: not a numpy dtype: {dtype!r}") from e
+    if dt.kind not in "biufc" or dt.fields is not None or dt.subdtype is not None:
+        raise TypeError(
+            f"{name}: pyshard moves numeric and bool arrays only, got dtype {dt} (kind {dt.kind!r})"
+        )
+    return dt
+
+
+def check_placements(placements: object, ndim_mesh: int, ndim_array: int) -> Tuple[Placement, ...]:
+    """Validate a placements list against the mesh and array ranks; negative Shard dims wrap."""
+    if isinstance(placements, Placement) or not isinstance(placements, (list, tuple)):
+        raise TypeError(
+            f"placements must be a list of Shard/Replicate/Partial, one per mesh dim, "
+            f"got {placements!r}"
+        )
+    out = []
+    for i, p in enumerate(placements):
+        if not isinstance(p, Placement):
+            raise TypeError(
+                f"placements[{i}] must be Shard(dim), Replicate() or Partial(op), got {p!r}"
+            )
+        if isinstance(p, Shard):
+            d = p.dim + ndim_array if p.dim < 0 else p.dim
+            if not 0 <= d < ndim_array:
+                raise ValueError(
+                    f"placements[{i}] = {p!r}: dim out of range for an array of ndim {ndim_array}"
+                )
+            p = Shard(d)
+        out.append(p)
+    if len(out) != ndim_mesh:
+        raise ValueError(
+            f"placements has {len(out)} entries but the mesh has {ndim_mesh} dims: give one "
+            f"placement per mesh dim"
+        )
+    return tuple(out)
+
+
+class Layout:
+    """How a global array of ``shape`` and ``dtype`` lies on a mesh of ``mesh_shape``.
+
+    ``placements`` has one entry per mesh dim. An array dim sharded by several mesh dims
+    (nested sharding, e.g. ``[Shard(0), Shard(0)]``) is split by the earlier mesh dim first.
+    ``sizes`` maps an array dim to its shard extents, one per shard along that dim (the
+    product of the sizes of the mesh dims sharding it, ordered row-major over those mesh
+    dims); dims not named are split by ``rule`` (default ``"balanced"``).
+
+    The shard table is ``table[d] = (mesh_dims, extents, offsets)``; it is the same on every
+    rank, and :meth:`box` gives the global region held at any mesh coordinates.
+    """
+
+    __slots__ = ("shape", "dtype", "mesh_shape", "placements", "table", "_key", "_hash")
+
+    def __init__(
+        self,
+        shape: Sequence[int],
+        dtype: object,
+        mesh_shape: Sequence[int],
+        placements: Sequence[Placement],
+        sizes: SizesArg = None,
+        rule: str = "balanced",
+    ) -> None:
+        self.shape = _check_shape(shape, "global_shape")
+        self.dtype = check_dtype(dtype)
+        self.mesh_shape = _check_shape(mesh_shape, "mesh shape")
+        if not self.mesh_shape or any(m < 1 for m in self.mesh_shape):
+            raise ValueError(f"mesh shape must be non-empty and positive, got {self.mesh_shape}")
+        self.placements = check_placements(placements, len(self.mesh_shape), len(self.shape))
+        _check_reductions(self.placements, self.dtype)
+        sharding: Dict[int, list] = {}
+        for m, p in enumerate(self.placements):
+            if isinstance(p, Shard):
+                sharding.setdefault(p.dim, []).append(m)
+        sizes = _check_sizes(sizes, self.shape, self.mesh_shape, sharding)
+        table = []
+        for d, n in enumerate(self.shape):
+            mdims = tuple(sharding.get(d, ()))
+            if not mdims:
+                table.append(((), (n,), (0,)))
+                continue
+            ext = sizes.get(d)
+            if ext is None:
+                ext = _nested_split(n, [self.mesh_shape[m] for m in mdims], rule)
+            offs = tuple(int(x) for x in np.concatenate(([0], np.cumsum(ext)[:-1])))
+            table.append((mdims, tuple(ext), offs))
+        self.table = tuple(table)
+        self._key = (
+            self.shape,
+            self.dtype.str,
+            self.mesh_shape,
+            self.placements,
+            self.table,
+        )
+        self._hash = hash(self._key)
+
+    # -- identity
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Layout) and self._key == other._key
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    def __repr__(self) -> str:
+        pl = ", ".join(str(p) for p in self.placements)
+        mesh = "x".join(str(m) for m in self.mesh_shape)
+        uneven = {d: t[1] for d, t in enumerate(self.table) if t[0] and len(set(t[1])) > 1}
+        extra = f", sizes={uneven}" if uneven else ""
+        return f"Layout({self.shape}, {self.dtype}, [{pl}] on {mesh}{extra})"
+
+    # -- derived facts
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    @property
+    def mesh_size(self) -> int:
+        return prod(self.mesh_shape)
+
+    @property
+    def sizes(self) -> Dict[int, Tuple[int, ...]]:
+        """Shard extents of every sharded array dim (a valid ``sizes`` argument)."""
+        return {d: t[1] for d, t in enumerate(self.table) if t[0]}
+
+    def sharding_mesh_dims(self) -> Tuple[int, ...]:
+        """Mesh dims that shard some array dim, in mesh order."""
+        return tuple(m for m, p in enumerate(self.placements) if isinstance(p, Shard))
+
+    def partial_mesh_dims(self) -> Tuple[int, ...]:
+        return tuple(m for m, p in enumerate(self.placements) if isinstance(p, Partial))
+
+    def shard_index(self, d: int, coords: Sequence[int]) -> int:
+        """Index along array dim ``d``'s shard list of the rank at mesh ``coords``."""
+        k = 0
+        for m in self.table[d][0]:
+            k = k * self.mesh_shape[m] + coords[m]
+        return k
+
+    def interval(self, d: int, coords: Sequence[int]) -> Tuple[int, int]:
+        """(start, stop) along array dim ``d`` held at mesh ``coords``."""
+        mdims, ext, off = self.table[d]
+        if not mdims:
+            return 0, self.shape[d]
+        k = self.shard_index(d, coords)
+        return off[k], off[k] + ext[k]
+
+    def box(self, coords: Sequence[int]) -> Tuple[slice, ...]:
+        """The global region (a tuple of slices) held at mesh ``coords``."""
+        coords = self._check_coords(coords)
+        return tuple(slice(*self.interval(d, coords)) for d in range(self.ndim))
+
+    def local_shape(self, coords: Sequence[int]) -> Tuple[int, ...]:
+        coords = self._check_coords(coords)
+        return tuple(b - a for a, b in (self.interval(d, coords) for d in range(self.ndim)))
+
+    def _check_coords(self, coords: Sequence[int]) -> Tuple[int, ...]:
+        coords = tuple(int(c) for c in coords)
+        if len(coords) != len(self.mesh_shape) or any(
+            not 0 <= c < m for c, m in zip(coords, self.mesh_shape)
+        ):
+            raise ValueError(f"coords {coords} outside mesh {self.mesh_shape}")
+        return coords
+
+    def replace(self, placements: Sequence[Placement], sizes: SizesArg = None) -> Layout:
+        """The same array on the same mesh with other placements (and sizes)."""
+        return Layout(self.shape, self.dtype, self.mesh_shape, placements, sizes)
+
+
+def _check_reductions(placements: Sequence[Placement], dtype: np.dtype) -> None:
+    for m, p in enumerate(placements):
+        if not isinstance(p, Partial):
+            continue
+        if p.op == "avg" and dtype.kind not in "fc":
+            raise ValueError(
+                f"placements[{m}] = Partial('avg') needs a floating or complex dtype, got {dtype}"
+            )
+        if p.op in ("max", "min") and dtype.kind == "c":
+            raise ValueError(
+                f"placements[{m}] = Partial({p.op!r}) is undefined for complex dtype {dtype}"
+            )
+
+
+def _nested_split(n: int, parts: Sequence[int], rule: str) -> Tuple[int, ...]:
+    """Split n by the first mesh dim, then each piece by the next (earlier dim splits first)."""
+    pieces = [n]
+    for p in parts:
+        pieces = [e for piece in pieces for e in split_sizes(piece, p, rule)]
+    return tuple(pieces)
+
+
+def _check_sizes(
+    sizes: SizesArg,
+    shape: Tuple[int, ...],
+    mesh_shape: Tuple[int, ...],
+    sharding: Dict[int, list],
+) -> Dict[int, Tuple[int, ...]]:
+    if sizes is None:
+        return {}
+    if not isinstance(sizes, Mapping):
+        raise TypeError(
+            f"sizes must be a dict {{array_dim: extents}}, got {type(sizes).__name__}: {sizes!r}"
+        )
+    out = {}
+    for key, ext in sizes.items():
+        d = _as_count(key, "sizes key (an array dim)")
+        if d < 0:
+            d += len(shape)
+        if not 0 <= d < len(shape):
+            raise ValueError(f"sizes[{key}]: array dim out of range for ndim {len(shape)}")
+        if d not in sharding:
+            raise ValueError(
+                f"sizes[{key}]: array dim {d} is not sharded by any mesh dim; sizes apply to "
+                f"sharded dims only"
+            )
+        if isinstance(ext, (str, bytes)) or not isinstance(ext, (Sequence, np.ndarray)):
+            raise TypeError(f"sizes[{key}] must be a sequence of ints, got {ext!r}")
+        vals = tuple(_as_count(e, f"sizes[{key}] entry") for e in ext)
+        nparts = prod(mesh_shape[m] for m in sharding[d])
+        if len(vals) != nparts:
+            raise ValueError(
+                f"sizes[{key}] has {len(vals)} extents but array dim {d} has {nparts} shards"
+            )
+        if any(v < 0 for v in vals):
+            raise ValueError(f"sizes[{key}] has a negative extent: {vals}")
+        if sum(vals) != shape[d]:
+            raise ValueError(
+                f"sizes[{key}] sums to {sum(vals)} but array dim {d} has extent {shape[d]}"
+            )
+        out[d] = vals
+    return out
+
+
+def placements_str(placements: Sequence[Placement]) -> str:
+    return "[" + ", ".join(str(p) for p in placements) + "]"
+
+
+PlacementsArg = Sequence[Union[Shard, Replicate, Partial]]

@@ -1,0 +1,107 @@
+"""`Mesh`: a Cartesian arrangement of the ranks of an mpi4py communicator."""
+
+from __future__ import annotations
+
+import numbers
+from math import prod
+from typing import Dict, Optional, Sequence, Tuple
+
+from mpi4py import MPI
+
+from . import _core
+
+__all__ = ["Mesh"]
+
+
+class Mesh:
+    """A Cartesian mesh over an mpi4py communicator whose size is ``prod(shape)``.
+
+    Creating a mesh is collective over ``comm`` (it calls ``Create_cart``); ranks keep their
+    order, and ``coords`` are this rank's coordinates, row-major over ``shape``.
+    ``names`` optionally labels the mesh dims (e.g. ``("dp", "tp")``); a name can be used
+    wherever a mesh dim index is taken.
+    """
+
+    def __init__(
+        self, comm: MPI.Comm, shape: Sequence[int], names: Optional[Sequence[str]] = None
+    ) -> None:
+        if not isinstance(comm, MPI.Intracomm):
+            raise TypeError(
+                f"Mesh(comm): expected an mpi4py intracommunicator (e.g. MPI.COMM_WORLD), "
+                f"got {type(comm).__name__}"
+            )
+        if isinstance(shape, numbers.Integral) and not isinstance(shape, bool):
+            shape = (shape,)
+        if not isinstance(shape, (tuple, list)) or not shape:
+            raise TypeError(f"Mesh(shape): expected a non-empty tuple of ints, got {shape!r}")
+        for s in shape:
+            if isinstance(s, bool) or not isinstance(s, numbers.Integral) or s < 1:
+                raise ValueError(f"Mesh(shape): every extent must be an int >= 1, got {shape!r}")
+        self.shape: Tuple[int, ...] = tuple(int(s) for s in shape)
+        if prod(self.shape) != comm.Get_size():
+            raise ValueError(
+                f"Mesh(shape): prod{self.shape} = {prod(self.shape)} does not match the "
+                f"communicator size {comm.Get_size()}"
+            )
+        if names is None:
+            names = tuple(f"m{i}" for i in range(len(self.shape)))
+        names = tuple(names)
+        if (
+            len(names) != len(self.shape)
+            or len(set(names)) != len(names)
+            or not all(isinstance(n, str) for n in names)
+        ):
+            raise ValueError(f"Mesh(names): need {len(self.shape)} distinct strings, got {names!r}")
+        self.names: Tuple[str, ...] = names
+        self.comm: MPI.Cartcomm = comm.Create_cart(
+            dims=list(self.shape), periods=[False] * len(self.shape), reorder=False
+        )
+        self.rank: int = self.comm.Get_rank()
+        self.coords: Tuple[int, ...] = tuple(self.comm.Get_coords(self.rank))
+        self._subs: Dict[Tuple[int, ...], MPI.Comm] = {}
+        self._core_comms: Dict[Tuple[int, ...], _core.Comm] = {}
+        self._exec_cache: Dict[object, list] = {}
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    @property
+    def size(self) -> int:
+        return prod(self.shape)
+
+    def _dim(self, dim: object) -> int:
+        if isinstance(dim, str):
+            if dim not in self.names:
+                raise ValueError(f"mesh has no dim named {dim!r}; names are {self.names}")
+            return self.names.index(dim)
+        if isinstance(dim, bool) or not isinstance(dim, numbers.Integral):
+            raise TypeError(f"mesh dim must be an int or a name, got {dim!r}")
+        d = int(dim) + (self.ndim if dim < 0 else 0)
+        if not 0 <= d < self.ndim:
+            raise ValueError(f"mesh dim {dim} out of range for a {self.ndim}-D mesh")
+        return d
+
+    def sub(self, dim: object) -> MPI.Comm:
+        """The sub-communicator along one mesh dim (collective over the mesh on first use)."""
+        return self.sub_dims((self._dim(dim),))
+
+    def sub_dims(self, dims: Sequence[object]) -> MPI.Comm:
+        """The sub-communicator spanning several mesh dims (ranks row-major over them)."""
+        key = tuple(sorted(self._dim(d) for d in dims))
+        c = self._subs.get(key)
+        if c is None:
+            c = self.comm.Sub([d in key for d in range(self.ndim)])
+            self._subs[key] = c
+        return c
+
+    def _core_comm(self, dims: Tuple[int, ...]) -> _core.Comm:
+        c = self._core_comms.get(dims)
+        if c is None:
+            c = _core.Comm(self.sub_dims(dims).py2f())
+            self._core_comms[dims] = c
+        return c
+
+    def __repr__(self) -> str:
+        dims = ", ".join(f"{n}={s}" for n, s in zip(self.names, self.shape))
+        return f"Mesh({dims}; rank {self.rank} at {self.coords})"
