@@ -364,7 +364,11 @@ def plan(src: Layout, dst: Layout) -> Plan:
     for m in pending:
         op = cur.placements[m].op
         tp = dst.placements[m]
-        if isinstance(tp, Shard) and not cur.table[tp.dim][0] and dst.table[tp.dim][0] == (m,):
+        if cur.mesh_shape[m] == 1:  # one contribution: the value itself, nothing to reduce
+            mid_pl = list(cur.placements)
+            mid_pl[m] = Replicate()
+            cur = Layout(cur.shape, cur.dtype, cur.mesh_shape, mid_pl, _sizes_of(cur, mid_pl))
+        elif isinstance(tp, Shard) and not cur.table[tp.dim][0] and dst.table[tp.dim][0] == (m,):
             mid_pl = list(cur.placements)
             mid_pl[m] = tp
             extra = {tp.dim: dst.table[tp.dim][1]}

@@ -1,0 +1,43 @@
+"""Deterministic global arrays and per-rank partial contributions for the oracle tests."""
+
+from __future__ import annotations
+
+from math import prod
+
+import numpy as np
+
+DTYPES = ["float16", "float32", "float64", "int32", "int64", "bool", "complex128"]
+
+
+def make_global(shape, dtype, seed=0):
+    """A deterministic array of ``shape`` whose values are exact in every dtype."""
+    dtype = np.dtype(dtype)
+    n = prod(shape)
+    base = (np.arange(n, dtype=np.int64) * 7919 + 31 * seed) % 251
+    if dtype.kind == "b":
+        out = base % 3 == 0
+    elif dtype.kind == "c":
+        out = (base - 125) + 1j * ((base * 13) % 17)
+    elif dtype.kind == "f":
+        out = (base - 125) / 4.0  # exact in float16 (|x| <= 32, quarter steps)
+    else:
+        out = base - 125
+    return np.asarray(out).astype(dtype).reshape(shape)
+
+
+def contributions(shape, dtype, nparts, op, seed=0):
+    """``nparts`` partial arrays and their reduction by ``op`` (exact in every dtype)."""
+    parts = [make_global(shape, dtype, seed=seed + 101 * (i + 1)) for i in range(nparts)]
+    dtype = np.dtype(dtype)
+    if dtype.kind == "f" and dtype.itemsize == 2:
+        parts = [(p / 8).astype(dtype) for p in parts]  # keep sums exact in float16
+    stack = np.stack(parts) if parts else np.zeros((0,) + tuple(shape), dtype)
+    if op == "sum":
+        ref = np.logical_or.reduce(stack, axis=0) if dtype.kind == "b" else stack.sum(axis=0)
+    elif op == "avg":
+        ref = stack.sum(axis=0) / nparts
+    elif op == "max":
+        ref = stack.max(axis=0)
+    else:
+        ref = stack.min(axis=0)
+    return parts, np.asarray(ref).astype(dtype)
