@@ -314,6 +314,8 @@ class _Exec:
             )
         elif kind == "make_partial":
             self.zero = _zeroed(step.dst, coords)
+        elif kind == "relabel":
+            pass
         else:  # pragma: no cover
             raise AssertionError(kind)
 
@@ -323,6 +325,8 @@ class _Exec:
             return np.array(local[self.core], order="C", copy=True)
         if kind == "make_partial":
             return np.zeros_like(local) if self.zero else local.copy()
+        if kind == "relabel":
+            return local
         src = local
         dtype = local.dtype
         if self.upcast is not None:

@@ -203,6 +203,8 @@ class Layout:
         sizes: SizesArg = None,
         rule: str = "balanced",
     ) -> None:
+        if rule not in _RULES:
+            raise ValueError(f"Layout(rule): must be one of {_RULES}, got {rule!r}")
         self.shape = _check_shape(shape, "global_shape")
         self.dtype = check_dtype(dtype)
         self.mesh_shape = _check_shape(mesh_shape, "mesh shape")
@@ -302,10 +304,6 @@ class Layout:
         ):
             raise ValueError(f"coords {coords} outside mesh {self.mesh_shape}")
         return coords
-
-    def replace(self, placements: Sequence[Placement], sizes: SizesArg = None) -> Layout:
-        """The same array on the same mesh with other placements (and sizes)."""
-        return Layout(self.shape, self.dtype, self.mesh_shape, placements, sizes)
 
 
 def _check_reductions(placements: Sequence[Placement], dtype: np.dtype) -> None:

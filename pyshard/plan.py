@@ -97,8 +97,9 @@ class Step:
     """One step of a plan.
 
     kind: ``alltoallv``, ``allgatherv``, ``allreduce``, ``reduce_scatter`` (one collective
-    on the sub-communicator spanning ``mesh_dims``), ``local_copy`` or ``make_partial``
-    (no communication). ``src`` and ``dst`` are the layouts the step starts from and ends
+    on the sub-communicator spanning ``mesh_dims``), ``local_copy``, ``make_partial`` or
+    ``relabel`` (a Partial mesh dim of size 1 read as Replicate: nothing to do); the last
+    three communicate nothing. ``src`` and ``dst`` are the layouts the step starts from and ends
     at; every count of the step comes from them.
     """
 
@@ -367,7 +368,9 @@ def plan(src: Layout, dst: Layout) -> Plan:
         if cur.mesh_shape[m] == 1:  # one contribution: the value itself, nothing to reduce
             mid_pl = list(cur.placements)
             mid_pl[m] = Replicate()
-            cur = Layout(cur.shape, cur.dtype, cur.mesh_shape, mid_pl, _sizes_of(cur, mid_pl))
+            mid = Layout(cur.shape, cur.dtype, cur.mesh_shape, mid_pl, _sizes_of(cur, mid_pl))
+            steps.append(Step("relabel", (m,), cur, mid))
+            cur = mid
         elif isinstance(tp, Shard) and not cur.table[tp.dim][0] and dst.table[tp.dim][0] == (m,):
             mid_pl = list(cur.placements)
             mid_pl[m] = tp

@@ -1,0 +1,124 @@
+"""Bad input raises a clear ValueError/TypeError on every rank, before any communication."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from oracle import make_global
+
+import pyshard as ps
+from pyshard import Partial, Replicate, Shard
+
+
+@pytest.fixture
+def mesh(comm):
+    return ps.Mesh(comm, (comm.size,))
+
+
+def no_comm(fn, exc, match):
+    before = ps.comm_stats()
+    with pytest.raises(exc, match=match):
+        fn()
+    assert ps.comm_stats() == before, "an invalid call must fail before communicating"
+
+
+def test_mesh_errors(comm):
+    with pytest.raises(ValueError, match="communicator size"):
+        ps.Mesh(comm, (comm.size + 1,))
+    with pytest.raises(TypeError, match="intracommunicator"):
+        ps.Mesh("COMM_WORLD", (1,))
+    with pytest.raises(TypeError, match="intracommunicator"):
+        ps.Mesh(None, (comm.size,))
+    with pytest.raises(ValueError, match="int >= 1"):
+        ps.Mesh(comm, (comm.size, 0))
+    with pytest.raises(ValueError, match="names"):
+        ps.Mesh(comm, (comm.size,), names=("a", "b"))
+    m = ps.Mesh(comm, (1, comm.size), names=("dp", "tp"))
+    assert m.coords == (0, comm.rank) and m.ndim == 2 and m.size == comm.size
+    assert m.sub("tp").Get_size() == comm.size and m.sub(0).Get_size() == 1
+    with pytest.raises(ValueError, match="no dim named"):
+        m.sub("pp")
+
+
+def test_distribute_errors(mesh):
+    g = make_global((6, 4), "float32")
+    no_comm(lambda: ps.distribute(g, mesh, [Shard(0), Shard(1)]), ValueError, "placements has 2")
+    no_comm(lambda: ps.distribute(g, mesh, [Shard(2)]), ValueError, "out of range")
+    no_comm(lambda: ps.distribute(g, mesh, Shard(0)), TypeError, "placements must be a list")
+    no_comm(lambda: ps.distribute(g, mesh, ["S0"]), TypeError, r"placements\[0\]")
+    no_comm(lambda: ps.distribute(g.tolist(), mesh, [Shard(0)]), TypeError, "numpy array")
+    no_comm(
+        lambda: ps.distribute(np.empty((2, 2), dtype=object), mesh, [Shard(0)]),
+        TypeError,
+        "dtype",
+    )
+    no_comm(lambda: ps.distribute(g, "mesh", [Shard(0)]), TypeError, "pyshard.Mesh")
+    p = mesh.size
+    bad_sum = [7] + [0] * (p - 1)
+    no_comm(lambda: ps.distribute(g, mesh, [Shard(0)], sizes={0: bad_sum}), ValueError, "sums to")
+    neg = [7, -1] + [0] * (p - 2) if p > 1 else [-6]
+    no_comm(lambda: ps.distribute(g, mesh, [Shard(0)], sizes={0: neg}), ValueError, "negative|sums")
+    no_comm(
+        lambda: ps.distribute(g, mesh, [Shard(0)], sizes={0: [6.0] + [0] * (p - 1)}),
+        TypeError,
+        "int",
+    )
+    no_comm(
+        lambda: ps.distribute(g, mesh, [Shard(0)], sizes={0: [6] * (p + 1)}),
+        ValueError,
+        "extents but array dim 0 has",
+    )
+    no_comm(
+        lambda: ps.distribute(g, mesh, [Shard(0)], sizes={1: [4] + [0] * (p - 1)}),
+        ValueError,
+        "not sharded",
+    )
+    with pytest.raises(ValueError, match="op must be one of"):
+        Partial("prod")
+
+
+def test_redistribute_errors(mesh):
+    x = ps.distribute(make_global((6, 4), "float32"), mesh, [Shard(0)])
+    no_comm(lambda: x.redistribute([Shard(5)]), ValueError, "out of range")
+    no_comm(lambda: x.redistribute([Replicate(), Replicate()]), ValueError, "placements has 2")
+    no_comm(lambda: x.redistribute([Shard(1)], sizes={1: [1] * 99}), ValueError, "extents")
+    no_comm(lambda: x.redistribute([1]), TypeError, r"placements\[0\]")
+    c = ps.distribute(np.ones((3,), np.complex64), mesh, [Replicate()])
+    no_comm(lambda: c.redistribute([Partial("min")]), ValueError, "complex")
+
+
+def test_from_local_errors(comm, mesh):
+    p, r = comm.size, comm.rank
+    local = np.zeros((2, 3), np.float64)
+    # the layout puts (2, 3) on every rank when the global shape is (2p, 3)
+    ok = ps.from_local(local, mesh, [Shard(0)], global_shape=(2 * p, 3))
+    assert ok.box == (slice(2 * r, 2 * r + 2), slice(0, 3))
+    # (2p + 1, 3) puts 3 rows on rank 0 and 2 elsewhere: only rank 0's shard disagrees, and
+    # only rank 0 raises (no communication, so the others are not left waiting)
+    if p > 1:
+        if r == 0:
+            no_comm(
+                lambda: ps.from_local(local, mesh, [Shard(0)], global_shape=(2 * p + 1, 3)),
+                ValueError,
+                "disagrees with the layout",
+            )
+        else:
+            ps.from_local(local, mesh, [Shard(0)], global_shape=(2 * p + 1, 3))
+    no_comm(lambda: ps.from_local([1, 2], mesh, [Shard(0)], global_shape=(2,)), TypeError, "numpy")
+    # one rank passes a wrong shape: with validate=True every rank raises the same error
+    bad = np.zeros((3 if r == p - 1 else 2, 3))
+    with pytest.raises(ValueError, match=f"rank {p - 1} at mesh coords"):
+        ps.from_local(bad, mesh, [Shard(0)], global_shape=(2 * p, 3), validate=True)
+    # without a global shape the extents are gathered; inconsistent ones fail everywhere
+    bad2 = np.zeros((2, 3 + (r == p - 1)))
+    if p > 1:
+        with pytest.raises(ValueError, match="disagree between ranks"):
+            ps.from_local(bad2, mesh, [Shard(0)])
+    bad3 = np.zeros((2, 3) if r != p - 1 else (2, 3, 1))
+    if p > 1:
+        with pytest.raises(ValueError, match="disagree in ndim or dtype"):
+            ps.from_local(bad3, mesh, [Shard(0)])
+    bad4 = np.zeros((2, 3), np.float32 if r == 0 else np.float64)
+    if p > 1:
+        with pytest.raises(ValueError, match="disagree in ndim or dtype"):
+            ps.from_local(bad4, mesh, [Shard(0)])
