@@ -21,6 +21,7 @@ def pytest_report_header(config):
     return f"MPI: {lib}; rank {COMM.rank} of {COMM.size}"
 
 
+@pytest.hookimpl(trylast=True)
 def pytest_configure(config):
     if COMM.rank != 0:
         config.option.verbose = -2

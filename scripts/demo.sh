@@ -1,0 +1,9 @@
+#!/usr/bin/env bash
+# Set up (see setup.sh) and run the demo on 4 ranks: a few redistributions of a 64 MiB
+# array, each checked against numpy, printed as a table. Extra arguments go to the demo.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh
+VENV=${PYSHARD_VENV:-.venv}
+NP=${NP:-4}
+exec timeout 600 "$VENV/bin/mpiexec" -n "$NP" "$VENV/bin/python" -m pyshard demo "$@"
