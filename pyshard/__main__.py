@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from typing import List, Optional
+from typing import Callable, List, Optional
 
 import numpy as np
 from mpi4py import MPI
@@ -20,7 +20,7 @@ def _global(shape: tuple, dtype: np.dtype, seed: int = 0) -> np.ndarray:
     return (base - 504).astype(dtype).reshape(shape)
 
 
-def _timed(fn, comm: MPI.Comm, reps: int) -> float:
+def _timed(fn: Callable[[], object], comm: MPI.Comm, reps: int) -> float:
     """Median over reps of the slowest rank's time (a barrier before each rep)."""
     times = []
     for _ in range(reps):
