@@ -1,0 +1,223 @@
+"""Redistribution on 2-D and 3-D meshes against the numpy oracle.
+
+Which meshes run depends on the communicator size (4: 2x2, 1x4, 4x1; 6: 2x3, 3x2;
+8: 2x2x2, 4x2; 7: 7x1; 2 and 3: 1xN and Nx1); a size with no mesh of a case skips it.
+"""
+
+from __future__ import annotations
+
+import itertools
+from math import prod
+
+import numpy as np
+import pytest
+from oracle import make_global
+
+import pyshard as ps
+from pyshard import Partial, Replicate, Shard
+
+R, P = Replicate(), Partial("sum")
+
+
+def S(d):
+    return Shard(d)
+
+
+MESHES = {
+    1: [(1, 1)],
+    2: [(1, 2), (2, 1)],
+    3: [(1, 3), (3, 1)],
+    4: [(2, 2), (1, 4), (4, 1)],
+    6: [(2, 3), (3, 2)],
+    7: [(7, 1)],
+    8: [(2, 2, 2), (4, 2), (2, 4)],
+}
+
+
+def meshes_for(comm, ndim=None):
+    out = [m for m in MESHES.get(comm.size, []) if ndim is None or len(m) == ndim]
+    if not out:
+        pytest.skip(f"no {ndim or ''}-D mesh case for {comm.size} ranks")
+    return out
+
+
+def counts_since(before):
+    now = ps.comm_stats()
+    return {k: v - before.get(k, 0) for k, v in now.items() if v - before.get(k, 0)}
+
+
+def make_source(g, mesh, placements, sizes=None):
+    """A ShardedArray of ``g``; Partial(sum) mesh dims hold distinct integer contributions."""
+    pdims = [m for m, p in enumerate(placements) if isinstance(p, Partial)]
+    if not pdims:
+        return ps.distribute(g, mesh, placements, sizes)
+    layout = ps.Layout(g.shape, g.dtype, mesh.shape, placements, sizes)
+    nq = prod(mesh.shape[m] for m in pdims)
+    parts = [make_global(g.shape, g.dtype, seed=17 * (q + 1)) for q in range(nq - 1)]
+    parts.append(g - sum(parts) if parts else g)  # exact for integer dtypes
+    q = 0
+    for m in pdims:
+        q = q * mesh.shape[m] + mesh.coords[m]
+    local = np.ascontiguousarray(parts[q][layout.box(mesh.coords)])
+    return ps.from_local(local, mesh, placements, global_shape=g.shape, sizes=sizes)
+
+
+def check(y, g, where=""):
+    assert not any(isinstance(p, Partial) for p in y.placements)
+    np.testing.assert_array_equal(y.local, g[y.box], err_msg=where)
+
+
+def sweep(comm, mesh_shape, shape, sources, targets):
+    mesh = ps.Mesh(comm, mesh_shape)
+    g = make_global(shape, "int64", seed=5)
+    failures = []
+    for src in sources:
+        x = make_source(g, mesh, list(src))
+        for dst in targets:
+            p = x.plan_to(list(dst))
+            before = ps.comm_stats()
+            try:
+                y = x.redistribute(list(dst))
+                got = counts_since(before)
+                assert sum(got.values()) == p.collectives, (got, p.collectives)
+                if not any(isinstance(q, Partial) for q in src):
+                    assert p.collectives <= 1, str(p)
+                if R not in dst:
+                    assert "allgatherv" not in got, str(p)
+                check(y, g)
+            except AssertionError as e:
+                failures.append(f"{mesh_shape} {shape} {src}->{dst}: {e}")
+    assert not failures, f"{len(failures)} failures:\n" + "\n".join(failures[:8])
+
+
+@pytest.mark.parametrize("shape", [(7, 10), (3, 5)])
+def test_exhaustive_2d(comm, shape):
+    """Every source in {R,S0,S1,P}^2 to every target in {R,S0,S1}^2."""
+    for mesh_shape in meshes_for(comm, 2):
+        if mesh_shape not in [(2, 2), (4, 2), (2, 3), (3, 2), (1, 4), (4, 1)]:
+            continue
+        sources = list(itertools.product([R, S(0), S(1), P], repeat=2))
+        targets = list(itertools.product([R, S(0), S(1)], repeat=2))
+        sweep(comm, mesh_shape, shape, sources, targets)
+
+
+def test_small_meshes_2d(comm):
+    for mesh_shape in meshes_for(comm, 2):
+        sources = [(S(0), S(1)), (S(1), S(0)), (R, S(1)), (P, S(0)), (S(0), S(0))]
+        targets = list(itertools.product([R, S(0), S(1)], repeat=2))
+        sweep(comm, mesh_shape, (5, 9), sources, targets)
+
+
+def test_3d_mesh_permutations(comm):
+    if comm.size != 8:
+        pytest.skip("2x2x2 needs 8 ranks")
+    mesh = ps.Mesh(comm, (2, 2, 2))
+    g = make_global((8, 6, 5), "float64")
+    base = [S(0), S(1), S(2)]
+    x = ps.distribute(g, mesh, base)
+    for perm in itertools.permutations(base):
+        before = ps.comm_stats()
+        y = x.redistribute(list(perm))
+        want = {} if list(perm) == base else {"alltoallv": 1}
+        assert counts_since(before) == want, perm
+        check(y, g, str(perm))
+    # a sample of mixed sources and targets, Partial and nested sharding included
+    sources = [(S(0), R, S(2)), (P, S(1), S(0)), (S(0), S(0), R), (R, P, S(2)), (S(2), S(2), S(2))]
+    targets = [(R, R, R), (S(1), S(0), R), (S(0), S(0), S(0)), (R, S(2), S(1)), (S(2), R, S(0))]
+    sweep(comm, (2, 2, 2), (7, 5, 3), sources, targets)
+
+
+def test_issue_counts(comm):
+    """One collective for the transposes DTensor needs two for."""
+    cases = {
+        (2, 2): [
+            ([S(0), S(1)], [S(1), S(0)], {"alltoallv": 1}),
+            ([S(0), S(0)], [S(1), S(1)], {"alltoallv": 1}),
+            ([S(0), R], [S(1), R], {"alltoallv": 1}),
+        ],
+        (2, 3): [([S(1), S(0)], [S(0), S(1)], {"alltoallv": 1})],
+    }
+    ran = False
+    for mesh_shape in meshes_for(comm):
+        for src, dst, want in cases.get(mesh_shape, []):
+            ran = True
+            mesh = ps.Mesh(comm, mesh_shape)
+            g = make_global((9, 7), "float32")
+            x = ps.distribute(g, mesh, src)
+            before = ps.comm_stats()
+            y = x.redistribute(dst)
+            assert counts_since(before) == want
+            check(y, g)
+            if dst == [S(1), R]:
+                assert y.plan_to(dst).steps == () and x.plan_to(dst).steps[0].mesh_dims == (0,)
+    if not ran:
+        pytest.skip("needs 4 or 6 ranks")
+
+
+PHYSICSNEMO_TARGETS = [
+    [R, S(2)],
+    [S(1), R],
+    [R, R],
+    [R, S(1)],
+    [S(2), R],
+    [S(2), S(1)],
+    [S(3), R],
+]
+
+
+@pytest.mark.parametrize("dst", PHYSICSNEMO_TARGETS, ids=[str(d) for d in PHYSICSNEMO_TARGETS])
+def test_physicsnemo_arbitrary_extents(comm, dst):
+    """Local extents (6, 4(r0+1)+2 r0, 4(r1+2)+2 r1, 5) on [S1, S2], learned by from_local."""
+    for mesh_shape in meshes_for(comm, 2):
+        mesh = ps.Mesh(comm, mesh_shape)
+        e1 = [4 * (a + 1) + 2 * a for a in range(mesh_shape[0])]
+        e2 = [4 * (b + 2) + 2 * b for b in range(mesh_shape[1])]
+        g = make_global((6, sum(e1), sum(e2), 5), "float32")
+        r0, r1 = mesh.coords
+        o1, o2 = sum(e1[:r0]), sum(e2[:r1])
+        local = g[:, o1 : o1 + e1[r0], o2 : o2 + e2[r1], :].copy()
+        x = ps.from_local(local, mesh, [S(1), S(2)])
+        assert x.layout.sizes == {1: tuple(e1), 2: tuple(e2)}
+        before = ps.comm_stats()
+        y = x.redistribute(dst)
+        assert sum(counts_since(before).values()) == x.plan_to(dst).collectives <= 1
+        check(y, g, f"{mesh_shape} {dst}")
+
+
+def test_empty_shard_on_one_dim_uneven_on_other(comm):
+    for mesh_shape in meshes_for(comm, 2):
+        mesh = ps.Mesh(comm, mesh_shape)
+        g = make_global((1, 7), "int32")  # dim 0: one row over mesh dim 0 (empty shards)
+        for src, dst in [
+            ([S(0), S(1)], [S(1), S(0)]),
+            ([S(0), S(1)], [R, S(0)]),
+            ([S(1), S(0)], [S(0), S(1)]),
+            ([S(0), S(1)], [S(1), R]),
+        ]:
+            x = ps.distribute(g, mesh, src)
+            check(x.redistribute(dst), g, f"{mesh_shape} {src}->{dst}")
+
+
+def test_round_trip_is_bitwise(comm):
+    for mesh_shape in meshes_for(comm, 2):
+        mesh = ps.Mesh(comm, mesh_shape)
+        g = make_global((11, 13), "complex128")
+        a = ps.distribute(g, mesh, [S(0), S(1)])
+        b = a.redistribute([S(1), S(0)])
+        c = b.redistribute([S(0), S(1)])
+        assert c.layout == a.layout
+        assert c.local.tobytes() == a.local.tobytes()
+
+
+def test_explicit_uneven_sizes_nested(comm):
+    for mesh_shape in meshes_for(comm, 2):
+        mesh = ps.Mesh(comm, mesh_shape)
+        n = prod(mesh_shape)
+        sizes = [0] * n
+        sizes[-1] = 9
+        sizes[0] += 3
+        g = make_global((12, 4), "float64")
+        x = ps.distribute(g, mesh, [S(0), S(0)], sizes={0: sizes})
+        check(x, g)
+        for dst in ([S(1), S(0)], [S(0), S(0)], [R, S(0)], [S(0), R]):
+            check(x.redistribute(dst), g, str(dst))
