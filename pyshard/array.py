@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import zlib
+from functools import lru_cache
 from math import prod
 from typing import List, Optional, Sequence, Tuple
 
@@ -90,7 +91,7 @@ class ShardedArray:
         return plan(self.layout, self._target(placements, sizes))
 
     def _target(self, placements: PlacementsArg, sizes: SizesArg) -> Layout:
-        return Layout(self.layout.shape, self.layout.dtype, self.mesh.shape, placements, sizes)
+        return _layout(self.layout, self.mesh.shape, placements, sizes)
 
     def redistribute(self, placements: PlacementsArg, sizes: SizesArg = None) -> ShardedArray:
         """The same global array laid out as ``placements`` (and ``sizes``); collective.
@@ -106,6 +107,26 @@ class ShardedArray:
     def full(self) -> np.ndarray:
         """The whole global array on every rank (reduced where the layout is Partial)."""
         return self.redistribute([Replicate()] * self.mesh.ndim).local
+
+
+@lru_cache(maxsize=4096)
+def _layout_cached(shape: tuple, dtype: str, mesh_shape: tuple, placements: tuple, sizes: tuple):
+    return Layout(shape, dtype, mesh_shape, placements, dict(sizes) if sizes is not None else None)
+
+
+def _layout(like: Layout, mesh_shape: tuple, placements: PlacementsArg, sizes: SizesArg) -> Layout:
+    """Layout of ``like``'s array as ``placements``, cached so that a repeated redistribute
+    does no work that grows with the number of ranks."""
+    try:
+        key_sizes = (
+            None
+            if sizes is None
+            else tuple(sorted((int(d), tuple(int(e) for e in v)) for d, v in sizes.items()))
+        )
+        return _layout_cached(like.shape, like.dtype.str, mesh_shape, tuple(placements), key_sizes)
+    except (TypeError, ValueError, AttributeError):
+        # not hashable or not well formed: build it uncached for the precise error
+        return Layout(like.shape, like.dtype, mesh_shape, placements, sizes)
 
 
 def distribute(

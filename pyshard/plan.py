@@ -7,11 +7,15 @@ no step ever asks another rank for a shape.
 
 The rules (all decided from the layouts alone, so every rank decides the same):
 
-1. Partial mesh dims of the source that the target does not keep are reduced first:
-   ``Partial -> Shard(d)`` is one Reduce_scatter on that mesh dim when no other mesh dim
-   shards ``d`` (the result lands directly in the target's shard extents);
-   every other reduction is one Allreduce over the sub-communicator of all such mesh dims
-   that share a reduction op.
+1. Partial mesh dims of the source that the target does not keep are reduced first. The
+   cost model is about bytes: a Reduce_scatter moves half the bytes of an Allreduce and
+   leaves 1/n of the data for the exchange that follows, so a Partial mesh dim whose target
+   is ``Shard`` is reduced with one Reduce_scatter on that mesh dim, onto the target's array
+   dim when no other mesh dim shards it (landing directly in the target's extents), else
+   onto the largest array dim nobody shards (the exchange then moves 1/n of the data).
+   A Partial mesh dim whose target replicates (or is another Partial op) needs every value
+   on every rank: one Allreduce over the sub-communicator of all such mesh dims that share
+   a reduction op (one collective however many mesh dims).
 2. The remaining change is one exchange over the sub-communicator spanning the mesh dims
    where a sender can differ from its receiver. Each destination block is sent by the rank
    that holds that source shard and shares the receiver's coordinates on every mesh dim the
@@ -157,27 +161,51 @@ class Step:
             out.append((tuple(sender), tuple((lo, hi) for _, lo, hi in combo)))
         return out
 
-    def sends(self, coords: Sequence[int]) -> List[Tuple[Coords, Box]]:
-        """(receiver coords, global box) of every block the rank at ``coords`` sends."""
+    def _send_lists(self, coords: Sequence[int]) -> Tuple[list, List[int]]:
+        """Per array dim, the target shards the rank at ``coords`` sends to: a list of
+        ``(((mesh_dim, coord), ...), lo, hi)``; and the mesh dims whose every coord receives.
+
+        A receiver takes its data from the replica that shares its coords on the mesh dims the
+        source does not shard; the lists are memoised per (dim, shard, those coords), so a
+        mesh of thousands of ranks costs a few distinct lists, not one per rank.
+        """
         src, dst = self.src, self.dst
         mesh = src.mesh_shape
+        memo = self._cache.setdefault("send_lists", {})
         src_sharding = set(src.sharding_mesh_dims())
-        dst_sharding = set(dst.sharding_mesh_dims())
         per_dim = []
         for d, (by_src, _) in enumerate(self._overlaps()):
             mdims = dst.table[d][0]
-            shp = [mesh[x] for x in mdims]
-            keep = []
-            for k, lo, hi in by_src[src.shard_index(d, coords)]:
-                cs = _unravel(k, shp)
-                # a receiver takes its data from the replica that shares its coords on the
-                # mesh dims the source does not shard
-                if all(m in src_sharding or c == coords[m] for m, c in zip(mdims, cs)):
-                    keep.append((tuple(zip(mdims, cs)), lo, hi))
-            if not keep:
-                return []
+            fixed = tuple(coords[m] if m not in src_sharding else -1 for m in mdims)
+            ks = src.shard_index(d, coords)
+            key = (d, ks, fixed)
+            keep = memo.get(key)
+            if keep is None:
+                shp = [mesh[x] for x in mdims]
+                keep = []
+                for k, lo, hi in by_src[ks]:
+                    cs = _unravel(k, shp)
+                    if all(f < 0 or c == f for f, c in zip(fixed, cs)):
+                        keep.append((tuple(zip(mdims, cs)), lo, hi))
+                keep = (keep, sum(hi - lo for _, lo, hi in keep))
+                memo[key] = keep
             per_dim.append(keep)
-        free = [m for m in sorted(src_sharding - dst_sharding)]
+        free = sorted(src_sharding - set(dst.sharding_mesh_dims()))
+        return per_dim, free
+
+    def send_volume(self, coords: Sequence[int]) -> int:
+        """Elements the rank at ``coords`` sends, itself included (no pair enumeration)."""
+        per_dim, free = self._send_lists(coords)
+        v = prod(total for _, total in per_dim)
+        return v * prod(self.src.mesh_shape[m] for m in free)
+
+    def sends(self, coords: Sequence[int]) -> List[Tuple[Coords, Box]]:
+        """(receiver coords, global box) of every block the rank at ``coords`` sends."""
+        lists, free = self._send_lists(coords)
+        per_dim = [keep for keep, _ in lists]
+        if not all(per_dim):
+            return []
+        mesh = self.src.mesh_shape
         out = []
         for combo in itertools.product(*per_dim):
             recv = list(coords)
@@ -261,16 +289,26 @@ class Plan:
 
     @property
     def bytes_moved(self) -> int:
-        """Bytes sent to other ranks in one execution, summed over all ranks and steps."""
+        """Bytes sent to other ranks in one execution, summed over all ranks and steps
+        (reductions counted as a ring algorithm moves them). O(ranks), no pair enumeration."""
         b = self._cache_get("bytes_moved")
         if b is None:
-            b = sum(
-                sent
-                for coords in itertools.product(*[range(m) for m in self.src.mesh_shape])
-                for sent, _ in self.rank_bytes(coords)
-            )
+            b = 0
+            for coords in itertools.product(*[range(m) for m in self.src.mesh_shape]):
+                for s in self.steps:
+                    b += _step_recv_bytes(s, coords)
             self._cache_set("bytes_moved", b)
         return b
+
+    def peak_extra_bytes(self, coords: Sequence[int]) -> int:
+        """Peak memory one execution allocates at ``coords`` beyond its input: each step's
+        output and pack/unpack workspace, plus the previous step's output while it is read."""
+        peak, held = 0, 0
+        for s in self.steps:
+            out = _step_out_bytes(s, tuple(coords))
+            peak = max(peak, held + out + _step_workspace(s, tuple(coords)))
+            held = out
+        return peak
 
     def _cache_get(self, key: str) -> object:
         return self.steps[0]._cache.get(("plan", key)) if self.steps else 0
@@ -281,7 +319,8 @@ class Plan:
 
     def explain(self, coords: Optional[Sequence[int]] = None) -> str:
         """Readable text: each step, its collective and communicator, the bytes the rank at
-        ``coords`` (default: mesh coords 0) sends and receives, and the maximum over ranks."""
+        ``coords`` (default: mesh coords 0) sends and receives, the maximum over ranks, and
+        the peak extra memory."""
         mesh = self.src.mesh_shape
         coords = tuple(coords) if coords is not None else (0,) * len(mesh)
         lines = [
@@ -295,8 +334,8 @@ class Plan:
             per = [_step_bytes(s, c) for c in all_coords]
             comm = (
                 "mesh dims " + ",".join(map(str, s.mesh_dims)) + f" ({prod(s.group_shape)} ranks)"
-                if s.mesh_dims
-                else "no communicator"
+                if s.is_collective
+                else "no communication"
             )
             op = f" op={s.op}" if s.op else ""
             lines.append(
@@ -308,6 +347,14 @@ class Plan:
                 f"max over ranks: sends {max(p[0] for p in per)} B, "
                 f"receives {max(p[1] for p in per)} B"
             )
+            if s.kind == "alltoallv":
+                lines.append(f"    messages: at most {prod(s.group_shape) - 1} peers per rank")
+        peak = self.peak_extra_bytes(coords)
+        peak_max = max(self.peak_extra_bytes(c) for c in all_coords)
+        lines.append(
+            f"  peak extra memory: rank {coords} {peak} B, max over ranks {peak_max} B "
+            f"(outputs and pack/unpack buffers)"
+        )
         lines.append(f"  bytes moved over all ranks: {self.bytes_moved} B")
         return "\n".join(lines)
 
@@ -319,25 +366,99 @@ class Plan:
         )
 
 
+def _vol(layout: Layout, coords: Coords) -> int:
+    return prod(layout.local_shape(coords))
+
+
+def _overlap_vol(a: Layout, b: Layout, coords: Coords) -> int:
+    v = 1
+    for d in range(a.ndim):
+        (alo, ahi), (blo, bhi) = a.interval(d, coords), b.interval(d, coords)
+        v *= max(0, min(ahi, bhi) - max(alo, blo))
+    return v
+
+
+def _ring(s: Step, coords: Coords) -> int:
+    # what a ring algorithm moves: (n-1)/n of the buffer each way (twice for allreduce)
+    n = prod(s.group_shape)
+    vol = _vol(s.src, coords) * s.src.dtype.itemsize
+    return (2 if s.kind == "allreduce" else 1) * vol * (n - 1) // n
+
+
+def _step_recv_bytes(s: Step, coords: Coords) -> int:
+    """Bytes the rank at ``coords`` receives from other ranks in step ``s`` (O(ndim))."""
+    item = s.src.dtype.itemsize
+    if s.kind == "alltoallv":  # all of its target box but what it holds itself
+        return (_vol(s.dst, coords) - _overlap_vol(s.src, s.dst, coords)) * item
+    if s.kind == "allgatherv":
+        return (_vol(s.dst, coords) - _vol(s.src, coords)) * item
+    if s.kind in ("allreduce", "reduce_scatter"):
+        return _ring(s, coords)
+    return 0
+
+
 def _step_bytes(s: Step, coords: Coords) -> Tuple[int, int]:
+    """(bytes sent to, bytes received from) other ranks at ``coords`` in step ``s``."""
+    item = s.src.dtype.itemsize
+    recvd = _step_recv_bytes(s, coords)
+    if s.kind == "alltoallv":
+        sent = s.send_volume(coords) - _overlap_vol(s.src, s.dst, coords)
+        return sent * item, recvd
+    if s.kind == "allgatherv":
+        return _vol(s.src, coords) * (prod(s.group_shape) - 1) * item, recvd
+    return recvd, recvd
+
+
+def _contiguous(shape: Sequence[int], start: Sequence[int], ext: Sequence[int]) -> bool:
+    """Is the box one contiguous run of a C-contiguous array of ``shape``? (as the core)"""
+    if prod(ext) == 0:
+        return True
+    k = 0
+    while k < len(ext) and ext[k] == 1:
+        k += 1
+    return all(ext[j] == shape[j] for j in range(k + 1, len(ext)))
+
+
+def _step_out_bytes(s: Step, coords: Coords) -> int:
+    if s.kind == "relabel":
+        return 0
+    return _vol(s.dst, coords) * s.dst.dtype.itemsize
+
+
+def _step_workspace(s: Step, coords: Coords) -> int:
+    """Pack/unpack buffer bytes of the core at ``coords`` (mirrors cpp/core.cpp)."""
     item = s.src.dtype.itemsize
     if s.kind == "alltoallv":
-        sent = sum(_box_volume(b) for r, b in s.sends(coords) if r != coords)
-        recvd = sum(_box_volume(b) for r, b in s.recvs(coords) if r != coords)
-        return sent * item, recvd * item
+        src_lo = [s.src.interval(d, coords)[0] for d in range(s.src.ndim)]
+        dst_lo = [s.dst.interval(d, coords)[0] for d in range(s.dst.ndim)]
+        sshape, dshape = s.src.local_shape(coords), s.dst.local_shape(coords)
+        sends = [(b, lo) for r, b in s.sends(coords) if r != coords for lo in [src_lo]]
+        recvs = [(b, lo) for r, b in s.recvs(coords) if r != coords for lo in [dst_lo]]
+
+        def need(blocks: list, shape: Sequence[int]) -> int:
+            total, pack = 0, False
+            for box, lo in blocks:
+                ext = [hi - a for a, hi in box]
+                total += prod(ext)
+                if not _contiguous(shape, [a - o for (a, _), o in zip(box, lo)], ext):
+                    pack = True
+            return total * item if pack else 0
+
+        return need(sends, sshape) + need(recvs, dshape)
     if s.kind == "allgatherv":
-        mine = prod(s.src.local_shape(coords))
-        total = prod(s.dst.local_shape(coords))
-        n = prod(s.group_shape)
-        return mine * (n - 1) * item, (total - mine) * item
-    if s.kind in ("allreduce", "reduce_scatter"):
-        # what a ring algorithm moves: (n-1)/n of the buffer each way (twice for allreduce)
-        n = prod(s.group_shape)
-        vol = prod(s.src.local_shape(coords)) * item
-        f = 2 if s.kind == "allreduce" else 1
-        moved = f * vol * (n - 1) // n
-        return moved, moved
-    return 0, 0
+        dshape = s.dst.local_shape(coords)
+        dst_lo = [s.dst.interval(d, coords)[0] for d in range(s.dst.ndim)]
+        pack = False
+        for g in range(prod(s.group_shape)):
+            m = s.member(coords, g)
+            box = [s.src.interval(d, m) for d in range(s.src.ndim)]
+            ext = [hi - lo for lo, hi in box]
+            if not _contiguous(dshape, [lo - o for (lo, _), o in zip(box, dst_lo)], ext):
+                pack = True
+        return _vol(s.dst, coords) * item if pack else 0
+    if s.kind == "reduce_scatter":
+        return _vol(s.src, coords) * item  # packed in member order unless already in order
+    return 0
 
 
 @lru_cache(maxsize=1024)
@@ -371,10 +492,12 @@ def plan(src: Layout, dst: Layout) -> Plan:
             mid = Layout(cur.shape, cur.dtype, cur.mesh_shape, mid_pl, _sizes_of(cur, mid_pl))
             steps.append(Step("relabel", (m,), cur, mid))
             cur = mid
-        elif isinstance(tp, Shard) and not cur.table[tp.dim][0] and dst.table[tp.dim][0] == (m,):
+        elif not isinstance(tp, (Replicate, Partial)) and _rs_dim(cur, tp) is not None:
+            d = _rs_dim(cur, tp)
             mid_pl = list(cur.placements)
-            mid_pl[m] = tp
-            extra = {tp.dim: dst.table[tp.dim][1]}
+            mid_pl[m] = Shard(d)
+            # land in the target's extents when the target shards d by this mesh dim alone
+            extra = {d: dst.table[d][1]} if dst.table[d][0] == (m,) else None
             mid = Layout(
                 cur.shape, cur.dtype, cur.mesh_shape, mid_pl, _sizes_of(cur, mid_pl, extra)
             )
@@ -412,6 +535,17 @@ def plan(src: Layout, dst: Layout) -> Plan:
     if post:
         steps.append(Step("make_partial", tuple(post), cur, dst))
     return Plan(src, dst, tuple(steps))
+
+
+def _rs_dim(cur: Layout, target: Shard) -> Optional[int]:
+    """The array dim a Reduce_scatter should split: the target's dim when no mesh dim shards
+    it yet, else the largest array dim that no mesh dim shards, else None."""
+    free = [d for d in range(cur.ndim) if not cur.table[d][0]]
+    if target.dim in free:
+        return target.dim
+    if not free:
+        return None
+    return max(free, key=lambda d: (cur.shape[d], -d))
 
 
 def _sizes_of(

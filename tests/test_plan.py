@@ -446,3 +446,69 @@ def test_plan_rejects_non_layouts(bad):
         plan(a, bad)
     with pytest.raises(TypeError, match=r"Layout"):
         plan(bad, a)
+
+
+# ----------------------------------------------------------------------------- scale, accounting
+
+
+def _enumerated_bytes(p):
+    total = 0
+    for coords in itertools.product(*[range(m) for m in p.src.mesh_shape]):
+        for s in p.steps:
+            if s.kind == "alltoallv":
+                total += (
+                    sum(
+                        prod(hi - lo for lo, hi in box) for r, box in s.sends(coords) if r != coords
+                    )
+                    * s.src.dtype.itemsize
+                )
+    return total
+
+
+@pytest.mark.parametrize(
+    "mesh,src,dst,shape",
+    [
+        ((4,), [S(0)], [S(1)], (13, 7)),
+        ((2, 3), [S(0), S(1)], [S(1), S(0)], (7, 10)),
+        ((2, 3), [R(), S(1)], [S(0), S(0)], (11, 5)),
+        ((2, 2, 2), [S(0), S(1), S(2)], [S(2), S(0), S(1)], (5, 6, 7)),
+        ((3, 2), [S(1), R()], [S(0), S(1)], (3, 2)),
+    ],
+)
+def test_bytes_moved_matches_enumeration(mesh, src, dst, shape):
+    p = plan(L(shape, mesh, src), L(shape, mesh, dst))
+    assert p.bytes_moved == _enumerated_bytes(p)
+    for coords in itertools.product(*[range(m) for m in mesh]):
+        for s in p.steps:
+            assert s.send_volume(coords) == sum(
+                prod(hi - lo for lo, hi in b) for _, b in s.sends(coords)
+            )
+
+
+@pytest.mark.parametrize("src,dst", [([S(0), S(0)], [S(1), S(1)]), ([S(0), S(1)], [S(1), S(0)])])
+def test_plan_4096_ranks_bytes_add_up(src, dst):
+    """S0 -> S1 on a 64x64 mesh (4096 ranks), serially: bytes add up exactly, fast."""
+    import time
+
+    t0 = time.perf_counter()
+    shape = (5003, 4099)
+    a, b = L(shape, (64, 64), src), L(shape, (64, 64), dst)
+    p = plan(a, b)
+    assert p.collectives == 1 and p.steps[0].kind == "alltoallv"
+    assert p.steps[0].mesh_dims == (0, 1)
+    item = 4
+    coords = list(itertools.product(range(64), range(64)))
+    # every rank receives its whole target box except what it already holds
+    held = 0
+    for c in coords:
+        ov = 1
+        for d in range(2):
+            (alo, ahi), (blo, bhi) = a.interval(d, c), b.interval(d, c)
+            ov *= max(0, min(ahi, bhi) - max(alo, blo))
+        held += ov
+    assert p.bytes_moved == (5003 * 4099 - held) * item
+    # what the senders send adds up to what the receivers receive
+    sent = sum(p.rank_bytes(c)[0][0] for c in coords)
+    recvd = sum(p.rank_bytes(c)[0][1] for c in coords)
+    assert sent == recvd == p.bytes_moved
+    assert time.perf_counter() - t0 < 10
