@@ -11,6 +11,7 @@
 
 #include <dlfcn.h>
 
+#include <algorithm>
 #include <climits>
 #include <cstdint>
 #include <cstring>
@@ -205,11 +206,15 @@ class AlltoallvStep {
  public:
   // sends/recvs: (peer rank in comm, start in local array, extent), at most one per peer,
   // never this rank itself; local: (src start, dst start, extent) copied directly.
+  // algo: 0 = MPI_Alltoallv, 1 = MPI_Alltoall on blocks padded to `pad` bytes (the same on
+  // every rank), 2 = point-to-point (Irecv all, pack and Isend per peer, unpack on arrival).
   AlltoallvStep(std::shared_ptr<Comm> comm, i64 item, Shape src_shape, Shape dst_shape,
                 const std::vector<std::tuple<int, Shape, Shape>>& sends,
                 const std::vector<std::tuple<int, Shape, Shape>>& recvs,
-                const std::vector<std::tuple<Shape, Shape, Shape>>& local)
-      : comm_(std::move(comm)),
+                const std::vector<std::tuple<Shape, Shape, Shape>>& local, int algo, i64 pad)
+      : algo_(algo),
+        pad_(pad),
+        comm_(std::move(comm)),
         item_(item),
         src_shape_(std::move(src_shape)),
         dst_shape_(std::move(dst_shape)),
@@ -248,6 +253,33 @@ class AlltoallvStep {
       off += n;
     }
     recv_bytes_ = off;
+    if (algo_ < 0 || algo_ > 2) throw std::invalid_argument("pyshard: unknown exchange algorithm");
+    if (algo_ == 1) {
+      for (auto& b : sends_)
+        if (volume(b.ext) * item_ > pad_)
+          throw std::invalid_argument("pyshard: a block exceeds the Alltoall padding");
+      for (auto& b : recvs_)
+        if (volume(b.ext) * item_ > pad_)
+          throw std::invalid_argument("pyshard: a block exceeds the Alltoall padding");
+    }
+    if (algo_ == 2) {
+      // per block: staged or direct, each on its own
+      i64 so = 0, ro = 0;
+      for (auto& b : sends_) {
+        i64 coff = 0;
+        bool c = box_contiguous(src_shape_, b.start, b.ext, item_, &coff);
+        p2p_send_.push_back({c ? coff : so, c});
+        if (!c) so += volume(b.ext) * item_;
+      }
+      for (auto& b : recvs_) {
+        i64 coff = 0;
+        bool c = box_contiguous(dst_shape_, b.start, b.ext, item_, &coff);
+        p2p_recv_.push_back({c ? coff : ro, c});
+        if (!c) ro += volume(b.ext) * item_;
+      }
+      p2p_sbytes_ = so;
+      p2p_rbytes_ = ro;
+    }
     if (!unpack_) {  // receive straight into the output
       for (auto& b : recvs_) {
         i64 coff = 0;
@@ -264,45 +296,157 @@ class AlltoallvStep {
     check_shape(d, dst_shape_, "destination");
     {
       py::gil_scoped_release nogil;
-      if (pack_) {
-        sbuf_.resize(static_cast<size_t>(send_bytes_));
-        for (auto& b : sends_) {
-          Shape zero(b.ext.size(), 0);
-          copy_box(s.ptr, src_shape_, b.start, sbuf_.data() + sdispls_[b.peer], b.ext, zero,
-                   b.ext, item_);
-        }
-      }
-      if (unpack_) rbuf_.resize(static_cast<size_t>(recv_bytes_));
-      const char* sb = pack_ ? sbuf_.data() : s.ptr;
-      char* rb = unpack_ ? rbuf_.data() : d.ptr;
-      for (auto& t : local_)
-        copy_box(s.ptr, src_shape_, std::get<0>(t), d.ptr, dst_shape_, std::get<1>(t),
-                 std::get<2>(t), item_);
-#if PYSHARD_LARGE_COUNT
-      int err = MPI_Alltoallv_c(sb, scounts_.data(), sdispls_.data(), MPI_BYTE, rb,
-                                rcounts_.data(), rdispls_.data(), MPI_BYTE, comm_->get());
-#else
-      int err = MPI_Alltoallv(sb, scounts_.data(), sdispls_.data(), MPI_BYTE, rb,
-                              rcounts_.data(), rdispls_.data(), MPI_BYTE, comm_->get());
-#endif
-      check_mpi(err, "MPI_Alltoallv");
-      if (unpack_) {
-        for (auto& b : recvs_) {
-          Shape zero(b.ext.size(), 0);
-          copy_box(rbuf_.data() + rdispls_[b.peer], b.ext, zero, d.ptr, dst_shape_, b.start,
-                   b.ext, item_);
-        }
-      }
+      if (algo_ == 1)
+        run_alltoall(s, d);
+      else if (algo_ == 2)
+        run_p2p(s, d);
+      else
+        run_alltoallv(s, d);
     }
-    g_stats["alltoallv"] += 1;
-    if (!pack_) sbuf_.clear();
+    g_stats[algo_ == 0 ? "alltoallv" : algo_ == 1 ? "alltoall" : "p2p_exchange"] += 1;
   }
 
+ private:
+  void copy_local(const Buf& s, const Buf& d) {
+    for (auto& t : local_)
+      copy_box(s.ptr, src_shape_, std::get<0>(t), d.ptr, dst_shape_, std::get<1>(t),
+               std::get<2>(t), item_);
+  }
+
+  void run_alltoallv(const Buf& s, const Buf& d) {
+    if (pack_) {
+      sbuf_.resize(static_cast<size_t>(send_bytes_));
+      for (auto& b : sends_) {
+        Shape zero(b.ext.size(), 0);
+        copy_box(s.ptr, src_shape_, b.start, sbuf_.data() + sdispls_[b.peer], b.ext, zero, b.ext,
+                 item_);
+      }
+    }
+    if (unpack_) rbuf_.resize(static_cast<size_t>(recv_bytes_));
+    const char* sb = pack_ ? sbuf_.data() : s.ptr;
+    char* rb = unpack_ ? rbuf_.data() : d.ptr;
+    copy_local(s, d);
+#if PYSHARD_LARGE_COUNT
+    int err = MPI_Alltoallv_c(sb, scounts_.data(), sdispls_.data(), MPI_BYTE, rb, rcounts_.data(),
+                              rdispls_.data(), MPI_BYTE, comm_->get());
+#else
+    int err = MPI_Alltoallv(sb, scounts_.data(), sdispls_.data(), MPI_BYTE, rb, rcounts_.data(),
+                            rdispls_.data(), MPI_BYTE, comm_->get());
+#endif
+    check_mpi(err, "MPI_Alltoallv");
+    if (unpack_) {
+      for (auto& b : recvs_) {
+        Shape zero(b.ext.size(), 0);
+        copy_box(rbuf_.data() + rdispls_[b.peer], b.ext, zero, d.ptr, dst_shape_, b.start, b.ext,
+                 item_);
+      }
+    }
+  }
+
+  void run_alltoall(const Buf& s, const Buf& d) {
+    const size_t P = static_cast<size_t>(comm_->size());
+    sbuf_.resize(P * static_cast<size_t>(pad_));
+    rbuf_.resize(P * static_cast<size_t>(pad_));
+    for (auto& b : sends_) {
+      Shape zero(b.ext.size(), 0);
+      copy_box(s.ptr, src_shape_, b.start, sbuf_.data() + b.peer * pad_, b.ext, zero, b.ext,
+               item_);
+    }
+    copy_local(s, d);
+#if PYSHARD_LARGE_COUNT
+    int err = MPI_Alltoall_c(sbuf_.data(), pad_, MPI_BYTE, rbuf_.data(), pad_, MPI_BYTE,
+                             comm_->get());
+#else
+    int err = MPI_Alltoall(sbuf_.data(), to_count(pad_, "a padded block"), MPI_BYTE, rbuf_.data(),
+                           to_count(pad_, "a padded block"), MPI_BYTE, comm_->get());
+#endif
+    check_mpi(err, "MPI_Alltoall");
+    for (auto& b : recvs_) {
+      Shape zero(b.ext.size(), 0);
+      copy_box(rbuf_.data() + b.peer * pad_, b.ext, zero, d.ptr, dst_shape_, b.start, b.ext,
+               item_);
+    }
+  }
+
+  void run_p2p(const Buf& s, const Buf& d) {
+    const int tag = 7;
+    sbuf_.resize(static_cast<size_t>(p2p_sbytes_));
+    rbuf_.resize(static_cast<size_t>(p2p_rbytes_));
+    std::vector<MPI_Request> rreq(recvs_.size(), MPI_REQUEST_NULL),
+        sreq(sends_.size(), MPI_REQUEST_NULL);
+    for (size_t i = 0; i < recvs_.size(); ++i) {
+      const Block& b = recvs_[i];
+      char* ptr = p2p_recv_[i].direct ? d.ptr + p2p_recv_[i].off : rbuf_.data() + p2p_recv_[i].off;
+      i64 n = volume(b.ext) * item_;
+#if PYSHARD_LARGE_COUNT
+      check_mpi(MPI_Irecv_c(ptr, n, MPI_BYTE, b.peer, tag, comm_->get(), &rreq[i]), "MPI_Irecv");
+#else
+      check_mpi(MPI_Irecv(ptr, to_count(n, "a message"), MPI_BYTE, b.peer, tag, comm_->get(),
+                          &rreq[i]),
+                "MPI_Irecv");
+#endif
+    }
+    // send in order of distance from this rank, so peers are not all hit at once
+    const int me = comm_->rank(), P = comm_->size();
+    std::vector<size_t> order(sends_.size());
+    for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+    std::sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+      return (sends_[a].peer - me + P) % P < (sends_[b].peer - me + P) % P;
+    });
+    for (size_t i : order) {
+      const Block& b = sends_[i];
+      const char* ptr = s.ptr + p2p_send_[i].off;
+      if (!p2p_send_[i].direct) {
+        Shape zero(b.ext.size(), 0);
+        copy_box(s.ptr, src_shape_, b.start, sbuf_.data() + p2p_send_[i].off, b.ext, zero, b.ext,
+                 item_);
+        ptr = sbuf_.data() + p2p_send_[i].off;
+      }
+      i64 n = volume(b.ext) * item_;
+#if PYSHARD_LARGE_COUNT
+      check_mpi(MPI_Isend_c(ptr, n, MPI_BYTE, b.peer, tag, comm_->get(), &sreq[i]), "MPI_Isend");
+#else
+      check_mpi(MPI_Isend(ptr, to_count(n, "a message"), MPI_BYTE, b.peer, tag, comm_->get(),
+                          &sreq[i]),
+                "MPI_Isend");
+#endif
+    }
+    copy_local(s, d);
+    for (size_t k = 0; k < recvs_.size(); ++k) {
+      int idx = MPI_UNDEFINED;
+      check_mpi(MPI_Waitany(static_cast<int>(rreq.size()), rreq.data(), &idx, MPI_STATUS_IGNORE),
+                "MPI_Waitany");
+      if (idx == MPI_UNDEFINED) break;
+      if (!p2p_recv_[idx].direct) {
+        const Block& b = recvs_[idx];
+        Shape zero(b.ext.size(), 0);
+        copy_box(rbuf_.data() + p2p_recv_[idx].off, b.ext, zero, d.ptr, dst_shape_, b.start, b.ext,
+                 item_);
+      }
+    }
+    check_mpi(MPI_Waitall(static_cast<int>(sreq.size()), sreq.data(), MPI_STATUSES_IGNORE),
+              "MPI_Waitall");
+  }
+
+ public:
   bool packs() const { return pack_; }
   bool unpacks() const { return unpack_; }
-  i64 workspace_bytes() const { return (pack_ ? send_bytes_ : 0) + (unpack_ ? recv_bytes_ : 0); }
+  int algorithm() const { return algo_; }
+  i64 workspace_bytes() const {
+    if (algo_ == 1) return 2 * pad_ * comm_->size();
+    if (algo_ == 2) return p2p_sbytes_ + p2p_rbytes_;
+    return (pack_ ? send_bytes_ : 0) + (unpack_ ? recv_bytes_ : 0);
+  }
 
  private:
+  struct P2PBuf {
+    i64 off;
+    bool direct;
+  };
+  int algo_ = 0;
+  i64 pad_ = 0;
+  std::vector<P2PBuf> p2p_send_, p2p_recv_;
+  i64 p2p_sbytes_ = 0, p2p_rbytes_ = 0;
   std::shared_ptr<Comm> comm_;
   i64 item_;
   Shape src_shape_, dst_shape_;
@@ -599,8 +743,12 @@ PYBIND11_MODULE(_core, m) {
       .def(py::init<std::shared_ptr<Comm>, i64, Shape, Shape,
                     const std::vector<std::tuple<int, Shape, Shape>>&,
                     const std::vector<std::tuple<int, Shape, Shape>>&,
-                    const std::vector<std::tuple<Shape, Shape, Shape>>&>())
+                    const std::vector<std::tuple<Shape, Shape, Shape>>&, int, i64>(),
+           py::arg("comm"), py::arg("itemsize"), py::arg("src_shape"), py::arg("dst_shape"),
+           py::arg("sends"), py::arg("recvs"), py::arg("local"), py::arg("algorithm") = 0,
+           py::arg("pad_bytes") = 0)
       .def("run", &AlltoallvStep::run)
+      .def_property_readonly("algorithm", &AlltoallvStep::algorithm)
       .def_property_readonly("packs", &AlltoallvStep::packs)
       .def_property_readonly("unpacks", &AlltoallvStep::unpacks)
       .def_property_readonly("workspace_bytes", &AlltoallvStep::workspace_bytes);

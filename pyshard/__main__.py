@@ -95,13 +95,26 @@ def demo(argv: Optional[List[str]] = None) -> int:
 
 def main(argv: Optional[List[str]] = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    usage = (
+        "usage: mpiexec -n N python -m pyshard demo [--shape 4099x2050] [--dtype float64]\n"
+        "       mpiexec -n N python -m pyshard bench [--cases ...] [--json FILE] (see --help)\n"
+        "       python -m pyshard plot FILE... -o out.png"
+    )
     if not argv or argv[0] in ("-h", "--help"):
-        print("usage: mpiexec -n N python -m pyshard demo [--shape 4099x2050] [--dtype float64]")
+        print(usage)
         return 0 if argv else 2
     cmd, rest = argv[0], argv[1:]
     if cmd == "demo":
         return demo(rest)
-    print(f"unknown command {cmd!r}; try: demo", file=sys.stderr)
+    if cmd == "bench":
+        from .bench import main as bench_main
+
+        return bench_main(rest)
+    if cmd == "plot":
+        from .bench import plot_main
+
+        return plot_main(rest)
+    print(f"unknown command {cmd!r}\n{usage}", file=sys.stderr)
     return 2
 
 

@@ -93,8 +93,21 @@ class ShardedArray:
     def _target(self, placements: PlacementsArg, sizes: SizesArg) -> Layout:
         return _layout(self.layout, self.mesh.shape, placements, sizes)
 
-    def redistribute(self, placements: PlacementsArg, sizes: SizesArg = None) -> ShardedArray:
+    def redistribute(
+        self,
+        placements: PlacementsArg,
+        sizes: SizesArg = None,
+        algorithm: str = "auto",
+        out: Optional[np.ndarray] = None,
+    ) -> ShardedArray:
         """The same global array laid out as ``placements`` (and ``sizes``); collective.
+
+        ``algorithm`` picks how an exchange step runs: ``"alltoallv"``, ``"alltoall"``
+        (blocks padded to the largest), ``"p2p"`` (pipelined Isend/Irecv) or ``"auto"``
+        (see :func:`pyshard.array.choose_algorithm`). It must be the same on every rank.
+        ``out``: an array of the target's local shape and dtype to write the result into
+        (reused across calls, it saves the page faults of a fresh output); it is checked on
+        this rank before any communication.
 
         Every layout check happens before any communication. When the target layout equals
         the source, nothing is communicated or copied and the result shares ``local`` with
@@ -102,7 +115,17 @@ class ShardedArray:
         """
         target = self._target(placements, sizes)
         p = plan(self.layout, target)
-        return ShardedArray(execute(p, self.mesh, self.local), target, self.mesh)
+        res = execute(p, self.mesh, self.local, algorithm, out)
+        return ShardedArray._wrap(res, target, self.mesh)
+
+    @classmethod
+    def _wrap(cls, local: np.ndarray, layout: Layout, mesh: Mesh) -> ShardedArray:
+        """Internal: a result the executor built to the layout's shape (no checks)."""
+        self = cls.__new__(cls)
+        self.local = local
+        self.layout = layout
+        self.mesh = mesh
+        return self
 
     def full(self) -> np.ndarray:
         """The whole global array on every rank (reduced where the layout is Partial)."""
@@ -263,7 +286,7 @@ class _Exec:
 
     __slots__ = ("step", "core", "out_shape", "upcast", "scale", "zero")
 
-    def __init__(self, step: Step, mesh: Mesh) -> None:
+    def __init__(self, step: Step, mesh: Mesh, algorithm: str = "alltoallv") -> None:
         self.step = step
         coords = mesh.coords
         self.out_shape = step.dst.local_shape(coords)
@@ -296,7 +319,11 @@ class _Exec:
                 recvs.append((step.group_rank(peer), start, [hi - lo for lo, hi in box]))
             sends.sort(key=lambda t: t[0])
             recvs.sort(key=lambda t: t[0])
-            self.core = _core.AlltoallvStep(comm, item, src_shape, dst_shape, sends, recvs, local)
+            algo = ALGORITHMS.index(algorithm)
+            pad = step.max_block_volume() * item if algorithm == "alltoall" else 0
+            self.core = _core.AlltoallvStep(
+                comm, item, src_shape, dst_shape, sends, recvs, local, algo, pad
+            )
         elif kind == "allgatherv":
             blocks = []
             for g in range(prod(step.group_shape)):
@@ -340,26 +367,40 @@ class _Exec:
         else:  # pragma: no cover
             raise AssertionError(kind)
 
-    def run(self, local: np.ndarray) -> np.ndarray:
+    def run(self, local: np.ndarray, out: Optional[np.ndarray] = None) -> np.ndarray:
+        """Run the step on ``local``; write into ``out`` when given (the target's shape)."""
         kind = self.step.kind
-        if kind == "local_copy":
-            return np.array(local[self.core], order="C", copy=True)
-        if kind == "make_partial":
-            return np.zeros_like(local) if self.zero else local.copy()
-        if kind == "relabel":
-            return local
+        if kind in ("local_copy", "make_partial", "relabel"):
+            if kind == "local_copy":
+                res = local[self.core]
+            elif kind == "make_partial" and self.zero:
+                res = None
+            else:
+                res = local
+            if out is None:
+                if res is None:
+                    return np.zeros(self.out_shape, local.dtype)
+                return res if kind == "relabel" else np.array(res, order="C", copy=True)
+            if res is None:
+                out[...] = 0
+            else:
+                np.copyto(out, res)
+            return out
         src = local
-        dtype = local.dtype
         if self.upcast is not None:
             src = local.astype(self.upcast)
-            dtype = self.upcast
-        out = np.empty(self.out_shape, dtype=dtype)
-        self.core.run(src, out)
+            res = np.empty(self.out_shape, dtype=self.upcast)
+        else:
+            res = out if out is not None else np.empty(self.out_shape, dtype=local.dtype)
+        self.core.run(src, res)
         if self.scale is not None:
-            out *= out.dtype.type(self.scale)
+            res *= res.dtype.type(self.scale)
         if self.upcast is not None:
-            out = out.astype(local.dtype)
-        return out
+            if out is None:
+                return res.astype(local.dtype)
+            np.copyto(out, res, casting="unsafe")
+            return out
+        return res
 
 
 def _reduce_code(dtype: np.dtype, op: Optional[str]) -> Tuple[str, str]:
@@ -372,14 +413,66 @@ def _reduce_code(dtype: np.dtype, op: Optional[str]) -> Tuple[str, str]:
     return code, mop
 
 
-def execute(p: Plan, mesh: Mesh, local: np.ndarray) -> np.ndarray:
-    """Run plan ``p`` on this rank's ``local`` shard; collective over ``mesh``."""
-    execs = mesh._exec_cache.get(p)
+ALGORITHMS = ("alltoallv", "alltoall", "p2p")
+
+
+def choose_algorithm(step: Step, algorithm: str) -> str:
+    """The exchange algorithm for an alltoallv step; the same on every rank (layouts only).
+
+    ``auto``: MPI_Alltoallv. Measured on this project's 2-rank runs (docs/performance.md),
+    MPICH's Alltoallv matched the padded Alltoall and point-to-point within noise for even
+    and uneven transposes, so the single collective (no padding bytes, no extra buffers) is
+    the default; the others stay available by name.
+    """
+    if algorithm == "auto":
+        return "alltoallv"
+    if algorithm not in ALGORITHMS:
+        raise ValueError(f"algorithm must be 'auto' or one of {ALGORITHMS}, got {algorithm!r}")
+    return algorithm
+
+
+def execute(
+    p: Plan,
+    mesh: Mesh,
+    local: np.ndarray,
+    algorithm: str = "auto",
+    out: Optional[np.ndarray] = None,
+) -> np.ndarray:
+    """Run plan ``p`` on this rank's ``local`` shard; collective over ``mesh``.
+
+    ``out``: a C-contiguous, writable array of the target's local shape and dtype that the
+    last step writes into (checked before any communication).
+    """
+    key = (p, algorithm)
+    execs = mesh._exec_cache.get(key)
     if execs is None:
-        execs = [_Exec(s, mesh) for s in p.steps]
-        mesh._exec_cache[p] = execs
-        log.debug("pyshard: built %s for rank %d", p, mesh.rank)
-    out = local
-    for e in execs:
-        out = e.run(out)
-    return out
+        execs = [
+            _Exec(s, mesh, choose_algorithm(s, algorithm) if s.kind == "alltoallv" else "")
+            for s in p.steps
+        ]
+        mesh._exec_cache[key] = execs
+        log.debug("pyshard: built %s (%s) for rank %d", p, algorithm, mesh.rank)
+    if out is not None:
+        _check_out(out, p, mesh, local)
+        if not execs:
+            np.copyto(out, local)
+            return out
+    res = local
+    last = len(execs) - 1
+    for i, e in enumerate(execs):
+        res = e.run(res, out if i == last else None)
+    return res
+
+
+def _check_out(out: object, p: Plan, mesh: Mesh, local: np.ndarray) -> None:
+    want = p.dst.local_shape(mesh.coords)
+    if not isinstance(out, np.ndarray):
+        raise TypeError(f"out must be a numpy array, got {type(out).__name__}")
+    if out.shape != want or out.dtype != p.dst.dtype:
+        raise ValueError(
+            f"out has shape {out.shape} {out.dtype}, the target layout needs {want} {p.dst.dtype}"
+        )
+    if not out.flags.c_contiguous or not out.flags.writeable:
+        raise ValueError("out must be C-contiguous and writable")
+    if out.size and np.shares_memory(out, local):
+        raise ValueError("out must not overlap the source array")

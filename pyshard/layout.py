@@ -297,6 +297,10 @@ class Layout:
         coords = self._check_coords(coords)
         return tuple(b - a for a, b in (self.interval(d, coords) for d in range(self.ndim)))
 
+    def replace(self, placements: Sequence[Placement], sizes: SizesArg = None) -> Layout:
+        """The same array on the same mesh with other ``placements`` (and ``sizes``)."""
+        return Layout(self.shape, self.dtype, self.mesh_shape, placements, sizes)
+
     def _check_coords(self, coords: Sequence[int]) -> Tuple[int, ...]:
         coords = tuple(int(c) for c in coords)
         if len(coords) != len(self.mesh_shape) or any(

@@ -193,6 +193,14 @@ class Step:
         free = sorted(src_sharding - set(dst.sharding_mesh_dims()))
         return per_dim, free
 
+    def max_block_volume(self) -> int:
+        """An upper bound on the elements of any one block of this exchange, the same on
+        every rank: the product over array dims of the longest overlap along that dim."""
+        v = 1
+        for by_src, _ in self._overlaps():
+            v *= max((hi - lo for lst in by_src for _, lo, hi in lst), default=0)
+        return v
+
     def send_volume(self, coords: Sequence[int]) -> int:
         """Elements the rank at ``coords`` sends, itself included (no pair enumeration)."""
         per_dim, free = self._send_lists(coords)

@@ -101,8 +101,23 @@ PAIRS = [
 ]
 
 
+ALGO_KEY = {
+    "auto": "alltoallv",
+    "alltoallv": "alltoallv",
+    "alltoall": "alltoall",
+    "p2p": "p2p_exchange",
+}
+
+
+@pytest.mark.parametrize("algorithm", ["alltoall", "p2p"])
+@pytest.mark.parametrize("src,dst", [(S0, S1), (S1, S0)], ids=["S0->S1", "S1->S0"])
+def test_exchange_algorithms(comm, src, dst, algorithm):
+    """The padded Alltoall and point-to-point exchanges give the same shards."""
+    test_pair_all_shapes_and_dtypes(comm, src, dst, algorithm)
+
+
 @pytest.mark.parametrize("src,dst", PAIRS, ids=[f"{a}->{b}" for a, b in PAIRS])
-def test_pair_all_shapes_and_dtypes(comm, src, dst):
+def test_pair_all_shapes_and_dtypes(comm, src, dst, algorithm="auto"):
     mesh = ps.Mesh(comm, (comm.size,))
     failures = []
     for shape in shapes_for(comm.size):
@@ -116,9 +131,11 @@ def test_pair_all_shapes_and_dtypes(comm, src, dst):
             g = make_global(shape, dtype, seed=len(shape))
             x, ref = make_source(g, mesh, src, dtype, seed=3)
             before = ps.comm_stats()
-            y = x.redistribute([dst])
+            y = x.redistribute([dst], algorithm=algorithm)
             got = counts_since(before)
             want = expected_counts(src, dst, comm.size)
+            if "alltoallv" in want:
+                want = {ALGO_KEY[algorithm]: want.pop("alltoallv"), **want}
             try:
                 assert got == want, f"collectives {got} != {want}"
                 check_result(y, ref, dst, mesh, approx="avg" in ops)
@@ -163,6 +180,21 @@ def test_rebalance_uneven_sizes_with_zeros(comm, rule):
     # and back
     z = y.redistribute([S1], sizes={1: [6] + [0] * (p - 1)})
     np.testing.assert_array_equal(z.local, g[z.box])
+
+
+def test_out_buffer(comm):
+    mesh = ps.Mesh(comm, (comm.size,))
+    g = make_global((10, 6), "float64")
+    x = ps.distribute(g, mesh, [S0])
+    for dst in ([S1], [R], [S0]):
+        out = np.full(x.layout.replace(dst).local_shape(mesh.coords), -1.0)
+        y = x.redistribute(dst, out=out)
+        assert y.local is out
+        np.testing.assert_array_equal(out, g[y.box])
+    with pytest.raises(ValueError, match="out has shape"):
+        x.redistribute([S1], out=np.empty((99, 1)))
+    with pytest.raises(ValueError, match="overlap"):
+        x.redistribute([S0], out=x.local)
 
 
 def test_same_layout_shares_memory(comm):
