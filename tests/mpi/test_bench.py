@@ -1,0 +1,73 @@
+"""The bench command runs every case at a tiny size and writes well-formed JSON lines.
+
+No timing is asserted here (timing belongs in the benchmark, not in pass/fail tests).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+
+import pytest
+
+from pyshard.bench import CASES
+from pyshard.bench import main as bench_main
+
+KEYS = {
+    "case", "shape", "dtype", "ranks", "mesh", "algorithm", "median_s", "min_s",
+    "floor_median_s", "ratio_to_floor", "baseline_median_s", "ratio_to_baseline",
+    "bytes_per_rank", "peak_extra_bytes", "gbps", "check",
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("algorithm", ["auto", "alltoall", "p2p"])
+def test_bench_cases_write_json(comm, algorithm):
+    path = None
+    if comm.rank == 0:
+        fd, path = tempfile.mkstemp(suffix=".jsonl")
+        os.close(fd)
+    path = comm.bcast(path, root=0)
+    try:
+        cases = ",".join(CASES)
+        rc = bench_main(
+            ["--cases", cases, "--shape", "24x17", "--reps", "2", "--warmup", "1",
+             "--algorithm", algorithm, "--json", path]
+        )  # fmt: skip
+        assert rc == 0
+        comm.Barrier()
+        with open(path) as f:
+            rows = [json.loads(line) for line in f]
+        assert [r["case"] for r in rows] == list(CASES)
+        for r in rows:
+            assert KEYS <= set(r), KEYS - set(r)
+            assert r["ranks"] == comm.size and r["check"] is True
+            assert r["median_s"] > 0 and r["floor_median_s"] > 0
+        if comm.size > 1:
+            t = next(r for r in rows if r["case"] == "transpose")
+            p = comm.size
+            # S0 -> S1 of 24x17 float32: all but the diagonal blocks leave each rank
+            assert t["bytes_per_rank"] > 0
+            assert t["collective"] == "alltoallv" and t["mesh"] == [p]
+    finally:
+        comm.Barrier()
+        if comm.rank == 0:
+            os.unlink(path)
+
+
+def test_plot(tmp_path):
+    pytest.importorskip("matplotlib")
+    from pyshard.bench import plot_main
+
+    rows = []
+    for ranks in (1, 2, 4):
+        for case in ("transpose", "gather"):
+            rows.append(
+                {"case": case, "algorithm": "auto", "ranks": ranks, "median_s": 0.01 / ranks,
+                 "ratio_to_floor": 1.2, "ratio_to_baseline": 0.7, "gbps": 3.0}
+            )  # fmt: skip
+    f = tmp_path / "r.jsonl"
+    f.write_text("\n".join(json.dumps(r) for r in rows))
+    out = tmp_path / "p.png"
+    assert plot_main([str(f), "-o", str(out)]) == 0
+    assert out.stat().st_size > 1000 and out.read_bytes()[:4] == b"\x89PNG"
