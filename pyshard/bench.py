@@ -330,7 +330,7 @@ def run_case(
     )
     t_floor = _timed(ref.floor, comm, reps, warmup)
     t_base = _timed(ref.baseline, comm, reps, warmup)
-    sent = max(b[0] for b in p.rank_bytes(mesh.coords))
+    sent = max((b[0] for b in p.rank_bytes(mesh.coords)), default=0)
     sent = comm.allreduce(sent, op=MPI.MAX)
     peak = comm.allreduce(_peak_extra(p, mesh, algorithm), op=MPI.MAX)
     local_bytes = comm.allreduce(x.local.nbytes, op=MPI.MAX)
@@ -351,7 +351,7 @@ def run_case(
         "baseline_median_s": base,
         "ratio_to_baseline": med / base if base > 0 else float("nan"),
         "bytes_per_rank": int(sent),
-        "gbps": sent / med / 1e9 if med > 0 else float("nan"),
+        "gbps": sent / med / 1e9 if med > 0 else 0.0,
         "peak_extra_bytes": int(peak),
         "local_bytes": int(local_bytes),
         "check": ok,
