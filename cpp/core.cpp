@@ -253,7 +253,8 @@ class AlltoallvStep {
       off += n;
     }
     recv_bytes_ = off;
-    if (algo_ < 0 || algo_ > 2) throw std::invalid_argument("pyshard: unknown exchange algorithm");
+    if (algo_ < 0 || algo_ > 3) throw std::invalid_argument("pyshard: unknown exchange algorithm");
+    if (algo_ == 3) build_types();
     if (algo_ == 1) {
       for (auto& b : sends_)
         if (volume(b.ext) * item_ > pad_)
@@ -296,14 +297,17 @@ class AlltoallvStep {
     check_shape(d, dst_shape_, "destination");
     {
       py::gil_scoped_release nogil;
-      if (algo_ == 1)
+      if (algo_ == 3)
+        run_alltoallw(s, d);
+      else if (algo_ == 1)
         run_alltoall(s, d);
       else if (algo_ == 2)
         run_p2p(s, d);
       else
         run_alltoallv(s, d);
     }
-    g_stats[algo_ == 0 ? "alltoallv" : algo_ == 1 ? "alltoall" : "p2p_exchange"] += 1;
+    static const char* names[] = {"alltoallv", "alltoall", "p2p_exchange", "alltoallw"};
+    g_stats[names[algo_]] += 1;
   }
 
  private:
@@ -341,6 +345,70 @@ class AlltoallvStep {
                  item_);
       }
     }
+  }
+
+  // One MPI datatype per peer block (a subarray of the local array): MPI packs and unpacks
+  // on the fly, so no separate pack pass and no workspace.
+  MPI_Datatype subarray(const Shape& shape, const Block& b) {
+    const int nd = static_cast<int>(shape.size());
+    MPI_Datatype elem, t;
+    check_mpi(MPI_Type_contiguous(static_cast<int>(item_), MPI_BYTE, &elem), "MPI_Type_contiguous");
+    if (nd == 0) return elem;
+#if PYSHARD_LARGE_COUNT
+    std::vector<MPI_Count> sz(shape.begin(), shape.end()), sub(b.ext.begin(), b.ext.end()),
+        st(b.start.begin(), b.start.end());
+    check_mpi(MPI_Type_create_subarray_c(nd, sz.data(), sub.data(), st.data(), MPI_ORDER_C, elem,
+                                         &t),
+              "MPI_Type_create_subarray");
+#else
+    std::vector<int> sz, sub, st;
+    for (int k = 0; k < nd; ++k) {
+      sz.push_back(static_cast<int>(to_count(shape[k], "an extent")));
+      sub.push_back(static_cast<int>(b.ext[k]));
+      st.push_back(static_cast<int>(b.start[k]));
+    }
+    check_mpi(MPI_Type_create_subarray(nd, sz.data(), sub.data(), st.data(), MPI_ORDER_C, elem, &t),
+              "MPI_Type_create_subarray");
+#endif
+    MPI_Type_free(&elem);
+    check_mpi(MPI_Type_commit(&t), "MPI_Type_commit");
+    return t;
+  }
+
+  void build_types() {
+    const int P = comm_->size();
+    wstypes_.assign(P, MPI_BYTE);
+    wrtypes_.assign(P, MPI_BYTE);
+    wscounts_.assign(P, 0);
+    wrcounts_.assign(P, 0);
+    wsdispls_.assign(P, 0);
+    wrdispls_.assign(P, 0);
+    for (auto& b : sends_) {
+      if (volume(b.ext) == 0) continue;
+      wstypes_[b.peer] = subarray(src_shape_, b);
+      wscounts_[b.peer] = 1;
+      owned_.push_back(wstypes_[b.peer]);
+    }
+    for (auto& b : recvs_) {
+      if (volume(b.ext) == 0) continue;
+      wrtypes_[b.peer] = subarray(dst_shape_, b);
+      wrcounts_[b.peer] = 1;
+      owned_.push_back(wrtypes_[b.peer]);
+    }
+  }
+
+  void run_alltoallw(const Buf& s, const Buf& d) {
+    copy_local(s, d);
+#if PYSHARD_LARGE_COUNT
+    int err = MPI_Alltoallw_c(s.ptr, wscounts_.data(), wsdispls_.data(), wstypes_.data(), d.ptr,
+                              wrcounts_.data(), wrdispls_.data(), wrtypes_.data(), comm_->get());
+#else
+    std::vector<int> sc(wscounts_.begin(), wscounts_.end()), rc(wrcounts_.begin(), wrcounts_.end());
+    std::vector<int> sd(wsdispls_.size(), 0), rd(wrdispls_.size(), 0);
+    int err = MPI_Alltoallw(s.ptr, sc.data(), sd.data(), wstypes_.data(), d.ptr, rc.data(),
+                            rd.data(), wrtypes_.data(), comm_->get());
+#endif
+    check_mpi(err, "MPI_Alltoallw");
   }
 
   void run_alltoall(const Buf& s, const Buf& d) {
@@ -429,12 +497,22 @@ class AlltoallvStep {
   }
 
  public:
+  ~AlltoallvStep() {
+    int finalized = 0;
+    MPI_Finalized(&finalized);
+    if (!finalized)
+      for (auto& t : owned_) MPI_Type_free(&t);
+  }
+  AlltoallvStep(const AlltoallvStep&) = delete;
+  AlltoallvStep& operator=(const AlltoallvStep&) = delete;
+
   bool packs() const { return pack_; }
   bool unpacks() const { return unpack_; }
   int algorithm() const { return algo_; }
   i64 workspace_bytes() const {
     if (algo_ == 1) return 2 * pad_ * comm_->size();
     if (algo_ == 2) return p2p_sbytes_ + p2p_rbytes_;
+    if (algo_ == 3) return 0;
     return (pack_ ? send_bytes_ : 0) + (unpack_ ? recv_bytes_ : 0);
   }
 
@@ -445,6 +523,9 @@ class AlltoallvStep {
   };
   int algo_ = 0;
   i64 pad_ = 0;
+  std::vector<MPI_Datatype> wstypes_, wrtypes_, owned_;
+  std::vector<CountT> wscounts_, wrcounts_;
+  std::vector<DisplT> wsdispls_, wrdispls_;
   std::vector<P2PBuf> p2p_send_, p2p_recv_;
   i64 p2p_sbytes_ = 0, p2p_rbytes_ = 0;
   std::shared_ptr<Comm> comm_;

@@ -103,7 +103,8 @@ class ShardedArray:
         """The same global array laid out as ``placements`` (and ``sizes``); collective.
 
         ``algorithm`` picks how an exchange step runs: ``"alltoallv"``, ``"alltoall"``
-        (blocks padded to the largest), ``"p2p"`` (pipelined Isend/Irecv) or ``"auto"``
+        (blocks padded to the largest), ``"p2p"`` (pipelined Isend/Irecv), ``"alltoallw"``
+        (one subarray datatype per peer: MPI packs on the fly, no workspace) or ``"auto"``
         (see :func:`pyshard.array.choose_algorithm`). It must be the same on every rank.
         ``out``: an array of the target's local shape and dtype to write the result into
         (reused across calls, it saves the page faults of a fresh output); it is checked on
@@ -413,7 +414,7 @@ def _reduce_code(dtype: np.dtype, op: Optional[str]) -> Tuple[str, str]:
     return code, mop
 
 
-ALGORITHMS = ("alltoallv", "alltoall", "p2p")
+ALGORITHMS = ("alltoallv", "alltoall", "p2p", "alltoallw")
 
 
 def choose_algorithm(step: Step, algorithm: str) -> str:

@@ -21,7 +21,7 @@ KEYS = {
 }  # fmt: skip
 
 
-@pytest.mark.parametrize("algorithm", ["auto", "alltoall", "p2p"])
+@pytest.mark.parametrize("algorithm", ["auto", "alltoall", "p2p", "alltoallw"])
 def test_bench_cases_write_json(comm, algorithm):
     path = None
     if comm.rank == 0:

@@ -106,10 +106,11 @@ ALGO_KEY = {
     "alltoallv": "alltoallv",
     "alltoall": "alltoall",
     "p2p": "p2p_exchange",
+    "alltoallw": "alltoallw",
 }
 
 
-@pytest.mark.parametrize("algorithm", ["alltoall", "p2p"])
+@pytest.mark.parametrize("algorithm", ["alltoall", "p2p", "alltoallw"])
 @pytest.mark.parametrize("src,dst", [(S0, S1), (S1, S0)], ids=["S0->S1", "S1->S0"])
 def test_exchange_algorithms(comm, src, dst, algorithm):
     """The padded Alltoall and point-to-point exchanges give the same shards."""
