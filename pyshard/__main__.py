@@ -80,7 +80,7 @@ def demo(argv: Optional[List[str]] = None) -> int:
         ok = comm.allreduce(ok, op=MPI.LAND)
         failed += not ok
         t = _timed(lambda x=x, t=target, s=sizes: x.redistribute(t, s), comm, args.reps)
-        sent = max(b[0] for b in plan.rank_bytes(mesh.coords))
+        sent = max((b[0] for b in plan.rank_bytes(mesh.coords)), default=0)
         sent = comm.allreduce(sent, op=MPI.MAX)
         kinds = "+".join(s.kind for s in plan.steps if s.is_collective) or "none (local)"
         if rank == 0:

@@ -485,9 +485,11 @@ def plot_main(argv: Optional[List[str]] = None) -> int:
     axes[1].set_title("bandwidth")
     if ncols == 3:
         for k in keys:
-            pts = sorted(
-                (r["ranks"], r["median_s"]) for r in rows if (r["case"], r["algorithm"]) == k
-            )
+            best: Dict[int, float] = {}  # several files may hold one rank count: keep the best
+            for r in rows:
+                if (r["case"], r["algorithm"]) == k:
+                    best[r["ranks"]] = min(best.get(r["ranks"], np.inf), r["median_s"])
+            pts = sorted(best.items())
             if len(pts) > 1:
                 axes[2].plot([a for a, _ in pts], [b for _, b in pts], "o-", label=f"{k[0]} {k[1]}")
         axes[2].set_xscale("log", base=2)

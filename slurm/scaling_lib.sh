@@ -1,0 +1,223 @@
+# shellcheck shell=bash
+# Shared by strong_scaling.sbatch and weak_scaling.sbatch (sourced, not run).
+#
+# scaling_run strong|weak
+#   For each rank count r in the sweep, runs
+#     srun --mpi=$PYSHARD_SRUN_MPI -n r -N nodes $SRUN_ARGS \
+#         $PYSHARD_PYTHON -m pyshard $PYSHARD_CMD --shape S --dtype D --json PART $BENCH_ARGS
+#   checks that every JSON line it wrote says "ranks": r (so N independent 1-rank jobs, which
+#   srun --mpi=none starts with pip's MPICH, fail loudly), and appends them to
+#   $OUT_DIR/<kind>_<jobid>.jsonl.
+
+scaling_die() {
+    echo "ERROR: $*" >&2
+    exit 1
+}
+
+# Rank counts to run: $RANKS ("sweep" = 2, 4, 8, ... and ntasks; "ntasks" = only ntasks;
+# or a list such as "1,2,4"). The sweep starts at 2: at 1 rank there is no communication to
+# time (and `pyshard bench` refuses cases without a collective).
+scaling_rank_list() {
+    local ntasks=$1 spec=${RANKS:-sweep} r
+    case $spec in
+        sweep)
+            r=2
+            while [ "$r" -lt "$ntasks" ]; do
+                echo "$r"
+                r=$((r * 2))
+            done
+            echo "$ntasks"
+            ;;
+        ntasks | all) echo "$ntasks" ;;
+        *)
+            for r in $(echo "$spec" | tr ',' ' '); do
+                case $r in
+                    '' | *[!0-9]*) scaling_die "RANKS: '$r' is not a number" ;;
+                esac
+                if [ "$r" -lt 1 ] || [ "$r" -gt "$ntasks" ]; then
+                    scaling_die "RANKS: $r is outside 1..$ntasks (the allocation's tasks)"
+                fi
+                echo "$r"
+            done
+            ;;
+    esac
+}
+
+# Check the rank count of one run: mode json reads the JSON lines bench wrote, mode demo the
+# header lines of demo's output, mode preflight the lines of the preflight below.
+# Prints one line; returns non-zero when the rank count is wrong or nothing was written.
+scaling_check_ranks() { # mode file want
+    "$PY" - "$1" "$2" "$3" <<'EOF'
+import json, re, sys
+mode, path, want = sys.argv[1], sys.argv[2], int(sys.argv[3])
+hint = ("srun started independent 1-rank jobs instead of one MPI job: is srun's --mpi "
+        "(PYSHARD_SRUN_MPI) right for this MPI? pmi2 for MPICH builds (pip's mpich), pmix for "
+        "Open MPI; --mpi=none never works with pip's MPICH")
+try:
+    text = open(path).read()
+except OSError as e:
+    print(f"ranks check FAILED: cannot read {path}: {e}")
+    sys.exit(1)
+if mode == "json":
+    got, bad = [], 0
+    for line in text.splitlines():
+        if not line.strip():
+            continue
+        try:
+            got.append(int(json.loads(line)["ranks"]))
+        except (ValueError, KeyError, TypeError):
+            bad += 1
+    if bad:
+        print(f"ranks check FAILED: {bad} line(s) of {path} are not JSON objects with 'ranks'")
+        sys.exit(1)
+else:
+    pat = r"^pyshard demo: (\d+) ranks" if mode == "demo" else r"^pyshard-preflight-size (\d+)$"
+    got = [int(m) for m in re.findall(pat, text, re.M)]
+if not got:
+    print(f"ranks check FAILED: the run wrote no results ({path})")
+    sys.exit(1)
+wrong = sorted(set(g for g in got if g != want))
+if wrong:
+    print(f"ranks check FAILED: expected ranks={want}, the results say ranks={wrong} "
+          f"({len(got)} record(s)). {hint}")
+    sys.exit(1)
+if mode != "json" and len(got) != 1:
+    print(f"ranks check FAILED: expected ranks={want} in one MPI job, got {len(got)} "
+          f"jobs. {hint}")
+    sys.exit(1)
+print(f"ranks check ok: {len(got)} record(s), all ranks={want}")
+EOF
+}
+
+scaling_run() {
+    local kind=$1
+    PY=${PYSHARD_PYTHON:-python}
+    local mpi=${PYSHARD_SRUN_MPI:-pmi2}
+    local cmd=${PYSHARD_CMD:-bench}
+    local dtype=${DTYPE:-float32}
+    local out_dir=${OUT_DIR:-results}
+    local jobid=${SLURM_JOB_ID:-nojob}
+    local shape_spec
+
+    if [ "$kind" = strong ]; then
+        shape_spec=${SHAPE:-8192x8192}
+    else
+        shape_spec=${PER_RANK:-2048x4096}
+    fi
+    case $shape_spec in
+        [0-9]*x[0-9]*) ;;
+        *) scaling_die "shape '$shape_spec' is not like 8192x8192" ;;
+    esac
+
+    # Tasks in the allocation: -n, or --ntasks-per-node x nodes, or one per node.
+    local nnodes=${SLURM_JOB_NUM_NODES:-${SLURM_NNODES:-1}}
+    local ntasks=${SLURM_NTASKS:-${SLURM_NPROCS:-}}
+    if [ -z "$ntasks" ] && [ -n "${SLURM_NTASKS_PER_NODE:-}" ]; then
+        local tpn=${SLURM_NTASKS_PER_NODE%%[!0-9]*}
+        ntasks=$((nnodes * ${tpn:-1}))
+    fi
+    ntasks=${ntasks:-$nnodes}
+    local per_node=$(((ntasks + nnodes - 1) / nnodes))
+
+    mkdir -p "$out_dir" || scaling_die "cannot create OUT_DIR=$out_dir"
+    local out="$out_dir/${kind}_${jobid}.jsonl"
+    local mode=json
+    [ "$cmd" = bench ] || mode=demo
+
+    echo "pyshard ${kind} scaling: job ${jobid} on ${SLURM_JOB_NODELIST:-$(hostname -s)}," \
+        "${nnodes} node(s), ${ntasks} task(s), $(date -u +%Y-%m-%dT%H:%M:%SZ)"
+    echo "  python: $PY ($("$PY" -c 'import sys; print(sys.version.split()[0])' 2>&1))"
+    echo "  MPI:    $("$PY" -c 'from mpi4py import MPI; print(MPI.Get_library_version().splitlines()[0].strip())' 2>&1)"
+    echo "  srun --mpi=$mpi${SRUN_ARGS:+ $SRUN_ARGS}; command: pyshard $cmd${BENCH_ARGS:+ $BENCH_ARGS}"
+    if [ "$mode" = json ]; then
+        echo "  results: $out"
+    else
+        echo "  (PYSHARD_CMD=$cmd writes no JSON; checking ranks from its output)"
+    fi
+    command -v srun >/dev/null || scaling_die "srun not found (run this under sbatch/salloc)"
+
+    local ranks
+    ranks=$(scaling_rank_list "$ntasks") || exit 1
+    local r nodes shape rows rest part logf rc t0 rmax=0
+    for r in $ranks; do [ "$r" -gt "$rmax" ] && rmax=$r; done
+
+    # Preflight at the largest rank count: one MPI job of rmax ranks, or rmax 1-rank jobs?
+    # (srun --mpi=none with pip's MPICH starts separate 1-rank jobs that all succeed.)
+    if [ "${PREFLIGHT:-1}" != 0 ]; then
+        nodes=$(((rmax + per_node - 1) / per_node))
+        [ "$nodes" -le "$nnodes" ] || nodes=$nnodes
+        logf=$(mktemp "${TMPDIR:-/tmp}/pyshard-${kind}-XXXXXX.log")
+        echo
+        echo "== preflight: srun -n $rmax -N $nodes, MPI_COMM_WORLD size"
+        # shellcheck disable=SC2086
+        srun --mpi="$mpi" -n "$rmax" -N "$nodes" ${SRUN_ARGS:-} "$PY" -c \
+            'from mpi4py import MPI; c = MPI.COMM_WORLD; c.rank or print("pyshard-preflight-size", c.size)' \
+            >"$logf" 2>&1
+        rc=$?
+        if [ "$rc" -ne 0 ]; then
+            cat "$logf"
+            rm -f "$logf"
+            scaling_die "preflight srun -n $rmax failed with exit code $rc (output above)"
+        fi
+        scaling_check_ranks preflight "$logf" "$rmax" ||
+            {
+                sed 's/^/  | /' "$logf" | head -n 20
+                rm -f "$logf"
+                scaling_die "preflight: srun -n $rmax did not start one MPI job of $rmax ranks"
+            }
+        rm -f "$logf"
+    fi
+
+    for r in $ranks; do
+        nodes=$(((r + per_node - 1) / per_node))
+        [ "$nodes" -le "$nnodes" ] || nodes=$nnodes
+        if [ "$kind" = strong ]; then
+            shape=$shape_spec
+        else
+            rows=${shape_spec%%x*}
+            rest=${shape_spec#*x}
+            shape="$((rows * r))x$rest"
+        fi
+        part="$out_dir/.${kind}_${jobid}_r${r}.part"
+        logf=$(mktemp "${TMPDIR:-/tmp}/pyshard-${kind}-XXXXXX.log")
+        rm -f "$part"
+        local args=(--shape "$shape" --dtype "$dtype")
+        [ "$mode" = json ] && args+=(--json "$part")
+        echo
+        echo "== ${kind}: ${r} rank(s) on ${nodes} node(s), global shape ${shape} ${dtype}"
+        t0=$SECONDS
+        # shellcheck disable=SC2086  # SRUN_ARGS and BENCH_ARGS are word lists
+        srun --mpi="$mpi" -n "$r" -N "$nodes" ${SRUN_ARGS:-} \
+            "$PY" -m pyshard "$cmd" "${args[@]}" ${BENCH_ARGS:-} 2>&1 | tee "$logf"
+        rc=${PIPESTATUS[0]}
+        echo "-- srun exit code $rc after $((SECONDS - t0)) s"
+        if [ "$rc" -ne 0 ]; then
+            # Say whether it failed because srun started separate 1-rank jobs.
+            local src=$logf
+            [ "$mode" = json ] && src=$part
+            [ -s "$src" ] && scaling_check_ranks "$mode" "$src" "$r" | grep 'expected ranks' >&2
+            rm -f "$part" "$logf"
+            scaling_die "srun -n $r failed with exit code $rc (output above)"
+        fi
+        if [ "$mode" = json ]; then
+            scaling_check_ranks json "$part" "$r" || {
+                echo "--- $part:" >&2
+                head -n 20 "$part" >&2 || true
+                rm -f "$part" "$logf"
+                scaling_die "srun -n $r: wrong rank count in the results (see above); $out not updated"
+            }
+            cat "$part" >>"$out"
+            rm -f "$part"
+        else
+            scaling_check_ranks demo "$logf" "$r" ||
+                { rm -f "$logf"; scaling_die "srun -n $r: wrong rank count (see above)"; }
+        fi
+        rm -f "$logf"
+    done
+    echo
+    if [ "$mode" = json ]; then
+        echo "done: $(wc -l <"$out") record(s) in $out"
+    else
+        echo "done (no JSON written by '$cmd')"
+    fi
+}
