@@ -31,6 +31,7 @@ def _check_same_mpi() -> None:
 _check_same_mpi()
 
 from .array import ShardedArray, distribute, from_local  # noqa: E402
+from .checkpoint import checkpoint_info, load, save  # noqa: E402
 from .layout import Layout, Partial, Placement, Replicate, Shard, split_sizes  # noqa: E402
 from .mesh import Mesh  # noqa: E402
 from .plan import Plan, Step, plan  # noqa: E402
@@ -58,10 +59,13 @@ __all__ = [
     "Shard",
     "ShardedArray",
     "Step",
+    "checkpoint_info",
     "comm_stats",
     "distribute",
     "from_local",
+    "load",
     "plan",
     "reset_comm_stats",
+    "save",
     "split_sizes",
 ]

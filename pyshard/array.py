@@ -58,7 +58,7 @@ class ShardedArray:
                 f"local array {local.shape} {local.dtype} disagrees with the layout, which puts "
                 f"{want} {layout.dtype} at mesh coords {mesh.coords}"
             )
-        self.local = np.ascontiguousarray(local)
+        self.local = local if local.flags.c_contiguous else np.array(local, order="C")
         self.layout = layout
         self.mesh = mesh
 

@@ -1,0 +1,481 @@
+"""Checkpoints: save in one layout, load in others, against the numpy oracle; errors; kills.
+
+In-process tests run at the current communicator size. Tests that need other rank counts
+(save on A ranks, load on B) or a killed save launch ``mpiexec`` subprocesses running
+``ckpt_worker.py``; they run only when the communicator size is 1 (skipped by size).
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+
+import numpy as np
+import pytest
+from ckpt_worker import check_loaded, global_of, make_sharded, placements_of, sizes_of
+from oracle import make_global
+
+import pyshard as ps
+from pyshard import Partial, Replicate, Shard
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+WORKER = os.path.join(HERE, "ckpt_worker.py")
+MPIEXEC = os.path.join(os.path.dirname(sys.executable), "mpiexec")
+DTYPES = ["float32", "float64", "int32", "bool"]
+MESH_2D = {1: (1, 1), 2: (2, 1), 3: (1, 3), 4: (2, 2), 5: (5, 1), 6: (2, 3), 7: (7, 1), 8: (2, 4)}
+
+
+@pytest.fixture
+def shared_dir(comm):
+    """A directory made by rank 0 and shared by every rank (each rank's tmp_path differs)."""
+    d = tempfile.mkdtemp(prefix="pyshard-ckpt-") if comm.rank == 0 else None
+    d = comm.bcast(d, root=0)
+    yield d
+    comm.Barrier()
+    if comm.rank == 0:
+        shutil.rmtree(d, ignore_errors=True)
+
+
+def spec(shape, dtype, seed, placements, sizes=None):
+    s = {"shape": list(shape), "dtype": dtype, "seed": seed, "placements": placements}
+    if sizes is not None:
+        s["sizes"] = {str(k): list(v) for k, v in sizes.items()}
+    return s
+
+
+def skew(n, parts):
+    """All of ``n`` on the first shard, the rest empty."""
+    return [n] + [0] * (parts - 1)
+
+
+def on_rank0(comm, fn):
+    """Run ``fn`` on rank 0 only; every rank gets its result (or re-raises its error)."""
+    res = None
+    if comm.rank == 0:
+        try:
+            res = ("ok", fn())
+        except Exception as e:  # report, then raise on every rank
+            res = ("err", f"{type(e).__name__}: {e}")
+    res = comm.bcast(res, root=0)
+    if res[0] == "err":
+        raise AssertionError(f"rank 0: {res[1]}")
+    return res[1]
+
+
+def load_and_check(mesh, path, specs, where):
+    """Load every spec'd array in its layout; the failures on this rank."""
+    placements = {n: placements_of(s) for n, s in specs.items()}
+    sizes = {n: sizes_of(s) for n, s in specs.items() if s.get("sizes") is not None}
+    out = ps.load(path, mesh, placements, sizes)
+    assert sorted(out) == sorted(specs)
+    bad = [check_loaded(n, out[n], global_of(s), where) for n, s in specs.items()]
+    return [b for b in bad if b]
+
+
+def npy_equal_globals(path, specs):
+    """numpy.load(mmap_mode='r') of every file gives the global array (rank 0)."""
+    info = ps.checkpoint_info(path)
+    bad = []
+    for name, s in specs.items():
+        f = os.path.join(path, info["arrays"][name]["file"])
+        a = np.load(f, mmap_mode="r")
+        g = global_of(s)
+        if a.shape != g.shape or a.dtype != g.dtype or not np.array_equal(a, g):
+            bad.append(f"{f}: numpy.load gives {a.shape} {a.dtype}, not the global array")
+        del a
+    return bad
+
+
+# ----------------------------------------------------------------------------- in process
+
+
+def test_roundtrip_1d(comm, shared_dir):
+    p = comm.size
+    mesh = ps.Mesh(comm, (p,))
+    shape = (7, 5)  # empty shards from 8 ranks on
+    src = {}
+    for i, dt in enumerate(DTYPES):
+        src[f"s0-{dt}"] = spec(shape, dt, i, ["S(0)"])
+        src[f"s1-{dt}"] = spec(shape, dt, 10 + i, ["S(1)"])
+        src[f"r-{dt}"] = spec(shape, dt, 20 + i, ["R"])
+        src[f"p-{dt}"] = spec(shape, dt, 30 + i, ["P(sum)"])
+        src[f"skew-{dt}"] = spec(shape, dt, 40 + i, ["S(0)"], {0: skew(7, p)[::-1]})
+    for dt in ("float16", "int64", "complex128"):
+        src[f"s0-{dt}"] = spec(shape, dt, 50, ["S(0)"])
+    src["empty-rows"] = spec((0, 5), "float32", 0, ["S(0)"])
+    src["empty-cols"] = spec((4, 0), "int32", 0, ["S(1)"])
+    src["scalar"] = spec((), "float64", 3, ["R"])
+    src["vector"] = spec((3,), "bool", 4, ["S(0)"])
+    path = os.path.join(shared_dir, "c1d")
+    ps.save(path, {n: make_sharded(mesh, s) for n, s in src.items()}, {"case": "1d"})
+    assert on_rank0(comm, lambda: npy_equal_globals(path, src)) == []
+
+    targets = [["S(0)"], ["S(1)"], ["R"], ["P(sum)"], "skew1"]
+    failures = []
+    for t in targets:
+        specs = {}
+        for n, s in src.items():
+            nd = len(s["shape"])
+            d = dict(s)
+            d.pop("sizes", None)
+            if nd == 0:
+                d["placements"] = ["R"]
+            elif t == "skew1":
+                dim = min(1, nd - 1)
+                d["placements"] = [f"S({dim})"]
+                d["sizes"] = {str(dim): skew(s["shape"][dim], p)}
+            elif t == ["S(1)"] and nd < 2:
+                d["placements"] = ["S(0)"]
+            else:
+                d["placements"] = t
+            specs[n] = d
+        failures += load_and_check(mesh, path, specs, f"target {t}: ")
+    assert failures == []
+
+
+def test_roundtrip_2d(comm, shared_dir):
+    a, b = MESH_2D.get(comm.size, (comm.size, 1))
+    mesh = ps.Mesh(comm, (a, b))
+    shape = (6, 5)
+    sources = [
+        ["S(0)", "S(1)"],
+        ["S(0)", "S(0)"],
+        ["R", "S(1)"],
+        ["P(sum)", "S(0)"],
+        ["S(1)", "P(sum)"],
+    ]
+    src = {}
+    for i, pl in enumerate(sources):
+        for dt in ("float32", "int32", "bool"):
+            src[f"{i}-{dt}"] = spec(shape, dt, 7 * i, pl)
+    src["uneven"] = spec(shape, "float64", 99, ["S(1)", "S(0)"], {1: skew(5, a), 0: skew(6, b)})
+    src["empty"] = spec((0, 3), "float64", 0, ["S(0)", "S(1)"])
+    path = os.path.join(shared_dir, "c2d")
+    ps.save(path, {n: make_sharded(mesh, s) for n, s in src.items()})
+    assert on_rank0(comm, lambda: npy_equal_globals(path, src)) == []
+
+    failures = []
+    flipped = ps.Mesh(comm, (b, a))
+    flat = ps.Mesh(comm, (comm.size,))
+    for m, t in [
+        (mesh, ["S(1)", "S(0)"]),
+        (mesh, ["R", "R"]),
+        (flipped, ["S(1)", "S(1)"]),
+        (flipped, ["S(0)", "P(sum)"]),
+        (flat, ["S(0)"]),
+    ]:
+        specs = {n: dict(s, placements=t) for n, s in src.items()}
+        for s in specs.values():
+            s.pop("sizes", None)
+        failures += load_and_check(m, path, specs, f"{m.shape} {t}: ")
+    assert failures == []
+
+
+def test_metadata_info_and_overwrite(comm, shared_dir):
+    mesh = ps.Mesh(comm, (comm.size,))
+    p = comm.size
+    g = make_global((9, 4), "float32", seed=1)
+    x = ps.distribute(g, mesh, [Shard(0)], sizes={0: skew(9, p)})
+    part = make_sharded(mesh, spec((3, 2), "int32", 2, ["P(sum)"]))
+    meta = {"step": 12, "lr": 0.5, "tags": ["a", "b"], "nested": {"k": None}}
+    path = os.path.join(shared_dir, "ck")
+    ps.save(path, {"w": x, "acc": part}, meta)
+    info = ps.checkpoint_info(path)
+    assert info["metadata"] == meta
+    assert info["ranks"] == p
+    assert sorted(info["arrays"]) == ["acc", "w"]
+    w = info["arrays"]["w"]
+    assert w["shape"] == (9, 4) and w["dtype"] == np.float32 and w["nbytes"] == g.nbytes
+    assert w["mesh_shape"] == (p,) and w["placements"] == ["S(0)"]
+    assert w["sizes"] == {0: tuple(skew(9, p))}
+    acc = info["arrays"]["acc"]
+    assert acc["placements"] == ["P(sum)"] and acc["sizes"] == {} and acc["dtype"] == np.int32
+    # one writer per box: a replicated (reduced) array is one block, empty shards none
+    with open(os.path.join(path, "manifest.json")) as f:
+        blocks = {n: e["checksum"]["blocks"] for n, e in json.load(f)["arrays"].items()}
+    assert [(b["start"], b["shape"]) for b in blocks["acc"]] == [([0, 0], [3, 2])]
+    assert [(b["start"], b["shape"]) for b in blocks["w"]] == [([0, 0], [9, 4])]
+
+    # a second save replaces the first, and leaves nothing else next to it
+    g2 = make_global((2, 3), "float64", seed=5)
+    ps.save(path, {"w": ps.distribute(g2, mesh, [Replicate()])}, {"step": 13})
+    info = ps.checkpoint_info(path)
+    assert info["metadata"] == {"step": 13} and sorted(info["arrays"]) == ["w"]
+    out = ps.load(path, mesh, {"w": ["S(1)"]})
+    np.testing.assert_array_equal(out["w"].local, g2[out["w"].box])
+    assert on_rank0(comm, lambda: sorted(os.listdir(shared_dir))) == ["ck"]
+
+    # str(path)-like objects work, and an empty directory may be the target
+    empty = os.path.join(shared_dir, "empty")
+    on_rank0(comm, lambda: os.mkdir(empty))
+    import pathlib
+
+    ps.save(pathlib.Path(empty), {"w": x})
+    assert ps.checkpoint_info(empty)["arrays"]["w"]["shape"] == (9, 4)
+
+
+def _corrupt(comm, base, path, fn):
+    """Rank 0 copies ``base`` to ``path`` and applies ``fn``; every rank waits for it."""
+
+    def work():
+        shutil.copytree(base, path)
+        fn(path)
+
+    comm.Barrier()
+    on_rank0(comm, work)
+
+
+def test_load_errors_on_every_rank(comm, shared_dir):
+    mesh = ps.Mesh(comm, (comm.size,))
+    g = make_global((6, 5), "float64", seed=3)
+    h = make_global((4,), "int32", seed=4)
+    base = os.path.join(shared_dir, "base")
+    ps.save(
+        base, {"x": ps.distribute(g, mesh, [Shard(0)]), "h": ps.distribute(h, mesh, [Replicate()])}
+    )
+    want = {"x": [Shard(1)], "h": [Shard(0)]}
+
+    def truncate(p):
+        f = os.path.join(p, "x.npy")
+        os.truncate(f, os.path.getsize(f) - 8)
+
+    def flip(p):
+        f = os.path.join(p, "x.npy")
+        with open(f, "r+b") as fh:
+            fh.seek(-3, os.SEEK_END)
+            c = fh.read(1)
+            fh.seek(-3, os.SEEK_END)
+            fh.write(bytes([c[0] ^ 0x40]))
+
+    def reshape(p):
+        np.save(os.path.join(p, "x.npy"), g.reshape(5, 6))
+
+    def retype(p):
+        np.save(os.path.join(p, "x.npy"), g.astype(np.int32))
+
+    def retype_same_bytes(p):
+        np.save(os.path.join(p, "x.npy"), g.view(np.int64))
+
+    def garbage_manifest(p):
+        with open(os.path.join(p, "manifest.json"), "w") as f:
+            f.write("{not json")
+
+    def garbage_npy(p):
+        with open(os.path.join(p, "x.npy"), "wb") as f:
+            f.write(b"garbage")
+
+    cases = [
+        (
+            "nomanifest",
+            lambda p: os.remove(os.path.join(p, "manifest.json")),
+            FileNotFoundError,
+            "manifest",
+        ),
+        ("nofile", lambda p: os.remove(os.path.join(p, "x.npy")), FileNotFoundError, "missing"),
+        ("truncated", truncate, ValueError, "truncated"),
+        ("checksum", flip, ValueError, "checksum mismatch"),
+        ("shape", reshape, ValueError, r"\(5, 6\) float64"),
+        ("dtype", retype, ValueError, "int32"),
+        ("dtype2", retype_same_bytes, ValueError, "int64"),
+        ("json", garbage_manifest, ValueError, "JSON"),
+        ("npy", garbage_npy, ValueError, "not a readable .npy"),
+    ]
+    for name, fn, exc, match in cases:
+        p = os.path.join(shared_dir, name)
+        _corrupt(comm, base, p, fn)
+        with pytest.raises(exc, match=match) as ei:
+            ps.load(p, mesh, want)
+        assert p in str(ei.value), (name, str(ei.value))
+    # verify=False skips the checksums (the flipped bit then loads)
+    out = ps.load(os.path.join(shared_dir, "checksum"), mesh, want, verify=False)
+    assert out["x"].global_shape == (6, 5)
+    # the other array of a checkpoint with one bad file still loads
+    out = ps.load(os.path.join(shared_dir, "truncated"), mesh, {"h": [Replicate()]})
+    np.testing.assert_array_equal(out["h"].local, h)
+    with pytest.raises(FileNotFoundError, match="no checkpoint directory"):
+        ps.load(os.path.join(shared_dir, "nowhere"), mesh, want)
+    with pytest.raises(ValueError, match="no array named 'nope'"):
+        ps.load(base, mesh, {"x": [Shard(0)], "nope": [Shard(0)]})
+    with pytest.raises(ValueError, match="placements has 2 entries"):
+        ps.load(base, mesh, {"x": [Shard(0), Shard(1)]})
+    with pytest.raises(ValueError, match="not among the names"):
+        ps.load(base, mesh, {"x": [Shard(0)]}, sizes={"h": {0: [4]}})
+    with pytest.raises(ValueError, match="cannot parse placement"):
+        ps.load(base, mesh, {"x": ["Q"]})
+    with pytest.raises(FileNotFoundError, match="manifest"):
+        ps.checkpoint_info(os.path.join(shared_dir, "nomanifest"))
+    # ranks are still in step: a good load works
+    out = ps.load(base, mesh, want)
+    np.testing.assert_array_equal(out["x"].local, g[out["x"].box])
+
+
+def test_save_errors_on_every_rank(comm, shared_dir):
+    mesh = ps.Mesh(comm, (comm.size,))
+    x = ps.distribute(make_global((4, 3), "float32"), mesh, [Shard(0)])
+    path = os.path.join(shared_dir, "s")
+    with pytest.raises(TypeError, match="dict name -> ShardedArray"):
+        ps.save(path, [x])
+    with pytest.raises(TypeError, match="ShardedArray"):
+        ps.save(path, {"x": x.local})
+    with pytest.raises(ValueError, match="nothing to save"):
+        ps.save(path, {})
+    with pytest.raises(TypeError, match="JSON"):
+        ps.save(path, {"x": x}, {"f": object()})
+    with pytest.raises(FileNotFoundError, match="parent directory"):
+        ps.save(os.path.join(shared_dir, "no", "such"), {"x": x})
+    other = os.path.join(shared_dir, "other")
+    on_rank0(comm, lambda: os.mkdir(other) or open(os.path.join(other, "keep"), "w").close())
+    with pytest.raises(ValueError, match="refusing to replace"):
+        ps.save(other, {"x": x})
+    assert on_rank0(comm, lambda: os.listdir(other)) == ["keep"]
+    if comm.size > 1:
+        with pytest.raises(ValueError, match="every rank must pass the same"):
+            ps.save(path, {"x": x}, {"rank": comm.rank})
+    # no temporary directories left
+    assert on_rank0(comm, lambda: sorted(os.listdir(shared_dir))) == ["other"]
+
+
+def test_names_become_safe_file_names(comm, shared_dir):
+    mesh = ps.Mesh(comm, (comm.size,))
+    g = make_global((3, 2), "int32", seed=2)
+    x = ps.distribute(g, mesh, [Shard(0)])
+    names = ["a/b", "a_b", "A_B", "../up", "manifest", "ünï"]
+    path = os.path.join(shared_dir, "n")
+    ps.save(path, dict.fromkeys(names, x))
+    info = ps.checkpoint_info(path)
+    files = [info["arrays"][n]["file"] for n in names]
+    assert len({f.lower() for f in files}) == len(files)
+    assert all(os.path.basename(f) == f and not f.startswith(".") for f in files)
+    out = ps.load(path, mesh, dict.fromkeys(names, [Replicate()]))
+    for n in names:
+        np.testing.assert_array_equal(out[n].local, g)
+
+
+def test_partial_reduced_once(comm, shared_dir):
+    """A Partial(max) source is reduced before writing; loads see the reduction."""
+    mesh = ps.Mesh(comm, (comm.size,))
+    g = make_global((5, 3), "int32", seed=9)
+    local = g - (comm.rank if comm.rank else 0)  # the max over ranks is g (rank 0 holds it)
+    x = ps.from_local(np.ascontiguousarray(local), mesh, [Partial("max")], global_shape=g.shape)
+    path = os.path.join(shared_dir, "pmax")
+    ps.save(path, {"x": x})
+    out = ps.load(path, mesh, {"x": [Partial("max")]})
+    np.testing.assert_array_equal(out["x"].local, g)  # max/min/avg keep the value everywhere
+    assert ps.checkpoint_info(path)["arrays"]["x"]["placements"] == ["P(max)"]
+
+
+# ----------------------------------------------------------------------------- subprocesses
+
+
+def _child_env(extra=None):
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("PMI_", "PMIX_", "HYDRA_", "MPI_", "MPIR_", "OMPI_", "I_MPI_"))
+    }
+    env.pop("PYSHARD_FAULT", None)
+    env.update(extra or {})
+    return env
+
+
+def mpirun(n, jobs, env=None, expect_ok=True):
+    """Run the worker on ``n`` ranks; the completed process."""
+    cmd = [MPIEXEC, "-n", str(n), sys.executable, WORKER, json.dumps(jobs)]
+    try:
+        r = subprocess.run(
+            cmd, env=_child_env(env), cwd=HERE, capture_output=True, text=True, timeout=120
+        )
+    except subprocess.TimeoutExpired as e:
+        pytest.fail(f"mpiexec -n {n} timed out after 120 s: {e.stdout} {e.stderr}")
+    if expect_ok:
+        assert r.returncode == 0 and "OK" in r.stdout, (
+            f"mpiexec -n {n} failed ({r.returncode}):\n{r.stdout}\n{r.stderr}"
+        )
+    return r
+
+
+def needs_subprocess(comm):
+    if comm.size != 1:
+        pytest.skip("cross-size tests launch their own mpiexec: they run at size 1")
+    if not os.path.exists(MPIEXEC):
+        pytest.skip(f"no mpiexec next to {sys.executable}")
+
+
+def _arrays(shape, placements, sizes=None, seed=0, empty_shape=(0, 5)):
+    out = {dt: spec(shape, dt, seed + i, placements, sizes) for i, dt in enumerate(DTYPES)}
+    out["empty"] = spec(empty_shape, "float32", 0, placements)
+    return out
+
+
+def _relayout(arrays, placements, sizes=None):
+    out = {}
+    for n, s in arrays.items():
+        d = dict(s, placements=placements)
+        d.pop("sizes", None)
+        if sizes is not None and n != "empty":
+            d["sizes"] = {str(k): list(v) for k, v in sizes.items()}
+        out[n] = d
+    return out
+
+
+def test_cross_sizes(comm, shared_dir):
+    """Save on A ranks, load on B: 4 -> 3, 2x2 -> 4, 7 -> 1, 1 -> 2x3."""
+    needs_subprocess(comm)
+    d = shared_dir
+    skewed = _arrays((101, 6), ["S(0)"], {0: [98, 1, 1, 1]}, seed=1)
+    grid = _arrays((9, 7), ["S(0)", "S(1)"], seed=2)
+    seven = _arrays((5, 9), ["S(0)"], seed=3)
+    one = _arrays((6, 5), ["R"], seed=4)
+    job = lambda op, name, mesh, arrays: {  # noqa: E731
+        "op": op,
+        "path": os.path.join(d, name),
+        "mesh": mesh,
+        "arrays": arrays,
+    }
+    mpirun(4, [job("save", "skew", [4], skewed), job("save", "grid", [2, 2], grid)])
+    mpirun(7, [job("save", "seven", [7], seven)])
+    mesh1 = ps.Mesh(comm, (1,))
+    ps.save(os.path.join(d, "one"), {n: make_sharded(mesh1, s) for n, s in one.items()})
+    assert load_and_check(mesh1, os.path.join(d, "seven"), _relayout(seven, ["S(1)"]), "7->1") == []
+    mpirun(3, [job("load", "skew", [3], _relayout(skewed, ["S(1)"]))])
+    mpirun(4, [job("load", "grid", [4], _relayout(grid, ["R"]))])
+    mpirun(6, [job("load", "one", [2, 3], _relayout(one, ["S(1)", "S(0)"]))])
+    info = ps.checkpoint_info(os.path.join(d, "skew"))
+    assert info["ranks"] == 4 and info["arrays"]["float64"]["sizes"] == {0: (98, 1, 1, 1)}
+    assert ps.checkpoint_info(os.path.join(d, "grid"))["arrays"]["bool"]["mesh_shape"] == (2, 2)
+
+
+def test_killed_save_keeps_previous(comm, shared_dir):
+    """A save killed before its manifest, or before its rename, leaves the old checkpoint."""
+    needs_subprocess(comm)
+    path = os.path.join(shared_dir, "ck")
+    mesh1 = ps.Mesh(comm, (1,))
+    old = spec((10, 3), "float64", 1, ["S(0)"])
+    ps.save(path, {"x": make_sharded(mesh1, old)}, {"gen": 1})
+    new = {"x": spec((10, 3), "float64", 2, ["S(0)"]), "y": spec((4,), "int32", 3, ["R"])}
+    job = {"op": "save", "path": path, "mesh": [2], "arrays": new, "metadata": {"gen": 2}}
+    for fault in ("save-after-data:1", "save-before-rename:0"):
+        r = mpirun(2, [job], env={"PYSHARD_FAULT": fault}, expect_ok=False)
+        assert r.returncode != 0, f"{fault}: the save should have died\n{r.stdout}\n{r.stderr}"
+        assert os.path.isfile(os.path.join(path, "manifest.json"))
+        info = ps.checkpoint_info(path)
+        assert info["metadata"] == {"gen": 1} and sorted(info["arrays"]) == ["x"]
+        assert load_and_check(mesh1, path, {"x": dict(old, placements=["R"])}, fault) == []
+        leftovers = glob.glob(path + ".tmp-*")
+        assert leftovers, "a killed save leaves its temporary directory"
+        for t in leftovers:
+            shutil.rmtree(t)
+    # the only unprotected window: rank 0 dies between its two renames; load says where
+    r = mpirun(2, [job], env={"PYSHARD_FAULT": "save-mid-rename:0"}, expect_ok=False)
+    assert r.returncode != 0
+    with pytest.raises(FileNotFoundError, match=r"\.old-"):
+        ps.load(path, mesh1, {"x": [Replicate()]})
+    # a save that completes replaces it
+    mpirun(2, [job])
+    assert ps.checkpoint_info(path)["metadata"] == {"gen": 2}
+    assert load_and_check(mesh1, path, _relayout(new, ["R"]), "after") == []

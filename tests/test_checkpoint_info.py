@@ -1,0 +1,106 @@
+"""checkpoint_info on a checkpoint written in-process on one rank (a mesh over COMM_SELF)."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+import pytest
+from mpi4py import MPI
+
+import pyshard as ps
+from pyshard import Partial, Replicate, Shard
+
+
+@pytest.fixture
+def mesh():
+    return ps.Mesh(MPI.COMM_SELF, (1,))
+
+
+@pytest.fixture
+def ckpt(tmp_path, mesh):
+    a = np.arange(12, dtype=np.float32).reshape(4, 3)
+    b = np.array([True, False, True])
+    path = tmp_path / "ck"
+    ps.save(
+        path,
+        {
+            "a": ps.distribute(a, mesh, [Shard(1)]),
+            "b": ps.distribute(b, mesh, [Partial("max")]),
+            "e": ps.distribute(np.zeros((0, 2), np.int32), mesh, [Replicate()]),
+        },
+        {"epoch": 7, "name": "run-1"},
+    )
+    return path, a, b
+
+
+def test_checkpoint_info(ckpt):
+    path, a, b = ckpt
+    info = ps.checkpoint_info(path)
+    assert info["path"] == str(path)
+    assert info["version"] == 1 and info["ranks"] == 1
+    assert info["metadata"] == {"epoch": 7, "name": "run-1"}
+    assert sorted(info["arrays"]) == ["a", "b", "e"]
+    ia, ib, ie = (info["arrays"][n] for n in "abe")
+    assert ia["shape"] == (4, 3) and ia["dtype"] == np.float32 and ia["nbytes"] == a.nbytes
+    assert ia["mesh_shape"] == (1,) and ia["placements"] == ["S(1)"] and ia["sizes"] == {1: (3,)}
+    assert ib["shape"] == (3,) and ib["dtype"] == np.bool_ and ib["placements"] == ["P(max)"]
+    assert ie["shape"] == (0, 2) and ie["dtype"] == np.int32 and ie["nbytes"] == 0
+    assert ie["placements"] == ["R"] and ie["sizes"] == {}
+    # the files are plain .npy
+    np.testing.assert_array_equal(np.load(path / ia["file"], mmap_mode="r"), a)
+    np.testing.assert_array_equal(np.load(path / ib["file"]), b)
+    assert np.load(path / ie["file"]).shape == (0, 2)
+    with open(path / "manifest.json") as f:
+        assert json.load(f)["format"] == "pyshard-checkpoint"
+
+
+def test_checkpoint_info_needs_no_communicator(ckpt, monkeypatch):
+    """Pure file reading: it works with the MPI module taken away."""
+    path, _, _ = ckpt
+
+    class NoMPI:
+        def __getattr__(self, name):
+            raise AssertionError(f"checkpoint_info used MPI.{name}")
+
+    monkeypatch.setattr(ps.checkpoint, "MPI", NoMPI())
+    assert ps.checkpoint_info(str(path))["arrays"]["a"]["shape"] == (4, 3)
+
+
+def test_load_round_trip(ckpt, mesh):
+    path, a, b = ckpt
+    out = ps.load(path, mesh, {"a": ["S(0)"], "b": [Replicate()], "e": [Shard(1)]})
+    np.testing.assert_array_equal(out["a"].local, a)
+    np.testing.assert_array_equal(out["b"].local, b)
+    assert out["e"].local.shape == (0, 2)
+
+
+def test_missing_manifest(ckpt, tmp_path):
+    path, _, _ = ckpt
+    os.remove(path / "manifest.json")
+    with pytest.raises(FileNotFoundError, match=r"no manifest\.json") as ei:
+        ps.checkpoint_info(path)
+    assert str(path) in str(ei.value)
+    with pytest.raises(FileNotFoundError, match="no checkpoint directory"):
+        ps.checkpoint_info(tmp_path / "nowhere")
+
+
+def test_bad_manifest(ckpt):
+    path, _, _ = ckpt
+    m = json.loads((path / "manifest.json").read_text())
+    m["version"] = 99
+    (path / "manifest.json").write_text(json.dumps(m))
+    with pytest.raises(ValueError, match="format version 99"):
+        ps.checkpoint_info(path)
+    (path / "manifest.json").write_text("[]")
+    with pytest.raises(ValueError, match="not a pyshard checkpoint manifest"):
+        ps.checkpoint_info(path)
+
+
+def test_bench_checkpoint_small(mesh, tmp_path):
+    r = ps.checkpoint.bench_checkpoint(mesh, nbytes=1 << 16, path=tmp_path, reps=1, sync=False)
+    assert r["case"] == "checkpoint" and r["bytes"] == 1 << 16 and r["ranks"] == 1 and r["ok"]
+    for k in ("save", "load", "numpy_save", "numpy_load"):
+        assert r[f"{k}_s"] > 0 and r[f"{k}_GBps"] > 0
+    assert os.listdir(tmp_path) == []  # its files are gone
