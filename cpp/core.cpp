@@ -317,6 +317,32 @@ class AlltoallvStep {
                std::get<2>(t), item_);
   }
 
+  // copy_local in slices of about 1 MiB along the outermost dim, testing `req` in between
+  void copy_local_progress(const Buf& s, const Buf& d, MPI_Request* req) {
+    int done = 0;
+    for (auto& t : local_) {
+      const Shape& ss = std::get<0>(t);
+      const Shape& ds = std::get<1>(t);
+      const Shape& ext = std::get<2>(t);
+      i64 vol = volume(ext);
+      if (vol == 0) continue;
+      if (ext.empty() || done) {
+        copy_box(s.ptr, src_shape_, ss, d.ptr, dst_shape_, ds, ext, item_);
+        continue;
+      }
+      i64 row = vol / ext[0] * item_;
+      i64 step = std::max<i64>(1, (i64(1) << 20) / std::max<i64>(row, 1));
+      for (i64 r = 0; r < ext[0]; r += step) {
+        Shape s2 = ss, d2 = ds, e2 = ext;
+        s2[0] += r;
+        d2[0] += r;
+        e2[0] = std::min(step, ext[0] - r);
+        copy_box(s.ptr, src_shape_, s2, d.ptr, dst_shape_, d2, e2, item_);
+        if (!done) MPI_Test(req, &done, MPI_STATUS_IGNORE);
+      }
+    }
+  }
+
   void run_alltoallv(const Buf& s, const Buf& d) {
     if (pack_) {
       sbuf_.resize(static_cast<size_t>(send_bytes_));
@@ -329,15 +355,19 @@ class AlltoallvStep {
     if (unpack_) rbuf_.resize(static_cast<size_t>(recv_bytes_));
     const char* sb = pack_ ? sbuf_.data() : s.ptr;
     char* rb = unpack_ ? rbuf_.data() : d.ptr;
-    copy_local(s, d);
+    // Start the exchange, then copy this rank's own block in slices while it progresses
+    // (MPI_Test between slices drives the transfer), then wait.
+    MPI_Request req;
 #if PYSHARD_LARGE_COUNT
-    int err = MPI_Alltoallv_c(sb, scounts_.data(), sdispls_.data(), MPI_BYTE, rb, rcounts_.data(),
-                              rdispls_.data(), MPI_BYTE, comm_->get());
+    int err = MPI_Ialltoallv_c(sb, scounts_.data(), sdispls_.data(), MPI_BYTE, rb,
+                               rcounts_.data(), rdispls_.data(), MPI_BYTE, comm_->get(), &req);
 #else
-    int err = MPI_Alltoallv(sb, scounts_.data(), sdispls_.data(), MPI_BYTE, rb, rcounts_.data(),
-                            rdispls_.data(), MPI_BYTE, comm_->get());
+    int err = MPI_Ialltoallv(sb, scounts_.data(), sdispls_.data(), MPI_BYTE, rb, rcounts_.data(),
+                             rdispls_.data(), MPI_BYTE, comm_->get(), &req);
 #endif
-    check_mpi(err, "MPI_Alltoallv");
+    check_mpi(err, "MPI_Ialltoallv");
+    copy_local_progress(s, d, &req);
+    check_mpi(MPI_Wait(&req, MPI_STATUS_IGNORE), "MPI_Wait");
     if (unpack_) {
       for (auto& b : recvs_) {
         Shape zero(b.ext.size(), 0);

@@ -417,16 +417,28 @@ def _reduce_code(dtype: np.dtype, op: Optional[str]) -> Tuple[str, str]:
 ALGORITHMS = ("alltoallv", "alltoall", "p2p", "alltoallw")
 
 
+AUTO_W_MIN_BLOCK = 8 << 20  # bytes: below this, MPICH's Alltoallv was never slower
+
+
 def choose_algorithm(step: Step, algorithm: str) -> str:
     """The exchange algorithm for an alltoallv step; the same on every rank (layouts only).
 
-    ``auto``: MPI_Alltoallv. Measured on this project's 2-rank runs (docs/performance.md),
-    MPICH's Alltoallv matched the padded Alltoall and point-to-point within noise for even
-    and uneven transposes, so the single collective (no padding bytes, no extra buffers) is
-    the default; the others stay available by name.
+    ``auto`` follows what was measured with 2 ranks (docs/performance.md):
+
+    - ``alltoallw`` when the largest block is at least 8 MiB, some shard extents are uneven,
+      and an array dim other than dim 0 is sharded on either side (blocks are strided):
+      MPICH's Alltoallv takes a slow path for such blocks (8195 x 8193 float32 transpose:
+      48 ms with Alltoallv, 33 ms with Alltoallw, 31 ms for the even 8192 x 8192);
+    - ``alltoallv`` otherwise: it ties or wins for even splits, for row-contiguous blocks
+      (where Alltoallw's datatype engine cost 34 ms against 21 ms) and for small messages
+      (Alltoallw was 2-3x slower below 4 MiB blocks).
     """
     if algorithm == "auto":
-        return "alltoallv"
+        src, dst = step.src, step.dst
+        big = step.max_block_volume() * src.dtype.itemsize >= AUTO_W_MIN_BLOCK
+        strided = any(src.table[d][0] or dst.table[d][0] for d in range(1, src.ndim))
+        uneven = any(len(set(t[1])) > 1 for lay in (src, dst) for t in lay.table if t[0])
+        return "alltoallw" if big and strided and uneven else "alltoallv"
     if algorithm not in ALGORITHMS:
         raise ValueError(f"algorithm must be 'auto' or one of {ALGORITHMS}, got {algorithm!r}")
     return algorithm
@@ -454,7 +466,16 @@ def execute(
         mesh._exec_cache[key] = execs
         log.debug("pyshard: built %s (%s) for rank %d", p, algorithm, mesh.rank)
     if out is not None:
-        _check_out(out, p, mesh, local)
+        want = execs[-1].out_shape if execs else local.shape
+        if (
+            type(out) is not np.ndarray
+            or out.shape != want
+            or out.dtype != p.dst.dtype
+            or not out.flags.c_contiguous
+            or not out.flags.writeable
+            or (out.size and np.may_share_memory(out, local))
+        ):
+            _check_out(out, p, mesh, local)  # the precise error
         if not execs:
             np.copyto(out, local)
             return out
@@ -477,3 +498,5 @@ def _check_out(out: object, p: Plan, mesh: Mesh, local: np.ndarray) -> None:
         raise ValueError("out must be C-contiguous and writable")
     if out.size and np.shares_memory(out, local):
         raise ValueError("out must not overlap the source array")
+    if type(out) is not np.ndarray:
+        raise TypeError(f"out must be a plain numpy.ndarray, got {type(out).__name__}")
