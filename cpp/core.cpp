@@ -355,8 +355,31 @@ class AlltoallvStep {
     if (unpack_) rbuf_.resize(static_cast<size_t>(recv_bytes_));
     const char* sb = pack_ ? sbuf_.data() : s.ptr;
     char* rb = unpack_ ? rbuf_.data() : d.ptr;
-    // Start the exchange, then copy this rank's own block in slices while it progresses
-    // (MPI_Test between slices drives the transfer), then wait.
+    if (send_bytes_ + recv_bytes_ < (i64(1) << 20)) {  // small: a blocking call is cheaper
+      copy_local(s, d);
+#if PYSHARD_LARGE_COUNT
+      int err = MPI_Alltoallv_c(sb, scounts_.data(), sdispls_.data(), MPI_BYTE, rb,
+                                rcounts_.data(), rdispls_.data(), MPI_BYTE, comm_->get());
+#else
+      int err = MPI_Alltoallv(sb, scounts_.data(), sdispls_.data(), MPI_BYTE, rb, rcounts_.data(),
+                              rdispls_.data(), MPI_BYTE, comm_->get());
+#endif
+      check_mpi(err, "MPI_Alltoallv");
+    } else {
+      ialltoallv(s, d, sb, rb);
+    }
+    if (unpack_) {
+      for (auto& b : recvs_) {
+        Shape zero(b.ext.size(), 0);
+        copy_box(rbuf_.data() + rdispls_[b.peer], b.ext, zero, d.ptr, dst_shape_, b.start, b.ext,
+                 item_);
+      }
+    }
+  }
+
+  // Start the exchange, then copy this rank's own block in slices while it progresses
+  // (MPI_Test between slices drives the transfer), then wait.
+  void ialltoallv(const Buf& s, const Buf& d, const char* sb, char* rb) {
     MPI_Request req;
 #if PYSHARD_LARGE_COUNT
     int err = MPI_Ialltoallv_c(sb, scounts_.data(), sdispls_.data(), MPI_BYTE, rb,
@@ -368,13 +391,6 @@ class AlltoallvStep {
     check_mpi(err, "MPI_Ialltoallv");
     copy_local_progress(s, d, &req);
     check_mpi(MPI_Wait(&req, MPI_STATUS_IGNORE), "MPI_Wait");
-    if (unpack_) {
-      for (auto& b : recvs_) {
-        Shape zero(b.ext.size(), 0);
-        copy_box(rbuf_.data() + rdispls_[b.peer], b.ext, zero, d.ptr, dst_shape_, b.start, b.ext,
-                 item_);
-      }
-    }
   }
 
   // One MPI datatype per peer block (a subarray of the local array): MPI packs and unpacks

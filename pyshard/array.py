@@ -285,7 +285,7 @@ def _zeroed(layout: Layout, coords: Sequence[int]) -> bool:
 class _Exec:
     """One step bound to this rank: the C++ object (built once) and how to run it."""
 
-    __slots__ = ("step", "core", "out_shape", "upcast", "scale", "zero")
+    __slots__ = ("step", "core", "out_shape", "upcast", "scale", "zero", "fill", "direct", "dtype")
 
     def __init__(self, step: Step, mesh: Mesh, algorithm: str = "alltoallv") -> None:
         self.step = step
@@ -295,6 +295,8 @@ class _Exec:
         self.upcast = None
         self.scale = None
         self.zero = False
+        self.fill = None
+        self.dtype = step.dst.dtype
         src_shape = list(step.src.local_shape(coords))
         dst_shape = list(self.out_shape)
         item = step.src.dtype.itemsize
@@ -362,15 +364,46 @@ class _Exec:
                 )
             )
         elif kind == "make_partial":
-            self.zero = _zeroed(step.dst, coords)
+            # spread dims (the source shards them): the shard inside the op's identity;
+            # replicated dims: keep the value, or zero it for sum away from coordinate 0
+            spread = [m for m in step.mesh_dims if isinstance(step.src.placements[m], Shard)]
+            self.zero = any(
+                step.dst.placements[m].op == "sum" and coords[m] != 0
+                for m in step.mesh_dims
+                if m not in spread
+            )
+            if spread:
+                op = step.dst.placements[spread[0]].op
+                self.fill = _identity(step.dst.dtype, op)
+                self.core = tuple(
+                    slice(a - o, b - o)
+                    for (a, b), o in zip(
+                        (step.src.interval(d, coords) for d in range(step.src.ndim)), dst_lo
+                    )
+                )
         elif kind == "relabel":
             pass
         else:  # pragma: no cover
             raise AssertionError(kind)
+        self.direct = (
+            kind in ("alltoallv", "allgatherv", "allreduce", "reduce_scatter")
+            and self.upcast is None
+            and self.scale is None
+        )
 
     def run(self, local: np.ndarray, out: Optional[np.ndarray] = None) -> np.ndarray:
         """Run the step on ``local``; write into ``out`` when given (the target's shape)."""
+        if self.direct:  # a collective straight into the output: the hot path
+            res = np.empty(self.out_shape, self.dtype) if out is None else out
+            self.core.run(local, res)
+            return res
         kind = self.step.kind
+        if kind == "make_partial" and self.core is not None:
+            res = out if out is not None else np.empty(self.out_shape, local.dtype)
+            res[...] = self.fill  # the reduction's identity
+            if not self.zero:
+                res[self.core] = local
+            return res
         if kind in ("local_copy", "make_partial", "relabel"):
             if kind == "local_copy":
                 res = local[self.core]
@@ -402,6 +435,18 @@ class _Exec:
             np.copyto(out, res, casting="unsafe")
             return out
         return res
+
+
+def _identity(dtype: np.dtype, op: str) -> object:
+    """The identity of reduction ``op`` in ``dtype`` (0, the lowest or the highest value)."""
+    if op == "sum":
+        return dtype.type(0)
+    if dtype.kind == "b":
+        return dtype.type(op == "min")
+    info = np.finfo(dtype) if dtype.kind == "f" else np.iinfo(dtype)
+    if dtype.kind == "f":
+        return dtype.type(-np.inf if op == "max" else np.inf)
+    return dtype.type(info.min if op == "max" else info.max)
 
 
 def _reduce_code(dtype: np.dtype, op: Optional[str]) -> Tuple[str, str]:

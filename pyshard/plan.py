@@ -27,8 +27,11 @@ The rules (all decided from the layouts alone, so every rank decides the same):
    - one Allgatherv, when every member of the communicator needs every member's whole
      shard (``Shard -> Replicate``);
    - otherwise one Alltoallv with counts from the box intersections.
-3. Target Partial mesh dims that the source did not hold are made locally: ``sum`` keeps
-   the value at coordinate 0 and zeros elsewhere; ``avg``, ``max`` and ``min`` keep it.
+3. Target Partial mesh dims that the source did not hold are made locally: from a
+   replicated value, ``sum`` keeps the value at coordinate 0 and zeros elsewhere; ``avg``,
+   ``max`` and ``min`` keep it. From a shard (``Shard(d) -> Partial(sum|max|min)`` on the
+   same mesh dim), each rank places its shard in an array of the reduction's identity
+   (0, the dtype's lowest, its highest): no communication at all.
 """
 
 from __future__ import annotations
@@ -525,10 +528,24 @@ def plan(src: Layout, dst: Layout) -> Plan:
     post = [
         m for m, p in enumerate(dst.placements) if isinstance(p, Partial) and cur.placements[m] != p
     ]
+    # A target Partial(sum|max|min) mesh dim that the source shards (alone along that array
+    # dim) needs no data at all: each rank keeps its shard inside an array of the reduction's
+    # identity ("spread"). Other new Partial dims are reached as Replicate, then kept (or
+    # zeroed, for sum, away from coordinate 0).
+    ops = {dst.placements[m].op for m in post}
+    spread = []
+    if len(ops) == 1 and ops <= {"sum", "max", "min"}:
+        for m in post:
+            p = cur.placements[m]
+            if isinstance(p, Shard) and cur.table[p.dim][0] == (m,) and not dst.table[p.dim][0]:
+                spread.append(m)
     eff_pl = list(dst.placements)
+    eff_sizes = dict(dst.sizes)
     for m in post:
-        eff_pl[m] = Replicate()
-    eff = Layout(dst.shape, dst.dtype, dst.mesh_shape, eff_pl, dst.sizes) if post else dst
+        eff_pl[m] = cur.placements[m] if m in spread else Replicate()
+        if m in spread:
+            eff_sizes[cur.placements[m].dim] = cur.table[cur.placements[m].dim][1]
+    eff = Layout(dst.shape, dst.dtype, dst.mesh_shape, eff_pl, eff_sizes) if post else dst
     if cur != eff:
         dims = _exchange_dims(cur, eff)
         if not dims:

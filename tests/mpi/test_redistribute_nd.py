@@ -221,3 +221,24 @@ def test_explicit_uneven_sizes_nested(comm):
         check(x, g)
         for dst in ([S(1), S(0)], [S(0), S(0)], [R, S(0)], [S(0), R]):
             check(x.redistribute(dst), g, str(dst))
+
+
+def test_shard_to_partial_needs_no_communication(comm):
+    """[.., S(d) on m, ..] -> P(sum|max|min) on m: each rank keeps its shard inside the op's
+    identity; the reduction of the partial values is the global array."""
+    for mesh_shape in meshes_for(comm, 2):
+        mesh = ps.Mesh(comm, mesh_shape)
+        g = make_global((7, 10), "int64", seed=3)
+        for src, dst in [
+            ([S(0), S(1)], [Partial("sum"), S(1)]),
+            ([S(0), S(1)], [S(0), Partial("max")]),
+            ([S(1), S(0)], [Partial("min"), Partial("min")]),
+            ([S(0), R], [Partial("sum"), R]),
+        ]:
+            x = ps.distribute(g, mesh, src)
+            before = ps.comm_stats()
+            y = x.redistribute(dst)
+            assert counts_since(before) == {}, (src, dst)
+            np.testing.assert_array_equal(y.full(), g, err_msg=f"{src}->{dst}")
+            back = y.redistribute(src)
+            np.testing.assert_array_equal(back.local, g[back.box])
