@@ -462,28 +462,18 @@ def _reduce_code(dtype: np.dtype, op: Optional[str]) -> Tuple[str, str]:
 ALGORITHMS = ("alltoallv", "alltoall", "p2p", "alltoallw")
 
 
-AUTO_W_MIN_BLOCK = 8 << 20  # bytes: below this, MPICH's Alltoallv was never slower
-
-
 def choose_algorithm(step: Step, algorithm: str) -> str:
     """The exchange algorithm for an alltoallv step; the same on every rank (layouts only).
 
-    ``auto`` follows what was measured with 2 ranks (docs/performance.md):
-
-    - ``alltoallw`` when the largest block is at least 8 MiB, some shard extents are uneven,
-      and an array dim other than dim 0 is sharded on either side (blocks are strided):
-      MPICH's Alltoallv takes a slow path for such blocks (8195 x 8193 float32 transpose:
-      48 ms with Alltoallv, 33 ms with Alltoallw, 31 ms for the even 8192 x 8192);
-    - ``alltoallv`` otherwise: it ties or wins for even splits, for row-contiguous blocks
-      (where Alltoallw's datatype engine cost 34 ms against 21 ms) and for small messages
-      (Alltoallw was 2-3x slower below 4 MiB blocks).
+    ``auto`` is ``alltoallv``: measured with 2 ranks (docs/performance.md) it tied or beat
+    the others for even and uneven transposes, 2-D swaps, row rebalancing and 64 x 64
+    calls, once large blocks are staged at 64-byte aligned offsets (the core does that).
+    ``alltoallw`` (MPICH's datatype engine) swung between 31 and 60 ms on the same 8192 x
+    8192 transpose; ``alltoall`` pays for padding and two extra buffers; ``p2p`` tied on
+    even splits and was slower on uneven ones.
     """
     if algorithm == "auto":
-        src, dst = step.src, step.dst
-        big = step.max_block_volume() * src.dtype.itemsize >= AUTO_W_MIN_BLOCK
-        strided = any(src.table[d][0] or dst.table[d][0] for d in range(1, src.ndim))
-        uneven = any(len(set(t[1])) > 1 for lay in (src, dst) for t in lay.table if t[0])
-        return "alltoallw" if big and strided and uneven else "alltoallv"
+        return "alltoallv"
     if algorithm not in ALGORITHMS:
         raise ValueError(f"algorithm must be 'auto' or one of {ALGORITHMS}, got {algorithm!r}")
     return algorithm

@@ -118,6 +118,14 @@ def _exchange_blocks(step: Step, coords: tuple) -> Tuple[list, list]:
     return sends, recvs
 
 
+def _aligned_displs(counts: Sequence[int], align: int = 64) -> List[int]:
+    out, off = [], 0
+    for c in counts:
+        out.append(off)
+        off = (off + c + align - 1) // align * align
+    return out
+
+
 def _contig(shape: Sequence[int], sl: Tuple[slice, ...]) -> bool:
     ext = [s.stop - s.start for s in sl]
     if prod(ext) == 0:
@@ -159,10 +167,11 @@ class _Reference:
             for g, sl in self.recvs:
                 rc[g] = prod(s.stop - s.start for s in sl) * item
             self.sc, self.rc = sc, rc
-            self.sd = list(np.concatenate(([0], np.cumsum(sc)[:-1])).astype(int))
-            self.rd = list(np.concatenate(([0], np.cumsum(rc)[:-1])).astype(int))
-            self.sbuf = np.zeros(sum(sc), np.uint8)
-            self.rbuf = np.zeros(sum(rc), np.uint8)
+            # pre-packed blocks start 64-byte aligned (MPICH is slower on misaligned ones)
+            self.sd = _aligned_displs(sc)
+            self.rd = _aligned_displs(rc)
+            self.sbuf = np.zeros(self.sd[-1] + sc[-1], np.uint8)
+            self.rbuf = np.zeros(self.rd[-1] + rc[-1], np.uint8)
             self.send_direct = all(_contig(local.shape, sl) for _, sl in self.sends)
             self.recv_direct = all(_contig(self.out_shape, sl) for _, sl in self.recvs)
         elif k == "allgatherv":
@@ -241,9 +250,10 @@ class _Reference:
                 for (g, _), d in zip(self.sends, sd):
                     scount[g], sdisp[g] = self.sc[g], d
             else:
-                sbuf = np.concatenate([local[sl].reshape(-1) for _, sl in self.sends]).view(
-                    np.uint8
-                )
+                sbuf = self.sbuf
+                for g, sl in self.sends:
+                    a = self.sd[g]
+                    sbuf[a : a + self.sc[g]] = local[sl].reshape(-1).view(np.uint8)
                 scount, sdisp = self.sc, self.sd
             if self.recv_direct:
                 rbuf = out.reshape(-1).view(np.uint8)

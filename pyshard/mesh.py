@@ -102,6 +102,21 @@ class Mesh:
             self._core_comms[dims] = c
         return c
 
+    def free(self) -> None:
+        """Release the communicators this mesh created (collective over the mesh).
+
+        Arrays on this mesh cannot be redistributed afterwards. Meshes that are simply
+        dropped keep their communicators until MPI finalizes; long-running codes that make
+        many meshes should free them.
+        """
+        self._exec_cache.clear()
+        self._core_comms.clear()  # the core frees its duplicates when the objects go
+        for c in self._subs.values():
+            c.Free()
+        self._subs.clear()
+        if self.comm != MPI.COMM_NULL:
+            self.comm.Free()
+
     def __repr__(self) -> str:
         dims = ", ".join(f"{n}={s}" for n, s in zip(self.names, self.shape))
         return f"Mesh({dims}; rank {self.rank} at {self.coords})"

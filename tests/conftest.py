@@ -8,7 +8,10 @@ by rank.
 
 from __future__ import annotations
 
+import os
+import shutil
 import sys
+import tempfile
 
 import pytest
 from mpi4py import MPI
@@ -21,13 +24,25 @@ def pytest_report_header(config):
     return f"MPI: {lib}; rank {COMM.rank} of {COMM.size}"
 
 
-@pytest.hookimpl(trylast=True)
+_OWN_BASETEMP = []
+
+
+@pytest.hookimpl(tryfirst=True)
 def pytest_configure(config):
+    if COMM.size > 1 and not config.option.basetemp:
+        # every rank is its own pytest: give each its own tmp_path root, or their cleanups of
+        # the shared /tmp/pytest-of-USER race each other
+        config.option.basetemp = tempfile.mkdtemp(prefix=f"pyshard-pytest-r{COMM.rank}-")
+        _OWN_BASETEMP.append(config.option.basetemp)
     if COMM.rank != 0:
-        config.option.verbose = -2
-        tr = config.pluginmanager.get_plugin("terminalreporter")
-        if tr is not None:
-            config.pluginmanager.unregister(tr)
+        # quiet: the terminal reporter (created after this hook) writes to /dev/null; this
+        # rank's failures still reach stderr (pytest_runtest_logreport below)
+        sys.stdout = open(os.devnull, "w")  # noqa: SIM115
+
+
+def pytest_unconfigure(config):
+    for d in _OWN_BASETEMP:
+        shutil.rmtree(d, ignore_errors=True)
 
 
 def pytest_runtest_logreport(report):
@@ -37,8 +52,10 @@ def pytest_runtest_logreport(report):
         sys.stderr.flush()
 
 
-@pytest.hookimpl(trylast=True)
+@pytest.hookimpl(tryfirst=True)
 def pytest_sessionfinish(session, exitstatus):
+    # first, before any other plugin's hook can raise on one rank only: every rank must
+    # reach these collectives
     if COMM.size == 1:
         return
     bad = COMM.allreduce(int(session.testsfailed), op=MPI.SUM)

@@ -122,3 +122,12 @@ def test_from_local_errors(comm, mesh):
     if p > 1:
         with pytest.raises(ValueError, match="disagree in ndim or dtype"):
             ps.from_local(bad4, mesh, [Shard(0)])
+
+
+def test_mesh_free(comm):
+    for _ in range(3):
+        m = ps.Mesh(comm, (comm.size, 1))
+        x = ps.distribute(make_global((5, 3), "float64"), m, [Shard(0), Replicate()])
+        x.redistribute([Shard(1), Replicate()])
+        m.free()
+        assert m.comm == ps.mesh.MPI.COMM_NULL
