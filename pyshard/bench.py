@@ -473,24 +473,25 @@ def plot_main(argv: Optional[List[str]] = None) -> int:
     ranks = sorted({r["ranks"] for r in rows})
     keys = sorted({(r["case"], r["algorithm"]) for r in rows})
     ncols = 3 if len(ranks) > 1 else 2
-    fig, axes = plt.subplots(1, ncols, figsize=(6 * ncols, 4.5))
+    width = max(6.0, 0.32 * len(keys) + 2)
+    fig, axes = plt.subplots(1, ncols, figsize=(width * ncols, 5.5))
     top = max(ranks)
     sel = [
         next(r for r in reversed(rows) if (r["case"], r["algorithm"]) == k and r["ranks"] == top)
         for k in keys
         if any((r["case"], r["algorithm"]) == k and r["ranks"] == top for r in rows)
     ]
-    labels = [f"{r['case']}\n{r['algorithm']}" for r in sel]
+    labels = [f"{r['case']} {r['algorithm']}" for r in sel]
     xs = np.arange(len(sel))
     axes[0].bar(xs - 0.2, [r["ratio_to_floor"] for r in sel], 0.4, label="/ floor (raw MPI)")
     axes[0].bar(xs + 0.2, [r["ratio_to_baseline"] for r in sel], 0.4, label="/ mpi4py baseline")
     axes[0].axhline(1.0, color="k", lw=0.8)
-    axes[0].set_xticks(xs, labels, fontsize=7)
+    axes[0].set_xticks(xs, labels, fontsize=7, rotation=90)
     axes[0].set_ylabel("time ratio (lower is better)")
     axes[0].set_title(f"pyshard time / reference, {top} ranks")
     axes[0].legend()
     axes[1].bar(xs, [r["gbps"] for r in sel])
-    axes[1].set_xticks(xs, labels, fontsize=7)
+    axes[1].set_xticks(xs, labels, fontsize=7, rotation=90)
     axes[1].set_ylabel("GB/s sent per rank")
     axes[1].set_title("bandwidth")
     if ncols == 3:
