@@ -8,7 +8,7 @@ bash scripts/setup.sh || exit 1
 VENV=${PYSHARD_VENV:-.venv}
 PY="$VENV/bin/python"
 MPIEXEC="$VENV/bin/mpiexec"
-T=${PYSHARD_TEST_TIMEOUT:-900}
+T=${PYSHARD_TEST_TIMEOUT:-300}
 fail=0
 run() {
   echo
