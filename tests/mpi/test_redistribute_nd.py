@@ -242,3 +242,34 @@ def test_shard_to_partial_needs_no_communication(comm):
             np.testing.assert_array_equal(y.full(), g, err_msg=f"{src}->{dst}")
             back = y.redistribute(src)
             np.testing.assert_array_equal(back.local, g[back.box])
+
+
+def test_cached_redistribute_builds_nothing(comm, monkeypatch):
+    """Once a plan ran, repeating it builds no layout, plan or block list (work that grows
+    with the number of ranks happens once)."""
+    calls = []
+    real_init = ps.Layout.__init__
+
+    def counting_init(self, *a, **k):
+        calls.append("Layout")
+        real_init(self, *a, **k)
+
+    for mesh_shape in meshes_for(comm, 2):
+        mesh = ps.Mesh(comm, mesh_shape)
+        g = make_global((9, 8), "float32")
+        x = ps.distribute(g, mesh, [S(0), S(1)])
+        x.redistribute([S(1), S(0)])  # builds and caches
+        monkeypatch.setattr(ps.Layout, "__init__", counting_init)
+        monkeypatch.setattr(ps.Step, "sends", lambda *a: calls.append("sends"))
+        monkeypatch.setattr(ps.Step, "recvs", lambda *a: calls.append("recvs"))
+        for _ in range(3):
+            y = x.redistribute([S(1), S(0)])
+        monkeypatch.undo()
+        assert calls == []
+        check(y, g)
+        # the counter works: a new target builds a layout
+        monkeypatch.setattr(ps.Layout, "__init__", counting_init)
+        x.redistribute([R, S(0)], sizes={0: [9] + [0] * (mesh_shape[1] - 1)})
+        monkeypatch.undo()
+        assert "Layout" in calls
+        calls.clear()
