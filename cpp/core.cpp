@@ -214,9 +214,11 @@ class AlltoallvStep {
   AlltoallvStep(std::shared_ptr<Comm> comm, i64 item, Shape src_shape, Shape dst_shape,
                 const std::vector<std::tuple<int, Shape, Shape>>& sends,
                 const std::vector<std::tuple<int, Shape, Shape>>& recvs,
-                const std::vector<std::tuple<Shape, Shape, Shape>>& local, int algo, i64 pad)
+                const std::vector<std::tuple<Shape, Shape, Shape>>& local, int algo, i64 pad,
+                bool nonblocking)
       : algo_(algo),
         pad_(pad),
+        nonblocking_(nonblocking),
         comm_(std::move(comm)),
         item_(item),
         src_shape_(std::move(src_shape)),
@@ -364,7 +366,9 @@ class AlltoallvStep {
     if (unpack_) rbuf_.resize(static_cast<size_t>(recv_bytes_));
     const char* sb = pack_ ? sbuf_.data() : s.ptr;
     char* rb = unpack_ ? rbuf_.data() : d.ptr;
-    if (send_bytes_ + recv_bytes_ < (i64(1) << 20)) {  // small: a blocking call is cheaper
+    // Blocking or not must be the same on every rank (they are different collectives):
+    // the caller decides from the layouts (`nonblocking_`), never from this rank's counts.
+    if (!nonblocking_) {  // small blocks: a blocking call is cheaper
       copy_local(s, d);
 #if PYSHARD_LARGE_COUNT
       int err = MPI_Alltoallv_c(sb, scounts_.data(), sdispls_.data(), MPI_BYTE, rb,
@@ -578,6 +582,7 @@ class AlltoallvStep {
   };
   int algo_ = 0;
   i64 pad_ = 0;
+  bool nonblocking_ = false;
   std::vector<MPI_Datatype> wstypes_, wrtypes_, owned_;
   std::vector<CountT> wscounts_, wrcounts_;
   std::vector<DisplT> wsdispls_, wrdispls_;
@@ -879,10 +884,10 @@ PYBIND11_MODULE(_core, m) {
       .def(py::init<std::shared_ptr<Comm>, i64, Shape, Shape,
                     const std::vector<std::tuple<int, Shape, Shape>>&,
                     const std::vector<std::tuple<int, Shape, Shape>>&,
-                    const std::vector<std::tuple<Shape, Shape, Shape>>&, int, i64>(),
+                    const std::vector<std::tuple<Shape, Shape, Shape>>&, int, i64, bool>(),
            py::arg("comm"), py::arg("itemsize"), py::arg("src_shape"), py::arg("dst_shape"),
            py::arg("sends"), py::arg("recvs"), py::arg("local"), py::arg("algorithm") = 0,
-           py::arg("pad_bytes") = 0)
+           py::arg("pad_bytes") = 0, py::arg("nonblocking") = false)
       .def("run", &AlltoallvStep::run)
       .def_property_readonly("algorithm", &AlltoallvStep::algorithm)
       .def_property_readonly("packs", &AlltoallvStep::packs)

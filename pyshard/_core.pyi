@@ -29,6 +29,7 @@ class AlltoallvStep:
         local: Sequence[Tuple[Sequence[int], Sequence[int], Sequence[int]]],
         algorithm: int = 0,
         pad_bytes: int = 0,
+        nonblocking: bool = False,
     ) -> None: ...
     def run(self, src: np.ndarray, dst: np.ndarray) -> None: ...
     @property

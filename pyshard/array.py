@@ -323,9 +323,13 @@ class _Exec:
             sends.sort(key=lambda t: t[0])
             recvs.sort(key=lambda t: t[0])
             algo = ALGORITHMS.index(algorithm)
-            pad = step.max_block_volume() * item if algorithm == "alltoall" else 0
+            block = step.max_block_volume() * item  # the same on every rank
+            pad = block if algorithm == "alltoall" else 0
+            # Ialltoallv (local copy overlapped) for large blocks, Alltoallv for small ones:
+            # decided from the layouts, so every rank calls the same collective
+            nonblocking = block >= NONBLOCKING_MIN_BLOCK
             self.core = _core.AlltoallvStep(
-                comm, item, src_shape, dst_shape, sends, recvs, local, algo, pad
+                comm, item, src_shape, dst_shape, sends, recvs, local, algo, pad, nonblocking
             )
         elif kind == "allgatherv":
             blocks = []
@@ -460,6 +464,7 @@ def _reduce_code(dtype: np.dtype, op: Optional[str]) -> Tuple[str, str]:
 
 
 ALGORITHMS = ("alltoallv", "alltoall", "p2p", "alltoallw")
+NONBLOCKING_MIN_BLOCK = 1 << 20  # bytes
 
 
 def choose_algorithm(step: Step, algorithm: str) -> str:

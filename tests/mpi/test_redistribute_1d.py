@@ -268,3 +268,23 @@ def test_full_reduces_partial(comm):
     parts, ref = contributions((6, 5), "int64", comm.size, "sum", seed=9)
     x = ps.from_local(parts[comm.rank], mesh, [Partial("sum")], global_shape=(6, 5))
     np.testing.assert_array_equal(x.full(), ref)
+
+
+@pytest.mark.parametrize("algorithm", ["auto", "alltoallv", "p2p", "alltoallw", "alltoall"])
+def test_large_skewed_blocks(comm, algorithm):
+    """Blocks of a few MiB on some ranks and a few KiB on others: every path that depends
+    on block size must still make every rank call the same collective (a rank-local choice
+    between Alltoallv and Ialltoallv once hung here)."""
+    p = comm.size
+    mesh = ps.Mesh(comm, (p,))
+    n, m = 1031, 700  # float32: ~2.8 MiB in all, 7/8 of it on rank 0
+    rest = n // 8
+    tail = [rest // (p - 1) + (i < rest % (p - 1)) for i in range(p - 1)] if p > 1 else []
+    sizes = [n - sum(tail)] + tail
+    g = make_global((n, m), "float32", seed=4)
+    x = ps.distribute(g, mesh, [S0], sizes={0: sizes})
+    for dst, dsizes in [([S0], None), ([S1], None), ([S0], {0: sizes[::-1]})]:
+        y = x.redistribute(dst, dsizes, algorithm=algorithm)
+        np.testing.assert_array_equal(y.local, g[y.box])
+        back = y.redistribute([S0], {0: sizes}, algorithm=algorithm)
+        assert back.local.tobytes() == x.local.tobytes()
