@@ -167,6 +167,22 @@ bool box_contiguous(const Shape& shape, const Shape& start, const Shape& ext, i6
 // Round up to a multiple of 4 KiB (packed blocks start page-aligned in the workspace).
 inline i64 align_up(i64 v) { return (v + 4095) & ~i64(4095); }
 
+void irecv_bytes(char* ptr, i64 n, int peer, int tag, MPI_Comm comm, MPI_Request* req) {
+#if PYSHARD_LARGE_COUNT
+  check_mpi(MPI_Irecv_c(ptr, n, MPI_BYTE, peer, tag, comm, req), "MPI_Irecv");
+#else
+  check_mpi(MPI_Irecv(ptr, to_count(n, "a message"), MPI_BYTE, peer, tag, comm, req), "MPI_Irecv");
+#endif
+}
+
+void isend_bytes(const char* ptr, i64 n, int peer, int tag, MPI_Comm comm, MPI_Request* req) {
+#if PYSHARD_LARGE_COUNT
+  check_mpi(MPI_Isend_c(ptr, n, MPI_BYTE, peer, tag, comm, req), "MPI_Isend");
+#else
+  check_mpi(MPI_Isend(ptr, to_count(n, "a message"), MPI_BYTE, peer, tag, comm, req), "MPI_Isend");
+#endif
+}
+
 struct Buf {
   char* ptr;
   Shape shape;
@@ -505,13 +521,7 @@ class AlltoallvStep {
       const Block& b = recvs_[i];
       char* ptr = p2p_recv_[i].direct ? d.ptr + p2p_recv_[i].off : rbuf_.data() + p2p_recv_[i].off;
       i64 n = volume(b.ext) * item_;
-#if PYSHARD_LARGE_COUNT
-      check_mpi(MPI_Irecv_c(ptr, n, MPI_BYTE, b.peer, tag, comm_->get(), &rreq[i]), "MPI_Irecv");
-#else
-      check_mpi(MPI_Irecv(ptr, to_count(n, "a message"), MPI_BYTE, b.peer, tag, comm_->get(),
-                          &rreq[i]),
-                "MPI_Irecv");
-#endif
+      irecv_bytes(ptr, n, b.peer, tag, comm_->get(), &rreq[i]);
     }
     // send in order of distance from this rank, so peers are not all hit at once
     const int me = comm_->rank(), P = comm_->size();
@@ -530,13 +540,7 @@ class AlltoallvStep {
         ptr = sbuf_.data() + p2p_send_[i].off;
       }
       i64 n = volume(b.ext) * item_;
-#if PYSHARD_LARGE_COUNT
-      check_mpi(MPI_Isend_c(ptr, n, MPI_BYTE, b.peer, tag, comm_->get(), &sreq[i]), "MPI_Isend");
-#else
-      check_mpi(MPI_Isend(ptr, to_count(n, "a message"), MPI_BYTE, b.peer, tag, comm_->get(),
-                          &sreq[i]),
-                "MPI_Isend");
-#endif
+      isend_bytes(ptr, n, b.peer, tag, comm_->get(), &sreq[i]);
     }
     copy_local(s, d);
     for (size_t k = 0; k < recvs_.size(); ++k) {

@@ -22,7 +22,7 @@ from .layout import (
     check_placements,
 )
 from .mesh import Mesh
-from .plan import Plan, Step, plan
+from .plan import Plan, Step, _unravel, plan
 
 __all__ = ["ShardedArray", "distribute", "from_local"]
 
@@ -214,14 +214,6 @@ def from_local(
                     f"{tuple(shp)}, but the layout gives it {want}"
                 )
     return ShardedArray(a, layout, mesh)
-
-
-def _unravel(k: int, shape: Sequence[int]) -> List[int]:
-    out = []
-    for s in reversed(shape):
-        k, r = divmod(k, s)
-        out.append(r)
-    return out[::-1]
 
 
 def _gather_shapes(a: np.ndarray, mesh: Mesh) -> List[Tuple[int, ...]]:

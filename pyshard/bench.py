@@ -29,7 +29,7 @@ from mpi4py import MPI
 from .array import ShardedArray, from_local
 from .layout import Layout, Partial, Replicate, Shard
 from .mesh import Mesh
-from .plan import Plan, Step
+from .plan import Plan, Step, _contiguous
 
 log = logging.getLogger("pyshard")
 
@@ -127,13 +127,7 @@ def _aligned_displs(counts: Sequence[int], align: int = 64) -> List[int]:
 
 
 def _contig(shape: Sequence[int], sl: Tuple[slice, ...]) -> bool:
-    ext = [s.stop - s.start for s in sl]
-    if prod(ext) == 0:
-        return True
-    k = 0
-    while k < len(ext) and ext[k] == 1:
-        k += 1
-    return all(ext[j] == shape[j] for j in range(k + 1, len(ext)))
+    return _contiguous(shape, [s.start for s in sl], [s.stop - s.start for s in sl])
 
 
 def _offset(shape: Sequence[int], sl: Tuple[slice, ...]) -> int:
