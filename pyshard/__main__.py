@@ -4,31 +4,20 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
-from typing import Callable, List, Optional
+from typing import List, Optional
 
 import numpy as np
 from mpi4py import MPI
 
 import pyshard as ps
 from pyshard import Partial, Replicate, Shard
+from pyshard.bench import _timed
 
 
 def _global(shape: tuple, dtype: np.dtype, seed: int = 0) -> np.ndarray:
     n = int(np.prod(shape))
     base = (np.arange(n, dtype=np.int64) * 7919 + 31 * seed) % 1009
     return (base - 504).astype(dtype).reshape(shape)
-
-
-def _timed(fn: Callable[[], object], comm: MPI.Comm, reps: int) -> float:
-    """Median over reps of the slowest rank's time (a barrier before each rep)."""
-    times = []
-    for _ in range(reps):
-        comm.Barrier()
-        t0 = time.perf_counter()
-        fn()
-        times.append(comm.allreduce(time.perf_counter() - t0, op=MPI.MAX))
-    return float(np.median(times))
 
 
 def demo(argv: Optional[List[str]] = None) -> int:
@@ -79,7 +68,11 @@ def demo(argv: Optional[List[str]] = None) -> int:
         ok = bool(np.array_equal(y.local, ref[y.box]))
         ok = comm.allreduce(ok, op=MPI.LAND)
         failed += not ok
-        t = _timed(lambda x=x, t=target, s=sizes: x.redistribute(t, s), comm, args.reps)
+        t = float(
+            np.median(
+                _timed(lambda x=x, t=target, s=sizes: x.redistribute(t, s), comm, args.reps, 0)
+            )
+        )
         sent = max((b[0] for b in plan.rank_bytes(mesh.coords)), default=0)
         sent = comm.allreduce(sent, op=MPI.MAX)
         kinds = "+".join(s.kind for s in plan.steps if s.is_collective) or "none (local)"

@@ -819,13 +819,9 @@ def bench_checkpoint(
     x = ShardedArray(local, layout, mesh)
 
     def timed(fn: Any) -> float:
-        ts = []
-        for _ in range(reps):
-            comm.Barrier()
-            t = time.perf_counter()
-            fn()
-            ts.append(comm.allreduce(time.perf_counter() - t, op=MPI.MAX))
-        return float(np.median(ts))
+        from .bench import _timed
+
+        return float(np.median(_timed(fn, comm, reps, 0)))
 
     try:
         save_s = timed(lambda: save(ckpt, {"x": x}, sync=sync))
