@@ -114,9 +114,33 @@ class ShardedArray:
         the source, nothing is communicated or copied and the result shares ``local`` with
         this array; otherwise the result owns a new buffer.
         """
+        fast = self.mesh._fast
+        if sizes is None:
+            try:
+                key = (self.layout, *placements, algorithm)
+                hit = fast.get(key)
+            except TypeError:  # unhashable input: the slow path gives the precise error
+                hit = key = None
+            if hit is not None:  # a repeated call: one lookup, then the core
+                target, e = hit
+                if out is None or (
+                    type(out) is np.ndarray
+                    and out.shape == e.out_shape
+                    and out.dtype == target.dtype
+                    and out.flags.c_contiguous
+                    and out.flags.writeable
+                    and not np.may_share_memory(out, self.local)
+                ):
+                    return ShardedArray._wrap(e.run(self.local, out), target, self.mesh)
+        else:
+            key = None
         target = self._target(placements, sizes)
         p = plan(self.layout, target)
         res = execute(p, self.mesh, self.local, algorithm, out)
+        if key is not None and len(p.steps) == 1:
+            execs = self.mesh._exec_cache[(p, algorithm)]
+            if execs[0].direct and len(fast) < 4096:
+                fast[key] = (target, execs[0])
         return ShardedArray._wrap(res, target, self.mesh)
 
     @classmethod

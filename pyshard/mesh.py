@@ -61,6 +61,8 @@ class Mesh:
         self._subs: Dict[Tuple[int, ...], MPI.Comm] = {}
         self._core_comms: Dict[Tuple[int, ...], _core.Comm] = {}
         self._exec_cache: Dict[object, list] = {}
+        # (layout, *placements, algorithm) -> (target layout, step): one-collective plans
+        self._fast: Dict[tuple, tuple] = {}
 
     @property
     def ndim(self) -> int:
@@ -110,6 +112,7 @@ class Mesh:
         many meshes should free them.
         """
         self._exec_cache.clear()
+        self._fast.clear()
         self._core_comms.clear()  # the core frees its duplicates when the objects go
         for c in self._subs.values():
             c.Free()
