@@ -118,6 +118,16 @@ def _exchange_blocks(step: Step, coords: tuple) -> Tuple[list, list]:
     return sends, recvs
 
 
+def _member_box(step: Step, coords: tuple, g: int, of: Layout, rel: Layout) -> tuple:
+    """Member ``g``'s box in layout ``of``, as slices relative to this rank's box in ``rel``."""
+    m = step.member(coords, g)
+    return tuple(
+        slice(of.interval(d, m)[0] - rel.interval(d, coords)[0],
+              of.interval(d, m)[1] - rel.interval(d, coords)[0])
+        for d in range(of.ndim)
+    )  # fmt: skip
+
+
 def _aligned_displs(counts: Sequence[int], align: int = 64) -> List[int]:
     out, off = [], 0
     for c in counts:
@@ -175,31 +185,11 @@ class _Reference:
             self.displs = list(np.concatenate(([0], np.cumsum(self.counts)[:-1])).astype(int))
             self.sbuf = np.zeros(self.counts[self.comm.Get_rank()], np.uint8)
             self.rbuf = np.zeros(sum(self.counts), np.uint8)
-            self.blocks = []
-            dst_lo = [step.dst.interval(d, coords)[0] for d in range(step.dst.ndim)]
-            for g in range(n):
-                m = step.member(coords, g)
-                self.blocks.append(
-                    tuple(
-                        slice(a - o, b - o)
-                        for (a, b), o in zip(
-                            (step.src.interval(d, m) for d in range(step.src.ndim)), dst_lo
-                        )
-                    )
-                )
+            # member g's source box, relative to this rank's target box
+            self.blocks = [_member_box(step, coords, g, step.src, step.dst) for g in range(n)]
         elif k == "reduce_scatter":
-            src_lo = [step.src.interval(d, coords)[0] for d in range(step.src.ndim)]
-            self.pieces = []
-            for g in range(n):
-                m = step.member(coords, g)
-                self.pieces.append(
-                    tuple(
-                        slice(a - o, b - o)
-                        for (a, b), o in zip(
-                            (step.dst.interval(d, m) for d in range(step.dst.ndim)), src_lo
-                        )
-                    )
-                )
+            # member g's target box, relative to this rank's source box
+            self.pieces = [_member_box(step, coords, g, step.dst, step.src) for g in range(n)]
             self.counts = [prod(s.stop - s.start for s in sl) for sl in self.pieces]
             self.sbuf = np.zeros(sum(self.counts), local.dtype)
             self.rbuf = np.zeros(self.counts[self.comm.Get_rank()], local.dtype)
