@@ -123,14 +123,7 @@ class ShardedArray:
                 hit = key = None
             if hit is not None:  # a repeated call: one lookup, then the core
                 target, e = hit
-                if out is None or (
-                    type(out) is np.ndarray
-                    and out.shape == e.out_shape
-                    and out.dtype == target.dtype
-                    and out.flags.c_contiguous
-                    and out.flags.writeable
-                    and not np.may_share_memory(out, self.local)
-                ):
+                if out is None or _out_ok(out, e.out_shape, target.dtype, self.local):
                     return ShardedArray._wrap(e.run(self.local, out), target, self.mesh)
         else:
             key = None
@@ -523,14 +516,7 @@ def execute(
         log.debug("pyshard: built %s (%s) for rank %d", p, algorithm, mesh.rank)
     if out is not None:
         want = execs[-1].out_shape if execs else local.shape
-        if (
-            type(out) is not np.ndarray
-            or out.shape != want
-            or out.dtype != p.dst.dtype
-            or not out.flags.c_contiguous
-            or not out.flags.writeable
-            or (out.size and np.may_share_memory(out, local))
-        ):
+        if not _out_ok(out, want, p.dst.dtype, local):
             _check_out(out, p, mesh, local)  # the precise error
         if not execs:
             np.copyto(out, local)
@@ -540,6 +526,18 @@ def execute(
     for i, e in enumerate(execs):
         res = e.run(res, out if i == last else None)
     return res
+
+
+def _out_ok(out: object, shape: tuple, dtype: np.dtype, local: np.ndarray) -> bool:
+    """The cheap test of an ``out=`` buffer (``_check_out`` says what is wrong)."""
+    return (
+        type(out) is np.ndarray
+        and out.shape == shape
+        and out.dtype == dtype
+        and out.flags.c_contiguous
+        and out.flags.writeable
+        and not (out.size and np.may_share_memory(out, local))
+    )
 
 
 def _check_out(out: object, p: Plan, mesh: Mesh, local: np.ndarray) -> None:

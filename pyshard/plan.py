@@ -443,19 +443,19 @@ def _step_workspace(s: Step, coords: Coords) -> int:
         src_lo = [s.src.interval(d, coords)[0] for d in range(s.src.ndim)]
         dst_lo = [s.dst.interval(d, coords)[0] for d in range(s.dst.ndim)]
         sshape, dshape = s.src.local_shape(coords), s.dst.local_shape(coords)
-        sends = [(b, lo) for r, b in s.sends(coords) if r != coords for lo in [src_lo]]
-        recvs = [(b, lo) for r, b in s.recvs(coords) if r != coords for lo in [dst_lo]]
+        sends = [b for r, b in s.sends(coords) if r != coords]
+        recvs = [b for r, b in s.recvs(coords) if r != coords]
 
-        def need(blocks: list, shape: Sequence[int]) -> int:
+        def need(blocks: list, shape: Sequence[int], lo: Sequence[int]) -> int:
             total, pack = 0, False
-            for box, lo in blocks:
+            for box in blocks:
                 ext = [hi - a for a, hi in box]
                 total += prod(ext)
                 if not _contiguous(shape, [a - o for (a, _), o in zip(box, lo)], ext):
                     pack = True
             return total * item if pack else 0
 
-        return need(sends, sshape) + need(recvs, dshape)
+        return need(sends, sshape, src_lo) + need(recvs, dshape, dst_lo)
     if s.kind == "allgatherv":
         dshape = s.dst.local_shape(coords)
         dst_lo = [s.dst.interval(d, coords)[0] for d in range(s.dst.ndim)]
