@@ -30,15 +30,23 @@ def _check_same_mpi() -> None:
 
 _check_same_mpi()
 
+from . import _backend  # noqa: E402
+from ._backend import build_info, cuda_available  # noqa: E402
+from ._cache import cache_limit, clear_caches, set_cache_limit  # noqa: E402
 from .array import ShardedArray, distribute, from_local  # noqa: E402
 from .checkpoint import checkpoint_info, load, save  # noqa: E402
 from .layout import Layout, Partial, Placement, Replicate, Shard, split_sizes  # noqa: E402
 from .mesh import Mesh  # noqa: E402
-from .plan import Plan, Step, plan  # noqa: E402
+from .plan import Plan, Step, StepKind, plan  # noqa: E402
+
+_backend.configure()
 
 
 def comm_stats() -> dict:
-    """Collectives the core has run in this process, by kind (e.g. ``{"alltoallv": 3}``)."""
+    """Collectives the core has run in this process, by kind (e.g. ``{"alltoallv": 3}``,
+    ``"p2p"``, ``"allgatherv"``, ...), plus ``"staged"``: collectives whose data went
+    through host bounce buffers (GPU arrays with an MPI that is not CUDA-aware), and
+    ``"device_direct"``: collectives that handed GPU memory to a CUDA-aware MPI."""
     return dict(_core.stats())
 
 
@@ -59,13 +67,19 @@ __all__ = [
     "Shard",
     "ShardedArray",
     "Step",
+    "StepKind",
+    "build_info",
+    "cache_limit",
     "checkpoint_info",
+    "clear_caches",
     "comm_stats",
+    "cuda_available",
     "distribute",
     "from_local",
     "load",
     "plan",
     "reset_comm_stats",
     "save",
+    "set_cache_limit",
     "split_sizes",
 ]

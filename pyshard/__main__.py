@@ -11,7 +11,8 @@ from mpi4py import MPI
 
 import pyshard as ps
 from pyshard import Partial, Replicate, Shard
-from pyshard.bench import _timed
+
+from ._timing import _median_s
 
 
 def _global(shape: tuple, dtype: np.dtype, seed: int = 0) -> np.ndarray:
@@ -68,11 +69,7 @@ def demo(argv: Optional[List[str]] = None) -> int:
         ok = bool(np.array_equal(y.local, ref[y.box]))
         ok = comm.allreduce(ok, op=MPI.LAND)
         failed += not ok
-        t = float(
-            np.median(
-                _timed(lambda x=x, t=target, s=sizes: x.redistribute(t, s), comm, args.reps, 0)
-            )
-        )
+        t = _median_s(lambda x=x, t=target, s=sizes: x.redistribute(t, s), comm, args.reps)
         sent = max((b[0] for b in plan.rank_bytes(mesh.coords)), default=0)
         sent = comm.allreduce(sent, op=MPI.MAX)
         kinds = "+".join(s.kind for s in plan.steps if s.is_collective) or "none (local)"

@@ -1,16 +1,18 @@
-"""`ShardedArray`: a local numpy array plus the layout it belongs to, and plan execution."""
+"""`ShardedArray`: a local numpy or cupy array plus the layout it belongs to, and plan
+execution."""
 
 from __future__ import annotations
 
 import logging
 import zlib
-from functools import lru_cache
 from math import prod
-from typing import List, Optional, Sequence, Tuple
+from typing import Any, List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from . import _backend as bk
 from . import _core
+from ._cache import memoize
 from .layout import (
     Layout,
     Partial,
@@ -22,7 +24,7 @@ from .layout import (
     check_placements,
 )
 from .mesh import Mesh
-from .plan import Plan, Step, _unravel, plan
+from .plan import Plan, Step, _unravel, geometry, plan, reduce_dtype
 
 __all__ = ["ShardedArray", "distribute", "from_local"]
 
@@ -35,9 +37,8 @@ def _check_mesh(mesh: object) -> Mesh:
     return mesh
 
 
-def _check_array(a: object, name: str) -> np.ndarray:
-    if not isinstance(a, np.ndarray):
-        raise TypeError(f"{name} must be a numpy array, got {type(a).__name__}")
+def _check_array(a: object, name: str) -> Any:
+    a = bk.as_array(a, name)
     check_dtype(a.dtype, f"{name}.dtype")
     return a
 
@@ -46,19 +47,21 @@ class ShardedArray:
     """This rank's shard ``local`` of a global array laid out as ``layout`` on ``mesh``.
 
     ``global_array[x.box]`` equals ``x.local`` when no mesh dim is Partial. ``local`` is
-    always C-contiguous.
+    always C-contiguous: a numpy array on the host, or a cupy array on a GPU (results of a
+    redistribution stay where the input was; ``torch.from_dlpack(x.local)`` views a GPU
+    shard as a torch tensor without a copy).
     """
 
     __slots__ = ("local", "layout", "mesh")
 
-    def __init__(self, local: np.ndarray, layout: Layout, mesh: Mesh) -> None:
+    def __init__(self, local: Any, layout: Layout, mesh: Mesh) -> None:
         want = layout.local_shape(mesh.coords)
         if local.shape != want or local.dtype != layout.dtype:
             raise ValueError(
                 f"local array {local.shape} {local.dtype} disagrees with the layout, which puts "
                 f"{want} {layout.dtype} at mesh coords {mesh.coords}"
             )
-        self.local = local if local.flags.c_contiguous else np.array(local, order="C")
+        self.local = local if local.flags.c_contiguous else bk.xp_of(local).array(local, order="C")
         self.layout = layout
         self.mesh = mesh
 
@@ -98,27 +101,29 @@ class ShardedArray:
         placements: PlacementsArg,
         sizes: SizesArg = None,
         algorithm: str = "auto",
-        out: Optional[np.ndarray] = None,
+        out: Optional[Any] = None,
     ) -> ShardedArray:
         """The same global array laid out as ``placements`` (and ``sizes``); collective.
 
         ``algorithm`` picks how an exchange step runs: ``"alltoallv"``, ``"alltoall"``
         (blocks padded to the largest), ``"p2p"`` (pipelined Isend/Irecv), ``"alltoallw"``
-        (one subarray datatype per peer: MPI packs on the fly, no workspace) or ``"auto"``
-        (see :func:`pyshard.array.choose_algorithm`). It must be the same on every rank.
-        ``out``: an array of the target's local shape and dtype to write the result into
-        (reused across calls, it saves the page faults of a fresh output); it is checked on
-        this rank before any communication.
+        (one subarray datatype per peer: MPI packs on the fly, no workspace; host arrays
+        only, GPU arrays take ``alltoallv``) or ``"auto"`` (see
+        :func:`pyshard.array.choose_algorithm`). It must be the same on every rank.
+        ``out``: an array of the target's local shape and dtype, on the same side (host or
+        GPU) as ``local``, to write the result into (reused across calls, it saves the page
+        faults of a fresh output); it is checked on this rank before any communication.
 
         Every layout check happens before any communication. When the target layout equals
         the source, nothing is communicated or copied and the result shares ``local`` with
-        this array; otherwise the result owns a new buffer.
+        this array; otherwise the result owns a new buffer. GPU arrays: the kernels run on
+        cupy's current stream, and the result is ready on that stream when this returns.
         """
-        fast = self.mesh._fast
+        cache = self.mesh._cache
         if sizes is None:
             try:
-                key = (self.layout, *placements, algorithm)
-                hit = fast.get(key)
+                key = (self.layout, *placements, algorithm, type(self.local))
+                hit = cache.fast.get(key)
             except TypeError:  # unhashable input: the slow path gives the precise error
                 hit = key = None
             if hit is not None:  # a repeated call: one lookup, then the core
@@ -129,15 +134,14 @@ class ShardedArray:
             key = None
         target = self._target(placements, sizes)
         p = plan(self.layout, target)
-        res = execute(p, self.mesh, self.local, algorithm, out)
-        if key is not None and len(p.steps) == 1:
-            execs = self.mesh._exec_cache[(p, algorithm)]
-            if execs[0].direct and len(fast) < 4096:
-                fast[key] = (target, execs[0])
+        execs = _executors(p, self.mesh, algorithm, self.local)
+        res = _execute(execs, p, self.mesh, self.local, out)
+        if key is not None and len(execs) == 1 and execs[0].direct:
+            cache.fast.put(key, (target, execs[0]))
         return ShardedArray._wrap(res, target, self.mesh)
 
     @classmethod
-    def _wrap(cls, local: np.ndarray, layout: Layout, mesh: Mesh) -> ShardedArray:
+    def _wrap(cls, local: Any, layout: Layout, mesh: Mesh) -> ShardedArray:
         """Internal: a result the executor built to the layout's shape (no checks)."""
         self = cls.__new__(cls)
         self.local = local
@@ -145,12 +149,13 @@ class ShardedArray:
         self.mesh = mesh
         return self
 
-    def full(self) -> np.ndarray:
-        """The whole global array on every rank (reduced where the layout is Partial)."""
+    def full(self) -> Any:
+        """The whole global array on every rank (reduced where the layout is Partial), on the
+        same side (host or GPU) as ``local``."""
         return self.redistribute([Replicate()] * self.mesh.ndim).local
 
 
-@lru_cache(maxsize=4096)
+@memoize
 def _layout_cached(shape: tuple, dtype: str, mesh_shape: tuple, placements: tuple, sizes: tuple):
     return Layout(shape, dtype, mesh_shape, placements, dict(sizes) if sizes is not None else None)
 
@@ -171,12 +176,15 @@ def _layout(like: Layout, mesh_shape: tuple, placements: PlacementsArg, sizes: S
 
 
 def distribute(
-    global_array: np.ndarray,
+    global_array: Any,
     mesh: Mesh,
     placements: PlacementsArg,
     sizes: SizesArg = None,
 ) -> ShardedArray:
     """Every rank passes the same full array and gets its shard; no communication.
+
+    ``global_array``: a numpy or cupy array (or anything with ``__dlpack__`` or
+    ``__cuda_array_interface__``, viewed without a copy); the shard stays on its side.
 
     A Partial mesh dim holds the array as Replicate -> Partial would: ``sum`` keeps it at
     coordinate 0 and zeros elsewhere; ``avg``, ``max`` and ``min`` keep it everywhere.
@@ -184,21 +192,22 @@ def distribute(
     mesh = _check_mesh(mesh)
     a = _check_array(global_array, "global_array")
     layout = Layout(a.shape, a.dtype, mesh.shape, placements, sizes)
-    local = np.array(a[layout.box(mesh.coords)], order="C", copy=True)
+    local = bk.xp_of(a).array(a[layout.box(mesh.coords)], order="C", copy=True)
     if _zeroed(layout, mesh.coords):
         local[...] = 0
     return ShardedArray(local, layout, mesh)
 
 
 def from_local(
-    local: np.ndarray,
+    local: Any,
     mesh: Mesh,
     placements: PlacementsArg,
     global_shape: Optional[Sequence[int]] = None,
     sizes: SizesArg = None,
     validate: bool = False,
 ) -> ShardedArray:
-    """Wrap this rank's shard ``local`` as a ShardedArray.
+    """Wrap this rank's shard ``local`` (numpy or cupy, or a DLPack / CUDA array interface
+    producer, viewed without a copy) as a ShardedArray.
 
     With ``global_shape`` (and ``sizes`` where the split is not balanced) there is no
     communication at all: every rank must pass the shard the layout gives it, or
@@ -233,7 +242,7 @@ def from_local(
     return ShardedArray(a, layout, mesh)
 
 
-def _gather_shapes(a: np.ndarray, mesh: Mesh) -> List[Tuple[int, ...]]:
+def _gather_shapes(a: Any, mesh: Mesh) -> List[Tuple[int, ...]]:
     # one Allgather of (ndim, itemsize code, extents...) padded to a fixed width of 34 ints
     width = 34
     if a.ndim > width - 2:
@@ -292,127 +301,99 @@ def _zeroed(layout: Layout, coords: Sequence[int]) -> bool:
 
 
 class _Exec:
-    """One step bound to this rank: the C++ object (built once) and how to run it."""
+    """One step bound to this rank and memory kind: the core object (built once from the
+    step's geometry) and how to run it."""
 
-    __slots__ = ("step", "core", "out_shape", "upcast", "scale", "zero", "fill", "direct", "dtype")
+    __slots__ = (
+        "step", "core", "out_shape", "upcast", "scale", "zero", "fill", "direct", "dtype",
+        "dev", "need",
+    )
 
-    def __init__(self, step: Step, mesh: Mesh, algorithm: str = "alltoallv") -> None:
+    def __init__(self, step: Step, mesh: Mesh, algorithm: str = "alltoallv", dev: bool = False):
         self.step = step
         coords = mesh.coords
         self.out_shape = step.dst.local_shape(coords)
-        self.core = None
-        self.upcast = None
-        self.scale = None
+        self.core: Any = None
+        self.upcast: Optional[np.dtype] = None
+        self.scale: Optional[float] = None
         self.zero = False
-        self.fill = None
+        self.fill: object = None
         self.dtype = step.dst.dtype
-        src_shape = list(step.src.local_shape(coords))
-        dst_shape = list(self.out_shape)
-        item = step.src.dtype.itemsize
-        src_lo = [step.src.interval(d, coords)[0] for d in range(step.src.ndim)]
-        dst_lo = [step.dst.interval(d, coords)[0] for d in range(step.dst.ndim)]
+        self.dev = dev
+        if step.is_collective:
+            self._collective(step, mesh, algorithm)
+        elif step.kind == "local_copy":
+            self.core = _slices(step.dst, step.src, coords)
+        elif step.kind == "make_partial":
+            self._make_partial(step, coords)
+        self.direct = step.is_collective and self.upcast is None and self.scale is None
+        self.need = 0
+        if self.core is not None and step.is_collective:
+            staged = _core.transport(_core.Mem.cuda if dev else _core.Mem.host).name == "staged"
+            self.need = int(self.core.staged_bytes if staged else self.core.workspace_bytes)
+
+    def _collective(self, step: Step, mesh: Mesh, algorithm: str) -> None:
+        coords = mesh.coords
+        comm = mesh._core_comm(step.mesh_dims)
+        ws = mesh._cache.workspace
         kind = step.kind
-        if kind in ("alltoallv", "allgatherv", "allreduce", "reduce_scatter"):
-            comm = mesh._core_comm(step.mesh_dims)
         if kind == "alltoallv":
-            sends, recvs, local = [], [], []
-            for peer, box in step.sends(coords):
-                start = [lo - o for (lo, _), o in zip(box, src_lo)]
-                ext = [hi - lo for lo, hi in box]
-                if peer == coords:
-                    dstart = [lo - o for (lo, _), o in zip(box, dst_lo)]
-                    local.append((start, dstart, ext))
-                else:
-                    sends.append((step.group_rank(peer), start, ext))
-            for peer, box in step.recvs(coords):
-                if peer == coords:
-                    continue
-                start = [lo - o for (lo, _), o in zip(box, dst_lo)]
-                recvs.append((step.group_rank(peer), start, [hi - lo for lo, hi in box]))
-            sends.sort(key=lambda t: t[0])
-            recvs.sort(key=lambda t: t[0])
-            algo = ALGORITHMS.index(algorithm)
-            block = step.max_block_volume() * item  # the same on every rank
-            pad = block if algorithm == "alltoall" else 0
+            algo = getattr(_core.Algorithm, algorithm)
+            block = step.max_block_volume() * step.src.dtype.itemsize  # the same on every rank
+            pad = block if algo == _core.Algorithm.alltoall else 0
             # Ialltoallv (local copy overlapped) for large blocks, Alltoallv for small ones:
             # decided from the layouts, so every rank calls the same collective
             nonblocking = block >= NONBLOCKING_MIN_BLOCK
-            self.core = _core.AlltoallvStep(
-                comm, item, src_shape, dst_shape, sends, recvs, local, algo, pad, nonblocking
-            )
+            g = geometry(step, coords, algo, pad)
+            self.core = _core.ExchangeStep(comm, g, ws, nonblocking)
         elif kind == "allgatherv":
-            blocks = []
-            for g in range(prod(step.group_shape)):
-                member = step.member(coords, g)
-                box = [step.src.interval(d, member) for d in range(step.src.ndim)]
-                blocks.append(
-                    ([lo - o for (lo, _), o in zip(box, dst_lo)], [hi - lo for lo, hi in box])
-                )
-            self.core = _core.AllgathervStep(comm, item, src_shape, dst_shape, blocks)
-        elif kind in ("allreduce", "reduce_scatter"):
-            code, op = _reduce_code(step.src.dtype, step.op)
-            if step.src.dtype == np.float16:
-                self.upcast = np.dtype(np.float32)
+            self.core = _core.AllgathervStep(comm, geometry(step, coords), ws)
+        else:
+            rdt = reduce_dtype(step.src.dtype)
+            if rdt != step.src.dtype:
+                self.upcast = rdt
             if step.op == "avg":
                 self.scale = 1.0 / prod(step.group_shape)
+            op = getattr(_core.ReduceOp, _reduce_op(step.src.dtype, step.op))
             if kind == "allreduce":
-                self.core = _core.AllreduceStep(comm, code, op, src_shape)
+                shape = list(step.src.local_shape(coords))
+                self.core = _core.AllreduceStep(comm, rdt, op, shape, ws)
             else:
-                pieces = []
-                for g in range(prod(step.group_shape)):
-                    member = step.member(coords, g)
-                    box = [step.dst.interval(d, member) for d in range(step.dst.ndim)]
-                    pieces.append(
-                        ([lo - o for (lo, _), o in zip(box, src_lo)], [hi - lo for lo, hi in box])
-                    )
-                isz = self.upcast.itemsize if self.upcast is not None else item
-                self.core = _core.ReduceScatterStep(
-                    comm, code, op, isz, src_shape, dst_shape, pieces
-                )
-        elif kind == "local_copy":
-            self.core = tuple(
-                slice(a - o, b - o)
-                for (a, b), o in zip(
-                    (step.dst.interval(d, coords) for d in range(step.dst.ndim)), src_lo
-                )
-            )
-        elif kind == "make_partial":
-            # spread dims (the source shards them): the shard inside the op's identity;
-            # replicated dims: keep the value, or zero it for sum away from coordinate 0
-            spread = [m for m in step.mesh_dims if isinstance(step.src.placements[m], Shard)]
-            self.zero = any(
-                step.dst.placements[m].op == "sum" and coords[m] != 0
-                for m in step.mesh_dims
-                if m not in spread
-            )
-            if spread:
-                op = step.dst.placements[spread[0]].op
-                self.fill = _identity(step.dst.dtype, op)
-                self.core = tuple(
-                    slice(a - o, b - o)
-                    for (a, b), o in zip(
-                        (step.src.interval(d, coords) for d in range(step.src.ndim)), dst_lo
-                    )
-                )
-        elif kind == "relabel":
-            pass
-        else:  # pragma: no cover
-            raise AssertionError(kind)
-        self.direct = (
-            kind in ("alltoallv", "allgatherv", "allreduce", "reduce_scatter")
-            and self.upcast is None
-            and self.scale is None
-        )
+                self.core = _core.ReduceScatterStep(comm, geometry(step, coords), rdt, op, ws)
 
-    def run(self, local: np.ndarray, out: Optional[np.ndarray] = None) -> np.ndarray:
+    def _make_partial(self, step: Step, coords: Tuple[int, ...]) -> None:
+        # spread dims (the source shards them): the shard inside the op's identity;
+        # replicated dims: keep the value, or zero it for sum away from coordinate 0
+        spread = [m for m in step.mesh_dims if isinstance(step.src.placements[m], Shard)]
+        self.zero = any(
+            step.dst.placements[m].op == "sum" and coords[m] != 0
+            for m in step.mesh_dims
+            if m not in spread
+        )
+        if spread:
+            self.fill = _identity(step.dst.dtype, step.dst.placements[spread[0]].op)
+            self.core = _slices(step.src, step.dst, coords)
+
+    def _call(self, src: Any, res: Any) -> None:
+        if self.dev:
+            self.core.run_device(src.data.ptr, res.data.ptr, bk.stream_ptr())
+        else:
+            self.core.run(src, res)
+
+    def run(self, local: Any, out: Optional[Any] = None) -> Any:
         """Run the step on ``local``; write into ``out`` when given (the target's shape)."""
         if self.direct:  # a collective straight into the output: the hot path
+            if self.dev:
+                res = bk.xp_of(local).empty(self.out_shape, self.dtype) if out is None else out
+                self.core.run_device(local.data.ptr, res.data.ptr, bk.stream_ptr())
+                return res
             res = np.empty(self.out_shape, self.dtype) if out is None else out
             self.core.run(local, res)
             return res
+        xp = bk.xp_of(local)
         kind = self.step.kind
         if kind == "make_partial" and self.core is not None:
-            res = out if out is not None else np.empty(self.out_shape, local.dtype)
+            res = out if out is not None else xp.empty(self.out_shape, local.dtype)
             res[...] = self.fill  # the reduction's identity
             if not self.zero:
                 res[self.core] = local
@@ -426,28 +407,39 @@ class _Exec:
                 res = local
             if out is None:
                 if res is None:
-                    return np.zeros(self.out_shape, local.dtype)
-                return res if kind == "relabel" else np.array(res, order="C", copy=True)
+                    return xp.zeros(self.out_shape, local.dtype)
+                return res if kind == "relabel" else xp.array(res, order="C", copy=True)
             if res is None:
                 out[...] = 0
             else:
-                np.copyto(out, res)
+                xp.copyto(out, res)
             return out
         src = local
         if self.upcast is not None:
             src = local.astype(self.upcast)
-            res = np.empty(self.out_shape, dtype=self.upcast)
+            res = xp.empty(self.out_shape, dtype=self.upcast)
         else:
-            res = out if out is not None else np.empty(self.out_shape, dtype=local.dtype)
-        self.core.run(src, res)
+            res = out if out is not None else xp.empty(self.out_shape, dtype=local.dtype)
+        self._call(src, res)
         if self.scale is not None:
             res *= res.dtype.type(self.scale)
         if self.upcast is not None:
             if out is None:
                 return res.astype(local.dtype)
-            np.copyto(out, res, casting="unsafe")
+            xp.copyto(out, res, casting="unsafe")
             return out
         return res
+
+
+def _slices(box_of: Layout, rel: Layout, coords: Tuple[int, ...]) -> Tuple[slice, ...]:
+    """This rank's box in ``box_of`` as slices of its local array in ``rel``."""
+    return tuple(
+        slice(a - o, b - o)
+        for (a, b), (o, _) in zip(
+            (box_of.interval(d, coords) for d in range(box_of.ndim)),
+            (rel.interval(d, coords) for d in range(rel.ndim)),
+        )
+    )
 
 
 def _identity(dtype: np.dtype, op: str) -> object:
@@ -462,21 +454,18 @@ def _identity(dtype: np.dtype, op: str) -> object:
     return dtype.type(info.min if op == "max" else info.max)
 
 
-def _reduce_code(dtype: np.dtype, op: Optional[str]) -> Tuple[str, str]:
-    if dtype == np.float16:
-        dtype = np.dtype(np.float32)
-    code = f"{dtype.kind}{dtype.itemsize}" if dtype.kind != "b" else "b1"
-    mop = {"sum": "sum", "avg": "sum", "max": "max", "min": "min"}[op or "sum"]
+def _reduce_op(dtype: np.dtype, op: Optional[str]) -> str:
+    """The MPI reduction for Partial ``op`` (avg sums, then scales; bool uses or / and)."""
     if dtype.kind == "b":
-        mop = {"sum": "lor", "max": "lor", "min": "land"}[op or "sum"]
-    return code, mop
+        return {"sum": "lor", "max": "lor", "min": "land"}[op or "sum"]
+    return {"sum": "sum", "avg": "sum", "max": "max", "min": "min"}[op or "sum"]
 
 
 ALGORITHMS = ("alltoallv", "alltoall", "p2p", "alltoallw")
 NONBLOCKING_MIN_BLOCK = 1 << 20  # bytes
 
 
-def choose_algorithm(step: Step, algorithm: str) -> str:
+def choose_algorithm(step: Optional[Step], algorithm: str, device: bool = False) -> str:
     """The exchange algorithm for an alltoallv step; the same on every rank (layouts only).
 
     ``auto`` is ``alltoallv``: measured with 2 ranks (docs/performance.md) it tied or beat
@@ -484,42 +473,64 @@ def choose_algorithm(step: Step, algorithm: str) -> str:
     calls, once large blocks are staged at 64-byte aligned offsets (the core does that).
     ``alltoallw`` (MPICH's datatype engine) swung between 31 and 60 ms on the same 8192 x
     8192 transpose; ``alltoall`` pays for padding and two extra buffers; ``p2p`` tied on
-    even splits and was slower on uneven ones.
+    even splits and was slower on uneven ones. GPU arrays take ``alltoallv`` for
+    ``alltoallw`` (MPI datatypes over device memory are slow or unsupported).
     """
     if algorithm == "auto":
         return "alltoallv"
     if algorithm not in ALGORITHMS:
         raise ValueError(f"algorithm must be 'auto' or one of {ALGORITHMS}, got {algorithm!r}")
+    if device and algorithm == "alltoallw":
+        return "alltoallv"
     return algorithm
+
+
+def _executors(p: Plan, mesh: Mesh, algorithm: str = "auto", like: Any = None) -> list:
+    """The executors of plan ``p`` on this rank for arrays like ``like`` (numpy by default),
+    built once and kept in the mesh's bounded cache."""
+    dev = bk.is_device(like)
+    key = (p, algorithm, dev)
+    cache = mesh._cache
+    execs = cache.execs.get(key)
+    if execs is None:
+        if algorithm != "auto" and algorithm not in ALGORITHMS:
+            choose_algorithm(None, algorithm)  # the precise error, whatever the plan
+        if dev:
+            bk.announce()
+        execs = [
+            _Exec(s, mesh, choose_algorithm(s, algorithm, dev) if s.kind == "alltoallv" else "",
+                  dev)
+            for s in p.steps
+        ]
+        cache.execs.put(key, execs)
+        cache.note(execs)
+        log.debug("pyshard: built %s (%s) for rank %d", p, algorithm, mesh.rank)
+    return execs
 
 
 def execute(
     p: Plan,
     mesh: Mesh,
-    local: np.ndarray,
+    local: Any,
     algorithm: str = "auto",
-    out: Optional[np.ndarray] = None,
-) -> np.ndarray:
-    """Run plan ``p`` on this rank's ``local`` shard; collective over ``mesh``.
+    out: Optional[Any] = None,
+) -> Any:
+    """Run plan ``p`` on this rank's ``local`` shard (numpy or cupy); collective over ``mesh``.
 
-    ``out``: a C-contiguous, writable array of the target's local shape and dtype that the
-    last step writes into (checked before any communication).
+    ``out``: a C-contiguous, writable array of the target's local shape and dtype, on the
+    same side as ``local``, that the last step writes into (checked before any
+    communication).
     """
-    key = (p, algorithm)
-    execs = mesh._exec_cache.get(key)
-    if execs is None:
-        execs = [
-            _Exec(s, mesh, choose_algorithm(s, algorithm) if s.kind == "alltoallv" else "")
-            for s in p.steps
-        ]
-        mesh._exec_cache[key] = execs
-        log.debug("pyshard: built %s (%s) for rank %d", p, algorithm, mesh.rank)
+    return _execute(_executors(p, mesh, algorithm, local), p, mesh, local, out)
+
+
+def _execute(execs: list, p: Plan, mesh: Mesh, local: Any, out: Optional[Any]) -> Any:
     if out is not None:
         want = execs[-1].out_shape if execs else local.shape
         if not _out_ok(out, want, p.dst.dtype, local):
             _check_out(out, p, mesh, local)  # the precise error
         if not execs:
-            np.copyto(out, local)
+            bk.xp_of(local).copyto(out, local)
             return out
     res = local
     last = len(execs) - 1
@@ -528,29 +539,30 @@ def execute(
     return res
 
 
-def _out_ok(out: object, shape: tuple, dtype: np.dtype, local: np.ndarray) -> bool:
+def _out_ok(out: object, shape: tuple, dtype: np.dtype, local: Any) -> bool:
     """The cheap test of an ``out=`` buffer (``_check_out`` says what is wrong)."""
     return (
-        type(out) is np.ndarray
+        type(out) is type(local)
         and out.shape == shape
         and out.dtype == dtype
         and out.flags.c_contiguous
-        and out.flags.writeable
-        and not (out.size and np.may_share_memory(out, local))
+        and (out.flags.writeable if type(out) is np.ndarray else True)
+        and not (out.size and bk.xp_of(local).may_share_memory(out, local))
     )
 
 
-def _check_out(out: object, p: Plan, mesh: Mesh, local: np.ndarray) -> None:
+def _check_out(out: object, p: Plan, mesh: Mesh, local: Any) -> None:
     want = p.dst.local_shape(mesh.coords)
-    if not isinstance(out, np.ndarray):
-        raise TypeError(f"out must be a numpy array, got {type(out).__name__}")
+    if not isinstance(out, np.ndarray) and not bk.is_device(out):
+        raise TypeError(f"out must be a numpy or cupy array, got {type(out).__name__}")
+    bk.same_kind(local, out, "the array's local shard", "out")
     if out.shape != want or out.dtype != p.dst.dtype:
         raise ValueError(
             f"out has shape {out.shape} {out.dtype}, the target layout needs {want} {p.dst.dtype}"
         )
-    if not out.flags.c_contiguous or not out.flags.writeable:
+    if not out.flags.c_contiguous or (isinstance(out, np.ndarray) and not out.flags.writeable):
         raise ValueError("out must be C-contiguous and writable")
-    if out.size and np.shares_memory(out, local):
+    if out.size and bk.xp_of(local).shares_memory(out, local):
         raise ValueError("out must not overlap the source array")
-    if type(out) is not np.ndarray:
-        raise TypeError(f"out must be a plain numpy.ndarray, got {type(out).__name__}")
+    if type(out) is not type(local):
+        raise TypeError(f"out must be a plain {type(local).__name__}, got {type(out).__name__}")

@@ -11,22 +11,40 @@ For every case, in the same run and on the same communicator:
 
 Times are the median and minimum over ``reps`` of the slowest rank (a barrier before each
 rep, the maximum over ranks after).
+
+Two more cases, each a JSON row of its own fields, run only when named in ``--cases``:
+
+- ``checkpoint``: :func:`bench_checkpoint`, save and load GB/s of a float32 array of
+  ``--checkpoint-bytes`` next to numpy.save/load on rank 0.
+- ``memory``: :func:`bench_memory`, a loop of ``Shard(0) -> Shard(1)`` redistributes over
+  ``--memory-shapes`` distinct shapes (default 400; a ``(1000 + 7 i) x 2048`` float32 shard
+  per rank, results dropped), and the peak RSS after 40 shapes and after all, maximum over
+  ranks. ``check`` holds when it grew by at most 64 MiB: the caches stay bounded. It takes
+  a few hundred MiB per rank and tens of seconds, hence not in the default list.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import logging
+import numbers
+import os
+import resource
+import shutil
 import sys
+import tempfile
 import time
 from dataclasses import dataclass
 from math import prod
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 from mpi4py import MPI
 
-from .array import ShardedArray, from_local
+from ._timing import _median_s, _timed
+from .array import ShardedArray, _executors, from_local
+from .checkpoint import PathArg, _box, _err, _norm_path, _on_root, load, save
 from .layout import Layout, Partial, Replicate, Shard
 from .mesh import Mesh
 from .plan import Plan, Step, _contiguous
@@ -42,6 +60,9 @@ CASES = (
     "rebalance",
     "small",
 )
+EXTRA_CASES = ("checkpoint", "memory")  # run only when named: see the module docstring
+MEMORY_FIRST = 40  # the memory case compares the peak RSS after this many shapes ...
+MEMORY_LIMIT_MIB = 64  # ... with the peak after all of them: at most this much growth
 
 
 def _mesh2d(p: int) -> Tuple[int, int]:
@@ -84,19 +105,7 @@ def make_cases(names: Sequence[str], shape: Tuple[int, ...], p: int) -> List[Cas
         elif n == "small":
             out.append(Case(n, (p,), (64, 64), [Shard(0)], [Shard(1)]))
         else:
-            raise ValueError(f"unknown bench case {n!r}; cases are {CASES + ('checkpoint',)}")
-    return out
-
-
-def _timed(fn: Callable[[], object], comm: MPI.Comm, reps: int, warmup: int) -> List[float]:
-    for _ in range(warmup):
-        fn()
-    out = []
-    for _ in range(reps):
-        comm.Barrier()
-        t0 = time.perf_counter()
-        fn()
-        out.append(comm.allreduce(time.perf_counter() - t0, op=MPI.MAX))
+            raise ValueError(f"unknown bench case {n!r}; cases are {CASES + EXTRA_CASES}")
     return out
 
 
@@ -286,7 +295,7 @@ def _source(case: Case, mesh: Mesh, dtype: np.dtype) -> ShardedArray:
 def _peak_extra(p: Plan, mesh: Mesh, algorithm: str) -> int:
     """Bytes allocated beyond the input and the final output: pack/unpack workspace of
     the core objects, plus intermediate results of multi-step plans."""
-    execs = mesh._exec_cache.get((p, algorithm), [])
+    execs = _executors(p, mesh, algorithm)
     peak, held = 0, 0
     for i, e in enumerate(execs):
         last = i == len(execs) - 1
@@ -362,7 +371,7 @@ def _fmt_table(rows: List[Dict]) -> str:
     )
     lines = [head]
     for r in rows:
-        if r["case"] == "checkpoint":
+        if r["case"] in EXTRA_CASES:
             continue
         shape = "x".join(map(str, r["shape"]))
         lines.append(
@@ -376,12 +385,207 @@ def _fmt_table(rows: List[Dict]) -> str:
     return "\n".join(lines)
 
 
-def main(argv: Optional[List[str]] = None) -> int:
-    """``python -m pyshard bench``: run the cases, print a table, append JSON lines."""
-    import argparse
+# ----------------------------------------------------------------------------- checkpoint
 
-    ap = argparse.ArgumentParser(prog="python -m pyshard bench")
-    ap.add_argument("--cases", "--case", default=",".join(CASES), help=f"comma list of {CASES}")
+
+def _check_bench_args(mesh: object, nbytes: object, reps: object) -> None:
+    if not isinstance(mesh, Mesh):
+        raise TypeError(f"bench_checkpoint(mesh): expected a pyshard.Mesh, got {mesh!r}")
+    if isinstance(nbytes, bool) or not isinstance(nbytes, numbers.Integral) or nbytes < 4:
+        raise ValueError(f"bench_checkpoint(nbytes): need an int >= 4, got {nbytes!r}")
+    if isinstance(reps, bool) or not isinstance(reps, numbers.Integral) or reps < 1:
+        raise ValueError(f"bench_checkpoint(reps): need an int >= 1, got {reps!r}")
+
+
+def _bench_dir(comm: MPI.Comm, path: Optional[PathArg]) -> str:
+    """A new temporary directory (under ``path`` if given, created if missing), made by
+    rank 0 and known to every rank (one bcast)."""
+    p = None if path is None else _norm_path(path, "bench_checkpoint")
+
+    def make() -> str:
+        if p is not None:
+            os.makedirs(p, exist_ok=True)
+        return tempfile.mkdtemp(prefix="pyshard-bench-", dir=p)
+
+    return _on_root(
+        comm, make, lambda e: _err("ValueError", f"bench_checkpoint: cannot use {p!r}: {e}")
+    )
+
+
+def _bench_pattern(start: int, n: int) -> np.ndarray:
+    """Elements ``start .. start + n`` of the benchmark array (float32, values below 1009)."""
+    return (np.arange(start, start + n, dtype=np.int64) % 1009).astype(np.float32)
+
+
+def _time_checkpoint(
+    x: ShardedArray, ckpt: str, reps: int, sync: bool
+) -> Tuple[float, float, bool]:
+    """(save seconds, load seconds, loaded == saved on every rank); collective over x's mesh."""
+    mesh, comm = x.mesh, x.mesh.comm
+    save_s = _median_s(lambda: save(ckpt, {"x": x}, sync=sync), comm, reps)
+    got: Dict[str, ShardedArray] = {}
+
+    def do_load() -> None:
+        got.update(load(ckpt, mesh, {"x": [Shard(0)] * mesh.ndim}))
+
+    load_s = _median_s(do_load, comm, reps)
+    ok = comm.allreduce(bool(np.array_equal(got["x"].local, x.local)), op=MPI.LAND)
+    return save_s, load_s, ok
+
+
+def _time_numpy(comm: MPI.Comm, npy: str, n: int, reps: int, sync: bool) -> Tuple[float, float]:
+    """(numpy.save seconds, numpy.load seconds) of the whole array on rank 0 alone, the other
+    ranks waiting in the same timing collectives."""
+    rank = comm.Get_rank()
+    ref = _bench_pattern(0, n) if rank == 0 else np.empty(0, np.float32)
+
+    def np_save() -> None:
+        if rank == 0:
+            with open(npy, "wb") as f:
+                np.save(f, ref)
+                if sync:
+                    f.flush()
+                    os.fsync(f.fileno())
+
+    def np_load() -> None:
+        if rank == 0:
+            np.load(npy)
+
+    return _median_s(np_save, comm, reps), _median_s(np_load, comm, reps)
+
+
+def _checkpoint_row(
+    b: int, ranks: int, times: Tuple[float, ...], sync: bool, ok: bool
+) -> Dict[str, Any]:
+    """The JSON row of the checkpoint case; ``times``: save, load, numpy save, numpy load."""
+    save_s, load_s, numpy_save_s, numpy_load_s = times
+    return {
+        "case": "checkpoint",
+        "bytes": b,
+        "ranks": ranks,
+        "save_s": save_s,
+        "load_s": load_s,
+        "save_GBps": b / save_s / 1e9,
+        "load_GBps": b / load_s / 1e9,
+        "numpy_save_s": numpy_save_s,
+        "numpy_load_s": numpy_load_s,
+        "numpy_save_GBps": b / numpy_save_s / 1e9,
+        "numpy_load_GBps": b / numpy_load_s / 1e9,
+        "sync": bool(sync),
+        "verify": True,
+        "ok": bool(ok),
+    }
+
+
+def bench_checkpoint(
+    mesh: Mesh,
+    nbytes: int = 1 << 30,
+    path: Optional[PathArg] = None,
+    reps: int = 1,
+    sync: bool = True,
+) -> Dict[str, Any]:
+    """Save and load GB/s of a float32 array of ``nbytes``, next to numpy.save/load on rank 0.
+
+    mesh: the ranks; the array is Shard(0) over every mesh dim (nested on an N-D mesh).
+    nbytes: the array's size in bytes (rounded down to whole float32 elements).
+    path: a directory for the files (created if missing, the files removed afterwards);
+    default a new temporary directory. Put it on the file system you want to measure.
+    reps: repetitions; times are the median over reps of the slowest rank.
+    sync: fsync on save (checkpoint and numpy.save alike), so both pay the disk.
+
+    Collective over ``mesh``. Loads right after a save read from the page cache.
+    """
+    _check_bench_args(mesh, nbytes, reps)
+    comm = mesh.comm
+    n = int(nbytes) // 4
+    root = _bench_dir(comm, path)
+    layout = Layout((n,), np.float32, mesh.shape, [Shard(0)] * mesh.ndim)
+    start, ext = _box(layout, mesh.coords)
+    x = ShardedArray(_bench_pattern(start[0], ext[0]), layout, mesh)
+    try:
+        save_s, load_s, ok = _time_checkpoint(x, os.path.join(root, "ckpt"), reps, sync)
+        npy = os.path.join(root, "numpy.npy")
+        times = (save_s, load_s) + _time_numpy(comm, npy, n, reps, sync)
+    finally:
+        comm.Barrier()
+        if comm.Get_rank() == 0:
+            shutil.rmtree(root, ignore_errors=True)
+        comm.Barrier()
+    return _checkpoint_row(n * 4, comm.Get_size(), times, sync, ok)
+
+
+# ----------------------------------------------------------------------------- memory
+
+
+def _peak_rss_mib() -> float:
+    """This process's peak resident set size so far, in MiB."""
+    kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return kib / 2**20 if sys.platform == "darwin" else kib / 1024  # macOS reports bytes
+
+
+def bench_memory(comm: MPI.Comm, shapes: int = 400, cols: int = 2048) -> Dict[str, Any]:
+    """Peak RSS of a loop of redistributes over ``shapes`` distinct shapes.
+
+    On a 1-D mesh of every rank, shape ``i`` is a ``(1000 + 7 i) x cols`` float32 shard per
+    rank, Shard(0) -> Shard(1) once, the result dropped. The peak RSS (maximum over ranks) is
+    taken after 40 shapes (or all, if fewer) and after all; ``check`` holds when it grew by
+    at most 64 MiB in between, i.e. per-shape caches stay bounded. Collective over ``comm``.
+    """
+    if isinstance(shapes, bool) or not isinstance(shapes, numbers.Integral) or shapes < 1:
+        raise ValueError(f"bench_memory(shapes): need an int >= 1, got {shapes!r}")
+    p = comm.Get_size()
+    mesh = Mesh(comm, (p,))
+    first = min(MEMORY_FIRST, shapes)
+    t0 = time.perf_counter()
+    peak_first = 0.0
+    for i in range(shapes):
+        rows = 1000 + 7 * i
+        local = np.ones((rows, cols), np.float32)
+        x = from_local(local, mesh, [Shard(0)], global_shape=(p * rows, cols))
+        x.redistribute([Shard(1)])
+        del x, local
+        if i + 1 == first:
+            peak_first = _peak_rss_mib()
+    peak_n = _peak_rss_mib()
+    seconds = comm.allreduce(time.perf_counter() - t0, op=MPI.MAX)
+    peak_first = comm.allreduce(peak_first, op=MPI.MAX)
+    peak_n = comm.allreduce(peak_n, op=MPI.MAX)
+    growth = peak_n - peak_first
+    return {
+        "case": "memory",
+        "ranks": p,
+        "shapes": int(shapes),
+        "shard": f"(1000+7i)x{cols}",
+        "dtype": "float32",
+        "peak_rss_mib_40": round(peak_first, 1),
+        "peak_rss_mib_n": round(peak_n, 1),
+        "growth_mib": round(growth, 1),
+        "limit_mib": MEMORY_LIMIT_MIB,
+        "seconds": seconds,
+        "check": bool(growth <= MEMORY_LIMIT_MIB),
+    }
+
+
+def _fmt_memory(r: Dict[str, Any]) -> str:
+    return (
+        f"memory: {r['ranks']} ranks, {r['shapes']} shapes, a {r['shard']} {r['dtype']} shard "
+        f"per rank, S(0)->S(1): peak RSS {r['peak_rss_mib_40']:.1f} MiB after "
+        f"{min(MEMORY_FIRST, r['shapes'])} shapes, {r['peak_rss_mib_n']:.1f} MiB after "
+        f"{r['shapes']}, growth {r['growth_mib']:.1f} MiB (limit {r['limit_mib']}) "
+        f"in {r['seconds']:.1f} s  {'ok' if r['check'] else 'GROWS'}"
+    )
+
+
+def _parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(
+        prog="python -m pyshard bench",
+        epilog="Cases run only when named: checkpoint (save/load GB/s, --checkpoint-bytes) and "
+        "memory (peak RSS over --memory-shapes distinct shapes; check: growth after 40 shapes "
+        f"<= {MEMORY_LIMIT_MIB} MiB). See the module docstring of pyshard.bench.",
+    )
+    ap.add_argument(
+        "--cases", "--case", default=",".join(CASES), help=f"comma list of {CASES + EXTRA_CASES}"
+    )
     ap.add_argument("--shape", default="8192x8192")
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--reps", type=int, default=10)
@@ -391,7 +595,33 @@ def main(argv: Optional[List[str]] = None) -> int:
     )
     ap.add_argument("--json", default=None, help="append one JSON object per case to FILE")
     ap.add_argument("--checkpoint-bytes", type=int, default=1 << 30)
-    args = ap.parse_args(argv)
+    ap.add_argument(
+        "--memory-shapes",
+        type=int,
+        default=400,
+        help="distinct shapes of the memory case (default 400)",
+    )
+    return ap
+
+
+def _run_extra(name: str, comm: MPI.Comm, args: argparse.Namespace) -> Dict:
+    """Run the checkpoint or memory case; rank 0 prints its row."""
+    if name == "checkpoint":
+        r = bench_checkpoint(Mesh(comm, (comm.Get_size(),)), nbytes=args.checkpoint_bytes, reps=1)
+    else:
+        if comm.Get_rank() == 0:
+            print(f"[bench] memory {args.memory_shapes} shapes ...", file=sys.stderr, flush=True)
+        r = bench_memory(comm, shapes=args.memory_shapes)
+        if comm.Get_rank() == 0:
+            print(_fmt_memory(r), flush=True)
+    if comm.Get_rank() == 0:
+        print(json.dumps(r), flush=True)
+    return r
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    """``python -m pyshard bench``: run the cases, print a table, append JSON lines."""
+    args = _parser().parse_args(argv)
     comm = MPI.COMM_WORLD
     rank, p = comm.Get_rank(), comm.Get_size()
     shape = tuple(int(s) for s in args.shape.lower().split("x"))
@@ -406,14 +636,8 @@ def main(argv: Optional[List[str]] = None) -> int:
             flush=True,
         )
     for name in names:
-        if name == "checkpoint":
-            from .checkpoint import bench_checkpoint
-
-            mesh = Mesh(comm, (p,))
-            r = bench_checkpoint(mesh, nbytes=args.checkpoint_bytes, reps=1)
-            rows.append(r)
-            if rank == 0:
-                print(json.dumps(r), flush=True)
+        if name in EXTRA_CASES:
+            rows.append(_run_extra(name, comm, args))
             continue
         for case in make_cases([name], shape, p):
             for algo in algos:
@@ -421,7 +645,7 @@ def main(argv: Optional[List[str]] = None) -> int:
                     print(f"[bench] {case.name} {algo} ...", file=sys.stderr, flush=True)
                 rows.append(run_case(case, comm, dtype, args.reps, args.warmup, algo))
     if rank == 0:
-        if any(r["case"] != "checkpoint" for r in rows):
+        if any(r["case"] not in EXTRA_CASES for r in rows):
             print(_fmt_table(rows))
         if args.json:
             with open(args.json, "a") as f:
@@ -433,8 +657,6 @@ def main(argv: Optional[List[str]] = None) -> int:
 def plot_main(argv: Optional[List[str]] = None) -> int:
     """``python -m pyshard plot FILE... -o out.png``: ratios and bandwidth per case, and
     scaling curves when the files hold several rank counts."""
-    import argparse
-
     ap = argparse.ArgumentParser(prog="python -m pyshard plot")
     ap.add_argument("files", nargs="+")
     ap.add_argument("-o", "--output", default="bench.png")

@@ -11,26 +11,24 @@ from __future__ import annotations
 import io
 import json
 import logging
-import numbers
 import os
 import re
 import secrets
 import shutil
-import tempfile
 import time
 import zlib
 from math import prod
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import numpy.lib.format as npformat
 from mpi4py import MPI
 
-from .array import ShardedArray
+from .array import ShardedArray, _zeroed
 from .layout import Layout, Partial, Placement, Replicate, Shard
 from .mesh import Mesh
 
-__all__ = ["save", "load", "checkpoint_info", "bench_checkpoint"]
+__all__ = ["save", "load", "checkpoint_info"]
 
 log = logging.getLogger("pyshard")
 
@@ -57,6 +55,28 @@ def _raise(err: Optional[Tuple[str, str]]) -> None:
     kind, msg = err
     exc = {"FileNotFoundError": FileNotFoundError, "TypeError": TypeError}.get(kind, ValueError)
     raise exc(msg)
+
+
+def _on_root(
+    comm: MPI.Comm, step: Callable[[], Any], on_error: Callable[[Exception], Tuple[str, str]]
+) -> Any:
+    """Rank 0 runs ``step``; every rank returns its result or raises the error rank 0 met.
+
+    Collective over ``comm`` (one bcast) on every rank. A :class:`_Failure` carries its own
+    error; any other exception becomes ``on_error(exc)``, so the other ranks never wait.
+    """
+    res: Any = None
+    if comm.Get_rank() == 0:
+        try:
+            res = ("ok", step())
+        except _Failure as f:
+            res = ("err", f.args[0])
+        except Exception as e:  # never leave the other ranks waiting: report anything
+            res = ("err", on_error(e))
+    res = comm.bcast(res, root=0)
+    if res[0] == "err":
+        _raise(res[1])
+    return res[1]
 
 
 def _fault(point: str, rank: int) -> None:
@@ -156,14 +176,6 @@ def _is_writer(layout: Layout, coords: Sequence[int]) -> bool:
     return all(c == 0 for c, p in zip(coords, layout.placements) if not isinstance(p, Shard))
 
 
-def _zeroed(layout: Layout, coords: Sequence[int]) -> bool:
-    """Does a Partial(sum) target hold zeros at these coords (the value lives at coord 0)?"""
-    return any(
-        isinstance(p, Partial) and p.op == "sum" and coords[m] != 0
-        for m, p in enumerate(layout.placements)
-    )
-
-
 def _read_hints(layout: Layout) -> MPI.Info:
     """MPI-IO hints for reading into ``layout``.
 
@@ -211,6 +223,47 @@ class _View:
         self.etype.Free()
 
 
+def _collective_io(
+    comm: MPI.Comm,
+    fname: str,
+    lay: Layout,
+    disp: int,
+    box: Tuple[List[int], List[int], bool],
+    buf: np.ndarray,
+    *,
+    write: bool,
+    hints: MPI.Info = MPI.INFO_NULL,
+    size: Optional[int] = None,
+    sync: bool = False,
+) -> None:
+    """Write ``buf`` to, or read it from, this rank's box of a .npy file; collective over
+    ``comm``. ``box`` is (starts, extents, active): an inactive rank takes part with an
+    empty view. ``disp`` is the data offset; ``size`` sets the file size first (writes)."""
+    start, ext, active = box
+    if not active:
+        start, ext = [0] * lay.ndim, [0] * lay.ndim
+    view = _View(lay.dtype.itemsize, lay.shape, start, ext)
+    try:
+        amode = MPI.MODE_WRONLY if write else MPI.MODE_RDONLY
+        fh = MPI.File.Open(comm, fname, amode, hints)
+        try:
+            if size is not None:
+                fh.Set_size(size)
+            fh.Set_view(disp, view.etype, view.filetype)
+            data = buf.reshape(-1) if active else np.empty(0, lay.dtype)
+            spec = [data, view.count if active else 0, view.etype]
+            if write:
+                fh.Write_all(spec)
+                if sync:
+                    fh.Sync()
+            else:
+                fh.Read_all(spec)
+        finally:
+            fh.Close()
+    finally:
+        view.free()
+
+
 # ----------------------------------------------------------------------------- save
 
 
@@ -254,8 +307,10 @@ def _entry(name: str, x: ShardedArray, fname: str) -> Dict[str, Any]:
     }
 
 
-def _prepare(path: str, token: str, headers: List[Tuple[str, bytes]]) -> Tuple[str, str]:
-    """Rank 0: check ``path``, make the temporary directory and write the .npy headers."""
+def _prepare(path: str, headers: List[Tuple[str, bytes]]) -> Tuple[str, str, str]:
+    """Rank 0: check ``path``, make the temporary directory and write the .npy headers;
+    (temporary directory, parent directory, token)."""
+    token = secrets.token_hex(6)
     parent = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(parent):
         raise _Failure(
@@ -278,7 +333,7 @@ def _prepare(path: str, token: str, headers: List[Tuple[str, bytes]]) -> Tuple[s
     for fname, hdr in headers:
         with open(os.path.join(tmp, fname), "wb") as f:
             f.write(hdr)
-    return tmp, parent
+    return tmp, parent, token
 
 
 def _manifest(
@@ -347,6 +402,95 @@ def _fsync_dir(d: str) -> None:
         os.close(fd)
 
 
+def _meta_json(metadata: object) -> str:
+    """``metadata`` (None: empty) as canonical JSON; TypeError unless a JSON-serialisable dict."""
+    if metadata is None:
+        metadata = {}
+    if not isinstance(metadata, Mapping):
+        raise TypeError(f"save(metadata): expected a dict, got {type(metadata).__name__}")
+    try:
+        return json.dumps(metadata, sort_keys=True)
+    except (TypeError, ValueError) as e:
+        raise TypeError(f"save(metadata): not JSON-serialisable: {e}") from e
+
+
+def _check_same(comm: MPI.Comm, path: str, meta_json: str, entries: Dict[str, Any]) -> None:
+    """Every rank must describe the same checkpoint: one small allgather agrees on it."""
+    digest = zlib.crc32(json.dumps([path, meta_json, entries], sort_keys=True).encode())
+    digests = comm.allgather(digest)
+    if len(set(digests)) != 1:
+        bad = [r for r, d in enumerate(digests) if d != digests[0]]
+        raise ValueError(
+            f"save({path!r}): ranks {bad} pass other names, layouts, path or metadata than "
+            f"rank 0; every rank must pass the same"
+        )
+
+
+def _write_array(
+    comm: MPI.Comm, x: ShardedArray, fname: str, hdr: bytes, nbytes: int, sync: bool
+) -> Optional[Tuple[List[int], List[int], int]]:
+    """Write one array's data after its header; collective over ``comm`` (a Partial array is
+    reduced first, one collective). This rank's (start, shape, crc32) block if it wrote one."""
+    if x.layout.partial_mesh_dims():
+        target = [Replicate() if isinstance(p, Partial) else p for p in x.placements]
+        x = x.redistribute(target, sizes=x.layout.sizes)
+    lay = x.layout
+    start, ext = _box(lay, x.mesh.coords)
+    writes = _is_writer(lay, x.mesh.coords) and prod(ext) > 0
+    box = (start, ext, writes)
+    _collective_io(
+        comm, fname, lay, len(hdr), box, x.local, write=True, size=len(hdr) + nbytes, sync=sync
+    )
+    return (start, ext, _crc(x.local)) if writes else None
+
+
+def _write_data(
+    comm: MPI.Comm,
+    items: List[Tuple[str, ShardedArray]],
+    entries: Dict[str, Dict[str, Any]],
+    headers: List[Tuple[str, bytes]],
+    tmp: str,
+    sync: bool,
+) -> Dict[str, List[Tuple[List[int], List[int], int]]]:
+    """Write every array into ``tmp`` (collective, in name order); this rank's blocks."""
+    blocks: Dict[str, List[Tuple[List[int], List[int], int]]] = {}
+    for (name, x), (_, hdr) in zip(items, headers):
+        fname = os.path.join(tmp, entries[name]["file"])
+        block = _write_array(comm, x, fname, hdr, entries[name]["nbytes"], sync)
+        if block is not None:
+            blocks[name] = [block]
+    return blocks
+
+
+def _finish(
+    comm: MPI.Comm,
+    path: str,
+    prep: Tuple[str, str, str],
+    entries: Dict[str, Dict[str, Any]],
+    blocks: Dict[str, list],
+    meta_json: str,
+    sync: bool,
+) -> None:
+    """Every rank has closed its files: rank 0 gathers the checksums, writes the manifest and
+    renames (a gather and a bcast on every rank); a failure removes the temporary directory."""
+    tmp, parent, token = prep
+    rank, size = comm.Get_rank(), comm.Get_size()
+    gathered = comm.gather(blocks, root=0)
+
+    def commit() -> None:
+        try:
+            manifest = _manifest(entries, gathered, size, meta_json)
+            _commit(path, tmp, parent, token, manifest, sync, rank)
+        except Exception:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+
+    def failed(e: Exception) -> Tuple[str, str]:
+        return _err("ValueError", f"save({path!r}): cannot write or rename: {e}")
+
+    _on_root(comm, commit, failed)
+
+
 def save(
     path: PathArg,
     arrays: Mapping[str, ShardedArray],
@@ -369,91 +513,24 @@ def save(
     t0 = time.perf_counter()
     path = _norm_path(path, "save")
     items = _check_arrays(arrays)
-    if metadata is None:
-        metadata = {}
-    if not isinstance(metadata, Mapping):
-        raise TypeError(f"save(metadata): expected a dict, got {type(metadata).__name__}")
-    try:
-        meta_json = json.dumps(metadata, sort_keys=True)
-    except (TypeError, ValueError) as e:
-        raise TypeError(f"save(metadata): not JSON-serialisable: {e}") from e
-    mesh0 = items[0][1].mesh
-    comm = mesh0.comm
+    meta_json = _meta_json(metadata)
+    comm = items[0][1].mesh.comm
     rank, size = comm.Get_rank(), comm.Get_size()
-
     taken: set = set()
     entries = {name: _entry(name, x, _file_name(name, taken)) for name, x in items}
     headers = [
         (e["file"], _header(tuple(e["shape"]), np.dtype(e["dtype"]))) for e in entries.values()
     ]
-
-    # every rank must describe the same checkpoint: one small allgather agrees on it
-    digest = zlib.crc32(json.dumps([path, meta_json, entries], sort_keys=True).encode())
-    digests = comm.allgather(digest)
-    if len(set(digests)) != 1:
-        bad = [r for r, d in enumerate(digests) if d != digests[0]]
-        raise ValueError(
-            f"save({path!r}): ranks {bad} pass other names, layouts, path or metadata than "
-            f"rank 0; every rank must pass the same"
-        )
-
+    _check_same(comm, path, meta_json, entries)
     # rank 0 makes the temporary directory and writes the headers; everyone learns the result
-    prep: Any = None
-    if rank == 0:
-        token = secrets.token_hex(6)
-        try:
-            tmp, parent = _prepare(path, token, headers)
-            prep = ("ok", tmp, parent, token)
-        except _Failure as f:
-            prep = ("err", f.args[0])
-        except Exception as e:  # never leave the other ranks waiting: report anything
-            prep = ("err", _err("ValueError", f"save({path!r}): cannot prepare {path!r}: {e}"))
-    prep = comm.bcast(prep, root=0)
-    if prep[0] == "err":
-        _raise(prep[1])
-    _, tmp, parent, token = prep
-
-    # reduce Partial arrays (collective, on every rank), then write every array
-    blocks: Dict[str, List[Tuple[List[int], List[int], int]]] = {}
-    for (name, x), (_, hdr) in zip(items, headers):
-        if x.layout.partial_mesh_dims():
-            target = [Replicate() if isinstance(p, Partial) else p for p in x.placements]
-            x = x.redistribute(target, sizes=x.layout.sizes)
-        lay = x.layout
-        start, ext = _box(lay, x.mesh.coords)
-        writes = _is_writer(lay, x.mesh.coords) and prod(ext) > 0
-        if not writes:
-            start, ext = [0] * lay.ndim, [0] * lay.ndim
-        fname = os.path.join(tmp, entries[name]["file"])
-        view = _View(lay.dtype.itemsize, lay.shape, start, ext)
-        try:
-            fh = MPI.File.Open(comm, fname, MPI.MODE_WRONLY)
-            try:
-                fh.Set_size(len(hdr) + entries[name]["nbytes"])
-                fh.Set_view(len(hdr), view.etype, view.filetype)
-                buf = x.local.reshape(-1) if writes else np.empty(0, lay.dtype)
-                fh.Write_all([buf, view.count if writes else 0, view.etype])
-                if sync:
-                    fh.Sync()
-            finally:
-                fh.Close()
-        finally:
-            view.free()
-        if writes:
-            blocks[name] = [(start, ext, _crc(x.local))]
+    prep = _on_root(
+        comm,
+        lambda: _prepare(path, headers),
+        lambda e: _err("ValueError", f"save({path!r}): cannot prepare {path!r}: {e}"),
+    )
+    blocks = _write_data(comm, items, entries, headers, prep[0], sync)
     _fault("save-after-data", rank)
-
-    # every rank has closed its files: rank 0 gathers the checksums, writes the manifest, renames
-    gathered = comm.gather(blocks, root=0)
-    result: Any = None
-    if rank == 0:
-        try:
-            manifest = _manifest(entries, gathered, size, meta_json)
-            _commit(path, tmp, parent, token, manifest, sync, rank)
-        except Exception as e:  # never leave the other ranks waiting: report anything
-            result = _err("ValueError", f"save({path!r}): cannot write or rename: {e}")
-            shutil.rmtree(tmp, ignore_errors=True)
-    _raise(comm.bcast(result, root=0))
+    _finish(comm, path, prep, entries, blocks, meta_json, sync)
     if rank == 0:
         log.info(
             "pyshard: saved %d array(s), %d bytes, to %s from %d rank(s) in %.3f s",
@@ -631,6 +708,96 @@ def _verify(
     return None
 
 
+def _check_load_args(
+    mesh: object, placements: object, sizes: object
+) -> Tuple[List[str], Dict[str, list], Mapping]:
+    """Check load's arguments; (sorted names, parsed placements by name, sizes)."""
+    if not isinstance(mesh, Mesh):
+        raise TypeError(f"load(mesh): expected a pyshard.Mesh, got {type(mesh).__name__}")
+    if not isinstance(placements, Mapping):
+        raise TypeError(
+            f"load(placements): expected a dict name -> placements, got {type(placements).__name__}"
+        )
+    sizes = {} if sizes is None else sizes
+    if not isinstance(sizes, Mapping):
+        raise TypeError(f"load(sizes): expected a dict name -> sizes, got {type(sizes).__name__}")
+    for name in sizes:
+        if name not in placements:
+            raise ValueError(f"load(sizes): {name!r} is not among the names in placements")
+    names = sorted(placements)
+    want = {}
+    for name in names:
+        pl = placements[name]
+        if isinstance(pl, (str, Placement)) or not isinstance(pl, (list, tuple)):
+            raise TypeError(
+                f"load(placements[{name!r}]): expected a list with one placement per mesh "
+                f"dim, got {pl!r}"
+            )
+        want[name] = [_parse_placement(p) for p in pl]
+    return names, want, sizes
+
+
+def _read_entries(path: str, names: Sequence[str]) -> Tuple[Dict[str, Any], Dict[str, int]]:
+    """Rank 0: read the manifest and check the named arrays' files; (entries, data offsets)."""
+    m = _read_manifest(path, "load")
+    unknown = [n for n in names if n not in m["arrays"]]
+    if unknown:
+        raise ValueError(
+            f"load: {path!r} has no array named {unknown[0]!r}; it holds {sorted(m['arrays'])}"
+        )
+    offsets = _check_files(path, m, names)
+    return {n: m["arrays"][n] for n in names}, offsets
+
+
+def _read_error(path: str, e: Exception) -> Tuple[str, str]:
+    """The error every rank raises when rank 0 cannot read the checkpoint at ``path``."""
+    if isinstance(e, (FileNotFoundError, ValueError)):
+        return _err(type(e).__name__, str(e))
+    return _err("ValueError", f"load: cannot read {path!r}: {e!r}")
+
+
+def _target_layouts(
+    entries: Dict[str, Any], mesh: Mesh, want: Dict[str, list], sizes: Mapping
+) -> Dict[str, Layout]:
+    """The layouts to load into, from the manifest and the arguments: identical on every rank."""
+    return {
+        n: Layout(tuple(e["shape"]), np.dtype(e["dtype"]), mesh.shape, want[n], sizes.get(n))
+        for n, e in entries.items()
+    }
+
+
+def _verify_all(
+    comm: MPI.Comm, path: str, m: Dict[str, Any], names: Sequence[str], offsets: Dict[str, int]
+) -> None:
+    """Each rank checks its share of the saved blocks; one allgather of the verdicts, and
+    every rank raises the first mismatch."""
+    try:
+        bad = _verify(path, m, names, offsets, comm.Get_rank(), comm.Get_size())
+    except Exception as e:  # a verdict from every rank, whatever happened
+        bad = f"load: cannot verify {path!r}: {e!r}"
+    verdicts = comm.allgather(bad)
+    bad = next((v for v in verdicts if v is not None), None)
+    if bad is not None:
+        raise ValueError(bad)
+
+
+def _read_array(mesh: Mesh, fname: str, offset: int, lay: Layout) -> ShardedArray:
+    """Read this rank's shard of ``lay`` from a .npy file; collective over ``mesh``."""
+    start, ext = _box(lay, mesh.coords)
+    local = np.empty(tuple(ext), dtype=lay.dtype)
+    zero = _zeroed(lay, mesh.coords)
+    box = (start, ext, not zero and local.size > 0)
+    hints = _read_hints(lay)
+    try:
+        _collective_io(mesh.comm, fname, lay, offset, box, local, write=False, hints=hints)
+    finally:
+        if hints != MPI.INFO_NULL:
+            hints.Free()
+    if zero:
+        local[...] = 0
+    return ShardedArray(local, lay, mesh)
+
+
 def load(
     path: PathArg,
     mesh: Mesh,
@@ -655,221 +822,25 @@ def load(
     """
     t0 = time.perf_counter()
     path = _norm_path(path, "load")
-    if not isinstance(mesh, Mesh):
-        raise TypeError(f"load(mesh): expected a pyshard.Mesh, got {type(mesh).__name__}")
-    if not isinstance(placements, Mapping):
-        raise TypeError(
-            f"load(placements): expected a dict name -> placements, got {type(placements).__name__}"
-        )
-    sizes = {} if sizes is None else sizes
-    if not isinstance(sizes, Mapping):
-        raise TypeError(f"load(sizes): expected a dict name -> sizes, got {type(sizes).__name__}")
-    for name in sizes:
-        if name not in placements:
-            raise ValueError(f"load(sizes): {name!r} is not among the names in placements")
-    names = sorted(placements)
-    want = {}
-    for name in names:
-        pl = placements[name]
-        if isinstance(pl, (str, Placement)) or not isinstance(pl, (list, tuple)):
-            raise TypeError(
-                f"load(placements[{name!r}]): expected a list with one placement per mesh "
-                f"dim, got {pl!r}"
-            )
-        want[name] = [_parse_placement(p) for p in pl]
+    names, want, sizes = _check_load_args(mesh, placements, sizes)
     comm = mesh.comm
-    rank, size = comm.Get_rank(), comm.Get_size()
-
     # rank 0 reads the manifest and checks the files; every rank gets its verdict
-    info: Any = None
-    if rank == 0:
-        try:
-            m = _read_manifest(path, "load")
-            unknown = [n for n in names if n not in m["arrays"]]
-            if unknown:
-                raise ValueError(
-                    f"load: {path!r} has no array named {unknown[0]!r}; it holds "
-                    f"{sorted(m['arrays'])}"
-                )
-            offsets = _check_files(path, m, names)
-            sub = {n: m["arrays"][n] for n in names}
-            info = ("ok", sub, offsets)
-        except (FileNotFoundError, ValueError) as e:
-            info = ("err", _err(type(e).__name__, str(e)))
-        except Exception as e:  # never leave the other ranks waiting: report anything
-            info = ("err", _err("ValueError", f"load: cannot read {path!r}: {e!r}"))
-    info = comm.bcast(info, root=0)
-    if info[0] == "err":
-        _raise(info[1])
-    _, entries, offsets = info
-    m = {"arrays": entries}
-
-    # layouts come from the manifest and the arguments: identical on every rank
-    layouts = {
-        n: Layout(
-            tuple(entries[n]["shape"]),
-            np.dtype(entries[n]["dtype"]),
-            mesh.shape,
-            want[n],
-            sizes.get(n),
-        )
+    entries, offsets = _on_root(
+        comm, lambda: _read_entries(path, names), lambda e: _read_error(path, e)
+    )
+    layouts = _target_layouts(entries, mesh, want, sizes)
+    if verify:
+        _verify_all(comm, path, {"arrays": entries}, names, offsets)
+    out = {
+        n: _read_array(mesh, os.path.join(path, entries[n]["file"]), offsets[n], layouts[n])
         for n in names
     }
-
-    if verify:
-        try:
-            bad = _verify(path, m, names, offsets, rank, size)
-        except Exception as e:  # a verdict from every rank, whatever happened
-            bad = f"load: cannot verify {path!r}: {e!r}"
-        verdicts = comm.allgather(bad)
-        bad = next((v for v in verdicts if v is not None), None)
-        if bad is not None:
-            raise ValueError(bad)
-
-    out = {}
-    for name in names:
-        lay = layouts[name]
-        e = entries[name]
-        start, ext = _box(lay, mesh.coords)
-        local = np.empty(tuple(ext), dtype=lay.dtype)
-        zero = _zeroed(lay, mesh.coords)
-        reads = not zero and local.size > 0
-        if not reads:
-            start, ext = [0] * lay.ndim, [0] * lay.ndim
-        view = _View(lay.dtype.itemsize, lay.shape, start, ext)
-        fname = os.path.join(path, e["file"])
-        hints = _read_hints(lay)
-        try:
-            fh = MPI.File.Open(comm, fname, MPI.MODE_RDONLY, hints)
-            try:
-                fh.Set_view(offsets[name], view.etype, view.filetype)
-                buf = local.reshape(-1) if reads else np.empty(0, lay.dtype)
-                fh.Read_all([buf, view.count if reads else 0, view.etype])
-            finally:
-                fh.Close()
-        finally:
-            view.free()
-            if hints != MPI.INFO_NULL:
-                hints.Free()
-        if zero:
-            local[...] = 0
-        out[name] = ShardedArray(local, lay, mesh)
-    if rank == 0:
+    if comm.Get_rank() == 0:
         log.info(
             "pyshard: loaded %d array(s) from %s onto %d rank(s) in %.3f s",
             len(names),
             path,
-            size,
+            comm.Get_size(),
             time.perf_counter() - t0,
         )
     return out
-
-
-# ----------------------------------------------------------------------------- benchmark
-
-
-def bench_checkpoint(
-    mesh: Mesh,
-    nbytes: int = 1 << 30,
-    path: Optional[PathArg] = None,
-    reps: int = 1,
-    sync: bool = True,
-) -> Dict[str, Any]:
-    """Save and load GB/s of a float32 array of ``nbytes``, next to numpy.save/load on rank 0.
-
-    mesh: the ranks; the array is Shard(0) over every mesh dim (nested on an N-D mesh).
-    nbytes: the array's size in bytes (rounded down to whole float32 elements).
-    path: a directory for the files (created if missing, the files removed afterwards);
-    default a new temporary directory. Put it on the file system you want to measure.
-    reps: repetitions; times are the median over reps of the slowest rank.
-    sync: fsync on save (checkpoint and numpy.save alike), so both pay the disk.
-
-    Collective over ``mesh``. Loads right after a save read from the page cache.
-    """
-    if not isinstance(mesh, Mesh):
-        raise TypeError(f"bench_checkpoint(mesh): expected a pyshard.Mesh, got {mesh!r}")
-    if isinstance(nbytes, bool) or not isinstance(nbytes, numbers.Integral) or nbytes < 4:
-        raise ValueError(f"bench_checkpoint(nbytes): need an int >= 4, got {nbytes!r}")
-    if isinstance(reps, bool) or not isinstance(reps, numbers.Integral) or reps < 1:
-        raise ValueError(f"bench_checkpoint(reps): need an int >= 1, got {reps!r}")
-    comm = mesh.comm
-    rank = comm.Get_rank()
-    n = int(nbytes) // 4
-    base: Any = None
-    if rank == 0:
-        if path is None:
-            base = ("ok", tempfile.mkdtemp(prefix="pyshard-bench-"), True)
-        else:
-            p = _norm_path(path, "bench_checkpoint")
-            try:
-                os.makedirs(p, exist_ok=True)
-                base = ("ok", tempfile.mkdtemp(prefix="pyshard-bench-", dir=p), True)
-            except OSError as e:
-                base = ("err", _err("ValueError", f"bench_checkpoint: cannot use {p!r}: {e}"))
-    base = comm.bcast(base, root=0)
-    if base[0] == "err":
-        _raise(base[1])
-    root = base[1]
-    ckpt = os.path.join(root, "ckpt")
-    npy = os.path.join(root, "numpy.npy")
-    layout = Layout((n,), np.float32, mesh.shape, [Shard(0)] * mesh.ndim)
-    start, ext = _box(layout, mesh.coords)
-    local = np.arange(start[0], start[0] + ext[0], dtype=np.int64)
-    local = (local % 1009).astype(np.float32)
-    x = ShardedArray(local, layout, mesh)
-
-    def timed(fn: Any) -> float:
-        from .bench import _timed
-
-        return float(np.median(_timed(fn, comm, reps, 0)))
-
-    try:
-        save_s = timed(lambda: save(ckpt, {"x": x}, sync=sync))
-        got: Dict[str, ShardedArray] = {}
-
-        def do_load() -> None:
-            got.update(load(ckpt, mesh, {"x": [Shard(0)] * mesh.ndim}))
-
-        load_s = timed(do_load)
-        ok = comm.allreduce(bool(np.array_equal(got["x"].local, local)), op=MPI.LAND)
-        got.clear()
-        ref = np.empty(0, np.float32)
-        if rank == 0:
-            ref = (np.arange(n, dtype=np.int64) % 1009).astype(np.float32)
-
-        def np_save() -> None:
-            if rank == 0:
-                with open(npy, "wb") as f:
-                    np.save(f, ref)
-                    if sync:
-                        f.flush()
-                        os.fsync(f.fileno())
-
-        def np_load() -> None:
-            if rank == 0:
-                np.load(npy)
-
-        numpy_save_s = timed(np_save)
-        numpy_load_s = timed(np_load)
-    finally:
-        comm.Barrier()
-        if rank == 0 and base[2]:
-            shutil.rmtree(root, ignore_errors=True)
-        comm.Barrier()
-    b = n * 4
-    return {
-        "case": "checkpoint",
-        "bytes": b,
-        "ranks": comm.Get_size(),
-        "save_s": save_s,
-        "load_s": load_s,
-        "save_GBps": b / save_s / 1e9,
-        "load_GBps": b / load_s / 1e9,
-        "numpy_save_s": numpy_save_s,
-        "numpy_load_s": numpy_load_s,
-        "numpy_save_GBps": b / numpy_save_s / 1e9,
-        "numpy_load_GBps": b / numpy_load_s / 1e9,
-        "sync": bool(sync),
-        "verify": True,
-        "ok": bool(ok),
-    }

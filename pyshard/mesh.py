@@ -9,6 +9,7 @@ from typing import Dict, Optional, Sequence, Tuple
 from mpi4py import MPI
 
 from . import _core
+from ._cache import ExecCache, register
 
 __all__ = ["Mesh"]
 
@@ -60,9 +61,8 @@ class Mesh:
         self.coords: Tuple[int, ...] = tuple(self.comm.Get_coords(self.rank))
         self._subs: Dict[Tuple[int, ...], MPI.Comm] = {}
         self._core_comms: Dict[Tuple[int, ...], _core.Comm] = {}
-        self._exec_cache: Dict[object, list] = {}
-        # (layout, *placements, algorithm) -> (target layout, step): one-collective plans
-        self._fast: Dict[tuple, tuple] = {}
+        # executors, the one-lookup fast path and the workspace pool their steps share
+        self._cache = register(ExecCache(_core.Workspace()))
 
     @property
     def ndim(self) -> int:
@@ -111,8 +111,7 @@ class Mesh:
         dropped keep their communicators until MPI finalizes; long-running codes that make
         many meshes should free them.
         """
-        self._exec_cache.clear()
-        self._fast.clear()
+        self._cache.clear()  # executors, and the workspace pool back to the OS
         self._core_comms.clear()  # the core frees its duplicates when the objects go
         for c in self._subs.values():
             c.Free()

@@ -38,18 +38,42 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass, field
-from functools import lru_cache
+from enum import Enum
 from math import prod
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
+import numpy as np
+
+from ._cache import memoize
 from .layout import Layout, Partial, Replicate, Shard, placements_str
 
-__all__ = ["Plan", "Step", "plan"]
+__all__ = ["Plan", "Step", "StepKind", "plan"]
 
 Box = Tuple[Tuple[int, int], ...]
 Coords = Tuple[int, ...]
 
-COLLECTIVE_KINDS = ("alltoallv", "allgatherv", "allreduce", "reduce_scatter")
+
+class StepKind(str, Enum):
+    """What a step does; compares equal to its name (``StepKind.alltoallv == "alltoallv"``)."""
+
+    alltoallv = "alltoallv"
+    allgatherv = "allgatherv"
+    allreduce = "allreduce"
+    reduce_scatter = "reduce_scatter"
+    local_copy = "local_copy"
+    make_partial = "make_partial"
+    relabel = "relabel"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+COLLECTIVE_KINDS = (
+    StepKind.alltoallv,
+    StepKind.allgatherv,
+    StepKind.allreduce,
+    StepKind.reduce_scatter,
+)
 
 
 def _unravel(k: int, shape: Sequence[int]) -> List[int]:
@@ -110,12 +134,15 @@ class Step:
     at; every count of the step comes from them.
     """
 
-    kind: str
+    kind: StepKind
     mesh_dims: Tuple[int, ...]
     src: Layout
     dst: Layout
     op: Optional[str] = None
     _cache: Dict = field(default_factory=dict, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "kind", StepKind(self.kind))
 
     @property
     def is_collective(self) -> bool:
@@ -436,45 +463,83 @@ def _step_out_bytes(s: Step, coords: Coords) -> int:
     return _vol(s.dst, coords) * s.dst.dtype.itemsize
 
 
-def _step_workspace(s: Step, coords: Coords) -> int:
-    """Pack/unpack buffer bytes of the core at ``coords`` (mirrors cpp/core.cpp)."""
+def _lo(layout: Layout, coords: Sequence[int]) -> List[int]:
+    return [layout.interval(d, coords)[0] for d in range(layout.ndim)]
+
+
+def _rel(box: Sequence[Tuple[int, int]], lo: Sequence[int]) -> Tuple[List[int], List[int]]:
+    """(start relative to ``lo``, extent) of a global box."""
+    return [a - o for (a, _), o in zip(box, lo)], [b - a for a, b in box]
+
+
+def exchange_specs(s: Step, coords: Coords) -> Tuple[list, list, list]:
+    """The block lists of an alltoallv step at ``coords``, in local-array coordinates:
+    sends and recvs as ``(peer rank in the step's communicator, start, extent)`` sorted by
+    peer, and this rank's own blocks as ``(src start, dst start, extent)``."""
+    src_lo, dst_lo = _lo(s.src, coords), _lo(s.dst, coords)
+    sends, recvs, local = [], [], []
+    for peer, box in s.sends(coords):
+        start, ext = _rel(box, src_lo)
+        if peer == coords:
+            local.append((start, _rel(box, dst_lo)[0], ext))
+        else:
+            sends.append((s.group_rank(peer), start, ext))
+    for peer, box in s.recvs(coords):
+        if peer != coords:
+            recvs.append((s.group_rank(peer), *_rel(box, dst_lo)))
+    sends.sort(key=lambda t: t[0])
+    recvs.sort(key=lambda t: t[0])
+    return sends, recvs, local
+
+
+def member_specs(s: Step, coords: Coords, of: Layout, rel: Layout) -> list:
+    """Per member of the step's group (communicator rank order), the box that ``of`` gives
+    it, relative to this rank's box in ``rel``: where an Allgatherv lands each member's
+    shard, or which piece of the source a Reduce_scatter gives each member."""
+    lo = _lo(rel, coords)
+    return [
+        _rel([of.interval(d, s.member(coords, g)) for d in range(of.ndim)], lo)
+        for g in range(prod(s.group_shape))
+    ]
+
+
+def reduce_dtype(dtype: np.dtype) -> np.dtype:
+    """The dtype a reduction runs in: float16 is summed in float32."""
+    return np.dtype(np.float32) if dtype == np.float16 else dtype
+
+
+def geometry(s: Step, coords: Coords, algorithm: Any = None, pad: int = 0) -> Any:
+    """The core's geometry of collective step ``s`` at ``coords`` (None for the others): the
+    one rule for its block lists and workspace, shared by the executor and ``explain()``."""
+    from . import _core
+
+    n = prod(s.group_shape)
     item = s.src.dtype.itemsize
+    sshape, dshape = list(s.src.local_shape(coords)), list(s.dst.local_shape(coords))
     if s.kind == "alltoallv":
-        src_lo = [s.src.interval(d, coords)[0] for d in range(s.src.ndim)]
-        dst_lo = [s.dst.interval(d, coords)[0] for d in range(s.dst.ndim)]
-        sshape, dshape = s.src.local_shape(coords), s.dst.local_shape(coords)
-        sends = [b for r, b in s.sends(coords) if r != coords]
-        recvs = [b for r, b in s.recvs(coords) if r != coords]
-
-        def need(blocks: list, shape: Sequence[int], lo: Sequence[int]) -> int:
-            total, pack = 0, False
-            for box in blocks:
-                ext = [hi - a for a, hi in box]
-                total += prod(ext)
-                if not _contiguous(shape, [a - o for (a, _), o in zip(box, lo)], ext):
-                    pack = True
-            return total * item if pack else 0
-
-        return need(sends, sshape, src_lo) + need(recvs, dshape, dst_lo)
+        algo = _core.Algorithm.alltoallv if algorithm is None else algorithm
+        sends, recvs, local = exchange_specs(s, coords)
+        return _core.ExchangeGeometry(n, item, sshape, dshape, sends, recvs, local, algo, pad)
     if s.kind == "allgatherv":
-        dshape = s.dst.local_shape(coords)
-        dst_lo = [s.dst.interval(d, coords)[0] for d in range(s.dst.ndim)]
-        pack = False
-        for g in range(prod(s.group_shape)):
-            m = s.member(coords, g)
-            box = [s.src.interval(d, m) for d in range(s.src.ndim)]
-            ext = [hi - lo for lo, hi in box]
-            if not _contiguous(dshape, [lo - o for (lo, _), o in zip(box, dst_lo)], ext):
-                pack = True
-        return _vol(s.dst, coords) * item if pack else 0
+        recvs = member_specs(s, coords, s.src, s.dst)
+        return _core.GatherGeometry(n, s.group_rank(coords), item, sshape, dshape, recvs)
     if s.kind == "reduce_scatter":
-        return _vol(s.src, coords) * item  # packed in member order unless already in order
-    return 0
+        pieces = member_specs(s, coords, s.dst, s.src)
+        item = reduce_dtype(s.src.dtype).itemsize
+        return _core.ScatterGeometry(n, s.group_rank(coords), item, sshape, dshape, pieces)
+    return None
 
 
-@lru_cache(maxsize=1024)
+def _step_workspace(s: Step, coords: Coords) -> int:
+    """Pack/unpack workspace bytes of the core at ``coords`` (the core's own rule)."""
+    g = geometry(s, coords)
+    return 0 if g is None else int(g.workspace_bytes)
+
+
+@memoize
 def plan(src: Layout, dst: Layout) -> Plan:
-    """Plan the redistribution from layout ``src`` to layout ``dst`` (cached).
+    """Plan the redistribution from layout ``src`` to layout ``dst`` (cached, bounded by
+    :func:`pyshard.set_cache_limit`).
 
     Both layouts must describe the same global shape and dtype on the same mesh shape.
     """

@@ -2,6 +2,10 @@
 # Set up a virtual environment in .venv with MPI (pip's mpich, unless MPICC/MPI_HOME point at
 # a site MPI), mpi4py, numpy and the test tools, and build pyshard's C++ core into it.
 # Idempotent: a second run only rebuilds what changed.
+#
+# PYSHARD_CUDA=AUTO (default): build the CUDA packer when a CUDA compiler is found (nvcc on
+# PATH, or $CUDA_HOME/bin/nvcc). PYSHARD_CUDA=ON: build it, installing NVIDIA's CUDA 13
+# compiler wheels from PyPI into the venv when no nvcc is installed. PYSHARD_CUDA=OFF: CPU only.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
@@ -26,6 +30,25 @@ else
   $PIP install -q --no-binary=mpi4py mpi4py
 fi
 $PIP install -q -r requirements/dev.txt
-echo "[setup] building pyshard (C++ core via scikit-build-core)"
-$PIP install -q --no-build-isolation -e .
-"$VENV/bin/python" -c "import pyshard, pyshard._core as c; print('[setup] pyshard', pyshard.__version__, 'core built with', c.built_with)"
+CUDA_MODE=${PYSHARD_CUDA:-AUTO}
+CMAKE_ARGS=(-Ccmake.define.PYSHARD_CUDA="$CUDA_MODE")
+NVCC=""
+if [ -n "${CUDA_HOME:-}" ] && [ -x "$CUDA_HOME/bin/nvcc" ]; then
+  NVCC="$CUDA_HOME/bin/nvcc"
+elif command -v nvcc >/dev/null 2>&1; then
+  NVCC=$(command -v nvcc)
+fi
+if [ "$CUDA_MODE" = "ON" ] && [ -z "$NVCC" ]; then
+  echo "[setup] no nvcc installed: installing NVIDIA's CUDA 13 compiler wheels into $VENV"
+  $PIP install -q -r requirements/cuda-build.txt
+  CU13=$("$VENV/bin/python" -c 'import nvidia, os; print(os.path.join(list(nvidia.__path__)[0], "cu13"))')
+  # the runtime wheel ships only libcudart.so.13; CMake's CUDA checks look for libcudart.so
+  [ -e "$CU13/lib/libcudart.so" ] || ln -s libcudart.so.13 "$CU13/lib/libcudart.so"
+  NVCC="$CU13/bin/nvcc"
+fi
+if [ "$CUDA_MODE" != "OFF" ] && [ -n "$NVCC" ]; then
+  CMAKE_ARGS+=(-Ccmake.define.CMAKE_CUDA_COMPILER="$NVCC")
+fi
+echo "[setup] building pyshard (C++ core via scikit-build-core; PYSHARD_CUDA=$CUDA_MODE${NVCC:+, nvcc $NVCC})"
+$PIP install -q --no-build-isolation "${CMAKE_ARGS[@]}" -e .
+"$VENV/bin/python" -c "import pyshard, pyshard._core as c; print('[setup] pyshard', pyshard.__version__, 'core built with', c.built_with, '; CUDA', pyshard.build_info()['cuda'])"

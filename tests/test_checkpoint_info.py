@@ -11,6 +11,7 @@ from mpi4py import MPI
 
 import pyshard as ps
 from pyshard import Partial, Replicate, Shard
+from pyshard.bench import bench_checkpoint
 
 
 @pytest.fixture
@@ -99,7 +100,7 @@ def test_bad_manifest(ckpt):
 
 
 def test_bench_checkpoint_small(mesh, tmp_path):
-    r = ps.checkpoint.bench_checkpoint(mesh, nbytes=1 << 16, path=tmp_path, reps=1, sync=False)
+    r = bench_checkpoint(mesh, nbytes=1 << 16, path=tmp_path, reps=1, sync=False)
     assert r["case"] == "checkpoint" and r["bytes"] == 1 << 16 and r["ranks"] == 1 and r["ok"]
     for k in ("save", "load", "numpy_save", "numpy_load"):
         assert r[f"{k}_s"] > 0 and r[f"{k}_GBps"] > 0

@@ -110,7 +110,7 @@ ALGO_KEY = {
     "auto": "alltoallv",
     "alltoallv": "alltoallv",
     "alltoall": "alltoall",
-    "p2p": "p2p_exchange",
+    "p2p": "p2p",
     "alltoallw": "alltoallw",
 }
 

@@ -1,0 +1,323 @@
+// pyshard._core: the pybind11 bindings of the steps, geometries, packers and workspace pool.
+#include <dlfcn.h>
+#include <mpi.h>
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#if defined(OPEN_MPI) && defined(__has_include)
+#if __has_include(<mpi-ext.h>)
+#include <mpi-ext.h>
+#endif
+#endif
+
+#include <cstdint>
+#include <string>
+
+#include "steps.h"
+
+namespace py = pybind11;
+using namespace pyshard;
+
+namespace {
+
+Transport g_transport[2] = {Transport::direct, Transport::staged};
+
+struct Buf {
+  char* ptr;
+  Shape shape;
+  i64 item;
+};
+
+Buf get_buf(const py::array& a, bool writable, const char* name) {
+  if (!(a.flags() & py::array::c_style))
+    throw std::invalid_argument(std::string("pyshard: ") + name + " must be C-contiguous");
+  if (writable && !a.writeable())
+    throw std::invalid_argument(std::string("pyshard: ") + name + " must be writable");
+  Buf b;
+  b.ptr = static_cast<char*>(const_cast<void*>(a.data()));
+  b.item = a.itemsize();
+  b.shape.assign(a.shape(), a.shape() + a.ndim());
+  return b;
+}
+
+void check_shape(const Buf& b, const Shape& want, const char* name) {
+  if (b.shape != want)
+    throw std::invalid_argument(std::string("pyshard: ") + name +
+                                " has a shape that does not match the planned layout");
+}
+
+MPI_Datatype mpi_type(const py::dtype& dt) {
+  const char k = dt.kind();
+  const auto n = dt.itemsize();
+  if (k == 'b') return MPI_C_BOOL;
+  if (k == 'i') return n == 1 ? MPI_INT8_T : n == 2 ? MPI_INT16_T : n == 4 ? MPI_INT32_T : MPI_INT64_T;
+  if (k == 'u')
+    return n == 1 ? MPI_UINT8_T : n == 2 ? MPI_UINT16_T : n == 4 ? MPI_UINT32_T : MPI_UINT64_T;
+  if (k == 'f' && n == 4) return MPI_FLOAT;
+  if (k == 'f' && n == 8) return MPI_DOUBLE;
+  if (k == 'c' && n == 8) return MPI_C_FLOAT_COMPLEX;
+  if (k == 'c' && n == 16) return MPI_C_DOUBLE_COMPLEX;
+  throw std::invalid_argument("pyshard: no MPI reduction type for dtype " +
+                              std::string(py::str(dt)));
+}
+
+// Host arrays: shapes checked here; device pointers: the Python layer checked the arrays.
+template <class StepT>
+void run_host(StepT& step, const py::array& src, py::array& dst, const Shape* sshape,
+              const Shape* dshape) {
+  Buf s = get_buf(src, false, "source");
+  Buf d = get_buf(dst, true, "destination");
+  if (sshape) check_shape(s, *sshape, "source");
+  if (dshape) check_shape(d, *dshape, "destination");
+  py::gil_scoped_release nogil;
+  step.run(s.ptr, d.ptr, host_packer(), g_transport[0]);
+}
+
+template <class StepT>
+void run_device(StepT& step, std::uintptr_t src, std::uintptr_t dst, std::uintptr_t stream) {
+  Packer& pk = cuda_packer();
+  py::gil_scoped_release nogil;
+  pk.set_stream(stream);
+  step.run(reinterpret_cast<const char*>(src), reinterpret_cast<char*>(dst), pk,
+           g_transport[1]);
+}
+
+// Copy a box with the host packer through descriptors (`offsets`: through run_offsets, the
+// index math of the CUDA kernels), for local steps and tests.
+void py_copy_box(const py::array& src, const Shape& sstart, py::array& dst, const Shape& dstart,
+                 const Shape& ext, bool offsets) {
+  Buf s = get_buf(src, false, "source");
+  Buf d = get_buf(dst, true, "destination");
+  const size_t nd = ext.size();
+  if (s.item != d.item || s.shape.size() != nd || d.shape.size() != nd || sstart.size() != nd ||
+      dstart.size() != nd)
+    throw std::invalid_argument("pyshard: copy_box arguments disagree in rank or itemsize");
+  for (size_t k = 0; k < nd; ++k)
+    if (ext[k] < 0 || sstart[k] < 0 || dstart[k] < 0 || sstart[k] + ext[k] > s.shape[k] ||
+        dstart[k] + ext[k] > d.shape[k])
+      throw std::out_of_range("pyshard: copy_box box outside the array");
+  std::vector<CopyDesc> descs;
+  describe_copy(s.shape, sstart, d.shape, dstart, ext, s.item, 0, 0, &descs);
+  py::gil_scoped_release nogil;
+  if (offsets) descs = split_runs(descs, 64);  // exercise chunked runs as the GPU sees them
+  for (const CopyDesc& c : descs) {
+    if (!offsets) {
+      copy_host(c, s.ptr, d.ptr);
+      continue;
+    }
+    for (i64 r = 0; r < c.runs; ++r) {
+      i64 so, to;
+      run_offsets(c, r, &so, &to);
+      std::memcpy(d.ptr + to, s.ptr + so, static_cast<size_t>(c.run));
+    }
+  }
+}
+
+// One Allgather of a few int64 per rank: the only place pyshard learns shapes over the wire.
+std::vector<i64> allgather_i64(const std::shared_ptr<Comm>& comm, const std::vector<i64>& mine) {
+  std::vector<i64> all(mine.size() * static_cast<size_t>(comm->size()));
+  {
+    py::gil_scoped_release nogil;
+    check_mpi(MPI_Allgather(mine.data(), static_cast<int>(mine.size()), MPI_INT64_T, all.data(),
+                            static_cast<int>(mine.size()), MPI_INT64_T, comm->get()),
+              "MPI_Allgather");
+  }
+  stats()["allgather"] += 1;
+  return all;
+}
+
+// 1: the MPI library says it takes CUDA device pointers; 0: it says it does not; -1: it has
+// no way to say.
+int cuda_aware_mpi() {
+#if defined(MPIX_CUDA_AWARE_SUPPORT) && MPIX_CUDA_AWARE_SUPPORT
+  return MPIX_Query_cuda_support() ? 1 : 0;
+#elif defined(MPIX_GPU_SUPPORT_CUDA)
+  int v = 0;
+  if (MPIX_GPU_query_support(MPIX_GPU_SUPPORT_CUDA, &v) != MPI_SUCCESS) return -1;
+  return v ? 1 : 0;
+#else
+  return -1;
+#endif
+}
+
+std::string library_version() {
+  char v[MPI_MAX_LIBRARY_VERSION_STRING];
+  int len = 0;
+  MPI_Get_library_version(v, &len);
+  return std::string(v, len);
+}
+
+std::string library_path() {
+  Dl_info info;
+  if (dladdr(reinterpret_cast<void*>(&MPI_Get_library_version), &info) && info.dli_fname)
+    return info.dli_fname;
+  return "";
+}
+
+}  // namespace
+
+PYBIND11_MODULE(_core, m) {
+  m.doc() = "pyshard C++ core: block geometry, packers per memory kind, the MPI steps of a plan";
+  m.attr("__version__") = PYSHARD_VERSION;
+  m.attr("large_count") = bool(PYSHARD_LARGE_COUNT);
+#ifdef MPICH_VERSION
+  m.attr("built_with") = std::string("MPICH ") + MPICH_VERSION;
+#elif defined(OMPI_MAJOR_VERSION)
+  m.attr("built_with") = "Open MPI " + std::to_string(OMPI_MAJOR_VERSION) + "." +
+                         std::to_string(OMPI_MINOR_VERSION) + "." +
+                         std::to_string(OMPI_RELEASE_VERSION);
+#else
+  m.attr("built_with") = "MPI " + std::to_string(MPI_VERSION) + "." + std::to_string(MPI_SUBVERSION);
+#endif
+  m.attr("max_dims") = kMaxDims;
+
+  py::enum_<Algorithm>(m, "Algorithm")
+      .value("alltoallv", Algorithm::alltoallv)
+      .value("alltoall", Algorithm::alltoall)
+      .value("p2p", Algorithm::p2p)
+      .value("alltoallw", Algorithm::alltoallw);
+  py::enum_<ReduceOp>(m, "ReduceOp")
+      .value("sum", ReduceOp::sum)
+      .value("max", ReduceOp::max)
+      .value("min", ReduceOp::min)
+      .value("lor", ReduceOp::lor)
+      .value("land", ReduceOp::land);
+  py::enum_<Mem>(m, "Mem").value("host", Mem::host).value("cuda", Mem::cuda);
+  py::enum_<Transport>(m, "Transport")
+      .value("direct", Transport::direct)
+      .value("staged", Transport::staged);
+
+  py::class_<Comm, std::shared_ptr<Comm>>(m, "Comm")
+      .def(py::init<i64>(), py::arg("fortran_handle"))
+      .def_property_readonly("size", &Comm::size)
+      .def_property_readonly("rank", &Comm::rank);
+
+  py::class_<Workspace, std::shared_ptr<Workspace>>(m, "Workspace")
+      .def(py::init<>())
+      .def("trim", &Workspace::trim, py::arg("keep"))
+      .def("release", &Workspace::release)
+      .def_property_readonly("held", &Workspace::held);
+
+  py::class_<ExchangeGeometry, std::shared_ptr<ExchangeGeometry>>(m, "ExchangeGeometry")
+      .def(py::init<int, i64, Shape, Shape, const std::vector<BlockSpec>&,
+                    const std::vector<BlockSpec>&, const std::vector<LocalSpec>&, Algorithm,
+                    i64>(),
+           py::arg("size"), py::arg("itemsize"), py::arg("src_shape"), py::arg("dst_shape"),
+           py::arg("sends"), py::arg("recvs"), py::arg("local"),
+           py::arg("algorithm") = Algorithm::alltoallv, py::arg("pad_bytes") = 0)
+      .def_property_readonly("workspace_bytes", &ExchangeGeometry::workspace_bytes)
+      .def_property_readonly("staged_bytes", &ExchangeGeometry::staged_bytes)
+      .def_readonly("packs", &ExchangeGeometry::pack_all)
+      .def_readonly("unpacks", &ExchangeGeometry::unpack_all)
+      .def_readonly("algorithm", &ExchangeGeometry::algo)
+      .def_property_readonly("descriptors", [](const ExchangeGeometry& g) {
+        return g.pack.host.size() + g.unpack.host.size() + g.local.host.size();
+      });
+
+  py::class_<GatherGeometry, std::shared_ptr<GatherGeometry>>(m, "GatherGeometry")
+      .def(py::init<int, int, i64, Shape, Shape, const std::vector<BoxSpec>&>(), py::arg("size"),
+           py::arg("rank"), py::arg("itemsize"), py::arg("src_shape"), py::arg("dst_shape"),
+           py::arg("recvs"))
+      .def_property_readonly("workspace_bytes", &GatherGeometry::workspace_bytes)
+      .def_property_readonly("staged_bytes", &GatherGeometry::staged_bytes)
+      .def_readonly("unpacks", &GatherGeometry::unpack_all);
+
+  py::class_<ScatterGeometry, std::shared_ptr<ScatterGeometry>>(m, "ScatterGeometry")
+      .def(py::init<int, int, i64, Shape, Shape, const std::vector<BoxSpec>&>(), py::arg("size"),
+           py::arg("rank"), py::arg("itemsize"), py::arg("src_shape"), py::arg("dst_shape"),
+           py::arg("pieces"))
+      .def_property_readonly("workspace_bytes", &ScatterGeometry::workspace_bytes)
+      .def_property_readonly("staged_bytes", &ScatterGeometry::staged_bytes)
+      .def_readonly("packs", &ScatterGeometry::pack_all);
+
+  py::class_<ExchangeStep>(m, "ExchangeStep")
+      .def(py::init<std::shared_ptr<Comm>, std::shared_ptr<ExchangeGeometry>,
+                    std::shared_ptr<Workspace>, bool>(),
+           py::arg("comm"), py::arg("geometry"), py::arg("workspace"),
+           py::arg("nonblocking") = false)
+      .def("run",
+           [](ExchangeStep& s, const py::array& a, py::array& b) {
+             run_host(s, a, b, &s.geometry().src_shape, &s.geometry().dst_shape);
+           })
+      .def("run_device", &run_device<ExchangeStep>)
+      .def_property_readonly("algorithm", [](ExchangeStep& s) { return s.geometry().algo; })
+      .def_property_readonly("packs", [](ExchangeStep& s) { return s.geometry().pack_all; })
+      .def_property_readonly("unpacks", [](ExchangeStep& s) { return s.geometry().unpack_all; })
+      .def_property_readonly("workspace_bytes",
+                             [](ExchangeStep& s) { return s.geometry().workspace_bytes(); })
+      .def_property_readonly("staged_bytes",
+                             [](ExchangeStep& s) { return s.geometry().staged_bytes(); });
+
+  py::class_<AllgathervStep>(m, "AllgathervStep")
+      .def(py::init<std::shared_ptr<Comm>, std::shared_ptr<GatherGeometry>,
+                    std::shared_ptr<Workspace>>())
+      .def("run",
+           [](AllgathervStep& s, const py::array& a, py::array& b) {
+             run_host(s, a, b, &s.geometry().src_shape, &s.geometry().dst_shape);
+           })
+      .def("run_device", &run_device<AllgathervStep>)
+      .def_property_readonly("unpacks", [](AllgathervStep& s) { return s.geometry().unpack_all; })
+      .def_property_readonly("workspace_bytes",
+                             [](AllgathervStep& s) { return s.geometry().workspace_bytes(); })
+      .def_property_readonly("staged_bytes",
+                             [](AllgathervStep& s) { return s.geometry().staged_bytes(); });
+
+  py::class_<AllreduceStep>(m, "AllreduceStep")
+      .def(py::init([](std::shared_ptr<Comm> c, const py::dtype& dt, ReduceOp op, Shape shape,
+                       std::shared_ptr<Workspace> ws) {
+        return std::make_unique<AllreduceStep>(std::move(c), mpi_type(dt), dt.itemsize(), op,
+                                               std::move(shape), std::move(ws));
+      }))
+      .def("run", [](AllreduceStep& s, const py::array& a,
+                     py::array& b) { run_host(s, a, b, nullptr, nullptr); })
+      .def("run_device", &run_device<AllreduceStep>)
+      .def_property_readonly("workspace_bytes", [](AllreduceStep&) { return i64(0); })
+      .def_property_readonly("staged_bytes", &AllreduceStep::staged_bytes);
+
+  py::class_<ReduceScatterStep>(m, "ReduceScatterStep")
+      .def(py::init([](std::shared_ptr<Comm> c, std::shared_ptr<ScatterGeometry> g,
+                       const py::dtype& dt, ReduceOp op, std::shared_ptr<Workspace> ws) {
+        return std::make_unique<ReduceScatterStep>(std::move(c), std::move(g), mpi_type(dt), op,
+                                                   std::move(ws));
+      }))
+      .def("run",
+           [](ReduceScatterStep& s, const py::array& a, py::array& b) {
+             run_host(s, a, b, &s.geometry().src_shape, &s.geometry().dst_shape);
+           })
+      .def("run_device", &run_device<ReduceScatterStep>)
+      .def_property_readonly("packs", [](ReduceScatterStep& s) { return s.geometry().pack_all; })
+      .def_property_readonly("workspace_bytes",
+                             [](ReduceScatterStep& s) { return s.geometry().workspace_bytes(); })
+      .def_property_readonly("staged_bytes",
+                             [](ReduceScatterStep& s) { return s.geometry().staged_bytes(); });
+
+  m.def("allgather_i64", &allgather_i64, py::arg("comm"), py::arg("values"));
+  m.def("copy_box", &py_copy_box, py::arg("src"), py::arg("src_start"), py::arg("dst"),
+        py::arg("dst_start"), py::arg("extent"), py::arg("offsets") = false);
+  m.def(
+      "device_pack",
+      [](const ExchangeGeometry& g, std::uintptr_t src, std::uintptr_t dst, std::uintptr_t stream) {
+        Packer& pk = cuda_packer();
+        py::gil_scoped_release nogil;
+        pk.set_stream(stream);
+        pk.copy_all(g.pack, reinterpret_cast<const char*>(src), reinterpret_cast<char*>(dst));
+        pk.finish();
+      },
+      py::arg("geometry"), py::arg("src"), py::arg("dst"), py::arg("stream") = 0,
+      "Pack every send block of `geometry` from device array `src` into device buffer `dst` "
+      "(at least geometry.staged_bytes) with one kernel launch on `stream`; for benchmarks.");
+  m.def("stats", []() { return stats(); });
+  m.def("reset_stats", []() { stats().clear(); });
+  m.def("library_version", &library_version);
+  m.def("library_path", &library_path);
+  m.def(
+      "set_transport", [](Mem mem, Transport t) { g_transport[static_cast<int>(mem)] = t; },
+      py::arg("mem"), py::arg("transport"));
+  m.def(
+      "transport", [](Mem mem) { return g_transport[static_cast<int>(mem)]; }, py::arg("mem"));
+  m.def("cuda_built", &cuda_built);
+  m.def("cuda_build_version", &cuda_build_version);
+  m.def("cuda_device_present", &cuda_device_present);
+  m.def("cuda_aware_mpi", &cuda_aware_mpi);
+}

@@ -1,0 +1,92 @@
+// Block geometry and the pack/unpack index math, shared by the host packer and the CUDA
+// kernels: this header compiles with a host compiler and with nvcc.
+//
+// A copy of an N-D box between two C-contiguous arrays is described by one `CopyDesc`: the
+// trailing dims that are whole on both sides collapse into one contiguous run of bytes, dims
+// whose strides line up merge, dims of extent 1 drop out, and what is left is at most
+// kMaxDims looped dims with byte strides on each side. Run `r` of a descriptor starts at the
+// offsets `run_offsets(d, r)`; the host walks the runs with an odometer (`for_each_run`), a
+// CUDA warp takes one run at a time. Descriptors are built once per planned step.
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+
+#ifdef __CUDACC__
+#define PYSHARD_HD __host__ __device__
+#else
+#define PYSHARD_HD
+#endif
+
+namespace pyshard {
+
+using i64 = std::int64_t;
+
+constexpr int kMaxDims = 6;
+
+struct CopyDesc {
+  i64 src_off;  // byte offset of run 0 in the source
+  i64 dst_off;  // byte offset of run 0 in the destination
+  i64 run;      // bytes per contiguous run
+  i64 runs;     // number of runs: the product of ext[0..nd)
+  i64 nd;       // looped dims, outermost first
+  i64 align;    // largest of 16, 8, 4, 2, 1 dividing run, both offsets and every stride
+  i64 ext[kMaxDims];
+  i64 sstr[kMaxDims];  // byte strides of the looped dims in the source
+  i64 dstr[kMaxDims];  // ... and in the destination
+};
+
+// Byte offsets of run `r` of `d` in the source and the destination.
+PYSHARD_HD inline void run_offsets(const CopyDesc& d, i64 r, i64* so, i64* to) {
+  i64 s = d.src_off, t = d.dst_off;
+  for (int k = static_cast<int>(d.nd) - 1; k >= 0; --k) {
+    const i64 q = r / d.ext[k];
+    const i64 i = r - q * d.ext[k];
+    r = q;
+    s += i * d.sstr[k];
+    t += i * d.dstr[k];
+  }
+  *so = s;
+  *to = t;
+}
+
+// Call f(src_offset, dst_offset) for every run of `d`, in order (host odometer: no division).
+template <class F>
+inline void for_each_run(const CopyDesc& d, F&& f) {
+  if (d.runs == 0) return;
+  if (d.nd == 0) {
+    f(d.src_off, d.dst_off);
+    return;
+  }
+  if (d.nd == 1) {
+    i64 s = d.src_off, t = d.dst_off;
+    for (i64 i = 0; i < d.ext[0]; ++i, s += d.sstr[0], t += d.dstr[0]) f(s, t);
+    return;
+  }
+  i64 idx[kMaxDims] = {0};
+  const int nd = static_cast<int>(d.nd);
+  i64 s = d.src_off, t = d.dst_off;
+  while (true) {
+    f(s, t);
+    int j = nd - 1;
+    for (; j >= 0; --j) {
+      if (++idx[j] < d.ext[j]) {
+        s += d.sstr[j];
+        t += d.dstr[j];
+        break;
+      }
+      s -= (d.ext[j] - 1) * d.sstr[j];
+      t -= (d.ext[j] - 1) * d.dstr[j];
+      idx[j] = 0;
+    }
+    if (j < 0) return;
+  }
+}
+
+// The host copy of one descriptor.
+inline void copy_host(const CopyDesc& d, const char* src, char* dst) {
+  const size_t n = static_cast<size_t>(d.run);
+  for_each_run(d, [&](i64 s, i64 t) { std::memcpy(dst + t, src + s, n); });
+}
+
+}  // namespace pyshard

@@ -1,0 +1,105 @@
+#include "memory.h"
+
+#include <sys/mman.h>
+
+#include <algorithm>
+#include <new>
+#include <stdexcept>
+
+namespace pyshard {
+
+namespace {
+
+char* map_pages(i64 n) {
+  void* p = mmap(nullptr, static_cast<size_t>(n), PROT_READ | PROT_WRITE,
+                 MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (p == MAP_FAILED) throw std::bad_alloc();
+  return static_cast<char*>(p);
+}
+
+void unmap_pages(char* p, i64 n) {
+  if (p) munmap(p, static_cast<size_t>(n));
+}
+
+// Host memory: copies are memcpy loops over the descriptors, done when they return. Its
+// buffers are mmap'd pages, so a trimmed workspace goes back to the OS at once.
+class HostPacker final : public Packer {
+ public:
+  Mem kind() const override { return Mem::host; }
+  void set_stream(std::uintptr_t) override {}
+  void copy(const DescTable& t, size_t b0, size_t b1, const char* src, char* dst) override {
+    if (b1 <= b0) return;
+    for (size_t i = t.first[b0]; i < t.first[b1]; ++i) copy_host(t.host[i], src, dst);
+  }
+  void to_host(char* host, const char* mem, i64 n) override {
+    if (n > 0) std::memcpy(host, mem, static_cast<size_t>(n));
+  }
+  void from_host(char* mem, const char* host, i64 n) override {
+    if (n > 0) std::memcpy(mem, host, static_cast<size_t>(n));
+  }
+  void sync() override {}
+  void finish() override {}
+  char* alloc(i64 n) override { return map_pages(n); }
+  void release(char* p, i64 n) override { unmap_pages(p, n); }
+  char* alloc_bounce(i64 n) override { return map_pages(n); }
+  void release_bounce(char* p, i64 n) override { unmap_pages(p, n); }
+};
+
+}  // namespace
+
+Packer& host_packer() {
+  static HostPacker p;
+  return p;
+}
+
+char* Workspace::get(int slot, Packer& pk, i64 n, bool bounce) {
+  Region& r = r_[slot];
+  if (n <= 0) return nullptr;
+  if (r.ptr && r.cap >= n) return r.ptr;
+  if (r.ptr) {
+    if (r.bounce)
+      r.owner->release_bounce(r.ptr, r.cap);
+    else
+      r.owner->release(r.ptr, r.cap);
+    r.ptr = nullptr;
+  }
+  // grow by a quarter at least, so a slowly growing need does not reallocate every call
+  const i64 cap = align_up(std::max(n, r.cap + r.cap / 4));
+  r.ptr = bounce ? pk.alloc_bounce(cap) : pk.alloc(cap);
+  r.cap = cap;
+  r.owner = &pk;
+  r.bounce = bounce;
+  return r.ptr;
+}
+
+void Workspace::trim(i64 keep) {
+  for (Region& r : r_) {
+    if (r.ptr && r.cap > keep) {
+      if (r.bounce)
+        r.owner->release_bounce(r.ptr, r.cap);
+      else
+        r.owner->release(r.ptr, r.cap);
+      r.ptr = nullptr;
+      r.cap = 0;
+    }
+  }
+}
+
+i64 Workspace::held() const {
+  i64 t = 0;
+  for (const Region& r : r_) t += r.cap;
+  return t;
+}
+
+#ifndef PYSHARD_WITH_CUDA
+Packer& cuda_packer() {
+  throw std::runtime_error(
+      "pyshard: this build of the core has no CUDA support; rebuild with PYSHARD_CUDA=ON "
+      "(see the README, 'GPU arrays')");
+}
+bool cuda_built() { return false; }
+int cuda_build_version() { return -1; }
+bool cuda_device_present() { return false; }
+#endif
+
+}  // namespace pyshard

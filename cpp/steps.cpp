@@ -1,0 +1,503 @@
+#include "steps.h"
+
+#include <algorithm>
+#include <stdexcept>
+
+namespace pyshard {
+
+const char* algorithm_name(Algorithm a) {
+  switch (a) {
+    case Algorithm::alltoallv:
+      return "alltoallv";
+    case Algorithm::alltoall:
+      return "alltoall";
+    case Algorithm::p2p:
+      return "p2p";
+    case Algorithm::alltoallw:
+      return "alltoallw";
+  }
+  return "?";
+}
+
+std::map<std::string, i64>& stats() {
+  static std::map<std::string, i64> s;
+  return s;
+}
+
+namespace {
+
+void count(const char* name, const Packer& pk, Transport tr) {
+  auto& s = stats();
+  s[name] += 1;
+  if (tr == Transport::staged)
+    s["staged"] += 1;
+  else if (pk.kind() == Mem::cuda)
+    s["device_direct"] += 1;
+}
+
+int tag_p2p = 7;
+
+}  // namespace
+
+MPI_Op mpi_op(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::sum:
+      return MPI_SUM;
+    case ReduceOp::max:
+      return MPI_MAX;
+    case ReduceOp::min:
+      return MPI_MIN;
+    case ReduceOp::lor:
+      return MPI_LOR;
+    case ReduceOp::land:
+      return MPI_LAND;
+  }
+  throw std::invalid_argument("pyshard: unknown reduction op");
+}
+
+// ---------------------------------------------------------------- communicator
+Comm::Comm(i64 fhandle) {
+  MPI_Comm base = MPI_Comm_f2c(static_cast<MPI_Fint>(fhandle));
+  check_mpi(MPI_Comm_dup(base, &comm_), "MPI_Comm_dup");
+  MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN);
+  MPI_Comm_size(comm_, &size_);
+  MPI_Comm_rank(comm_, &rank_);
+}
+
+Comm::~Comm() {
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  if (!finalized && comm_ != MPI_COMM_NULL) MPI_Comm_free(&comm_);
+}
+
+// ---------------------------------------------------------------- geometry
+namespace {
+
+// Blocks of `in` against a C-contiguous array of `shape`, with packed workspace offsets:
+// `slot` bytes apart when slot > 0 (padded Alltoall), else 4 KiB-aligned one after another.
+std::vector<Block> make_blocks(const std::vector<BlockSpec>& in, const Shape& shape, i64 item,
+                               i64 slot, i64* ws_bytes) {
+  std::vector<Block> out;
+  i64 off = 0;
+  for (auto& t : in) {
+    Block b{std::get<0>(t), std::get<1>(t), std::get<2>(t)};
+    b.bytes = volume(b.ext) * item;
+    b.contiguous = box_contiguous(shape, b.start, b.ext, item, &b.array_off);
+    if (slot > 0) {
+      if (b.bytes > slot)
+        throw std::invalid_argument("pyshard: a block exceeds the Alltoall padding");
+      b.ws_off = static_cast<i64>(b.peer) * slot;
+    } else {
+      b.ws_off = off;
+      off = align_up(off + b.bytes);
+    }
+    out.push_back(std::move(b));
+  }
+  *ws_bytes = off;
+  return out;
+}
+
+}  // namespace
+
+ExchangeGeometry::ExchangeGeometry(int size_, i64 item_, Shape src_shape_, Shape dst_shape_,
+                                   const std::vector<BlockSpec>& sends_,
+                                   const std::vector<BlockSpec>& recvs_,
+                                   const std::vector<LocalSpec>& local_, Algorithm algo_,
+                                   i64 pad_)
+    : size(size_),
+      item(item_),
+      src_shape(std::move(src_shape_)),
+      dst_shape(std::move(dst_shape_)),
+      algo(algo_),
+      pad(pad_) {
+  const i64 slot = algo == Algorithm::alltoall ? pad : 0;
+  sends = make_blocks(sends_, src_shape, item, slot, &send_ws);
+  recvs = make_blocks(recvs_, dst_shape, item, slot, &recv_ws);
+  if (slot > 0) send_ws = recv_ws = slot * size;
+  const Shape none;
+  for (const Block& b : sends) {
+    if (!b.contiguous || (algo == Algorithm::alltoallv && misaligned(b.array_off, b.bytes)))
+      pack_all = true;
+    pack.begin_block();
+    describe_copy(src_shape, b.start, b.ext, Shape(b.ext.size(), 0), b.ext, item, 0, b.ws_off,
+                  &pack.host);
+    pack.end_block();
+  }
+  for (const Block& b : recvs) {
+    if (!b.contiguous || (algo == Algorithm::alltoallv && misaligned(b.array_off, b.bytes)))
+      unpack_all = true;
+    unpack.begin_block();
+    describe_copy(b.ext, Shape(b.ext.size(), 0), dst_shape, b.start, b.ext, item, b.ws_off, 0,
+                  &unpack.host);
+    unpack.end_block();
+  }
+  for (auto& t : local_) {
+    local.begin_block();
+    describe_copy(src_shape, std::get<0>(t), dst_shape, std::get<1>(t), std::get<2>(t), item, 0,
+                  0, &local.host);
+    local.end_block();
+  }
+  pack.begin_block();  // empty tables still have blocks() == 0
+  unpack.begin_block();
+  local.begin_block();
+}
+
+i64 ExchangeGeometry::workspace_bytes() const {
+  switch (algo) {
+    case Algorithm::alltoall:
+      return send_ws + recv_ws;
+    case Algorithm::alltoallw:
+      return 0;
+    default:
+      return (pack_all ? send_ws : 0) + (unpack_all ? recv_ws : 0);
+  }
+}
+
+GatherGeometry::GatherGeometry(int size_, int rank_, i64 item_, Shape src_shape_,
+                               Shape dst_shape_, const std::vector<BoxSpec>& recvs)
+    : size(size_),
+      rank(rank_),
+      item(item_),
+      src_shape(std::move(src_shape_)),
+      dst_shape(std::move(dst_shape_)) {
+  if (static_cast<int>(recvs.size()) != size)
+    throw std::invalid_argument("pyshard: Allgatherv needs one block per member");
+  for (int p = 0; p < size; ++p) {
+    Block b{p, std::get<0>(recvs[p]), std::get<1>(recvs[p])};
+    b.bytes = volume(b.ext) * item;
+    if (!box_contiguous(dst_shape, b.start, b.ext, item, &b.array_off)) unpack_all = true;
+    b.ws_off = total;
+    total += b.bytes;
+    unpack.begin_block();
+    describe_copy(b.ext, Shape(b.ext.size(), 0), dst_shape, b.start, b.ext, item, b.ws_off, 0,
+                  &unpack.host);
+    unpack.end_block();
+    blocks.push_back(std::move(b));
+  }
+  if (volume(src_shape) * item != blocks[rank].bytes)
+    throw std::invalid_argument("pyshard: Allgatherv block of this rank != its source size");
+}
+
+ScatterGeometry::ScatterGeometry(int size_, int rank_, i64 item_, Shape src_shape_,
+                                 Shape dst_shape_, const std::vector<BoxSpec>& in)
+    : size(size_),
+      rank(rank_),
+      item(item_),
+      src_shape(std::move(src_shape_)),
+      dst_shape(std::move(dst_shape_)) {
+  if (static_cast<int>(in.size()) != size)
+    throw std::invalid_argument("pyshard: Reduce_scatter needs one piece per member");
+  for (int p = 0; p < size; ++p) {
+    Block b{p, std::get<0>(in[p]), std::get<1>(in[p])};
+    b.bytes = volume(b.ext) * item;
+    if (!box_contiguous(src_shape, b.start, b.ext, item, &b.array_off) || b.array_off != total)
+      pack_all = true;
+    b.ws_off = total;
+    total += b.bytes;
+    pack.begin_block();
+    describe_copy(src_shape, b.start, b.ext, Shape(b.ext.size(), 0), b.ext, item, 0, b.ws_off,
+                  &pack.host);
+    pack.end_block();
+    pieces.push_back(std::move(b));
+  }
+  if (volume(dst_shape) * item != pieces[rank].bytes)
+    throw std::invalid_argument("pyshard: Reduce_scatter piece of this rank != its output");
+}
+
+// ---------------------------------------------------------------- exchange
+ExchangeStep::ExchangeStep(std::shared_ptr<Comm> comm, std::shared_ptr<ExchangeGeometry> g,
+                           std::shared_ptr<Workspace> ws, bool nonblocking)
+    : comm_(std::move(comm)), g_(std::move(g)), ws_(std::move(ws)), nonblocking_(nonblocking) {
+  const int P = comm_->size();
+  if (g_->size != P) throw std::invalid_argument("pyshard: geometry for another communicator");
+  scounts_.assign(P, 0);
+  rcounts_.assign(P, 0);
+  sdispls_.assign(P, 0);
+  rdispls_.assign(P, 0);
+  sdirect_.assign(P, 0);
+  rdirect_.assign(P, 0);
+  for (const Block& b : g_->sends) {
+    scounts_[b.peer] = to_count(b.bytes, "a send count");
+    sdispls_[b.peer] = static_cast<DisplT>(b.ws_off);
+    sdirect_[b.peer] = static_cast<DisplT>(b.array_off);
+  }
+  for (const Block& b : g_->recvs) {
+    rcounts_[b.peer] = to_count(b.bytes, "a receive count");
+    rdispls_[b.peer] = static_cast<DisplT>(b.ws_off);
+    rdirect_[b.peer] = static_cast<DisplT>(b.array_off);
+  }
+  if (g_->algo == Algorithm::alltoallw) build_types();
+}
+
+ExchangeStep::~ExchangeStep() {
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  if (finalized) return;
+  for (auto* v : {&wstypes_, &wrtypes_})
+    for (auto& t : *v)
+      if (t != MPI_BYTE) MPI_Type_free(&t);
+}
+
+// One MPI datatype per peer block (a subarray of the local array): MPI packs and unpacks
+// on the fly, so no separate pack pass and no workspace.
+void ExchangeStep::build_types() {
+  const int P = comm_->size();
+  wstypes_.assign(P, MPI_BYTE);
+  wrtypes_.assign(P, MPI_BYTE);
+  wscounts_.assign(P, 0);
+  wrcounts_.assign(P, 0);
+  wdispls_.assign(P, 0);
+  for (const Block& b : g_->sends) {
+    if (b.bytes == 0) continue;
+    wstypes_[b.peer] = mpi::subarray(g_->src_shape, b.start, b.ext, g_->item);
+    wscounts_[b.peer] = 1;
+  }
+  for (const Block& b : g_->recvs) {
+    if (b.bytes == 0) continue;
+    wrtypes_[b.peer] = mpi::subarray(g_->dst_shape, b.start, b.ext, g_->item);
+    wrcounts_[b.peer] = 1;
+  }
+}
+
+void ExchangeStep::run(const char* src, char* dst, Packer& pk, Transport tr) {
+  if (tr == Transport::staged)
+    staged(src, dst, pk);
+  else
+    direct(src, dst, pk);
+  // a staged Alltoallw is an Alltoallv of packed blocks (MPI datatypes need MPI's memory)
+  const bool w_as_v = tr == Transport::staged && g_->algo == Algorithm::alltoallw;
+  count(algorithm_name(w_as_v ? Algorithm::alltoallv : g_->algo), pk, tr);
+  pk.finish();
+}
+
+void ExchangeStep::direct(const char* src, char* dst, Packer& pk) {
+  const ExchangeGeometry& g = *g_;
+  MPI_Comm c = comm_->get();
+  if (g.algo == Algorithm::alltoallw) {
+    pk.copy_all(g.local, src, dst);
+    pk.sync();
+    mpi::alltoallw(src, wscounts_, wdispls_, wstypes_, dst, wrcounts_, wdispls_, wrtypes_, c);
+    return;
+  }
+  const bool all = g.algo == Algorithm::alltoall;
+  const bool pack = all || g.pack_all, unpack = all || g.unpack_all;
+  const i64 S = pack ? g.send_ws : 0, R = unpack ? g.recv_ws : 0;
+  char* work = ws_->work(pk, S + R);
+  if (g.algo == Algorithm::p2p) {
+    p2p(src, dst, work, pk, false);
+    return;
+  }
+  if (pack) pk.copy_all(g.pack, src, work);
+  const char* sb = pack ? work : src;
+  char* rb = unpack ? work + S : dst;
+  if (all) {
+    pk.copy_all(g.local, src, dst);
+    pk.sync();
+    mpi::alltoall(sb, rb, g.pad, c);
+  } else if (nonblocking_ && pk.kind() == Mem::host) {
+    host_nonblocking(sb, rb, src, dst);
+  } else {
+    pk.copy_all(g.local, src, dst);  // on a GPU it overlaps the exchange by itself
+    pk.sync();
+    mpi::alltoallv(sb, scounts_, pack ? sdispls_ : sdirect_, rb, rcounts_,
+                   unpack ? rdispls_ : rdirect_, c);
+  }
+  if (unpack) pk.copy_all(g.unpack, work + S, dst);
+}
+
+// Start the exchange, then copy this rank's own block in runs of at most 1 MiB while it
+// progresses (MPI_Test between runs drives the transfer), then wait. Host memory only.
+void ExchangeStep::host_nonblocking(const char* sb, char* rb, const char* src, char* dst) {
+  const ExchangeGeometry& g = *g_;
+  MPI_Request req;
+  mpi::ialltoallv(sb, scounts_, g.pack_all ? sdispls_ : sdirect_, rb, rcounts_,
+                  g.unpack_all ? rdispls_ : rdirect_, comm_->get(), &req);
+  int done = 0;
+  i64 since = 0;
+  for (const CopyDesc& d : g.local.host) {
+    const i64 chunk = done ? d.run : std::min<i64>(d.run, i64(1) << 20);
+    for (const CopyDesc& piece : split_runs({d}, chunk)) {
+      for_each_run(piece, [&](i64 s, i64 t) {
+        std::memcpy(dst + t, src + s, static_cast<size_t>(piece.run));
+        since += piece.run;
+        if (!done && since >= (i64(1) << 20)) {
+          MPI_Test(&req, &done, MPI_STATUS_IGNORE);
+          since = 0;
+        }
+      });
+    }
+  }
+  check_mpi(MPI_Wait(&req, MPI_STATUS_IGNORE), "MPI_Wait");
+}
+
+// Irecv every block, then pack and Isend per peer in order of distance from this rank (on
+// the host each block is packed just before it is sent), then unpack blocks as they arrive.
+// Direct: contiguous blocks go straight from and to the arrays. Staged: every block goes
+// through the bounce buffers, and each arrival is copied back and unpacked on its own while
+// the other messages are still in flight.
+void ExchangeStep::p2p(const char* src, char* dst, char* work, Packer& pk, bool staged) {
+  const ExchangeGeometry& g = *g_;
+  MPI_Comm c = comm_->get();
+  const bool packs = staged || g.pack_all;
+  const i64 S = packs ? g.send_ws : 0;
+  char* bounce = staged ? ws_->bounce(pk, g.send_ws + g.recv_ws) : nullptr;
+  char* sbase = staged ? bounce : work;  // where packed blocks are sent from
+  char* rbase = staged ? bounce + S : work + S;
+  auto via_ws = [&](const Block& b) { return staged || !b.contiguous; };
+  std::vector<MPI_Request> rreq(g.recvs.size(), MPI_REQUEST_NULL),
+      sreq(g.sends.size(), MPI_REQUEST_NULL);
+  for (size_t i = 0; i < g.recvs.size(); ++i) {
+    const Block& b = g.recvs[i];
+    char* p = via_ws(b) ? rbase + b.ws_off : dst + b.array_off;
+    mpi::irecv(p, b.bytes, b.peer, tag_p2p, c, &rreq[i]);
+  }
+  const int me = comm_->rank(), P = comm_->size();
+  std::vector<size_t> order(g.sends.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+    return (g.sends[a].peer - me + P) % P < (g.sends[b].peer - me + P) % P;
+  });
+  const bool pipelined = pk.kind() == Mem::host && !staged;
+  if (!pipelined) {  // one pass (one kernel launch on a GPU), then wait once
+    for (size_t i = 0; i < g.sends.size(); ++i)
+      if (via_ws(g.sends[i])) pk.copy(g.pack, i, i + 1, src, work);
+    pk.copy_all(g.local, src, dst);
+    if (staged) pk.to_host(bounce, work, g.send_ws);
+    pk.sync();
+  }
+  for (size_t i : order) {
+    const Block& b = g.sends[i];
+    if (pipelined && via_ws(b)) pk.copy(g.pack, i, i + 1, src, work);
+    const char* p = via_ws(b) ? sbase + b.ws_off : src + b.array_off;
+    mpi::isend(p, b.bytes, b.peer, tag_p2p, c, &sreq[i]);
+  }
+  if (pipelined) pk.copy_all(g.local, src, dst);
+  char* rwork = work + S;
+  for (size_t k = 0; k < g.recvs.size(); ++k) {
+    int idx = MPI_UNDEFINED;
+    check_mpi(MPI_Waitany(static_cast<int>(rreq.size()), rreq.data(), &idx, MPI_STATUS_IGNORE),
+              "MPI_Waitany");
+    if (idx == MPI_UNDEFINED) break;
+    const Block& b = g.recvs[idx];
+    if (!via_ws(b)) continue;
+    if (staged) pk.from_host(rwork + b.ws_off, rbase + b.ws_off, b.bytes);
+    pk.copy(g.unpack, idx, idx + 1, rwork, dst);
+  }
+  check_mpi(MPI_Waitall(static_cast<int>(sreq.size()), sreq.data(), MPI_STATUSES_IGNORE),
+            "MPI_Waitall");
+}
+
+void ExchangeStep::staged(const char* src, char* dst, Packer& pk) {
+  const ExchangeGeometry& g = *g_;
+  const i64 S = g.send_ws, R = g.recv_ws;
+  char* work = ws_->work(pk, S + R);
+  if (g.algo == Algorithm::p2p) {
+    p2p(src, dst, work, pk, true);
+    return;
+  }
+  char* bounce = ws_->bounce(pk, S + R);
+  pk.copy_all(g.pack, src, work);  // one launch for every block of every peer
+  pk.copy_all(g.local, src, dst);  // this rank's own block, while MPI runs
+  pk.to_host(bounce, work, S);
+  pk.sync();
+  if (g.algo == Algorithm::alltoall)
+    mpi::alltoall(bounce, bounce + S, g.pad, comm_->get());
+  else
+    mpi::alltoallv(bounce, scounts_, sdispls_, bounce + S, rcounts_, rdispls_, comm_->get());
+  pk.from_host(work + S, bounce + S, R);
+  pk.copy_all(g.unpack, work + S, dst);
+}
+
+// ---------------------------------------------------------------- allgatherv
+AllgathervStep::AllgathervStep(std::shared_ptr<Comm> comm, std::shared_ptr<GatherGeometry> g,
+                               std::shared_ptr<Workspace> ws)
+    : comm_(std::move(comm)), g_(std::move(g)), ws_(std::move(ws)) {
+  if (g_->size != comm_->size() || g_->rank != comm_->rank())
+    throw std::invalid_argument("pyshard: geometry for another communicator");
+  for (const Block& b : g_->blocks) {
+    counts_.push_back(to_count(b.bytes, "a gather count"));
+    packed_.push_back(static_cast<DisplT>(b.ws_off));
+    direct_.push_back(static_cast<DisplT>(b.array_off));
+  }
+}
+
+void AllgathervStep::run(const char* src, char* dst, Packer& pk, Transport tr) {
+  const GatherGeometry& g = *g_;
+  MPI_Comm c = comm_->get();
+  const CountT mine = counts_[g.rank];
+  if (tr == Transport::staged) {
+    char* bounce = ws_->bounce(pk, g.staged_bytes());
+    char* work = ws_->work(pk, g.total);
+    pk.to_host(bounce + g.total, src, g.blocks[g.rank].bytes);
+    pk.sync();
+    mpi::allgatherv(bounce + g.total, mine, bounce, counts_, packed_, c);
+    pk.from_host(work, bounce, g.total);
+    pk.copy_all(g_->unpack, work, dst);
+  } else {
+    char* work = g.unpack_all ? ws_->work(pk, g.total) : nullptr;
+    pk.sync();
+    mpi::allgatherv(src, mine, g.unpack_all ? work : dst, counts_,
+                    g.unpack_all ? packed_ : direct_, c);
+    if (g.unpack_all) pk.copy_all(g_->unpack, work, dst);
+  }
+  count("allgatherv", pk, tr);
+  pk.finish();
+}
+
+// ---------------------------------------------------------------- reductions
+AllreduceStep::AllreduceStep(std::shared_ptr<Comm> comm, MPI_Datatype type, i64 item,
+                             ReduceOp op, Shape shape, std::shared_ptr<Workspace> ws)
+    : comm_(std::move(comm)),
+      type_(type),
+      item_(item),
+      op_(mpi_op(op)),
+      n_(volume(shape)),
+      ws_(std::move(ws)) {}
+
+void AllreduceStep::run(const char* src, char* dst, Packer& pk, Transport tr) {
+  if (tr == Transport::staged) {
+    char* bounce = ws_->bounce(pk, n_ * item_);
+    pk.to_host(bounce, src, n_ * item_);
+    pk.sync();
+    mpi::allreduce(MPI_IN_PLACE, bounce, n_, type_, op_, comm_->get());
+    pk.from_host(dst, bounce, n_ * item_);
+  } else {
+    pk.sync();
+    mpi::allreduce(src, dst, n_, type_, op_, comm_->get());
+  }
+  count("allreduce", pk, tr);
+  pk.finish();
+}
+
+ReduceScatterStep::ReduceScatterStep(std::shared_ptr<Comm> comm,
+                                     std::shared_ptr<ScatterGeometry> g, MPI_Datatype type,
+                                     ReduceOp op, std::shared_ptr<Workspace> ws)
+    : comm_(std::move(comm)), g_(std::move(g)), type_(type), op_(mpi_op(op)), ws_(std::move(ws)) {
+  if (g_->size != comm_->size() || g_->rank != comm_->rank())
+    throw std::invalid_argument("pyshard: geometry for another communicator");
+  for (const Block& b : g_->pieces) counts_.push_back(to_count(b.bytes / g_->item, "a count"));
+}
+
+void ReduceScatterStep::run(const char* src, char* dst, Packer& pk, Transport tr) {
+  const ScatterGeometry& g = *g_;
+  const char* from = src;
+  if (g.pack_all) {
+    char* work = ws_->work(pk, g.total);
+    pk.copy_all(g.pack, src, work);
+    from = work;
+  }
+  if (tr == Transport::staged) {
+    char* bounce = ws_->bounce(pk, g.staged_bytes());
+    pk.to_host(bounce, from, g.total);
+    pk.sync();
+    mpi::reduce_scatter(bounce, bounce + g.total, counts_, type_, op_, comm_->get());
+    pk.from_host(dst, bounce + g.total, g.pieces[g.rank].bytes);
+  } else {
+    pk.sync();
+    mpi::reduce_scatter(from, dst, counts_, type_, op_, comm_->get());
+  }
+  count("reduce_scatter", pk, tr);
+  pk.finish();
+}
+
+}  // namespace pyshard

@@ -1,0 +1,187 @@
+"""Bounded caches: the one owner of everything pyshard memoises.
+
+Layouts and plans are cached per process, executors (the core's per-step objects) per mesh.
+Every cache is an LRU of at most :func:`cache_limit` entries (default 256, or the
+``PYSHARD_CACHE_LIMIT`` environment variable; :func:`set_cache_limit` changes it) and holds
+metadata only: counts, block lists, descriptor tables. The pack/unpack and staging buffers
+live in one workspace pool per mesh, shared by its steps, trimmed to what the live executors
+need whenever an executor is evicted, and released by ``Mesh.free()`` or :func:`clear_caches`.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import weakref
+from collections import OrderedDict
+from typing import Any, Callable, Dict, List, Optional
+
+__all__ = ["cache_limit", "clear_caches", "set_cache_limit"]
+
+DEFAULT_LIMIT = 256
+
+
+def _env_limit() -> int:
+    raw = os.environ.get("PYSHARD_CACHE_LIMIT", "")
+    if not raw:
+        return DEFAULT_LIMIT
+    try:
+        n = int(raw)
+    except ValueError:
+        raise ValueError(f"PYSHARD_CACHE_LIMIT must be an int >= 1, got {raw!r}") from None
+    if n < 1:
+        raise ValueError(f"PYSHARD_CACHE_LIMIT must be an int >= 1, got {raw!r}")
+    return n
+
+
+_limit = _env_limit()
+_caches: weakref.WeakSet[LRU] = weakref.WeakSet()
+
+
+class LRU:
+    """A dict with at most ``cache_limit()`` entries; the least recently used go first.
+
+    ``on_evict(value)`` is called for each entry pushed out (not for :meth:`clear`).
+    """
+
+    __slots__ = ("_d", "_on_evict", "__weakref__")
+
+    def __init__(self, on_evict: Optional[Callable[[Any], None]] = None) -> None:
+        self._d: OrderedDict[Any, Any] = OrderedDict()
+        self._on_evict = on_evict
+        _caches.add(self)
+
+    def get(self, key: Any) -> Any:
+        v = self._d.get(key)
+        if v is not None:
+            self._d.move_to_end(key)
+        return v
+
+    def put(self, key: Any, value: Any) -> None:
+        self._d[key] = value
+        self._d.move_to_end(key)
+        self.shrink(_limit)
+
+    def shrink(self, n: int) -> None:
+        while len(self._d) > n:
+            _, v = self._d.popitem(last=False)
+            if self._on_evict is not None:
+                self._on_evict(v)
+
+    def values(self) -> List[Any]:
+        return list(self._d.values())
+
+    def clear(self) -> None:
+        self._d.clear()
+
+    def __len__(self) -> int:
+        return len(self._d)
+
+
+def memoize(fn: Callable) -> Callable:
+    """Like ``functools.lru_cache``, bounded by :func:`cache_limit` (hashable arguments)."""
+    cache = LRU()
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any) -> Any:
+        v = cache.get(args)
+        if v is None:
+            v = fn(*args)
+            cache.put(args, v)
+        return v
+
+    wrapper.cache = cache  # type: ignore[attr-defined]
+    return wrapper
+
+
+class ExecCache:
+    """A mesh's executors: ``(plan, algorithm, memory kind) -> [executor per step]`` and the
+    one-lookup fast path ``(layout, *placements, algorithm, array type) -> (target,
+    executor)``, both bounded, plus the workspace pool their core steps share."""
+
+    __slots__ = ("execs", "fast", "workspace", "_keep", "__weakref__")
+
+    def __init__(self, workspace: Any) -> None:
+        self.workspace = workspace
+        self.execs = LRU(self._evicted)
+        self.fast = LRU()
+        self._keep = 0
+
+    def _evicted(self, execs: list) -> None:
+        # the fast path may still point at an evicted executor: drop those entries too
+        dead = {id(e) for e in execs}
+        for k, (_, e) in list(self.fast._d.items()):
+            if id(e) in dead:
+                del self.fast._d[k]
+        if any(_need(e) >= self._keep for e in execs):
+            self.trim()
+
+    def need(self) -> int:
+        """The largest workspace any live executor needs (bytes)."""
+        return max((_need(e) for execs in self.execs.values() for e in execs), default=0)
+
+    def note(self, execs: list) -> None:
+        self._keep = max([self._keep] + [_need(e) for e in execs])
+
+    def trim(self) -> None:
+        """Shrink the workspace pool to what the live executors need."""
+        self._keep = self.need()
+        self.workspace.trim(self._keep)
+
+    def clear(self) -> None:
+        self.execs.clear()
+        self.fast.clear()
+        self._keep = 0
+        self.workspace.release()
+
+
+def _need(e: Any) -> int:
+    return int(getattr(e, "need", 0))
+
+
+_exec_caches: weakref.WeakSet[ExecCache] = weakref.WeakSet()
+
+
+def register(c: ExecCache) -> ExecCache:
+    _exec_caches.add(c)
+    return c
+
+
+def cache_limit() -> int:
+    """The most entries each of pyshard's caches keeps (layouts, plans, executors per mesh)."""
+    return _limit
+
+
+def set_cache_limit(n: int) -> None:
+    """Bound every pyshard cache to ``n`` entries (>= 1); larger caches shrink now.
+
+    The default is 256, or ``PYSHARD_CACHE_LIMIT`` from the environment. A loop over many
+    distinct shapes keeps at most ``n`` plans and executors per mesh, and the workspace pool
+    shrinks to what those need.
+    """
+    global _limit
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise ValueError(f"set_cache_limit: n must be an int >= 1, got {n!r}")
+    _limit = n
+    for c in list(_caches):
+        c.shrink(n)
+
+
+def clear_caches() -> None:
+    """Drop every cached layout, plan and executor, and release the meshes' workspaces.
+
+    Local (no communication); safe at any time between redistributions.
+    """
+    for c in list(_caches):
+        c.clear()
+    for e in list(_exec_caches):
+        e.clear()
+
+
+def stats() -> Dict[str, int]:
+    """Entries per kind of cache and workspace bytes held (for tests and the bench)."""
+    return {
+        "caches": len(_caches),
+        "entries": sum(len(c) for c in _caches),
+        "workspace_bytes": sum(int(e.workspace.held) for e in _exec_caches),
+    }

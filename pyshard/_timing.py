@@ -1,0 +1,28 @@
+"""Timing helper shared by the benchmarks and the demo: wall time of the slowest rank."""
+
+from __future__ import annotations
+
+import time
+from typing import Callable, List
+
+import numpy as np
+from mpi4py import MPI
+
+
+def _timed(fn: Callable[[], object], comm: MPI.Comm, reps: int, warmup: int) -> List[float]:
+    """Run ``fn`` ``warmup`` times untimed, then ``reps`` times with a barrier before each;
+    return each rep's time on the slowest rank (collective over ``comm``)."""
+    for _ in range(warmup):
+        fn()
+    out = []
+    for _ in range(reps):
+        comm.Barrier()
+        t0 = time.perf_counter()
+        fn()
+        out.append(comm.allreduce(time.perf_counter() - t0, op=MPI.MAX))
+    return out
+
+
+def _median_s(fn: Callable[[], object], comm: MPI.Comm, reps: int, warmup: int = 0) -> float:
+    """The median of :func:`_timed` (collective over ``comm``)."""
+    return float(np.median(_timed(fn, comm, reps, warmup)))
