@@ -73,8 +73,10 @@ char* Workspace::get(int slot, Packer& pk, i64 n, bool bounce) {
 }
 
 void Workspace::trim(i64 keep) {
+  // keep a region that the growth rule in get() would have made for `keep` bytes anyway
+  const i64 limit = keep < 0 ? -1 : align_up(keep + keep / 4);
   for (Region& r : r_) {
-    if (r.ptr && r.cap > keep) {
+    if (r.ptr && r.cap > limit) {
       if (r.bounce)
         r.owner->release_bounce(r.ptr, r.cap);
       else

@@ -65,7 +65,8 @@ class Workspace {
   char* work(Packer& pk, i64 n) { return get(pk.kind() == Mem::host ? 0 : 1, pk, n, false); }
   // At least n bytes of host memory to stage `pk`'s memory through.
   char* bounce(Packer& pk, i64 n) { return get(pk.kind() == Mem::host ? 2 : 3, pk, n, true); }
-  // Free every region larger than `keep` bytes (the next use allocates what it needs).
+  // Free every region larger than `keep` bytes plus the growth margin (the next use
+  // allocates what it needs); keep < 0 frees everything.
   void trim(i64 keep);
   void release() { trim(-1); }
   i64 held() const;

@@ -24,6 +24,7 @@ import numpy as np
 import numpy.lib.format as npformat
 from mpi4py import MPI
 
+from . import _backend as bk
 from .array import ShardedArray, _zeroed
 from .layout import Layout, Partial, Placement, Replicate, Shard
 from .mesh import Mesh
@@ -438,10 +439,11 @@ def _write_array(
     start, ext = _box(lay, x.mesh.coords)
     writes = _is_writer(lay, x.mesh.coords) and prod(ext) > 0
     box = (start, ext, writes)
+    local = bk.to_host(x.local)  # MPI-IO writes host memory: a GPU shard is copied down once
     _collective_io(
-        comm, fname, lay, len(hdr), box, x.local, write=True, size=len(hdr) + nbytes, sync=sync
+        comm, fname, lay, len(hdr), box, local, write=True, size=len(hdr) + nbytes, sync=sync
     )
-    return (start, ext, _crc(x.local)) if writes else None
+    return (start, ext, _crc(local)) if writes else None
 
 
 def _write_data(
@@ -781,8 +783,11 @@ def _verify_all(
         raise ValueError(bad)
 
 
-def _read_array(mesh: Mesh, fname: str, offset: int, lay: Layout) -> ShardedArray:
-    """Read this rank's shard of ``lay`` from a .npy file; collective over ``mesh``."""
+def _read_array(
+    mesh: Mesh, fname: str, offset: int, lay: Layout, device: Optional[str] = None
+) -> ShardedArray:
+    """Read this rank's shard of ``lay`` from a .npy file; collective over ``mesh``. With
+    ``device="cuda"`` the shard is read into host memory, then copied to the GPU."""
     start, ext = _box(lay, mesh.coords)
     local = np.empty(tuple(ext), dtype=lay.dtype)
     zero = _zeroed(lay, mesh.coords)
@@ -795,6 +800,8 @@ def _read_array(mesh: Mesh, fname: str, offset: int, lay: Layout) -> ShardedArra
             hints.Free()
     if zero:
         local[...] = 0
+    if device == "cuda":
+        local = bk.cupy().asarray(local)
     return ShardedArray(local, lay, mesh)
 
 
@@ -805,6 +812,7 @@ def load(
     sizes: Optional[Mapping[str, Mapping[int, Sequence[int]]]] = None,
     *,
     verify: bool = True,
+    device: Optional[str] = None,
 ) -> Dict[str, ShardedArray]:
     """Load arrays of a checkpoint into any layout on ``mesh``; collective over ``mesh``.
 
@@ -815,6 +823,8 @@ def load(
     sizes: name -> ``{array_dim: extents}`` for uneven shards (default balanced).
     verify: re-read every saved block once (spread round robin over the ranks) and check
     its crc32 before loading (default True).
+    device: ``None`` or ``"cpu"`` for numpy arrays, ``"cuda"`` for cupy arrays on the current
+    GPU (read through host memory).
 
     Every rank raises the same FileNotFoundError or ValueError, naming the path and the
     problem, for a missing manifest or file, a truncated or mismatched .npy, a checksum
@@ -823,6 +833,10 @@ def load(
     t0 = time.perf_counter()
     path = _norm_path(path, "load")
     names, want, sizes = _check_load_args(mesh, placements, sizes)
+    if device not in (None, "cpu", "cuda"):
+        raise ValueError(f"load(device): expected None, 'cpu' or 'cuda', got {device!r}")
+    if device == "cuda" and bk.cupy() is None:
+        raise ValueError("load(device='cuda'): cupy does not import here; install cupy")
     comm = mesh.comm
     # rank 0 reads the manifest and checks the files; every rank gets its verdict
     entries, offsets = _on_root(
@@ -832,7 +846,9 @@ def load(
     if verify:
         _verify_all(comm, path, {"arrays": entries}, names, offsets)
     out = {
-        n: _read_array(mesh, os.path.join(path, entries[n]["file"]), offsets[n], layouts[n])
+        n: _read_array(
+            mesh, os.path.join(path, entries[n]["file"]), offsets[n], layouts[n], device
+        )
         for n in names
     }
     if comm.Get_rank() == 0:

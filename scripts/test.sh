@@ -1,10 +1,13 @@
 #!/usr/bin/env bash
-# Set up (see setup.sh), lint, and run the whole test suite: serially (one rank) and under
-# mpiexec at 2, 3, 4 and 7 ranks (plus 6 and 8 for 2-D and 3-D meshes), each under a hard
-# timeout so a hang fails fast.
+# Set up (see setup.sh), lint, and run the whole test suite on the CPU build: serially (one
+# rank) and under mpiexec at 2, 3, 4 and 7 ranks (plus 6 and 8 for 2-D and 3-D meshes), each
+# under a hard timeout so a hang fails fast. Then build the CUDA variant (nvcc, or NVIDIA's
+# compiler wheels), import it, and run the serial tests and the MPI tests at 2 ranks against
+# it: with no GPU here cuda_available() is False and everything else behaves as the CPU
+# build (tests/gpu skips). PYSHARD_TEST_CUDA=0 skips the CUDA variant.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/setup.sh || exit 1
+PYSHARD_CUDA=OFF bash scripts/setup.sh || exit 1
 VENV=${PYSHARD_VENV:-.venv}
 PY="$VENV/bin/python"
 MPIEXEC="$VENV/bin/mpiexec"
@@ -25,6 +28,20 @@ run timeout "$T" "$PY" -m pytest tests -p no:cacheprovider
 for n in ${PYSHARD_TEST_RANKS:-2 3 4 6 7 8}; do
   run timeout "$T" "$MPIEXEC" -n "$n" "$PY" -m pytest tests/mpi -q -p no:cacheprovider
 done
+if [ "${PYSHARD_TEST_CUDA:-1}" = 1 ]; then
+  echo
+  echo "=== the CUDA variant"
+  if PYSHARD_CUDA=ON bash scripts/setup.sh; then
+    run "$PY" -c "import pyshard as ps; i = ps.build_info(); print('build_info:', i); \
+assert i['cuda'] is not None, 'the CUDA variant has no CUDA'; \
+assert ps.cuda_available() == (i['cuda_device'] and ps._backend.cupy() is not None)"
+    run timeout "$T" "$PY" -m pytest tests -q -p no:cacheprovider
+    run timeout "$T" "$MPIEXEC" -n 2 "$PY" -m pytest tests/mpi tests/gpu -q -p no:cacheprovider
+  else
+    echo "=== FAILED: PYSHARD_CUDA=ON bash scripts/setup.sh"
+    fail=$((fail + 1))
+  fi
+fi
 echo
 if [ $fail -ne 0 ]; then
   echo "pyshard tests: $fail run(s) FAILED"
