@@ -1,5 +1,6 @@
-"""Type stubs for the compiled core (cpp/core.cpp)."""
+"""Type stubs for the compiled core (cpp/bindings.cpp)."""
 
+import enum
 from typing import Dict, List, Sequence, Tuple
 
 import numpy as np
@@ -7,6 +8,28 @@ import numpy as np
 __version__: str
 large_count: bool
 built_with: str
+max_dims: int
+
+class Algorithm(enum.Enum):
+    alltoallv = 0
+    alltoall = 1
+    p2p = 2
+    alltoallw = 3
+
+class ReduceOp(enum.Enum):
+    sum = 0
+    max = 1
+    min = 2
+    lor = 3
+    land = 4
+
+class Mem(enum.Enum):
+    host = 0
+    cuda = 1
+
+class Transport(enum.Enum):
+    direct = 0
+    staged = 1
 
 class Comm:
     def __init__(self, fortran_handle: int) -> None: ...
@@ -15,77 +38,106 @@ class Comm:
     @property
     def rank(self) -> int: ...
 
-_Block = Tuple[int, Sequence[int], Sequence[int]]
+class Workspace:
+    def __init__(self) -> None: ...
+    def trim(self, keep: int) -> None: ...
+    def release(self) -> None: ...
+    @property
+    def held(self) -> int: ...
 
-class AlltoallvStep:
+_Shape = Sequence[int]
+_Block = Tuple[int, _Shape, _Shape]  # (peer, start, extent)
+_Box = Tuple[_Shape, _Shape]  # (start, extent)
+
+class _Geometry:
+    @property
+    def workspace_bytes(self) -> int: ...
+    @property
+    def staged_bytes(self) -> int: ...
+
+class ExchangeGeometry(_Geometry):
+    packs: bool
+    unpacks: bool
+    algorithm: Algorithm
+    descriptors: int
     def __init__(
         self,
-        comm: Comm,
+        size: int,
         itemsize: int,
-        src_shape: Sequence[int],
-        dst_shape: Sequence[int],
+        src_shape: _Shape,
+        dst_shape: _Shape,
         sends: Sequence[_Block],
         recvs: Sequence[_Block],
-        local: Sequence[Tuple[Sequence[int], Sequence[int], Sequence[int]]],
-        algorithm: int = 0,
+        local: Sequence[Tuple[_Shape, _Shape, _Shape]],
+        algorithm: Algorithm = ...,
         pad_bytes: int = 0,
+    ) -> None: ...
+
+class GatherGeometry(_Geometry):
+    unpacks: bool
+    def __init__(
+        self, size: int, rank: int, itemsize: int, src_shape: _Shape, dst_shape: _Shape,
+        recvs: Sequence[_Box],
+    ) -> None: ...
+
+class ScatterGeometry(_Geometry):
+    packs: bool
+    def __init__(
+        self, size: int, rank: int, itemsize: int, src_shape: _Shape, dst_shape: _Shape,
+        pieces: Sequence[_Box],
+    ) -> None: ...
+
+class _Step:
+    def run(self, src: np.ndarray, dst: np.ndarray) -> None: ...
+    def run_device(self, src: int, dst: int, stream: int) -> None: ...
+    @property
+    def workspace_bytes(self) -> int: ...
+    @property
+    def staged_bytes(self) -> int: ...
+
+class ExchangeStep(_Step):
+    def __init__(
+        self, comm: Comm, geometry: ExchangeGeometry, workspace: Workspace,
         nonblocking: bool = False,
     ) -> None: ...
-    def run(self, src: np.ndarray, dst: np.ndarray) -> None: ...
+    @property
+    def algorithm(self) -> Algorithm: ...
     @property
     def packs(self) -> bool: ...
     @property
     def unpacks(self) -> bool: ...
-    @property
-    def algorithm(self) -> int: ...
-    @property
-    def workspace_bytes(self) -> int: ...
 
-class AllgathervStep:
-    def __init__(
-        self,
-        comm: Comm,
-        itemsize: int,
-        src_shape: Sequence[int],
-        dst_shape: Sequence[int],
-        recvs: Sequence[Tuple[Sequence[int], Sequence[int]]],
-    ) -> None: ...
-    def run(self, src: np.ndarray, dst: np.ndarray) -> None: ...
+class AllgathervStep(_Step):
+    def __init__(self, comm: Comm, geometry: GatherGeometry, workspace: Workspace) -> None: ...
     @property
     def unpacks(self) -> bool: ...
-    @property
-    def workspace_bytes(self) -> int: ...
 
-class AllreduceStep:
-    def __init__(self, comm: Comm, type: str, op: str, shape: Sequence[int]) -> None: ...
-    def run(self, src: np.ndarray, dst: np.ndarray) -> None: ...
-
-class ReduceScatterStep:
+class AllreduceStep(_Step):
     def __init__(
-        self,
-        comm: Comm,
-        type: str,
-        op: str,
-        itemsize: int,
-        src_shape: Sequence[int],
-        dst_shape: Sequence[int],
-        pieces: Sequence[Tuple[Sequence[int], Sequence[int]]],
+        self, comm: Comm, dtype: np.dtype, op: ReduceOp, shape: _Shape, workspace: Workspace
     ) -> None: ...
-    def run(self, src: np.ndarray, dst: np.ndarray) -> None: ...
+
+class ReduceScatterStep(_Step):
+    def __init__(
+        self, comm: Comm, geometry: ScatterGeometry, dtype: np.dtype, op: ReduceOp,
+        workspace: Workspace,
+    ) -> None: ...
     @property
     def packs(self) -> bool: ...
-    @property
-    def workspace_bytes(self) -> int: ...
 
 def allgather_i64(comm: Comm, values: Sequence[int]) -> List[int]: ...
 def copy_box(
-    src: np.ndarray,
-    src_start: Sequence[int],
-    dst: np.ndarray,
-    dst_start: Sequence[int],
-    extent: Sequence[int],
+    src: np.ndarray, src_start: _Shape, dst: np.ndarray, dst_start: _Shape, extent: _Shape,
+    offsets: bool = False,
 ) -> None: ...
+def device_pack(geometry: ExchangeGeometry, src: int, dst: int, stream: int = 0) -> None: ...
 def stats() -> Dict[str, int]: ...
 def reset_stats() -> None: ...
 def library_version() -> str: ...
 def library_path() -> str: ...
+def set_transport(mem: Mem, transport: Transport) -> None: ...
+def transport(mem: Mem) -> Transport: ...
+def cuda_built() -> bool: ...
+def cuda_build_version() -> int: ...
+def cuda_device_present() -> bool: ...
+def cuda_aware_mpi() -> int: ...

@@ -355,10 +355,13 @@ class Plan:
         if self.steps:
             self.steps[0]._cache[("plan", key)] = value
 
-    def explain(self, coords: Optional[Sequence[int]] = None) -> str:
+    def explain(self, coords: Optional[Sequence[int]] = None, device: str = "cpu") -> str:
         """Readable text: each step, its collective and communicator, the bytes the rank at
         ``coords`` (default: mesh coords 0) sends and receives, the maximum over ranks, and
-        the peak extra memory."""
+        the peak extra memory. ``device="cuda"``: also how GPU arrays reach MPI (on device
+        memory with a CUDA-aware MPI, else staged through pinned host buffers)."""
+        if device not in ("cpu", "cuda"):
+            raise ValueError(f"explain(device): expected 'cpu' or 'cuda', got {device!r}")
         mesh = self.src.mesh_shape
         coords = tuple(coords) if coords is not None else (0,) * len(mesh)
         lines = [
@@ -394,6 +397,8 @@ class Plan:
             f"(outputs and pack/unpack buffers)"
         )
         lines.append(f"  bytes moved over all ranks: {self.bytes_moved} B")
+        if device == "cuda" and self.collectives:
+            lines.append("  " + _gpu_path())
         return "\n".join(lines)
 
     def __str__(self) -> str:
@@ -402,6 +407,21 @@ class Plan:
             f"Plan({placements_str(self.src.placements)} -> "
             f"{placements_str(self.dst.placements)}: {kinds})"
         )
+
+
+def _gpu_path() -> str:
+    from . import _backend
+
+    t = _backend.transports()["cuda"]
+    aware = {True: "CUDA-aware", False: "not CUDA-aware", None: "CUDA-awareness unknown"}[
+        _backend.cuda_aware()
+    ]
+    if t == "direct":
+        return f"GPU arrays: pack kernel, then MPI on device memory (MPI {aware})"
+    return (
+        f"GPU arrays: pack kernel, copy to pinned host buffers, MPI on host memory, copy back, "
+        f"unpack kernel (staged; MPI {aware})"
+    )
 
 
 def _vol(layout: Layout, coords: Coords) -> int:
