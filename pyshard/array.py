@@ -20,11 +20,13 @@ from .layout import (
     Replicate,
     Shard,
     SizesArg,
+    _ravel,
+    _unravel,
     check_dtype,
     check_placements,
 )
 from .mesh import Mesh
-from .plan import Plan, Step, _unravel, geometry, plan, reduce_dtype
+from .plan import Plan, Step, geometry, plan, reduce_dtype
 
 __all__ = ["ShardedArray", "distribute", "from_local"]
 
@@ -273,9 +275,7 @@ def _infer_global(shapes: List[Tuple[int, ...]], mesh: Mesh, placements: Sequenc
         nparts = prod(mesh.shape[m] for m in mdims)
         ext: List[Optional[int]] = [None] * nparts
         for r, c in enumerate(coords):
-            k = 0
-            for m in mdims:
-                k = k * mesh.shape[m] + c[m]
+            k = _ravel([c[m] for m in mdims], [mesh.shape[m] for m in mdims])
             if ext[k] is None:
                 ext[k] = shapes[r][d]
             elif ext[k] != shapes[r][d]:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import numbers
 from dataclasses import dataclass
 from math import prod
-from typing import Dict, Mapping, Optional, Sequence, Tuple, Union
+from typing import Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
@@ -76,6 +76,23 @@ class Partial(Placement):
 # ----------------------------------------------------------------------------- split rules
 
 _RULES = ("balanced", "chunk")
+
+
+def _unravel(k: int, shape: Sequence[int]) -> List[int]:
+    """Row-major coordinates of index ``k`` in ``shape``."""
+    out = []
+    for s in reversed(shape):
+        k, r = divmod(k, s)
+        out.append(r)
+    return out[::-1]
+
+
+def _ravel(coords: Sequence[int], shape: Sequence[int]) -> int:
+    """Row-major index of ``coords`` in ``shape`` (the inverse of :func:`_unravel`)."""
+    k = 0
+    for c, s in zip(coords, shape):
+        k = k * s + c
+    return k
 
 
 def _as_count(value: object, name: str) -> int:
@@ -275,10 +292,8 @@ class Layout:
 
     def shard_index(self, d: int, coords: Sequence[int]) -> int:
         """Index along array dim ``d``'s shard list of the rank at mesh ``coords``."""
-        k = 0
-        for m in self.table[d][0]:
-            k = k * self.mesh_shape[m] + coords[m]
-        return k
+        mdims = self.table[d][0]
+        return _ravel([coords[m] for m in mdims], [self.mesh_shape[m] for m in mdims])
 
     def interval(self, d: int, coords: Sequence[int]) -> Tuple[int, int]:
         """(start, stop) along array dim ``d`` held at mesh ``coords``."""

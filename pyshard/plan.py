@@ -45,7 +45,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from ._cache import memoize
-from .layout import Layout, Partial, Replicate, Shard, placements_str
+from .layout import Layout, Partial, Replicate, Shard, _ravel, _unravel, placements_str
 
 __all__ = ["Plan", "Step", "StepKind", "plan"]
 
@@ -74,21 +74,6 @@ COLLECTIVE_KINDS = (
     StepKind.allreduce,
     StepKind.reduce_scatter,
 )
-
-
-def _unravel(k: int, shape: Sequence[int]) -> List[int]:
-    out = []
-    for s in reversed(shape):
-        k, r = divmod(k, s)
-        out.append(r)
-    return out[::-1]
-
-
-def _ravel(coords: Sequence[int], shape: Sequence[int]) -> int:
-    k = 0
-    for c, s in zip(coords, shape):
-        k = k * s + c
-    return k
 
 
 def _dim_overlaps(a: tuple, b: tuple) -> Tuple[List[list], List[list]]:
@@ -585,7 +570,7 @@ def plan(src: Layout, dst: Layout) -> Plan:
         if cur.mesh_shape[m] == 1:  # one contribution: the value itself, nothing to reduce
             mid_pl = list(cur.placements)
             mid_pl[m] = Replicate()
-            mid = Layout(cur.shape, cur.dtype, cur.mesh_shape, mid_pl, _sizes_of(cur, mid_pl))
+            mid = _mid(cur, mid_pl)
             steps.append(Step("relabel", (m,), cur, mid))
             cur = mid
         elif not isinstance(tp, (Replicate, Partial)) and _rs_dim(cur, tp) is not None:
@@ -594,9 +579,7 @@ def plan(src: Layout, dst: Layout) -> Plan:
             mid_pl[m] = Shard(d)
             # land in the target's extents when the target shards d by this mesh dim alone
             extra = {d: dst.table[d][1]} if dst.table[d][0] == (m,) else None
-            mid = Layout(
-                cur.shape, cur.dtype, cur.mesh_shape, mid_pl, _sizes_of(cur, mid_pl, extra)
-            )
+            mid = _mid(cur, mid_pl, extra)
             steps.append(Step("reduce_scatter", (m,), cur, mid, op))
             cur = mid
         else:
@@ -605,7 +588,7 @@ def plan(src: Layout, dst: Layout) -> Plan:
         mid_pl = list(cur.placements)
         for m in dims:
             mid_pl[m] = Replicate()
-        mid = Layout(cur.shape, cur.dtype, cur.mesh_shape, mid_pl, _sizes_of(cur, mid_pl))
+        mid = _mid(cur, mid_pl)
         steps.append(Step("allreduce", tuple(sorted(dims)), cur, mid, op))
         cur = mid
 
@@ -656,6 +639,15 @@ def _rs_dim(cur: Layout, target: Shard) -> Optional[int]:
     if not free:
         return None
     return max(free, key=lambda d: (cur.shape[d], -d))
+
+
+def _mid(
+    cur: Layout, placements: Sequence, extra: Optional[Dict[int, Sequence[int]]] = None
+) -> Layout:
+    """The intermediate layout of ``cur``'s array as ``placements``, keeping ``cur``'s extents
+    wherever the sharding mesh dims are unchanged (plus ``extra``)."""
+    sizes = _sizes_of(cur, placements, extra)
+    return Layout(cur.shape, cur.dtype, cur.mesh_shape, placements, sizes)
 
 
 def _sizes_of(

@@ -41,3 +41,12 @@ def contributions(shape, dtype, nparts, op, seed=0):
     else:
         ref = stack.min(axis=0)
     return parts, np.asarray(ref).astype(dtype)
+
+
+def reducible(ops, dtype):
+    """Can every Partial op in ``ops`` reduce ``dtype``? (avg: floating or complex only;
+    max and min: not complex)."""
+    kind = np.dtype(dtype).kind
+    if "avg" in ops and kind not in "fc":
+        return False
+    return not (("max" in ops or "min" in ops) and kind == "c")

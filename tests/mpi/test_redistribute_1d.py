@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from oracle import DTYPES, contributions, make_global
+from oracle import DTYPES, contributions, make_global, reducible
 
 import pyshard as ps
 from pyshard import Partial, Replicate, Shard
@@ -128,11 +128,8 @@ def test_pair_all_shapes_and_dtypes(comm, src, dst, algorithm="auto"):
     failures = []
     for shape in shapes_for(comm.size):
         for dtype in DTYPES:
-            kind = np.dtype(dtype).kind
             ops = [p.op for p in (src, dst) if isinstance(p, Partial)]
-            if "avg" in ops and kind not in "fc":
-                continue
-            if ("max" in ops or "min" in ops) and kind == "c":
+            if not reducible(ops, dtype):
                 continue
             g = make_global(shape, dtype, seed=len(shape))
             x, ref = make_source(g, mesh, src, dtype, seed=3)

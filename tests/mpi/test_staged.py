@@ -8,7 +8,7 @@ import itertools
 
 import numpy as np
 import pytest
-from oracle import make_global
+from oracle import make_global, reducible
 from test_redistribute_1d import (
     ALGO_KEY,
     PAIRS,
@@ -46,10 +46,7 @@ def test_1d_pairs_staged(comm, staged, algorithm):
         ops = [p.op for p in (src, dst) if isinstance(p, Partial)]
         for shape in shapes_for(comm.size):
             for dtype in DTYPES:
-                kind = np.dtype(dtype).kind
-                if ("avg" in ops and kind not in "fc") or (
-                    ("max" in ops or "min" in ops) and kind == "c"
-                ):
+                if not reducible(ops, dtype):
                     continue
                 g = make_global(shape, dtype, seed=len(shape))
                 x, ref = make_source(g, mesh, src, dtype, seed=3)
