@@ -221,7 +221,8 @@ PYBIND11_MODULE(_core, m) {
            py::arg("recvs"))
       .def_property_readonly("workspace_bytes", &GatherGeometry::workspace_bytes)
       .def_property_readonly("staged_bytes", &GatherGeometry::staged_bytes)
-      .def_readonly("unpacks", &GatherGeometry::unpack_all);
+      .def_readonly("unpacks", &GatherGeometry::unpack_all)
+      .def_readonly("regular", &GatherGeometry::regular);
 
   py::class_<ScatterGeometry, std::shared_ptr<ScatterGeometry>>(m, "ScatterGeometry")
       .def(py::init<int, int, i64, Shape, Shape, const std::vector<BoxSpec>&>(), py::arg("size"),
@@ -229,7 +230,8 @@ PYBIND11_MODULE(_core, m) {
            py::arg("pieces"))
       .def_property_readonly("workspace_bytes", &ScatterGeometry::workspace_bytes)
       .def_property_readonly("staged_bytes", &ScatterGeometry::staged_bytes)
-      .def_readonly("packs", &ScatterGeometry::pack_all);
+      .def_readonly("packs", &ScatterGeometry::pack_all)
+      .def_readonly("regular", &ScatterGeometry::regular);
 
   py::class_<ExchangeStep>(m, "ExchangeStep")
       .def(py::init<std::shared_ptr<Comm>, std::shared_ptr<ExchangeGeometry>,

@@ -94,6 +94,18 @@ inline void allgatherv(const void* sb, CountT n, void* rb, const Counts& rc, con
             "MPI_Allgatherv");
 }
 
+inline void allgather(const void* sb, void* rb, i64 bytes, MPI_Comm comm) {
+  const CountT n = to_count(bytes, "a gather count");
+  check_mpi(PYSHARD_MPI(MPI_Allgather)(sb, n, MPI_BYTE, rb, n, MPI_BYTE, comm), "MPI_Allgather");
+}
+
+inline void reduce_scatter_block(const void* sb, void* rb, i64 n, MPI_Datatype t, MPI_Op op,
+                                 MPI_Comm comm) {
+  check_mpi(PYSHARD_MPI(MPI_Reduce_scatter_block)(sb, rb, to_count(n, "a reduce count"), t, op,
+                                                  comm),
+            "MPI_Reduce_scatter_block");
+}
+
 inline void allreduce(const void* sb, void* rb, i64 n, MPI_Datatype t, MPI_Op op, MPI_Comm comm) {
   check_mpi(PYSHARD_MPI(MPI_Allreduce)(sb, rb, to_count(n, "a reduce count"), t, op, comm),
             "MPI_Allreduce");

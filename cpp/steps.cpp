@@ -114,18 +114,27 @@ ExchangeGeometry::ExchangeGeometry(int size_, i64 item_, Shape src_shape_, Shape
   sends = make_blocks(sends_, src_shape, item, slot, &send_ws);
   recvs = make_blocks(recvs_, dst_shape, item, slot, &recv_ws);
   if (slot > 0) send_ws = recv_ws = slot * size;
-  const Shape none;
+  // Alltoallv goes straight from and to the arrays when every block is contiguous (and
+  // large ones aligned); Alltoall when every member's slot (this rank's own included) is a
+  // whole contiguous block exactly where the slot lies in the array
+  auto needs_ws = [&](const Block& b) {
+    if (!b.contiguous) return true;
+    if (algo == Algorithm::alltoall) return b.bytes != slot || b.array_off != b.ws_off;
+    return algo == Algorithm::alltoallv && misaligned(b.array_off, b.bytes);
+  };
+  if (algo == Algorithm::alltoall) {
+    pack_all = static_cast<int>(sends.size()) != size;
+    unpack_all = static_cast<int>(recvs.size()) != size;
+  }
   for (const Block& b : sends) {
-    if (!b.contiguous || (algo == Algorithm::alltoallv && misaligned(b.array_off, b.bytes)))
-      pack_all = true;
+    if (needs_ws(b)) pack_all = true;
     pack.begin_block();
     describe_copy(src_shape, b.start, b.ext, Shape(b.ext.size(), 0), b.ext, item, 0, b.ws_off,
                   &pack.host);
     pack.end_block();
   }
   for (const Block& b : recvs) {
-    if (!b.contiguous || (algo == Algorithm::alltoallv && misaligned(b.array_off, b.bytes)))
-      unpack_all = true;
+    if (needs_ws(b)) unpack_all = true;
     unpack.begin_block();
     describe_copy(b.ext, Shape(b.ext.size(), 0), dst_shape, b.start, b.ext, item, b.ws_off, 0,
                   &unpack.host);
@@ -144,8 +153,6 @@ ExchangeGeometry::ExchangeGeometry(int size_, i64 item_, Shape src_shape_, Shape
 
 i64 ExchangeGeometry::workspace_bytes() const {
   switch (algo) {
-    case Algorithm::alltoall:
-      return send_ws + recv_ws;
     case Algorithm::alltoallw:
       return 0;
     default:
@@ -176,6 +183,11 @@ GatherGeometry::GatherGeometry(int size_, int rank_, i64 item_, Shape src_shape_
   }
   if (volume(src_shape) * item != blocks[rank].bytes)
     throw std::invalid_argument("pyshard: Allgatherv block of this rank != its source size");
+  for (const Block& b : blocks)
+    if (b.bytes != blocks[0].bytes) regular = false;
+  if (regular)  // Allgather lands block p at p * count: in place only if the output agrees
+    for (const Block& b : blocks)
+      if (b.bytes && b.array_off != b.ws_off) unpack_all = true;
 }
 
 ScatterGeometry::ScatterGeometry(int size_, int rank_, i64 item_, Shape src_shape_,
@@ -202,6 +214,8 @@ ScatterGeometry::ScatterGeometry(int size_, int rank_, i64 item_, Shape src_shap
   }
   if (volume(dst_shape) * item != pieces[rank].bytes)
     throw std::invalid_argument("pyshard: Reduce_scatter piece of this rank != its output");
+  for (const Block& b : pieces)
+    if (b.bytes != pieces[0].bytes) regular = false;
 }
 
 // ---------------------------------------------------------------- exchange
@@ -280,7 +294,7 @@ void ExchangeStep::direct(const char* src, char* dst, Packer& pk) {
     return;
   }
   const bool all = g.algo == Algorithm::alltoall;
-  const bool pack = all || g.pack_all, unpack = all || g.unpack_all;
+  const bool pack = g.pack_all, unpack = g.unpack_all;
   const i64 S = pack ? g.send_ws : 0, R = unpack ? g.recv_ws : 0;
   char* work = ws_->work(pk, S + R);
   if (g.algo == Algorithm::p2p) {
@@ -290,8 +304,7 @@ void ExchangeStep::direct(const char* src, char* dst, Packer& pk) {
   if (pack) pk.copy_all(g.pack, src, work);
   const char* sb = pack ? work : src;
   char* rb = unpack ? work + S : dst;
-  if (all) {
-    pk.copy_all(g.local, src, dst);
+  if (all) {  // this rank's own block travels in its slot
     pk.sync();
     mpi::alltoall(sb, rb, g.pad, c);
   } else if (nonblocking_ && pk.kind() == Mem::host) {
@@ -430,17 +443,23 @@ void AllgathervStep::run(const char* src, char* dst, Packer& pk, Transport tr) {
     char* work = ws_->work(pk, g.total);
     pk.to_host(bounce + g.total, src, g.blocks[g.rank].bytes);
     pk.sync();
-    mpi::allgatherv(bounce + g.total, mine, bounce, counts_, packed_, c);
+    if (g.regular)
+      mpi::allgather(bounce + g.total, bounce, g.blocks[0].bytes, c);
+    else
+      mpi::allgatherv(bounce + g.total, mine, bounce, counts_, packed_, c);
     pk.from_host(work, bounce, g.total);
     pk.copy_all(g_->unpack, work, dst);
   } else {
     char* work = g.unpack_all ? ws_->work(pk, g.total) : nullptr;
     pk.sync();
-    mpi::allgatherv(src, mine, g.unpack_all ? work : dst, counts_,
-                    g.unpack_all ? packed_ : direct_, c);
+    if (g.regular)
+      mpi::allgather(src, g.unpack_all ? work : dst, g.blocks[0].bytes, c);
+    else
+      mpi::allgatherv(src, mine, g.unpack_all ? work : dst, counts_,
+                      g.unpack_all ? packed_ : direct_, c);
     if (g.unpack_all) pk.copy_all(g_->unpack, work, dst);
   }
-  count("allgatherv", pk, tr);
+  count(g.regular ? "allgather" : "allgatherv", pk, tr);
   pk.finish();
 }
 
@@ -478,6 +497,13 @@ ReduceScatterStep::ReduceScatterStep(std::shared_ptr<Comm> comm,
   for (const Block& b : g_->pieces) counts_.push_back(to_count(b.bytes / g_->item, "a count"));
 }
 
+void ReduceScatterStep::scatter(const char* sb, char* rb) {
+  if (g_->regular)
+    mpi::reduce_scatter_block(sb, rb, counts_[0], type_, op_, comm_->get());
+  else
+    mpi::reduce_scatter(sb, rb, counts_, type_, op_, comm_->get());
+}
+
 void ReduceScatterStep::run(const char* src, char* dst, Packer& pk, Transport tr) {
   const ScatterGeometry& g = *g_;
   const char* from = src;
@@ -490,13 +516,13 @@ void ReduceScatterStep::run(const char* src, char* dst, Packer& pk, Transport tr
     char* bounce = ws_->bounce(pk, g.staged_bytes());
     pk.to_host(bounce, from, g.total);
     pk.sync();
-    mpi::reduce_scatter(bounce, bounce + g.total, counts_, type_, op_, comm_->get());
+    scatter(bounce, bounce + g.total);
     pk.from_host(dst, bounce + g.total, g.pieces[g.rank].bytes);
   } else {
     pk.sync();
-    mpi::reduce_scatter(from, dst, counts_, type_, op_, comm_->get());
+    scatter(from, dst);
   }
-  count("reduce_scatter", pk, tr);
+  count(g.regular ? "reduce_scatter_block" : "reduce_scatter", pk, tr);
   pk.finish();
 }
 

@@ -88,6 +88,7 @@ struct GatherGeometry {
   std::vector<Block> blocks;  // ws_off: packed position; array_off: position in dst
   DescTable unpack;           // packed receive buffer -> dst
   bool unpack_all = false;
+  bool regular = true;  // every member's block has the same size: MPI_Allgather
   i64 total = 0;
   i64 workspace_bytes() const { return unpack_all ? total : 0; }
   i64 staged_bytes() const { return total + blocks[rank].bytes; }
@@ -104,6 +105,7 @@ struct ScatterGeometry {
   std::vector<Block> pieces;
   DescTable pack;  // src -> member-ordered send buffer
   bool pack_all = false;
+  bool regular = true;  // every member's piece has the same size: MPI_Reduce_scatter_block
   i64 total = 0;  // bytes
   i64 workspace_bytes() const { return pack_all ? total : 0; }
   i64 staged_bytes() const { return total + pieces[rank].bytes; }
@@ -177,6 +179,7 @@ class ReduceScatterStep {
   const ScatterGeometry& geometry() const { return *g_; }
 
  private:
+  void scatter(const char* sb, char* rb);
   std::shared_ptr<Comm> comm_;
   std::shared_ptr<ScatterGeometry> g_;
   MPI_Datatype type_;

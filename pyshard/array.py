@@ -465,24 +465,37 @@ ALGORITHMS = ("alltoallv", "alltoall", "p2p", "alltoallw")
 NONBLOCKING_MIN_BLOCK = 1 << 20  # bytes
 
 
-def choose_algorithm(step: Optional[Step], algorithm: str, device: bool = False) -> str:
-    """The exchange algorithm for an alltoallv step; the same on every rank (layouts only).
+def choose_algorithm(
+    step: Optional[Step], algorithm: str, device: bool = False, coords: Optional[tuple] = None
+) -> str:
+    """The exchange algorithm for an alltoallv step at mesh ``coords``; the same on every
+    rank of the step's communicator (decided from the layouts alone).
 
-    ``auto`` is ``alltoallv``: measured with 2 ranks (docs/performance.md) it tied or beat
-    the others for even and uneven transposes, 2-D swaps, row rebalancing and 64 x 64
-    calls, once large blocks are staged at 64-byte aligned offsets (the core does that).
-    ``alltoallw`` (MPICH's datatype engine) swung between 31 and 60 ms on the same 8192 x
-    8192 transpose; ``alltoall`` pays for padding and two extra buffers; ``p2p`` tied on
-    even splits and was slower on uneven ones. GPU arrays take ``alltoallv`` for
-    ``alltoallw`` (MPI datatypes over device memory are slow or unsupported).
+    ``auto``: ``alltoall`` when every member sends one block of the same size to every
+    member (a regular MPI_Alltoall, no padding: measured 20.5 vs 33.5 ms for Alltoallv on the
+    same bytes at 2 ranks, 32.7 vs 36.7 at 4); else ``p2p`` when the exchange is sparse (each
+    rank sends to at most a quarter of its group, e.g. the 2-D swap ``[S0,S1] -> [S1,S0]``,
+    where an Alltoallv would carry a count for every rank of the mesh); else ``alltoallv``
+    (it tied or beat ``p2p``, the padded ``alltoall`` and ``alltoallw`` on uneven exchanges,
+    docs/performance.md). ``alltoallw`` is host-only: GPU arrays take ``alltoallv``.
     """
     if algorithm == "auto":
+        if step is None or coords is None:
+            return "alltoallv"
+        if step.uniform_block(coords) is not None:
+            return "alltoall"
+        if 4 * step.max_peers() <= prod(step.group_shape):
+            return "p2p"
         return "alltoallv"
     if algorithm not in ALGORITHMS:
         raise ValueError(f"algorithm must be 'auto' or one of {ALGORITHMS}, got {algorithm!r}")
     if device and algorithm == "alltoallw":
         return "alltoallv"
     return algorithm
+
+
+def _algo(s: Step, algorithm: str, dev: bool, coords: tuple) -> str:
+    return choose_algorithm(s, algorithm, dev, coords) if s.kind == "alltoallv" else ""
 
 
 def _executors(p: Plan, mesh: Mesh, algorithm: str = "auto", like: Any = None) -> list:
@@ -498,8 +511,7 @@ def _executors(p: Plan, mesh: Mesh, algorithm: str = "auto", like: Any = None) -
         if dev:
             bk.announce()
         execs = [
-            _Exec(s, mesh, choose_algorithm(s, algorithm, dev) if s.kind == "alltoallv" else "",
-                  dev)
+            _Exec(s, mesh, _algo(s, algorithm, dev, mesh.coords), dev)
             for s in p.steps
         ]
         cache.execs.put(key, execs)

@@ -216,6 +216,49 @@ class Step:
             v *= max((hi - lo for lst in by_src for _, lo, hi in lst), default=0)
         return v
 
+    def max_peers(self) -> int:
+        """An upper bound, the same on every rank, on the other ranks any one rank sends to
+        in this exchange: per array dim the most target shards one source shard overlaps,
+        times the mesh dims the target no longer shards, capped at the group size - 1."""
+        v = self._cache.get("max_peers")
+        if v is None:
+            v = 1
+            for by_src, _ in self._overlaps():
+                v *= max((len(lst) for lst in by_src), default=0)
+            free = set(self.src.sharding_mesh_dims()) - set(self.dst.sharding_mesh_dims())
+            v *= prod(self.src.mesh_shape[m] for m in free)
+            v = min(v, prod(self.group_shape) - 1)
+            self._cache["max_peers"] = v
+        return v
+
+    def uniform_block(self, coords: Sequence[int]) -> Optional[int]:
+        """Elements of every block when each member of the exchange group of ``coords``
+        sends one block of the same size to every member, itself included (a regular
+        Alltoall moves it); else None. The same on every member of that group: it is a
+        property of the group, computed from the layouts (O(group size))."""
+        key = ("uniform", tuple(coords[m] for m in range(len(coords)) if m not in self.mesh_dims))
+        if key in self._cache:
+            return self._cache[key]
+        g = prod(self.group_shape)
+        lengths: List[Optional[int]] = [None] * self.src.ndim
+        out: Optional[int] = None
+        # this rank first: a sparse exchange fails at once
+        members = itertools.chain([tuple(coords)], (self.member(coords, r) for r in range(g)))
+        seen = set()  # the memoised per-dim lists are shared between members: check once
+        for c in members:
+            per_dim, free = self._send_lists(c)
+            count = prod(len(keep) for keep, _ in per_dim) * prod(
+                self.src.mesh_shape[m] for m in free
+            )
+            if count != g:
+                break
+            if not all(_same_lengths(d, k, lengths, seen) for d, (k, _) in enumerate(per_dim)):
+                break
+        else:
+            out = prod(n or 0 for n in lengths)
+        self._cache[key] = out
+        return out
+
     def send_volume(self, coords: Sequence[int]) -> int:
         """Elements the rank at ``coords`` sends, itself included (no pair enumeration)."""
         per_dim, free = self._send_lists(coords)
@@ -241,6 +284,20 @@ class Step:
                     recv[m] = c
                 out.append((tuple(recv), box))
         return out
+
+
+def _same_lengths(d: int, keep: list, lengths: list, seen: set) -> bool:
+    """Do the overlaps in ``keep`` (array dim ``d``) all have the length ``lengths[d]``
+    (set by the first one seen)?"""
+    if id(keep) in seen:
+        return True
+    seen.add(id(keep))
+    for _, lo, hi in keep:
+        if lengths[d] is None:
+            lengths[d] = hi - lo
+        elif hi - lo != lengths[d]:
+            return False
+    return True
 
 
 def _exchange_dims(src: Layout, dst: Layout) -> Tuple[int, ...]:
@@ -374,7 +431,7 @@ class Plan:
                 f"receives {max(p[1] for p in per)} B"
             )
             if s.kind == "alltoallv":
-                lines.append(f"    messages: at most {prod(s.group_shape) - 1} peers per rank")
+                lines.append(f"    messages: at most {s.max_peers()} peers per rank")
         peak = self.peak_extra_bytes(coords)
         peak_max = max(self.peak_extra_bytes(c) for c in all_coords)
         lines.append(
@@ -524,6 +581,11 @@ def geometry(s: Step, coords: Coords, algorithm: Any = None, pad: int = 0) -> An
     if s.kind == "alltoallv":
         algo = _core.Algorithm.alltoallv if algorithm is None else algorithm
         sends, recvs, local = exchange_specs(s, coords)
+        if algo == _core.Algorithm.alltoall:  # MPI moves this rank's own block too
+            me = s.group_rank(coords)
+            sends = sorted(sends + [(me, a, e) for a, _, e in local])
+            recvs = sorted(recvs + [(me, b, e) for _, b, e in local])
+            local = []
         return _core.ExchangeGeometry(n, item, sshape, dshape, sends, recvs, local, algo, pad)
     if s.kind == "allgatherv":
         recvs = member_specs(s, coords, s.src, s.dst)

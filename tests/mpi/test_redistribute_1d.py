@@ -26,22 +26,35 @@ def shapes_for(p):
     ]
 
 
-def expected_counts(src, dst, p):
-    """Collectives the issue specifies for a 1-D mesh of size p."""
+def expected_counts(src, dst, p, shape, algorithm="auto"):
+    """Collectives the issues specify for a 1-D mesh of size p: regular collectives
+    (Alltoall, Allgather, Reduce_scatter_block) where every block has the same size (the
+    dims involved divide evenly), the v-variants where they do not."""
+
+    def even(d):  # every shard along array dim d has the same extent (or every block is empty)
+        return shape[d] % p == 0 or 0 in shape
+
     if p == 1 or src == dst:
         return {}
     if isinstance(src, Partial):
-        if src == dst:
-            return {}
         if isinstance(dst, Shard):
-            return {"reduce_scatter": 1}
+            return {"reduce_scatter_block" if even(dst.dim) else "reduce_scatter": 1}
         return {"allreduce": 1}
     if isinstance(src, Shard):
         if isinstance(dst, Shard):
-            return {"alltoallv": 1}
+            if algorithm != "auto":
+                return {ALGO_KEY[algorithm]: 1}
+            # Alltoall when every pair exchanges a non-empty block of one size; point-to-point
+            # when a rank sends to at most a quarter of the ranks; else Alltoallv
+            nonempty = shape[src.dim] >= p and shape[dst.dim] >= p
+            if shape[src.dim] % p == 0 and shape[dst.dim] % p == 0 and nonempty:
+                return {"alltoall": 1}
+            peers = min(p - 1, min(shape[dst.dim], p) if shape[src.dim] else 0)
+            return {"p2p" if 4 * peers <= p else "alltoallv": 1}
         if isinstance(dst, Partial) and dst.op != "avg":
             return {}  # the shard inside the op's identity: no communication
-        return {"allgatherv": 1}  # to Replicate, or Partial(avg) (gather, then keep)
+        # to Replicate, or Partial(avg) (gather, then keep)
+        return {"allgather" if even(src.dim) else "allgatherv": 1}
     return {}  # Replicate -> Shard / Partial: local
 
 
@@ -107,7 +120,6 @@ PAIRS = [
 
 
 ALGO_KEY = {
-    "auto": "alltoallv",
     "alltoallv": "alltoallv",
     "alltoall": "alltoall",
     "p2p": "p2p",
@@ -136,9 +148,7 @@ def test_pair_all_shapes_and_dtypes(comm, src, dst, algorithm="auto"):
             before = ps.comm_stats()
             y = x.redistribute([dst], algorithm=algorithm)
             got = counts_since(before)
-            want = expected_counts(src, dst, comm.size)
-            if "alltoallv" in want:
-                want = {ALGO_KEY[algorithm]: want.pop("alltoallv"), **want}
+            want = expected_counts(src, dst, comm.size, shape, algorithm)
             try:
                 assert got == want, f"collectives {got} != {want}"
                 check_result(y, ref, dst, mesh, approx="avg" in ops, from_replicate=src == R)
@@ -228,7 +238,10 @@ def test_physicsnemo_anchor_uneven_to_empty_shards(comm):
     assert x.layout.sizes == {1: tuple(widths)}
     before = ps.comm_stats()
     y = x.redistribute([Shard(2)])
-    assert counts_since(before) == ({"alltoallv": 1} if p > 1 else {})
+    # every rank sends to the (at most 2) ranks of a non-empty target shard: point-to-point
+    # once that is at most a quarter of the ranks (issue 10)
+    want = {} if p == 1 else {"p2p" if 4 * min(2, p - 1) <= p else "alltoallv": 1}
+    assert counts_since(before) == want
     np.testing.assert_array_equal(y.local, g[y.box])
     if p > 2:
         assert any(e == 0 for e in y.layout.sizes[2])

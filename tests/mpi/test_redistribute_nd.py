@@ -34,6 +34,9 @@ MESHES = {
 }
 
 
+EXCHANGES = {"alltoallv", "alltoall", "p2p"}
+
+
 def meshes_for(comm, ndim=None):
     out = [m for m in MESHES.get(comm.size, []) if ndim is None or len(m) == ndim]
     if not out:
@@ -118,8 +121,11 @@ def test_3d_mesh_permutations(comm):
     for perm in itertools.permutations(base):
         before = ps.comm_stats()
         y = x.redistribute(list(perm))
-        want = {} if list(perm) == base else {"alltoallv": 1}
-        assert counts_since(before) == want, perm
+        got = counts_since(before)
+        if list(perm) == base:
+            assert got == {}, perm
+        else:  # one exchange; which one the auto rule picks is tested on 1-D meshes
+            assert sum(got.values()) == 1 and set(got) <= EXCHANGES, (perm, got)
         check(y, g, str(perm))
     # a sample of mixed sources and targets, Partial and nested sharding included
     sources = [(S(0), R, S(2)), (P, S(1), S(0)), (S(0), S(0), R), (R, P, S(2)), (S(2), S(2), S(2))]
@@ -131,7 +137,8 @@ def test_issue_counts(comm):
     """One collective for the transposes DTensor needs two for."""
     cases = {
         (2, 2): [
-            ([S(0), S(1)], [S(1), S(0)], {"alltoallv": 1}),
+            # a permutation: each rank sends to one peer, point-to-point (issue 10)
+            ([S(0), S(1)], [S(1), S(0)], {"p2p": 1}),
             ([S(0), S(0)], [S(1), S(1)], {"alltoallv": 1}),
             ([S(0), R], [S(1), R], {"alltoallv": 1}),
         ],
