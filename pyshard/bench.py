@@ -21,6 +21,11 @@ Two more cases, each a JSON row of its own fields, run only when named in ``--ca
   per rank, results dropped), and the peak RSS after 40 shapes and after all, maximum over
   ranks. ``check`` holds when it grew by at most 64 MiB: the caches stay bounded. It takes
   a few hundred MiB per rank and tens of seconds, hence not in the default list.
+
+``--device cuda`` (:func:`main_cuda`) runs ``transpose`` and ``gather`` on cupy arrays
+instead, each next to the same exchange written by hand with cupy and mpi4py (a device pack,
+the raw collective on device memory with a CUDA-aware MPI, else staged through pinned host
+buffers), plus the CUDA pack kernel's bandwidth as a fraction of a device-to-device copy.
 """
 
 from __future__ import annotations
@@ -601,6 +606,13 @@ def _parser() -> argparse.ArgumentParser:
         default=400,
         help="distinct shapes of the memory case (default 400)",
     )
+    ap.add_argument(
+        "--device",
+        choices=("host", "cuda"),
+        default="host",
+        help="host: numpy arrays (default); cuda: cupy arrays, the cases transpose and gather "
+        "next to cupy + mpi4py by hand, and the pack kernel's bandwidth",
+    )
     return ap
 
 
@@ -622,6 +634,10 @@ def _run_extra(name: str, comm: MPI.Comm, args: argparse.Namespace) -> Dict:
 def main(argv: Optional[List[str]] = None) -> int:
     """``python -m pyshard bench``: run the cases, print a table, append JSON lines."""
     args = _parser().parse_args(argv)
+    if args.device == "cuda":
+        from ._bench_gpu import main_cuda
+
+        return main_cuda(args)
     comm = MPI.COMM_WORLD
     rank, p = comm.Get_rank(), comm.Get_size()
     shape = tuple(int(s) for s in args.shape.lower().split("x"))

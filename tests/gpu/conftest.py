@@ -1,0 +1,38 @@
+"""GPU tests (cupy arrays): the oracle helpers of tests/mpi, and the transport fixture.
+
+Every module here skips itself at collection where :func:`pyshard.cuda_available` is False
+(no GPU or driver, a core built without CUDA, or no cupy), so collection never needs cupy.
+The MPI plumbing (quiet ranks, agreeing outcome, ``comm``) is tests/conftest.py's.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import pytest
+
+import pyshard as ps
+
+_MPI_TESTS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "mpi")
+if _MPI_TESTS not in sys.path:
+    sys.path.insert(0, _MPI_TESTS)  # oracle.py, ckpt_worker.py
+
+
+@pytest.fixture(params=["staged", "direct"])
+def transport(request):
+    """Run the test with GPU arrays going through host bounce buffers ("staged", always) or
+    handed to the MPI library as device memory ("direct", only where the MPI is CUDA-aware:
+    the same answer on every rank, so this never skips by rank)."""
+    name = request.param
+    if name == "direct" and ps.build_info()["cuda_aware_mpi"] is not True:
+        pytest.skip("device-direct needs a CUDA-aware MPI (build_info()['cuda_aware_mpi'])")
+    core = ps._core
+    old = core.transport(core.Mem.cuda)
+    core.set_transport(core.Mem.cuda, getattr(core.Transport, name))
+    ps.clear_caches()  # executors pick their transport when built
+    try:
+        yield name
+    finally:
+        core.set_transport(core.Mem.cuda, old)
+        ps.clear_caches()

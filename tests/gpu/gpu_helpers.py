@@ -1,0 +1,52 @@
+"""Helpers shared by the GPU tests; importing this module never imports cupy."""
+
+from __future__ import annotations
+
+import pyshard as ps
+
+# the dtypes the GPU tests sweep (issue 9)
+DTYPES = ["float16", "float32", "float64", "complex64", "int32", "bool"]
+
+
+def skip_reason():
+    """Why the GPU tests cannot run here, or None when they can."""
+    if ps.cuda_available():
+        return None
+    core = ps._core
+    why = []
+    if not core.cuda_built():
+        why.append("pyshard's core was built without CUDA")
+    if not core.cuda_device_present():
+        why.append("no CUDA GPU or driver")
+    if ps._backend.cupy() is None:
+        why.append("cupy does not import")
+    return "GPU tests: " + ("; ".join(why) or "pyshard.cuda_available() is False")
+
+
+def counts_since(before):
+    now = ps.comm_stats()
+    return {k: v - before.get(k, 0) for k, v in now.items() if v - before.get(k, 0)}
+
+
+def with_transport(base, transport):
+    """The exact counters a GPU call bumps: ``base`` (collectives by name) plus one
+    "staged" or "device_direct" per collective."""
+    out = dict(base)
+    n = sum(base.values())
+    if n:
+        out["staged" if transport == "staged" else "device_direct"] = n
+    return out
+
+
+def split_counts(got):
+    """(collectives by name, {"staged": n, "device_direct": n} parts) of a counts diff."""
+    paths = {k: got[k] for k in ("staged", "device_direct") if k in got}
+    return {k: v for k, v in got.items() if k not in paths}, paths
+
+
+def to_device(cp, x):
+    """A host ShardedArray's copy on the GPU, in the same layout (no communication)."""
+    return ps.from_local(
+        cp.asarray(x.local), x.mesh, list(x.placements), global_shape=x.global_shape,
+        sizes=x.layout.sizes or None,
+    )  # fmt: skip
