@@ -155,6 +155,18 @@ std::string library_path() {
   return "";
 }
 
+// A result buffer from the pool: numpy views it through the buffer protocol; when the last
+// array over it goes, the memory returns to the pool (already faulted in).
+struct PooledBuffer {
+  char* ptr = nullptr;
+  i64 cap = 0;
+  i64 n = 0;
+  explicit PooledBuffer(i64 bytes) : n(bytes) { ptr = ResultPool::get().take(bytes, &cap); }
+  ~PooledBuffer() { ResultPool::get().give(ptr, cap); }
+  PooledBuffer(const PooledBuffer&) = delete;
+  PooledBuffer& operator=(const PooledBuffer&) = delete;
+};
+
 }  // namespace
 
 PYBIND11_MODULE(_core, m) {
@@ -294,6 +306,17 @@ PYBIND11_MODULE(_core, m) {
       .def_property_readonly("staged_bytes",
                              [](ReduceScatterStep& s) { return s.geometry().staged_bytes(); });
 
+  py::class_<PooledBuffer>(m, "PooledBuffer", py::buffer_protocol())
+      .def(py::init<i64>(), py::arg("nbytes"))
+      .def_buffer([](PooledBuffer& b) {
+        return py::buffer_info(b.ptr, 1, py::format_descriptor<std::uint8_t>::format(), 1, {b.n},
+                               {1}, false);
+      });
+  m.def("result_pool_held", []() { return ResultPool::get().held(); });
+  m.def("result_pool_clear", []() { ResultPool::get().clear(); });
+  m.def(
+      "set_result_pool_limit", [](i64 bytes) { ResultPool::get().set_limit(bytes); },
+      py::arg("bytes"));
   m.def("allgather_i64", &allgather_i64, py::arg("comm"), py::arg("values"));
   m.def("copy_box", &py_copy_box, py::arg("src"), py::arg("src_start"), py::arg("dst"),
         py::arg("dst_start"), py::arg("extent"), py::arg("offsets") = false);

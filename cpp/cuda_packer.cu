@@ -109,8 +109,9 @@ class CudaPacker final : public Packer {
     check(cudaMalloc(&p, static_cast<size_t>(n)), "cudaMalloc (workspace)");
     return static_cast<char*>(p);
   }
+  // the device: the stream of the last call may be gone by the time a pool is trimmed
   void release(char* p, i64) override {
-    cudaStreamSynchronize(stream_);
+    cudaDeviceSynchronize();
     cudaFree(p);
   }
   char* alloc_bounce(i64 n) override {
@@ -120,7 +121,7 @@ class CudaPacker final : public Packer {
     return static_cast<char*>(p);
   }
   void release_bounce(char* p, i64) override {
-    cudaStreamSynchronize(stream_);
+    cudaDeviceSynchronize();
     cudaFreeHost(p);
   }
 

@@ -12,6 +12,8 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "geometry.h"
 
@@ -80,6 +82,27 @@ class Workspace {
   };
   char* get(int slot, Packer& pk, i64 n, bool bounce);
   Region r_[4];  // host work, device work, host bounce (for host staging), pinned bounce
+};
+
+// Host memory for results: a buffer given back (its array freed) is kept, already faulted in,
+// for the next result of about its size, so a loop of redistributes without `out=` stops
+// paying page faults. Bounded in bytes (set_limit; 0 keeps nothing) and in count; a request
+// that fits no kept buffer releases the kept ones smaller than it (a growing pattern).
+class ResultPool {
+ public:
+  static ResultPool& get();
+  char* take(i64 n, i64* cap);
+  void give(char* p, i64 cap);
+  void clear();
+  void set_limit(i64 bytes);
+  i64 limit() const { return limit_; }
+  i64 held() const { return held_; }
+
+ private:
+  void shrink();
+  std::vector<std::pair<char*, i64>> free_;  // the most recently given back last
+  i64 held_ = 0;
+  i64 limit_ = i64(1) << 30;
 };
 
 }  // namespace pyshard

@@ -224,6 +224,7 @@ ExchangeStep::ExchangeStep(std::shared_ptr<Comm> comm, std::shared_ptr<ExchangeG
     : comm_(std::move(comm)), g_(std::move(g)), ws_(std::move(ws)), nonblocking_(nonblocking) {
   const int P = comm_->size();
   if (g_->size != P) throw std::invalid_argument("pyshard: geometry for another communicator");
+  if (g_->algo == Algorithm::p2p) return;  // messages to the peers it has: nothing O(ranks)
   scounts_.assign(P, 0);
   rcounts_.assign(P, 0);
   sdispls_.assign(P, 0);

@@ -30,7 +30,7 @@ def _check_same_mpi() -> None:
 
 _check_same_mpi()
 
-from . import _backend  # noqa: E402
+from . import _backend, _cache  # noqa: E402
 from ._backend import build_info, cuda_available  # noqa: E402
 from ._cache import cache_limit, clear_caches, set_cache_limit  # noqa: E402
 from .array import ShardedArray, distribute, from_local  # noqa: E402
@@ -40,6 +40,7 @@ from .mesh import Mesh  # noqa: E402
 from .plan import Plan, Step, StepKind, plan  # noqa: E402
 
 _backend.configure()
+_cache.configure_result_pool()
 
 
 def comm_stats() -> dict:

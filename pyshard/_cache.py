@@ -99,10 +99,13 @@ class ExecCache:
     one-lookup fast path ``(layout, *placements, algorithm, array type) -> (target,
     executor)``, both bounded, plus the workspace pool their core steps share."""
 
-    __slots__ = ("execs", "fast", "workspace", "_keep", "__weakref__")
+    __slots__ = ("execs", "fast", "workspace", "tuned", "_keep", "__weakref__")
 
     def __init__(self, workspace: Any) -> None:
         self.workspace = workspace
+        # algorithm="tune" decisions (pyshard._tune): never evicted, so that a rebuilt
+        # executor finds its choice without communicating
+        self.tuned: Optional[Dict[str, str]] = None
         self.execs = LRU(self._evicted)
         self.fast = LRU()
         self._keep = 0
@@ -168,14 +171,33 @@ def set_cache_limit(n: int) -> None:
 
 
 def clear_caches() -> None:
-    """Drop every cached layout, plan and executor, and release the meshes' workspaces.
+    """Drop every cached layout, plan and executor, release the meshes' workspaces and the
+    result pool's idle buffers.
 
     Local (no communication); safe at any time between redistributions.
     """
+    from . import _core
+
     for c in list(_caches):
         c.clear()
     for e in list(_exec_caches):
         e.clear()
+    _core.result_pool_clear()
+
+
+def configure_result_pool() -> None:
+    """Bound the result pool from ``PYSHARD_RESULT_POOL_BYTES`` (default 1 GiB; 0 turns it
+    off): host results of 1 MiB or more come from it and go back to it when freed."""
+    from . import _core
+
+    raw = os.environ.get("PYSHARD_RESULT_POOL_BYTES", "")
+    try:
+        n = int(raw) if raw else 1 << 30
+    except ValueError:
+        raise ValueError(f"PYSHARD_RESULT_POOL_BYTES must be an int >= 0, got {raw!r}") from None
+    if n < 0:
+        raise ValueError(f"PYSHARD_RESULT_POOL_BYTES must be an int >= 0, got {raw!r}")
+    _core.set_result_pool_limit(n)
 
 
 def stats() -> Dict[str, int]:
@@ -185,3 +207,4 @@ def stats() -> Dict[str, int]:
         "entries": sum(len(c) for c in _caches),
         "workspace_bytes": sum(int(e.workspace.held) for e in _exec_caches),
     }
+

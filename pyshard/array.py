@@ -4,6 +4,7 @@ execution."""
 from __future__ import annotations
 
 import logging
+import os
 import zlib
 from math import prod
 from typing import Any, List, Optional, Sequence, Tuple
@@ -11,7 +12,7 @@ from typing import Any, List, Optional, Sequence, Tuple
 import numpy as np
 
 from . import _backend as bk
-from . import _core
+from . import _core, _tune
 from ._cache import memoize
 from .layout import (
     Layout,
@@ -102,7 +103,7 @@ class ShardedArray:
         self,
         placements: PlacementsArg,
         sizes: SizesArg = None,
-        algorithm: str = "auto",
+        algorithm: Optional[str] = None,
         out: Optional[Any] = None,
     ) -> ShardedArray:
         """The same global array laid out as ``placements`` (and ``sizes``); collective.
@@ -110,8 +111,11 @@ class ShardedArray:
         ``algorithm`` picks how an exchange step runs: ``"alltoallv"``, ``"alltoall"``
         (blocks padded to the largest), ``"p2p"`` (pipelined Isend/Irecv), ``"alltoallw"``
         (one subarray datatype per peer: MPI packs on the fly, no workspace; host arrays
-        only, GPU arrays take ``alltoallv``) or ``"auto"`` (see
-        :func:`pyshard.array.choose_algorithm`). It must be the same on every rank.
+        only, GPU arrays take ``alltoallv``), ``"auto"`` (a fixed rule, see
+        :func:`pyshard.array.choose_algorithm`) or ``"tune"`` (measure the candidates the
+        first time a step of that kind and size runs, see :mod:`pyshard._tune`). The default
+        is ``PYSHARD_ALGORITHM`` from the environment, else ``"auto"``. It must be the same
+        on every rank.
         ``out``: an array of the target's local shape and dtype, on the same side (host or
         GPU) as ``local``, to write the result into (reused across calls, it saves the page
         faults of a fresh output); it is checked on this rank before any communication.
@@ -122,6 +126,8 @@ class ShardedArray:
         cupy's current stream, and the result is ready on that stream when this returns.
         """
         cache = self.mesh._cache
+        if algorithm is None:
+            algorithm = DEFAULT_ALGORITHM
         if sizes is None:
             try:
                 key = (self.layout, *placements, algorithm, type(self.local))
@@ -306,7 +312,7 @@ class _Exec:
 
     __slots__ = (
         "step", "core", "out_shape", "upcast", "scale", "zero", "fill", "direct", "dtype",
-        "dev", "need",
+        "dev", "need", "pooled",
     )
 
     def __init__(self, step: Step, mesh: Mesh, algorithm: str = "alltoallv", dev: bool = False):
@@ -320,6 +326,7 @@ class _Exec:
         self.fill: object = None
         self.dtype = step.dst.dtype
         self.dev = dev
+        self.pooled = not dev and prod(self.out_shape) * self.dtype.itemsize >= POOL_MIN_BYTES
         if step.is_collective:
             self._collective(step, mesh, algorithm)
         elif step.kind == "local_copy":
@@ -387,7 +394,12 @@ class _Exec:
                 res = bk.xp_of(local).empty(self.out_shape, self.dtype) if out is None else out
                 self.core.run_device(local.data.ptr, res.data.ptr, bk.stream_ptr())
                 return res
-            res = np.empty(self.out_shape, self.dtype) if out is None else out
+            if out is not None:
+                res = out
+            elif self.pooled:  # memory that is already faulted in (see _pooled_empty)
+                res = _pooled_empty(self.out_shape, self.dtype)
+            else:
+                res = np.empty(self.out_shape, self.dtype)
             self.core.run(local, res)
             return res
         xp = bk.xp_of(local)
@@ -431,6 +443,17 @@ class _Exec:
         return res
 
 
+POOL_MIN_BYTES = 1 << 20
+
+
+def _pooled_empty(shape: Tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+    """An uninitialised array whose memory comes from the core's result pool and returns to
+    it when the array (and every view of it) is freed: a loop of redistributes without
+    ``out=`` reuses pages instead of faulting in fresh ones on every call."""
+    buf = _core.PooledBuffer(prod(shape) * dtype.itemsize)
+    return np.frombuffer(buf, dtype=dtype).reshape(shape)
+
+
 def _slices(box_of: Layout, rel: Layout, coords: Tuple[int, ...]) -> Tuple[slice, ...]:
     """This rank's box in ``box_of`` as slices of its local array in ``rel``."""
     return tuple(
@@ -462,6 +485,18 @@ def _reduce_op(dtype: np.dtype, op: Optional[str]) -> str:
 
 
 ALGORITHMS = ("alltoallv", "alltoall", "p2p", "alltoallw")
+
+
+def _default_algorithm() -> str:
+    raw = os.environ.get("PYSHARD_ALGORITHM", "").strip() or "auto"
+    if raw not in ALGORITHMS + ("auto", "tune"):
+        raise ValueError(
+            f"PYSHARD_ALGORITHM must be auto, tune or one of {ALGORITHMS}, got {raw!r}"
+        )
+    return raw
+
+
+DEFAULT_ALGORITHM = _default_algorithm()
 NONBLOCKING_MIN_BLOCK = 1 << 20  # bytes
 
 
@@ -471,31 +506,39 @@ def choose_algorithm(
     """The exchange algorithm for an alltoallv step at mesh ``coords``; the same on every
     rank of the step's communicator (decided from the layouts alone).
 
-    ``auto``: ``alltoall`` when every member sends one block of the same size to every
-    member (a regular MPI_Alltoall, no padding: measured 20.5 vs 33.5 ms for Alltoallv on the
-    same bytes at 2 ranks, 32.7 vs 36.7 at 4); else ``p2p`` when the exchange is sparse (each
-    rank sends to at most a quarter of its group, e.g. the 2-D swap ``[S0,S1] -> [S1,S0]``,
-    where an Alltoallv would carry a count for every rank of the mesh); else ``alltoallv``
-    (it tied or beat ``p2p``, the padded ``alltoall`` and ``alltoallw`` on uneven exchanges,
-    docs/performance.md). ``alltoallw`` is host-only: GPU arrays take ``alltoallv``.
+    ``auto``: ``p2p`` when the exchange is sparse (each rank sends to at most a quarter of
+    its group, e.g. the 2-D swap ``[S0,S1] -> [S1,S0]`` or a target whose shards are mostly
+    empty), so that no collective carries a count for every rank of the group; else
+    ``alltoallv``. Measured here (MPICH 5.0.2, 8192^2 float32 transpose, docs/performance.md):
+    ``alltoallv`` 40 ms against 52 ms for the regular ``alltoall`` at 2 ranks, 47 against 63
+    at 4, although the raw Alltoall of pre-packed bytes is the faster collective (23 vs 30 ms
+    at 2 ranks, a tie at 4): a regular Alltoall must also move this rank's own block through
+    the packed buffers, which Alltoallv leaves out (it is copied locally while the exchange
+    runs). ``alltoallw`` swung between 31 and 60 ms; ``p2p`` tied on dense exchanges.
+    ``algorithm="tune"`` measures instead of assuming. ``alltoallw`` is host-only: GPU
+    arrays take ``alltoallv``.
     """
     if algorithm == "auto":
-        if step is None or coords is None:
-            return "alltoallv"
-        if step.uniform_block(coords) is not None:
-            return "alltoall"
-        if 4 * step.max_peers() <= prod(step.group_shape):
+        if step is not None and 4 * step.max_peers() <= prod(step.group_shape):
             return "p2p"
         return "alltoallv"
     if algorithm not in ALGORITHMS:
-        raise ValueError(f"algorithm must be 'auto' or one of {ALGORITHMS}, got {algorithm!r}")
+        raise ValueError(
+            f"algorithm must be 'auto', 'tune' or one of {ALGORITHMS}, got {algorithm!r}"
+        )
     if device and algorithm == "alltoallw":
         return "alltoallv"
     return algorithm
 
 
-def _algo(s: Step, algorithm: str, dev: bool, coords: tuple) -> str:
-    return choose_algorithm(s, algorithm, dev, coords) if s.kind == "alltoallv" else ""
+def _exec(s: Step, mesh: Mesh, algorithm: str, dev: bool) -> _Exec:
+    if s.kind != "alltoallv":
+        return _Exec(s, mesh, "", dev)
+    if algorithm == "tune":
+        algorithm = _tune.choose(
+            s, mesh, dev, lambda a: _Exec(s, mesh, choose_algorithm(s, a, dev), dev)
+        )
+    return _Exec(s, mesh, choose_algorithm(s, algorithm, dev, mesh.coords), dev)
 
 
 def _executors(p: Plan, mesh: Mesh, algorithm: str = "auto", like: Any = None) -> list:
@@ -506,14 +549,11 @@ def _executors(p: Plan, mesh: Mesh, algorithm: str = "auto", like: Any = None) -
     cache = mesh._cache
     execs = cache.execs.get(key)
     if execs is None:
-        if algorithm != "auto" and algorithm not in ALGORITHMS:
+        if algorithm not in ("auto", "tune") and algorithm not in ALGORITHMS:
             choose_algorithm(None, algorithm)  # the precise error, whatever the plan
         if dev:
             bk.announce()
-        execs = [
-            _Exec(s, mesh, _algo(s, algorithm, dev, mesh.coords), dev)
-            for s in p.steps
-        ]
+        execs = [_exec(s, mesh, algorithm, dev) for s in p.steps]
         cache.execs.put(key, execs)
         cache.note(execs)
         log.debug("pyshard: built %s (%s) for rank %d", p, algorithm, mesh.rank)
@@ -524,7 +564,7 @@ def execute(
     p: Plan,
     mesh: Mesh,
     local: Any,
-    algorithm: str = "auto",
+    algorithm: Optional[str] = None,
     out: Optional[Any] = None,
 ) -> Any:
     """Run plan ``p`` on this rank's ``local`` shard (numpy or cupy); collective over ``mesh``.
@@ -533,6 +573,7 @@ def execute(
     same side as ``local``, that the last step writes into (checked before any
     communication).
     """
+    algorithm = DEFAULT_ALGORITHM if algorithm is None else algorithm
     return _execute(_executors(p, mesh, algorithm, local), p, mesh, local, out)
 
 

@@ -1,0 +1,125 @@
+"""``algorithm="tune"``: measure the candidate exchanges of a step once, keep the winner.
+
+Modelled on cuDecomp's autotuner. The first time a step of a given kind and size runs with
+``algorithm="tune"``, every candidate exchange runs on scratch buffers of the step's shapes
+(one warm-up, then timed trials, each the slowest rank of the step's communicator); the
+times are combined over the whole mesh (the maximum), so every rank of the mesh adopts the
+same winner, and the winner is remembered on the mesh under a key made from the layouts
+only: the MPI library, the size of the step's communicator, the memory kind, whether the
+exchange is sparse, and the step's bytes per rank bucketed by powers of two. With
+``PYSHARD_TUNE_FILE`` set, rank 0 of the mesh reads earlier choices from that JSON file
+(every rank gets them by one broadcast) and adds each new choice to it, so the next job
+starts tuned.
+
+Tuning happens at the first build of a step's executor, which every rank of the mesh
+reaches in the same call; the choices live on the mesh (not in the bounded executor
+cache), so a rebuilt executor finds its choice without communicating.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import tempfile
+import time
+from math import log2, prod
+from typing import Any, Dict, List
+
+import numpy as np
+from mpi4py import MPI
+
+from . import _backend as bk
+from .plan import Step
+
+log = logging.getLogger("pyshard")
+
+HOST_CANDIDATES = ("alltoallv", "alltoall", "p2p", "alltoallw")
+DEVICE_CANDIDATES = ("alltoallv", "alltoall", "p2p")
+TRIALS = 3
+
+
+def key(step: Step, dev: bool) -> str:
+    """The tuning key of ``step``: identical on every rank of the mesh (layouts only)."""
+    lib = " ".join(MPI.Get_library_version().strip().splitlines()[0].split())
+    g = prod(step.group_shape)
+    per_rank = prod(step.src.shape) * step.src.dtype.itemsize // max(1, g)
+    bucket = int(log2(per_rank)) if per_rank > 0 else -1
+    sparse = 4 * step.max_peers() <= g
+    return f"{lib}|{g}|{'cuda' if dev else 'host'}|{'sparse' if sparse else 'dense'}|2^{bucket}"
+
+
+def _load(mesh: Any) -> Dict[str, str]:
+    """Earlier choices from PYSHARD_TUNE_FILE: read on rank 0 of the mesh, broadcast."""
+    path = os.environ.get("PYSHARD_TUNE_FILE", "")
+    data: Dict[str, str] = {}
+    if mesh.rank == 0 and path and os.path.exists(path):
+        try:
+            with open(path) as f:
+                raw = json.load(f)
+            data = {str(k): str(v) for k, v in raw.items() if v in HOST_CANDIDATES}
+        except (OSError, ValueError, AttributeError) as e:
+            log.warning("pyshard: ignoring the tuning file %s: %s", path, e)
+    return mesh.comm.bcast(data, root=0)
+
+
+def _save(mesh: Any, choices: Dict[str, str]) -> None:
+    path = os.environ.get("PYSHARD_TUNE_FILE", "")
+    if mesh.rank != 0 or not path:
+        return
+    try:
+        d = os.path.dirname(os.path.abspath(path))
+        fd, tmp = tempfile.mkstemp(dir=d, prefix=".pyshard-tune-")
+        with os.fdopen(fd, "w") as f:
+            json.dump(choices, f, indent=1, sort_keys=True)
+        os.replace(tmp, path)
+    except OSError as e:
+        log.warning("pyshard: cannot write the tuning file %s: %s", path, e)
+
+
+def choose(step: Step, mesh: Any, dev: bool, build: Any) -> str:
+    """The tuned algorithm for ``step`` (collective over the mesh the first time a key is
+    seen). ``build(algorithm)`` returns an executor for the step."""
+    choices = mesh._cache.tuned
+    if choices is None:
+        choices = mesh._cache.tuned = _load(mesh)
+    k = key(step, dev)
+    if k in choices:
+        return choices[k]
+    cands = DEVICE_CANDIDATES if dev else HOST_CANDIDATES
+    times = np.asarray(_measure(step, mesh, dev, [build(c) for c in cands]))
+    worst = np.empty_like(times)
+    mesh.comm.Allreduce(times, worst, op=MPI.MAX)  # the same on every rank
+    best = cands[int(np.argmin(worst))]
+    choices[k] = best
+    _save(mesh, choices)
+    if mesh.rank == 0:
+        log.info(
+            "pyshard: tuned %s: %s (%s ms)",
+            k,
+            best,
+            ", ".join(f"{c} {1e3 * t:.3f}" for c, t in zip(cands, worst)),
+        )
+    return best
+
+
+def _measure(step: Step, mesh: Any, dev: bool, execs: List[Any]) -> List[float]:
+    """Median seconds of each executor on scratch buffers (slowest rank of the step)."""
+    xp = bk.cupy() if dev else np
+    coords = mesh.coords
+    src = xp.zeros(step.src.local_shape(coords), step.src.dtype)
+    dst = xp.empty(step.dst.local_shape(coords), step.dst.dtype)
+    group = mesh.sub_dims(step.mesh_dims)
+    out = []
+    for e in execs:
+        e.run(src, dst)  # warm-up
+        ts = []
+        for _ in range(TRIALS):
+            group.Barrier()
+            t0 = time.perf_counter()
+            e.run(src, dst)
+            if dev:
+                xp.cuda.get_current_stream().synchronize()
+            ts.append(group.allreduce(time.perf_counter() - t0, op=MPI.MAX))
+        out.append(float(np.median(ts)))
+    return out

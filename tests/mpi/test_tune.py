@@ -1,0 +1,163 @@
+"""algorithm="tune", the default algorithm from the environment, pooled results, sparse
+exchanges: results against the numpy oracle, collective counts, and agreement between ranks."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+import pytest
+from oracle import make_global
+
+import pyshard as ps
+from pyshard import Replicate, Shard, _core
+from pyshard import array as psarray
+
+EXCHANGES = {"alltoallv", "alltoall", "p2p", "alltoallw"}
+
+
+def counts_since(before):
+    now = ps.comm_stats()
+    return {k: v - before.get(k, 0) for k, v in now.items() if v - before.get(k, 0)}
+
+
+@pytest.fixture
+def tune_file(comm, tmp_path, monkeypatch):
+    path = comm.bcast(str(tmp_path / "tune.json") if comm.rank == 0 else None, root=0)
+    monkeypatch.setenv("PYSHARD_TUNE_FILE", path)
+    return path
+
+
+@pytest.mark.parametrize("shape", [(12, 10), (13, 7)])
+def test_tune_picks_one_winner_everywhere(comm, tune_file, shape):
+    mesh = ps.Mesh(comm, (comm.size,))
+    g = make_global(shape, "float64")
+    x = ps.distribute(g, mesh, [Shard(0)])
+    before = ps.comm_stats()
+    y = x.redistribute([Shard(1)], algorithm="tune")
+    np.testing.assert_array_equal(y.local, g[y.box])
+    tuned = mesh._cache.tuned
+    if comm.size == 1:
+        assert counts_since(before) == {}
+        return
+    assert len(tuned) == 1
+    choice = next(iter(tuned.values()))
+    assert choice in EXCHANGES
+    assert comm.allgather(choice) == [choice] * comm.size  # every rank adopted the same
+    # a second call runs the winner once; the choice survives the executor caches
+    ps.clear_caches()
+    before = ps.comm_stats()
+    y = x.redistribute([Shard(1)], algorithm="tune")
+    np.testing.assert_array_equal(y.local, g[y.box])
+    assert counts_since(before) == {choice: 1}
+    comm.Barrier()
+    with open(tune_file) as f:
+        assert json.load(f) == tuned
+    # a new mesh (a new job) starts from the file: no trials
+    mesh2 = ps.Mesh(comm, (comm.size,))
+    x2 = ps.distribute(g, mesh2, [Shard(0)])
+    before = ps.comm_stats()
+    y2 = x2.redistribute([Shard(1)], algorithm="tune")
+    assert counts_since(before) == {choice: 1}
+    np.testing.assert_array_equal(y2.local, g[y2.box])
+    mesh.free()
+    mesh2.free()
+
+
+def test_default_algorithm_from_environment(comm, monkeypatch):
+    if comm.size == 1:
+        pytest.skip("no exchange on one rank")
+    monkeypatch.setattr(psarray, "DEFAULT_ALGORITHM", "p2p")
+    mesh = ps.Mesh(comm, (comm.size,))
+    g = make_global((4 * comm.size, 3 * comm.size), "int32")
+    x = ps.distribute(g, mesh, [Shard(0)])
+    before = ps.comm_stats()
+    y = x.redistribute([Shard(1)])
+    assert counts_since(before) == {"p2p": 1}
+    np.testing.assert_array_equal(y.local, g[y.box])
+    mesh.free()
+
+
+def test_bad_default_algorithm_is_a_clear_error(monkeypatch):
+    monkeypatch.setenv("PYSHARD_ALGORITHM", "fastest")
+    with pytest.raises(ValueError, match="PYSHARD_ALGORITHM must be auto, tune or one of"):
+        psarray._default_algorithm()
+
+
+def test_plain_results_come_from_the_pool(comm):
+    """Results of 1 MiB or more return to the pool when freed and are reused."""
+    if comm.size == 1:
+        pytest.skip("no exchange on one rank: the result is a local copy")
+    mesh = ps.Mesh(comm, (comm.size,))
+    n = 512 * comm.size
+    g = make_global((n, 640), "float32")
+    x = ps.distribute(g, mesh, [Shard(0)])
+    ps.clear_caches()
+    y = x.redistribute([Shard(1)])
+    np.testing.assert_array_equal(y.local, g[y.box])
+    if y.local.nbytes < psarray.POOL_MIN_BYTES:
+        pytest.skip("result below the pool's threshold at this size")
+    del y
+    held = _core.result_pool_held()
+    assert held >= 512 * 640 * 4 // comm.size
+    y = x.redistribute([Shard(1)])  # takes the pooled buffer back
+    assert _core.result_pool_held() == 0  # the only idle buffer was reused
+    np.testing.assert_array_equal(y.local, g[y.box])
+    z = y.local[::2]  # a view keeps the memory alive
+    del y
+    assert _core.result_pool_held() == 0
+    del z
+    assert _core.result_pool_held() == held
+    mesh.free()
+
+
+@pytest.mark.parametrize("n", [0, 1, 2])
+def test_sparse_targets_use_point_to_point(comm, n):
+    """A target whose shards are mostly empty (n rows over the ranks): each rank sends to at
+    most n peers, point-to-point once that is at most a quarter of the ranks."""
+    p = comm.size
+    mesh = ps.Mesh(comm, (p,))
+    g = make_global((4 * p, n), "float64")
+    x = ps.distribute(g, mesh, [Shard(0)])
+    step = x.plan_to([Shard(1)]).steps
+    before = ps.comm_stats()
+    y = x.redistribute([Shard(1)])
+    np.testing.assert_array_equal(y.local, g[y.box])
+    if p == 1:
+        return
+    peers = min(n, p - 1)
+    assert step[0].max_peers() == peers
+    assert counts_since(before) == {("p2p" if 4 * peers <= p else "alltoallv"): 1}
+    assert f"at most {peers} peers per rank" in x.plan_to([Shard(1)]).explain()
+    mesh.free()
+
+
+def test_regular_gather_lands_in_place(comm):
+    """Shard(0) -> Replicate with equal shards is one MPI_Allgather straight into the
+    output; with unequal shards one Allgatherv."""
+    p = comm.size
+    mesh = ps.Mesh(comm, (p,))
+    for rows, want in ((3 * p, "allgather"), (3 * p + 1, "allgatherv")):
+        g = make_global((rows, 5), "int64")
+        x = ps.distribute(g, mesh, [Shard(0)])
+        before = ps.comm_stats()
+        y = x.redistribute([Replicate()])
+        np.testing.assert_array_equal(y.local, g)
+        if p > 1:
+            assert counts_since(before) == {want: 1}
+    mesh.free()
+
+
+def test_tune_file_that_is_garbage_is_ignored(comm, tune_file):
+    if comm.rank == 0:
+        with open(tune_file, "w") as f:
+            f.write("{not json")
+    comm.Barrier()
+    mesh = ps.Mesh(comm, (comm.size,))
+    g = make_global((6, 4 * comm.size), "float32")
+    x = ps.distribute(g, mesh, [Shard(1)])
+    y = x.redistribute([Shard(0)], algorithm="tune")
+    np.testing.assert_array_equal(y.local, g[y.box])
+    assert os.path.exists(tune_file)
+    mesh.free()
