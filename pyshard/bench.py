@@ -52,7 +52,8 @@ from .array import ShardedArray, _executors, from_local
 from .checkpoint import PathArg, _box, _err, _norm_path, _on_root, load, save
 from .layout import Layout, Partial, Replicate, Shard
 from .mesh import Mesh
-from .plan import Plan, Step, _contiguous
+from .plan import Plan, Step, _contiguous, exchange_specs, geometry
+from .plan import plan as make_plan
 
 log = logging.getLogger("pyshard")
 
@@ -65,7 +66,7 @@ CASES = (
     "rebalance",
     "small",
 )
-EXTRA_CASES = ("checkpoint", "memory")  # run only when named: see the module docstring
+EXTRA_CASES = ("checkpoint", "memory", "sparse")  # run only when named: see the module docstring
 MEMORY_FIRST = 40  # the memory case compares the peak RSS after this many shapes ...
 MEMORY_LIMIT_MIB = 64  # ... with the peak after all of them: at most this much growth
 
@@ -220,19 +221,42 @@ class _Reference:
             )
         else:
             raise ValueError(f"no reference for a {k} step")
+        self.floors = self._floors()
 
-    def floor(self) -> None:
-        c = self.comm
+    def _floors(self) -> Dict[str, Any]:
+        """Raw collectives that move the step's bytes from pre-packed buffers, by MPI name:
+        the v-variant with the step's own counts, and the regular collective on blocks
+        padded to the largest (the same bytes where the blocks are equal)."""
+        c, n = self.comm, self.comm.Get_size()
         if self.kind in ("local_copy", "make_partial", "relabel"):
-            np.copyto(self.rbuf, self.sbuf)
-        elif self.kind == "alltoallv":
-            c.Alltoallv(
-                [self.sbuf, (self.sc, self.sd), MPI.BYTE], [self.rbuf, (self.rc, self.rd), MPI.BYTE]
-            )
-        elif self.kind == "allgatherv":
-            c.Allgatherv([self.sbuf, MPI.BYTE], [self.rbuf, (self.counts, self.displs), MPI.BYTE])
-        else:
-            c.Reduce_scatter(self.sbuf, self.rbuf, self.counts, op=MPI.SUM)
+            return {"memcpy": lambda: np.copyto(self.rbuf, self.sbuf)}
+        if self.kind == "alltoallv":
+            pad = c.allreduce(max(self.sc + self.rc), op=MPI.MAX)
+            sb, rb = np.zeros(n * pad, np.uint8), np.zeros(n * pad, np.uint8)
+            return {
+                "Alltoallv": lambda: c.Alltoallv(
+                    [self.sbuf, (self.sc, self.sd), MPI.BYTE],
+                    [self.rbuf, (self.rc, self.rd), MPI.BYTE],
+                ),
+                "Alltoall": lambda: c.Alltoall([sb, MPI.BYTE], [rb, MPI.BYTE]),
+            }
+        if self.kind == "allgatherv":
+            pad = c.allreduce(max(self.counts), op=MPI.MAX)
+            sb, rb = np.zeros(pad, np.uint8), np.zeros(n * pad, np.uint8)
+            return {
+                "Allgatherv": lambda: c.Allgatherv(
+                    [self.sbuf, MPI.BYTE], [self.rbuf, (self.counts, self.displs), MPI.BYTE]
+                ),
+                "Allgather": lambda: c.Allgather([sb, MPI.BYTE], [rb, MPI.BYTE]),
+            }
+        pad = c.allreduce(max(self.counts), op=MPI.MAX)
+        sb, rb = np.zeros(n * pad, self.dtype), np.zeros(pad, self.dtype)
+        return {
+            "Reduce_scatter": lambda: c.Reduce_scatter(
+                self.sbuf, self.rbuf, self.counts, op=MPI.SUM
+            ),
+            "Reduce_scatter_block": lambda: c.Reduce_scatter_block(sb, rb, op=MPI.SUM),
+        }
 
     def baseline(self) -> np.ndarray:
         c, local = self.comm, self.local
@@ -312,6 +336,29 @@ def _peak_extra(p: Plan, mesh: Mesh, algorithm: str) -> int:
     return peak
 
 
+# the raw collective each pyshard collective corresponds to (the "same-collective" floor)
+_SAME_FLOOR = {
+    "alltoallv": "Alltoallv", "p2p": "Alltoallv", "alltoallw": "Alltoallv",
+    "alltoall": "Alltoall", "allgatherv": "Allgatherv", "allgather": "Allgather",
+    "reduce_scatter": "Reduce_scatter", "reduce_scatter_block": "Reduce_scatter_block",
+}  # fmt: skip
+
+
+def _called(x: ShardedArray, case: Case, algorithm: str) -> str:
+    """The collective one pyshard call of this case makes (by comm_stats)."""
+    before = _backend_stats()
+    x.redistribute(case.dst, algorithm=algorithm)
+    after = _backend_stats()
+    got = [k for k in after if after[k] != before.get(k, 0) and k in _SAME_FLOOR]
+    return got[0] if got else ""
+
+
+def _backend_stats() -> Dict[str, int]:
+    from . import _core
+
+    return dict(_core.stats())
+
+
 def run_case(
     case: Case, comm: MPI.Comm, dtype: np.dtype, reps: int, warmup: int, algorithm: str
 ) -> Dict:
@@ -336,13 +383,18 @@ def run_case(
     t_ps = _timed(
         lambda: x.redistribute(case.dst, algorithm=algorithm, out=out), comm, reps, warmup
     )
-    t_floor = _timed(ref.floor, comm, reps, warmup)
+    t_plain = _timed(lambda: x.redistribute(case.dst, algorithm=algorithm), comm, reps, warmup)
+    floors = {k: float(np.median(_timed(f, comm, reps, warmup))) for k, f in ref.floors.items()}
+    fastest = min(floors, key=floors.get)
+    same = _SAME_FLOOR.get(_called(x, case, algorithm), fastest)
     t_base = _timed(ref.baseline, comm, reps, warmup)
     sent = max((b[0] for b in p.rank_bytes(mesh.coords)), default=0)
     sent = comm.allreduce(sent, op=MPI.MAX)
     peak = comm.allreduce(_peak_extra(p, mesh, algorithm), op=MPI.MAX)
     local_bytes = comm.allreduce(x.local.nbytes, op=MPI.MAX)
-    med, flo, base = float(np.median(t_ps)), float(np.median(t_floor)), float(np.median(t_base))
+    med, base = float(np.median(t_ps)), float(np.median(t_base))
+    flo, same_flo = floors[fastest], floors.get(same, floors[fastest])
+    plain = float(np.median(t_plain))
     return {
         "case": case.name,
         "shape": list(case.shape),
@@ -355,7 +407,14 @@ def run_case(
         "median_s": med,
         "min_s": float(np.min(t_ps)),
         "floor_median_s": flo,
+        "floor_collective": fastest,
         "ratio_to_floor": med / flo if flo > 0 else float("nan"),
+        "same_floor_collective": same,
+        "same_floor_median_s": same_flo,
+        "ratio_to_same_floor": med / same_flo if same_flo > 0 else float("nan"),
+        "floors_median_s": floors,
+        "plain_median_s": plain,
+        "plain_ratio_to_floor": plain / flo if flo > 0 else float("nan"),
         "baseline_median_s": base,
         "ratio_to_baseline": med / base if base > 0 else float("nan"),
         "bytes_per_rank": int(sent),
@@ -370,9 +429,9 @@ def run_case(
 
 def _fmt_table(rows: List[Dict]) -> str:
     head = (
-        f"{'case':<18}{'algorithm':<11}{'shape':<12}{'median ms':>10}{'floor ms':>10}"
-        f"{'x floor':>8}{'base ms':>9}{'x base':>8}{'MB/rank':>9}{'GB/s':>7}{'extra/loc':>10}"
-        f"  check"
+        f"{'case':<18}{'algorithm':<11}{'shape':<12}{'median ms':>10}{'plain ms':>9}"
+        f"{'floor ms':>9} {'(fastest raw)':<21}{'x floor':>8}{'x same':>7}{'base ms':>9}"
+        f"{'x base':>7}{'MB/rank':>9}{'GB/s':>6}{'extra/loc':>10}  check"
     )
     lines = [head]
     for r in rows:
@@ -381,9 +440,11 @@ def _fmt_table(rows: List[Dict]) -> str:
         shape = "x".join(map(str, r["shape"]))
         lines.append(
             f"{r['case']:<18}{r['algorithm']:<11}{shape:<12}{r['median_s'] * 1e3:>10.3f}"
-            f"{r['floor_median_s'] * 1e3:>10.3f}{r['ratio_to_floor']:>8.2f}"
-            f"{r['baseline_median_s'] * 1e3:>9.3f}{r['ratio_to_baseline']:>8.2f}"
-            f"{r['bytes_per_rank'] / 1e6:>9.2f}{r['gbps']:>7.2f}"
+            f"{r['plain_median_s'] * 1e3:>9.3f}"
+            f"{r['floor_median_s'] * 1e3:>9.3f} {r['floor_collective']:<21}"
+            f"{r['ratio_to_floor']:>8.2f}{r['ratio_to_same_floor']:>7.2f}"
+            f"{r['baseline_median_s'] * 1e3:>9.3f}{r['ratio_to_baseline']:>7.2f}"
+            f"{r['bytes_per_rank'] / 1e6:>9.2f}{r['gbps']:>6.2f}"
             f"{r['peak_extra_bytes'] / max(r['local_bytes'], 1):>10.2f}  "
             f"{'ok' if r['check'] else 'WRONG'}"
         )
@@ -581,6 +642,63 @@ def _fmt_memory(r: Dict[str, Any]) -> str:
     )
 
 
+# ----------------------------------------------------------------------------- sparse setup
+
+
+def bench_sparse_setup(
+    sides: Sequence[int] = (16, 64, 256), n: int = 4096, coords_frac: float = 0.5
+) -> Dict[str, Any]:
+    """Simulate one rank of the 2-D swap ``[S0,S1] -> [S1,S0]`` of an ``n x n`` array on
+    ``side x side`` meshes (up to 65,536 ranks), without MPI: the time to plan, find its
+    blocks, build the core's point-to-point geometry and explain the step, next to the
+    peers it touches. The setup grows with the peers (one), not with the ranks."""
+    rows = []
+    for side in sides:
+        mesh = (side, side)
+        src = Layout((n, n), np.float32, mesh, [Shard(0), Shard(1)])
+        dst = Layout((n, n), np.float32, mesh, [Shard(1), Shard(0)])
+        me = (int(side * coords_frac), int(side * coords_frac * 0.5))
+        best = float("inf")
+        for _ in range(3):  # the best of 3, each from scratch (no plan cache)
+            t0 = time.perf_counter()
+            p = make_plan.__wrapped__(src, dst)
+            step = p.steps[0]
+            peers = step.max_peers()
+            g = geometry(step, me, _core_algorithm("p2p"))
+            sends, recvs, _ = exchange_specs(step, me)
+            best = min(best, time.perf_counter() - t0)
+        rows.append(
+            {
+                "ranks": side * side,
+                "mesh": list(mesh),
+                "max_peers": peers,
+                "sends": len(sends),
+                "recvs": len(recvs),
+                "descriptors": int(g.descriptors),
+                "setup_ms": 1e3 * best,
+                "auto": "p2p" if 4 * peers <= side * side else "alltoallv",
+            }
+        )
+    return {"case": "sparse", "array": [n, n], "rows": rows}
+
+
+def _core_algorithm(name: str) -> Any:
+    from . import _core
+
+    return getattr(_core.Algorithm, name)
+
+
+def _fmt_sparse(r: Dict[str, Any]) -> str:
+    lines = [f"sparse: one rank of the 2-D swap [S0,S1] -> [S1,S0] of {r['array']}, no MPI"]
+    for row in r["rows"]:
+        lines.append(
+            f"  {row['ranks']:>6} ranks: {row['max_peers']} peer(s) at most, this rank sends "
+            f"{row['sends']} and receives {row['recvs']} block(s), {row['descriptors']} "
+            f"descriptor(s), setup {row['setup_ms']:.2f} ms, auto -> {row['auto']}"
+        )
+    return "\n".join(lines)
+
+
 def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
         prog="python -m pyshard bench",
@@ -617,9 +735,13 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _run_extra(name: str, comm: MPI.Comm, args: argparse.Namespace) -> Dict:
-    """Run the checkpoint or memory case; rank 0 prints its row."""
+    """Run the checkpoint, memory or sparse case; rank 0 prints its row."""
     if name == "checkpoint":
         r = bench_checkpoint(Mesh(comm, (comm.Get_size(),)), nbytes=args.checkpoint_bytes, reps=1)
+    elif name == "sparse":
+        r = bench_sparse_setup()
+        if comm.Get_rank() == 0:
+            print(_fmt_sparse(r), flush=True)
     else:
         if comm.Get_rank() == 0:
             print(f"[bench] memory {args.memory_shapes} shapes ...", file=sys.stderr, flush=True)

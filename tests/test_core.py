@@ -176,3 +176,20 @@ def test_unsupported_input_names_the_argument(comm):
     with pytest.raises(TypeError, match="global_array must be a numpy array, a cupy array"):
         ps.distribute([1, 2, 3], mesh, [Shard(0)])
     mesh.free()
+
+
+def test_sparse_swap_at_65536_ranks_touches_one_peer():
+    """Simulated: one rank of the 2-D swap on a 256 x 256 mesh finds its one peer and builds
+    a point-to-point geometry of one block each way; explain() says so (the bench case
+    `sparse` times the same setup at 256, 4096 and 65,536 ranks)."""
+    from pyshard.bench import bench_sparse_setup
+
+    r = bench_sparse_setup(sides=(16, 256), n=4096)
+    for row in r["rows"]:
+        assert row["max_peers"] == 1 and row["sends"] == 1 and row["recvs"] == 1
+        assert row["auto"] == "p2p"
+    src = ps.Layout((4096, 4096), "float32", (256, 256), [Shard(0), Shard(1)])
+    dst = ps.Layout((4096, 4096), "float32", (256, 256), [Shard(1), Shard(0)])
+    step = plan(src, dst).steps[0]
+    assert step.max_peers() == 1
+    assert step.uniform_block((3, 5)) is None
