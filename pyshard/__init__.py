@@ -33,6 +33,7 @@ _check_same_mpi()
 from . import _backend, _cache  # noqa: E402
 from ._backend import build_info, cuda_available  # noqa: E402
 from ._cache import cache_limit, clear_caches, set_cache_limit  # noqa: E402
+from ._validate import set_validation, validation  # noqa: E402
 from .array import ShardedArray, distribute, from_local  # noqa: E402
 from .checkpoint import checkpoint_info, load, save  # noqa: E402
 from .layout import Layout, Partial, Placement, Replicate, Shard, split_sizes  # noqa: E402
@@ -82,5 +83,7 @@ __all__ = [
     "reset_comm_stats",
     "save",
     "set_cache_limit",
+    "set_validation",
     "split_sizes",
+    "validation",
 ]

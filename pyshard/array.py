@@ -12,7 +12,7 @@ from typing import Any, List, Optional, Sequence, Tuple
 import numpy as np
 
 from . import _backend as bk
-from . import _core, _tune
+from . import _core, _tune, _validate
 from ._cache import memoize
 from .layout import (
     Layout,
@@ -128,6 +128,8 @@ class ShardedArray:
         cache = self.mesh._cache
         if algorithm is None:
             algorithm = DEFAULT_ALGORITHM
+        if _validate.enabled:  # one small Allgather: a mismatch raises on every rank
+            self._agree(placements, sizes, algorithm)
         if sizes is None:
             try:
                 key = (self.layout, *placements, algorithm, type(self.local))
@@ -147,6 +149,29 @@ class ShardedArray:
         if key is not None and len(execs) == 1 and execs[0].direct:
             cache.fast.put(key, (target, execs[0]))
         return ShardedArray._wrap(res, target, self.mesh)
+
+    def _agree(self, placements: PlacementsArg, sizes: SizesArg, algorithm: str) -> None:
+        """Validation mode: every rank must pass the same target (see pyshard._validate)."""
+        err: Optional[Exception] = None
+        try:
+            target = repr(self._target(placements, sizes))
+        except (TypeError, ValueError) as e:
+            err, target = e, f"invalid ({e})"
+        want = self.layout.local_shape(self.mesh.coords)
+        local = (
+            "fits the layout"
+            if tuple(self.local.shape) == want and self.local.dtype == self.layout.dtype
+            else f"{tuple(self.local.shape)} {self.local.dtype}, the layout gives {want}"
+        )
+        items = {
+            "source layout": repr(self.layout),
+            "target layout": target,
+            "algorithm": repr(algorithm),
+            "local shard": local,
+        }
+        _validate.agree(self.mesh.comm, "redistribute", items)
+        if err is not None:
+            raise err
 
     @classmethod
     def _wrap(cls, local: Any, layout: Layout, mesh: Mesh) -> ShardedArray:
@@ -227,6 +252,13 @@ def from_local(
     same error on every rank.
     """
     mesh = _check_mesh(mesh)
+    if _validate.enabled:  # the same arguments everywhere; then every shape check agrees
+        args = {"placements": repr(placements), "global_shape": repr(global_shape)}
+        args["sizes"] = repr(sizes)
+        args["dtype"] = str(getattr(local, "dtype", type(local).__name__))
+        args["ndim"] = str(getattr(local, "ndim", "?"))
+        _validate.agree(mesh.comm, "from_local", args)
+        validate = True
     a = _check_array(local, "local")
     placements = check_placements(placements, mesh.ndim, a.ndim)
     if global_shape is None:

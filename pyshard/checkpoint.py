@@ -25,6 +25,7 @@ import numpy.lib.format as npformat
 from mpi4py import MPI
 
 from . import _backend as bk
+from . import _validate
 from .array import ShardedArray, _zeroed
 from .layout import Layout, Partial, Placement, Replicate, Shard
 from .mesh import Mesh
@@ -517,6 +518,9 @@ def save(
     items = _check_arrays(arrays)
     meta_json = _meta_json(metadata)
     comm = items[0][1].mesh.comm
+    if _validate.enabled:
+        layouts = ", ".join(f"{n}: {x.layout!r}" for n, x in items)
+        _validate.agree(comm, "save", {"path": repr(path), "arrays": layouts})
     rank, size = comm.Get_rank(), comm.Get_size()
     taken: set = set()
     entries = {name: _entry(name, x, _file_name(name, taken)) for name, x in items}
@@ -832,6 +836,10 @@ def load(
     """
     t0 = time.perf_counter()
     path = _norm_path(path, "load")
+    if _validate.enabled and isinstance(mesh, Mesh):
+        items = {"path": repr(path), "placements": repr(placements), "sizes": repr(sizes)}
+        items["device"] = repr(device)
+        _validate.agree(mesh.comm, "load", items)
     names, want, sizes = _check_load_args(mesh, placements, sizes)
     if device not in (None, "cpu", "cuda"):
         raise ValueError(f"load(device): expected None, 'cpu' or 'cuda', got {device!r}")

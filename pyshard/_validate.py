@@ -1,0 +1,102 @@
+"""The validation mode: a rank that calls with other arguments than its peers gets an error,
+on every rank, instead of a hang.
+
+Off by default (no collective beyond the plan's). On (``pyshard.set_validation(True)`` or
+``PYSHARD_VALIDATE=1``), ``redistribute``, ``from_local``, ``save`` and ``load`` first run one
+small collective over the mesh: an ``MPI_Allgather`` of eight int64 per rank (the call and
+checksums of its arguments: source and target layouts, algorithm, whether the local shard
+fits the layout). When every rank agrees, that is all it costs. When they differ, one more
+allgather of the readable descriptions follows and every rank raises the same ``ValueError``
+naming the ranks that differ and what differs.
+"""
+
+from __future__ import annotations
+
+import os
+import zlib
+from typing import Dict, List
+
+import numpy as np
+from mpi4py import MPI
+
+__all__ = ["set_validation", "validation"]
+
+WIDTH = 8  # int64 per rank: the call, then one checksum per item (at most WIDTH - 1)
+
+
+def _env() -> bool:
+    raw = os.environ.get("PYSHARD_VALIDATE", "").strip().lower()
+    if raw in ("", "0", "false", "no", "off"):
+        return False
+    if raw in ("1", "true", "yes", "on"):
+        return True
+    raise ValueError(f"PYSHARD_VALIDATE must be 0 or 1, got {raw!r}")
+
+
+enabled = _env()
+
+
+def set_validation(on: bool) -> None:
+    """Turn the validation mode on or off (this process; every rank should do the same).
+
+    On: every ``redistribute``, ``from_local``, ``save`` and ``load`` first checks with one
+    small Allgather that every rank passed the same layouts and arguments, and raises the
+    same ``ValueError`` on every rank when they differ (instead of hanging in mismatched
+    collectives). Off (the default): no collective beyond the plan's.
+    """
+    global enabled
+    enabled = bool(on)
+
+
+def validation() -> bool:
+    """Is the validation mode on?"""
+    return enabled
+
+
+def _crc(s: str) -> int:
+    return zlib.crc32(s.encode())
+
+
+def agree(comm: MPI.Comm, call: str, items: Dict[str, str]) -> None:
+    """Collective over ``comm``: every rank's ``items`` (name -> description) must be equal;
+    else every rank raises the same ValueError naming the ranks that differ and how."""
+    names = list(items)[: WIDTH - 1]
+    mine = np.zeros(WIDTH, np.int64)
+    mine[0] = _crc(call + "|" + ",".join(names))
+    for i, n in enumerate(names):
+        mine[i + 1] = _crc(items[n])
+    rows = np.empty((comm.Get_size(), WIDTH), np.int64)
+    comm.Allgather(mine, rows)
+    if (rows == rows[0]).all():
+        return
+    everyone: List[tuple] = comm.allgather((call, items))  # every rank saw the mismatch
+    raise ValueError(_message(everyone))
+
+
+def _ranks(rs: List[int]) -> str:
+    return ("rank " if len(rs) == 1 else "ranks ") + ", ".join(map(str, rs))
+
+
+def _message(everyone: List[tuple]) -> str:
+    """What differs between the ranks' calls, the same text on every rank."""
+    calls: Dict[str, List[int]] = {}
+    for r, (call, _) in enumerate(everyone):
+        calls.setdefault(call, []).append(r)
+    if len(calls) > 1:
+        where = "; ".join(f"{_ranks(rs)} in {c}" for c, rs in calls.items())
+        return (
+            f"pyshard (validation mode): the ranks are in different calls: {where}. Every "
+            f"rank must make the same pyshard calls in the same order."
+        )
+    call = everyone[0][0]
+    lines = [f"pyshard (validation mode): the ranks passed different arguments to {call}:"]
+    names = list(everyone[0][1])
+    for n in names:
+        groups: Dict[str, List[int]] = {}
+        for r, (_, items) in enumerate(everyone):
+            groups.setdefault(items.get(n, "?"), []).append(r)
+        if len(groups) > 1:
+            parts = "; ".join(f"{_ranks(rs)}: {v}" for v, rs in groups.items())
+            lines.append(f"  {n}: {parts}")
+    lines.append("Every rank must pass the same layouts and arguments.")
+    return "\n".join(lines)

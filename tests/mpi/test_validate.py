@@ -1,0 +1,116 @@
+"""The validation mode turns rank mismatches (a user bug that hangs every rank otherwise) into
+the same ValueError on every rank; off, it costs nothing."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from oracle import make_global
+
+import pyshard as ps
+from pyshard import Partial, Replicate, Shard
+
+
+@pytest.fixture
+def validating():
+    ps.set_validation(True)
+    try:
+        yield
+    finally:
+        ps.set_validation(False)
+
+
+def _all_raise(comm, fn, *needles):
+    """fn() raises ValueError on this rank; every rank gets the same text, naming needles."""
+    with pytest.raises(ValueError) as e:
+        fn()
+    msg = str(e.value)
+    assert comm.allgather(msg) == [msg] * comm.size
+    for n in needles:
+        assert n in msg, msg
+    return msg
+
+
+def _mesh(comm):
+    if comm.size == 1:
+        pytest.skip("a mismatch needs two ranks")
+    return ps.Mesh(comm, (comm.size,))
+
+
+def test_different_targets(comm, validating):
+    mesh = _mesh(comm)
+    x = ps.distribute(make_global((4, 6), "float64"), mesh, [Shard(0)])
+    target = [Shard(1)] if comm.rank == 0 else [Replicate()]
+    others = "ranks " + ", ".join(map(str, range(1, comm.size))) if comm.size > 2 else "rank 1"
+    _all_raise(comm, lambda: x.redistribute(target), "target layout", "rank 0: ", others)
+
+
+def test_different_sizes(comm, validating):
+    mesh = _mesh(comm)
+    g = make_global((5, 3), "int32")
+    x = ps.distribute(g, mesh, [Shard(0)])
+    last = comm.size - 1
+    sizes = {0: [5] + [0] * last} if comm.rank == last else None
+    _all_raise(comm, lambda: x.redistribute([Shard(0)], sizes=sizes), "sizes=", f"rank {last}")
+
+
+def test_bad_input_on_one_rank_raises_everywhere(comm, validating):
+    mesh = _mesh(comm)
+    x = ps.distribute(make_global((4, 6), "float64"), mesh, [Shard(0)])
+    target = [Shard(5)] if comm.rank == 0 else [Shard(1)]
+    _all_raise(comm, lambda: x.redistribute(target), "invalid", "rank 0")
+
+
+def test_different_calls(comm, validating):
+    mesh = _mesh(comm)
+    g = make_global((4, 6), "float64")
+    x = ps.distribute(g, mesh, [Shard(0)])
+    if comm.rank == 0:
+        fn = lambda: ps.from_local(x.local, mesh, [Shard(0)], global_shape=g.shape)  # noqa: E731
+    else:
+        fn = lambda: x.redistribute([Shard(1)])  # noqa: E731
+    _all_raise(comm, fn, "different calls", "from_local", "redistribute")
+
+
+def test_from_local_shapes_checked_everywhere(comm, validating):
+    mesh = _mesh(comm)
+    g = make_global((3 * comm.size, 4), "float32")
+    x = ps.distribute(g, mesh, [Shard(0)])
+    local = x.local if comm.rank else x.local[:1]  # rank 0 passes too few rows
+    _all_raise(
+        comm,
+        lambda: ps.from_local(local, mesh, [Shard(0)], global_shape=g.shape),
+        "rank 0",
+    )
+
+
+def test_load_arguments_agree(comm, validating, tmp_path):
+    mesh = _mesh(comm)
+    path = comm.bcast(str(tmp_path / "ckpt") if comm.rank == 0 else None, root=0)
+    g = make_global((6, 4), "float64")
+    ps.save(path, {"a": ps.distribute(g, mesh, [Shard(0)])})
+    want = [Shard(1)] if comm.rank == 0 else [Shard(0)]
+    _all_raise(comm, lambda: ps.load(path, mesh, {"a": want}), "placements", "rank 0")
+    y = ps.load(path, mesh, {"a": [Shard(1)]})["a"]  # agreeing ranks load fine
+    np.testing.assert_array_equal(y.local, g[y.box])
+
+
+def test_agreeing_calls_give_the_oracle(comm, validating):
+    mesh = ps.Mesh(comm, (comm.size,))
+    g = make_global((7, 5), "float64")
+    x = ps.distribute(g, mesh, [Shard(0)])
+    for dst in ([Shard(1)], [Replicate()], [Partial("sum")], [Shard(0)]):
+        y = x.redistribute(dst)
+        ref = y.full() if isinstance(dst[0], Partial) else y.local
+        np.testing.assert_array_equal(ref, g if isinstance(dst[0], Partial) else g[y.box])
+    assert ps.validation()
+
+
+def test_environment_switch(monkeypatch):
+    from pyshard import _validate
+
+    monkeypatch.setenv("PYSHARD_VALIDATE", "1")
+    assert _validate._env() is True
+    monkeypatch.setenv("PYSHARD_VALIDATE", "maybe")
+    with pytest.raises(ValueError, match="PYSHARD_VALIDATE must be 0 or 1"):
+        _validate._env()
