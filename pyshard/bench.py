@@ -12,7 +12,7 @@ For every case, in the same run and on the same communicator:
 Times are the median and minimum over ``reps`` of the slowest rank (a barrier before each
 rep, the maximum over ranks after).
 
-Two more cases, each a JSON row of its own fields, run only when named in ``--cases``:
+More cases, each a JSON row of its own fields, run only when named in ``--cases``:
 
 - ``checkpoint``: :func:`bench_checkpoint`, save and load GB/s of a float32 array of
   ``--checkpoint-bytes`` next to numpy.save/load on rank 0.
@@ -21,8 +21,14 @@ Two more cases, each a JSON row of its own fields, run only when named in ``--ca
   per rank, results dropped), and the peak RSS after 40 shapes and after all, maximum over
   ranks. ``check`` holds when it grew by at most 64 MiB: the caches stay bounded. It takes
   a few hundred MiB per rank and tens of seconds, hence not in the default list.
+- ``sparse``: :func:`bench_sparse_setup`, one rank's setup of the 2-D swap simulated on
+  meshes of 256, 4096 and 65,536 ranks (no MPI): it grows with the peers, not the ranks.
+- ``fft3d``: a distributed 3-D FFT on a 2-D mesh (``--fft-n``, default 256^3 complex128;
+  :mod:`pyshard._fft3d`, ``examples/fft3d.py``), total and transposes alone, next to
+  mpi4py-fft's PFFT with the numpy backend when it is installed (``pip install .[fft]``,
+  which needs FFTW: ``apt-get install libfftw3-dev``).
 
-``--device cuda`` (:func:`main_cuda`) runs ``transpose`` and ``gather`` on cupy arrays
+``--device cuda`` (:func:`pyshard._bench_gpu.main_cuda`) runs ``transpose`` and ``gather`` on cupy arrays
 instead, each next to the same exchange written by hand with cupy and mpi4py (a device pack,
 the raw collective on device memory with a CUDA-aware MPI, else staged through pinned host
 buffers), plus the CUDA pack kernel's bandwidth as a fraction of a device-to-device copy.
@@ -66,7 +72,8 @@ CASES = (
     "rebalance",
     "small",
 )
-EXTRA_CASES = ("checkpoint", "memory", "sparse")  # run only when named: see the module docstring
+# run only when named: see the module docstring
+EXTRA_CASES = ("checkpoint", "memory", "sparse", "fft3d")
 MEMORY_FIRST = 40  # the memory case compares the peak RSS after this many shapes ...
 MEMORY_LIMIT_MIB = 64  # ... with the peak after all of them: at most this much growth
 
@@ -710,6 +717,9 @@ def _parser() -> argparse.ArgumentParser:
         "--cases", "--case", default=",".join(CASES), help=f"comma list of {CASES + EXTRA_CASES}"
     )
     ap.add_argument("--shape", default="8192x8192")
+    ap.add_argument(
+        "--fft-n", type=int, default=256, help="fft3d case: an n^3 complex128 array (default 256)"
+    )
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--reps", type=int, default=10)
     ap.add_argument("--warmup", type=int, default=2)
@@ -742,6 +752,13 @@ def _run_extra(name: str, comm: MPI.Comm, args: argparse.Namespace) -> Dict:
         r = bench_sparse_setup()
         if comm.Get_rank() == 0:
             print(_fmt_sparse(r), flush=True)
+    elif name == "fft3d":
+        from ._fft3d import bench_fft3d, format_fft3d
+
+        n = args.fft_n
+        r = bench_fft3d(comm, n=n, reps=args.reps, warmup=args.warmup)
+        if comm.Get_rank() == 0:
+            print(format_fft3d(r), flush=True)
     else:
         if comm.Get_rank() == 0:
             print(f"[bench] memory {args.memory_shapes} shapes ...", file=sys.stderr, flush=True)

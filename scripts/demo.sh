@@ -6,4 +6,5 @@ cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 VENV=${PYSHARD_VENV:-.venv}
 NP=${NP:-4}
-exec timeout 600 "$VENV/bin/mpiexec" -n "$NP" "$VENV/bin/python" -m pyshard demo "$@"
+# under `python -m mpi4py`: a rank that raises aborts the whole job (no rank left waiting)
+exec timeout 600 "$VENV/bin/mpiexec" -n "$NP" "$VENV/bin/python" -m mpi4py -m pyshard demo "$@"

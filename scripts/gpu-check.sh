@@ -163,7 +163,7 @@ main() {
   BUILD_OK=$?
 
   for n in 1 2 4; do
-    step "tests-n$n" 150 150 "$MPIEXEC" -n "$n" "$PY" -m pytest tests/gpu -q -p no:cacheprovider
+    step "tests-n$n" 150 150 "$MPIEXEC" -n "$n" "$PY" -m pytest tests/gpu -q -p no:cacheprovider --with-mpi
   done
 
   rm -f "$LOGDIR/bench-cuda.jsonl"
@@ -172,7 +172,7 @@ main() {
 
   # extra, while time is left: the 2x2x2 mesh cases need 8 ranks
   if [ $((BUDGET - (SECONDS - T0))) -ge 100 ]; then
-    step tests-n8-3d 120 0 "$MPIEXEC" -n 8 "$PY" -m pytest tests/gpu/test_gpu_redistribute_nd.py \
+    step tests-n8-3d 120 0 "$MPIEXEC" -n 8 "$PY" -m pytest --with-mpi tests/gpu/test_gpu_redistribute_nd.py \
       -k 3d -q -p no:cacheprovider
   else
     SUMMARY+=("tests-n8-3d not run (no time left)")

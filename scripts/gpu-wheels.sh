@@ -2,7 +2,7 @@
 # Download, on a machine with PyPI, the cp312 manylinux x86_64 wheels that the GPU machine
 # (no package registry) lacks, into .whl/ (gitignored); scripts/gpu-check.sh installs them there.
 #
-#   bash scripts/gpu-wheels.sh            # mpich + mpi4py (the job then controls its MPI)
+#   bash scripts/gpu-wheels.sh            # mpich + mpi4py (the job then controls its MPI), pytest-mpi
 #   bash scripts/gpu-wheels.sh NAME==VER  # ... plus more pinned wheels, e.g. pytest pieces
 #
 # The GPU image already has Python 3.12, CUDA 13, cupy-cuda13x, mpi4py, pybind11,
@@ -21,7 +21,7 @@ if ! "$PY" -m pip --version >/dev/null 2>&1; then
     exit 2
   fi
 fi
-WANT=("mpich==5.0.2" "mpi4py==4.1.2" "$@")
+WANT=("mpich==5.0.2" "mpi4py==4.1.2" "pytest-mpi==0.6" "$@")
 DEST=.whl
 mkdir -p "$DEST"
 for spec in "${WANT[@]}"; do

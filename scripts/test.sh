@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Set up (see setup.sh), lint, and run the whole test suite on the CPU build: serially (one
-# rank) and under mpiexec at 2, 3, 4 and 7 ranks (plus 6 and 8 for 2-D and 3-D meshes), each
-# under a hard timeout so a hang fails fast. Then build the CUDA variant (nvcc, or NVIDIA's
+# Set up (see setup.sh), lint, and run the whole test suite on the CPU build: the serial tests
+# (pytest-mpi skips the MPI-marked ones without --with-mpi), then tests/mpi under mpiexec
+# with --with-mpi at 1, 2, 3, 4 and 7 ranks (plus 6 and 8 for 2-D and 3-D meshes), each under
+# a hard timeout so a hang fails fast. Then build the CUDA variant (nvcc, or NVIDIA's
 # compiler wheels), import it, and run the serial tests and the MPI tests at 2 ranks against
 # it: with no GPU here cuda_available() is False and everything else behaves as the CPU
 # build (tests/gpu skips). PYSHARD_TEST_CUDA=0 skips the CUDA variant.
@@ -25,8 +26,8 @@ run() {
 }
 run "$VENV/bin/ruff" check pyshard tests
 run timeout "$T" "$PY" -m pytest tests -p no:cacheprovider
-for n in ${PYSHARD_TEST_RANKS:-2 3 4 6 7 8}; do
-  run timeout "$T" "$MPIEXEC" -n "$n" "$PY" -m pytest tests/mpi -q -p no:cacheprovider
+for n in ${PYSHARD_TEST_RANKS:-1 2 3 4 6 7 8}; do
+  run timeout "$T" "$MPIEXEC" -n "$n" "$PY" -m pytest tests/mpi -q -p no:cacheprovider --with-mpi
 done
 if [ "${PYSHARD_TEST_CUDA:-1}" = 1 ]; then
   echo
@@ -36,7 +37,8 @@ if [ "${PYSHARD_TEST_CUDA:-1}" = 1 ]; then
 assert i['cuda'] is not None, 'the CUDA variant has no CUDA'; \
 assert ps.cuda_available() == (i['cuda_device'] and ps._backend.cupy() is not None)"
     run timeout "$T" "$PY" -m pytest tests -q -p no:cacheprovider
-    run timeout "$T" "$MPIEXEC" -n 2 "$PY" -m pytest tests/mpi tests/gpu -q -p no:cacheprovider
+    run timeout "$T" "$MPIEXEC" -n 2 "$PY" -m pytest tests/mpi tests/gpu -q -p no:cacheprovider \
+      --with-mpi
   else
     echo "=== FAILED: PYSHARD_CUDA=ON bash scripts/setup.sh"
     fail=$((fail + 1))

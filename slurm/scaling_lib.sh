@@ -4,7 +4,7 @@
 # scaling_run strong|weak
 #   For each rank count r in the sweep, runs
 #     srun --mpi=$PYSHARD_SRUN_MPI -n r -N nodes $SRUN_ARGS \
-#         $PYSHARD_PYTHON -m pyshard $PYSHARD_CMD --shape S --dtype D --json PART $BENCH_ARGS
+#         $PYSHARD_PYTHON -m mpi4py -m pyshard $PYSHARD_CMD --shape S --dtype D --json PART $BENCH_ARGS
 #   checks that every JSON line it wrote says "ranks": r (so N independent 1-rank jobs, which
 #   srun --mpi=none starts with pip's MPICH, fail loudly), and appends them to
 #   $OUT_DIR/<kind>_<jobid>.jsonl.
@@ -188,7 +188,7 @@ scaling_run() {
         t0=$SECONDS
         # shellcheck disable=SC2086  # SRUN_ARGS and BENCH_ARGS are word lists
         srun --mpi="$mpi" -n "$r" -N "$nodes" ${SRUN_ARGS:-} \
-            "$PY" -m pyshard "$cmd" "${args[@]}" ${BENCH_ARGS:-} 2>&1 | tee "$logf"
+            "$PY" -m mpi4py -m pyshard "$cmd" "${args[@]}" ${BENCH_ARGS:-} 2>&1 | tee "$logf"
         rc=${PIPESTATUS[0]}
         echo "-- srun exit code $rc after $((SECONDS - t0)) s"
         if [ "$rc" -ne 0 ]; then

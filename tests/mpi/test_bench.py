@@ -14,6 +14,8 @@ import pytest
 from pyshard.bench import CASES
 from pyshard.bench import main as bench_main
 
+pytestmark = pytest.mark.mpi  # run under mpiexec with --with-mpi (pytest-mpi)
+
 KEYS = {
     "case", "shape", "dtype", "ranks", "mesh", "algorithm", "median_s", "min_s",
     "floor_median_s", "ratio_to_floor", "baseline_median_s", "ratio_to_baseline",

@@ -23,6 +23,8 @@ from oracle import make_global
 import pyshard as ps
 from pyshard import Partial, Replicate, Shard
 
+pytestmark = pytest.mark.mpi  # run under mpiexec with --with-mpi (pytest-mpi)
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 WORKER = os.path.join(HERE, "ckpt_worker.py")
 MPIEXEC = os.path.join(os.path.dirname(sys.executable), "mpiexec")

@@ -9,6 +9,8 @@ from oracle import make_global
 import pyshard as ps
 from pyshard import Partial, Replicate, Shard
 
+pytestmark = pytest.mark.mpi  # run under mpiexec with --with-mpi (pytest-mpi)
+
 
 @pytest.fixture
 def mesh(comm):
@@ -131,3 +133,41 @@ def test_mesh_free(comm):
         x.redistribute([Shard(1), Replicate()])
         m.free()
         assert m.comm == ps.mesh.MPI.COMM_NULL
+
+
+@pytest.mark.parametrize(
+    "kind", ["fortran", "strided", "readonly", "bigendian", "scalar", "0d"]
+)
+def test_unusual_inputs(comm, kind):
+    """Fortran-order, strided, read-only and big-endian arrays and numpy scalars are taken
+    as they come (copied to a C-contiguous native shard where they must be): the result
+    equals the numpy oracle."""
+    mesh = ps.Mesh(comm, (comm.size,))
+    g = np.arange(7 * 5, dtype=np.float64).reshape(7, 5) - 11.5
+    if kind == "fortran":
+        a = np.asfortranarray(g)
+    elif kind == "strided":
+        big = np.zeros((14, 10))
+        big[::2, ::2] = g
+        a = big[::2, ::2]
+    elif kind == "readonly":
+        a = g.copy()
+        a.setflags(write=False)
+    elif kind == "bigendian":
+        a = g.astype(">f8")
+    elif kind == "scalar":
+        a, g = np.float64(3.25), np.array(3.25)
+    else:
+        a, g = np.array(3.25), np.array(3.25)
+    placements = [Replicate()] if g.ndim == 0 else [Shard(0)]
+    x = ps.distribute(a, mesh, placements)
+    assert x.local.flags.c_contiguous
+    np.testing.assert_array_equal(x.local, g[x.box] if g.ndim else g)
+    if g.ndim:
+        y = x.redistribute([Shard(1)])
+        np.testing.assert_array_equal(y.local, g[y.box])
+        np.testing.assert_array_equal(y.full(), g)
+        z = ps.from_local(a[x.box], mesh, [Shard(0)], global_shape=g.shape)
+        np.testing.assert_array_equal(z.redistribute([Replicate()]).local, g)
+    else:
+        np.testing.assert_array_equal(x.full(), g)

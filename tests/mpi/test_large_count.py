@@ -10,6 +10,8 @@ import pytest
 import pyshard as ps
 from pyshard import Shard
 
+pytestmark = pytest.mark.mpi  # run under mpiexec with --with-mpi (pytest-mpi)
+
 N = 2**31 + 4099  # bytes in the one message, past INT_MAX
 
 

@@ -13,6 +13,8 @@ import pyshard as ps
 from pyshard import Shard
 from pyshard.plan import geometry
 
+pytestmark = pytest.mark.mpi  # run under mpiexec with --with-mpi (pytest-mpi)
+
 
 def _peak_rss_mib(comm):
     return comm.allreduce(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0, op=max)
@@ -63,12 +65,11 @@ def test_caches_are_bounded_and_trimmed(comm):
         ps.set_cache_limit(old)
 
 
+@pytest.mark.mpi(min_size=2)
 @pytest.mark.parametrize("shape", [(12, 10), (13, 7)])
 def test_workspace_is_what_explain_reports(comm, shape):
     """The pool grows to exactly the step's workspace (4 KiB aligned), the number that
     explain() reports as pack/unpack memory: one rule in the core."""
-    if comm.size == 1:
-        pytest.skip("no exchange on one rank")
     mesh = ps.Mesh(comm, (comm.size,))
     g = make_global(shape, "float32")
     x = ps.distribute(g, mesh, [Shard(0)])

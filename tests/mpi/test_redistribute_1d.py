@@ -13,6 +13,8 @@ from oracle import DTYPES, contributions, make_global, reducible
 import pyshard as ps
 from pyshard import Partial, Replicate, Shard
 
+pytestmark = pytest.mark.mpi  # run under mpiexec with --with-mpi (pytest-mpi)
+
 S0, S1, R = Shard(0), Shard(1), Replicate()
 
 

@@ -16,6 +16,8 @@ from oracle import make_global
 import pyshard as ps
 from pyshard import Partial, Replicate, Shard
 
+pytestmark = pytest.mark.mpi  # run under mpiexec with --with-mpi (pytest-mpi)
+
 R, P = Replicate(), Partial("sum")
 
 

@@ -23,6 +23,8 @@ from test_redistribute_nd import make_source as make_source_nd
 import pyshard as ps
 from pyshard import Partial, Replicate, _core
 
+pytestmark = pytest.mark.mpi  # run under mpiexec with --with-mpi (pytest-mpi)
+
 DTYPES = ["float16", "float64", "int32", "bool", "complex128"]
 
 
@@ -101,10 +103,9 @@ def test_nd_staged_equals_direct(comm, staged):
     assert not failures, f"{len(failures)} failures:\n" + "\n".join(failures[:8])
 
 
+@pytest.mark.mpi(min_size=2)
 def test_staged_uses_the_pool(comm, staged):
     """The staging buffers come from the mesh's pool and are released with the mesh."""
-    if comm.size == 1:
-        pytest.skip("nothing to stage on one rank")
     mesh = ps.Mesh(comm, (comm.size,))
     g = make_global((8 * comm.size, 6 * comm.size), "float32")
     x = ps.distribute(g, mesh, [S(0)])

@@ -14,6 +14,8 @@ import pyshard as ps
 from pyshard import Replicate, Shard, _core
 from pyshard import array as psarray
 
+pytestmark = pytest.mark.mpi  # run under mpiexec with --with-mpi (pytest-mpi)
+
 EXCHANGES = {"alltoallv", "alltoall", "p2p", "alltoallw"}
 
 
@@ -65,9 +67,8 @@ def test_tune_picks_one_winner_everywhere(comm, tune_file, shape):
     mesh2.free()
 
 
+@pytest.mark.mpi(min_size=2)
 def test_default_algorithm_from_environment(comm, monkeypatch):
-    if comm.size == 1:
-        pytest.skip("no exchange on one rank")
     monkeypatch.setattr(psarray, "DEFAULT_ALGORITHM", "p2p")
     mesh = ps.Mesh(comm, (comm.size,))
     g = make_global((4 * comm.size, 3 * comm.size), "int32")
@@ -85,10 +86,9 @@ def test_bad_default_algorithm_is_a_clear_error(monkeypatch):
         psarray._default_algorithm()
 
 
+@pytest.mark.mpi(min_size=2)  # one rank: no exchange, the result is a local copy
 def test_plain_results_come_from_the_pool(comm):
     """Results of 1 MiB or more return to the pool when freed and are reused."""
-    if comm.size == 1:
-        pytest.skip("no exchange on one rank: the result is a local copy")
     mesh = ps.Mesh(comm, (comm.size,))
     n = 512 * comm.size
     g = make_global((n, 640), "float32")

@@ -10,6 +10,8 @@ from oracle import make_global
 import pyshard as ps
 from pyshard import Partial, Replicate, Shard
 
+pytestmark = pytest.mark.mpi  # run under mpiexec with --with-mpi (pytest-mpi)
+
 
 @pytest.fixture
 def validating():
@@ -32,11 +34,13 @@ def _all_raise(comm, fn, *needles):
 
 
 def _mesh(comm):
-    if comm.size == 1:
-        pytest.skip("a mismatch needs two ranks")
     return ps.Mesh(comm, (comm.size,))
 
 
+two_ranks = pytest.mark.mpi(min_size=2)  # a mismatch needs two ranks
+
+
+@two_ranks
 def test_different_targets(comm, validating):
     mesh = _mesh(comm)
     x = ps.distribute(make_global((4, 6), "float64"), mesh, [Shard(0)])
@@ -45,6 +49,7 @@ def test_different_targets(comm, validating):
     _all_raise(comm, lambda: x.redistribute(target), "target layout", "rank 0: ", others)
 
 
+@two_ranks
 def test_different_sizes(comm, validating):
     mesh = _mesh(comm)
     g = make_global((5, 3), "int32")
@@ -54,6 +59,7 @@ def test_different_sizes(comm, validating):
     _all_raise(comm, lambda: x.redistribute([Shard(0)], sizes=sizes), "sizes=", f"rank {last}")
 
 
+@two_ranks
 def test_bad_input_on_one_rank_raises_everywhere(comm, validating):
     mesh = _mesh(comm)
     x = ps.distribute(make_global((4, 6), "float64"), mesh, [Shard(0)])
@@ -61,6 +67,7 @@ def test_bad_input_on_one_rank_raises_everywhere(comm, validating):
     _all_raise(comm, lambda: x.redistribute(target), "invalid", "rank 0")
 
 
+@two_ranks
 def test_different_calls(comm, validating):
     mesh = _mesh(comm)
     g = make_global((4, 6), "float64")
@@ -72,6 +79,7 @@ def test_different_calls(comm, validating):
     _all_raise(comm, fn, "different calls", "from_local", "redistribute")
 
 
+@two_ranks
 def test_from_local_shapes_checked_everywhere(comm, validating):
     mesh = _mesh(comm)
     g = make_global((3 * comm.size, 4), "float32")
@@ -84,6 +92,7 @@ def test_from_local_shapes_checked_everywhere(comm, validating):
     )
 
 
+@two_ranks
 def test_load_arguments_agree(comm, validating, tmp_path):
     mesh = _mesh(comm)
     path = comm.bcast(str(tmp_path / "ckpt") if comm.rank == 0 else None, root=0)

@@ -1,0 +1,172 @@
+"""The pencil 3-D FFT (pyshard._fft3d) against numpy.fft.fftn on every 2-D mesh of the
+communicator (1xP, Px1 and the square-ish one), even and uneven shapes, complex64 and
+complex128, every pencil order; each transpose is one collective on one mesh dim.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from mpi4py import MPI
+
+import pyshard as ps
+from pyshard import Replicate, Shard
+from pyshard._fft3d import (
+    DEFAULT_ORDER,
+    ORDERS,
+    PencilFFT3D,
+    bench_fft3d,
+    fft3d,
+    pencils,
+    sample_array,
+)
+
+pytestmark = pytest.mark.mpi  # run under mpiexec with --with-mpi (pytest-mpi)
+
+NOT_COLLECTIVES = {"staged", "device_direct"}
+TOL = {np.complex64: 1e-4, np.complex128: 1e-10}
+
+
+def meshes(size):
+    out = [(1, size), (size, 1), tuple(int(d) for d in MPI.Compute_dims(size, 2))]
+    return list(dict.fromkeys(out))
+
+
+def collectives_since(before):
+    now = ps.comm_stats()
+    return sum(v - before.get(k, 0) for k, v in now.items() if k not in NOT_COLLECTIVES)
+
+
+def assert_fft(y, shape, dtype, where, order=DEFAULT_ORDER):
+    ref = np.fft.fftn(sample_array(shape, np.complex128))
+    assert y.placements == pencils(order)[2], where
+    assert y.local.dtype == dtype, where
+    got, want = y.local, ref[y.box]
+    err = float(np.max(np.abs(got - want))) if got.size else 0.0
+    assert err <= TOL[dtype] * float(np.max(np.abs(ref))), f"{where}: max error {err}"
+
+
+@pytest.mark.parametrize("dtype", [np.complex128, np.complex64])
+@pytest.mark.parametrize("shape", [(8, 6, 10), (9, 7, 5)])
+def test_fft3d_matches_numpy(comm, shape, dtype):
+    g = sample_array(shape, dtype)
+    for ms in meshes(comm.size):
+        mesh = ps.Mesh(comm, ms)
+        for order in ORDERS:
+            where = f"mesh {ms}, order {order}, rank {comm.rank}"
+            src = list(pencils(order)[0])
+            box = ps.Layout(shape, dtype, ms, src).box(mesh.coords)
+            x = ps.from_local(np.ascontiguousarray(g[box]), mesh, src, global_shape=shape)
+            before = ps.comm_stats()
+            y = fft3d(x)  # picks the order that starts from x's pencil
+            moved = sum(m > 1 for m in ms)  # a transpose along a size-1 mesh dim moves nothing
+            assert collectives_since(before) == moved, where
+            assert_fft(y, shape, dtype, where, order)
+            np.testing.assert_array_equal(x.local, g[x.box])  # the input is left alone
+        mesh.free()
+
+
+@pytest.mark.parametrize("order", ORDERS)
+def test_each_transpose_is_one_collective_on_one_mesh_dim(comm, order):
+    shape = (8, 6, 10)
+    for ms in meshes(comm.size):
+        mesh = ps.Mesh(comm, ms)
+        f = PencilFFT3D(mesh, shape, np.complex128, order=order)
+        assert f.input_placements == pencils(order)[0]
+        for k, p in enumerate(f.plans):  # transpose k runs on mesh dim k
+            if ms[k] > 1:
+                assert p.collectives == 1, p
+                assert len(p.steps) == 1 and p.steps[0].mesh_dims == (k,), p
+            else:
+                assert p.collectives == 0, p
+        for k in range(2):
+            before = ps.comm_stats()
+            f._transpose(k)
+            assert collectives_since(before) == (ms[k] > 1), (ms, k)
+        before = ps.comm_stats()
+        f.transposes()
+        assert collectives_since(before) == sum(m > 1 for m in ms)
+        mesh.free()
+
+
+def test_plan_object_reuses_its_buffers(comm):
+    shape = (9, 7, 5)
+    ms = meshes(comm.size)[-1]
+    mesh = ps.Mesh(comm, ms)
+    f = PencilFFT3D(mesh, shape, np.complex128)
+    lay = f.layouts[0]
+    x = ps.from_local(
+        sample_array(shape, box=lay.box(mesh.coords)),
+        mesh,
+        list(lay.placements),
+        global_shape=shape,
+    )
+    y1 = f(x)
+    first = y1.local
+    assert_fft(y1, shape, np.complex128, f"mesh {ms}")
+    y2 = f(x)  # same buffers, same answer
+    assert y2.local is first
+    assert_fft(y2, shape, np.complex128, f"mesh {ms}, second call")
+    with pytest.raises(ValueError, match="PencilFFT3D: expected"):
+        f(y2)  # its output pencil is not its input layout
+    mesh.free()
+
+
+def test_other_input_layouts_are_redistributed_first(comm):
+    shape = (6, 5, 7)
+    g = sample_array(shape)
+    ms = meshes(comm.size)[-1]
+    mesh = ps.Mesh(comm, ms)
+    for src in ([Replicate(), Replicate()], [Shard(0), Replicate()], [Shard(2), Shard(2)]):
+        x = ps.distribute(g, mesh, src)
+        y = fft3d(x)
+        assert_fft(y, shape, np.complex128, f"mesh {ms}, input {src}")
+        y = fft3d(x, order="xyz")
+        assert_fft(y, shape, np.complex128, f"mesh {ms}, input {src}, xyz", "xyz")
+    mesh.free()
+
+
+def test_pencils():
+    assert pencils("xyz") == ((Shard(1), Shard(2)), (Shard(0), Shard(2)), (Shard(0), Shard(1)))
+    assert pencils("zxy") == ((Shard(0), Shard(1)), (Shard(2), Shard(1)), (Shard(2), Shard(0)))
+    firsts = {pencils(o)[0] for o in ORDERS}
+    assert len(firsts) == len(ORDERS) == 6  # every ordered pair of axes starts one order
+    with pytest.raises(ValueError, match="order"):
+        pencils("xxy")
+
+
+def test_errors(comm):
+    mesh1 = ps.Mesh(comm, (comm.size,))
+    with pytest.raises(ValueError, match="2-D"):
+        PencilFFT3D(mesh1, (4, 4, 4))
+    mesh1.free()
+    mesh = ps.Mesh(comm, meshes(comm.size)[-1])
+    with pytest.raises(TypeError, match="complex"):
+        PencilFFT3D(mesh, (4, 4, 4), np.float64)
+    with pytest.raises(ValueError, match="3-D"):
+        PencilFFT3D(mesh, (4, 4))
+    mesh.free()
+
+
+def test_sample_array_boxes_agree():
+    shape = (5, 4, 3)
+    g = sample_array(shape)
+    box = (slice(1, 4), slice(0, 4), slice(2, 3))
+    np.testing.assert_array_equal(sample_array(shape, box=box), g[box])
+    assert np.all(np.abs(g.real) <= 0.5) and np.all(np.abs(g.imag) <= 0.5)
+    assert len(np.unique(g)) == g.size
+
+
+def test_bench_row(comm):
+    row = bench_fft3d(comm, n=8, reps=1, warmup=0)
+    json.dumps(row)
+    assert row["case"] == "fft3d" and row["ranks"] == comm.size
+    assert row["shape"] == [8, 8, 8] and row["dtype"] == "complex128"
+    assert row["check"] and row["pyshard_check"]
+    assert row["pyshard_total_ms"] > 0 and row["pyshard_transposes_ms"] >= 0
+    if row["pfft_total_ms"] is None:
+        assert row["pfft_check"] is None and row["pfft"]  # says why
+    else:
+        assert row["pfft_check"] and row["pfft_transposes_ms"] >= 0
