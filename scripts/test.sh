@@ -24,7 +24,7 @@ run() {
     fail=$((fail + 1))
   fi
 }
-run "$VENV/bin/ruff" check pyshard tests
+run "$VENV/bin/ruff" check pyshard tests examples
 run timeout "$T" "$PY" -m pytest tests -p no:cacheprovider
 for n in ${PYSHARD_TEST_RANKS:-1 2 3 4 6 7 8}; do
   run timeout "$T" "$MPIEXEC" -n "$n" "$PY" -m pytest tests/mpi -q -p no:cacheprovider --with-mpi
