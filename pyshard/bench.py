@@ -30,8 +30,9 @@ More cases, each a JSON row of its own fields, run only when named in ``--cases`
 
 ``--device cuda`` (:func:`pyshard._bench_gpu.main_cuda`) runs ``transpose`` and ``gather``
 on cupy arrays instead, each next to the same exchange written by hand with cupy and mpi4py
-(a device pack, the raw collective on device memory with a CUDA-aware MPI, else staged through pinned host
-buffers), plus the CUDA pack kernel's bandwidth as a fraction of a device-to-device copy.
+(a device pack, the raw collective on device memory with a CUDA-aware MPI, else staged
+through pinned host buffers), plus the CUDA pack kernel's bandwidth as a fraction of a
+device-to-device copy.
 """
 
 from __future__ import annotations
