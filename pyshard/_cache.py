@@ -36,6 +36,7 @@ def _env_limit() -> int:
 
 _limit = _env_limit()
 _caches: weakref.WeakSet[LRU] = weakref.WeakSet()
+_fifos: weakref.WeakSet[Fifo] = weakref.WeakSet()
 
 
 class LRU:
@@ -78,6 +79,25 @@ class LRU:
         return len(self._d)
 
 
+class Fifo(dict):
+    """A dict of at most ``cache_limit()`` entries, the oldest out first: ``get`` is the plain
+    dict lookup (one hash, no bookkeeping), for the one-lookup fast path."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        _fifos.add(self)
+
+    def put(self, key: Any, value: Any) -> None:
+        self[key] = value
+        self.shrink(_limit)
+
+    def shrink(self, n: int) -> None:
+        while len(self) > n:
+            del self[next(iter(self))]
+
+    __hash__ = object.__hash__  # weak-referencable and hashable like any object
+
+
 def memoize(fn: Callable) -> Callable:
     """Like ``functools.lru_cache``, bounded by :func:`cache_limit` (hashable arguments)."""
     cache = LRU()
@@ -107,15 +127,15 @@ class ExecCache:
         # executor finds its choice without communicating
         self.tuned: Optional[Dict[str, str]] = None
         self.execs = LRU(self._evicted)
-        self.fast = LRU()
+        self.fast = Fifo()
         self._keep = 0
 
     def _evicted(self, execs: list) -> None:
         # the fast path may still point at an evicted executor: drop those entries too
         dead = {id(e) for e in execs}
-        for k, (_, e) in list(self.fast._d.items()):
+        for k, (_, e) in list(self.fast.items()):
             if id(e) in dead:
-                del self.fast._d[k]
+                del self.fast[k]
         if any(_need(e) >= self._keep for e in execs):
             self.trim()
 
@@ -166,7 +186,7 @@ def set_cache_limit(n: int) -> None:
     if isinstance(n, bool) or not isinstance(n, int) or n < 1:
         raise ValueError(f"set_cache_limit: n must be an int >= 1, got {n!r}")
     _limit = n
-    for c in list(_caches):
+    for c in list(_caches) + list(_fifos):
         c.shrink(n)
 
 
