@@ -18,6 +18,8 @@ _MPI_TESTS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file
 if _MPI_TESTS not in sys.path:
     sys.path.insert(0, _MPI_TESTS)  # oracle.py, ckpt_worker.py
 
+from test_checkpoint import shared_dir  # noqa: E402, F401 - the fixture, for the GPU checkpoints
+
 
 @pytest.fixture(params=["staged", "direct"])
 def transport(request):

@@ -6,13 +6,12 @@ tests/mpi/ckpt_worker.py. Skipped without a GPU.
 from __future__ import annotations
 
 import os
-import shutil
-import tempfile
 
 import numpy as np
 import pytest
 from ckpt_worker import expected_local, global_of, make_sharded
 from gpu_helpers import DTYPES, skip_reason, to_device
+from test_checkpoint import spec
 
 import pyshard as ps
 
@@ -25,22 +24,6 @@ pytestmark = pytest.mark.mpi
 MESH_2D = {1: (1, 1), 2: (2, 1), 3: (1, 3), 4: (2, 2), 6: (2, 3), 8: (2, 4)}
 
 
-@pytest.fixture
-def shared_dir(comm):
-    """A directory made by rank 0 and shared by every rank."""
-    d = tempfile.mkdtemp(prefix="pyshard-gpu-ckpt-") if comm.rank == 0 else None
-    d = comm.bcast(d, root=0)
-    yield d
-    comm.Barrier()
-    if comm.rank == 0:
-        shutil.rmtree(d, ignore_errors=True)
-
-
-def spec(shape, dtype, seed, placements, sizes=None):
-    s = {"shape": list(shape), "dtype": dtype, "seed": seed, "placements": placements}
-    if sizes is not None:
-        s["sizes"] = {str(k): list(v) for k, v in sizes.items()}
-    return s
 
 
 def check(name, y, g, device):

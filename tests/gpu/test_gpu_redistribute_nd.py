@@ -14,9 +14,10 @@ import numpy as np
 import pytest
 from gpu_helpers import DTYPES, counts_since, skip_reason, split_counts, with_transport
 from oracle import make_global
+from test_redistribute_nd import EXCHANGES, S, meshes_for
 
 import pyshard as ps
-from pyshard import Partial, Replicate, Shard
+from pyshard import Partial, Replicate
 
 if skip_reason():
     pytest.skip(skip_reason(), allow_module_level=True)
@@ -25,29 +26,6 @@ cp = pytest.importorskip("cupy")
 pytestmark = pytest.mark.mpi
 
 R, P = Replicate(), Partial("sum")
-EXCHANGES = {"alltoallv", "alltoall", "p2p"}  # which one "auto" picks: tests/mpi, 1-D meshes
-
-
-def S(d):
-    return Shard(d)
-
-
-MESHES = {
-    1: [(1, 1)],
-    2: [(1, 2), (2, 1)],
-    3: [(1, 3), (3, 1)],
-    4: [(2, 2), (1, 4), (4, 1)],
-    6: [(2, 3), (3, 2)],
-    7: [(7, 1)],
-    8: [(2, 2, 2), (4, 2), (2, 4)],
-}
-
-
-def meshes_for(comm, ndim=None):
-    out = [m for m in MESHES.get(comm.size, []) if ndim is None or len(m) == ndim]
-    if not out:
-        pytest.skip(f"no {ndim or ''}-D mesh case for {comm.size} ranks")
-    return out
 
 
 def make_source(g, mesh, placements, sizes=None):
