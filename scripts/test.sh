@@ -5,7 +5,8 @@
 # a hard timeout so a hang fails fast. Then build the CUDA variant (nvcc, or NVIDIA's
 # compiler wheels), import it, and run the serial tests and the MPI tests at 2 ranks against
 # it: with no GPU here cuda_available() is False and everything else behaves as the CPU
-# build (tests/gpu skips). PYSHARD_TEST_CUDA=0 skips the CUDA variant.
+# build (tests/gpu skips). PYSHARD_TEST_CUDA=0 skips the CUDA variant. Between the two:
+# scripts/sdist-check.sh (the sdist in a fresh environment) and scripts/docs.sh (the docs).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PYSHARD_CUDA=OFF bash scripts/setup.sh || exit 1
@@ -29,6 +30,12 @@ run timeout "$T" "$PY" -m pytest tests -p no:cacheprovider
 for n in ${PYSHARD_TEST_RANKS:-1 2 3 4 6 7 8}; do
   run timeout "$T" "$MPIEXEC" -n "$n" "$PY" -m pytest tests/mpi -q -p no:cacheprovider --with-mpi
 done
+# Packaging and docs: the sdist installed (not editable) into a fresh environment with only
+# pip's MPICH, mpi4py and numpy, and the demo run from outside the checkout; then the docs
+# (Sphinx, warnings as errors; every example in them run). Both before the CUDA variant
+# replaces the core in .venv, so the docs build against the CPU build.
+run timeout "${PYSHARD_SDIST_TIMEOUT:-600}" bash scripts/sdist-check.sh
+run timeout "${PYSHARD_DOCS_TIMEOUT_ALL:-300}" bash scripts/docs.sh
 if [ "${PYSHARD_TEST_CUDA:-1}" = 1 ]; then
   echo
   echo "=== the CUDA variant"

@@ -1,0 +1,119 @@
+"""python -m pyshard plot: one panel per case, bars by algorithm with the floor as a line, a
+title naming the MPI library and the rank count; several rank counts give the scaling plot
+with an ideal line. No MPI communication (plot_main only reads JSON lines)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from pyshard import bench
+
+pytest.importorskip("matplotlib")
+
+
+def _row(case, algorithm, ranks, median_s, shape=(1024, 1024), **kw):
+    r = {
+        "case": case, "algorithm": algorithm, "ranks": ranks, "shape": list(shape),
+        "dtype": "float32", "collective": "alltoallv", "median_s": median_s,
+        "plain_median_s": median_s * 1.2, "baseline_median_s": median_s * 2,
+        "floor_median_s": median_s / 1.1, "floor_collective": "Alltoall",
+        "ratio_to_floor": 1.1, "same_floor_median_s": median_s / 1.05,
+        "same_floor_collective": "Alltoallv", "bytes_per_rank": 4 << 20 // ranks,
+        "mpi": "MPICH Version:      5.0.2", "check": True,
+    }  # fmt: skip
+    r.update(kw)
+    return r
+
+
+def _write(tmp_path, rows, name="r.jsonl"):
+    f = tmp_path / name
+    f.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    return str(f)
+
+
+def _png(path):
+    with open(path, "rb") as f:
+        data = f.read()
+    return len(data) > 1000 and data[:4] == b"\x89PNG"
+
+
+def _title(monkeypatch):
+    """Capture the figure's title at savefig."""
+    import matplotlib.figure
+
+    seen = {}
+    orig = matplotlib.figure.Figure.savefig
+
+    def savefig(self, *a, **kw):
+        seen["title"] = self._suptitle.get_text() if self._suptitle else ""
+        seen["panels"] = [ax.get_title() for ax in self.axes if ax.get_visible()]
+        return orig(self, *a, **kw)
+
+    monkeypatch.setattr(matplotlib.figure.Figure, "savefig", savefig)
+    return seen
+
+
+def test_bars_one_panel_per_case(tmp_path, monkeypatch):
+    rows = [
+        _row(c, a, 2, t)
+        for c, t in (("transpose", 0.02), ("gather", 0.05), ("small", 9e-6))
+        for a in ("auto", "alltoall", "p2p")
+    ]
+    rows.append({"case": "checkpoint", "ranks": 2, "save_gbps": 1.0})  # other rows: ignored
+    seen = _title(monkeypatch)
+    out = str(tmp_path / "b.png")
+    assert bench.plot_main([_write(tmp_path, rows), "-o", out]) == 0
+    assert _png(out)
+    assert "MPICH 5.0.2" in seen["title"] and "2 ranks" in seen["title"], seen
+    assert [p.split()[0] for p in seen["panels"]] == ["transpose", "gather", "small"]
+
+
+def test_old_rows_without_floor_times(tmp_path):
+    # rows from before floor_median_s: the floor comes from ratio_to_floor
+    rows = [
+        {"case": "transpose", "algorithm": a, "ranks": 2, "median_s": 0.01,
+         "ratio_to_floor": 1.2, "ratio_to_baseline": 0.7, "gbps": 3.0}
+        for a in ("auto", "p2p")
+    ]  # fmt: skip
+    out = str(tmp_path / "o.png")
+    assert bench.plot_main([_write(tmp_path, rows), "-o", out]) == 0 and _png(out)
+
+
+def test_scaling_plot_and_ideal_lines(tmp_path, monkeypatch):
+    strong = [
+        _row(c, a, n, 0.04 / n, bytes_per_rank=(1 << 24) // n)
+        for c in ("transpose", "gather")
+        for a in ("auto", "p2p")
+        for n in (2, 4, 8)
+    ]
+    seen = _title(monkeypatch)
+    out = str(tmp_path / "s.png")
+    files = [_write(tmp_path, strong[:6], "a.jsonl"), _write(tmp_path, strong[6:], "b.jsonl")]
+    assert bench.plot_main([*files, "-o", out]) == 0 and _png(out)
+    assert "strong scaling" in seen["title"] and "MPICH 5.0.2" in seen["title"], seen
+    assert "2 to 8 ranks" in seen["title"], seen
+
+    best = bench._plot_best(strong)
+    xs, ys, _ = bench._plot_ideal(best, "transpose", "auto")  # bytes per rank: 1/ranks
+    assert xs == [2, 4, 8] and ys == pytest.approx([0.02, 0.01, 0.005])
+    xs, ys, _ = bench._plot_ideal(best, "transpose", "weak")
+    assert ys == pytest.approx([0.02] * 3)
+    assert bench._plot_ideal(best, "transpose", "none")[0] == []
+
+    weak = [_row("transpose", "auto", n, 0.01, shape=(512 * n, 512)) for n in (2, 4)]
+    assert bench._plot_scaling_kind(bench._plot_best(weak), "transpose") == "weak"
+    assert bench._plot_scaling_kind(best, "transpose") == "strong"
+
+
+def test_mpi_names():
+    assert bench._plot_mpi_name("MPICH Version:      5.0.2") == "MPICH 5.0.2"
+    assert bench._plot_mpi_name("Open MPI v5.0.3, package: Open MPI x, ident: 5.0.3") == (
+        "Open MPI v5.0.3"
+    )
+
+
+def test_no_rows(tmp_path):
+    f = _write(tmp_path, [{"case": "memory", "ranks": 2}])
+    assert bench.plot_main([f, "-o", str(tmp_path / "n.png")]) == 1
