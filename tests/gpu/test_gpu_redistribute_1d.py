@@ -13,8 +13,9 @@ import itertools
 import numpy as np
 import pytest
 from gpu_helpers import DTYPES, counts_since, skip_reason, split_counts, with_transport
-from oracle import contributions, make_global, reducible
-from test_redistribute_1d import expected_counts, shapes_for
+from oracle import contributions, make_global
+from test_redistribute_1d import expected_counts
+from test_redistribute_1d import sweep_pair as host_sweep
 
 import pyshard as ps
 from pyshard import Partial, Replicate, Shard
@@ -71,24 +72,10 @@ def check_result(y, ref, dst, mesh, approx=False, from_replicate=True):
 
 
 def sweep_pair(comm, transport, src, dst, algorithm="auto", dtypes=DTYPES):
-    mesh = ps.Mesh(comm, (comm.size,))
-    failures = []
-    ops = [p.op for p in (src, dst) if isinstance(p, Partial)]
-    for shape in shapes_for(comm.size):
-        for dtype in dtypes:
-            if not reducible(ops, dtype):
-                continue
-            g = make_global(shape, dtype, seed=len(shape))
-            x, ref = make_source(g, mesh, src, dtype, seed=3)
-            before = ps.comm_stats()
-            y = x.redistribute([dst], algorithm=algorithm)
-            got = counts_since(before)
-            want = device_counts(src, dst, comm.size, shape, algorithm)
-            try:
-                assert got == with_transport(want, transport), f"counters {got}, want {want}"
-                check_result(y, ref, dst, mesh, approx="avg" in ops, from_replicate=src == R)
-            except AssertionError as e:
-                failures.append(f"{shape} {dtype}: {e}")
+    def want(*args):
+        return with_transport(device_counts(*args), transport)
+
+    failures = host_sweep(comm, src, dst, algorithm, dtypes, want, make_source, check_result)
     assert not failures, "\n".join(failures[:10])
 
 

@@ -135,25 +135,36 @@ def test_exchange_algorithms(comm, src, dst, algorithm):
 
 @pytest.mark.parametrize("src,dst", PAIRS, ids=[f"{a}->{b}" for a, b in PAIRS])
 def test_pair_all_shapes_and_dtypes(comm, src, dst, algorithm="auto"):
+    failures = sweep_pair(comm, src, dst, algorithm)
+    assert not failures, "\n".join(failures[:10])
+
+
+def sweep_pair(
+    comm, src, dst, algorithm="auto", dtypes=DTYPES, want=expected_counts,
+    make=make_source, check=check_result,
+):  # fmt: skip
+    """``src -> dst`` for every shape of ``shapes_for`` and every dtype its ops can reduce:
+    the collectives counted against ``want(src, dst, p, shape, algorithm)`` and the shard
+    against the oracle (``make`` builds the source, ``check`` compares). The failures."""
     mesh = ps.Mesh(comm, (comm.size,))
     failures = []
+    ops = [p.op for p in (src, dst) if isinstance(p, Partial)]
     for shape in shapes_for(comm.size):
-        for dtype in DTYPES:
-            ops = [p.op for p in (src, dst) if isinstance(p, Partial)]
+        for dtype in dtypes:
             if not reducible(ops, dtype):
                 continue
             g = make_global(shape, dtype, seed=len(shape))
-            x, ref = make_source(g, mesh, src, dtype, seed=3)
+            x, ref = make(g, mesh, src, dtype, seed=3)
             before = ps.comm_stats()
             y = x.redistribute([dst], algorithm=algorithm)
             got = counts_since(before)
-            want = expected_counts(src, dst, comm.size, shape, algorithm)
+            w = want(src, dst, comm.size, shape, algorithm)
             try:
-                assert got == want, f"collectives {got} != {want}"
-                check_result(y, ref, dst, mesh, approx="avg" in ops, from_replicate=src == R)
+                assert got == w, f"collectives {got} != {w}"
+                check(y, ref, dst, mesh, approx="avg" in ops, from_replicate=src == R)
             except AssertionError as e:
-                failures.append(f"{shape} {dtype}: {e}")
-    assert not failures, "\n".join(failures[:10])
+                failures.append(f"{src}->{dst} {shape} {dtype}: {e}")
+    return failures
 
 
 def test_unsupported_reductions_are_clear_errors(comm):
