@@ -88,6 +88,10 @@ def _fault(point: str, rank: int) -> None:
         name, _, who = item.strip().partition(":")
         if name == point and who.strip().isdigit() and int(who) == rank:
             log.warning("pyshard: PYSHARD_FAULT=%s: rank %d exits now", item.strip(), rank)
+            # MPI_Abort ends the whole job at once: with a bare os._exit the launcher had to
+            # notice the dead rank, and under a nested mpiexec it sometimes never did (the
+            # other ranks then waited in their next collective until the test's timeout)
+            MPI.COMM_WORLD.Abort(3)
             os._exit(3)
 
 
