@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <string>
 
+#include "halo.h"
 #include "steps.h"
 
 namespace py = pybind11;
@@ -305,6 +306,69 @@ PYBIND11_MODULE(_core, m) {
                              [](ReduceScatterStep& s) { return s.geometry().workspace_bytes(); })
       .def_property_readonly("staged_bytes",
                              [](ReduceScatterStep& s) { return s.geometry().staged_bytes(); });
+
+  py::enum_<HaloMethod>(m, "HaloMethod")
+      .value("persistent", HaloMethod::persistent)
+      .value("p2p", HaloMethod::p2p);
+  py::class_<HaloGeometry, std::shared_ptr<HaloGeometry>>(m, "HaloGeometry")
+      .def(py::init<i64, Shape, const std::vector<PeerBoxes>&, const std::vector<PeerBoxes>&,
+                    const std::vector<LocalSpec>&>(),
+           py::arg("itemsize"), py::arg("shape"), py::arg("sends"), py::arg("recvs"),
+           py::arg("local"))
+      .def_readonly("send_bytes", &HaloGeometry::send_bytes)
+      .def_readonly("recv_bytes", &HaloGeometry::recv_bytes)
+      .def_readonly("local_bytes", &HaloGeometry::local_bytes)
+      .def_property_readonly("in_place",
+                             [](const HaloGeometry& g) {
+                               int n = 0;
+                               for (const HaloMessage& m : g.recvs) n += m.contiguous;
+                               return n;
+                             })
+      .def_property_readonly("descriptors", [](const HaloGeometry& g) {
+        return g.pack.host.size() + g.unpack.host.size() + g.local.host.size();
+      });
+  py::class_<HaloStep>(m, "HaloStep")
+      .def(py::init<std::shared_ptr<Comm>, std::shared_ptr<HaloGeometry>, HaloMethod, int>(),
+           py::arg("comm"), py::arg("geometry"), py::arg("method"), py::arg("tag"))
+      .def("start",
+           [](HaloStep& s, py::array& a) {
+             Buf b = get_buf(a, true, "the padded array");
+             check_shape(b, s.geometry().shape, "the padded array");
+             py::gil_scoped_release nogil;
+             s.start(b.ptr, host_packer(), g_transport[0]);
+           })
+      .def("wait",
+           [](HaloStep& s, py::array& a) {
+             Buf b = get_buf(a, true, "the padded array");
+             check_shape(b, s.geometry().shape, "the padded array");
+             py::gil_scoped_release nogil;
+             s.wait(b.ptr, host_packer(), g_transport[0]);
+           })
+      .def("update",
+           [](HaloStep& s, py::array& a) {
+             Buf b = get_buf(a, true, "the padded array");
+             check_shape(b, s.geometry().shape, "the padded array");
+             py::gil_scoped_release nogil;
+             s.start(b.ptr, host_packer(), g_transport[0]);
+             s.wait(b.ptr, host_packer(), g_transport[0]);
+           })
+      .def("start_device",
+           [](HaloStep& s, std::uintptr_t p, std::uintptr_t stream) {
+             Packer& pk = cuda_packer();
+             py::gil_scoped_release nogil;
+             pk.set_stream(stream);
+             s.start(reinterpret_cast<char*>(p), pk, g_transport[1]);
+           })
+      .def("wait_device",
+           [](HaloStep& s, std::uintptr_t p, std::uintptr_t stream) {
+             Packer& pk = cuda_packer();
+             py::gil_scoped_release nogil;
+             pk.set_stream(stream);
+             s.wait(reinterpret_cast<char*>(p), pk, g_transport[1]);
+           })
+      .def_property_readonly("active", &HaloStep::active)
+      .def_property_readonly("method", &HaloStep::method)
+      .def_property_readonly("buffer_bytes", &HaloStep::buffer_bytes);
 
   py::class_<PooledBuffer>(m, "PooledBuffer", py::buffer_protocol())
       .def(py::init<i64>(), py::arg("nbytes"))

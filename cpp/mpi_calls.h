@@ -127,6 +127,19 @@ inline void irecv(void* p, i64 n, int peer, int tag, MPI_Comm comm, MPI_Request*
             "MPI_Irecv");
 }
 
+// Persistent point-to-point requests (halo exchanges): bound once, started many times.
+inline void send_init(const void* p, i64 n, int peer, int tag, MPI_Comm comm, MPI_Request* req) {
+  check_mpi(PYSHARD_MPI(MPI_Send_init)(p, to_count(n, "a message"), MPI_BYTE, peer, tag, comm,
+                                       req),
+            "MPI_Send_init");
+}
+
+inline void recv_init(void* p, i64 n, int peer, int tag, MPI_Comm comm, MPI_Request* req) {
+  check_mpi(PYSHARD_MPI(MPI_Recv_init)(p, to_count(n, "a message"), MPI_BYTE, peer, tag, comm,
+                                       req),
+            "MPI_Recv_init");
+}
+
 // A committed subarray datatype of `ext` at `start` in a C-contiguous `shape` of `item`-byte
 // elements (the caller frees it).
 inline MPI_Datatype subarray(const std::vector<i64>& shape, const std::vector<i64>& start,

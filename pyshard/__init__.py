@@ -36,6 +36,7 @@ from ._cache import cache_limit, clear_caches, set_cache_limit  # noqa: E402
 from ._validate import set_validation, validation  # noqa: E402
 from .array import ShardedArray, distribute, from_local  # noqa: E402
 from .checkpoint import checkpoint_info, load, save  # noqa: E402
+from .halo import HaloArray, HaloPlan, halo_plan, halo_spec  # noqa: E402
 from .layout import Layout, Partial, Placement, Replicate, Shard, split_sizes  # noqa: E402
 from .mesh import Mesh  # noqa: E402
 from .plan import Plan, Step, StepKind, plan  # noqa: E402
@@ -60,6 +61,8 @@ def reset_comm_stats() -> None:
 __version__ = _core.__version__
 
 __all__ = [
+    "HaloArray",
+    "HaloPlan",
     "Layout",
     "Mesh",
     "Partial",
@@ -78,6 +81,8 @@ __all__ = [
     "cuda_available",
     "distribute",
     "from_local",
+    "halo_plan",
+    "halo_spec",
     "load",
     "plan",
     "reset_comm_stats",

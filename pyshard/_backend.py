@@ -103,7 +103,9 @@ def stream_ptr() -> int:
 
 
 def to_host(a: Any) -> np.ndarray:
-    return _cupy.asnumpy(a) if is_device(a) else a
+    """A C-contiguous host copy of a device array; a host array as it is (made C-contiguous
+    if it is a strided view, e.g. a HaloArray's interior)."""
+    return _cupy.asnumpy(a, order="C") if is_device(a) else np.ascontiguousarray(a)
 
 
 # ----------------------------------------------------------------------------- transports

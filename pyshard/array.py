@@ -14,6 +14,7 @@ import numpy as np
 from . import _backend as bk
 from . import _core, _tune, _validate
 from ._cache import memoize
+from .halo import HaloArray, PeriodicArg, WidthArg
 from .layout import (
     Layout,
     Partial,
@@ -126,6 +127,9 @@ class ShardedArray:
         cupy's current stream, and the result is ready on that stream when this returns.
         """
         cache = self.mesh._cache
+        local = self.local
+        if not local.flags.c_contiguous:  # a view, e.g. HaloArray.array's interior
+            local = bk.xp_of(local).ascontiguousarray(local)
         if algorithm is None:
             algorithm = DEFAULT_ALGORITHM
         if _validate.enabled:  # one small Allgather: a mismatch raises on every rank
@@ -138,14 +142,14 @@ class ShardedArray:
                 hit = key = None
             if hit is not None:  # a repeated call: one lookup, then the core
                 target, e = hit
-                if out is None or _out_ok(out, e.out_shape, target.dtype, self.local):
-                    return ShardedArray._wrap(e.run(self.local, out), target, self.mesh)
+                if out is None or _out_ok(out, e.out_shape, target.dtype, local):
+                    return ShardedArray._wrap(e.run(local, out), target, self.mesh)
         else:
             key = None
         target = self._target(placements, sizes)
         p = plan(self.layout, target)
-        execs = _executors(p, self.mesh, algorithm, self.local)
-        res = _execute(execs, p, self.mesh, self.local, out)
+        execs = _executors(p, self.mesh, algorithm, local)
+        res = _execute(execs, p, self.mesh, local, out)
         if key is not None and len(execs) == 1 and execs[0].direct:
             cache.fast.put(key, (target, execs[0]))
         return ShardedArray._wrap(res, target, self.mesh)
@@ -181,6 +185,26 @@ class ShardedArray:
         self.layout = layout
         self.mesh = mesh
         return self
+
+    def with_halo(
+        self,
+        width: WidthArg,
+        periodic: PeriodicArg = False,
+        corners: bool = True,
+        method: Optional[str] = None,
+    ) -> HaloArray:
+        """This shard with ``width`` ghost cells on each side of each dim (an int, or one per
+        array dim): a :class:`~pyshard.HaloArray` whose ``padded`` array (same array module
+        and dtype as ``local``) holds a copy of ``local`` in its interior; no communication.
+
+        ``periodic``: a bool or one per dim (ghosts wrap around the global extent);
+        ``corners=True``: a box stencil (every ghost cell), ``False``: a star stencil (only
+        the cells outside the box along exactly one dim). ``method``: ``"persistent"``
+        (default, or ``PYSHARD_HALO_METHOD``) or ``"p2p"``. ``Partial`` placements, negative
+        widths or a width larger than its dim's global extent raise :class:`ValueError`
+        before any communication.
+        """
+        return HaloArray(self, width, periodic, corners, method)
 
     def full(self) -> Any:
         """The whole global array on every rank (reduced where the layout is Partial), on the

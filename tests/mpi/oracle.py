@@ -50,3 +50,31 @@ def reducible(ops, dtype):
     if "avg" in ops and kind not in "fc":
         return False
     return not (("max" in ops or "min" in ops) and kind == "c")
+
+
+def halo_expected(g, lo, hi, width, periodic, corners, fill):
+    """The padded block ``[lo, hi)`` of global ``g`` after a halo update, by the semantics:
+    the interior holds the owned values; a ghost cell at global index ``lo - width + i``
+    holds ``g`` there (wrapped on periodic dims) when it lies inside on every non-periodic
+    dim and, for a star stencil (``corners=False``), outside the box on exactly one dim;
+    every other cell keeps ``fill``."""
+    nd = g.ndim
+    idx = [np.arange(lo[d] - width[d], hi[d] + width[d]) for d in range(nd)]
+    shape = tuple(len(i) for i in idx)
+    valid = np.ones(shape, bool)
+    outside = np.zeros(shape, np.int64)
+    for d in range(nd):
+        view = [1] * nd
+        view[d] = shape[d]
+        i = idx[d]
+        ok = ((i >= 0) & (i < g.shape[d])) | bool(periodic[d])
+        valid &= ok.reshape(view)
+        outside += ((i < lo[d]) | (i >= hi[d])).reshape(view)
+    out = np.full(shape, fill, dtype=g.dtype)
+    if not all(shape) or not g.size:
+        return out
+    vals = g[np.ix_(*[np.mod(i, g.shape[d]) for d, i in enumerate(idx)])]
+    write = valid & ((outside >= 1) if corners else (outside == 1))
+    write |= outside == 0
+    out[write] = vals[write]
+    return out

@@ -1,0 +1,178 @@
+#include "halo.h"
+
+#include <stdexcept>
+
+namespace pyshard {
+
+namespace {
+
+// Messages of `in` with their packed offsets; a descriptor block per message copying its
+// boxes between the padded array and the packed buffer (to_buffer: array -> buffer).
+std::vector<HaloMessage> describe_messages(const std::vector<PeerBoxes>& in, const Shape& shape,
+                                           i64 item, bool to_buffer, DescTable* table,
+                                           DescTable* packed_only, i64* total) {
+  std::vector<HaloMessage> out;
+  i64 off = 0;
+  for (const auto& pb : in) {
+    HaloMessage m;
+    m.peer = std::get<0>(pb);
+    m.off = off;
+    const auto& boxes = std::get<1>(pb);
+    for (const auto& b : boxes) m.bytes += volume(std::get<1>(b)) * item;
+    if (boxes.size() == 1)
+      m.contiguous = box_contiguous(shape, std::get<0>(boxes[0]), std::get<1>(boxes[0]), item,
+                                    &m.array_off);
+    table->begin_block();
+    if (packed_only) packed_only->begin_block();
+    i64 at = m.off;
+    for (const auto& b : boxes) {
+      const Shape& start = std::get<0>(b);
+      const Shape& ext = std::get<1>(b);
+      for (size_t k = 0; k < ext.size(); ++k)
+        if (ext.size() != shape.size() || start[k] < 0 || ext[k] < 0 ||
+            start[k] + ext[k] > shape[k])
+          throw std::out_of_range("pyshard: a halo box lies outside the padded array");
+      const Shape zero(ext.size(), 0);
+      if (to_buffer)
+        describe_copy(shape, start, ext, zero, ext, item, 0, at, &table->host);
+      else
+        describe_copy(ext, zero, shape, start, ext, item, at, 0, &table->host);
+      if (packed_only && !m.contiguous)
+        describe_copy(ext, zero, shape, start, ext, item, at, 0, &packed_only->host);
+      at += volume(ext) * item;
+    }
+    table->end_block();
+    if (packed_only) packed_only->end_block();
+    off = align_up(off + m.bytes);
+    out.push_back(m);
+  }
+  table->begin_block();  // an empty table still has blocks() == 0
+  if (packed_only) packed_only->begin_block();
+  *total = off;
+  return out;
+}
+
+void count_halo(const Packer& pk, Transport tr) {
+  auto& s = stats();
+  s["halo"] += 1;
+  if (tr == Transport::staged)
+    s["staged"] += 1;
+  else if (pk.kind() == Mem::cuda)
+    s["device_direct"] += 1;
+}
+
+}  // namespace
+
+HaloGeometry::HaloGeometry(i64 item_, Shape shape_, const std::vector<PeerBoxes>& sends_,
+                           const std::vector<PeerBoxes>& recvs_,
+                           const std::vector<LocalSpec>& local_)
+    : item(item_), shape(std::move(shape_)) {
+  sends = describe_messages(sends_, shape, item, true, &pack, nullptr, &send_bytes);
+  recvs = describe_messages(recvs_, shape, item, false, &unpack, &unpack_packed, &recv_bytes);
+  for (const auto& t : local_) {
+    local.begin_block();
+    describe_copy(shape, std::get<0>(t), shape, std::get<1>(t), std::get<2>(t), item, 0, 0,
+                  &local.host);
+    local.end_block();
+    local_bytes += volume(std::get<2>(t)) * item;
+  }
+  local.begin_block();
+}
+
+HaloStep::HaloStep(std::shared_ptr<Comm> comm, std::shared_ptr<HaloGeometry> g,
+                   HaloMethod method, int tag)
+    : comm_(std::move(comm)), g_(std::move(g)), method_(method), tag_(tag) {
+  for (const auto* v : {&g_->sends, &g_->recvs})
+    for (const HaloMessage& m : *v)
+      if (m.peer < 0 || m.peer >= comm_->size())
+        throw std::invalid_argument("pyshard: a halo peer outside the communicator");
+}
+
+HaloStep::~HaloStep() {
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  if (finalized) return;
+  if (active_)  // started and dropped: complete it, so the peers' messages are matched
+    MPI_Waitall(static_cast<int>(reqs_.size()), reqs_.data(), MPI_STATUSES_IGNORE);
+  free_requests();
+}
+
+void HaloStep::free_requests() {
+  for (MPI_Request& r : reqs_)
+    if (r != MPI_REQUEST_NULL) MPI_Request_free(&r);
+  reqs_.clear();
+  bound_[0] = bound_[1] = bound_[2] = nullptr;
+}
+
+// Receives first (so a send to a peer that posts its own receives late is matched as soon as
+// it does), then sends; persistent requests are bound once per set of buffers.
+void HaloStep::post(char* arr, char* sb, char* rb, bool in_place) {
+  const HaloGeometry& g = *g_;
+  MPI_Comm c = comm_->get();
+  auto recv_ptr = [&](const HaloMessage& m) {
+    return in_place && m.contiguous ? arr + m.array_off : rb + m.off;
+  };
+  if (method_ == HaloMethod::p2p) {
+    reqs_.assign(g.recvs.size() + g.sends.size(), MPI_REQUEST_NULL);
+    size_t i = 0;
+    for (const HaloMessage& m : g.recvs) mpi::irecv(recv_ptr(m), m.bytes, m.peer, tag_, c, &reqs_[i++]);
+    for (const HaloMessage& m : g.sends) mpi::isend(sb + m.off, m.bytes, m.peer, tag_, c, &reqs_[i++]);
+    return;
+  }
+  const bool same = !reqs_.empty() && bound_[0] == (in_place ? arr : nullptr) &&
+                    bound_[1] == sb && bound_[2] == rb && bound_in_place_ == in_place;
+  if (!same && !(g.recvs.empty() && g.sends.empty())) {
+    free_requests();
+    reqs_.assign(g.recvs.size() + g.sends.size(), MPI_REQUEST_NULL);
+    size_t i = 0;
+    for (const HaloMessage& m : g.recvs)
+      mpi::recv_init(recv_ptr(m), m.bytes, m.peer, tag_, c, &reqs_[i++]);
+    for (const HaloMessage& m : g.sends)
+      mpi::send_init(sb + m.off, m.bytes, m.peer, tag_, c, &reqs_[i++]);
+    bound_[0] = in_place ? arr : nullptr;
+    bound_[1] = sb;
+    bound_[2] = rb;
+    bound_in_place_ = in_place;
+  }
+  if (!reqs_.empty())
+    check_mpi(MPI_Startall(static_cast<int>(reqs_.size()), reqs_.data()), "MPI_Startall");
+}
+
+void HaloStep::start(char* arr, Packer& pk, Transport tr) {
+  if (active_)
+    throw std::logic_error("pyshard: halo start() called again before wait()");
+  const HaloGeometry& g = *g_;
+  const bool staged = tr == Transport::staged;
+  const i64 S = g.send_bytes, R = g.recv_bytes;
+  char* work = ws_.work(pk, S + R);  // in the array's memory
+  char* bounce = staged ? ws_.bounce(pk, S + R) : nullptr;
+  pk.copy_all(g.pack, arr, work);    // one pass (one kernel launch) for every peer
+  pk.copy_all(g.local, arr, arr);    // periodic wrap onto this rank: interior -> ghosts
+  if (staged) pk.to_host(bounce, work, S);
+  pk.sync();  // MPI reads the packed bytes next
+  post(arr, staged ? bounce : work, staged ? bounce + S : work + S, !staged);
+  active_ = true;
+  started_tr_ = tr;
+}
+
+void HaloStep::wait(char* arr, Packer& pk, Transport tr) {
+  if (!active_) throw std::logic_error("pyshard: halo wait() called without start()");
+  if (tr != started_tr_) throw std::logic_error("pyshard: halo wait() on another transport");
+  active_ = false;
+  const HaloGeometry& g = *g_;
+  if (!reqs_.empty())
+    check_mpi(MPI_Waitall(static_cast<int>(reqs_.size()), reqs_.data(), MPI_STATUSES_IGNORE),
+              "MPI_Waitall");
+  const i64 S = g.send_bytes, R = g.recv_bytes;
+  char* work = ws_.work(pk, S + R);
+  if (tr == Transport::staged) {
+    pk.from_host(work + S, ws_.bounce(pk, S + R) + S, R);
+    pk.copy_all(g.unpack, work + S, arr);
+  } else {
+    pk.copy_all(g.unpack_packed, work + S, arr);  // contiguous messages landed in place
+  }
+  count_halo(pk, tr);
+  pk.finish();
+}
+
+}  // namespace pyshard

@@ -1,0 +1,86 @@
+// Halo (ghost-cell) exchange of one padded local array: one message per peer each way,
+// through the packers (one descriptor table per direction, one block per message) and
+// persistent point-to-point requests (MPI_Send_init / MPI_Recv_init, bound once, started
+// every update). Python (pyshard/halo.py) computes every box from the layout and the widths,
+// the same on every rank; this file only moves bytes. PETSc's PetscSF and DMDA
+// globalToLocal Begin/End have the same shape: a pattern built once, then start / wait.
+//
+// start(): pack every send block (interior cells) into the step's own send buffer, copy
+// the periodic wrap-arounds this rank sends to itself (interior -> ghost cells of the same
+// array), stage to host when the transport says so, then start every receive and send.
+// wait(): complete them, unpack into the ghost cells. Between the two the caller may read
+// and write the interior (the sends were packed) but not the ghost cells.
+#pragma once
+
+#include <mpi.h>
+
+#include <memory>
+#include <tuple>
+#include <vector>
+
+#include "memory.h"
+#include "mpi_calls.h"
+#include "steps.h"
+
+namespace pyshard {
+
+// (peer rank, boxes of the padded array in message order): one message per peer.
+using PeerBoxes = std::tuple<int, std::vector<BoxSpec>>;
+
+// persistent: MPI_Send_init/MPI_Recv_init once, MPI_Startall per update; p2p: a fresh
+// MPI_Isend/MPI_Irecv per message and update.
+enum class HaloMethod { persistent = 0, p2p = 1 };
+
+struct HaloMessage {
+  int peer;
+  i64 bytes = 0;
+  i64 off = 0;            // in the packed buffer (4 KiB aligned)
+  bool contiguous = false;  // one box that is one run of the padded array
+  i64 array_off = 0;      // its byte offset there when contiguous
+};
+
+struct HaloGeometry {
+  HaloGeometry(i64 item, Shape shape, const std::vector<PeerBoxes>& sends,
+               const std::vector<PeerBoxes>& recvs, const std::vector<LocalSpec>& local);
+  i64 item;
+  Shape shape;  // the padded local array
+  std::vector<HaloMessage> sends, recvs;
+  // pack: array -> send buffer; unpack: receive buffer -> array (every message);
+  // unpack_packed: the same with the contiguous messages left out (they land in place);
+  // local: array -> array (periodic wrap onto this rank itself)
+  DescTable pack, unpack, unpack_packed, local;
+  i64 send_bytes = 0, recv_bytes = 0;
+  i64 local_bytes = 0;
+};
+
+class HaloStep {
+ public:
+  HaloStep(std::shared_ptr<Comm> comm, std::shared_ptr<HaloGeometry> g, HaloMethod method,
+           int tag);
+  ~HaloStep();
+  HaloStep(const HaloStep&) = delete;
+  HaloStep& operator=(const HaloStep&) = delete;
+  void start(char* arr, Packer& pk, Transport tr);
+  void wait(char* arr, Packer& pk, Transport tr);
+  bool active() const { return active_; }
+  const HaloGeometry& geometry() const { return *g_; }
+  HaloMethod method() const { return method_; }
+  i64 buffer_bytes() const { return ws_.held(); }
+
+ private:
+  void post(char* arr, char* sb, char* rb, bool in_place);
+  void free_requests();
+
+  std::shared_ptr<Comm> comm_;
+  std::shared_ptr<HaloGeometry> g_;
+  HaloMethod method_;
+  int tag_;
+  Workspace ws_;                   // this step's own buffers: persistent requests bind them
+  std::vector<MPI_Request> reqs_;  // receives, then sends
+  char* bound_[3] = {nullptr, nullptr, nullptr};  // array, send and receive buffers bound
+  bool bound_in_place_ = false;
+  bool active_ = false;
+  Transport started_tr_ = Transport::direct;
+};
+
+}  // namespace pyshard
