@@ -1,0 +1,229 @@
+"""Halo and stencil benchmarks: ``python -m pyshard bench --cases halo,stencil``.
+
+``halo``: one ghost-cell update of a 2-D or 3-D grid, in the same run and on the same ranks:
+
+- ``pyshard``: ``HaloArray.update()`` (``persistent`` requests, and ``p2p``);
+- ``floor``: raw mpi4py point-to-point of exactly the same bytes, already packed in
+  contiguous buffers, to the same peers (one ``Irecv``/``Isend`` per peer each way, then
+  ``Waitall``): the communication floor of this exchange;
+- ``mpi4py``: what an expert writes by hand: ``Create_cart``, ``Shift``, numpy slicing into
+  contiguous buffers, ``Sendrecv`` per dim and direction, corners by exchanging dim by dim
+  with the ghost layers of earlier dims included;
+- ``petsc``: PETSc's DMDA ``globalToLocal`` on the same grid and ownership ranges, where
+  ``petsc4py`` imports (on the MPI pyshard was built with).
+
+Each time is the median over reps of the slowest rank, each rep a loop of ``--halo-loop``
+updates divided by its length.
+
+``stencil``: the heat example (:mod:`pyshard.apps.heat`) per step, blocking (update, then
+every cell) against overlapped (start, inner cells, wait, the shell).
+"""
+
+from __future__ import annotations
+
+import time
+from math import prod
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+from mpi4py import MPI
+
+from ..apps.heat import run as heat_run
+from ..array import from_local
+from ..layout import Layout, Shard
+from ..mesh import Mesh
+
+__all__ = ["HALO_CASES", "bench_halo", "bench_stencil", "format_halo", "format_stencil"]
+
+# (name, global shape, dtype, width, stencil) at full size; --halo-scale divides the extents
+HALO_CASES = [
+    ("2d-w1", (8192, 8192), "float64", 1, "box"),
+    ("2d-w4", (8192, 8192), "float64", 4, "box"),
+    ("3d-w2", (384, 384, 384), "float32", 2, "box"),
+]
+
+
+def _slowest(comm: MPI.Comm, fn: Callable[[], object], reps: int, loop: int) -> float:
+    """Median over ``reps`` of the slowest rank's time per call of ``fn`` (a loop of
+    ``loop`` calls per rep, one warm-up loop first)."""
+    for _ in range(loop):
+        fn()
+    out = []
+    for _ in range(reps):
+        comm.Barrier()
+        t0 = time.perf_counter()
+        for _ in range(loop):
+            fn()
+        out.append(comm.allreduce((time.perf_counter() - t0) / loop, op=MPI.MAX))
+    return float(np.median(out))
+
+
+def _floor(comm: MPI.Comm, plan: Any) -> Callable[[], None]:
+    """Pre-packed point-to-point of the plan's messages: the same bytes to the same peers."""
+    rbufs = [(r, np.empty(sum(prod(e) for _, e in b) * plan.itemsize, np.uint8))
+             for r, _, b in plan.recvs]
+    sbufs = [(r, np.ones(sum(prod(e) for _, e in b) * plan.itemsize, np.uint8))
+             for r, _, b in plan.sends]
+
+    def run() -> None:
+        reqs = [comm.Irecv(buf, source=r, tag=21) for r, buf in rbufs]
+        reqs += [comm.Isend(buf, dest=r, tag=21) for r, buf in sbufs]
+        MPI.Request.Waitall(reqs)
+
+    return run
+
+
+def _hand_written(comm: MPI.Comm, mesh_shape: Sequence[int], padded: np.ndarray,
+                  width: int, periodic: bool) -> Callable[[], None]:
+    """The expert's mpi4py halo update on a Cartesian communicator (even blocks): per grid
+    dim and direction, numpy-slice the face into a contiguous buffer and Sendrecv it; dims
+    in order, each including the ghost layers of the dims before it, so corners arrive in
+    the later phases."""
+    nd = padded.ndim
+    dims = list(mesh_shape) + [1] * (nd - len(mesh_shape))
+    cart = comm.Create_cart(dims=dims, periods=[periodic] * nd, reorder=False)
+    w = width
+    n = [s - 2 * w for s in padded.shape]
+    phases = []
+    for d in range(nd):
+        lo_src, hi_src = cart.Shift(d, 1)
+        rng = [slice(0, s) if e < d else slice(w, w + n[e]) for e, s in enumerate(padded.shape)]
+
+        def face(a: int, b: int, d: int = d, rng: list = rng) -> tuple:
+            r = list(rng)
+            r[d] = slice(a, b)
+            return tuple(r)
+
+        # send my high interior face up, receive my low ghosts from below; then the reverse
+        send_hi, recv_lo = face(n[d], n[d] + w), face(0, w)
+        send_lo, recv_hi = face(w, 2 * w), face(n[d] + w, n[d] + 2 * w)
+        shape = padded[send_hi].shape
+        sbuf, rbuf = np.empty(shape, padded.dtype), np.empty(shape, padded.dtype)
+        phases.append((lo_src, hi_src, send_hi, recv_lo, send_lo, recv_hi, sbuf, rbuf))
+
+    def run() -> None:
+        for lo, hi, send_hi, recv_lo, send_lo, recv_hi, sbuf, rbuf in phases:
+            sbuf[...] = padded[send_hi]
+            cart.Sendrecv(sbuf, dest=hi, sendtag=31, recvbuf=rbuf, source=lo, recvtag=31)
+            if lo != MPI.PROC_NULL:
+                padded[recv_lo] = rbuf
+            sbuf[...] = padded[send_lo]
+            cart.Sendrecv(sbuf, dest=lo, sendtag=32, recvbuf=rbuf, source=hi, recvtag=32)
+            if hi != MPI.PROC_NULL:
+                padded[recv_hi] = rbuf
+
+    return run
+
+
+def _petsc(comm: MPI.Comm, shape: Sequence[int], mesh_shape: Sequence[int], layout: Any,
+           width: int, periodic: bool, dtype: str) -> Tuple[Optional[Callable[[], None]], str]:
+    try:
+        from petsc4py import PETSc  # type: ignore[import-not-found]
+    except Exception as e:  # noqa: BLE001 - any import failure means "no PETSc row"
+        return None, f"petsc4py does not import ({type(e).__name__})"
+    if np.dtype(dtype) != np.dtype(PETSc.ScalarType):
+        return None, f"PETSc scalars are {np.dtype(PETSc.ScalarType)}, the grid is {dtype}"
+    nd = len(shape)
+    dims = list(mesh_shape) + [1] * (nd - len(mesh_shape))
+    ranges = [layout.table[d][1] if layout.table[d][0] else (shape[d],) for d in range(nd)]
+    bt = PETSc.DM.BoundaryType.PERIODIC if periodic else PETSc.DM.BoundaryType.GHOSTED
+    da = PETSc.DMDA().create(
+        dim=nd, sizes=tuple(shape), proc_sizes=tuple(dims), ownership_ranges=tuple(ranges),
+        boundary_type=(bt,) * nd, stencil_type=PETSc.DMDA.StencilType.BOX,
+        stencil_width=width, dof=1, comm=PETSc.Comm(comm),
+    )
+    g, loc = da.createGlobalVec(), da.createLocalVec()
+    g.set(1.0)
+    return (lambda: da.globalToLocal(g, loc)), "DMDA globalToLocal (BOX)"
+
+
+def bench_halo(comm: MPI.Comm, scale: int = 1, reps: int = 5, loop: int = 20,
+               cases: Optional[Sequence[str]] = None) -> Dict[str, Any]:
+    """Time every halo case (see the module doc); collective over ``comm``."""
+    rows: List[Dict[str, Any]] = []
+    for name, full, dtype, width, stencil in HALO_CASES:
+        if cases and name not in cases:
+            continue
+        shape = tuple(max(2 * width, n // scale) for n in full)
+        mesh_shape = tuple(MPI.Compute_dims(comm.size, 2))
+        mesh = Mesh(comm, mesh_shape)
+        placements = [Shard(0), Shard(1)]
+        layout = Layout(shape, dtype, mesh_shape, placements)
+        local = np.ones(layout.local_shape(mesh.coords), dtype)
+        x = from_local(local, mesh, placements, global_shape=shape)
+        even = all(n % m == 0 for n, m in zip(shape[:2], mesh_shape))
+        corners = stencil == "box"
+        times: Dict[str, float] = {}
+        notes: Dict[str, str] = {}
+        for method in ("persistent", "p2p"):
+            h = x.with_halo(width, periodic=True, corners=corners, method=method)
+            times[f"pyshard-{method}"] = _slowest(comm, h.update, reps, loop)
+        times["floor"] = _slowest(comm, _floor(comm, h.plan), reps, loop)
+        if even:
+            hw = _hand_written(comm, mesh_shape, h.padded.copy(), width, True)
+            times["mpi4py"] = _slowest(comm, hw, reps, loop)
+        else:
+            notes["mpi4py"] = "uneven blocks: the hand-written version assumes even ones"
+        fn, why = _petsc(comm, shape, mesh_shape, x.layout, width, True, dtype)
+        if fn is not None:
+            times["petsc"] = _slowest(comm, fn, reps, loop)
+        notes["petsc"] = why
+        best = min(times["pyshard-persistent"], times["pyshard-p2p"])
+        rows.append({
+            "name": name, "shape": list(shape), "dtype": dtype, "width": width,
+            "stencil": stencil, "mesh": list(mesh_shape), "times_s": times, "notes": notes,
+            "peers": len(h.plan.peers), "bytes_per_rank": h.plan.recv_bytes,
+            "vs_floor": best / times["floor"],
+            "vs_mpi4py": best / times["mpi4py"] if "mpi4py" in times else None,
+            "vs_petsc": best / times["petsc"] if "petsc" in times else None,
+        })
+        mesh.free()
+    return {"case": "halo", "ranks": comm.size, "mpi": MPI.Get_library_version().splitlines()[0],
+            "rows": rows}
+
+
+def bench_stencil(comm: MPI.Comm, n: int = 2048, steps: int = 20, reps: int = 3,
+                  dim: int = 2) -> Dict[str, Any]:
+    """Heat steps, blocking against overlapped (median of ``reps`` runs, slowest rank)."""
+    mesh = Mesh(comm, tuple(MPI.Compute_dims(comm.size, dim)))
+    shape = (n,) * dim
+    out: Dict[str, Any] = {"case": "stencil", "ranks": comm.size, "shape": list(shape),
+                           "mesh": list(mesh.shape), "steps": steps}
+    for stencil in ("star", "box"):
+        t: Dict[str, List[float]] = {"blocking": [], "overlapped": []}
+        for _ in range(reps):  # interleaved, so drift on a shared machine hits both alike
+            for mode in ("blocking", "overlapped"):
+                _, tt = heat_run(mesh, shape, steps, stencil, True, mode == "overlapped")
+                t[mode].append(comm.allreduce(tt["per_step"], op=MPI.MAX))
+        b, o = float(np.median(t["blocking"])), float(np.median(t["overlapped"]))
+        out[stencil] = {"blocking_s": b, "overlapped_s": o, "ratio": o / b}
+    mesh.free()
+    return out
+
+
+def format_halo(r: Dict[str, Any]) -> str:
+    lines = [f"halo updates, {r['ranks']} ranks ({r['mpi']}); us per update, slowest rank"]
+    cols = ["pyshard-persistent", "pyshard-p2p", "floor", "mpi4py", "petsc"]
+    lines.append(f"{'case':<8}{'shape':<16}{'w':>3}" + "".join(f"{c:>20}" for c in cols)
+                 + f"{'vs floor':>10}{'vs mpi4py':>11}")
+    for row in r["rows"]:
+        t = row["times_s"]
+        cells = "".join(f"{t[c] * 1e6:>20.1f}" if c in t else f"{'-':>20}" for c in cols)
+        mp = f"{row['vs_mpi4py']:.2f}x" if row["vs_mpi4py"] else "-"
+        lines.append(
+            f"{row['name']:<8}{'x'.join(map(str, row['shape'])):<16}{row['width']:>3}{cells}"
+            f"{row['vs_floor']:>9.2f}x{mp:>11}"
+        )
+        if "petsc" not in t:
+            lines.append(f"        petsc: {row['notes'].get('petsc', '')}")
+    return "\n".join(lines)
+
+
+def format_stencil(r: Dict[str, Any]) -> str:
+    lines = [f"heat stencil {'x'.join(map(str, r['shape']))} on mesh "
+             f"{'x'.join(map(str, r['mesh']))}, {r['steps']} steps; ms per step"]
+    for s in ("star", "box"):
+        v = r[s]
+        lines.append(f"  {s:<5} blocking {v['blocking_s'] * 1e3:8.3f}  overlapped "
+                     f"{v['overlapped_s'] * 1e3:8.3f}  ratio {v['ratio']:.3f}")
+    return "\n".join(lines)
