@@ -17,6 +17,10 @@
 #include "halo.h"
 #include "steps.h"
 
+namespace pyshard {
+void bind_kernels_on_host(pybind11::module_& m);  // bindings_kernels.cpp
+}
+
 namespace py = pybind11;
 using namespace pyshard;
 
@@ -384,6 +388,7 @@ PYBIND11_MODULE(_core, m) {
   m.def("allgather_i64", &allgather_i64, py::arg("comm"), py::arg("values"));
   m.def("copy_box", &py_copy_box, py::arg("src"), py::arg("src_start"), py::arg("dst"),
         py::arg("dst_start"), py::arg("extent"), py::arg("offsets") = false);
+  bind_kernels_on_host(m);  // copy_kernel_on_host: the CUDA kernels run on the host
   m.def(
       "device_pack",
       [](const ExchangeGeometry& g, std::uintptr_t src, std::uintptr_t dst, std::uintptr_t stream) {

@@ -1,14 +1,18 @@
 // The CUDA packer: one kernel launch copies every block of a descriptor table (all blocks of
-// all peers of a step), with 16/8/4-byte loads and stores where the descriptors' alignment and
-// the pointers allow. The index math is box.h's, which the host tests cover. Descriptor tables
-// are uploaded to the device once per step and kept there; workspaces come from the pool
-// (cudaMalloc only when a workspace grows); bounce buffers are pinned host memory.
+// all peers of a step), with 16/8/4/2/1-byte loads and stores where the descriptors' alignment
+// and the pointers allow. The kernel's body (copy_kernel.h), its descriptor table and its grid
+// (kernel_launch.h) are host code too: the CPU build runs them over whole launch grids
+// (kernel_harness.h, tests/test_kernels_on_host.py), so this file holds only the CUDA calls.
+// Descriptor tables are uploaded to the device once per step and kept there; workspaces come
+// from the pool (cudaMalloc only when a workspace grows); bounce buffers are pinned host memory.
 #include <cuda_runtime.h>
 
 #include <algorithm>
 #include <stdexcept>
 #include <string>
 
+#include "copy_kernel.h"
+#include "kernel_launch.h"
 #include "memory.h"
 
 namespace pyshard {
@@ -20,51 +24,14 @@ void check(cudaError_t e, const char* what) {
     throw std::runtime_error(std::string("pyshard: ") + what + " failed: " + cudaGetErrorString(e));
 }
 
-// Runs longer than this are split (geometry.h split_runs): a warp copies at most 4 KiB per run.
-constexpr i64 kRunChunk = 4096;
-constexpr int kThreads = 256;
-
-template <class W>
-__device__ void copy_run(const char* __restrict__ s, char* __restrict__ t, i64 bytes, int lane) {
-  const W* sw = reinterpret_cast<const W*>(s);
-  W* tw = reinterpret_cast<W*>(t);
-  const i64 n = bytes / static_cast<i64>(sizeof(W));
-  for (i64 i = lane; i < n; i += 32) tw[i] = sw[i];
-}
-
-// blockIdx.y strides over descriptors; the warps of the x dimension stride over its runs.
+// The kernel: one thread of copy_kernel.h's body per CUDA thread (the host harness runs the
+// same body over the same grid: kernel_harness.h).
 __global__ void copy_kernel(const CopyDesc* __restrict__ descs, int ndesc,
                             const char* __restrict__ src, char* __restrict__ dst, int ptr_align) {
-  const int lane = threadIdx.x & 31;
-  const i64 warp = (static_cast<i64>(blockIdx.x) * blockDim.x + threadIdx.x) >> 5;
-  const i64 nwarps = (static_cast<i64>(gridDim.x) * blockDim.x) >> 5;
-  for (int di = blockIdx.y; di < ndesc; di += gridDim.y) {
-    const CopyDesc& d = descs[di];
-    const i64 a = d.align < ptr_align ? d.align : ptr_align;
-    for (i64 r = warp; r < d.runs; r += nwarps) {
-      i64 so, to;
-      run_offsets(d, r, &so, &to);
-      const char* s = src + so;
-      char* t = dst + to;
-      if (a >= 16)
-        copy_run<uint4>(s, t, d.run, lane);
-      else if (a >= 8)
-        copy_run<unsigned long long>(s, t, d.run, lane);
-      else if (a >= 4)
-        copy_run<unsigned int>(s, t, d.run, lane);
-      else if (a >= 2)
-        copy_run<unsigned short>(s, t, d.run, lane);
-      else
-        copy_run<unsigned char>(s, t, d.run, lane);
-    }
-  }
-}
-
-int pointer_alignment(const void* a, const void* b) {
-  const std::uintptr_t v = reinterpret_cast<std::uintptr_t>(a) | reinterpret_cast<std::uintptr_t>(b);
-  for (int k : {16, 8, 4, 2})
-    if (v % k == 0) return k;
-  return 1;
+  const ThreadIndex at{static_cast<int>(blockIdx.x), static_cast<int>(blockIdx.y),
+                       static_cast<int>(threadIdx.x), static_cast<int>(gridDim.x),
+                       static_cast<int>(gridDim.y), static_cast<int>(blockDim.x)};
+  copy_kernel_thread(descs, ndesc, src, dst, ptr_align, at);
 }
 
 class CudaPacker final : public Packer {
@@ -77,18 +44,14 @@ class CudaPacker final : public Packer {
     check(cudaStreamWaitEvent(stream_, done_, 0), "cudaStreamWaitEvent");
   }
   void copy(const DescTable& t, size_t b0, size_t b1, const char* src, char* dst) override {
-    if (b1 <= b0 || t.first[b1] == t.first[b0]) return;
+    if (copies_nothing(t, b0, b1)) return;
     upload(t);
-    // block b's descriptors in the (split) device table
-    const size_t d0 = t.device_first[b0], d1 = t.device_first[b1];
-    const int n = static_cast<int>(d1 - d0);
-    if (n == 0) return;
-    const i64 warps_needed = std::max<i64>(1, t.device_max_runs);
-    const int gx = static_cast<int>(std::min<i64>((warps_needed * 32 + kThreads - 1) / kThreads,
-                                                  std::max(1, 4096 / std::min(n, 4096))));
-    const dim3 grid(std::max(gx, 1), std::min(n, 65535));
-    copy_kernel<<<grid, kThreads, 0, stream_>>>(
-        static_cast<const CopyDesc*>(t.device.get()) + d0, n, src, dst,
+    // block b's descriptors in the (split) device table, and the grid (kernel_launch.h)
+    const KernelLaunch l = copy_launch(t.device_first, t.device_max_runs, b0, b1);
+    if (l.n == 0) return;
+    const dim3 grid(l.grid_x, l.grid_y);
+    copy_kernel<<<grid, l.block_x, 0, stream_>>>(
+        static_cast<const CopyDesc*>(t.device.get()) + l.first, l.n, src, dst,
         pointer_alignment(src, dst));
     check(cudaGetLastError(), "the pack kernel launch");
   }
@@ -126,27 +89,19 @@ class CudaPacker final : public Packer {
   }
 
  private:
-  // Upload `t` once: runs split into 4 KiB chunks, block boundaries remembered.
+  // Upload `t` once: the kernel table (kernel_launch.h: runs split at 4 KiB, block
+  // boundaries remembered).
   void upload(const DescTable& t) {
     if (t.device) return;
-    std::vector<CopyDesc> dev;
-    std::vector<size_t> first{0};
-    i64 max_runs = 0;
-    for (size_t b = 0; b < t.blocks(); ++b) {
-      std::vector<CopyDesc> blk(t.host.begin() + t.first[b], t.host.begin() + t.first[b + 1]);
-      for (const CopyDesc& d : split_runs(blk, kRunChunk)) {
-        dev.push_back(d);
-        max_runs = std::max(max_runs, d.runs);
-      }
-      first.push_back(dev.size());
-    }
+    KernelTable k = kernel_table(t);
+    const std::vector<CopyDesc>& dev = k.descs;
     void* p = nullptr;
     check(cudaMalloc(&p, std::max<size_t>(1, dev.size() * sizeof(CopyDesc))), "cudaMalloc");
     check(cudaMemcpy(p, dev.data(), dev.size() * sizeof(CopyDesc), cudaMemcpyHostToDevice),
           "cudaMemcpy (descriptor table)");
     t.device = std::shared_ptr<void>(p, [](void* q) { cudaFree(q); });
-    t.device_max_runs = max_runs;
-    t.device_first = std::move(first);
+    t.device_max_runs = k.max_runs;
+    t.device_first = std::move(k.first);
   }
 
   cudaStream_t stream_ = nullptr;

@@ -55,6 +55,11 @@ struct DescTable {
   void end_block() { first.push_back(host.size()); }
 };
 
+// How Python hands block lists to the geometries.
+using BlockSpec = std::tuple<int, Shape, Shape>;  // (peer, start, extent)
+using LocalSpec = std::tuple<Shape, Shape, Shape>;  // (src start, dst start, extent)
+using BoxSpec = std::tuple<Shape, Shape>;  // (start, extent)
+
 // One block of an exchange: a peer (rank in the step's communicator), the box in this rank's
 // local array, its bytes, where it sits in the array when contiguous, and where it sits in the
 // packed workspace.

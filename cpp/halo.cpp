@@ -52,15 +52,6 @@ std::vector<HaloMessage> describe_messages(const std::vector<PeerBoxes>& in, con
   return out;
 }
 
-void count_halo(const Packer& pk, Transport tr) {
-  auto& s = stats();
-  s["halo"] += 1;
-  if (tr == Transport::staged)
-    s["staged"] += 1;
-  else if (pk.kind() == Mem::cuda)
-    s["device_direct"] += 1;
-}
-
 }  // namespace
 
 HaloGeometry::HaloGeometry(i64 item_, Shape shape_, const std::vector<PeerBoxes>& sends_,
@@ -171,7 +162,7 @@ void HaloStep::wait(char* arr, Packer& pk, Transport tr) {
   } else {
     pk.copy_all(g.unpack_packed, work + S, arr);  // contiguous messages landed in place
   }
-  count_halo(pk, tr);
+  count_call("halo", pk, tr);
   pk.finish();
 }
 

@@ -18,9 +18,10 @@
 #include <tuple>
 #include <vector>
 
+#include "comm.h"
+#include "geometry.h"
 #include "memory.h"
 #include "mpi_calls.h"
-#include "steps.h"
 
 namespace pyshard {
 

@@ -1,7 +1,7 @@
 """Type stubs for the compiled core (cpp/bindings.cpp)."""
 
 import enum
-from typing import Dict, List, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Union, overload
 
 import numpy as np
 
@@ -167,6 +167,36 @@ def copy_box(
     src: np.ndarray, src_start: _Shape, dst: np.ndarray, dst_start: _Shape, extent: _Shape,
     offsets: bool = False,
 ) -> None: ...
+# (src_shape, src_start, dst_shape, dst_start, extent) or the same plus (src_base, dst_base)
+_KernelBox = Union[
+    Tuple[_Shape, _Shape, _Shape, _Shape, _Shape],
+    Tuple[_Shape, _Shape, _Shape, _Shape, _Shape, int, int],
+]
+
+@overload
+def copy_kernel_on_host(
+    geometry: Union[ExchangeGeometry, GatherGeometry, ScatterGeometry],
+    table: str,
+    src: np.ndarray,
+    dst: np.ndarray,
+    b0: int = 0,
+    b1: Optional[int] = None,
+    src_offset: int = 0,
+    dst_offset: int = 0,
+    kernel: bool = True,
+) -> Optional[Dict[str, Any]]: ...
+@overload
+def copy_kernel_on_host(
+    blocks: Sequence[Sequence[_KernelBox]],
+    itemsize: int,
+    src: np.ndarray,
+    dst: np.ndarray,
+    b0: int = 0,
+    b1: Optional[int] = None,
+    src_offset: int = 0,
+    dst_offset: int = 0,
+    kernel: bool = True,
+) -> Optional[Dict[str, Any]]: ...
 def device_pack(geometry: ExchangeGeometry, src: int, dst: int, stream: int = 0) -> None: ...
 def stats() -> Dict[str, int]: ...
 def reset_stats() -> None: ...

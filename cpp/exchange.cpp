@@ -1,6 +1,7 @@
-#include "steps.h"
+#include "exchange.h"
 
 #include <algorithm>
+#include <cstring>
 #include <stdexcept>
 
 namespace pyshard {
@@ -19,59 +20,9 @@ const char* algorithm_name(Algorithm a) {
   return "?";
 }
 
-std::map<std::string, i64>& stats() {
-  static std::map<std::string, i64> s;
-  return s;
-}
-
 namespace {
-
-void count(const char* name, const Packer& pk, Transport tr) {
-  auto& s = stats();
-  s[name] += 1;
-  if (tr == Transport::staged)
-    s["staged"] += 1;
-  else if (pk.kind() == Mem::cuda)
-    s["device_direct"] += 1;
-}
 
 int tag_p2p = 7;
-
-}  // namespace
-
-MPI_Op mpi_op(ReduceOp op) {
-  switch (op) {
-    case ReduceOp::sum:
-      return MPI_SUM;
-    case ReduceOp::max:
-      return MPI_MAX;
-    case ReduceOp::min:
-      return MPI_MIN;
-    case ReduceOp::lor:
-      return MPI_LOR;
-    case ReduceOp::land:
-      return MPI_LAND;
-  }
-  throw std::invalid_argument("pyshard: unknown reduction op");
-}
-
-// ---------------------------------------------------------------- communicator
-Comm::Comm(i64 fhandle) {
-  MPI_Comm base = MPI_Comm_f2c(static_cast<MPI_Fint>(fhandle));
-  check_mpi(MPI_Comm_dup(base, &comm_), "MPI_Comm_dup");
-  MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN);
-  MPI_Comm_size(comm_, &size_);
-  MPI_Comm_rank(comm_, &rank_);
-}
-
-Comm::~Comm() {
-  int finalized = 0;
-  MPI_Finalized(&finalized);
-  if (!finalized && comm_ != MPI_COMM_NULL) MPI_Comm_free(&comm_);
-}
-
-// ---------------------------------------------------------------- geometry
-namespace {
 
 // Blocks of `in` against a C-contiguous array of `shape`, with packed workspace offsets:
 // `slot` bytes apart when slot > 0 (padded Alltoall), else 4 KiB-aligned one after another.
@@ -160,65 +111,6 @@ i64 ExchangeGeometry::workspace_bytes() const {
   }
 }
 
-GatherGeometry::GatherGeometry(int size_, int rank_, i64 item_, Shape src_shape_,
-                               Shape dst_shape_, const std::vector<BoxSpec>& recvs)
-    : size(size_),
-      rank(rank_),
-      item(item_),
-      src_shape(std::move(src_shape_)),
-      dst_shape(std::move(dst_shape_)) {
-  if (static_cast<int>(recvs.size()) != size)
-    throw std::invalid_argument("pyshard: Allgatherv needs one block per member");
-  for (int p = 0; p < size; ++p) {
-    Block b{p, std::get<0>(recvs[p]), std::get<1>(recvs[p])};
-    b.bytes = volume(b.ext) * item;
-    if (!box_contiguous(dst_shape, b.start, b.ext, item, &b.array_off)) unpack_all = true;
-    b.ws_off = total;
-    total += b.bytes;
-    unpack.begin_block();
-    describe_copy(b.ext, Shape(b.ext.size(), 0), dst_shape, b.start, b.ext, item, b.ws_off, 0,
-                  &unpack.host);
-    unpack.end_block();
-    blocks.push_back(std::move(b));
-  }
-  if (volume(src_shape) * item != blocks[rank].bytes)
-    throw std::invalid_argument("pyshard: Allgatherv block of this rank != its source size");
-  for (const Block& b : blocks)
-    if (b.bytes != blocks[0].bytes) regular = false;
-  if (regular)  // Allgather lands block p at p * count: in place only if the output agrees
-    for (const Block& b : blocks)
-      if (b.bytes && b.array_off != b.ws_off) unpack_all = true;
-}
-
-ScatterGeometry::ScatterGeometry(int size_, int rank_, i64 item_, Shape src_shape_,
-                                 Shape dst_shape_, const std::vector<BoxSpec>& in)
-    : size(size_),
-      rank(rank_),
-      item(item_),
-      src_shape(std::move(src_shape_)),
-      dst_shape(std::move(dst_shape_)) {
-  if (static_cast<int>(in.size()) != size)
-    throw std::invalid_argument("pyshard: Reduce_scatter needs one piece per member");
-  for (int p = 0; p < size; ++p) {
-    Block b{p, std::get<0>(in[p]), std::get<1>(in[p])};
-    b.bytes = volume(b.ext) * item;
-    if (!box_contiguous(src_shape, b.start, b.ext, item, &b.array_off) || b.array_off != total)
-      pack_all = true;
-    b.ws_off = total;
-    total += b.bytes;
-    pack.begin_block();
-    describe_copy(src_shape, b.start, b.ext, Shape(b.ext.size(), 0), b.ext, item, 0, b.ws_off,
-                  &pack.host);
-    pack.end_block();
-    pieces.push_back(std::move(b));
-  }
-  if (volume(dst_shape) * item != pieces[rank].bytes)
-    throw std::invalid_argument("pyshard: Reduce_scatter piece of this rank != its output");
-  for (const Block& b : pieces)
-    if (b.bytes != pieces[0].bytes) regular = false;
-}
-
-// ---------------------------------------------------------------- exchange
 ExchangeStep::ExchangeStep(std::shared_ptr<Comm> comm, std::shared_ptr<ExchangeGeometry> g,
                            std::shared_ptr<Workspace> ws, bool nonblocking)
     : comm_(std::move(comm)), g_(std::move(g)), ws_(std::move(ws)), nonblocking_(nonblocking) {
@@ -281,7 +173,7 @@ void ExchangeStep::run(const char* src, char* dst, Packer& pk, Transport tr) {
     direct(src, dst, pk);
   // a staged Alltoallw is an Alltoallv of packed blocks (MPI datatypes need MPI's memory)
   const bool w_as_v = tr == Transport::staged && g_->algo == Algorithm::alltoallw;
-  count(algorithm_name(w_as_v ? Algorithm::alltoallv : g_->algo), pk, tr);
+  count_call(algorithm_name(w_as_v ? Algorithm::alltoallv : g_->algo), pk, tr);
   pk.finish();
 }
 
@@ -420,111 +312,6 @@ void ExchangeStep::staged(const char* src, char* dst, Packer& pk) {
     mpi::alltoallv(bounce, scounts_, sdispls_, bounce + S, rcounts_, rdispls_, comm_->get());
   pk.from_host(work + S, bounce + S, R);
   pk.copy_all(g.unpack, work + S, dst);
-}
-
-// ---------------------------------------------------------------- allgatherv
-AllgathervStep::AllgathervStep(std::shared_ptr<Comm> comm, std::shared_ptr<GatherGeometry> g,
-                               std::shared_ptr<Workspace> ws)
-    : comm_(std::move(comm)), g_(std::move(g)), ws_(std::move(ws)) {
-  if (g_->size != comm_->size() || g_->rank != comm_->rank())
-    throw std::invalid_argument("pyshard: geometry for another communicator");
-  for (const Block& b : g_->blocks) {
-    counts_.push_back(to_count(b.bytes, "a gather count"));
-    packed_.push_back(static_cast<DisplT>(b.ws_off));
-    direct_.push_back(static_cast<DisplT>(b.array_off));
-  }
-}
-
-void AllgathervStep::run(const char* src, char* dst, Packer& pk, Transport tr) {
-  const GatherGeometry& g = *g_;
-  MPI_Comm c = comm_->get();
-  const CountT mine = counts_[g.rank];
-  if (tr == Transport::staged) {
-    char* bounce = ws_->bounce(pk, g.staged_bytes());
-    char* work = ws_->work(pk, g.total);
-    pk.to_host(bounce + g.total, src, g.blocks[g.rank].bytes);
-    pk.sync();
-    if (g.regular)
-      mpi::allgather(bounce + g.total, bounce, g.blocks[0].bytes, c);
-    else
-      mpi::allgatherv(bounce + g.total, mine, bounce, counts_, packed_, c);
-    pk.from_host(work, bounce, g.total);
-    pk.copy_all(g_->unpack, work, dst);
-  } else {
-    char* work = g.unpack_all ? ws_->work(pk, g.total) : nullptr;
-    pk.sync();
-    if (g.regular)
-      mpi::allgather(src, g.unpack_all ? work : dst, g.blocks[0].bytes, c);
-    else
-      mpi::allgatherv(src, mine, g.unpack_all ? work : dst, counts_,
-                      g.unpack_all ? packed_ : direct_, c);
-    if (g.unpack_all) pk.copy_all(g_->unpack, work, dst);
-  }
-  count(g.regular ? "allgather" : "allgatherv", pk, tr);
-  pk.finish();
-}
-
-// ---------------------------------------------------------------- reductions
-AllreduceStep::AllreduceStep(std::shared_ptr<Comm> comm, MPI_Datatype type, i64 item,
-                             ReduceOp op, Shape shape, std::shared_ptr<Workspace> ws)
-    : comm_(std::move(comm)),
-      type_(type),
-      item_(item),
-      op_(mpi_op(op)),
-      n_(volume(shape)),
-      ws_(std::move(ws)) {}
-
-void AllreduceStep::run(const char* src, char* dst, Packer& pk, Transport tr) {
-  if (tr == Transport::staged) {
-    char* bounce = ws_->bounce(pk, n_ * item_);
-    pk.to_host(bounce, src, n_ * item_);
-    pk.sync();
-    mpi::allreduce(MPI_IN_PLACE, bounce, n_, type_, op_, comm_->get());
-    pk.from_host(dst, bounce, n_ * item_);
-  } else {
-    pk.sync();
-    mpi::allreduce(src, dst, n_, type_, op_, comm_->get());
-  }
-  count("allreduce", pk, tr);
-  pk.finish();
-}
-
-ReduceScatterStep::ReduceScatterStep(std::shared_ptr<Comm> comm,
-                                     std::shared_ptr<ScatterGeometry> g, MPI_Datatype type,
-                                     ReduceOp op, std::shared_ptr<Workspace> ws)
-    : comm_(std::move(comm)), g_(std::move(g)), type_(type), op_(mpi_op(op)), ws_(std::move(ws)) {
-  if (g_->size != comm_->size() || g_->rank != comm_->rank())
-    throw std::invalid_argument("pyshard: geometry for another communicator");
-  for (const Block& b : g_->pieces) counts_.push_back(to_count(b.bytes / g_->item, "a count"));
-}
-
-void ReduceScatterStep::scatter(const char* sb, char* rb) {
-  if (g_->regular)
-    mpi::reduce_scatter_block(sb, rb, counts_[0], type_, op_, comm_->get());
-  else
-    mpi::reduce_scatter(sb, rb, counts_, type_, op_, comm_->get());
-}
-
-void ReduceScatterStep::run(const char* src, char* dst, Packer& pk, Transport tr) {
-  const ScatterGeometry& g = *g_;
-  const char* from = src;
-  if (g.pack_all) {
-    char* work = ws_->work(pk, g.total);
-    pk.copy_all(g.pack, src, work);
-    from = work;
-  }
-  if (tr == Transport::staged) {
-    char* bounce = ws_->bounce(pk, g.staged_bytes());
-    pk.to_host(bounce, from, g.total);
-    pk.sync();
-    scatter(bounce, bounce + g.total);
-    pk.from_host(dst, bounce + g.total, g.pieces[g.rank].bytes);
-  } else {
-    pk.sync();
-    scatter(from, dst);
-  }
-  count(g.regular ? "reduce_scatter_block" : "reduce_scatter", pk, tr);
-  pk.finish();
 }
 
 }  // namespace pyshard

@@ -1,0 +1,162 @@
+// pyshard._core.copy_kernel_on_host: the host harness of the CUDA copy kernel
+// (kernel_harness.h) for the tests, on descriptor tables built as the steps build them:
+// from boxes (describe_copy, one table block per list of boxes) or from a geometry's tables.
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <optional>
+#include <stdexcept>
+#include <string>
+
+#include "kernel_harness.h"
+#include "steps.h"
+
+namespace py = pybind11;
+
+namespace pyshard {
+
+namespace {
+
+struct Bytes {
+  char* ptr;
+  i64 n;
+};
+
+// The bytes of a C-contiguous array from byte `offset` on (to make misaligned pointers).
+Bytes bytes_of(const py::array& a, i64 offset, bool writable, const char* name) {
+  if (!(a.flags() & py::array::c_style))
+    throw std::invalid_argument(std::string("pyshard: ") + name + " must be C-contiguous");
+  if (writable && !a.writeable())
+    throw std::invalid_argument(std::string("pyshard: ") + name + " must be writable");
+  const i64 n = static_cast<i64>(a.nbytes());
+  if (offset < 0 || offset > n)
+    throw std::out_of_range(std::string("pyshard: ") + name + " offset outside the buffer");
+  return {static_cast<char*>(const_cast<void*>(a.data())) + offset, n - offset};
+}
+
+py::object run(const DescTable& t, const py::array& src, py::array& dst,
+               std::optional<size_t> b1_, size_t b0, i64 src_offset, i64 dst_offset,
+               bool kernel) {
+  const Bytes s = bytes_of(src, src_offset, false, "source");
+  const Bytes d = bytes_of(dst, dst_offset, true, "destination");
+  const size_t b1 = b1_ ? *b1_ : t.blocks();
+  if (!kernel) {  // the host packer, as the steps run it on host arrays: the oracle
+    if (b0 > t.blocks() || b1 > t.blocks())
+      throw std::out_of_range("pyshard: block range outside the descriptor table");
+    py::gil_scoped_release nogil;
+    host_packer().copy(t, b0, b1, s.ptr, d.ptr);
+    return py::none();
+  }
+  CopyKernelReport r;
+  {
+    py::gil_scoped_release nogil;
+    r = copy_kernel_on_host(t, b0, b1, s.ptr, s.n, d.ptr, d.n);
+  }
+  py::dict out;
+  out["launched"] = r.launch.n > 0;
+  out["grid"] = py::make_tuple(r.launch.grid_x, r.launch.grid_y);
+  out["block"] = r.launch.block_x;
+  out["threads"] = r.launch.threads();
+  out["first"] = r.launch.first;
+  out["descriptors"] = r.launch.n;
+  out["table_descriptors"] = r.table_descriptors;
+  out["max_runs"] = r.max_runs;
+  out["runs"] = r.runs;
+  out["max_run"] = r.max_run;
+  py::dict widths;
+  const int w[5] = {16, 8, 4, 2, 1};
+  for (int i = 0; i < 5; ++i) widths[py::int_(w[i])] = r.widths[i];
+  out["widths"] = widths;
+  return std::move(out);
+}
+
+Shape shape_of(const py::handle& h) { return h.cast<Shape>(); }
+
+// blocks: one list of boxes per table block; a box is (src_shape, src_start, dst_shape,
+// dst_start, extent) or the same plus (src_base, dst_base) byte offsets.
+DescTable table_from_boxes(const py::sequence& blocks, i64 item) {
+  if (item <= 0) throw std::invalid_argument("pyshard: itemsize must be positive");
+  DescTable t;
+  for (const py::handle& blk : blocks) {
+    t.begin_block();
+    for (const py::handle& bx : blk.cast<py::sequence>()) {
+      const py::sequence box = bx.cast<py::sequence>();
+      if (box.size() != 5 && box.size() != 7)
+        throw std::invalid_argument(
+            "pyshard: a box is (src_shape, src_start, dst_shape, dst_start, extent"
+            "[, src_base, dst_base])");
+      const Shape ss = shape_of(box[0]), s0 = shape_of(box[1]), ds = shape_of(box[2]),
+                  d0 = shape_of(box[3]), ext = shape_of(box[4]);
+      const size_t nd = ext.size();
+      if (ss.size() != nd || s0.size() != nd || ds.size() != nd || d0.size() != nd)
+        throw std::invalid_argument("pyshard: a box's shapes and starts disagree in rank");
+      const i64 sb = box.size() == 7 ? box[5].cast<i64>() : 0;
+      const i64 db = box.size() == 7 ? box[6].cast<i64>() : 0;
+      describe_copy(ss, s0, ds, d0, ext, item, sb, db, &t.host);
+    }
+    t.end_block();
+  }
+  t.begin_block();  // as the geometries: an empty table has blocks() == 0
+  return t;
+}
+
+template <class G>
+const DescTable& table_of(const G& g, const std::string& name);
+
+template <>
+const DescTable& table_of(const ExchangeGeometry& g, const std::string& name) {
+  if (name == "pack") return g.pack;
+  if (name == "unpack") return g.unpack;
+  if (name == "local") return g.local;
+  throw std::invalid_argument("pyshard: an ExchangeGeometry's tables: pack, unpack, local");
+}
+
+template <>
+const DescTable& table_of(const GatherGeometry& g, const std::string& name) {
+  if (name == "unpack") return g.unpack;
+  throw std::invalid_argument("pyshard: a GatherGeometry's table: unpack");
+}
+
+template <>
+const DescTable& table_of(const ScatterGeometry& g, const std::string& name) {
+  if (name == "pack") return g.pack;
+  throw std::invalid_argument("pyshard: a ScatterGeometry's table: pack");
+}
+
+template <class G>
+void def_geometry(py::module_& m) {
+  m.def(
+      "copy_kernel_on_host",
+      [](const G& g, const std::string& table, const py::array& src, py::array& dst,
+         size_t b0, std::optional<size_t> b1, i64 src_offset, i64 dst_offset, bool kernel) {
+        return run(table_of(g, table), src, dst, b1, b0, src_offset, dst_offset, kernel);
+      },
+      py::arg("geometry"), py::arg("table"), py::arg("src"), py::arg("dst"), py::arg("b0") = 0,
+      py::arg("b1") = py::none(), py::arg("src_offset") = 0, py::arg("dst_offset") = 0,
+      py::arg("kernel") = true);
+}
+
+}  // namespace
+
+void bind_kernels_on_host(py::module_& m) {
+  def_geometry<ExchangeGeometry>(m);
+  def_geometry<GatherGeometry>(m);
+  def_geometry<ScatterGeometry>(m);
+  m.def(
+      "copy_kernel_on_host",
+      [](const py::sequence& blocks, i64 itemsize, const py::array& src, py::array& dst,
+         size_t b0, std::optional<size_t> b1, i64 src_offset, i64 dst_offset, bool kernel) {
+        const DescTable t = table_from_boxes(blocks, itemsize);
+        return run(t, src, dst, b1, b0, src_offset, dst_offset, kernel);
+      },
+      py::arg("blocks"), py::arg("itemsize"), py::arg("src"), py::arg("dst"), py::arg("b0") = 0,
+      py::arg("b1") = py::none(), py::arg("src_offset") = 0, py::arg("dst_offset") = 0,
+      py::arg("kernel") = true,
+      "Run the CUDA copy kernel's body on the host over its whole launch grid: blocks [b0, b1) "
+      "of a descriptor table (from boxes, or a geometry's 'pack'/'unpack'/'local' table), from "
+      "src + src_offset to dst + dst_offset (bytes), with the device table and grid the CUDA "
+      "packer would use; returns what was launched. kernel=False: the host packer instead.");
+}
+
+}  // namespace pyshard

@@ -1,0 +1,46 @@
+// What every step shares: the communicator the core owns, how one call runs (packer,
+// transport, workspace pool), and the per-process count of the collectives that ran.
+#pragma once
+
+#include <mpi.h>
+
+#include <map>
+#include <string>
+
+#include "memory.h"
+
+namespace pyshard {
+
+// Collectives run in this process by name ("alltoallv", "p2p", ...), plus "staged" (steps
+// that went through host bounce buffers) and "device_direct" (steps whose MPI call took GPU
+// memory).
+std::map<std::string, i64>& stats();
+
+// Count one collective `name` of a step that ran with packer `pk` over transport `tr`.
+void count_call(const char* name, const Packer& pk, Transport tr);
+
+// An MPI communicator owned by the core (a duplicate: independent of Python object lifetimes).
+class Comm {
+ public:
+  explicit Comm(i64 fortran_handle);
+  ~Comm();
+  Comm(const Comm&) = delete;
+  Comm& operator=(const Comm&) = delete;
+  MPI_Comm get() const { return comm_; }
+  int size() const { return size_; }
+  int rank() const { return rank_; }
+
+ private:
+  MPI_Comm comm_ = MPI_COMM_NULL;
+  int size_ = 0;
+  int rank_ = 0;
+};
+
+// How one call runs: the packer of the array's memory, the transport, the shared pool.
+struct Exec {
+  Packer& pk;
+  Transport tr;
+  Workspace& ws;
+};
+
+}  // namespace pyshard

@@ -1,0 +1,70 @@
+// The exchange step (Alltoallv and its alternatives: padded Alltoall, point-to-point,
+// Alltoallw with MPI datatypes) and its geometry: every rank sends at most one box of its
+// source array to each peer and receives at most one box of its destination from each.
+#pragma once
+
+#include <mpi.h>
+
+#include <memory>
+#include <vector>
+
+#include "comm.h"
+#include "mpi_calls.h"
+
+namespace pyshard {
+
+enum class Algorithm { alltoallv = 0, alltoall = 1, p2p = 2, alltoallw = 3 };
+
+const char* algorithm_name(Algorithm a);
+
+// Geometry of an exchange (Alltoallv and its alternatives) on a communicator of `size`.
+// sends/recvs: at most one block per peer, never this rank; local: copied directly.
+struct ExchangeGeometry {
+  ExchangeGeometry(int size, i64 item, Shape src_shape, Shape dst_shape,
+                   const std::vector<BlockSpec>& sends, const std::vector<BlockSpec>& recvs,
+                   const std::vector<LocalSpec>& local, Algorithm algo, i64 pad);
+  int size;
+  i64 item;
+  Shape src_shape, dst_shape;
+  Algorithm algo;
+  i64 pad;
+  std::vector<Block> sends, recvs;
+  DescTable pack, unpack, local;  // src -> send workspace, recv workspace -> dst, src -> dst
+  bool pack_all = false, unpack_all = false;  // Alltoallv: stage every block (one base pointer)
+  i64 send_ws = 0, recv_ws = 0;  // packed workspace bytes (4 KiB aligned blocks)
+  // bytes of the pack/unpack workspace the direct host path allocates, and what a staged
+  // call needs in the array's memory and in host bounce buffers
+  i64 workspace_bytes() const;
+  i64 staged_bytes() const { return send_ws + recv_ws; }
+};
+
+class ExchangeStep {
+ public:
+  ExchangeStep(std::shared_ptr<Comm> comm, std::shared_ptr<ExchangeGeometry> g,
+               std::shared_ptr<Workspace> ws, bool nonblocking);
+  ~ExchangeStep();
+  ExchangeStep(const ExchangeStep&) = delete;
+  ExchangeStep& operator=(const ExchangeStep&) = delete;
+  void run(const char* src, char* dst, Packer& pk, Transport tr);
+  const ExchangeGeometry& geometry() const { return *g_; }
+
+ private:
+  void direct(const char* src, char* dst, Packer& pk);
+  void staged(const char* src, char* dst, Packer& pk);
+  void host_nonblocking(const char* sb, char* rb, const char* src, char* dst);
+  void p2p(const char* src, char* dst, char* work, Packer& pk, bool staged);
+  void build_types();
+
+  std::shared_ptr<Comm> comm_;
+  std::shared_ptr<ExchangeGeometry> g_;
+  std::shared_ptr<Workspace> ws_;
+  bool nonblocking_;
+  mpi::Counts scounts_, rcounts_;
+  mpi::Displs sdispls_, rdispls_;  // into the packed workspace
+  mpi::Displs sdirect_, rdirect_;  // into the arrays (when nothing is packed)
+  std::vector<MPI_Datatype> wstypes_, wrtypes_;
+  mpi::Counts wscounts_, wrcounts_;
+  mpi::Displs wdispls_;
+};
+
+}  // namespace pyshard
