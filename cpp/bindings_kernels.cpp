@@ -124,6 +124,16 @@ const DescTable& table_of(const ScatterGeometry& g, const std::string& name) {
   throw std::invalid_argument("pyshard: a ScatterGeometry's table: pack");
 }
 
+template <>
+const DescTable& table_of(const HaloGeometry& g, const std::string& name) {
+  if (name == "pack") return g.pack;
+  if (name == "unpack") return g.unpack;
+  if (name == "unpack_packed") return g.unpack_packed;
+  if (name == "local") return g.local;
+  throw std::invalid_argument(
+      "pyshard: a HaloGeometry's tables: pack, unpack, unpack_packed, local");
+}
+
 template <class G>
 void def_geometry(py::module_& m) {
   m.def(
@@ -143,6 +153,7 @@ void bind_kernels_on_host(py::module_& m) {
   def_geometry<ExchangeGeometry>(m);
   def_geometry<GatherGeometry>(m);
   def_geometry<ScatterGeometry>(m);
+  def_geometry<HaloGeometry>(m);
   m.def(
       "copy_kernel_on_host",
       [](const py::sequence& blocks, i64 itemsize, const py::array& src, py::array& dst,
