@@ -55,11 +55,13 @@ import numpy as np
 from mpi4py import MPI
 
 from ._timing import _median_s, _timed
-from .array import ShardedArray, _executors, from_local
-from .checkpoint import PathArg, _box, _err, _norm_path, _on_root, load, save
+from .array import ShardedArray, executors, from_local
+from .checkpoint import load, save
+from .checkpoint.errors import PathArg, error, norm_path, on_root
+from .checkpoint.mpiio import box_bounds
 from .layout import Layout, Partial, Replicate, Shard
 from .mesh import Mesh
-from .plan import Plan, Step, _contiguous, exchange_specs, geometry
+from .plan import Plan, Step, exchange_specs, geometry
 from .plan import plan as make_plan
 
 log = logging.getLogger("pyshard")
@@ -157,6 +159,16 @@ def _aligned_displs(counts: Sequence[int], align: int = 64) -> List[int]:
         out.append(off)
         off = (off + c + align - 1) // align * align
     return out
+
+
+def _contiguous(shape: Sequence[int], start: Sequence[int], ext: Sequence[int]) -> bool:
+    """Is the box one contiguous run of a C-contiguous array of ``shape``? (as the core)"""
+    if prod(ext) == 0:
+        return True
+    k = 0
+    while k < len(ext) and ext[k] == 1:
+        k += 1
+    return all(ext[j] == shape[j] for j in range(k + 1, len(ext)))
 
 
 def _contig(shape: Sequence[int], sl: Tuple[slice, ...]) -> bool:
@@ -332,7 +344,7 @@ def _source(case: Case, mesh: Mesh, dtype: np.dtype) -> ShardedArray:
 def _peak_extra(p: Plan, mesh: Mesh, algorithm: str) -> int:
     """Bytes allocated beyond the input and the final output: pack/unpack workspace of
     the core objects, plus intermediate results of multi-step plans."""
-    execs = _executors(p, mesh, algorithm)
+    execs = executors(p, mesh, algorithm)
     peak, held = 0, 0
     for i, e in enumerate(execs):
         last = i == len(execs) - 1
@@ -474,15 +486,15 @@ def _check_bench_args(mesh: object, nbytes: object, reps: object) -> None:
 def _bench_dir(comm: MPI.Comm, path: Optional[PathArg]) -> str:
     """A new temporary directory (under ``path`` if given, created if missing), made by
     rank 0 and known to every rank (one bcast)."""
-    p = None if path is None else _norm_path(path, "bench_checkpoint")
+    p = None if path is None else norm_path(path, "bench_checkpoint")
 
     def make() -> str:
         if p is not None:
             os.makedirs(p, exist_ok=True)
         return tempfile.mkdtemp(prefix="pyshard-bench-", dir=p)
 
-    return _on_root(
-        comm, make, lambda e: _err("ValueError", f"bench_checkpoint: cannot use {p!r}: {e}")
+    return on_root(
+        comm, make, lambda e: error("ValueError", f"bench_checkpoint: cannot use {p!r}: {e}")
     )
 
 
@@ -574,7 +586,7 @@ def bench_checkpoint(
     n = int(nbytes) // 4
     root = _bench_dir(comm, path)
     layout = Layout((n,), np.float32, mesh.shape, [Shard(0)] * mesh.ndim)
-    start, ext = _box(layout, mesh.coords)
+    start, ext = box_bounds(layout, mesh.coords)
     x = ShardedArray(_bench_pattern(start[0], ext[0]), layout, mesh)
     try:
         save_s, load_s, ok = _time_checkpoint(x, os.path.join(root, "ckpt"), reps, sync)
