@@ -46,10 +46,6 @@ def module_names(root: Path, package: str) -> Dict[str, Path]:
     return out
 
 
-def _is_package(name: str, path: Path) -> bool:
-    return path.stem == "__init__"
-
-
 def _base(module: str, is_pkg: bool, level: int, target: str) -> str:
     """The absolute module of ``from <level dots><target> import ...`` in ``module``."""
     if level == 0:
@@ -66,7 +62,7 @@ def imports(module: str, path: Path, known: Set[str]) -> List[Tuple[str, str, in
     that points into ``known``; ``name`` is set for ``from X import name`` where ``name`` is
     not a module of its own."""
     tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
-    is_pkg = _is_package(module, path)
+    is_pkg = path.stem == "__init__"  # a package's own module: its relative imports start here
     out: List[Tuple[str, str, int]] = []
     for node in ast.walk(tree):  # every node: imports inside functions and branches too
         if isinstance(node, ast.Import):
