@@ -27,9 +27,10 @@ from .sparse import bench_sparse_setup, format_sparse
 def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
         prog="python -m pyshard bench",
-        epilog="Cases run only when named: checkpoint (save/load GB/s, --checkpoint-bytes) and "
+        epilog="Cases run only when named: checkpoint (save/load GB/s, --checkpoint-bytes), "
         "memory (peak RSS over --memory-shapes distinct shapes; check: growth after 40 shapes "
-        f"<= {MEMORY_LIMIT_MIB} MiB). See the module docstring of pyshard.bench.",
+        f"<= {MEMORY_LIMIT_MIB} MiB), sparse (setup at up to 65,536 simulated ranks) and fft3d "
+        "(a pencil 3-D FFT, --fft-n). See the docstring of the package pyshard.bench.",
     )
     ap.add_argument(
         "--cases", "--case", default=",".join(CASES), help=f"comma list of {CASES + EXTRA_CASES}"
