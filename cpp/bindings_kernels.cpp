@@ -9,6 +9,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "halo.h"
 #include "kernel_harness.h"
 #include "steps.h"
 

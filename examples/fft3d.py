@@ -15,7 +15,7 @@ order they are transformed (x, y, z = axes 0, 1, 2). For order ``abc``:
 
 ``xyz`` is the textbook scheme, ``[Shard(1), Shard(2)] -> [Shard(0), Shard(2)] ->
 [Shard(0), Shard(1)]``; the default ``zxy``, ``[Shard(0), Shard(1)] -> [Shard(2), Shard(1)]
--> [Shard(2), Shard(0)]``, copies on only one side of each exchange (see pyshard/_fft3d.py).
+-> [Shard(2), Shard(0)]``, copies on only one side of each exchange (see pyshard/apps/fft3d.py).
 The result, ``numpy.fft.fftn`` of the global array (unnormalised), stays in the last pencil.
 Every rank checks its box against ``numpy.fft.fftn`` of the global array; the script prints
 the time of the whole transform and of its two transposes alone (median, slowest rank),
@@ -32,15 +32,8 @@ import numpy as np
 from mpi4py import MPI
 
 import pyshard as ps
-from pyshard._fft3d import (
-    DEFAULT_ORDER,
-    ORDERS,
-    fft3d,
-    pencils,
-    sample_array,
-    time_fft3d,
-    time_pfft,
-)
+from pyshard.apps.fft3d import DEFAULT_ORDER, ORDERS, fft3d, pencils, sample_array
+from pyshard.bench.fft3d import time_fft3d, time_pfft
 
 
 def main(argv: Optional[List[str]] = None) -> int:

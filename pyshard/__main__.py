@@ -12,7 +12,7 @@ from mpi4py import MPI
 import pyshard as ps
 from pyshard import Partial, Replicate, Shard
 
-from ._timing import _median_s
+from .bench.timing import median_s
 
 
 def _global(shape: tuple, dtype: np.dtype, seed: int = 0) -> np.ndarray:
@@ -69,7 +69,7 @@ def demo(argv: Optional[List[str]] = None) -> int:
         ok = bool(np.array_equal(y.local, ref[y.box]))
         ok = comm.allreduce(ok, op=MPI.LAND)
         failed += not ok
-        t = _median_s(lambda x=x, t=target, s=sizes: x.redistribute(t, s), comm, args.reps)
+        t = median_s(lambda x=x, t=target, s=sizes: x.redistribute(t, s), comm, args.reps)
         sent = max((b[0] for b in plan.rank_bytes(mesh.coords)), default=0)
         sent = comm.allreduce(sent, op=MPI.MAX)
         kinds = "+".join(s.kind for s in plan.steps if s.is_collective) or "none (local)"
@@ -97,11 +97,11 @@ def main(argv: Optional[List[str]] = None) -> int:
     if cmd == "demo":
         return demo(rest)
     if cmd == "bench":
-        from .bench import main as bench_main
+        from .bench.cli import main as bench_main
 
         return bench_main(rest)
     if cmd == "plot":
-        from .bench import plot_main
+        from .bench.plot import plot_main
 
         return plot_main(rest)
     print(f"unknown command {cmd!r}\n{usage}", file=sys.stderr)

@@ -22,10 +22,10 @@ from .layout import (
     Replicate,
     Shard,
     SizesArg,
-    _ravel,
-    _unravel,
     check_dtype,
     check_placements,
+    ravel,
+    unravel,
 )
 from .mesh import Mesh
 from .plan import Plan, Step, geometry, plan, reduce_dtype
@@ -148,7 +148,7 @@ class ShardedArray:
             key = None
         target = self._target(placements, sizes)
         p = plan(self.layout, target)
-        execs = _executors(p, self.mesh, algorithm, local)
+        execs = executors(p, self.mesh, algorithm, local)
         res = _execute(execs, p, self.mesh, local, out)
         if key is not None and len(execs) == 1 and execs[0].direct:
             cache.fast.put(key, (target, execs[0]))
@@ -250,7 +250,7 @@ def distribute(
     a = _check_array(global_array, "global_array")
     layout = Layout(a.shape, a.dtype, mesh.shape, placements, sizes)
     local = bk.xp_of(a).array(a[layout.box(mesh.coords)], order="C", copy=True)
-    if _zeroed(layout, mesh.coords):
+    if zeroed(layout, mesh.coords):
         local[...] = 0
     return ShardedArray(local, layout, mesh)
 
@@ -296,7 +296,7 @@ def from_local(
     if validate:
         shapes = _gather_shapes(a, mesh)
         for r, shp in enumerate(shapes):
-            coords = tuple(_unravel(r, mesh.shape))
+            coords = tuple(unravel(r, mesh.shape))
             want = layout.local_shape(coords)
             if tuple(shp) != want:
                 raise ValueError(
@@ -326,7 +326,7 @@ def _gather_shapes(a: Any, mesh: Mesh) -> List[Tuple[int, ...]]:
 
 def _infer_global(shapes: List[Tuple[int, ...]], mesh: Mesh, placements: Sequence) -> tuple:
     ndim = len(shapes[0])
-    coords = [tuple(_unravel(r, mesh.shape)) for r in range(mesh.size)]
+    coords = [tuple(unravel(r, mesh.shape)) for r in range(mesh.size)]
     sharding = {}
     for m, p in enumerate(placements):
         if isinstance(p, Shard):
@@ -337,7 +337,7 @@ def _infer_global(shapes: List[Tuple[int, ...]], mesh: Mesh, placements: Sequenc
         nparts = prod(mesh.shape[m] for m in mdims)
         ext: List[Optional[int]] = [None] * nparts
         for r, c in enumerate(coords):
-            k = _ravel([c[m] for m in mdims], [mesh.shape[m] for m in mdims])
+            k = ravel([c[m] for m in mdims], [mesh.shape[m] for m in mdims])
             if ext[k] is None:
                 ext[k] = shapes[r][d]
             elif ext[k] != shapes[r][d]:
@@ -351,7 +351,7 @@ def _infer_global(shapes: List[Tuple[int, ...]], mesh: Mesh, placements: Sequenc
     return tuple(gshape), sizes
 
 
-def _zeroed(layout: Layout, coords: Sequence[int]) -> bool:
+def zeroed(layout: Layout, coords: Sequence[int]) -> bool:
     """Does a Replicate -> Partial(sum) conversion hold zeros at these coords?"""
     return any(
         isinstance(p, Partial) and p.op == "sum" and coords[m] != 0
@@ -597,7 +597,7 @@ def _exec(s: Step, mesh: Mesh, algorithm: str, dev: bool) -> _Exec:
     return _Exec(s, mesh, choose_algorithm(s, algorithm, dev, mesh.coords), dev)
 
 
-def _executors(p: Plan, mesh: Mesh, algorithm: str = "auto", like: Any = None) -> list:
+def executors(p: Plan, mesh: Mesh, algorithm: str = "auto", like: Any = None) -> list:
     """The executors of plan ``p`` on this rank for arrays like ``like`` (numpy by default),
     built once and kept in the mesh's bounded cache."""
     dev = bk.is_device(like)
@@ -630,7 +630,7 @@ def execute(
     communication).
     """
     algorithm = DEFAULT_ALGORITHM if algorithm is None else algorithm
-    return _execute(_executors(p, mesh, algorithm, local), p, mesh, local, out)
+    return _execute(executors(p, mesh, algorithm, local), p, mesh, local, out)
 
 
 def _execute(execs: list, p: Plan, mesh: Mesh, local: Any, out: Optional[Any]) -> Any:

@@ -33,7 +33,7 @@ import numpy as np
 from . import _backend as bk
 from . import _core, _validate
 from ._cache import memoize
-from .layout import Layout, Partial, _ravel, _unravel, placements_str
+from .layout import Layout, Partial, placements_str, ravel, unravel
 from .mesh import Mesh
 
 if TYPE_CHECKING:  # no runtime import: array.py imports this module
@@ -194,7 +194,7 @@ class HaloPlan:
         self.coords = coords = tuple(int(c) for c in coords)
         layout.box(coords)  # checks the coords
         mesh_shape = layout.mesh_shape
-        self.rank = _ravel(coords, mesh_shape)
+        self.rank = ravel(coords, mesh_shape)
         w = spec.width
         iv = [layout.interval(d, coords) for d in range(layout.ndim)]
         lo = tuple(a for a, _ in iv)
@@ -213,10 +213,10 @@ class HaloPlan:
             for d, (k, _, _) in enumerate(combo):
                 mdims = layout.table[d][0]
                 if mdims:
-                    for m, c in zip(mdims, _unravel(k, [mesh_shape[m] for m in mdims])):
+                    for m, c in zip(mdims, unravel(k, [mesh_shape[m] for m in mdims])):
                         q[m] = c
             qc = tuple(q)
-            r = _ravel(qc, mesh_shape)
+            r = ravel(qc, mesh_shape)
             shift = tuple(s for _, s, _ in combo)
             if r == self.rank and not any(shift) and spec.corners:
                 continue  # this rank's own box: the interior

@@ -78,7 +78,7 @@ class Partial(Placement):
 _RULES = ("balanced", "chunk")
 
 
-def _unravel(k: int, shape: Sequence[int]) -> List[int]:
+def unravel(k: int, shape: Sequence[int]) -> List[int]:
     """Row-major coordinates of index ``k`` in ``shape``."""
     out = []
     for s in reversed(shape):
@@ -87,8 +87,8 @@ def _unravel(k: int, shape: Sequence[int]) -> List[int]:
     return out[::-1]
 
 
-def _ravel(coords: Sequence[int], shape: Sequence[int]) -> int:
-    """Row-major index of ``coords`` in ``shape`` (the inverse of :func:`_unravel`)."""
+def ravel(coords: Sequence[int], shape: Sequence[int]) -> int:
+    """Row-major index of ``coords`` in ``shape`` (the inverse of :func:`unravel`)."""
     k = 0
     for c, s in zip(coords, shape):
         k = k * s + c
@@ -293,7 +293,7 @@ class Layout:
     def shard_index(self, d: int, coords: Sequence[int]) -> int:
         """Index along array dim ``d``'s shard list of the rank at mesh ``coords``."""
         mdims = self.table[d][0]
-        return _ravel([coords[m] for m in mdims], [self.mesh_shape[m] for m in mdims])
+        return ravel([coords[m] for m in mdims], [self.mesh_shape[m] for m in mdims])
 
     def interval(self, d: int, coords: Sequence[int]) -> Tuple[int, int]:
         """(start, stop) along array dim ``d`` held at mesh ``coords``."""

@@ -45,7 +45,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from ._cache import memoize
-from .layout import Layout, Partial, Replicate, Shard, _ravel, _unravel, placements_str
+from .layout import Layout, Partial, Replicate, Shard, placements_str, ravel, unravel
 
 __all__ = ["Plan", "Step", "StepKind", "plan"]
 
@@ -139,12 +139,12 @@ class Step:
 
     def group_rank(self, coords: Sequence[int]) -> int:
         """Rank of the rank at mesh ``coords`` in this step's sub-communicator."""
-        return _ravel([coords[m] for m in self.mesh_dims], self.group_shape)
+        return ravel([coords[m] for m in self.mesh_dims], self.group_shape)
 
     def member(self, coords: Sequence[int], group_rank: int) -> Coords:
         """Mesh coords of member ``group_rank`` of the group that ``coords`` belongs to."""
         out = list(coords)
-        for m, c in zip(self.mesh_dims, _unravel(group_rank, self.group_shape)):
+        for m, c in zip(self.mesh_dims, unravel(group_rank, self.group_shape)):
             out[m] = c
         return tuple(out)
 
@@ -171,7 +171,7 @@ class Step:
             for d, (k, _, _) in enumerate(combo):
                 mdims = src.table[d][0]
                 if mdims:
-                    for m, c in zip(mdims, _unravel(k, [src.mesh_shape[x] for x in mdims])):
+                    for m, c in zip(mdims, unravel(k, [src.mesh_shape[x] for x in mdims])):
                         sender[m] = c
             out.append((tuple(sender), tuple((lo, hi) for _, lo, hi in combo)))
         return out
@@ -199,7 +199,7 @@ class Step:
                 shp = [mesh[x] for x in mdims]
                 keep = []
                 for k, lo, hi in by_src[ks]:
-                    cs = _unravel(k, shp)
+                    cs = unravel(k, shp)
                     if all(f < 0 or c == f for f, c in zip(fixed, cs)):
                         keep.append((tuple(zip(mdims, cs)), lo, hi))
                 keep = (keep, sum(hi - lo for _, lo, hi in keep))
@@ -315,7 +315,7 @@ def _exchange_dims(src: Layout, dst: Layout) -> Tuple[int, ...]:
             dshape = [dst.mesh_shape[x] for x in dmd]
             by_src = ov[d][0]
             same = all(
-                _unravel(k, sshape)[si] == _unravel(j, dshape)[di]
+                unravel(k, sshape)[si] == unravel(j, dshape)[di]
                 for k, lst in enumerate(by_src)
                 for j, _, _ in lst
             )
@@ -507,16 +507,6 @@ def _step_bytes(s: Step, coords: Coords) -> Tuple[int, int]:
     if s.kind == "allgatherv":
         return _vol(s.src, coords) * (prod(s.group_shape) - 1) * item, recvd
     return recvd, recvd
-
-
-def _contiguous(shape: Sequence[int], start: Sequence[int], ext: Sequence[int]) -> bool:
-    """Is the box one contiguous run of a C-contiguous array of ``shape``? (as the core)"""
-    if prod(ext) == 0:
-        return True
-    k = 0
-    while k < len(ext) and ext[k] == 1:
-        k += 1
-    return all(ext[j] == shape[j] for j in range(k + 1, len(ext)))
 
 
 def _step_out_bytes(s: Step, coords: Coords) -> int:

@@ -54,7 +54,9 @@ names = tarfile.open(sys.argv[1]).getnames()
 top = names[0].split("/")[0]
 rel = sorted(n[len(top) + 1:] for n in names if n.startswith(top + "/"))
 need = ["pyproject.toml", "CMakeLists.txt", "README.md", "PKG-INFO", "pyshard/__init__.py",
-        "pyshard/_core.pyi", "pyshard/py.typed", "cpp/bindings.cpp", "cpp/cuda_packer.cu"]
+        "pyshard/_core.pyi", "pyshard/py.typed", "pyshard/checkpoint/__init__.py",
+        "pyshard/bench/cli.py", "pyshard/apps/fft3d.py", "cpp/bindings.cpp",
+        "cpp/cuda_packer.cu"]
 missing = [n for n in need if n not in rel]
 banned = (".venv/", "build/", "dist/", ".whl/", "docs/", "tests/", ".git/", "__pycache__/")
 extra = [n for n in rel if n.startswith(banned) or "/__pycache__/" in n or n.endswith((".so", ".pyc"))]
@@ -75,6 +77,18 @@ echo "[sdist-check] building the wheel from the sdist (isolated, as pip install 
   exit 1
 }
 WHEEL=$(ls "$TMP"/dist/pyshard-*.whl)
+"$TMP/tools/bin/python" - "$WHEEL" <<'EOF'
+import sys, zipfile
+
+names = set(zipfile.ZipFile(sys.argv[1]).namelist())
+need = ["pyshard/__init__.py", "pyshard/checkpoint/reader.py", "pyshard/bench/cli.py",
+        "pyshard/bench/gpu.py", "pyshard/apps/fft3d.py", "pyshard/py.typed"]
+missing = [n for n in need if n not in names]
+pkgs = sorted({n.rsplit("/", 1)[0] for n in names if n.startswith("pyshard/") and n.endswith(".py")})
+print(f"  wheel: {len(names)} files; packages {' '.join(pkgs)}")
+if missing or not any(n.startswith("pyshard/_core") for n in names):
+    sys.exit(f"wheel check FAILED: missing {missing or 'the compiled pyshard/_core'}")
+EOF
 
 echo "[sdist-check] twine check"
 "$TMP/tools/bin/python" -m twine check --strict "$SDIST" "$WHEEL"

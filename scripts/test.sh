@@ -2,56 +2,98 @@
 # Set up (see setup.sh), lint, and run the whole test suite on the CPU build: the serial tests
 # (pytest-mpi skips the MPI-marked ones without --with-mpi), then tests/mpi under mpiexec
 # with --with-mpi at 1, 2, 3, 4 and 7 ranks (plus 6 and 8 for 2-D and 3-D meshes), each under
-# a hard timeout so a hang fails fast. Then build the CUDA variant (nvcc, or NVIDIA's
-# compiler wheels), import it, and run the serial tests and the MPI tests at 2 ranks against
-# it: with no GPU here cuda_available() is False and everything else behaves as the CPU
-# build (tests/gpu skips). PYSHARD_TEST_CUDA=0 skips the CUDA variant. Between the two:
-# scripts/sdist-check.sh (the sdist in a fresh environment) and scripts/docs.sh (the docs).
+# a hard timeout so a hang fails fast. Between the two builds: scripts/sdist-check.sh (the
+# sdist in a fresh environment) and scripts/docs.sh (the docs, against the CPU build).
+#
+# Then the CUDA variant (nvcc, or NVIDIA's compiler wheels) replaces the core in .venv, and
+# only what that build changes runs again: its build_info, the core's own tests and the CUDA
+# kernels on the host (tests/test_core.py, tests/test_kernels_on_host.py), the staged
+# transport at 2 ranks (tests/mpi/test_staged.py) and tests/gpu. The rest of the suite is
+# the same Python over the same host packer, already run above. With no GPU here
+# cuda_available() is False and tests/gpu skips. PYSHARD_TEST_CUDA=0 skips the CUDA variant.
+#
+# At the end: a table of every stage's wall time and result. Exit status non-zero when any
+# stage failed; the last line says whether every run passed.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-PYSHARD_CUDA=OFF bash scripts/setup.sh || exit 1
 VENV=${PYSHARD_VENV:-.venv}
 PY="$VENV/bin/python"
 MPIEXEC="$VENV/bin/mpiexec"
 T=${PYSHARD_TEST_TIMEOUT:-300}
 fail=0
-run() {
+NAMES=()
+SECS=()
+RESULTS=()
+START=$EPOCHREALTIME
+
+elapsed() { # seconds since $1 (an $EPOCHREALTIME), one decimal
+  awk -v a="$1" -v b="$EPOCHREALTIME" 'BEGIN { printf "%.1f", b - a }'
+}
+
+# stage NAME COMMAND...: run it, record its time and result
+stage() {
+  local name=$1
+  shift
   echo
-  echo "=== $*"
+  echo "=== $name: $*"
+  local t0=$EPOCHREALTIME
   "$@"
   local rc=$?
-  if [ $rc -ne 0 ]; then
-    echo "=== FAILED (exit $rc): $*"
+  NAMES+=("$name")
+  SECS+=("$(elapsed "$t0")")
+  if [ $rc -eq 0 ]; then
+    RESULTS+=("pass")
+  else
+    RESULTS+=("FAIL (exit $rc)")
+    echo "=== FAILED (exit $rc): $name: $*"
     fail=$((fail + 1))
   fi
+  return $rc
 }
-run "$VENV/bin/ruff" check pyshard tests examples
-run timeout "$T" "$PY" -m pytest tests -p no:cacheprovider
+
+summary() {
+  echo
+  echo "=== stage times"
+  printf '%-34s %9s  %s\n' "stage" "seconds" "result"
+  local i
+  for i in "${!NAMES[@]}"; do
+    printf '%-34s %9s  %s\n' "${NAMES[$i]}" "${SECS[$i]}" "${RESULTS[$i]}"
+  done
+  printf '%-34s %9s\n' "total" "$(elapsed "$START")"
+  echo
+}
+
+if ! stage "setup (CPU build)" env PYSHARD_CUDA=OFF bash scripts/setup.sh; then
+  summary
+  echo "pyshard tests: setup FAILED"
+  exit 1
+fi
+stage "ruff" "$VENV/bin/ruff" check pyshard tests examples
+stage "serial tests" timeout "$T" "$PY" -m pytest tests -q -p no:cacheprovider
 for n in ${PYSHARD_TEST_RANKS:-1 2 3 4 6 7 8}; do
-  run timeout "$T" "$MPIEXEC" -n "$n" "$PY" -m pytest tests/mpi -q -p no:cacheprovider --with-mpi
+  stage "tests/mpi at $n rank(s)" timeout "$T" "$MPIEXEC" -n "$n" "$PY" -m pytest tests/mpi -q \
+    -p no:cacheprovider --with-mpi
 done
 # Packaging and docs: the sdist installed (not editable) into a fresh environment with only
 # pip's MPICH, mpi4py and numpy, and the demo run from outside the checkout; then the docs
 # (Sphinx, warnings as errors; every example in them run). Both before the CUDA variant
 # replaces the core in .venv, so the docs build against the CPU build.
-run timeout "${PYSHARD_SDIST_TIMEOUT:-600}" bash scripts/sdist-check.sh
-run timeout "${PYSHARD_DOCS_TIMEOUT_ALL:-300}" bash scripts/docs.sh
+stage "sdist check" timeout "${PYSHARD_SDIST_TIMEOUT:-600}" bash scripts/sdist-check.sh
+stage "docs" timeout "${PYSHARD_DOCS_TIMEOUT_ALL:-300}" bash scripts/docs.sh
 if [ "${PYSHARD_TEST_CUDA:-1}" = 1 ]; then
-  echo
-  echo "=== the CUDA variant"
-  if PYSHARD_CUDA=ON bash scripts/setup.sh; then
-    run "$PY" -c "import pyshard as ps; i = ps.build_info(); print('build_info:', i); \
-assert i['cuda'] is not None, 'the CUDA variant has no CUDA'; \
+  if stage "cuda: setup (CUDA build)" env PYSHARD_CUDA=ON bash scripts/setup.sh; then
+    stage "cuda: build_info" "$PY" -c "import pyshard as ps; i = ps.build_info(); \
+print('build_info:', i); assert i['cuda'] is not None, 'the CUDA variant has no CUDA'; \
 assert ps.cuda_available() == (i['cuda_device'] and ps._backend.cupy() is not None)"
-    run timeout "$T" "$PY" -m pytest tests -q -p no:cacheprovider
-    run timeout "$T" "$MPIEXEC" -n 2 "$PY" -m pytest tests/mpi tests/gpu -q -p no:cacheprovider \
-      --with-mpi
-  else
-    echo "=== FAILED: PYSHARD_CUDA=ON bash scripts/setup.sh"
-    fail=$((fail + 1))
+    # the kernels-on-host tests, where the checkout has them
+    serial=(tests/test_core.py)
+    [ -e tests/test_kernels_on_host.py ] && serial+=(tests/test_kernels_on_host.py)
+    stage "cuda: core tests" timeout "$T" "$PY" -m pytest "${serial[@]}" -q -p no:cacheprovider
+    stage "cuda: staged + gpu at 2 ranks" timeout "$T" "$MPIEXEC" -n 2 "$PY" -m pytest \
+      tests/mpi/test_staged.py tests/gpu -q -p no:cacheprovider --with-mpi
   fi
 fi
-echo
+summary
 if [ $fail -ne 0 ]; then
   echo "pyshard tests: $fail run(s) FAILED"
   exit 1

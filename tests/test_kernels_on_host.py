@@ -372,3 +372,70 @@ def test_out_of_bounds_refused():
     np.testing.assert_array_equal(out, buf.dst0[:100])
     with pytest.raises(IndexError):
         _core.copy_kernel_on_host([], 4, buf.src, out, b0=1)
+
+
+@pytest.mark.parametrize("dtype", [np.uint8, np.float32, np.complex128])
+@pytest.mark.parametrize("corners", [True, False])
+def test_halo_geometry_tables(dtype, corners):
+    """A halo exchange's tables (pyshard.halo builds them from a real plan: 3-D, uneven,
+    periodic, a width wider than a neighbour's block): pack (interior boxes -> one 4 KiB
+    aligned message per peer), unpack (messages -> ghost boxes), and local (periodic wrap
+    onto the rank itself), by the kernel against the host packer and numpy."""
+    from pyshard import Layout, Shard, halo_plan, halo_spec
+    from pyshard.halo import _geometry
+
+    layout = Layout((9, 7, 6), dtype, (3, 2, 1), [Shard(0), Shard(1), Shard(2)],
+                    sizes={0: (2, 3, 4)})
+    spec = halo_spec(layout, (3, 1, 2), periodic=(True, False, True), corners=corners)
+    p = halo_plan(layout, spec, (0, 1, 0))
+    g = _geometry(p)
+    shape, item = list(p.padded_shape), np.dtype(dtype).itemsize
+    nbytes = int(np.prod(shape)) * item
+    for so, do in [(0, 0), (4, 8), (1, 3)]:
+        src = RNG.integers(0, 256, nbytes + so + SLACK, dtype=np.uint8)
+        arr = src[so: so + nbytes].view(dtype).reshape(shape)
+        # pack: each peer's boxes back to back from its message's aligned offset
+        out = RNG.integers(0, 256, g.send_bytes + do + SLACK, dtype=np.uint8)
+        want, host = out.copy(), out.copy()
+        off = do
+        for _, _, boxes in p.sends:
+            at = off
+            for s, e in boxes:
+                piece = arr[tuple(slice(a, a + n) for a, n in zip(s, e))].tobytes()
+                want[at: at + len(piece)] = np.frombuffer(piece, np.uint8)
+                at += len(piece)
+            off += _align_up(at - off)
+        _core.copy_kernel_on_host(g, "pack", src, out, src_offset=so, dst_offset=do)
+        _core.copy_kernel_on_host(g, "pack", src, host, src_offset=so, dst_offset=do,
+                                  kernel=False)
+        np.testing.assert_array_equal(out, want)
+        np.testing.assert_array_equal(host, want)
+        # unpack: the receive buffer into the ghost boxes, nothing else touched
+        ws = RNG.integers(0, 256, g.recv_bytes + so + SLACK, dtype=np.uint8)
+        dst = RNG.integers(0, 256, nbytes + do + SLACK, dtype=np.uint8)
+        out, host, want = dst.copy(), dst.copy(), dst.copy()
+        warr = want[do: do + nbytes].view(dtype).reshape(shape)
+        off = so
+        for _, _, boxes in p.recvs:
+            at = off
+            for s, e in boxes:
+                n = int(np.prod(e)) * item
+                warr[tuple(slice(a, a + k) for a, k in zip(s, e))] = (
+                    ws[at: at + n].view(dtype).reshape(e))
+                at += n
+            off += _align_up(at - off)
+        _core.copy_kernel_on_host(g, "unpack", ws, out, src_offset=so, dst_offset=do)
+        _core.copy_kernel_on_host(g, "unpack", ws, host, src_offset=so, dst_offset=do,
+                                  kernel=False)
+        np.testing.assert_array_equal(out, want)
+        np.testing.assert_array_equal(host, want)
+        # local: interior -> ghost cells of the same array (here into a copy)
+        dst = RNG.integers(0, 256, nbytes + do + SLACK, dtype=np.uint8)
+        out, want = dst.copy(), dst.copy()
+        warr = want[do: do + nbytes].view(dtype).reshape(shape)
+        for s, t, e in p.local:
+            warr[tuple(slice(a, a + k) for a, k in zip(t, e))] = (
+                arr[tuple(slice(a, a + k) for a, k in zip(s, e))])
+        assert p.local  # the periodic dims wrap onto this rank
+        _core.copy_kernel_on_host(g, "local", src, out, src_offset=so, dst_offset=do)
+        np.testing.assert_array_equal(out, want)

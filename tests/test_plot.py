@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from pyshard import bench
+from pyshard.bench import plot
 
 pytest.importorskip("matplotlib")
 
@@ -64,7 +64,7 @@ def test_bars_one_panel_per_case(tmp_path, monkeypatch):
     rows.append({"case": "checkpoint", "ranks": 2, "save_gbps": 1.0})  # other rows: ignored
     seen = _title(monkeypatch)
     out = str(tmp_path / "b.png")
-    assert bench.plot_main([_write(tmp_path, rows), "-o", out]) == 0
+    assert plot.plot_main([_write(tmp_path, rows), "-o", out]) == 0
     assert _png(out)
     assert "MPICH 5.0.2" in seen["title"] and "2 ranks" in seen["title"], seen
     assert [p.split()[0] for p in seen["panels"]] == ["transpose", "gather", "small"]
@@ -78,7 +78,7 @@ def test_old_rows_without_floor_times(tmp_path):
         for a in ("auto", "p2p")
     ]  # fmt: skip
     out = str(tmp_path / "o.png")
-    assert bench.plot_main([_write(tmp_path, rows), "-o", out]) == 0 and _png(out)
+    assert plot.plot_main([_write(tmp_path, rows), "-o", out]) == 0 and _png(out)
 
 
 def test_scaling_plot_and_ideal_lines(tmp_path, monkeypatch):
@@ -91,29 +91,29 @@ def test_scaling_plot_and_ideal_lines(tmp_path, monkeypatch):
     seen = _title(monkeypatch)
     out = str(tmp_path / "s.png")
     files = [_write(tmp_path, strong[:6], "a.jsonl"), _write(tmp_path, strong[6:], "b.jsonl")]
-    assert bench.plot_main([*files, "-o", out]) == 0 and _png(out)
+    assert plot.plot_main([*files, "-o", out]) == 0 and _png(out)
     assert "strong scaling" in seen["title"] and "MPICH 5.0.2" in seen["title"], seen
     assert "2 to 8 ranks" in seen["title"], seen
 
-    best = bench._plot_best(strong)
-    xs, ys, _ = bench._plot_ideal(best, "transpose", "auto")  # bytes per rank: 1/ranks
+    best = plot._plot_best(strong)
+    xs, ys, _ = plot._plot_ideal(best, "transpose", "auto")  # bytes per rank: 1/ranks
     assert xs == [2, 4, 8] and ys == pytest.approx([0.02, 0.01, 0.005])
-    xs, ys, _ = bench._plot_ideal(best, "transpose", "weak")
+    xs, ys, _ = plot._plot_ideal(best, "transpose", "weak")
     assert ys == pytest.approx([0.02] * 3)
-    assert bench._plot_ideal(best, "transpose", "none")[0] == []
+    assert plot._plot_ideal(best, "transpose", "none")[0] == []
 
     weak = [_row("transpose", "auto", n, 0.01, shape=(512 * n, 512)) for n in (2, 4)]
-    assert bench._plot_scaling_kind(bench._plot_best(weak), "transpose") == "weak"
-    assert bench._plot_scaling_kind(best, "transpose") == "strong"
+    assert plot._plot_scaling_kind(plot._plot_best(weak), "transpose") == "weak"
+    assert plot._plot_scaling_kind(best, "transpose") == "strong"
 
 
 def test_mpi_names():
-    assert bench._plot_mpi_name("MPICH Version:      5.0.2") == "MPICH 5.0.2"
-    assert bench._plot_mpi_name("Open MPI v5.0.3, package: Open MPI x, ident: 5.0.3") == (
+    assert plot._plot_mpi_name("MPICH Version:      5.0.2") == "MPICH 5.0.2"
+    assert plot._plot_mpi_name("Open MPI v5.0.3, package: Open MPI x, ident: 5.0.3") == (
         "Open MPI v5.0.3"
     )
 
 
 def test_no_rows(tmp_path):
     f = _write(tmp_path, [{"case": "memory", "ranks": 2}])
-    assert bench.plot_main([f, "-o", str(tmp_path / "n.png")]) == 1
+    assert plot.plot_main([f, "-o", str(tmp_path / "n.png")]) == 1

@@ -1,4 +1,4 @@
-"""The pencil 3-D FFT (pyshard._fft3d) against numpy.fft.fftn on every 2-D mesh of the
+"""The pencil 3-D FFT (pyshard.apps.fft3d) against numpy.fft.fftn on every 2-D mesh of the
 communicator (1xP, Px1 and the square-ish one), even and uneven shapes, complex64 and
 complex128, every pencil order; each transpose is one collective on one mesh dim.
 """
@@ -13,15 +13,15 @@ from mpi4py import MPI
 
 import pyshard as ps
 from pyshard import Replicate, Shard
-from pyshard._fft3d import (
+from pyshard.apps.fft3d import (
     DEFAULT_ORDER,
     ORDERS,
     PencilFFT3D,
-    bench_fft3d,
     fft3d,
     pencils,
     sample_array,
 )
+from pyshard.bench.fft3d import bench_fft3d
 
 pytestmark = pytest.mark.mpi  # run under mpiexec with --with-mpi (pytest-mpi)
 

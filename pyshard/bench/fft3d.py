@@ -1,250 +1,26 @@
-"""A distributed 3-D FFT with pencil decomposition on a 2-D mesh: an application benchmark.
+"""The ``fft3d`` bench case: the pencil 3-D FFT of :mod:`pyshard.apps.fft3d` timed (the
+whole transform and its two transposes alone) next to mpi4py-fft's ``PFFT`` with
+``backend="numpy"`` (so both use the same serial FFT) on the same global array, both checked
+against ``numpy.fft.fftn``.
 
-A *pencil* holds one axis whole on every rank; the two mesh dims split the other two. With
-``order`` the axes in the order they are transformed (``"xyz"``: axis 0, then 1, then 2;
-x, y, z name axes 0, 1, 2), on a ``P0 x P1`` mesh:
-
-1. pencil 0: axis ``a`` whole, mesh dim 0 splits axis ``b``, mesh dim 1 splits axis ``c``;
-   every rank runs ``numpy.fft.fft`` along axis ``a``;
-2. transpose 1, on mesh dim 0 (its P0-rank groups): mesh dim 0 splits ``a`` instead of
-   ``b``; FFT along ``b``;
-3. transpose 2, on mesh dim 1: mesh dim 1 splits ``b`` instead of ``c``; FFT along ``c``.
-
-Each transpose is one pyshard redistribution: one collective on one mesh dim's
-sub-communicator. ``"xyz"`` goes ``[Shard(1), Shard(2)] -> [Shard(0), Shard(2)] ->
-[Shard(0), Shard(1)]``; ``"zxy"`` goes ``[Shard(0), Shard(1)] -> [Shard(2), Shard(1)] ->
-[Shard(2), Shard(0)]``. Every ordered pair of sharded axes is the input of exactly one order,
-so :func:`fft3d` transforms any pencil without an extra redistribution.
-
-An exchange copies blocks out of (pack) or into (unpack) the local array wherever the axis
-it splits is not the outermost one there (axis 0 gives contiguous blocks, axis 1 long runs,
-axis 2 rows of the fastest axis). ``"zxy"`` (the default) and ``"yxz"`` copy on one side of
-each exchange, ``"xyz"``'s second exchange on both. Measured at 4 ranks (2 cores), 256^3
-complex128, interleaved: transposes 104 ms for ``"zxy"`` and ``"yxz"``, 113 for ``"xyz"``,
-117 to 128 for the other three; the whole transform 269 ms for ``"zxy"`` against 335 for
-``"xyz"``, mostly because its first FFT (the one that cannot run in place, the input is
-left alone) is along the contiguous axis.
-
-The serial FFTs run in place where numpy allows it (numpy >= 2, ``out=``), about twice as
-fast as into a fresh array here. Where a mesh dim has size 1 its transpose moves nothing and
-the buffer is only relabelled.
-
-:class:`PencilFFT3D` owns its buffers and reuses them on every call (its result is
-overwritten by the next call); :func:`fft3d` is the one-shot form. :func:`time_fft3d`,
-:func:`time_pfft` and :func:`bench_fft3d` time it, alone and next to mpi4py-fft's ``PFFT``
-(``backend="numpy"``, so both use the same serial FFT) on the same global array.
+:func:`time_fft3d` and :func:`time_pfft` time one side each (``examples/fft3d.py``);
+:func:`bench_fft3d` makes the bench row and :func:`format_fft3d` prints it. mpi4py-fft is
+optional (``pip install .[fft]``, which needs FFTW: ``apt-get install libfftw3-dev``).
 """
 
 from __future__ import annotations
 
-import inspect
-from itertools import permutations
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 from mpi4py import MPI
 
-from ._timing import _timed
-from .array import ShardedArray
-from .layout import Layout, Shard
-from .mesh import Mesh
-from .plan import Plan, plan
+from ..apps.fft3d import DEFAULT_ORDER, PencilFFT3D, order_of, pencils, sample_array
+from ..array import ShardedArray
+from ..mesh import Mesh
+from .timing import timed
 
-__all__ = [
-    "DEFAULT_ORDER",
-    "ORDERS",
-    "PencilFFT3D",
-    "bench_fft3d",
-    "fft3d",
-    "format_fft3d",
-    "pencils",
-    "sample_array",
-    "time_fft3d",
-    "time_pfft",
-]
-
-ORDERS = tuple("".join(p) for p in permutations("xyz"))
-DEFAULT_ORDER = "zxy"
-_AXIS = {"x": 0, "y": 1, "z": 2}
-
-_COMPLEX = (np.dtype(np.complex64), np.dtype(np.complex128))
-_FFT_OUT = "out" in inspect.signature(np.fft.fft).parameters  # numpy >= 2
-
-Pencil = Tuple[Shard, Shard]
-
-
-def _axes(order: str) -> Tuple[int, int, int]:
-    if order not in ORDERS:
-        raise ValueError(f"order must be one of {ORDERS}, got {order!r}")
-    a, b, c = (_AXIS[ch] for ch in order)
-    return a, b, c
-
-
-def pencils(order: str = DEFAULT_ORDER) -> Tuple[Pencil, Pencil, Pencil]:
-    """The placements of the three pencils of ``order`` (mesh dim 0, mesh dim 1)."""
-    a, b, c = _axes(order)
-    return (Shard(b), Shard(c)), (Shard(a), Shard(c)), (Shard(a), Shard(b))
-
-
-def _order_of(placements: Sequence[object]) -> Optional[str]:
-    """The order whose first pencil is ``placements``, if any."""
-    for order in ORDERS:
-        if tuple(placements) == pencils(order)[0]:
-            return order
-    return None
-
-
-def _fft(a: np.ndarray, axis: int, out: np.ndarray) -> None:
-    """``out = fft(a, axis)``; ``out`` may be ``a`` (in place)."""
-    if _FFT_OUT:
-        np.fft.fft(a, axis=axis, out=out)
-    else:  # numpy 1.x: a fresh complex128 result, copied (and cast) into out
-        out[...] = np.fft.fft(a, axis=axis)
-
-
-def _one_collective(p: Plan) -> bool:
-    """``p`` is one collective on one mesh dim's sub-communicator."""
-    return p.collectives == 1 and len(p.steps) == 1 and len(p.steps[0].mesh_dims) == 1
-
-
-class PencilFFT3D:
-    """The forward 3-D FFT (unnormalised, like ``numpy.fft.fftn``) of complex arrays of
-    ``shape`` on a 2-D ``mesh``, from the first pencil of ``order`` to its last
-    (:func:`pencils`; ``input_placements``, ``output_placements``).
-
-    Building it allocates three work buffers (one per pencil) and plans both transposes;
-    every call reuses them, so the array a call returns is overwritten by the next call.
-    ``algorithm`` is passed to :meth:`ShardedArray.redistribute`.
-    """
-
-    def __init__(
-        self,
-        mesh: Mesh,
-        shape: Sequence[int],
-        dtype: object = np.complex128,
-        algorithm: str = "auto",
-        order: str = DEFAULT_ORDER,
-    ) -> None:
-        if not isinstance(mesh, Mesh) or mesh.ndim != 2:
-            raise ValueError(f"PencilFFT3D: needs a 2-D pyshard.Mesh, got {mesh!r}")
-        shape = tuple(int(n) for n in shape)
-        if len(shape) != 3:
-            raise ValueError(f"PencilFFT3D: needs a 3-D shape, got {shape}")
-        dtype = np.dtype(dtype)
-        if dtype not in _COMPLEX:
-            raise TypeError(f"PencilFFT3D: dtype must be complex64 or complex128, got {dtype}")
-        self.axes = _axes(order)
-        self.order = order
-        self.mesh = mesh
-        self.shape = shape
-        self.dtype = dtype
-        self.algorithm = algorithm
-        self.layouts = tuple(Layout(shape, dtype, mesh.shape, p) for p in pencils(order))
-        self.plans = (
-            plan(self.layouts[0], self.layouts[1]),
-            plan(self.layouts[1], self.layouts[2]),
-        )
-        coords = mesh.coords
-        # transpose k runs on mesh dim k; where that has size 1 the two axes it swaps are
-        # whole on every rank, so nothing moves: relabel the same buffer (decided from the
-        # mesh and layouts alone, the same on every rank)
-        self._moves = tuple(p.collectives > 0 or m > 1 for p, m in zip(self.plans, mesh.shape))
-        for p, moves in zip(self.plans, self._moves):
-            if moves and not _one_collective(p):  # pragma: no cover - a planner regression
-                raise AssertionError(f"PencilFFT3D: a transpose is not one collective: {p}")
-        bufs: List[np.ndarray] = [np.empty(self.layouts[0].local_shape(coords), dtype)]
-        for lay, moves in zip(self.layouts[1:], self._moves):
-            bufs.append(np.empty(lay.local_shape(coords), dtype) if moves else bufs[-1])
-        self._arrays = tuple(ShardedArray(b, lay, mesh) for b, lay in zip(bufs, self.layouts))
-
-    def __repr__(self) -> str:
-        return (
-            f"PencilFFT3D({self.shape}, {self.dtype}, mesh {self.mesh.shape}, order "
-            f"{self.order!r}, transposes {[str(p) for p in self.plans]})"
-        )
-
-    @property
-    def input_placements(self) -> Pencil:
-        return self.layouts[0].placements
-
-    @property
-    def output_placements(self) -> Pencil:
-        return self.layouts[2].placements
-
-    def _transpose(self, i: int) -> None:
-        if self._moves[i]:
-            a, b = self._arrays[i], self._arrays[i + 1]
-            a.redistribute(b.placements, algorithm=self.algorithm, out=b.local)
-
-    def transposes(self) -> None:
-        """Run the two transposes alone on the work buffers (collective; for timing)."""
-        self._transpose(0)
-        self._transpose(1)
-
-    def __call__(self, x: ShardedArray) -> ShardedArray:
-        """The FFT of ``x`` (laid out as ``input_placements``) laid out as
-        ``output_placements``, in this object's last buffer; collective over the mesh."""
-        if x.layout != self.layouts[0]:
-            raise ValueError(
-                f"PencilFFT3D: expected {self.layouts[0]}, got {x.layout}; redistribute to "
-                f"{list(self.input_placements)} first (or call fft3d)"
-            )
-        (a, b, c), (p0, p1, p2) = self.axes, self._arrays
-        _fft(x.local, a, p0.local)
-        self._transpose(0)
-        _fft(p1.local, b, p1.local)
-        self._transpose(1)
-        _fft(p2.local, c, p2.local)
-        return p2
-
-
-def fft3d(x: ShardedArray, algorithm: str = "auto", order: Optional[str] = None) -> ShardedArray:
-    """The 3-D FFT (``numpy.fft.fftn`` of the global array) of a complex array on a 2-D mesh,
-    as a new array; collective over ``x.mesh``.
-
-    ``order=None``: when ``x`` is a pencil (two Shard placements of distinct axes, balanced
-    splits) the order that starts from it, so no extra redistribution is needed (x-pencils
-    ``[Shard(1), Shard(2)]`` give ``"xyz"``, ending in ``[Shard(0), Shard(1)]``); any
-    other layout is first redistributed to :data:`DEFAULT_ORDER`'s input. The result's
-    placements are the order's last pencil (:func:`pencils`). For repeated transforms of
-    one shape, build a :class:`PencilFFT3D` once: it reuses its buffers.
-    """
-    if order is None:
-        order = _order_of(x.placements) or DEFAULT_ORDER
-    f = PencilFFT3D(x.mesh, x.shape, x.dtype, algorithm, order)
-    if x.layout != f.layouts[0]:
-        x = x.redistribute(f.input_placements, algorithm=algorithm)
-    return f(x)
-
-
-# ----------------------------------------------------------------------------- test data
-
-
-def sample_array(
-    shape: Sequence[int], dtype: object = np.complex128, box: Optional[Sequence[slice]] = None
-) -> np.ndarray:
-    """A deterministic pseudo-random complex array of global ``shape`` (values in
-    [-0.5, 0.5) + i[-0.5, 0.5)), or only its region ``box``: every rank can build its own
-    shard without the global array. Values hash the global flat index."""
-    shape = tuple(int(n) for n in shape)
-    if box is None:
-        box = tuple(slice(0, n) for n in shape)
-    idx = [np.arange(s.start, s.stop, dtype=np.uint64) for s in box]
-    flat = np.zeros([len(i) for i in idx], dtype=np.uint64)
-    stride = 1
-    for d in reversed(range(len(shape))):
-        view = [1] * len(shape)
-        view[d] = len(idx[d])
-        flat += idx[d].reshape(view) * np.uint64(stride)
-        stride *= shape[d]
-    out = np.empty(flat.shape, np.dtype(dtype))
-    scale = 1.0 / (1 << 24)
-    h = (flat * np.uint64(0x9E3779B97F4A7C15)) >> np.uint64(40)
-    out.real = h * scale - 0.5
-    flat += np.uint64(0x632BE59BD9B4E019)
-    h = (flat * np.uint64(0xC2B2AE3D27D4EB4F)) >> np.uint64(40)
-    out.imag = h * scale - 0.5
-    return out
+__all__ = ["bench_fft3d", "format_fft3d", "time_fft3d", "time_pfft"]
 
 
 def _tolerance(dtype: np.dtype) -> float:
@@ -283,9 +59,6 @@ def _close(comm: MPI.Comm, got: np.ndarray, ref: np.ndarray, dtype: np.dtype) ->
     return bool(err <= _tolerance(dtype) * max(big, 1.0))
 
 
-# ----------------------------------------------------------------------------- timing
-
-
 def _ms(times: List[float]) -> float:
     return float(np.median(times)) * 1e3
 
@@ -302,7 +75,7 @@ def _interleaved(
     times: Dict[str, List[float]] = {k: [] for k in fns}
     for _ in range(reps):
         for k, fn in fns.items():
-            times[k] += _timed(fn, comm, 1, 0)
+            times[k] += timed(fn, comm, 1, 0)
     return {k: _ms(v) for k, v in times.items()}
 
 
@@ -319,7 +92,7 @@ def time_fft3d(
     ``order`` as :func:`fft3d` (an ``x`` in another layout is redistributed first, untimed).
     Collective."""
     if order is None:
-        order = _order_of(x.placements) or DEFAULT_ORDER
+        order = order_of(x.placements) or DEFAULT_ORDER
     f = PencilFFT3D(x.mesh, x.shape, x.dtype, algorithm, order)
     if x.layout != f.layouts[0]:
         x = x.redistribute(f.input_placements, algorithm=algorithm)

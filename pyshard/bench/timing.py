@@ -1,4 +1,4 @@
-"""Timing helper shared by the benchmarks and the demo: wall time of the slowest rank."""
+"""Wall time of the slowest rank, shared by the benchmarks and the demo."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import numpy as np
 from mpi4py import MPI
 
 
-def _timed(fn: Callable[[], object], comm: MPI.Comm, reps: int, warmup: int) -> List[float]:
+def timed(fn: Callable[[], object], comm: MPI.Comm, reps: int, warmup: int) -> List[float]:
     """Run ``fn`` ``warmup`` times untimed, then ``reps`` times with a barrier before each;
     return each rep's time on the slowest rank (collective over ``comm``)."""
     for _ in range(warmup):
@@ -23,6 +23,6 @@ def _timed(fn: Callable[[], object], comm: MPI.Comm, reps: int, warmup: int) -> 
     return out
 
 
-def _median_s(fn: Callable[[], object], comm: MPI.Comm, reps: int, warmup: int = 0) -> float:
-    """The median of :func:`_timed` (collective over ``comm``)."""
-    return float(np.median(_timed(fn, comm, reps, warmup)))
+def median_s(fn: Callable[[], object], comm: MPI.Comm, reps: int, warmup: int = 0) -> float:
+    """The median of :func:`timed` (collective over ``comm``)."""
+    return float(np.median(timed(fn, comm, reps, warmup)))

@@ -1,10 +1,14 @@
 """``python -m pyshard bench --device cuda``: GPU cases next to hand-written cupy + mpi4py
-exchanges, and the pack kernel's bandwidth against a device-to-device copy."""
+exchanges, and the pack kernel's bandwidth against a device-to-device copy.
+
+The cases ``transpose`` and ``gather`` run on cupy arrays, each next to the same exchange
+written by hand with cupy and mpi4py (a device pack, the raw collective on device memory with
+a CUDA-aware MPI, else staged through pinned host buffers). cupy is imported only when the
+GPU bench runs."""
 
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from math import prod
 from typing import Any, Dict, List, Optional, Tuple
@@ -12,23 +16,16 @@ from typing import Any, Dict, List, Optional, Tuple
 import numpy as np
 from mpi4py import MPI
 
-from . import _backend, _core
-from ._timing import _timed
-from .array import from_local
-from .bench import (
-    CASES,
-    Case,
-    _aligned_displs,
-    _contig,
-    _exchange_blocks,
-    _member_box,
-    _offset,
-    make_cases,
-)
-from .layout import Layout, Shard
-from .mesh import Mesh
-from .plan import Step, exchange_specs, geometry
-from .plan import plan as make_plan
+from .. import _backend, _core
+from ..array import from_local
+from ..layout import Layout, Shard
+from ..mesh import Mesh
+from ..plan import Step, exchange_specs, geometry
+from ..plan import plan as make_plan
+from .cases import CASES, Case, make_cases
+from .floors import aligned_displs, exchange_blocks, flat_offset, is_contiguous, member_box
+from .report import append_json
+from .timing import timed
 
 # ----------------------------------------------------------------------------- GPU
 
@@ -129,7 +126,7 @@ class _CudaReference:
     def _init_exchange(self, step: Step, coords: tuple) -> None:
         cp, local, item = self.cp, self.local, self.dtype.itemsize
         n, me = self.comm.Get_size(), self.comm.Get_rank()
-        sends, recvs = _exchange_blocks(step, coords)
+        sends, recvs = exchange_blocks(step, coords)
         sizes = {self._size(sl) for _, sl in sends + recvs}
         mine = sizes.pop() if len(sends) == len(recvs) == n and len(sizes) == 1 else -1
         block = self.comm.allgather(mine)  # the choice must agree on every rank
@@ -150,7 +147,7 @@ class _CudaReference:
                 self.sc[g] = self._size(sl)
             for g, sl in self.recvs:
                 self.rc[g] = self._size(sl)
-            self.sd, self.rd = _aligned_displs(self.sc), _aligned_displs(self.rc)
+            self.sd, self.rd = aligned_displs(self.sc), aligned_displs(self.rc)
         self.dsend = cp.zeros(self.sd[-1] + self.sc[-1], cp.uint8)
         self.drecv = cp.zeros(self.rd[-1] + self.rc[-1], cp.uint8)
         # where each block sits in the packed buffers, as typed views
@@ -160,11 +157,11 @@ class _CudaReference:
         # in place; a regular Alltoall also needs them one after another in rank order
         self.sdirect, self.rdirect = [0] * n, [0] * n
         for g, sl in self.sends:
-            self.sdirect[g] = _offset(local.shape, sl) * item
+            self.sdirect[g] = flat_offset(local.shape, sl) * item
         for g, sl in self.recvs:
-            self.rdirect[g] = _offset(self.out_shape, sl) * item
-        self.send_direct = all(_contig(local.shape, sl) for _, sl in self.sends)
-        self.recv_direct = all(_contig(self.out_shape, sl) for _, sl in self.recvs)
+            self.rdirect[g] = flat_offset(self.out_shape, sl) * item
+        self.send_direct = all(is_contiguous(local.shape, sl) for _, sl in self.sends)
+        self.recv_direct = all(is_contiguous(self.out_shape, sl) for _, sl in self.recvs)
         if self.regular:
             self.send_direct = (
                 self.send_direct and self.sdirect == self.sd and (local.nbytes == self.dsend.nbytes)
@@ -184,10 +181,10 @@ class _CudaReference:
         self.displs = [int(v) for v in np.concatenate(([0], np.cumsum(self.counts)[:-1]))]
         self.regular = self.counts[0] > 0 and len(set(self.counts)) == 1  # from the layouts
         self.cd = (self.counts, self.displs)
-        blocks = [_member_box(step, coords, g, step.src, step.dst) for g in range(n)]
+        blocks = [member_box(step, coords, g, step.src, step.dst) for g in range(n)]
         # every member's block lands contiguously, in rank order: receive into the output
         self.recv_direct = sum(self.counts) == self.out.nbytes and all(
-            _contig(self.out_shape, sl) and _offset(self.out_shape, sl) * item == d
+            is_contiguous(self.out_shape, sl) and flat_offset(self.out_shape, sl) * item == d
             for sl, d in zip(blocks, self.displs)
         )
         self.drecv = cp.zeros(0 if self.recv_direct else sum(self.counts), cp.uint8)
@@ -335,10 +332,10 @@ def run_case_cuda(
         stream.synchronize()
 
     before = dict(_core.stats())
-    t_ps = _timed(run_pyshard, comm, reps, warmup)
+    t_ps = timed(run_pyshard, comm, reps, warmup)
     got = _counts_since(before)
-    t_hand = _timed(run_hand, comm, reps, warmup)
-    t_floor = _timed(run_floor, comm, reps, warmup)
+    t_hand = timed(run_hand, comm, reps, warmup)
+    t_floor = timed(run_floor, comm, reps, warmup)
     path = next((k for k in ("staged", "device_direct") if got.get(k)), "none")
     ps_coll = "+".join(sorted(k for k in got if k not in ("staged", "device_direct"))) or "none"
     sent = max((b[0] for b in p.rank_bytes(mesh.coords)), default=0)
@@ -581,9 +578,7 @@ def main_cuda(args: argparse.Namespace) -> int:
             flush=True,
         )
         if args.json:
-            with open(args.json, "a") as f:
-                for r in rows:
-                    f.write(json.dumps(r) + "\n")
+            append_json(args.json, rows)
     return 0 if ok and pack_ok else 1
 
 

@@ -1,0 +1,122 @@
+"""``python -m pyshard bench``: the command line. Parses the flags, runs the named cases
+(the redistribution cases of :mod:`~pyshard.bench.cases` on the host, or on the GPU with
+``--device cuda``, and the extra cases: checkpoint, memory, sparse, fft3d), prints a table
+and appends JSON lines."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Dict, List, Optional
+
+import numpy as np
+from mpi4py import MPI
+
+from ..mesh import Mesh
+from .cases import CASES, EXTRA_CASES, make_cases
+from .checkpoint import bench_checkpoint
+from .fft3d import bench_fft3d, format_fft3d
+from .gpu import main_cuda
+from .host import run_case
+from .memory import MEMORY_LIMIT_MIB, bench_memory, format_memory
+from .report import append_json, format_table
+from .sparse import bench_sparse_setup, format_sparse
+
+
+def _parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(
+        prog="python -m pyshard bench",
+        epilog="Cases run only when named: checkpoint (save/load GB/s, --checkpoint-bytes), "
+        "memory (peak RSS over --memory-shapes distinct shapes; check: growth after 40 shapes "
+        f"<= {MEMORY_LIMIT_MIB} MiB), sparse (setup at up to 65,536 simulated ranks) and fft3d "
+        "(a pencil 3-D FFT, --fft-n). See the docstring of the package pyshard.bench.",
+    )
+    ap.add_argument(
+        "--cases", "--case", default=",".join(CASES), help=f"comma list of {CASES + EXTRA_CASES}"
+    )
+    ap.add_argument("--shape", default="8192x8192")
+    ap.add_argument(
+        "--fft-n", type=int, default=256, help="fft3d case: an n^3 complex128 array (default 256)"
+    )
+    ap.add_argument("--dtype", default="float32")
+    ap.add_argument("--reps", type=int, default=10)
+    ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument(
+        "--algorithm", default="auto", help="auto, alltoallv, alltoall, p2p, or a comma list"
+    )
+    ap.add_argument("--json", default=None, help="append one JSON object per case to FILE")
+    ap.add_argument("--checkpoint-bytes", type=int, default=1 << 30)
+    ap.add_argument(
+        "--memory-shapes",
+        type=int,
+        default=400,
+        help="distinct shapes of the memory case (default 400)",
+    )
+    ap.add_argument(
+        "--device",
+        choices=("host", "cuda"),
+        default="host",
+        help="host: numpy arrays (default); cuda: cupy arrays, the cases transpose and gather "
+        "next to cupy + mpi4py by hand, and the pack kernel's bandwidth",
+    )
+    return ap
+
+
+def _run_extra(name: str, comm: MPI.Comm, args: argparse.Namespace) -> Dict:
+    """Run the checkpoint, memory or sparse case; rank 0 prints its row."""
+    if name == "checkpoint":
+        r = bench_checkpoint(Mesh(comm, (comm.Get_size(),)), nbytes=args.checkpoint_bytes, reps=1)
+    elif name == "sparse":
+        r = bench_sparse_setup()
+        if comm.Get_rank() == 0:
+            print(format_sparse(r), flush=True)
+    elif name == "fft3d":
+        n = args.fft_n
+        r = bench_fft3d(comm, n=n, reps=args.reps, warmup=args.warmup)
+        if comm.Get_rank() == 0:
+            print(format_fft3d(r), flush=True)
+    else:
+        if comm.Get_rank() == 0:
+            print(f"[bench] memory {args.memory_shapes} shapes ...", file=sys.stderr, flush=True)
+        r = bench_memory(comm, shapes=args.memory_shapes)
+        if comm.Get_rank() == 0:
+            print(format_memory(r), flush=True)
+    if comm.Get_rank() == 0:
+        print(json.dumps(r), flush=True)
+    return r
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    """``python -m pyshard bench``: run the cases, print a table, append JSON lines."""
+    args = _parser().parse_args(argv)
+    if args.device == "cuda":
+        return main_cuda(args)
+    comm = MPI.COMM_WORLD
+    rank, p = comm.Get_rank(), comm.Get_size()
+    shape = tuple(int(s) for s in args.shape.lower().split("x"))
+    dtype = np.dtype(args.dtype)
+    names = [n for n in args.cases.split(",") if n]
+    algos = [a for a in args.algorithm.split(",") if a]
+    rows: List[Dict] = []
+    if rank == 0:
+        print(
+            f"pyshard bench: {p} ranks, {args.shape} {dtype}, reps {args.reps}, "
+            f"warmup {args.warmup}; {MPI.Get_library_version().splitlines()[0].strip()}",
+            flush=True,
+        )
+    for name in names:
+        if name in EXTRA_CASES:
+            rows.append(_run_extra(name, comm, args))
+            continue
+        for case in make_cases([name], shape, p):
+            for algo in algos:
+                if rank == 0:
+                    print(f"[bench] {case.name} {algo} ...", file=sys.stderr, flush=True)
+                rows.append(run_case(case, comm, dtype, args.reps, args.warmup, algo))
+    if rank == 0:
+        if any(r["case"] not in EXTRA_CASES for r in rows):
+            print(format_table(rows))
+        if args.json:
+            append_json(args.json, rows)
+    return 0 if all(r.get("check", True) for r in rows) else 1

@@ -1,0 +1,234 @@
+"""The import graph of pyshard/ runs one way: tools -> library -> core, with no circles.
+
+Every module under pyshard/ is parsed with ``ast`` (no import runs): every ``import`` and
+``from ... import`` anywhere in it, inside functions too, relative or absolute. The graph has
+an edge from a module to each pyshard module it imports (``from pkg import name`` points at
+``pkg.name`` where that is a module, else at ``pkg``). Tools are ``pyshard.bench.*``,
+``pyshard.apps.*`` and ``pyshard.__main__``; everything else is the library, over the
+compiled ``pyshard._core``. Checked:
+
+- no cycle;
+- no library module imports a tool module;
+- no private helper crosses a module line: ``from X import _name`` where ``X.`` ``_name`` is
+  not a module (private modules such as ``_core`` or ``_backend`` may be imported; promote
+  the helper or move it where it is used).
+
+Imports under ``if TYPE_CHECKING:`` are not edges: they never run (a type annotation may name
+a class of a module that imports this one, e.g. ``HaloArray.array -> ShardedArray``). A
+package's ``__init__`` running before its submodules is not an edge (every package that
+re-exports its submodules would be a circle). The checks run on tiny synthetic packages too,
+so that they are seen to fail.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+from typing import Dict, List, Set, Tuple
+
+PKG_DIR = Path(__file__).resolve().parents[1] / "pyshard"
+TOOLS = ("pyshard.bench", "pyshard.apps", "pyshard.__main__")
+
+Graph = Dict[str, Set[str]]
+
+
+def module_names(root: Path, package: str) -> Dict[str, Path]:
+    """Dotted name -> file of every module under ``root`` (the package ``package``); stubs
+    (``.pyi``, e.g. the compiled ``_core``) count as modules without a source to parse."""
+    out: Dict[str, Path] = {}
+    for path in sorted(root.rglob("*.py*")):
+        if path.suffix not in (".py", ".pyi") or "__pycache__" in path.parts:
+            continue
+        parts = list(path.relative_to(root).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        name = ".".join([package, *parts])
+        if path.suffix == ".py" or name not in out:
+            out[name] = path
+    return out
+
+
+def _base(module: str, is_pkg: bool, level: int, target: str) -> str:
+    """The absolute module of ``from <level dots><target> import ...`` in ``module``."""
+    if level == 0:
+        return target
+    parts = module.split(".")
+    if not is_pkg:
+        parts = parts[:-1]  # a plain module's package
+    parts = parts[: len(parts) - (level - 1)]
+    return ".".join(parts + ([target] if target else []))
+
+
+def _is_type_checking(test: ast.expr) -> bool:
+    """``TYPE_CHECKING`` or ``typing.TYPE_CHECKING``."""
+    if isinstance(test, ast.Name):
+        return test.id == "TYPE_CHECKING"
+    return isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+
+
+def imports(module: str, path: Path, known: Set[str]) -> List[Tuple[str, str, int]]:
+    """(imported module, imported name or "", line) of every import in ``module``'s source
+    that points into ``known``; ``name`` is set for ``from X import name`` where ``name`` is
+    not a module of its own."""
+    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    is_pkg = path.stem == "__init__"  # a package's own module: its relative imports start here
+    out: List[Tuple[str, str, int]] = []
+    typing_only = {
+        id(n)
+        for guard in ast.walk(tree)
+        if isinstance(guard, ast.If) and _is_type_checking(guard.test)
+        for stmt in guard.body
+        for n in ast.walk(stmt)
+    }
+    for node in ast.walk(tree):  # every node: imports inside functions and branches too
+        if id(node) in typing_only:
+            continue
+        if isinstance(node, ast.Import):
+            for a in node.names:
+                parts = a.name.split(".")
+                # the longest known prefix: "import pyshard.bench.cases" -> that module
+                for k in range(len(parts), 0, -1):
+                    if ".".join(parts[:k]) in known:
+                        out.append((".".join(parts[:k]), "", node.lineno))
+                        break
+        elif isinstance(node, ast.ImportFrom):
+            base = _base(module, is_pkg, node.level, node.module or "")
+            for a in node.names:
+                sub = f"{base}.{a.name}"
+                if sub in known:
+                    out.append((sub, "", node.lineno))
+                elif base in known:
+                    out.append((base, a.name, node.lineno))
+    return out
+
+
+def scan(root: Path, package: str) -> Tuple[Graph, List[str]]:
+    """(the module graph of the package at ``root``, private names imported across module
+    lines as ``"module:line imports X._name"``)."""
+    mods = module_names(root, package)
+    known = set(mods)
+    graph: Graph = {m: set() for m in mods}
+    private = []
+    for m, path in mods.items():
+        if path.suffix != ".py":
+            continue
+        for target, name, line in imports(m, path, known):
+            if target != m:
+                graph[m].add(target)
+            if name.startswith("_") and not name.startswith("__") and target != m:
+                private.append(f"{m}:{line} imports {target}.{name}")
+    return graph, private
+
+
+def cycles(graph: Graph) -> List[List[str]]:
+    """The strongly connected components of ``graph`` with more than one module, or one
+    module importing itself: each an import circle (Tarjan's algorithm)."""
+    index: Dict[str, int] = {}
+    low: Dict[str, int] = {}
+    stack: List[str] = []
+    on: Set[str] = set()
+    out: List[List[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in sorted(graph.get(v, ())):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1 or v in graph.get(v, ()):
+                out.append(sorted(comp))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def is_tool(module: str, tools: Tuple[str, ...] = TOOLS) -> bool:
+    """A tool module: one of ``tools`` or inside one of those packages."""
+    return any(module == t or module.startswith(t + ".") for t in tools)
+
+
+def upward(graph: Graph, tools: Tuple[str, ...] = TOOLS) -> List[str]:
+    """Library modules that import a tool module, as ``"library -> tool"``."""
+    return sorted(
+        f"{m} -> {t}"
+        for m, targets in graph.items()
+        if not is_tool(m, tools)
+        for t in targets
+        if is_tool(t, tools)
+    )
+
+
+# ----------------------------------------------------------------------------- pyshard
+
+
+def test_pyshard_has_no_import_cycle():
+    graph, _ = scan(PKG_DIR, "pyshard")
+    assert "pyshard.layout" in graph and "pyshard.bench.cli" in graph  # the scan saw it all
+    assert cycles(graph) == []
+
+
+def test_library_never_imports_tools():
+    graph, _ = scan(PKG_DIR, "pyshard")
+    assert any(is_tool(m) for m in graph) and not all(is_tool(m) for m in graph)
+    assert upward(graph) == []
+
+
+def test_no_private_helper_crosses_a_module_line():
+    _, private = scan(PKG_DIR, "pyshard")
+    assert private == []
+
+
+# ----------------------------------------------------------------------------- the checks fail
+
+
+def _package(tmp_path: Path, files: Dict[str, str]) -> Path:
+    root = tmp_path / "pkg"
+    for rel, text in files.items():
+        f = root / rel
+        f.parent.mkdir(parents=True, exist_ok=True)
+        f.write_text(text)
+    return root
+
+
+def test_cycle_finder_on_a_tiny_graph():
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}, "e": {"e"}, "f": set()}
+    assert cycles(graph) == [["a", "b", "c"], ["e"]]
+    assert cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_checks_catch_a_function_level_cycle_an_upward_import_and_a_private_name(tmp_path):
+    root = _package(
+        tmp_path,
+        {
+            "__init__.py": "from .core import thing\n",
+            "core.py": "def thing():\n    from .tools.run import go\n    return go\n",
+            "_low.py": "def _helper():\n    pass\n",
+            "mid.py": "from . import _low\nfrom ._low import _helper\n",
+            "typed.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
+            "    from .core import thing\nelse:\n    from . import mid\n",
+            "tools/__init__.py": "",
+            "tools/run.py": "import pkg.core\nfrom .. import mid\n\ndef go():\n    pass\n",
+        },
+    )
+    graph, private = scan(root, "pkg")
+    assert graph["pkg.core"] == {"pkg.tools.run"}  # found inside a function
+    assert graph["pkg.tools.run"] == {"pkg.core", "pkg.mid"}  # absolute and relative
+    assert graph["pkg.mid"] == {"pkg._low"}
+    assert graph["pkg.typed"] == {"pkg.mid"}  # the TYPE_CHECKING import never runs
+    assert cycles(graph) == [["pkg.core", "pkg.tools.run"]]
+    assert upward(graph, ("pkg.tools",)) == ["pkg.core -> pkg.tools.run"]
+    assert private == ["pkg.mid:2 imports pkg._low._helper"]  # the module _low itself is fine
