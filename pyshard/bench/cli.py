@@ -18,6 +18,7 @@ from .cases import CASES, EXTRA_CASES, make_cases
 from .checkpoint import bench_checkpoint
 from .fft3d import bench_fft3d, format_fft3d
 from .gpu import main_cuda
+from .halo import bench_halo, bench_stencil, format_halo, format_stencil
 from .host import run_case
 from .memory import MEMORY_LIMIT_MIB, bench_memory, format_memory
 from .report import append_json, format_table
@@ -30,7 +31,10 @@ def _parser() -> argparse.ArgumentParser:
         epilog="Cases run only when named: checkpoint (save/load GB/s, --checkpoint-bytes), "
         "memory (peak RSS over --memory-shapes distinct shapes; check: growth after 40 shapes "
         f"<= {MEMORY_LIMIT_MIB} MiB), sparse (setup at up to 65,536 simulated ranks) and fft3d "
-        "(a pencil 3-D FFT, --fft-n). See the docstring of the package pyshard.bench.",
+        "(a pencil 3-D FFT, --fft-n), halo (one ghost-cell update of 2-D 8192^2 float64 width 1 "
+        "and 4, 3-D 384^3 float32 width 2, on a 2-D mesh; --halo-scale, --halo-shape) and "
+        "stencil (the heat example, blocking vs overlapped steps; --stencil-n). See the "
+        "docstring of the package pyshard.bench.",
     )
     ap.add_argument(
         "--cases", "--case", default=",".join(CASES), help=f"comma list of {CASES + EXTRA_CASES}"
@@ -39,6 +43,18 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument(
         "--fft-n", type=int, default=256, help="fft3d case: an n^3 complex128 array (default 256)"
     )
+    ap.add_argument(
+        "--halo-scale", type=int, default=1, help="halo case: divide the grid extents by this"
+    )
+    ap.add_argument(
+        "--halo-shape", default=None, help="halo case: one grid AxB[xC] (width 1) instead"
+    )
+    ap.add_argument("--halo-loop", type=int, default=20, help="halo case: updates per rep")
+    ap.add_argument(
+        "--stencil-n", type=int, default=2048, help="stencil case: an n^dim grid (default 2048)"
+    )
+    ap.add_argument("--stencil-dim", type=int, default=2, choices=(2, 3))
+    ap.add_argument("--stencil-steps", type=int, default=20)
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--reps", type=int, default=10)
     ap.add_argument("--warmup", type=int, default=2)
@@ -64,13 +80,25 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _run_extra(name: str, comm: MPI.Comm, args: argparse.Namespace) -> Dict:
-    """Run the checkpoint, memory or sparse case; rank 0 prints its row."""
+    """Run an extra case (checkpoint, memory, sparse, fft3d, halo, stencil); rank 0 prints
+    its row."""
     if name == "checkpoint":
         r = bench_checkpoint(Mesh(comm, (comm.Get_size(),)), nbytes=args.checkpoint_bytes, reps=1)
     elif name == "sparse":
         r = bench_sparse_setup()
         if comm.Get_rank() == 0:
             print(format_sparse(r), flush=True)
+    elif name == "halo":
+        shape = None if not args.halo_shape else [int(v) for v in args.halo_shape.split("x")]
+        r = bench_halo(comm, scale=args.halo_scale, reps=args.reps, loop=args.halo_loop,
+                       shape=shape)
+        if comm.Get_rank() == 0:
+            print(format_halo(r), flush=True)
+    elif name == "stencil":
+        r = bench_stencil(comm, n=args.stencil_n, steps=args.stencil_steps,
+                          reps=max(1, args.reps // 3), dim=args.stencil_dim)
+        if comm.Get_rank() == 0:
+            print(format_stencil(r), flush=True)
     elif name == "fft3d":
         n = args.fft_n
         r = bench_fft3d(comm, n=n, reps=args.reps, warmup=args.warmup)

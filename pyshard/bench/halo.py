@@ -30,10 +30,13 @@ from mpi4py import MPI
 
 from ..apps.heat import run as heat_run
 from ..array import from_local
+from ..halo import HaloPlan, halo_spec
 from ..layout import Layout, Shard
 from ..mesh import Mesh
 
-__all__ = ["HALO_CASES", "bench_halo", "bench_stencil", "format_halo", "format_stencil"]
+__all__ = [
+    "HALO_CASES", "bench_halo", "bench_stencil", "format_halo", "format_stencil", "halo_setup",
+]
 
 # (name, global shape, dtype, width, stencil) at full size; --halo-scale divides the extents
 HALO_CASES = [
@@ -137,11 +140,33 @@ def _petsc(comm: MPI.Comm, shape: Sequence[int], mesh_shape: Sequence[int], layo
     return (lambda: da.globalToLocal(g, loc)), "DMDA globalToLocal (BOX)"
 
 
+def halo_setup(sizes: Sequence[int] = (16, 64, 256), n: int = 8192) -> List[Dict[str, Any]]:
+    """One rank's halo plan (2-D ``n x n`` float64, width 1, box stencil, periodic) on
+    simulated ``m x m`` meshes, uncached, no MPI: seconds and peers. It grows with the
+    neighbours (8 here), not with the ``m * m`` ranks."""
+    out = []
+    for m in sizes:
+        layout = Layout((n, n), "float64", (m, m), [Shard(0), Shard(1)])
+        spec = halo_spec(layout, 1, True, True)
+        reps = 20
+        t0 = time.perf_counter()
+        for _ in range(reps):
+            p = HaloPlan(layout, spec, (m // 2, m // 3))
+        out.append({"ranks": m * m, "setup_s": (time.perf_counter() - t0) / reps,
+                    "peers": len(p.peers)})
+    return out
+
+
 def bench_halo(comm: MPI.Comm, scale: int = 1, reps: int = 5, loop: int = 20,
-               cases: Optional[Sequence[str]] = None) -> Dict[str, Any]:
-    """Time every halo case (see the module doc); collective over ``comm``."""
+               cases: Optional[Sequence[str]] = None,
+               shape: Optional[Sequence[int]] = None) -> Dict[str, Any]:
+    """Time every halo case (see the module doc); collective over ``comm``. ``shape``: one
+    grid of that shape (2-D or 3-D, width 1) instead of the built-in cases."""
     rows: List[Dict[str, Any]] = []
-    for name, full, dtype, width, stencil in HALO_CASES:
+    todo = list(HALO_CASES)
+    if shape is not None:
+        todo = [(f"{len(shape)}d-w1", tuple(shape), "float64", 1, "box")]
+    for name, full, dtype, width, stencil in todo:
         if cases and name not in cases:
             continue
         shape = tuple(max(2 * width, n // scale) for n in full)
@@ -178,8 +203,9 @@ def bench_halo(comm: MPI.Comm, scale: int = 1, reps: int = 5, loop: int = 20,
             "vs_petsc": best / times["petsc"] if "petsc" in times else None,
         })
         mesh.free()
-    return {"case": "halo", "ranks": comm.size, "mpi": MPI.Get_library_version().splitlines()[0],
-            "rows": rows}
+    return {"case": "halo", "ranks": comm.size,
+            "mpi": MPI.Get_library_version().splitlines()[0].strip(), "rows": rows,
+            "setup": halo_setup()}
 
 
 def bench_stencil(comm: MPI.Comm, n: int = 2048, steps: int = 20, reps: int = 3,
@@ -216,6 +242,9 @@ def format_halo(r: Dict[str, Any]) -> str:
         )
         if "petsc" not in t:
             lines.append(f"        petsc: {row['notes'].get('petsc', '')}")
+    lines.append("one rank's halo plan on simulated meshes (no MPI): " + ", ".join(
+        f"{s['ranks']} ranks {s['setup_s'] * 1e3:.2f} ms ({s['peers']} peers)"
+        for s in r.get("setup", ())))
     return "\n".join(lines)
 
 
