@@ -73,3 +73,33 @@ def test_plot(tmp_path):
     out = tmp_path / "p.png"
     assert plot_main([str(f), "-o", str(out)]) == 0
     assert out.stat().st_size > 1000 and out.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_bench_halo_and_stencil_write_json(comm):
+    path = None
+    if comm.rank == 0:
+        fd, path = tempfile.mkstemp(suffix=".jsonl")
+        os.close(fd)
+    path = comm.bcast(path, root=0)
+    try:
+        rc = bench_main(
+            ["--cases", "halo,stencil", "--halo-scale", "256", "--halo-loop", "2", "--reps",
+             "3", "--stencil-n", "24", "--stencil-steps", "2", "--json", path]
+        )  # fmt: skip
+        assert rc == 0
+        comm.Barrier()
+        with open(path) as f:
+            rows = [json.loads(line) for line in f]
+        assert [r["case"] for r in rows] == ["halo", "stencil"]
+        halo, stencil = rows
+        assert [r["name"] for r in halo["rows"]] == ["2d-w1", "2d-w4", "3d-w2"]
+        for r in halo["rows"]:
+            t = r["times_s"]
+            assert t["pyshard-persistent"] > 0 and t["pyshard-p2p"] > 0 and t["floor"] > 0
+            assert r["vs_floor"] > 0
+        assert [s["peers"] for s in halo["setup"]] == [8, 8, 8]
+        assert stencil["star"]["blocking_s"] > 0 and stencil["box"]["ratio"] > 0
+    finally:
+        comm.Barrier()
+        if comm.rank == 0:
+            os.unlink(path)
