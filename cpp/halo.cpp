@@ -18,7 +18,11 @@ std::vector<HaloMessage> describe_messages(const std::vector<PeerBoxes>& in, con
     m.peer = std::get<0>(pb);
     m.off = off;
     const auto& boxes = std::get<1>(pb);
-    for (const auto& b : boxes) m.bytes += volume(std::get<1>(b)) * item;
+    for (const auto& b : boxes) {
+      m.bytes += volume(std::get<1>(b)) * item;
+      m.starts.push_back(std::get<0>(b));
+      m.exts.push_back(std::get<1>(b));
+    }
     if (boxes.size() == 1)
       m.contiguous = box_contiguous(shape, std::get<0>(boxes[0]), std::get<1>(boxes[0]), item,
                                     &m.array_off);
@@ -86,6 +90,8 @@ HaloStep::~HaloStep() {
   if (active_)  // started and dropped: complete it, so the peers' messages are matched
     MPI_Waitall(static_cast<int>(reqs_.size()), reqs_.data(), MPI_STATUSES_IGNORE);
   free_requests();
+  for (MPI_Datatype& t : types_)
+    if (t != MPI_BYTE) MPI_Type_free(&t);
 }
 
 void HaloStep::free_requests() {
@@ -95,35 +101,78 @@ void HaloStep::free_requests() {
   bound_[0] = bound_[1] = bound_[2] = nullptr;
 }
 
-// Receives first (so a send to a peer that posts its own receives late is matched as soon as
-// it does), then sends; persistent requests are bound once per set of buffers.
-void HaloStep::post(char* arr, char* sb, char* rb, bool in_place) {
+// Bind the requests to the buffers: persistent requests once per set of buffers (receives
+// first, then sends); the p2p method makes fresh ones in start_all.
+void HaloStep::bind(char* arr, char* sb, char* rb, bool in_place) {
   const HaloGeometry& g = *g_;
-  MPI_Comm c = comm_->get();
-  auto recv_ptr = [&](const HaloMessage& m) {
-    return in_place && m.contiguous ? arr + m.array_off : rb + m.off;
-  };
+  const size_t n = g.recvs.size() + g.sends.size();
   if (method_ == HaloMethod::p2p) {
-    reqs_.assign(g.recvs.size() + g.sends.size(), MPI_REQUEST_NULL);
-    size_t i = 0;
-    for (const HaloMessage& m : g.recvs) mpi::irecv(recv_ptr(m), m.bytes, m.peer, tag_, c, &reqs_[i++]);
-    for (const HaloMessage& m : g.sends) mpi::isend(sb + m.off, m.bytes, m.peer, tag_, c, &reqs_[i++]);
-    return;
+    reqs_.assign(n, MPI_REQUEST_NULL);
+  } else {
+    const bool same = reqs_.size() == n && bound_[0] == (in_place ? arr : nullptr) &&
+                      bound_[1] == sb && bound_[2] == rb && bound_in_place_ == in_place;
+    if (!same) {
+      free_requests();
+      MPI_Comm c = comm_->get();
+      reqs_.assign(n, MPI_REQUEST_NULL);
+      size_t i = 0;
+      for (const HaloMessage& m : g.recvs)
+        mpi::recv_init(recv_ptr(m, arr, rb, in_place), m.bytes, m.peer, tag_, c, &reqs_[i++]);
+      for (const HaloMessage& m : g.sends)
+        mpi::send_init(sb + m.off, m.bytes, m.peer, tag_, c, &reqs_[i++]);
+    }
   }
-  const bool same = !reqs_.empty() && bound_[0] == (in_place ? arr : nullptr) &&
-                    bound_[1] == sb && bound_[2] == rb && bound_in_place_ == in_place;
-  if (!same && !(g.recvs.empty() && g.sends.empty())) {
-    free_requests();
-    reqs_.assign(g.recvs.size() + g.sends.size(), MPI_REQUEST_NULL);
+  bound_[0] = in_place ? arr : nullptr;
+  bound_[1] = sb;
+  bound_[2] = rb;
+  bound_in_place_ = in_place;
+}
+
+char* HaloStep::recv_ptr(const HaloMessage& m, char* arr, char* rb, bool in_place) const {
+  return in_place && m.contiguous ? arr + m.array_off : rb + m.off;
+}
+
+// Receives first (a peer's message can be matched as soon as it arrives), then sends.
+void HaloStep::start_all() {
+  const HaloGeometry& g = *g_;
+  if (reqs_.empty()) return;
+  if (method_ == HaloMethod::p2p) {
+    MPI_Comm c = comm_->get();
     size_t i = 0;
     for (const HaloMessage& m : g.recvs)
-      mpi::recv_init(recv_ptr(m), m.bytes, m.peer, tag_, c, &reqs_[i++]);
+      mpi::irecv(recv_ptr(m, bound_[0], bound_[2], bound_in_place_), m.bytes, m.peer, tag_, c,
+                 &reqs_[i++]);
     for (const HaloMessage& m : g.sends)
-      mpi::send_init(sb + m.off, m.bytes, m.peer, tag_, c, &reqs_[i++]);
-    bound_[0] = in_place ? arr : nullptr;
-    bound_[1] = sb;
-    bound_[2] = rb;
-    bound_in_place_ = in_place;
+      mpi::isend(bound_[1] + m.off, m.bytes, m.peer, tag_, c, &reqs_[i++]);
+    return;
+  }
+  check_mpi(MPI_Startall(static_cast<int>(reqs_.size()), reqs_.data()), "MPI_Startall");
+}
+
+// The datatype method: persistent requests on the padded array, one MPI datatype per
+// message; bound once per array address.
+void HaloStep::post_typed(char* arr) {
+  const HaloGeometry& g = *g_;
+  if (types_.empty())
+    for (const auto* v : {&g.recvs, &g.sends})
+      for (const HaloMessage& m : *v)
+        types_.push_back(m.bytes ? mpi::subarrays(g.shape, m.starts, m.exts, g.item) : MPI_BYTE);
+  if (reqs_.empty() || bound_[0] != arr) {
+    free_requests();
+    MPI_Comm c = comm_->get();
+    reqs_.assign(g.recvs.size() + g.sends.size(), MPI_REQUEST_NULL);
+    size_t i = 0;
+    for (const HaloMessage& m : g.recvs) {
+      check_mpi(MPI_Recv_init(arr, m.bytes ? 1 : 0, types_[i], m.peer, tag_, c, &reqs_[i]),
+                "MPI_Recv_init");
+      ++i;
+    }
+    for (const HaloMessage& m : g.sends) {
+      check_mpi(MPI_Send_init(arr, m.bytes ? 1 : 0, types_[i], m.peer, tag_, c, &reqs_[i]),
+                "MPI_Send_init");
+      ++i;
+    }
+    bound_[0] = arr;
   }
   if (!reqs_.empty())
     check_mpi(MPI_Startall(static_cast<int>(reqs_.size()), reqs_.data()), "MPI_Startall");
@@ -133,15 +182,30 @@ void HaloStep::start(char* arr, Packer& pk, Transport tr) {
   if (active_)
     throw std::logic_error("pyshard: halo start() called again before wait()");
   const HaloGeometry& g = *g_;
+  if (method_ == HaloMethod::datatype) {
+    if (pk.kind() != Mem::host || tr != Transport::direct)
+      throw std::invalid_argument(
+          "pyshard: the datatype halo method takes host arrays on the direct transport");
+    post_typed(arr);  // receives and sends first: the wrap copies overlap them
+    pk.copy_all(g.local, arr, arr);
+    active_ = true;
+    started_tr_ = tr;
+    return;
+  }
   const bool staged = tr == Transport::staged;
   const i64 S = g.send_bytes, R = g.recv_bytes;
   char* work = ws_.work(pk, S + R);  // in the array's memory
+  // One pass (one kernel launch on a GPU) for every peer, then MPI. Packing each message
+  // just before its send and unpacking each as it arrives (MPI_Waitany) was no faster at 2
+  // ranks and 15-30x slower at 4 ranks on 2 cores (busy-polling ranks starve each other
+  // between the calls; docs/performance.md).
   char* bounce = staged ? ws_.bounce(pk, S + R) : nullptr;
-  pk.copy_all(g.pack, arr, work);    // one pass (one kernel launch) for every peer
-  pk.copy_all(g.local, arr, arr);    // periodic wrap onto this rank: interior -> ghosts
+  pk.copy_all(g.pack, arr, work);
+  pk.copy_all(g.local, arr, arr);  // periodic wrap onto this rank: interior -> ghosts
   if (staged) pk.to_host(bounce, work, S);
   pk.sync();  // MPI reads the packed bytes next
-  post(arr, staged ? bounce : work, staged ? bounce + S : work + S, !staged);
+  bind(arr, staged ? bounce : work, staged ? bounce + S : work + S, !staged);
+  start_all();
   active_ = true;
   started_tr_ = tr;
 }
@@ -151,11 +215,14 @@ void HaloStep::wait(char* arr, Packer& pk, Transport tr) {
   if (tr != started_tr_) throw std::logic_error("pyshard: halo wait() on another transport");
   active_ = false;
   const HaloGeometry& g = *g_;
-  if (!reqs_.empty())
-    check_mpi(MPI_Waitall(static_cast<int>(reqs_.size()), reqs_.data(), MPI_STATUSES_IGNORE),
-              "MPI_Waitall");
+  if (method_ == HaloMethod::datatype) {
+    waitall();
+    count_call("halo", pk, tr);
+    return;
+  }
   const i64 S = g.send_bytes, R = g.recv_bytes;
   char* work = ws_.work(pk, S + R);
+  waitall();
   if (tr == Transport::staged) {
     pk.from_host(work + S, ws_.bounce(pk, S + R) + S, R);
     pk.copy_all(g.unpack, work + S, arr);
@@ -164,6 +231,12 @@ void HaloStep::wait(char* arr, Packer& pk, Transport tr) {
   }
   count_call("halo", pk, tr);
   pk.finish();
+}
+
+void HaloStep::waitall() {
+  if (!reqs_.empty())
+    check_mpi(MPI_Waitall(static_cast<int>(reqs_.size()), reqs_.data(), MPI_STATUSES_IGNORE),
+              "MPI_Waitall");
 }
 
 }  // namespace pyshard

@@ -29,13 +29,16 @@ namespace pyshard {
 using PeerBoxes = std::tuple<int, std::vector<BoxSpec>>;
 
 // persistent: MPI_Send_init/MPI_Recv_init once, MPI_Startall per update; p2p: a fresh
-// MPI_Isend/MPI_Irecv per message and update.
-enum class HaloMethod { persistent = 0, p2p = 1 };
+// MPI_Isend/MPI_Irecv per message and update; datatype: persistent requests on the padded
+// array itself with one MPI datatype per message (subarrays): no pack or unpack pass of
+// ours, the MPI library copies from and to the boxes (host memory only).
+enum class HaloMethod { persistent = 0, p2p = 1, datatype = 2 };
 
 struct HaloMessage {
   int peer;
   i64 bytes = 0;
   i64 off = 0;            // in the packed buffer (4 KiB aligned)
+  std::vector<Shape> starts, exts;  // its boxes in the padded array, in message order
   bool contiguous = false;  // one box that is one run of the padded array
   i64 array_off = 0;      // its byte offset there when contiguous
 };
@@ -69,7 +72,11 @@ class HaloStep {
   i64 buffer_bytes() const { return ws_.held(); }
 
  private:
-  void post(char* arr, char* sb, char* rb, bool in_place);
+  void bind(char* arr, char* sb, char* rb, bool in_place);
+  char* recv_ptr(const HaloMessage& m, char* arr, char* rb, bool in_place) const;
+  void start_all();
+  void waitall();
+  void post_typed(char* arr);
   void free_requests();
 
   std::shared_ptr<Comm> comm_;
@@ -78,6 +85,7 @@ class HaloStep {
   int tag_;
   Workspace ws_;                   // this step's own buffers: persistent requests bind them
   std::vector<MPI_Request> reqs_;  // receives, then sends
+  std::vector<MPI_Datatype> types_;  // datatype method: one per message, receives first
   char* bound_[3] = {nullptr, nullptr, nullptr};  // array, send and receive buffers bound
   bool bound_in_place_ = false;
   bool active_ = false;

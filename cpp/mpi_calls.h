@@ -172,5 +172,26 @@ inline MPI_Datatype subarray(const std::vector<i64>& shape, const std::vector<i6
   return t;
 }
 
+// One committed datatype for several subarrays of the same C-contiguous array (a halo
+// message of several boxes): a struct of the subarray types, each at displacement 0 (every
+// subarray type spans the whole array and places its box itself). The caller frees it.
+inline MPI_Datatype subarrays(const std::vector<i64>& shape,
+                              const std::vector<std::vector<i64>>& starts,
+                              const std::vector<std::vector<i64>>& exts, i64 item) {
+  if (starts.size() == 1) return subarray(shape, starts[0], exts[0], item);
+  std::vector<MPI_Datatype> parts;
+  for (size_t i = 0; i < starts.size(); ++i)
+    parts.push_back(subarray(shape, starts[i], exts[i], item));
+  std::vector<int> lens(parts.size(), 1);
+  std::vector<MPI_Aint> disp(parts.size(), 0);
+  MPI_Datatype t;
+  check_mpi(MPI_Type_create_struct(static_cast<int>(parts.size()), lens.data(), disp.data(),
+                                   parts.data(), &t),
+            "MPI_Type_create_struct");
+  for (auto& p : parts) MPI_Type_free(&p);
+  check_mpi(MPI_Type_commit(&t), "MPI_Type_commit");
+  return t;
+}
+
 }  // namespace mpi
 }  // namespace pyshard

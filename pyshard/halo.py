@@ -51,7 +51,7 @@ BoxSpec = Tuple[Tuple[int, ...], Tuple[int, ...]]  # (start, extent) in a padded
 WidthArg = Union[int, Sequence[int]]
 PeriodicArg = Union[bool, Sequence[bool]]
 
-METHODS = ("persistent", "p2p")
+METHODS = ("persistent", "p2p", "datatype")
 HALO_TAG = 8  # redistribute's point-to-point steps use 7
 
 
@@ -379,6 +379,11 @@ class HaloArray:
         method = _default_method() if method is None else method
         if method not in METHODS:
             raise ValueError(f"with_halo: method must be one of {METHODS}, got {method!r}")
+        if method == "datatype" and bk.is_device(x.local):
+            raise ValueError(
+                "with_halo: method='datatype' takes host arrays (MPI datatypes on device "
+                "memory need a CUDA-aware MPI's datatype engine); use 'persistent'"
+            )
         self._spec = spec
         self.width: Tuple[int, ...] = spec.width
         self.periodic: Tuple[bool, ...] = spec.periodic
@@ -466,11 +471,13 @@ class HaloArray:
 
     def explain(self) -> str:
         """Peers, messages and bytes of this rank's exchange, and how it runs."""
-        how = (
-            "persistent point-to-point requests (MPI_Send_init/MPI_Recv_init, MPI_Startall)"
-            if self.method == "persistent"
-            else "point-to-point messages (MPI_Isend/MPI_Irecv) per update"
-        )
+        how = {
+            "persistent": "persistent point-to-point requests (MPI_Send_init/MPI_Recv_init, "
+            "MPI_Startall) on packed buffers",
+            "p2p": "point-to-point messages (MPI_Isend/MPI_Irecv) per update on packed buffers",
+            "datatype": "persistent point-to-point requests on the padded array with one MPI "
+            "datatype (subarrays) per message: the MPI library packs and unpacks",
+        }[self.method]
         text = self.plan.explain() + f"\n  runs as {how}"
         if self._dev:
             text += "\n  GPU arrays: " + (

@@ -180,7 +180,7 @@ def bench_halo(comm: MPI.Comm, scale: int = 1, reps: int = 5, loop: int = 20,
         corners = stencil == "box"
         times: Dict[str, float] = {}
         notes: Dict[str, str] = {}
-        for method in ("persistent", "p2p"):
+        for method in ("persistent", "p2p", "datatype"):
             h = x.with_halo(width, periodic=True, corners=corners, method=method)
             times[f"pyshard-{method}"] = _slowest(comm, h.update, reps, loop)
         times["floor"] = _slowest(comm, _floor(comm, h.plan), reps, loop)
@@ -193,7 +193,7 @@ def bench_halo(comm: MPI.Comm, scale: int = 1, reps: int = 5, loop: int = 20,
         if fn is not None:
             times["petsc"] = _slowest(comm, fn, reps, loop)
         notes["petsc"] = why
-        best = min(times["pyshard-persistent"], times["pyshard-p2p"])
+        best = min(times[f"pyshard-{m}"] for m in ("persistent", "p2p", "datatype"))
         rows.append({
             "name": name, "shape": list(shape), "dtype": dtype, "width": width,
             "stencil": stencil, "mesh": list(mesh_shape), "times_s": times, "notes": notes,
@@ -229,12 +229,13 @@ def bench_stencil(comm: MPI.Comm, n: int = 2048, steps: int = 20, reps: int = 3,
 
 def format_halo(r: Dict[str, Any]) -> str:
     lines = [f"halo updates, {r['ranks']} ranks ({r['mpi']}); us per update, slowest rank"]
-    cols = ["pyshard-persistent", "pyshard-p2p", "floor", "mpi4py", "petsc"]
-    lines.append(f"{'case':<8}{'shape':<16}{'w':>3}" + "".join(f"{c:>20}" for c in cols)
+    cols = ["pyshard-persistent", "pyshard-p2p", "pyshard-datatype", "floor", "mpi4py", "petsc"]
+    names = ["persistent", "p2p", "datatype", "floor", "mpi4py", "petsc"]
+    lines.append(f"{'case':<8}{'shape':<16}{'w':>3}" + "".join(f"{c:>11}" for c in names)
                  + f"{'vs floor':>10}{'vs mpi4py':>11}")
     for row in r["rows"]:
         t = row["times_s"]
-        cells = "".join(f"{t[c] * 1e6:>20.1f}" if c in t else f"{'-':>20}" for c in cols)
+        cells = "".join(f"{t[c] * 1e6:>11.1f}" if c in t else f"{'-':>11}" for c in cols)
         mp = f"{row['vs_mpi4py']:.2f}x" if row["vs_mpi4py"] else "-"
         lines.append(
             f"{row['name']:<8}{'x'.join(map(str, row['shape'])):<16}{row['width']:>3}{cells}"

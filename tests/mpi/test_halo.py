@@ -53,7 +53,7 @@ def cases(size):
     return out
 
 
-@pytest.mark.parametrize("method", ["persistent", "p2p"])
+@pytest.mark.parametrize("method", ["persistent", "p2p", "datatype"])
 @pytest.mark.parametrize("corners", [True, False])
 def test_update_matches_oracle(comm, method, corners):
     for shape, mshape, placements, sizes in cases(comm.size):
