@@ -12,7 +12,7 @@ from oracle import make_global
 
 import pyshard as ps
 from pyshard import Replicate, Shard, _core
-from pyshard import array as psarray
+from pyshard import executor as psarray
 
 pytestmark = pytest.mark.mpi  # run under mpiexec with --with-mpi (pytest-mpi)
 
