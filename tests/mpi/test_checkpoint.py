@@ -15,6 +15,7 @@ import subprocess
 import sys
 import tempfile
 
+import launch
 import numpy as np
 import pytest
 from ckpt_worker import check_loaded, global_of, make_sharded, placements_of, sizes_of
@@ -27,7 +28,6 @@ pytestmark = pytest.mark.mpi  # run under mpiexec with --with-mpi (pytest-mpi)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 WORKER = os.path.join(HERE, "ckpt_worker.py")
-MPIEXEC = os.path.join(os.path.dirname(sys.executable), "mpiexec")
 DTYPES = ["float32", "float64", "int32", "bool"]
 MESH_2D = {1: (1, 1), 2: (2, 1), 3: (1, 3), 4: (2, 2), 5: (5, 1), 6: (2, 3), 7: (7, 1), 8: (2, 4)}
 
@@ -374,24 +374,12 @@ def test_partial_reduced_once(comm, shared_dir):
 # ----------------------------------------------------------------------------- subprocesses
 
 
-def _child_env(extra=None):
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if not k.startswith(("PMI_", "PMIX_", "HYDRA_", "MPI_", "MPIR_", "OMPI_", "I_MPI_"))
-    }
-    env.pop("PYSHARD_FAULT", None)
-    env.update(extra or {})
-    return env
-
-
 def mpirun(n, jobs, env=None, expect_ok=True):
-    """Run the worker on ``n`` ranks; the completed process."""
-    cmd = [MPIEXEC, "-n", str(n), sys.executable, WORKER, json.dumps(jobs)]
+    """Run the worker on ``n`` ranks (tests/mpi/launch.py); the completed process."""
+    extra = dict(env or {})
+    extra.setdefault("PYSHARD_FAULT", "")
     try:
-        r = subprocess.run(
-            cmd, env=_child_env(env), cwd=HERE, capture_output=True, text=True, timeout=120
-        )
+        r = launch.run(n, [sys.executable, WORKER, json.dumps(jobs)], env=extra, cwd=HERE)
     except subprocess.TimeoutExpired as e:
         pytest.fail(f"mpiexec -n {n} timed out after 120 s: {e.stdout} {e.stderr}")
     if expect_ok:
@@ -402,10 +390,7 @@ def mpirun(n, jobs, env=None, expect_ok=True):
 
 
 def needs_subprocess(comm):
-    if comm.size != 1:
-        pytest.skip("cross-size tests launch their own mpiexec: they run at size 1")
-    if not os.path.exists(MPIEXEC):
-        pytest.skip(f"no mpiexec next to {sys.executable}")
+    launch.require(comm)
 
 
 def _arrays(shape, placements, sizes=None, seed=0, empty_shape=(0, 5)):
