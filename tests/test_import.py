@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import pyshard
-from pyshard import _core
+from pyshard import _core, _mpi
 
 
 def test_same_mpi_passes():
@@ -50,3 +50,59 @@ def test_copy_box_kernel():
         np.testing.assert_array_equal(out, ref)
     with pytest.raises(IndexError):
         _core.copy_box(a, [4, 0, 0], np.empty((2, 6, 7), np.int16), [0, 0, 0], [2, 6, 7])
+
+
+LIBRARY_TEXTS = [
+    ("MPICH Version:      5.0.2\nMPICH Release date: Fri Sep 25 2026\n", "MPICH 5.0.2"),
+    ("Open MPI v5.0.11, package: Open MPI user@localhost Distribution, ident: 5.0.11, "
+     "repo rev: v5.0.11rc1, Sep 16, 2026\x00", "Open MPI 5.0.11"),
+    ("Open MPI v4.1.4, package: Debian OpenMPI, ident: 4.1.4, repo rev: v4.1.4, May 26, "
+     "2022\x00", "Open MPI 4.1.4"),
+    ("Intel(R) MPI Library 2021.18.1 for Linux* OS\n", "Intel MPI 2021.18.1"),
+    ("MPI VERSION    : CRAY MPICH version 8.1.28.2 (ANL base 3.4a2)\nMPI BUILD INFO : x",
+     "Cray MPICH 8.1.28.2"),
+    ("MVAPICH2 Version      :\t2.3.7\nMVAPICH2 Release date :\tWed March 02 2022",
+     "MVAPICH2 2.3.7"),
+    ("Some MPI 1.0\nmore", "Some MPI 1.0"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("text,name", LIBRARY_TEXTS)
+def test_library_name(text, name):
+    assert _mpi.library_name(text) == name
+    assert "\0" not in _mpi.clean(text)
+
+
+def test_build_info_names_the_library():
+    info = pyshard.build_info()
+    assert "\0" not in info["mpi_library"] + info["mpi_library_version"]
+    assert info["mpi_library"] == _mpi.library_name(_core.library_version())
+    assert info["mpi_library"].split()[0] in ("MPICH", "Open", "Intel", "Cray", "MVAPICH2")
+    major, minor = info["mpi_standard"].split(".")
+    assert int(major) >= 3 and int(minor) >= 0
+    assert info["large_count"] == ("native" if _core.large_count else "datatype")
+    assert info["large_count_reduce"] == ("native" if _core.large_count else "split")
+    assert info["mpi"] == _core.built_with and "MPICH 3.4a2" not in info["mpi"]
+
+
+def test_the_core_says_what_it_was_built_with():
+    path, built = _mpi.core_build_record()
+    assert path and path.endswith(".so")
+    assert built.startswith(_core.built_with + "; mpicc "), built
+
+
+def test_import_failures_name_both_mpis_and_the_fix(monkeypatch):
+    monkeypatch.setattr(_mpi, "_mpi4py_library", lambda: "MPICH 5.0.2")
+    built = _core.built_with
+    err = ImportError("_core.so: undefined symbol: _ZN3MPI8Datatype4FreeEv")
+    msg = _mpi.core_import_error(err)
+    assert built in msg and "mpi4py loaded MPICH 5.0.2" in msg and "OMPI_SKIP_MPICXX" in msg
+    msg = _mpi.core_import_error(ImportError("libmpi.so.40: cannot open shared object file"))
+    assert "not on the library path" in msg and "module load" in msg
+    monkeypatch.setattr(_mpi, "core_build_record", lambda: ("/x/_core.so", "Open MPI 4.1.4; m"))
+    msg = _mpi.core_import_error(ImportError("undefined symbol: ompi_mpi_comm_world"))
+    assert "rebuild pyshard against MPICH 5.0.2" in msg and "--no-binary=mpi4py" in msg
+    monkeypatch.setattr(_mpi, "core_build_record", lambda: (None, ""))
+    msg = _mpi.core_import_error(ImportError("No module named 'pyshard._core'"))
+    assert "not built for this Python" in msg and "scripts/setup.sh" in msg
+    assert "pip install mpich" not in msg
