@@ -95,7 +95,7 @@ echo "[test-mpi] build_info: $(tail -1 <<<"$INFO")"
 printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$LIB" "$VERSION" "setup (clean: ${PYSHARD_TEST_CLEAN:-0})" \
   "-" "-" "-" "$SETUP_SECS" >>"$MATRIX_FILE"
 
-MPIEXEC=${PYSHARD_MPIEXEC:-$VENV/bin/mpiexec}
+MPIEXEC=${PYSHARD_MPIEXEC:-$PWD/$VENV/bin/mpiexec}
 if [ -z "${PYSHARD_MPIEXEC_ARGS+x}" ] && "$MPIEXEC" --version 2>&1 | grep -q "Open MPI\|OpenRTE\|prterun"; then
   export PYSHARD_MPIEXEC_ARGS="--oversubscribe"
 fi

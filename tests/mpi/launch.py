@@ -42,8 +42,8 @@ _JOB_VARS = (
 def mpiexec():
     """The launcher's path, or None when there is none."""
     exe = os.environ.get("PYSHARD_MPIEXEC", "").strip()
-    if exe:
-        return shutil.which(exe) or exe
+    if exe:  # a name on PATH, or a path (relative to where the tests started)
+        return os.path.abspath(exe) if os.sep in exe else shutil.which(exe) or exe
     beside = os.path.join(os.path.dirname(sys.executable), "mpiexec")
     if os.path.exists(beside):
         return beside
