@@ -250,6 +250,10 @@ PYBIND11_MODULE(_core, m) {
       .def_readonly("packs", &ScatterGeometry::pack_all)
       .def_readonly("regular", &ScatterGeometry::regular);
 
+  py::class_<PendingExchange>(m, "PendingExchange")
+      .def(py::init<>())
+      .def_readonly("active", &PendingExchange::active);
+
   py::class_<ExchangeStep>(m, "ExchangeStep")
       .def(py::init<std::shared_ptr<Comm>, std::shared_ptr<ExchangeGeometry>,
                     std::shared_ptr<Workspace>, bool>(),
@@ -260,6 +264,36 @@ PYBIND11_MODULE(_core, m) {
              run_host(s, a, b, &s.geometry().src_shape, &s.geometry().dst_shape);
            })
       .def("run_device", &run_device<ExchangeStep>)
+      .def("start",
+           [](ExchangeStep& s, const py::array& a, py::array& b, PendingExchange& p) {
+             Buf src = get_buf(a, false, "source");
+             Buf dst = get_buf(b, true, "destination");
+             check_shape(src, s.geometry().src_shape, "source");
+             check_shape(dst, s.geometry().dst_shape, "destination");
+             py::gil_scoped_release nogil;
+             s.start(src.ptr, dst.ptr, host_packer(), g_transport[0], p);
+           })
+      .def("complete",
+           [](ExchangeStep& s, PendingExchange& p) {
+             py::gil_scoped_release nogil;
+             s.complete(p, host_packer());
+           })
+      .def("start_device",
+           [](ExchangeStep& s, std::uintptr_t src, std::uintptr_t dst, std::uintptr_t stream,
+              PendingExchange& p) {
+             Packer& pk = cuda_packer();
+             py::gil_scoped_release nogil;
+             pk.set_stream(stream);
+             s.start(reinterpret_cast<const char*>(src), reinterpret_cast<char*>(dst), pk,
+                     g_transport[1], p);
+           })
+      .def("complete_device",
+           [](ExchangeStep& s, PendingExchange& p, std::uintptr_t stream) {
+             Packer& pk = cuda_packer();
+             py::gil_scoped_release nogil;
+             pk.set_stream(stream);
+             s.complete(p, pk);
+           })
       .def_property_readonly("algorithm", [](ExchangeStep& s) { return s.geometry().algo; })
       .def_property_readonly("packs", [](ExchangeStep& s) { return s.geometry().pack_all; })
       .def_property_readonly("unpacks", [](ExchangeStep& s) { return s.geometry().unpack_all; })

@@ -6,14 +6,14 @@ from __future__ import annotations
 import logging
 import zlib
 from math import prod
-from typing import Any, List, Optional, Sequence, Tuple
+from typing import Any, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
 from . import _backend as bk
 from . import _core, _validate, executor
 from ._cache import memoize
-from .executor import executors, out_ok, run_steps
+from .executor import Pending, executors, out_ok, run_steps, start
 from .halo import HaloArray, PeriodicArg, WidthArg
 from .layout import (
     Layout,
@@ -106,7 +106,8 @@ class ShardedArray:
         sizes: SizesArg = None,
         algorithm: Optional[str] = None,
         out: Optional[Any] = None,
-    ) -> ShardedArray:
+        wait: bool = True,
+    ) -> Union[ShardedArray, Pending]:
         """The same global array laid out as ``placements`` (and ``sizes``); collective.
 
         ``algorithm`` picks how an exchange step runs: ``"alltoallv"``, ``"alltoall"``
@@ -121,6 +122,13 @@ class ShardedArray:
         GPU) as ``local``, to write the result into (reused across calls, it saves the page
         faults of a fresh output); it is checked on this rank before any communication.
 
+        ``wait=False``: start the redistribute and return a :class:`~pyshard.executor.Pending`
+        at once, whose ``wait()`` returns the result; the caller computes in between. Several
+        may be in flight, started in the same order on every rank and waited in any order;
+        the source and ``out`` must stay alive and unwritten until then. The first step is
+        in flight only when it is an exchange on the ``alltoallv`` or ``p2p`` algorithm (see
+        :class:`~pyshard.executor.Pending`); other plans complete before this returns.
+
         Every layout check happens before any communication. When the target layout equals
         the source, nothing is communicated or copied and the result shares ``local`` with
         this array; otherwise the result owns a new buffer. GPU arrays: the kernels run on
@@ -134,6 +142,12 @@ class ShardedArray:
             algorithm = executor.DEFAULT_ALGORITHM
         if _validate.enabled:  # one small Allgather: a mismatch raises on every rank
             self._agree(placements, sizes, algorithm)
+        if not wait:
+            target = self._target(placements, sizes)
+            p = plan(self.layout, target)
+            execs = executors(p, self.mesh, algorithm, local)
+            mesh = self.mesh
+            return start(execs, p, mesh, local, out, lambda r: ShardedArray._wrap(r, target, mesh))
         if sizes is None:
             try:
                 key = (self.layout, *placements, algorithm, type(self.local))

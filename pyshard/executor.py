@@ -17,7 +17,7 @@ from .layout import Layout, Shard
 from .mesh import Mesh
 from .plan import Plan, Step, geometry, reduce_dtype
 
-__all__ = ["ALGORITHMS", "choose_algorithm", "execute", "executors"]
+__all__ = ["ALGORITHMS", "Pending", "choose_algorithm", "execute", "executors", "start"]
 
 log = logging.getLogger("pyshard")
 
@@ -28,7 +28,7 @@ class _Exec:
 
     __slots__ = (
         "step", "core", "out_shape", "upcast", "scale", "zero", "fill", "direct", "dtype",
-        "dev", "need", "pooled",
+        "dev", "need", "pooled", "spares",
     )
 
     def __init__(self, step: Step, mesh: Mesh, algorithm: str = "alltoallv", dev: bool = False):
@@ -50,6 +50,7 @@ class _Exec:
         elif step.kind == "make_partial":
             self._make_partial(step, coords)
         self.direct = step.is_collective and self.upcast is None and self.scale is None
+        self.spares: list = []  # the core's PendingExchange objects free for reuse
         self.need = 0
         if self.core is not None and step.is_collective:
             staged = _core.transport(_core.Mem.cuda if dev else _core.Mem.host).name == "staged"
@@ -336,3 +337,111 @@ def check_out(out: object, p: Plan, mesh: Mesh, local: Any) -> None:
         raise ValueError("out must not overlap the source array")
     if type(out) is not type(local):
         raise TypeError(f"out must be a plain {type(local).__name__}, got {type(out).__name__}")
+
+
+# ----------------------------------------------------------------------------- in flight
+
+
+def _startable(e: _Exec) -> bool:
+    """Can this executor's step be posted now and completed later (an exchange on the
+    alltoallv or p2p algorithm)?"""
+    return (
+        e.direct
+        and e.step.kind == "alltoallv"
+        and e.core.algorithm in (_core.Algorithm.alltoallv, _core.Algorithm.p2p)
+    )
+
+
+class Pending:
+    """A redistribute in flight, from ``ShardedArray.redistribute(..., wait=False)``.
+
+    :meth:`wait` returns the result. Several may be in flight on one mesh; every rank must
+    start them in the same order, and may wait for them in any order: waiting for one first
+    completes, in start order, those started before it (identically on every rank, so the
+    collectives of later steps match). Overlap: the first step of the plan is posted when
+    the redistribute starts if it is an exchange on the ``alltoallv`` or ``p2p`` algorithm
+    (the common case: a ``Shard -> Shard`` transpose, a rebalance); its remaining steps run in
+    :meth:`wait`. Any other plan (a gather, a reduction first, a step on ``alltoall`` or
+    ``alltoallw``) runs whole when it starts, and :meth:`wait` only returns it.
+
+    Until :meth:`wait` returns, the source array and ``out`` must stay alive and unwritten
+    (the source may be read).
+    """
+
+    __slots__ = ("_mesh", "_execs", "_plan", "_local", "_out", "_res", "_core", "_wrap",
+                 "_result", "_done")
+
+    def __init__(self, mesh: Mesh, execs: list, p: Plan, local: Any, out: Optional[Any],
+                 wrap: Any) -> None:
+        self._mesh = mesh
+        self._execs = execs
+        self._plan = p
+        self._local = local
+        self._out = out
+        self._wrap = wrap
+        self._res: Any = None
+        self._core: Any = None
+        self._result: Any = None
+        self._done = False
+
+    def _start(self) -> None:
+        execs, local, out = self._execs, self._local, self._out
+        if not execs or not _startable(execs[0]):
+            self._result = self._wrap(run_steps(execs, self._plan, self._mesh, local, out))
+            self._done = True
+            return
+        e = execs[0]
+        last = len(execs) == 1
+        if last and out is not None:
+            res = out
+        elif e.dev:
+            res = bk.xp_of(local).empty(e.out_shape, e.dtype)
+        else:
+            res = _pooled_empty(e.out_shape, e.dtype) if e.pooled else np.empty(
+                e.out_shape, e.dtype)
+        pe = e.spares.pop() if e.spares else _core.PendingExchange()
+        if e.dev:
+            e.core.start_device(local.data.ptr, res.data.ptr, bk.stream_ptr(), pe)
+        else:
+            e.core.start(local, res, pe)
+        self._res, self._core = res, pe
+        self._mesh._pending.append(self)
+
+    def _finish(self) -> None:
+        """Complete this one (the oldest in flight on its mesh) and run its other steps."""
+        e = self._execs[0]
+        pe, res = self._core, self._res
+        try:
+            if e.dev:
+                e.core.complete_device(pe, bk.stream_ptr())
+            else:
+                e.core.complete(pe)
+        finally:
+            self._mesh._pending.remove(self)
+            e.spares.append(pe)
+        last = len(self._execs) - 1
+        for i, ex in enumerate(self._execs[1:], start=1):
+            res = ex.run(res, self._out if i == last else None)
+        self._result = self._wrap(res)
+        self._done = True
+        self._local = self._res = self._core = None
+
+    def wait(self) -> Any:
+        """The result (a :class:`~pyshard.ShardedArray`); collective, as the redistribute."""
+        while not self._done:
+            self._mesh._pending[0]._finish()
+        return self._result
+
+    def __repr__(self) -> str:
+        return f"Pending({self._plan}, {'done' if self._done else 'in flight'})"
+
+
+def start(execs: list, p: Plan, mesh: Mesh, local: Any, out: Optional[Any], wrap: Any) -> Pending:
+    """Start running the executors ``execs`` of plan ``p`` (see :class:`Pending`)."""
+    if out is not None:
+        want = execs[-1].out_shape if execs else local.shape
+        if not out_ok(out, want, p.dst.dtype, local):
+            check_out(out, p, mesh, local)  # the precise error
+    pend = Pending(mesh, execs, p, local, out, wrap)
+    pend._start()
+    return pend
