@@ -1,7 +1,6 @@
 """Halo updates and redistributes in flight of cupy arrays (CUDA pack kernel, staged or
-device-direct transport)
-against the oracle of the halo semantics, and the heat example on the GPU bit for bit equal
-to the serial numpy run. Skipped without a GPU."""
+device-direct transport) against the oracles, and the heat example on the GPU bit for bit
+equal to the serial numpy run. Skipped without a GPU."""
 
 from __future__ import annotations
 
