@@ -54,6 +54,9 @@ def _parser() -> argparse.ArgumentParser:
         "--stencil-n", type=int, default=2048, help="stencil case: an n^dim grid (default 2048)"
     )
     ap.add_argument("--stencil-dim", type=int, default=2, choices=(2, 3))
+    ap.add_argument(
+        "--stencil-shape", default=None, help="stencil case: the grid AxB[xC] (not --stencil-n)"
+    )
     ap.add_argument("--stencil-steps", type=int, default=20)
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--reps", type=int, default=10)
@@ -95,8 +98,10 @@ def _run_extra(name: str, comm: MPI.Comm, args: argparse.Namespace) -> Dict:
         if comm.Get_rank() == 0:
             print(format_halo(r), flush=True)
     elif name == "stencil":
+        shape = None if not args.stencil_shape else [
+            int(v) for v in args.stencil_shape.split("x")]
         r = bench_stencil(comm, n=args.stencil_n, steps=args.stencil_steps,
-                          reps=max(1, args.reps // 3), dim=args.stencil_dim)
+                          reps=max(1, args.reps // 3), dim=args.stencil_dim, shape=shape)
         if comm.Get_rank() == 0:
             print(format_stencil(r), flush=True)
     elif name == "fft3d":

@@ -16,7 +16,8 @@ Each time is the median over reps of the slowest rank, each rep a loop of ``--ha
 updates divided by its length.
 
 ``stencil``: the heat example (:mod:`pyshard.apps.heat`) per step, blocking (update, then
-every cell) against overlapped (start, inner cells, wait, the shell).
+every cell) against overlapped (start, inner cells, wait, the shell), with the update and the
+cell update alone for scale.
 """
 
 from __future__ import annotations
@@ -28,8 +29,8 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 import numpy as np
 from mpi4py import MPI
 
-from ..apps.heat import run as heat_run
-from ..array import from_local
+from ..apps.heat import alpha_for, initial, inner_and_shell, step, step_cells
+from ..array import distribute, from_local
 from ..halo import HaloPlan, halo_spec
 from ..layout import Layout, Shard
 from ..mesh import Mesh
@@ -208,21 +209,43 @@ def bench_halo(comm: MPI.Comm, scale: int = 1, reps: int = 5, loop: int = 20,
             "setup": halo_setup()}
 
 
+def _time_steps(comm: MPI.Comm, x: Any, stencil: str, steps: int, reps: int) -> Dict[str, float]:
+    a = x.with_halo(1, periodic=True, corners=stencil == "box")
+    b = x.with_halo(1, periodic=True, corners=stencil == "box")
+    alpha = alpha_for(x.layout.ndim, stencil)
+    inner, shell = inner_and_shell(a.interior.shape)
+    whole = [slice(0, k) for k in a.interior.shape]
+    regions = (inner, shell, whole)
+    fns = {
+        "blocking": lambda: step(a, b, stencil, alpha, False, regions),
+        "overlapped": lambda: step(a, b, stencil, alpha, True, regions),
+        "update": a.update,
+        "cells": lambda: step_cells(a.padded, b.interior, whole, stencil, alpha),
+    }
+    t: Dict[str, List[float]] = {k: [] for k in fns}
+    for _ in range(2 * reps):  # interleaved: drift on a shared machine hits all alike
+        for k, fn in fns.items():
+            t[k].append(_slowest(comm, fn, 1, steps))
+    med = {k: float(np.median(v)) for k, v in t.items()}
+    return {"blocking_s": med["blocking"], "overlapped_s": med["overlapped"],
+            "update_s": med["update"], "cells_s": med["cells"],
+            "ratio": med["overlapped"] / med["blocking"]}
+
+
 def bench_stencil(comm: MPI.Comm, n: int = 2048, steps: int = 20, reps: int = 3,
-                  dim: int = 2) -> Dict[str, Any]:
-    """Heat steps, blocking against overlapped (median of ``reps`` runs, slowest rank)."""
-    mesh = Mesh(comm, tuple(MPI.Compute_dims(comm.size, dim)))
-    shape = (n,) * dim
+                  dim: int = 2, shape: Optional[Sequence[int]] = None) -> Dict[str, Any]:
+    """Heat steps on an ``n^dim`` grid (or ``shape``; mesh ``MPI.Compute_dims(ranks,
+    ndim)``), periodic: per step, blocking (update, then every cell) against overlapped
+    (start, inner cells, wait, shell), and the halo update and the cell update alone; the
+    four interleaved on the same arrays, each the median over ``2 * reps`` loops of
+    ``steps`` steps of the slowest rank."""
+    shape = tuple(shape) if shape is not None else (n,) * dim
+    mesh = Mesh(comm, tuple(MPI.Compute_dims(comm.size, len(shape))))
     out: Dict[str, Any] = {"case": "stencil", "ranks": comm.size, "shape": list(shape),
                            "mesh": list(mesh.shape), "steps": steps}
+    x = distribute(initial(shape), mesh, [Shard(d) for d in range(mesh.ndim)])
     for stencil in ("star", "box"):
-        t: Dict[str, List[float]] = {"blocking": [], "overlapped": []}
-        for _ in range(reps):  # interleaved, so drift on a shared machine hits both alike
-            for mode in ("blocking", "overlapped"):
-                _, tt = heat_run(mesh, shape, steps, stencil, True, mode == "overlapped")
-                t[mode].append(comm.allreduce(tt["per_step"], op=MPI.MAX))
-        b, o = float(np.median(t["blocking"])), float(np.median(t["overlapped"]))
-        out[stencil] = {"blocking_s": b, "overlapped_s": o, "ratio": o / b}
+        out[stencil] = _time_steps(comm, x, stencil, steps, reps)
     mesh.free()
     return out
 
@@ -255,5 +278,6 @@ def format_stencil(r: Dict[str, Any]) -> str:
     for s in ("star", "box"):
         v = r[s]
         lines.append(f"  {s:<5} blocking {v['blocking_s'] * 1e3:8.3f}  overlapped "
-                     f"{v['overlapped_s'] * 1e3:8.3f}  ratio {v['ratio']:.3f}")
+                     f"{v['overlapped_s'] * 1e3:8.3f}  ratio {v['ratio']:.3f}  (update alone "
+                     f"{v['update_s'] * 1e3:.3f}, cells alone {v['cells_s'] * 1e3:.3f})")
     return "\n".join(lines)
