@@ -34,6 +34,7 @@ from ..array import distribute, from_local
 from ..halo import HaloPlan, halo_spec
 from ..layout import Layout, Shard
 from ..mesh import Mesh
+from .timing import median_s
 
 __all__ = [
     "HALO_CASES", "bench_halo", "bench_stencil", "format_halo", "format_stencil", "halo_setup",
@@ -50,16 +51,12 @@ HALO_CASES = [
 def _slowest(comm: MPI.Comm, fn: Callable[[], object], reps: int, loop: int) -> float:
     """Median over ``reps`` of the slowest rank's time per call of ``fn`` (a loop of
     ``loop`` calls per rep, one warm-up loop first)."""
-    for _ in range(loop):
-        fn()
-    out = []
-    for _ in range(reps):
-        comm.Barrier()
-        t0 = time.perf_counter()
+
+    def calls() -> None:
         for _ in range(loop):
             fn()
-        out.append(comm.allreduce((time.perf_counter() - t0) / loop, op=MPI.MAX))
-    return float(np.median(out))
+
+    return median_s(calls, comm, reps, warmup=1) / loop
 
 
 def _floor(comm: MPI.Comm, plan: Any) -> Callable[[], None]:
