@@ -36,6 +36,7 @@ from ._cache import cache_limit, clear_caches, set_cache_limit  # noqa: E402
 from ._validate import set_validation, validation  # noqa: E402
 from .array import ShardedArray, distribute, from_local  # noqa: E402
 from .checkpoint import checkpoint_info, load, save  # noqa: E402
+from .executor import Pending  # noqa: E402
 from .halo import HaloArray, HaloPlan, halo_plan, halo_spec  # noqa: E402
 from .layout import Layout, Partial, Placement, Replicate, Shard, split_sizes  # noqa: E402
 from .mesh import Mesh  # noqa: E402
@@ -66,6 +67,7 @@ __all__ = [
     "Layout",
     "Mesh",
     "Partial",
+    "Pending",
     "Placement",
     "Plan",
     "Replicate",

@@ -122,12 +122,12 @@ class ShardedArray:
         GPU) as ``local``, to write the result into (reused across calls, it saves the page
         faults of a fresh output); it is checked on this rank before any communication.
 
-        ``wait=False``: start the redistribute and return a :class:`~pyshard.executor.Pending`
+        ``wait=False``: start the redistribute and return a :class:`~pyshard.Pending`
         at once, whose ``wait()`` returns the result; the caller computes in between. Several
         may be in flight, started in the same order on every rank and waited in any order;
         the source and ``out`` must stay alive and unwritten until then. The first step is
         in flight only when it is an exchange on the ``alltoallv`` or ``p2p`` algorithm (see
-        :class:`~pyshard.executor.Pending`); other plans complete before this returns.
+        :class:`~pyshard.Pending`); other plans complete before this returns.
 
         Every layout check happens before any communication. When the target layout equals
         the source, nothing is communicated or copied and the result shares ``local`` with

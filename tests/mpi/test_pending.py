@@ -12,7 +12,7 @@ from test_redistribute_nd import MESHES, counts_since
 
 import pyshard as ps
 from pyshard import Replicate, Shard, _core
-from pyshard.executor import Pending
+from pyshard import Pending
 
 pytestmark = pytest.mark.mpi  # run under mpiexec with --with-mpi (pytest-mpi)
 
