@@ -13,6 +13,8 @@ import numpy as np
 
 from . import _backend as bk
 from . import _core, _tune
+from ._dtypes import identity as ml_identity
+from ._dtypes import is_ml_float
 from .layout import Layout, Shard
 from .mesh import Mesh
 from .plan import Plan, Step, geometry, reduce_dtype
@@ -144,17 +146,17 @@ class _Exec:
             return out
         src = local
         if self.upcast is not None:
-            src = local.astype(self.upcast)
+            src = bk.astype(local, self.upcast)
             res = xp.empty(self.out_shape, dtype=self.upcast)
         else:
             res = out if out is not None else xp.empty(self.out_shape, dtype=local.dtype)
         self._call(src, res)
         if self.scale is not None:
             res *= res.dtype.type(self.scale)
-        if self.upcast is not None:
+        if self.upcast is not None:  # one rounding, to nearest even
             if out is None:
-                return res.astype(local.dtype)
-            xp.copyto(out, res, casting="unsafe")
+                return bk.astype(res, local.dtype)
+            bk.copy_cast(out, res)
             return out
         return res
 
@@ -185,6 +187,8 @@ def _identity(dtype: np.dtype, op: str) -> object:
     """The identity of reduction ``op`` in ``dtype`` (0, the lowest or the highest value)."""
     if op == "sum":
         return dtype.type(0)
+    if is_ml_float(dtype):  # bfloat16, float8: -inf / +inf, or the extremes where none
+        return ml_identity(dtype, op)
     if dtype.kind == "b":
         return dtype.type(op == "min")
     info = np.finfo(dtype) if dtype.kind == "f" else np.iinfo(dtype)
