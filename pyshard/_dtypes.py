@@ -69,9 +69,13 @@ def ml_dtypes() -> Any:
     return _ml
 
 
-def missing(dtype_name: str, what: str) -> TypeError:
+class NeedsMLDtypes(TypeError):
+    """An ml_dtypes dtype was asked for where ml_dtypes is not installed."""
+
+
+def missing(dtype_name: str, what: str) -> NeedsMLDtypes:
     """The error for an ml_dtypes dtype asked for where ml_dtypes is not installed."""
-    return TypeError(f"{what}: dtype {dtype_name} needs the ml_dtypes package: {INSTALL}")
+    return NeedsMLDtypes(f"{what}: dtype {dtype_name} needs the ml_dtypes package: {INSTALL}")
 
 
 def ml_dtype(dtype_name: str, what: str = "dtype") -> np.dtype:

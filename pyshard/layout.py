@@ -162,9 +162,9 @@ def check_dtype(dtype: object, name: str = "dtype") -> np.dtype:
     install); object, string and structured dtypes are refused."""
     try:
         dt = _dtypes.resolve(dtype, name)
+    except _dtypes.NeedsMLDtypes:
+        raise
     except TypeError as e:
-        if "ml_dtypes" in str(e):
-            raise
         raise TypeError(f"{name}: not a numpy dtype: {dtype!r}") from e
     if _dtypes.is_ml(dt):
         if not _dtypes.is_ml_float(dt):
