@@ -30,7 +30,7 @@ class _Exec:
 
     __slots__ = (
         "step", "core", "out_shape", "upcast", "scale", "zero", "fill", "direct", "dtype",
-        "dev", "need", "pooled",
+        "dev", "need", "pooled", "wide",
     )
 
     def __init__(self, step: Step, mesh: Mesh, algorithm: str = "alltoallv", dev: bool = False):
@@ -39,6 +39,7 @@ class _Exec:
         self.out_shape = step.dst.local_shape(coords)
         self.core: Any = None
         self.upcast: Optional[np.dtype] = None
+        self.wide = False  # leave the result in ``upcast`` for the next reduction step
         self.scale: Optional[float] = None
         self.zero = False
         self.fill: object = None
@@ -146,16 +147,19 @@ class _Exec:
             return out
         src = local
         if self.upcast is not None:
-            src = bk.astype(local, self.upcast)
+            if local.dtype != self.upcast:  # (a previous reduction step left it wide)
+                src = bk.astype(local, self.upcast)
             res = xp.empty(self.out_shape, dtype=self.upcast)
         else:
             res = out if out is not None else xp.empty(self.out_shape, dtype=local.dtype)
         self._call(src, res)
         if self.scale is not None:
             res *= res.dtype.type(self.scale)
-        if self.upcast is not None:  # one rounding, to nearest even
+        if self.upcast is not None:  # one rounding, to nearest even, after the last reduction
+            if self.wide:
+                return res
             if out is None:
-                return bk.astype(res, local.dtype)
+                return bk.astype(res, self.dtype)
             bk.copy_cast(out, res)
             return out
         return res
@@ -274,6 +278,8 @@ def executors(p: Plan, mesh: Mesh, algorithm: str = "auto", like: Any = None) ->
         if dev:
             bk.announce()
         execs = [_exec(s, mesh, algorithm, dev) for s in p.steps]
+        for a, b in zip(execs, execs[1:]):  # reductions in a row: accumulate, round once
+            a.wide = a.upcast is not None and b.upcast is not None
         cache.execs.put(key, execs)
         cache.note(execs)
         log.debug("pyshard: built %s (%s) for rank %d", p, algorithm, mesh.rank)

@@ -75,6 +75,7 @@ def make_source(g, mesh, placements, sizes=None):
 
 def check(y, g, where=""):
     assert not any(isinstance(p, Partial) for p in y.placements)
+    assert y.local.dtype == g.dtype, where
     np.testing.assert_array_equal(y.local, g[y.box], err_msg=where)
 
 
