@@ -30,8 +30,9 @@ def parts_of(p, shape, dtype, seed=0):
     2**-7 (so that their float32 sums are exact whatever order MPI adds them in), rounded to
     ``dtype``."""
     rng = np.random.default_rng(seed)
+    # (+ 0.0: no negative zeros, which a one-rank "sum" keeps and numpy's sum does not)
     return [
-        (np.round(rng.standard_normal(shape) * 128) / 128).astype(dtype) for _ in range(p)
+        (np.round(rng.standard_normal(shape) * 128) / 128 + 0.0).astype(dtype) for _ in range(p)
     ]
 
 
