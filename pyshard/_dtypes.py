@@ -75,7 +75,7 @@ class NeedsMLDtypes(TypeError):
 
 def missing(dtype_name: str, what: str) -> NeedsMLDtypes:
     """The error for an ml_dtypes dtype asked for where ml_dtypes is not installed."""
-    return NeedsMLDtypes(f"{what}: dtype {dtype_name} needs the ml_dtypes package: {INSTALL}")
+    return NeedsMLDtypes(f"{what}: {dtype_name} needs the ml_dtypes package: {INSTALL}")
 
 
 def ml_dtype(dtype_name: str, what: str = "dtype") -> np.dtype:

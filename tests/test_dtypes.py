@@ -96,7 +96,7 @@ def test_without_ml_dtypes_the_error_names_the_extra(without_ml_dtypes):
     with pytest.raises(TypeError, match=r"pyshard\[ml\].*"):
         manifest.dtype_of({"dtype": "float8_e4m3fn"})
     bf16 = Producer(np.zeros(4, np.uint16), (4, 16))  # as torch hands out a bfloat16 tensor
-    with pytest.raises(TypeError, match=r"global_array: dtype bfloat16 needs .*pyshard\[ml\]"):
+    with pytest.raises(TypeError, match=r"global_array: bfloat16 needs .*pyshard\[ml\]"):
         bk.as_array(bf16, "global_array")
     # numpy's own dtypes are unaffected
     assert ps.Layout((4,), "float16", (1,), [ps.Replicate()]).dtype == np.float16
