@@ -31,7 +31,7 @@ def _check_same_mpi() -> None:
 _check_same_mpi()
 
 from . import _backend, _cache  # noqa: E402
-from ._backend import build_info, cuda_available  # noqa: E402
+from ._backend import build_info, cuda_available, to_dlpack  # noqa: E402
 from ._cache import cache_limit, clear_caches, set_cache_limit  # noqa: E402
 from ._validate import set_validation, validation  # noqa: E402
 from .array import ShardedArray, distribute, from_local  # noqa: E402
@@ -92,5 +92,6 @@ __all__ = [
     "set_cache_limit",
     "set_validation",
     "split_sizes",
+    "to_dlpack",
     "validation",
 ]

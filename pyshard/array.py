@@ -11,7 +11,7 @@ from typing import Any, List, Optional, Sequence, Tuple, Union
 import numpy as np
 
 from . import _backend as bk
-from . import _core, _validate, executor
+from . import _core, _dtypes, _validate, executor
 from ._cache import memoize
 from .executor import Pending, executors, out_ok, run_steps, start
 from .halo import HaloArray, PeriodicArg, WidthArg
@@ -227,7 +227,9 @@ class ShardedArray:
 
 
 @memoize
-def _layout_cached(shape: tuple, dtype: str, mesh_shape: tuple, placements: tuple, sizes: tuple):
+def _layout_cached(
+    shape: tuple, dtype: np.dtype, mesh_shape: tuple, placements: tuple, sizes: tuple
+) -> Layout:
     return Layout(shape, dtype, mesh_shape, placements, dict(sizes) if sizes is not None else None)
 
 
@@ -240,7 +242,7 @@ def _layout(like: Layout, mesh_shape: tuple, placements: PlacementsArg, sizes: S
             if sizes is None
             else tuple(sorted((int(d), tuple(int(e) for e in v)) for d, v in sizes.items()))
         )
-        return _layout_cached(like.shape, like.dtype.str, mesh_shape, tuple(placements), key_sizes)
+        return _layout_cached(like.shape, like.dtype, mesh_shape, tuple(placements), key_sizes)
     except (TypeError, ValueError, AttributeError):
         # not hashable or not well formed: build it uncached for the precise error
         return Layout(like.shape, like.dtype, mesh_shape, placements, sizes)
@@ -325,7 +327,7 @@ def _gather_shapes(a: Any, mesh: Mesh) -> List[Tuple[int, ...]]:
     width = 34
     if a.ndim > width - 2:
         raise ValueError(f"from_local: arrays of ndim > {width - 2} are not supported")
-    mine = [a.ndim, zlib.crc32(a.dtype.str.encode())] + list(a.shape)
+    mine = [a.ndim, zlib.crc32(_dtypes.name(a.dtype).encode())] + list(a.shape)
     mine += [0] * (width - len(mine))
     flat = _core.allgather_i64(mesh._core_comm(tuple(range(mesh.ndim))), mine)
     rows = [flat[i * width : (i + 1) * width] for i in range(mesh.size)]

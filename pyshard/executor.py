@@ -13,6 +13,8 @@ import numpy as np
 
 from . import _backend as bk
 from . import _core, _tune
+from ._dtypes import identity as ml_identity
+from ._dtypes import is_ml_float
 from .layout import Layout, Shard
 from .mesh import Mesh
 from .plan import Plan, Step, geometry, reduce_dtype
@@ -28,7 +30,7 @@ class _Exec:
 
     __slots__ = (
         "step", "core", "out_shape", "upcast", "scale", "zero", "fill", "direct", "dtype",
-        "dev", "need", "pooled", "spares",
+        "dev", "need", "pooled", "spares", "wide",
     )
 
     def __init__(self, step: Step, mesh: Mesh, algorithm: str = "alltoallv", dev: bool = False):
@@ -37,6 +39,7 @@ class _Exec:
         self.out_shape = step.dst.local_shape(coords)
         self.core: Any = None
         self.upcast: Optional[np.dtype] = None
+        self.wide = False  # leave the result in ``upcast`` for the next reduction step
         self.scale: Optional[float] = None
         self.zero = False
         self.fill: object = None
@@ -145,17 +148,20 @@ class _Exec:
             return out
         src = local
         if self.upcast is not None:
-            src = local.astype(self.upcast)
+            if local.dtype != self.upcast:  # (a previous reduction step left it wide)
+                src = bk.astype(local, self.upcast)
             res = xp.empty(self.out_shape, dtype=self.upcast)
         else:
             res = out if out is not None else xp.empty(self.out_shape, dtype=local.dtype)
         self._call(src, res)
         if self.scale is not None:
             res *= res.dtype.type(self.scale)
-        if self.upcast is not None:
+        if self.upcast is not None:  # one rounding, to nearest even, after the last reduction
+            if self.wide:
+                return res
             if out is None:
-                return res.astype(local.dtype)
-            xp.copyto(out, res, casting="unsafe")
+                return bk.astype(res, self.dtype)
+            bk.copy_cast(out, res)
             return out
         return res
 
@@ -186,6 +192,8 @@ def _identity(dtype: np.dtype, op: str) -> object:
     """The identity of reduction ``op`` in ``dtype`` (0, the lowest or the highest value)."""
     if op == "sum":
         return dtype.type(0)
+    if is_ml_float(dtype):  # bfloat16, float8: -inf / +inf, or the extremes where none
+        return ml_identity(dtype, op)
     if dtype.kind == "b":
         return dtype.type(op == "min")
     info = np.finfo(dtype) if dtype.kind == "f" else np.iinfo(dtype)
@@ -271,6 +279,8 @@ def executors(p: Plan, mesh: Mesh, algorithm: str = "auto", like: Any = None) ->
         if dev:
             bk.announce()
         execs = [_exec(s, mesh, algorithm, dev) for s in p.steps]
+        for a, b in zip(execs, execs[1:]):  # reductions in a row: accumulate, round once
+            a.wide = a.upcast is not None and b.upcast is not None
         cache.execs.put(key, execs)
         cache.note(execs)
         log.debug("pyshard: built %s (%s) for rank %d", p, algorithm, mesh.rank)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from oracle import halo_expected, make_global
+from oracle import ML_DTYPES, halo_expected, make_global
 from test_redistribute_nd import MESHES, counts_since
 
 import pyshard as ps
@@ -80,7 +80,7 @@ def test_update_matches_oracle(comm, method, corners):
         mesh.free()
 
 
-@pytest.mark.parametrize("dtype", ["float16", "int32", "bool", "complex128", "uint8"])
+@pytest.mark.parametrize("dtype", ["float16", "int32", "bool", "complex128", "uint8", *ML_DTYPES])
 def test_dtypes(comm, dtype):
     mshape = MESHES[comm.size][0] if comm.size in MESHES else (comm.size,)
     mesh = ps.Mesh(comm, mshape)

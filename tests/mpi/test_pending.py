@@ -11,8 +11,7 @@ from oracle import make_global
 from test_redistribute_nd import MESHES, counts_since
 
 import pyshard as ps
-from pyshard import Replicate, Shard, _core
-from pyshard import Pending
+from pyshard import Pending, Replicate, Shard, _core
 
 pytestmark = pytest.mark.mpi  # run under mpiexec with --with-mpi (pytest-mpi)
 
