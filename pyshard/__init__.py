@@ -39,6 +39,7 @@ from .checkpoint import checkpoint_info, load, save  # noqa: E402
 from .executor import Pending  # noqa: E402
 from .halo import HaloArray, HaloPlan, halo_plan, halo_spec  # noqa: E402
 from .layout import Layout, Partial, Placement, Replicate, Shard, split_sizes  # noqa: E402
+from .many import ManyPlan, plan_many, redistribute_many  # noqa: E402
 from .mesh import Mesh  # noqa: E402
 from .plan import Plan, Step, StepKind, plan  # noqa: E402
 
@@ -65,6 +66,7 @@ __all__ = [
     "HaloArray",
     "HaloPlan",
     "Layout",
+    "ManyPlan",
     "Mesh",
     "Partial",
     "Pending",
@@ -87,6 +89,8 @@ __all__ = [
     "halo_spec",
     "load",
     "plan",
+    "plan_many",
+    "redistribute_many",
     "reset_comm_stats",
     "save",
     "set_cache_limit",

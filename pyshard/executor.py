@@ -116,8 +116,8 @@ class _Exec:
                 return res
             if out is not None:
                 res = out
-            elif self.pooled:  # memory that is already faulted in (see _pooled_empty)
-                res = _pooled_empty(self.out_shape, self.dtype)
+            elif self.pooled:  # memory that is already faulted in (see pooled_empty)
+                res = pooled_empty(self.out_shape, self.dtype)
             else:
                 res = np.empty(self.out_shape, self.dtype)
             self.core.run(local, res)
@@ -169,7 +169,7 @@ class _Exec:
 POOL_MIN_BYTES = 1 << 20
 
 
-def _pooled_empty(shape: Tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+def pooled_empty(shape: Tuple[int, ...], dtype: np.dtype) -> np.ndarray:
     """An uninitialised array whose memory comes from the core's result pool and returns to
     it when the array (and every view of it) is freed: a loop of redistributes without
     ``out=`` reuses pages instead of faulting in fresh ones on every call."""
@@ -407,7 +407,7 @@ class Pending:
         elif e.dev:
             res = bk.xp_of(local).empty(e.out_shape, e.dtype)
         else:
-            res = _pooled_empty(e.out_shape, e.dtype) if e.pooled else np.empty(
+            res = pooled_empty(e.out_shape, e.dtype) if e.pooled else np.empty(
                 e.out_shape, e.dtype)
         pe = e.spares.pop() if e.spares else _core.PendingExchange()
         if e.dev:
