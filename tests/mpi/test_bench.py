@@ -94,3 +94,12 @@ def test_bench_halo_and_stencil_write_json(comm):
         assert r["vs_floor"] > 0
     assert [s["peers"] for s in halo["setup"]] == [8, 8, 8]
     assert stencil["star"]["blocking_s"] > 0 and stencil["box"]["ratio"] > 0
+
+
+def test_bench_many_writes_json(comm):
+    (row,) = bench_rows(
+        comm, ["--cases", "many", "--many-count", "12", "--many-scale", "32", "--reps", "2"]
+    )
+    assert row["case"] == "many" and row["arrays"] == 12 and row["ranks"] == comm.size
+    assert row["many_s"] > 0 and row["loop_s"] > 0 and row["floor_s"] > 0
+    assert row["floor"] in ("Alltoall", "Alltoallv")
