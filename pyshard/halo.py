@@ -396,8 +396,9 @@ class HaloArray:
         xp = bk.xp_of(local)
         shape = tuple(s + 2 * w for s, w in zip(local.shape, spec.width))
         self.padded = xp.zeros(shape, dtype=local.dtype)
+        # (a 0-d array's interior is the whole 0-d array: index it with `...`, not `()`)
         self.interior = self.padded[
-            tuple(slice(w, w + s) for w, s in zip(spec.width, local.shape))
+            tuple(slice(w, w + s) for w, s in zip(spec.width, local.shape)) or ...
         ]
         self.interior[...] = local
         self._dev = bk.is_device(local)

@@ -193,3 +193,18 @@ def test_explain_matches_what_moves(comm):
     assert "persistent point-to-point" in text
     assert h.plan.recv_bytes == (2 * 3 * 8 if comm.size > 1 else 0)
     mesh.free()
+
+
+def test_zero_d_and_width_of_the_whole_extent(comm):
+    mesh = ps.Mesh(comm, (comm.size,))
+    x = ps.distribute(np.array(3.5), mesh, [R])
+    h = x.with_halo(0)
+    h.update()
+    assert h.padded.shape == () and h.interior.shape == () and h.array.full() == 3.5
+    g = np.arange(5.0)
+    x = ps.distribute(g, mesh, [S0])
+    h = x.with_halo(5, periodic=True)  # every ghost cell wraps, from up to every rank
+    padded_with_fill(h)
+    h.update()
+    check_halo(g, x, h, "width 5 of 5")
+    mesh.free()
