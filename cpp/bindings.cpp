@@ -398,7 +398,8 @@ PYBIND11_MODULE(_core, m) {
   py::enum_<HaloMethod>(m, "HaloMethod")
       .value("persistent", HaloMethod::persistent)
       .value("p2p", HaloMethod::p2p)
-      .value("datatype", HaloMethod::datatype);
+      .value("datatype", HaloMethod::datatype)
+      .value("neighbor", HaloMethod::neighbor);
   py::class_<HaloGeometry, std::shared_ptr<HaloGeometry>>(m, "HaloGeometry")
       .def(py::init<i64, Shape, const std::vector<PeerBoxes>&, const std::vector<PeerBoxes>&,
                     const std::vector<LocalSpec>&>(),

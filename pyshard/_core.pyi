@@ -137,6 +137,7 @@ class HaloMethod(enum.Enum):
     persistent = 0
     p2p = 1
     datatype = 2
+    neighbor = 3
 
 _BoxSpec = Tuple[_Shape, _Shape]
 

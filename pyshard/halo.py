@@ -51,7 +51,7 @@ BoxSpec = Tuple[Tuple[int, ...], Tuple[int, ...]]  # (start, extent) in a padded
 WidthArg = Union[int, Sequence[int]]
 PeriodicArg = Union[bool, Sequence[bool]]
 
-METHODS = ("persistent", "p2p", "datatype")
+METHODS = ("persistent", "p2p", "datatype", "neighbor")
 HALO_TAG = 8  # redistribute's point-to-point steps use 7
 
 
@@ -478,6 +478,9 @@ class HaloArray:
             "p2p": "point-to-point messages (MPI_Isend/MPI_Irecv) per update on packed buffers",
             "datatype": "persistent point-to-point requests on the padded array with one MPI "
             "datatype (subarrays) per message: the MPI library packs and unpacks",
+            "neighbor": "one neighbourhood all-to-all on a distributed-graph communicator of "
+            "the peers (MPI_Neighbor_alltoallv_init where MPI-4, else MPI_Ineighbor_alltoallv) "
+            "on packed buffers",
         }[self.method]
         text = self.plan.explain() + f"\n  runs as {how}"
         if self._dev:

@@ -2,7 +2,9 @@
 
 ``halo``: one ghost-cell update of a 2-D or 3-D grid, in the same run and on the same ranks:
 
-- ``pyshard``: ``HaloArray.update()`` (``persistent`` requests, and ``p2p``);
+- ``pyshard``: ``HaloArray.update()`` with each method (``persistent`` requests on packed
+  buffers, the default; ``p2p``; ``datatype``: MPI subarray datatypes; ``neighbor``: a
+  neighbourhood collective);
 - ``floor``: raw mpi4py point-to-point of exactly the same bytes, already packed in
   contiguous buffers, to the same peers (one ``Irecv``/``Isend`` per peer each way, then
   ``Waitall``): the communication floor of this exchange;
@@ -31,7 +33,7 @@ from mpi4py import MPI
 
 from ..apps.heat import alpha_for, initial, inner_and_shell, step, step_cells
 from ..array import distribute, from_local
-from ..halo import HaloPlan, halo_spec
+from ..halo import METHODS, HaloPlan, halo_spec
 from ..layout import Layout, Shard
 from ..mesh import Mesh
 from .timing import median_s
@@ -178,7 +180,7 @@ def bench_halo(comm: MPI.Comm, scale: int = 1, reps: int = 5, loop: int = 20,
         corners = stencil == "box"
         times: Dict[str, float] = {}
         notes: Dict[str, str] = {}
-        for method in ("persistent", "p2p", "datatype"):
+        for method in METHODS:
             h = x.with_halo(width, periodic=True, corners=corners, method=method)
             times[f"pyshard-{method}"] = _slowest(comm, h.update, reps, loop)
         times["floor"] = _slowest(comm, _floor(comm, h.plan), reps, loop)
@@ -191,7 +193,7 @@ def bench_halo(comm: MPI.Comm, scale: int = 1, reps: int = 5, loop: int = 20,
         if fn is not None:
             times["petsc"] = _slowest(comm, fn, reps, loop)
         notes["petsc"] = why
-        best = min(times[f"pyshard-{m}"] for m in ("persistent", "p2p", "datatype"))
+        best = min(times[f"pyshard-{m}"] for m in METHODS)
         rows.append({
             "name": name, "shape": list(shape), "dtype": dtype, "width": width,
             "stencil": stencil, "mesh": list(mesh_shape), "times_s": times, "notes": notes,
@@ -249,8 +251,8 @@ def bench_stencil(comm: MPI.Comm, n: int = 2048, steps: int = 20, reps: int = 3,
 
 def format_halo(r: Dict[str, Any]) -> str:
     lines = [f"halo updates, {r['ranks']} ranks ({r['mpi']}); us per update, slowest rank"]
-    cols = ["pyshard-persistent", "pyshard-p2p", "pyshard-datatype", "floor", "mpi4py", "petsc"]
-    names = ["persistent", "p2p", "datatype", "floor", "mpi4py", "petsc"]
+    cols = [f"pyshard-{m}" for m in METHODS] + ["floor", "mpi4py", "petsc"]
+    names = list(METHODS) + ["floor", "mpi4py", "petsc"]
     lines.append(f"{'case':<8}{'shape':<16}{'w':>3}" + "".join(f"{c:>11}" for c in names)
                  + f"{'vs floor':>10}{'vs mpi4py':>11}")
     for row in r["rows"]:

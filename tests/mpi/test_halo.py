@@ -53,7 +53,7 @@ def cases(size):
     return out
 
 
-@pytest.mark.parametrize("method", ["persistent", "p2p", "datatype"])
+@pytest.mark.parametrize("method", ["persistent", "p2p", "datatype", "neighbor"])
 @pytest.mark.parametrize("corners", [True, False])
 def test_update_matches_oracle(comm, method, corners):
     for shape, mshape, placements, sizes in cases(comm.size):
@@ -135,7 +135,7 @@ def test_staged_transport(comm):
             mesh = ps.Mesh(comm, mshape)
             g = make_global(shape, "int64")
             x = ps.distribute(g, mesh, placements, sizes)
-            for method in ("persistent", "p2p"):
+            for method in ("persistent", "p2p", "neighbor"):
                 h = x.with_halo(1, periodic=True, method=method)
                 padded_with_fill(h)
                 before = ps.comm_stats()
