@@ -208,3 +208,18 @@ def test_zero_d_and_width_of_the_whole_extent(comm):
     h.update()
     check_halo(g, x, h, "width 5 of 5")
     mesh.free()
+
+
+def test_method_tune_measures_and_agrees(comm):
+    mesh = ps.Mesh(comm, (comm.size,))
+    g = make_global((4 * comm.size + 3, 7), "float64")
+    x = ps.distribute(g, mesh, [S0])
+    h = x.with_halo(2, periodic=True, method="tune")
+    assert "tune" in h.explain() and h.chosen is None
+    padded_with_fill(h)
+    h.update()
+    check_halo(g, x, h, "tuned")
+    assert h.chosen in ("persistent", "p2p", "datatype", "neighbor")
+    assert len(set(comm.allgather(h.chosen))) == 1  # one choice on every rank
+    assert "chosen by measurement" in h.explain()
+    mesh.free()
