@@ -213,8 +213,10 @@ class ShardedArray:
 
         ``periodic``: a bool or one per dim (ghosts wrap around the global extent);
         ``corners=True``: a box stencil (every ghost cell), ``False``: a star stencil (only
-        the cells outside the box along exactly one dim). ``method``: ``"persistent"``
-        (default, or ``PYSHARD_HALO_METHOD``) or ``"p2p"``. ``Partial`` placements, negative
+        the cells outside the box along exactly one dim). ``method``: how the messages move:
+        ``"persistent"`` (default, or ``PYSHARD_HALO_METHOD``), ``"p2p"``, ``"neighbor"``,
+        ``"datatype"`` (host arrays) or ``"tune"`` (each measured at the first update, the
+        fastest kept); see docs/halo.md. ``Partial`` placements, negative
         widths or a width larger than its dim's global extent raise :class:`ValueError`
         before any communication.
         """
