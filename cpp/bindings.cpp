@@ -25,6 +25,38 @@ void bind_kernels_on_host(pybind11::module_& m);  // bindings_kernels.cpp
 namespace py = pybind11;
 using namespace pyshard;
 
+// The MPI the core is compiled against, from its mpi.h (Intel MPI's and MVAPICH's headers
+// define MPICH's macros too, with MPICH's version: look for theirs first).
+#define PYSHARD_STR2(x) #x
+#define PYSHARD_STR(x) PYSHARD_STR2(x)
+#if defined(I_MPI_VERSION)
+#define PYSHARD_BUILT_WITH "Intel MPI " I_MPI_VERSION
+#elif defined(MVAPICH2_VERSION)
+#define PYSHARD_BUILT_WITH "MVAPICH2 " MVAPICH2_VERSION
+#elif defined(MVAPICH_VERSION)
+#define PYSHARD_BUILT_WITH "MVAPICH " MVAPICH_VERSION
+#elif defined(MPICH_VERSION)
+#define PYSHARD_BUILT_WITH "MPICH " MPICH_VERSION
+#elif defined(OMPI_MAJOR_VERSION)
+#define PYSHARD_BUILT_WITH                                                               \
+  "Open MPI " PYSHARD_STR(OMPI_MAJOR_VERSION) "." PYSHARD_STR(OMPI_MINOR_VERSION) "." \
+      PYSHARD_STR(OMPI_RELEASE_VERSION)
+#else
+#define PYSHARD_BUILT_WITH "MPI " PYSHARD_STR(MPI_VERSION) "." PYSHARD_STR(MPI_SUBVERSION)
+#endif
+#ifndef PYSHARD_MPI_COMPILER
+#define PYSHARD_MPI_COMPILER ""
+#endif
+#ifndef PYSHARD_MPI_LIBRARIES
+#define PYSHARD_MPI_LIBRARIES ""
+#endif
+
+// The same, readable from the file when the module does not load (an MPI library missing
+// or different at run time): pyshard/_mpi.py looks for this line in the shared object.
+extern "C" __attribute__((used, visibility("default"))) const char pyshard_build_mpi[] =
+    "PYSHARD-BUILD-MPI: " PYSHARD_BUILT_WITH "; mpicc " PYSHARD_MPI_COMPILER "; libraries "
+    PYSHARD_MPI_LIBRARIES "\n";
+
 namespace {
 
 Transport g_transport[2] = {Transport::direct, Transport::staged};
@@ -147,11 +179,22 @@ int cuda_aware_mpi() {
 #endif
 }
 
+// MPI_Get_library_version's text without the NUL some libraries count in its length.
 std::string library_version() {
   char v[MPI_MAX_LIBRARY_VERSION_STRING];
   int len = 0;
   MPI_Get_library_version(v, &len);
-  return std::string(v, len);
+  std::string s(v, static_cast<size_t>(len));
+  const size_t nul = s.find('\0');
+  if (nul != std::string::npos) s.erase(nul);
+  return s;
+}
+
+// The MPI standard the library implements (MPI_Get_version), e.g. (3, 1).
+std::pair<int, int> library_standard() {
+  int major = 0, minor = 0;
+  MPI_Get_version(&major, &minor);
+  return {major, minor};
 }
 
 std::string library_path() {
@@ -178,16 +221,9 @@ struct PooledBuffer {
 PYBIND11_MODULE(_core, m) {
   m.doc() = "pyshard C++ core: block geometry, packers per memory kind, the MPI steps of a plan";
   m.attr("__version__") = PYSHARD_VERSION;
-  m.attr("large_count") = bool(PYSHARD_LARGE_COUNT);
-#ifdef MPICH_VERSION
-  m.attr("built_with") = std::string("MPICH ") + MPICH_VERSION;
-#elif defined(OMPI_MAJOR_VERSION)
-  m.attr("built_with") = "Open MPI " + std::to_string(OMPI_MAJOR_VERSION) + "." +
-                         std::to_string(OMPI_MINOR_VERSION) + "." +
-                         std::to_string(OMPI_RELEASE_VERSION);
-#else
-  m.attr("built_with") = "MPI " + std::to_string(MPI_VERSION) + "." + std::to_string(MPI_SUBVERSION);
-#endif
+  m.attr("large_count") = bool(PYSHARD_LARGE_COUNT);  // the MPI-4 large-count calls are built in
+  m.attr("built_with") = PYSHARD_BUILT_WITH;
+  m.attr("built_with_compiler") = PYSHARD_MPI_COMPILER;
   m.attr("max_dims") = kMaxDims;
 
   py::enum_<Algorithm>(m, "Algorithm")
@@ -490,6 +526,15 @@ PYBIND11_MODULE(_core, m) {
   m.def("stats", []() { return stats(); });
   m.def("reset_stats", []() { stats().clear(); });
   m.def("library_version", &library_version);
+  m.def("library_standard", &library_standard);
+  m.def("large_count_method", &mpi::large_count_method);
+  m.def("large_count_reduce_method", &mpi::large_count_reduce_method);
+  m.def("count_limit", &mpi::count_limit);
+  m.def("large_count_stats", []() { return mpi::large_count_stats(); });
+  m.def("reset_large_count_stats", []() { mpi::large_count_stats().clear(); });
+  m.def("set_count_limit", &mpi::set_count_limit, py::arg("n"),
+        "Tests only: counts and displacements above n (>= 8) take the datatype/split path "
+        "that MPI libraries without large-count calls take past 2^31-1.");
   m.def("library_path", &library_path);
   m.def(
       "set_transport", [](Mem mem, Transport t) { g_transport[static_cast<int>(mem)] = t; },

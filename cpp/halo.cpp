@@ -1,5 +1,6 @@
 #include "halo.h"
 
+#include <climits>
 #include <stdexcept>
 
 namespace pyshard {
@@ -165,21 +166,40 @@ void HaloStep::post_neighbor(char* sb, char* rb) {
                   &graph_),
               "MPI_Dist_graph_create_adjacent");
   }
-  mpi::Counts sc, rc;
-  mpi::Displs sd, rd;
-  for (const HaloMessage& m : g.sends) {
-    sc.push_back(to_count(m.bytes, "a halo message"));
-    sd.push_back(static_cast<DisplT>(m.off));
+#if PYSHARD_LARGE_COUNT
+  using C = MPI_Count;
+  using D = MPI_Aint;
+#else
+  using C = int;
+  using D = int;
+#endif
+  auto fit = [](i64 v) {
+    if (v > static_cast<i64>(INT_MAX) && !PYSHARD_LARGE_COUNT)
+      throw std::overflow_error(
+          "pyshard: a halo message or offset past 2^31-1 bytes, and this MPI has no MPI-4 "
+          "neighbourhood calls: use the 'persistent' method");
+    return v;
+  };
+  // kept as members: a nonblocking call reads them until it completes
+  std::vector<C>& sc = ncounts_[0];
+  std::vector<C>& rc = ncounts_[1];
+  std::vector<D>& sd = ndispls_[0];
+  std::vector<D>& rd = ndispls_[1];
+  if (sc.empty()) {
+    for (const HaloMessage& m : g.sends) {
+      sc.push_back(static_cast<C>(fit(m.bytes)));
+      sd.push_back(static_cast<D>(fit(m.off)));
+    }
+    for (const HaloMessage& m : g.recvs) {
+      rc.push_back(static_cast<C>(fit(m.bytes)));
+      rd.push_back(static_cast<D>(fit(m.off)));
+    }
+    // a valid pointer even for no peers (MPI reads only the degrees' worth)
+    sc.push_back(0);
+    sd.push_back(0);
+    rc.push_back(0);
+    rd.push_back(0);
   }
-  for (const HaloMessage& m : g.recvs) {
-    rc.push_back(to_count(m.bytes, "a halo message"));
-    rd.push_back(static_cast<DisplT>(m.off));
-  }
-  // a valid pointer even for no peers (MPI reads only the degrees' worth)
-  sc.push_back(0);
-  sd.push_back(0);
-  rc.push_back(0);
-  rd.push_back(0);
 #if PYSHARD_LARGE_COUNT
   const bool same = reqs_.size() == 1 && bound_[1] == sb && bound_[2] == rb;
   if (!same) {

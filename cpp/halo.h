@@ -91,6 +91,13 @@ class HaloStep {
   std::vector<MPI_Request> reqs_;  // receives, then sends
   std::vector<MPI_Datatype> types_;  // datatype method: one per message, receives first
   MPI_Comm graph_ = MPI_COMM_NULL;    // neighbor method: the peers as a graph communicator
+#if PYSHARD_LARGE_COUNT
+  std::vector<MPI_Count> ncounts_[2];  // neighbor method: send, receive counts (bytes)
+  std::vector<MPI_Aint> ndispls_[2];
+#else
+  std::vector<int> ncounts_[2];
+  std::vector<int> ndispls_[2];
+#endif
   char* bound_[3] = {nullptr, nullptr, nullptr};  // array, send and receive buffers bound
   bool bound_in_place_ = false;
   bool active_ = false;

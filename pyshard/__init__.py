@@ -3,29 +3,18 @@
 from __future__ import annotations
 
 # mpi4py loads (and initialises) the MPI library first; the core must use the same one.
-from mpi4py import MPI as _MPI
+from mpi4py import MPI as _MPI  # noqa: F401
+
+from . import _mpi
 
 try:
     from . import _core
 except ImportError as _e:  # pragma: no cover - depends on the build
-    raise ImportError(
-        f"pyshard: cannot import the compiled core pyshard._core ({_e}). Build it with "
-        f"'pip install .' in an environment that has an MPI (pip install mpich)."
-    ) from _e
+    raise ImportError(_mpi.core_import_error(_e)) from _e
 
 
 def _check_same_mpi() -> None:
-    ours = _core.library_version().strip()
-    theirs = _MPI.Get_library_version().strip()
-    if ours.splitlines()[:1] != theirs.splitlines()[:1]:
-        raise ImportError(
-            "pyshard: the compiled core and mpi4py use different MPI libraries:\n"
-            f"  pyshard._core ({_core.library_path() or 'unknown path'}): "
-            f"{ours.splitlines()[0] if ours else '?'}\n"
-            f"  mpi4py: {theirs.splitlines()[0] if theirs else '?'}\n"
-            "Rebuild pyshard against the MPI that mpi4py loads (or reinstall mpi4py against "
-            "the MPI pyshard was built with)."
-        )
+    _mpi.check_same_mpi(_core.library_version(), _core.library_path())
 
 
 _check_same_mpi()

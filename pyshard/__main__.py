@@ -10,7 +10,7 @@ import numpy as np
 from mpi4py import MPI
 
 import pyshard as ps
-from pyshard import Partial, Replicate, Shard
+from pyshard import Partial, Replicate, Shard, _mpi
 
 from .bench.timing import median_s
 
@@ -59,7 +59,7 @@ def demo(argv: Optional[List[str]] = None) -> int:
     if rank == 0:
         print(
             f"pyshard demo: {p} ranks, global {shape} {dtype} "
-            f"({g.nbytes / 2**20:.1f} MiB), MPI: {MPI.Get_library_version().splitlines()[0]}"
+            f"({g.nbytes / 2**20:.1f} MiB), MPI: {_mpi.library_line()}"
         )
         print(f"{'case':<26}{'collectives':<28}{'time (ms)':>10}{'max sent/rank':>16}  check")
     failed = 0

