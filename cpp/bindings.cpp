@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <string>
 
+#include "fused.h"
 #include "halo.h"
 #include "steps.h"
 
@@ -286,6 +287,10 @@ PYBIND11_MODULE(_core, m) {
       .def_readonly("packs", &ScatterGeometry::pack_all)
       .def_readonly("regular", &ScatterGeometry::regular);
 
+  py::class_<PendingExchange>(m, "PendingExchange")
+      .def(py::init<>())
+      .def_readonly("active", &PendingExchange::active);
+
   py::class_<ExchangeStep>(m, "ExchangeStep")
       .def(py::init<std::shared_ptr<Comm>, std::shared_ptr<ExchangeGeometry>,
                     std::shared_ptr<Workspace>, bool>(),
@@ -296,6 +301,36 @@ PYBIND11_MODULE(_core, m) {
              run_host(s, a, b, &s.geometry().src_shape, &s.geometry().dst_shape);
            })
       .def("run_device", &run_device<ExchangeStep>)
+      .def("start",
+           [](ExchangeStep& s, const py::array& a, py::array& b, PendingExchange& p) {
+             Buf src = get_buf(a, false, "source");
+             Buf dst = get_buf(b, true, "destination");
+             check_shape(src, s.geometry().src_shape, "source");
+             check_shape(dst, s.geometry().dst_shape, "destination");
+             py::gil_scoped_release nogil;
+             s.start(src.ptr, dst.ptr, host_packer(), g_transport[0], p);
+           })
+      .def("complete",
+           [](ExchangeStep& s, PendingExchange& p) {
+             py::gil_scoped_release nogil;
+             s.complete(p, host_packer());
+           })
+      .def("start_device",
+           [](ExchangeStep& s, std::uintptr_t src, std::uintptr_t dst, std::uintptr_t stream,
+              PendingExchange& p) {
+             Packer& pk = cuda_packer();
+             py::gil_scoped_release nogil;
+             pk.set_stream(stream);
+             s.start(reinterpret_cast<const char*>(src), reinterpret_cast<char*>(dst), pk,
+                     g_transport[1], p);
+           })
+      .def("complete_device",
+           [](ExchangeStep& s, PendingExchange& p, std::uintptr_t stream) {
+             Packer& pk = cuda_packer();
+             py::gil_scoped_release nogil;
+             pk.set_stream(stream);
+             s.complete(p, pk);
+           })
       .def_property_readonly("algorithm", [](ExchangeStep& s) { return s.geometry().algo; })
       .def_property_readonly("packs", [](ExchangeStep& s) { return s.geometry().pack_all; })
       .def_property_readonly("unpacks", [](ExchangeStep& s) { return s.geometry().unpack_all; })
@@ -347,10 +382,60 @@ PYBIND11_MODULE(_core, m) {
       .def_property_readonly("staged_bytes",
                              [](ReduceScatterStep& s) { return s.geometry().staged_bytes(); });
 
+  py::class_<FusedGeometry, std::shared_ptr<FusedGeometry>>(m, "FusedGeometry")
+      .def(py::init<const std::vector<std::shared_ptr<ExchangeGeometry>>&>(), py::arg("parts"))
+      .def_readonly("send_bytes", &FusedGeometry::send_ws)
+      .def_readonly("recv_bytes", &FusedGeometry::recv_ws)
+      .def_readonly("max_block", &FusedGeometry::max_block)
+      .def_property_readonly("arrays", [](const FusedGeometry& g) { return g.parts.size(); });
+  py::class_<FusedExchangeStep>(m, "FusedExchangeStep")
+      .def(py::init<std::shared_ptr<Comm>, std::shared_ptr<FusedGeometry>,
+                    std::shared_ptr<Workspace>, bool>(),
+           py::arg("comm"), py::arg("geometry"), py::arg("workspace"),
+           py::arg("nonblocking") = false)
+      .def("run",
+           [](FusedExchangeStep& s, const std::vector<py::array>& srcs,
+              std::vector<py::array>& dsts) {
+             const FusedGeometry& g = s.geometry();
+             if (srcs.size() != g.parts.size() || dsts.size() != g.parts.size())
+               throw std::invalid_argument("pyshard: one source and one result per array");
+             std::vector<const char*> sp;
+             std::vector<char*> dp;
+             for (size_t a = 0; a < srcs.size(); ++a) {
+               Buf b = get_buf(srcs[a], false, "a source");
+               Buf d = get_buf(dsts[a], true, "a result");
+               check_shape(b, g.parts[a]->src_shape, "a source");
+               check_shape(d, g.parts[a]->dst_shape, "a result");
+               sp.push_back(b.ptr);
+               dp.push_back(d.ptr);
+             }
+             py::gil_scoped_release nogil;
+             s.run(sp, dp, host_packer(), g_transport[0]);
+           })
+      .def("run_device",
+           [](FusedExchangeStep& s, const std::vector<std::uintptr_t>& srcs,
+              const std::vector<std::uintptr_t>& dsts, std::uintptr_t stream) {
+             std::vector<const char*> sp;
+             std::vector<char*> dp;
+             for (auto v : srcs) sp.push_back(reinterpret_cast<const char*>(v));
+             for (auto v : dsts) dp.push_back(reinterpret_cast<char*>(v));
+             Packer& pk = cuda_packer();
+             py::gil_scoped_release nogil;
+             pk.set_stream(stream);
+             s.run(sp, dp, pk, g_transport[1]);
+           })
+      .def_property_readonly("workspace_bytes", [](FusedExchangeStep& s) {
+        return s.geometry().send_ws + s.geometry().recv_ws;
+      })
+      .def_property_readonly("staged_bytes", [](FusedExchangeStep& s) {
+        return s.geometry().send_ws + s.geometry().recv_ws;
+      });
+
   py::enum_<HaloMethod>(m, "HaloMethod")
       .value("persistent", HaloMethod::persistent)
       .value("p2p", HaloMethod::p2p)
-      .value("datatype", HaloMethod::datatype);
+      .value("datatype", HaloMethod::datatype)
+      .value("neighbor", HaloMethod::neighbor);
   py::class_<HaloGeometry, std::shared_ptr<HaloGeometry>>(m, "HaloGeometry")
       .def(py::init<i64, Shape, const std::vector<PeerBoxes>&, const std::vector<PeerBoxes>&,
                     const std::vector<LocalSpec>&>(),

@@ -23,6 +23,7 @@ const char* algorithm_name(Algorithm a) {
 namespace {
 
 int tag_p2p = 7;
+int tag_pending = 9;  // exchanges in flight: never matched with a blocking step's messages
 
 // Blocks of `in` against a C-contiguous array of `shape`, with packed workspace offsets:
 // `slot` bytes apart when slot > 0 (padded Alltoall), else 4 KiB-aligned one after another.
@@ -312,6 +313,77 @@ void ExchangeStep::staged(const char* src, char* dst, Packer& pk) {
     mpi::alltoallv(bounce, scounts_, sdispls_, bounce + S, rcounts_, rdispls_, comm_->get());
   pk.from_host(work + S, bounce + S, R);
   pk.copy_all(g.unpack, work + S, dst);
+}
+
+// ---------------------------------------------------------------- exchanges in flight
+void ExchangeStep::start(const char* src, char* dst, Packer& pk, Transport tr,
+                         PendingExchange& p) {
+  if (p.active) throw std::logic_error("pyshard: this exchange is already in flight");
+  const ExchangeGeometry& g = *g_;
+  if (g.algo != Algorithm::p2p && g.algo != Algorithm::alltoallv)
+    throw std::invalid_argument("pyshard: only alltoallv and p2p exchanges run in flight");
+  MPI_Comm c = comm_->get();
+  const bool staged = tr == Transport::staged;
+  const i64 S = g.send_ws, R = g.recv_ws;
+  char* work = p.ws.work(pk, S + R);
+  char* bounce = staged ? p.ws.bounce(pk, S + R) : nullptr;
+  p.src = src;
+  p.dst = dst;
+  p.tr = tr;
+  p.reqs.clear();
+  if (g.algo == Algorithm::p2p) {
+    auto via_ws = [&](const Block& b) { return staged || !b.contiguous; };
+    char* sbase = staged ? bounce : work;
+    char* rbase = staged ? bounce + S : work + S;
+    p.reqs.assign(g.recvs.size() + g.sends.size(), MPI_REQUEST_NULL);
+    for (size_t i = 0; i < g.recvs.size(); ++i) {
+      const Block& b = g.recvs[i];
+      mpi::irecv(via_ws(b) ? rbase + b.ws_off : dst + b.array_off, b.bytes, b.peer, tag_pending,
+                 c, &p.reqs[i]);
+    }
+    for (size_t i = 0; i < g.sends.size(); ++i)
+      if (via_ws(g.sends[i])) pk.copy(g.pack, i, i + 1, src, work);
+    pk.copy_all(g.local, src, dst);
+    if (staged) pk.to_host(bounce, work, S);
+    pk.sync();
+    for (size_t i = 0; i < g.sends.size(); ++i) {
+      const Block& b = g.sends[i];
+      mpi::isend(via_ws(b) ? sbase + b.ws_off : src + b.array_off, b.bytes, b.peer, tag_pending,
+                 c, &p.reqs[g.recvs.size() + i]);
+    }
+  } else {
+    const bool pack = staged || g.pack_all, unpack = staged || g.unpack_all;
+    if (pack) pk.copy_all(g.pack, src, work);
+    pk.copy_all(g.local, src, dst);  // this rank's own block, now
+    if (staged) pk.to_host(bounce, work, S);
+    pk.sync();
+    const char* sb = staged ? bounce : pack ? work : src;
+    char* rb = staged ? bounce + S : unpack ? work + S : dst;
+    p.reqs.assign(1, MPI_REQUEST_NULL);
+    mpi::ialltoallv(sb, scounts_, pack ? sdispls_ : sdirect_, rb, rcounts_,
+                    unpack ? rdispls_ : rdirect_, c, &p.reqs[0]);
+  }
+  p.active = true;
+}
+
+void ExchangeStep::complete(PendingExchange& p, Packer& pk) {
+  if (!p.active) throw std::logic_error("pyshard: no exchange in flight");
+  p.active = false;
+  const ExchangeGeometry& g = *g_;
+  check_mpi(MPI_Waitall(static_cast<int>(p.reqs.size()), p.reqs.data(), MPI_STATUSES_IGNORE),
+            "MPI_Waitall");
+  const bool staged = p.tr == Transport::staged;
+  const i64 S = g.send_ws, R = g.recv_ws;
+  char* work = p.ws.work(pk, S + R);
+  if (staged) pk.from_host(work + S, p.ws.bounce(pk, S + R) + S, R);
+  if (g.algo == Algorithm::p2p) {
+    for (size_t i = 0; i < g.recvs.size(); ++i)
+      if (staged || !g.recvs[i].contiguous) pk.copy(g.unpack, i, i + 1, work + S, p.dst);
+  } else if (staged || g.unpack_all) {
+    pk.copy_all(g.unpack, work + S, p.dst);
+  }
+  count_call(algorithm_name(g.algo), pk, p.tr);
+  pk.finish();
 }
 
 }  // namespace pyshard

@@ -38,6 +38,18 @@ struct ExchangeGeometry {
   i64 staged_bytes() const { return send_ws + recv_ws; }
 };
 
+// An exchange in flight (ShardedArray.redistribute(..., wait=False)): its own buffers and
+// requests, so that other steps, which share the mesh's workspace pool, may run before it
+// completes. Reused by later calls once complete.
+struct PendingExchange {
+  Workspace ws;
+  std::vector<MPI_Request> reqs;  // p2p: receives, then sends; otherwise one Ialltoallv
+  const char* src = nullptr;
+  char* dst = nullptr;
+  Transport tr = Transport::direct;
+  bool active = false;
+};
+
 class ExchangeStep {
  public:
   ExchangeStep(std::shared_ptr<Comm> comm, std::shared_ptr<ExchangeGeometry> g,
@@ -46,6 +58,11 @@ class ExchangeStep {
   ExchangeStep(const ExchangeStep&) = delete;
   ExchangeStep& operator=(const ExchangeStep&) = delete;
   void run(const char* src, char* dst, Packer& pk, Transport tr);
+  // Split in two (alltoallv and p2p algorithms): start packs, copies this rank's own block
+  // and posts the messages (MPI_Ialltoallv, or MPI_Irecv/MPI_Isend); complete waits and
+  // unpacks. `src` and `dst` must stay alive and untouched in between.
+  void start(const char* src, char* dst, Packer& pk, Transport tr, PendingExchange& p);
+  void complete(PendingExchange& p, Packer& pk);
   const ExchangeGeometry& geometry() const { return *g_; }
 
  private:

@@ -1,5 +1,6 @@
 #include "halo.h"
 
+#include <climits>
 #include <stdexcept>
 
 namespace pyshard {
@@ -92,6 +93,7 @@ HaloStep::~HaloStep() {
   free_requests();
   for (MPI_Datatype& t : types_)
     if (t != MPI_BYTE) MPI_Type_free(&t);
+  if (graph_ != MPI_COMM_NULL) MPI_Comm_free(&graph_);
 }
 
 void HaloStep::free_requests() {
@@ -149,6 +151,76 @@ void HaloStep::start_all() {
   check_mpi(MPI_Startall(static_cast<int>(reqs_.size()), reqs_.data()), "MPI_Startall");
 }
 
+// The neighbor method: the first call builds the graph communicator (collective over the
+// mesh: every rank is in start() too), then one neighbourhood all-to-all on the packed
+// buffers: persistent (MPI-4) and bound once, or started afresh (MPI-3).
+void HaloStep::post_neighbor(char* sb, char* rb) {
+  const HaloGeometry& g = *g_;
+  if (graph_ == MPI_COMM_NULL) {
+    std::vector<int> src, dst;
+    for (const HaloMessage& m : g.recvs) src.push_back(m.peer);
+    for (const HaloMessage& m : g.sends) dst.push_back(m.peer);
+    check_mpi(MPI_Dist_graph_create_adjacent(
+                  comm_->get(), static_cast<int>(src.size()), src.data(), MPI_UNWEIGHTED,
+                  static_cast<int>(dst.size()), dst.data(), MPI_UNWEIGHTED, MPI_INFO_NULL, 0,
+                  &graph_),
+              "MPI_Dist_graph_create_adjacent");
+  }
+#if PYSHARD_LARGE_COUNT
+  using C = MPI_Count;
+  using D = MPI_Aint;
+#else
+  using C = int;
+  using D = int;
+#endif
+  auto fit = [](i64 v) {
+    if (v > static_cast<i64>(INT_MAX) && !PYSHARD_LARGE_COUNT)
+      throw std::overflow_error(
+          "pyshard: a halo message or offset past 2^31-1 bytes, and this MPI has no MPI-4 "
+          "neighbourhood calls: use the 'persistent' method");
+    return v;
+  };
+  // kept as members: a nonblocking call reads them until it completes
+  std::vector<C>& sc = ncounts_[0];
+  std::vector<C>& rc = ncounts_[1];
+  std::vector<D>& sd = ndispls_[0];
+  std::vector<D>& rd = ndispls_[1];
+  if (sc.empty()) {
+    for (const HaloMessage& m : g.sends) {
+      sc.push_back(static_cast<C>(fit(m.bytes)));
+      sd.push_back(static_cast<D>(fit(m.off)));
+    }
+    for (const HaloMessage& m : g.recvs) {
+      rc.push_back(static_cast<C>(fit(m.bytes)));
+      rd.push_back(static_cast<D>(fit(m.off)));
+    }
+    // a valid pointer even for no peers (MPI reads only the degrees' worth)
+    sc.push_back(0);
+    sd.push_back(0);
+    rc.push_back(0);
+    rd.push_back(0);
+  }
+#if PYSHARD_LARGE_COUNT
+  const bool same = reqs_.size() == 1 && bound_[1] == sb && bound_[2] == rb;
+  if (!same) {
+    free_requests();
+    reqs_.assign(1, MPI_REQUEST_NULL);
+    check_mpi(MPI_Neighbor_alltoallv_init_c(sb, sc.data(), sd.data(), MPI_BYTE, rb, rc.data(),
+                                            rd.data(), MPI_BYTE, graph_, MPI_INFO_NULL,
+                                            &reqs_[0]),
+              "MPI_Neighbor_alltoallv_init");
+    bound_[1] = sb;
+    bound_[2] = rb;
+  }
+  check_mpi(MPI_Start(&reqs_[0]), "MPI_Start");
+#else
+  reqs_.assign(1, MPI_REQUEST_NULL);
+  check_mpi(MPI_Ineighbor_alltoallv(sb, sc.data(), sd.data(), MPI_BYTE, rb, rc.data(), rd.data(),
+                                    MPI_BYTE, graph_, &reqs_[0]),
+            "MPI_Ineighbor_alltoallv");
+#endif
+}
+
 // The datatype method: persistent requests on the padded array, one MPI datatype per
 // message; bound once per array address.
 void HaloStep::post_typed(char* arr) {
@@ -204,8 +276,12 @@ void HaloStep::start(char* arr, Packer& pk, Transport tr) {
   pk.copy_all(g.local, arr, arr);  // periodic wrap onto this rank: interior -> ghosts
   if (staged) pk.to_host(bounce, work, S);
   pk.sync();  // MPI reads the packed bytes next
-  bind(arr, staged ? bounce : work, staged ? bounce + S : work + S, !staged);
-  start_all();
+  if (method_ == HaloMethod::neighbor) {
+    post_neighbor(staged ? bounce : work, staged ? bounce + S : work + S);
+  } else {
+    bind(arr, staged ? bounce : work, staged ? bounce + S : work + S, !staged);
+    start_all();
+  }
   active_ = true;
   started_tr_ = tr;
 }
@@ -226,6 +302,8 @@ void HaloStep::wait(char* arr, Packer& pk, Transport tr) {
   if (tr == Transport::staged) {
     pk.from_host(work + S, ws_.bounce(pk, S + R) + S, R);
     pk.copy_all(g.unpack, work + S, arr);
+  } else if (method_ == HaloMethod::neighbor) {
+    pk.copy_all(g.unpack, work + S, arr);  // nothing landed in place
   } else {
     pk.copy_all(g.unpack_packed, work + S, arr);  // contiguous messages landed in place
   }

@@ -32,7 +32,10 @@ using PeerBoxes = std::tuple<int, std::vector<BoxSpec>>;
 // MPI_Isend/MPI_Irecv per message and update; datatype: persistent requests on the padded
 // array itself with one MPI datatype per message (subarrays): no pack or unpack pass of
 // ours, the MPI library copies from and to the boxes (host memory only).
-enum class HaloMethod { persistent = 0, p2p = 1, datatype = 2 };
+// neighbor: one neighbourhood collective on a distributed-graph communicator of this rank's
+// peers (MPI_Dist_graph_create_adjacent once), persistent where the library has MPI-4's
+// MPI_Neighbor_alltoallv_init, else MPI_Ineighbor_alltoallv per update.
+enum class HaloMethod { persistent = 0, p2p = 1, datatype = 2, neighbor = 3 };
 
 struct HaloMessage {
   int peer;
@@ -77,6 +80,7 @@ class HaloStep {
   void start_all();
   void waitall();
   void post_typed(char* arr);
+  void post_neighbor(char* sb, char* rb);
   void free_requests();
 
   std::shared_ptr<Comm> comm_;
@@ -86,6 +90,14 @@ class HaloStep {
   Workspace ws_;                   // this step's own buffers: persistent requests bind them
   std::vector<MPI_Request> reqs_;  // receives, then sends
   std::vector<MPI_Datatype> types_;  // datatype method: one per message, receives first
+  MPI_Comm graph_ = MPI_COMM_NULL;    // neighbor method: the peers as a graph communicator
+#if PYSHARD_LARGE_COUNT
+  std::vector<MPI_Count> ncounts_[2];  // neighbor method: send, receive counts (bytes)
+  std::vector<MPI_Aint> ndispls_[2];
+#else
+  std::vector<int> ncounts_[2];
+  std::vector<int> ndispls_[2];
+#endif
   char* bound_[3] = {nullptr, nullptr, nullptr};  // array, send and receive buffers bound
   bool bound_in_place_ = false;
   bool active_ = false;

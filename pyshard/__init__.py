@@ -20,13 +20,15 @@ def _check_same_mpi() -> None:
 _check_same_mpi()
 
 from . import _backend, _cache  # noqa: E402
-from ._backend import build_info, cuda_available  # noqa: E402
+from ._backend import build_info, cuda_available, to_dlpack  # noqa: E402
 from ._cache import cache_limit, clear_caches, set_cache_limit  # noqa: E402
 from ._validate import set_validation, validation  # noqa: E402
 from .array import ShardedArray, distribute, from_local  # noqa: E402
 from .checkpoint import checkpoint_info, load, save  # noqa: E402
+from .executor import Pending  # noqa: E402
 from .halo import HaloArray, HaloPlan, halo_plan, halo_spec  # noqa: E402
 from .layout import Layout, Partial, Placement, Replicate, Shard, split_sizes  # noqa: E402
+from .many import ManyPlan, plan_many, redistribute_many  # noqa: E402
 from .mesh import Mesh  # noqa: E402
 from .plan import Plan, Step, StepKind, plan  # noqa: E402
 
@@ -53,8 +55,10 @@ __all__ = [
     "HaloArray",
     "HaloPlan",
     "Layout",
+    "ManyPlan",
     "Mesh",
     "Partial",
+    "Pending",
     "Placement",
     "Plan",
     "Replicate",
@@ -74,10 +78,13 @@ __all__ = [
     "halo_spec",
     "load",
     "plan",
+    "plan_many",
+    "redistribute_many",
     "reset_comm_stats",
     "save",
     "set_cache_limit",
     "set_validation",
     "split_sizes",
+    "to_dlpack",
     "validation",
 ]

@@ -3,17 +3,22 @@
 Arrays from other producers are viewed zero-copy: ``__cuda_array_interface__`` and
 ``__dlpack__`` on a CUDA device become cupy arrays, ``__dlpack__`` on the CPU (and numpy
 scalars) become numpy arrays. Nothing here imports cupy until a device array shows up.
+
+bfloat16 and float8 tensors (torch, jax) cross DLPack with type codes numpy and cupy do not
+take: their capsule is retagged as unsigned words of the same size, consumed, and the result
+viewed as the ml_dtypes dtype (no copy). :func:`to_dlpack` does the reverse for results.
 """
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import os
-from typing import Any, Dict, Optional
+from typing import Any, Callable, Dict, Optional, Tuple
 
 import numpy as np
 
-from . import _core, _mpi
+from . import _core, _dtypes, _mpi
 
 log = logging.getLogger("pyshard")
 
@@ -65,14 +70,155 @@ def as_array(obj: Any, name: str) -> Any:
     if hasattr(obj, "__dlpack__") and hasattr(obj, "__dlpack_device__"):
         dev = int(obj.__dlpack_device__()[0])
         if dev == _DLPACK_CPU:
-            return np.from_dlpack(obj)
+            return _from_dlpack(obj, name, np.from_dlpack, "numpy")
         if dev in (_DLPACK_CUDA, _DLPACK_CUDA_MANAGED, _DLPACK_CUDA_HOST):
-            return _need_cupy(name).from_dlpack(obj)
+            return _from_dlpack(obj, name, _need_cupy(name).from_dlpack, "cupy")
         raise TypeError(f"{name} lives on DLPack device type {dev}; pyshard takes CPU and CUDA")
     raise TypeError(
         f"{name} must be a numpy array, a cupy array, or an object with __dlpack__ or "
         f"__cuda_array_interface__; got {type(obj).__name__}"
     )
+
+
+# ----------------------------------------------------------------------------- DLPack dtypes
+#
+# A DLPack capsule holds a DLManagedTensor ("dltensor") or a DLManagedTensorVersioned
+# ("dltensor_versioned", whose DLTensor starts after version, manager_ctx, deleter and flags:
+# 32 bytes); in the DLTensor the DLDataType (code u8, bits u8, lanes u16) follows data (8),
+# device (8) and ndim (4): 20 bytes in. Each __dlpack__ call makes a fresh capsule, so
+# rewriting its type code before a consumer takes it touches nothing the producer keeps.
+
+_capsule_name = ctypes.pythonapi.PyCapsule_GetName
+_capsule_name.restype = ctypes.c_char_p
+_capsule_name.argtypes = [ctypes.py_object]
+_capsule_ptr = ctypes.pythonapi.PyCapsule_GetPointer
+_capsule_ptr.restype = ctypes.c_void_p
+_capsule_ptr.argtypes = [ctypes.py_object, ctypes.c_char_p]
+_DTYPE_AT = {b"dltensor": 20, b"dltensor_versioned": 32 + 20}
+
+
+class _DLType(ctypes.Structure):
+    _fields_ = [("code", ctypes.c_uint8), ("bits", ctypes.c_uint8), ("lanes", ctypes.c_uint16)]
+
+
+def _dltype(capsule: Any) -> _DLType:
+    """The DLDataType inside a fresh DLPack capsule, writable in place."""
+    if ctypes.sizeof(ctypes.c_void_p) != 8:  # the offsets above are those of a 64-bit ABI
+        raise TypeError("pyshard reads DLPack capsules on 64-bit platforms only")
+    cname = _capsule_name(capsule)
+    if cname not in _DTYPE_AT:
+        raise TypeError(f"not an unused DLPack capsule (its name is {cname!r})")
+    return _DLType.from_address(_capsule_ptr(capsule, cname) + _DTYPE_AT[cname])
+
+
+class _Retagged:
+    """A DLPack producer that hands out ``obj``'s capsules with a bfloat16 / float8 type code
+    rewritten as unsigned words of the same size (which numpy and cupy take); ``seen`` is the
+    (code, bits, lanes) the producer gave."""
+
+    def __init__(self, obj: Any) -> None:
+        self.obj = obj
+        self.seen: Optional[Tuple[int, int, int]] = None
+
+    def __dlpack_device__(self) -> Any:
+        return self.obj.__dlpack_device__()
+
+    def __dlpack__(self, *args: Any, **kwargs: Any) -> Any:
+        cap = self.obj.__dlpack__(*args, **kwargs)
+        t = _dltype(cap)
+        self.seen = (int(t.code), int(t.bits), int(t.lanes))
+        if t.code in _dtypes.DLPACK_CODES and t.lanes == 1 and t.bits in (8, 16):
+            t.code = _dtypes.DLPACK_UINT
+        return cap
+
+
+def _from_dlpack(obj: Any, name: str, consume: Callable[[Any], Any], module: str) -> Any:
+    """``consume(obj)`` (numpy's or cupy's from_dlpack); a tensor of a dtype that module
+    cannot take is retagged (see :class:`_Retagged`) and viewed as its ml_dtypes dtype."""
+    try:
+        return consume(obj)
+    except (TypeError, ValueError, RuntimeError, BufferError) as err:
+        first = err
+    wrapped = _Retagged(obj)
+    try:
+        words = consume(wrapped)
+    except (TypeError, ValueError, RuntimeError, BufferError):
+        words = None
+    seen = wrapped.seen
+    dname = _dtypes.DLPACK_CODES.get(seen[0]) if seen and seen[2] == 1 else None
+    if dname is None or words is None:
+        what = f"DLPack dtype (code {seen[0]}, bits {seen[1]}, lanes {seen[2]})" if seen else ""
+        raise TypeError(
+            f"{name}: {module} cannot take this tensor{' of ' + what if what else ''} ({first}); "
+            f"pyshard moves numeric, bool, bfloat16 and float8 arrays"
+        ) from first
+    dt = _dtypes.ml_dtype(dname, name)  # TypeError naming the extra without ml_dtypes
+    try:
+        return words.view(dt)
+    except (TypeError, ValueError) as e:
+        raise TypeError(
+            f"{name} is a {dname} CUDA tensor, but this {module} cannot hold {dname} arrays "
+            f"({e}); cupy >= 14 holds bfloat16 (with ml_dtypes), no cupy holds float8 yet: "
+            f"move such tensors as host arrays, or view them as unsigned words of the same size"
+        ) from None
+
+
+def to_dlpack(array: Any) -> Any:
+    """``array`` (numpy or cupy) as a DLPack producer any consumer takes, without a copy:
+    ``torch.from_dlpack(pyshard.to_dlpack(y.local))``. numpy and cupy refuse to export
+    bfloat16 and float8 arrays; these are exported as their unsigned-word view with DLPack's
+    own type code (``kDLBfloat``, ``kDLFloat8_*``) written in. Other arrays come back as they
+    are (they export themselves)."""
+    a = as_array(array, "array")
+    if not _dtypes.is_ml_float(a.dtype):
+        return a
+    code = _dtypes.dlpack_code(a.dtype)
+    if code is None:
+        raise TypeError(f"DLPack has no type code for {a.dtype}")
+    return _Exported(a, code)
+
+
+class _Exported:
+    """A DLPack producer of ``a``'s unsigned-word view with ``code`` written in."""
+
+    def __init__(self, a: Any, code: Tuple[int, int]) -> None:
+        self.array = a
+        self.words = a.view(_dtypes.word(a.dtype))
+        self.code = code
+
+    def __dlpack_device__(self) -> Any:
+        return self.words.__dlpack_device__()
+
+    def __dlpack__(self, *args: Any, **kwargs: Any) -> Any:
+        cap = self.words.__dlpack__(*args, **kwargs)
+        t = _dltype(cap)
+        t.code, t.bits = self.code
+        return cap
+
+
+# ----------------------------------------------------------------------------- casts
+
+
+def astype(a: Any, dtype: np.dtype) -> Any:
+    """``a.astype(dtype)``; on a GPU, casts to or from an ml_dtypes float run through
+    :mod:`pyshard._dtypes`' word-level casts (cupy has none for them; round to nearest even)."""
+    dtype = np.dtype(dtype)
+    if not is_device(a) or not (_dtypes.is_ml_float(a.dtype) or _dtypes.is_ml_float(dtype)):
+        return a.astype(dtype)
+    xp = _cupy
+    if _dtypes.is_ml_float(a.dtype):
+        f = _dtypes.widen(a.view(_dtypes.word(a.dtype)), a.dtype, xp)
+        return f if dtype == np.float32 else astype(f, dtype)
+    return _dtypes.narrow(a, dtype, xp).view(dtype)
+
+
+def copy_cast(out: Any, a: Any) -> None:
+    """Write ``a`` into ``out``, cast to ``out``'s dtype (as :func:`astype` casts)."""
+    xp = xp_of(out)
+    if is_device(out) and (_dtypes.is_ml_float(out.dtype) or _dtypes.is_ml_float(a.dtype)):
+        xp.copyto(out, astype(a, out.dtype))
+    else:
+        xp.copyto(out, a, casting="unsafe")
 
 
 def kind(a: Any) -> str:

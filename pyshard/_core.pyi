@@ -96,11 +96,19 @@ class _Step:
     @property
     def staged_bytes(self) -> int: ...
 
+class PendingExchange:
+    def __init__(self) -> None: ...
+    active: bool
+
 class ExchangeStep(_Step):
     def __init__(
         self, comm: Comm, geometry: ExchangeGeometry, workspace: Workspace,
         nonblocking: bool = False,
     ) -> None: ...
+    def start(self, src: np.ndarray, dst: np.ndarray, pending: PendingExchange) -> None: ...
+    def complete(self, pending: PendingExchange) -> None: ...
+    def start_device(self, src: int, dst: int, stream: int, pending: PendingExchange) -> None: ...
+    def complete_device(self, pending: PendingExchange, stream: int) -> None: ...
     @property
     def algorithm(self) -> Algorithm: ...
     @property
@@ -129,6 +137,8 @@ class ReduceScatterStep(_Step):
 class HaloMethod(enum.Enum):
     persistent = 0
     p2p = 1
+    datatype = 2
+    neighbor = 3
 
 _BoxSpec = Tuple[_Shape, _Shape]
 

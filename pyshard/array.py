@@ -6,14 +6,14 @@ from __future__ import annotations
 import logging
 import zlib
 from math import prod
-from typing import Any, List, Optional, Sequence, Tuple
+from typing import Any, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
 from . import _backend as bk
-from . import _core, _validate, executor
+from . import _core, _dtypes, _validate, executor
 from ._cache import memoize
-from .executor import executors, out_ok, run_steps
+from .executor import Pending, executors, out_ok, run_steps, start
 from .halo import HaloArray, PeriodicArg, WidthArg
 from .layout import (
     Layout,
@@ -106,7 +106,8 @@ class ShardedArray:
         sizes: SizesArg = None,
         algorithm: Optional[str] = None,
         out: Optional[Any] = None,
-    ) -> ShardedArray:
+        wait: bool = True,
+    ) -> Union[ShardedArray, Pending]:
         """The same global array laid out as ``placements`` (and ``sizes``); collective.
 
         ``algorithm`` picks how an exchange step runs: ``"alltoallv"``, ``"alltoall"``
@@ -121,6 +122,13 @@ class ShardedArray:
         GPU) as ``local``, to write the result into (reused across calls, it saves the page
         faults of a fresh output); it is checked on this rank before any communication.
 
+        ``wait=False``: start the redistribute and return a :class:`~pyshard.Pending`
+        at once, whose ``wait()`` returns the result; the caller computes in between. Several
+        may be in flight, started in the same order on every rank and waited in any order;
+        the source and ``out`` must stay alive and unwritten until then. The first step is
+        in flight only when it is an exchange on the ``alltoallv`` or ``p2p`` algorithm (see
+        :class:`~pyshard.Pending`); other plans complete before this returns.
+
         Every layout check happens before any communication. When the target layout equals
         the source, nothing is communicated or copied and the result shares ``local`` with
         this array; otherwise the result owns a new buffer. GPU arrays: the kernels run on
@@ -134,6 +142,12 @@ class ShardedArray:
             algorithm = executor.DEFAULT_ALGORITHM
         if _validate.enabled:  # one small Allgather: a mismatch raises on every rank
             self._agree(placements, sizes, algorithm)
+        if not wait:
+            target = self._target(placements, sizes)
+            p = plan(self.layout, target)
+            execs = executors(p, self.mesh, algorithm, local)
+            mesh = self.mesh
+            return start(execs, p, mesh, local, out, lambda r: ShardedArray._wrap(r, target, mesh))
         if sizes is None:
             try:
                 key = (self.layout, *placements, algorithm, type(self.local))
@@ -199,8 +213,10 @@ class ShardedArray:
 
         ``periodic``: a bool or one per dim (ghosts wrap around the global extent);
         ``corners=True``: a box stencil (every ghost cell), ``False``: a star stencil (only
-        the cells outside the box along exactly one dim). ``method``: ``"persistent"``
-        (default, or ``PYSHARD_HALO_METHOD``) or ``"p2p"``. ``Partial`` placements, negative
+        the cells outside the box along exactly one dim). ``method``: how the messages move:
+        ``"persistent"`` (default, or ``PYSHARD_HALO_METHOD``), ``"p2p"``, ``"neighbor"``,
+        ``"datatype"`` (host arrays) or ``"tune"`` (each measured at the first update, the
+        fastest kept); see docs/halo.md. ``Partial`` placements, negative
         widths or a width larger than its dim's global extent raise :class:`ValueError`
         before any communication.
         """
@@ -213,7 +229,9 @@ class ShardedArray:
 
 
 @memoize
-def _layout_cached(shape: tuple, dtype: str, mesh_shape: tuple, placements: tuple, sizes: tuple):
+def _layout_cached(
+    shape: tuple, dtype: np.dtype, mesh_shape: tuple, placements: tuple, sizes: tuple
+) -> Layout:
     return Layout(shape, dtype, mesh_shape, placements, dict(sizes) if sizes is not None else None)
 
 
@@ -226,7 +244,7 @@ def _layout(like: Layout, mesh_shape: tuple, placements: PlacementsArg, sizes: S
             if sizes is None
             else tuple(sorted((int(d), tuple(int(e) for e in v)) for d, v in sizes.items()))
         )
-        return _layout_cached(like.shape, like.dtype.str, mesh_shape, tuple(placements), key_sizes)
+        return _layout_cached(like.shape, like.dtype, mesh_shape, tuple(placements), key_sizes)
     except (TypeError, ValueError, AttributeError):
         # not hashable or not well formed: build it uncached for the precise error
         return Layout(like.shape, like.dtype, mesh_shape, placements, sizes)
@@ -311,7 +329,7 @@ def _gather_shapes(a: Any, mesh: Mesh) -> List[Tuple[int, ...]]:
     width = 34
     if a.ndim > width - 2:
         raise ValueError(f"from_local: arrays of ndim > {width - 2} are not supported")
-    mine = [a.ndim, zlib.crc32(a.dtype.str.encode())] + list(a.shape)
+    mine = [a.ndim, zlib.crc32(_dtypes.name(a.dtype).encode())] + list(a.shape)
     mine += [0] * (width - len(mine))
     flat = _core.allgather_i64(mesh._core_comm(tuple(range(mesh.ndim))), mine)
     rows = [flat[i * width : (i + 1) * width] for i in range(mesh.size)]

@@ -13,11 +13,13 @@ import numpy as np
 
 from . import _backend as bk
 from . import _core, _tune
+from ._dtypes import identity as ml_identity
+from ._dtypes import is_ml_float
 from .layout import Layout, Shard
 from .mesh import Mesh
 from .plan import Plan, Step, geometry, reduce_dtype
 
-__all__ = ["ALGORITHMS", "choose_algorithm", "execute", "executors"]
+__all__ = ["ALGORITHMS", "Pending", "choose_algorithm", "execute", "executors", "start"]
 
 log = logging.getLogger("pyshard")
 
@@ -28,7 +30,7 @@ class _Exec:
 
     __slots__ = (
         "step", "core", "out_shape", "upcast", "scale", "zero", "fill", "direct", "dtype",
-        "dev", "need", "pooled",
+        "dev", "need", "pooled", "spares", "wide",
     )
 
     def __init__(self, step: Step, mesh: Mesh, algorithm: str = "alltoallv", dev: bool = False):
@@ -37,6 +39,7 @@ class _Exec:
         self.out_shape = step.dst.local_shape(coords)
         self.core: Any = None
         self.upcast: Optional[np.dtype] = None
+        self.wide = False  # leave the result in ``upcast`` for the next reduction step
         self.scale: Optional[float] = None
         self.zero = False
         self.fill: object = None
@@ -50,6 +53,7 @@ class _Exec:
         elif step.kind == "make_partial":
             self._make_partial(step, coords)
         self.direct = step.is_collective and self.upcast is None and self.scale is None
+        self.spares: list = []  # the core's PendingExchange objects free for reuse
         self.need = 0
         if self.core is not None and step.is_collective:
             staged = _core.transport(_core.Mem.cuda if dev else _core.Mem.host).name == "staged"
@@ -112,8 +116,8 @@ class _Exec:
                 return res
             if out is not None:
                 res = out
-            elif self.pooled:  # memory that is already faulted in (see _pooled_empty)
-                res = _pooled_empty(self.out_shape, self.dtype)
+            elif self.pooled:  # memory that is already faulted in (see pooled_empty)
+                res = pooled_empty(self.out_shape, self.dtype)
             else:
                 res = np.empty(self.out_shape, self.dtype)
             self.core.run(local, res)
@@ -144,17 +148,20 @@ class _Exec:
             return out
         src = local
         if self.upcast is not None:
-            src = local.astype(self.upcast)
+            if local.dtype != self.upcast:  # (a previous reduction step left it wide)
+                src = bk.astype(local, self.upcast)
             res = xp.empty(self.out_shape, dtype=self.upcast)
         else:
             res = out if out is not None else xp.empty(self.out_shape, dtype=local.dtype)
         self._call(src, res)
         if self.scale is not None:
             res *= res.dtype.type(self.scale)
-        if self.upcast is not None:
+        if self.upcast is not None:  # one rounding, to nearest even, after the last reduction
+            if self.wide:
+                return res
             if out is None:
-                return res.astype(local.dtype)
-            xp.copyto(out, res, casting="unsafe")
+                return bk.astype(res, self.dtype)
+            bk.copy_cast(out, res)
             return out
         return res
 
@@ -162,7 +169,7 @@ class _Exec:
 POOL_MIN_BYTES = 1 << 20
 
 
-def _pooled_empty(shape: Tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+def pooled_empty(shape: Tuple[int, ...], dtype: np.dtype) -> np.ndarray:
     """An uninitialised array whose memory comes from the core's result pool and returns to
     it when the array (and every view of it) is freed: a loop of redistributes without
     ``out=`` reuses pages instead of faulting in fresh ones on every call."""
@@ -185,6 +192,8 @@ def _identity(dtype: np.dtype, op: str) -> object:
     """The identity of reduction ``op`` in ``dtype`` (0, the lowest or the highest value)."""
     if op == "sum":
         return dtype.type(0)
+    if is_ml_float(dtype):  # bfloat16, float8: -inf / +inf, or the extremes where none
+        return ml_identity(dtype, op)
     if dtype.kind == "b":
         return dtype.type(op == "min")
     info = np.finfo(dtype) if dtype.kind == "f" else np.iinfo(dtype)
@@ -270,6 +279,8 @@ def executors(p: Plan, mesh: Mesh, algorithm: str = "auto", like: Any = None) ->
         if dev:
             bk.announce()
         execs = [_exec(s, mesh, algorithm, dev) for s in p.steps]
+        for a, b in zip(execs, execs[1:]):  # reductions in a row: accumulate, round once
+            a.wide = a.upcast is not None and b.upcast is not None
         cache.execs.put(key, execs)
         cache.note(execs)
         log.debug("pyshard: built %s (%s) for rank %d", p, algorithm, mesh.rank)
@@ -336,3 +347,111 @@ def check_out(out: object, p: Plan, mesh: Mesh, local: Any) -> None:
         raise ValueError("out must not overlap the source array")
     if type(out) is not type(local):
         raise TypeError(f"out must be a plain {type(local).__name__}, got {type(out).__name__}")
+
+
+# ----------------------------------------------------------------------------- in flight
+
+
+def _startable(e: _Exec) -> bool:
+    """Can this executor's step be posted now and completed later (an exchange on the
+    alltoallv or p2p algorithm)?"""
+    return (
+        e.direct
+        and e.step.kind == "alltoallv"
+        and e.core.algorithm in (_core.Algorithm.alltoallv, _core.Algorithm.p2p)
+    )
+
+
+class Pending:
+    """A redistribute in flight, from ``ShardedArray.redistribute(..., wait=False)``.
+
+    :meth:`wait` returns the result. Several may be in flight on one mesh; every rank must
+    start them in the same order, and may wait for them in any order: waiting for one first
+    completes, in start order, those started before it (identically on every rank, so the
+    collectives of later steps match). Overlap: the first step of the plan is posted when
+    the redistribute starts if it is an exchange on the ``alltoallv`` or ``p2p`` algorithm
+    (the common case: a ``Shard -> Shard`` transpose, a rebalance); its remaining steps run in
+    :meth:`wait`. Any other plan (a gather, a reduction first, a step on ``alltoall`` or
+    ``alltoallw``) runs whole when it starts, and :meth:`wait` only returns it.
+
+    Until :meth:`wait` returns, the source array and ``out`` must stay alive and unwritten
+    (the source may be read).
+    """
+
+    __slots__ = ("_mesh", "_execs", "_plan", "_local", "_out", "_res", "_core", "_wrap",
+                 "_result", "_done")
+
+    def __init__(self, mesh: Mesh, execs: list, p: Plan, local: Any, out: Optional[Any],
+                 wrap: Any) -> None:
+        self._mesh = mesh
+        self._execs = execs
+        self._plan = p
+        self._local = local
+        self._out = out
+        self._wrap = wrap
+        self._res: Any = None
+        self._core: Any = None
+        self._result: Any = None
+        self._done = False
+
+    def _start(self) -> None:
+        execs, local, out = self._execs, self._local, self._out
+        if not execs or not _startable(execs[0]):
+            self._result = self._wrap(run_steps(execs, self._plan, self._mesh, local, out))
+            self._done = True
+            return
+        e = execs[0]
+        last = len(execs) == 1
+        if last and out is not None:
+            res = out
+        elif e.dev:
+            res = bk.xp_of(local).empty(e.out_shape, e.dtype)
+        else:
+            res = pooled_empty(e.out_shape, e.dtype) if e.pooled else np.empty(
+                e.out_shape, e.dtype)
+        pe = e.spares.pop() if e.spares else _core.PendingExchange()
+        if e.dev:
+            e.core.start_device(local.data.ptr, res.data.ptr, bk.stream_ptr(), pe)
+        else:
+            e.core.start(local, res, pe)
+        self._res, self._core = res, pe
+        self._mesh._pending.append(self)
+
+    def _finish(self) -> None:
+        """Complete this one (the oldest in flight on its mesh) and run its other steps."""
+        e = self._execs[0]
+        pe, res = self._core, self._res
+        try:
+            if e.dev:
+                e.core.complete_device(pe, bk.stream_ptr())
+            else:
+                e.core.complete(pe)
+        finally:
+            self._mesh._pending.remove(self)
+            e.spares.append(pe)
+        last = len(self._execs) - 1
+        for i, ex in enumerate(self._execs[1:], start=1):
+            res = ex.run(res, self._out if i == last else None)
+        self._result = self._wrap(res)
+        self._done = True
+        self._local = self._res = self._core = None
+
+    def wait(self) -> Any:
+        """The result (a :class:`~pyshard.ShardedArray`); collective, as the redistribute."""
+        while not self._done:
+            self._mesh._pending[0]._finish()
+        return self._result
+
+    def __repr__(self) -> str:
+        return f"Pending({self._plan}, {'done' if self._done else 'in flight'})"
+
+
+def start(execs: list, p: Plan, mesh: Mesh, local: Any, out: Optional[Any], wrap: Any) -> Pending:
+    """Start running the executors ``execs`` of plan ``p`` (see :class:`Pending`)."""
+    if out is not None:
+        want = execs[-1].out_shape if execs else local.shape
+        if not out_ok(out, want, p.dst.dtype, local):
+            check_out(out, p, mesh, local)  # the precise error
+    pend = Pending(mesh, execs, p, local, out, wrap)
+    pend._start()
+    return pend

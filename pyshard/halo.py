@@ -24,11 +24,13 @@ import itertools
 import logging
 import operator
 import os
+import time
 from bisect import bisect_left, bisect_right
 from math import prod
 from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
+from mpi4py import MPI
 
 from . import _backend as bk
 from . import _core, _validate
@@ -51,7 +53,8 @@ BoxSpec = Tuple[Tuple[int, ...], Tuple[int, ...]]  # (start, extent) in a padded
 WidthArg = Union[int, Sequence[int]]
 PeriodicArg = Union[bool, Sequence[bool]]
 
-METHODS = ("persistent", "p2p", "datatype")
+METHODS = ("persistent", "p2p", "datatype", "neighbor")
+TUNE_REPS = 5  # updates per method when method="tune"
 HALO_TAG = 8  # redistribute's point-to-point steps use 7
 
 
@@ -338,8 +341,10 @@ def halo_plan(layout: Layout, spec: HaloSpec, coords: Sequence[int]) -> HaloPlan
 
 def _default_method() -> str:
     raw = os.environ.get("PYSHARD_HALO_METHOD", "").strip() or "persistent"
-    if raw not in METHODS:
-        raise ValueError(f"PYSHARD_HALO_METHOD must be one of {METHODS}, got {raw!r}")
+    if raw not in METHODS + ("tune",):
+        raise ValueError(
+            f"PYSHARD_HALO_METHOD must be one of {METHODS + ('tune',)}, got {raw!r}"
+        )
     return raw
 
 
@@ -370,6 +375,7 @@ class HaloArray:
 
     __slots__ = (
         "padded", "interior", "width", "periodic", "corners", "layout", "mesh", "method",
+        "chosen",
         "_spec", "_cls", "_step", "_dev", "_active", "_array",
     )
 
@@ -377,8 +383,10 @@ class HaloArray:
                  corners: bool = True, method: Optional[str] = None) -> None:
         spec = halo_spec(x.layout, width, periodic, corners)
         method = _default_method() if method is None else method
-        if method not in METHODS:
-            raise ValueError(f"with_halo: method must be one of {METHODS}, got {method!r}")
+        if method not in METHODS + ("tune",):
+            raise ValueError(
+                f"with_halo: method must be one of {METHODS + ('tune',)}, got {method!r}"
+            )
         if method == "datatype" and bk.is_device(x.local):
             raise ValueError(
                 "with_halo: method='datatype' takes host arrays (MPI datatypes on device "
@@ -389,6 +397,7 @@ class HaloArray:
         self.periodic: Tuple[bool, ...] = spec.periodic
         self.corners: bool = spec.corners
         self.method = method
+        self.chosen: Optional[str] = None  # the method in use, once built ("tune": measured)
         self.layout: Layout = x.layout
         self.mesh: Mesh = x.mesh
         self._cls = type(x)
@@ -396,8 +405,9 @@ class HaloArray:
         xp = bk.xp_of(local)
         shape = tuple(s + 2 * w for s, w in zip(local.shape, spec.width))
         self.padded = xp.zeros(shape, dtype=local.dtype)
+        # (a 0-d array's interior is the whole 0-d array: index it with `...`, not `()`)
         self.interior = self.padded[
-            tuple(slice(w, w + s) for w, s in zip(spec.width, local.shape))
+            tuple(slice(w, w + s) for w, s in zip(spec.width, local.shape)) or ...
         ]
         self.interior[...] = local
         self._dev = bk.is_device(local)
@@ -427,13 +437,48 @@ class HaloArray:
                 })
             p = self.plan
             comm = self.mesh._core_comm(tuple(range(self.mesh.ndim)))
-            self._step = _core.HaloStep(
-                comm, _geometry(p), getattr(_core.HaloMethod, self.method), HALO_TAG
-            )
+            geom = _geometry(p)
+            if self.method == "tune":
+                self.chosen, self._step = self._tune(comm, geom)
+            else:
+                self.chosen = self.method
+                self._step = _core.HaloStep(
+                    comm, geom, getattr(_core.HaloMethod, self.method), HALO_TAG
+                )
             if self._dev:
                 bk.announce()
-            log.debug("pyshard: halo exchange built for rank %d: %r", self.mesh.rank, p)
+            log.debug("pyshard: halo exchange built for rank %d: %r (%s)", self.mesh.rank, p,
+                      self.chosen)
         return self._step
+
+    def _tune(self, comm: Any, geom: Any) -> Tuple[str, Any]:
+        """Time every method on this array (a few full updates each, the slowest rank's
+        median) and keep the fastest: the same choice on every rank (one allreduce)."""
+        staged = _core.transport(_core.Mem.host).name == "staged"
+        candidates = [m for m in METHODS if not ((self._dev or staged) and m == "datatype")]
+        best: Tuple[float, str, Any] = (float("inf"), "", None)
+        for m in candidates:
+            step = _core.HaloStep(comm, geom, getattr(_core.HaloMethod, m), HALO_TAG)
+            times = []
+            for _ in range(TUNE_REPS):
+                t0 = time.perf_counter()
+                self._run(step)
+                times.append(time.perf_counter() - t0)
+            t = self.mesh.comm.allreduce(sorted(times)[len(times) // 2], op=MPI.MAX)
+            if t < best[0]:
+                best = (t, m, step)
+        log.info("pyshard: halo method tuned for %r: %s (%.1f us)", self._spec, best[1],
+                 best[0] * 1e6)
+        return best[1], best[2]
+
+    def _run(self, step: Any) -> None:
+        if self._dev:
+            ptr, stream = self.padded.data.ptr, bk.stream_ptr()
+            step.start_device(ptr, stream)
+            step.wait_device(ptr, stream)
+            bk.xp_of(self.padded).cuda.get_current_stream().synchronize()
+        else:
+            step.update(self.padded)
 
     def update(self) -> None:
         """Fill the ghost cells from the owners' current interiors; collective (blocking)."""
@@ -477,8 +522,16 @@ class HaloArray:
             "p2p": "point-to-point messages (MPI_Isend/MPI_Irecv) per update on packed buffers",
             "datatype": "persistent point-to-point requests on the padded array with one MPI "
             "datatype (subarrays) per message: the MPI library packs and unpacks",
-        }[self.method]
-        text = self.plan.explain() + f"\n  runs as {how}"
+            "neighbor": "one neighbourhood all-to-all on a distributed-graph communicator of "
+            "the peers (MPI_Neighbor_alltoallv_init where MPI-4, else MPI_Ineighbor_alltoallv) "
+            "on packed buffers",
+        }
+        m = self.chosen or self.method
+        if m == "tune":
+            text = self.plan.explain() + "\n  method: tune (measured at the first update)"
+        else:
+            tuned = " (chosen by measurement)" if self.method == "tune" else ""
+            text = self.plan.explain() + f"\n  runs as {how[m]}{tuned}"
         if self._dev:
             text += "\n  GPU arrays: " + (
                 "pack kernel, MPI on device memory"

@@ -14,6 +14,8 @@ from typing import Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
+from . import _dtypes
+
 __all__ = [
     "Placement",
     "Shard",
@@ -155,11 +157,22 @@ def _check_shape(shape: object, name: str) -> Tuple[int, ...]:
 
 
 def check_dtype(dtype: object, name: str = "dtype") -> np.dtype:
-    """numpy dtype of a number or bool; object, string and structured dtypes are refused."""
+    """numpy dtype of a number or bool, or one of ml_dtypes' floats (bfloat16, float8_*, ...;
+    a name such as ``"bfloat16"`` imports ml_dtypes, or raises TypeError naming the extra to
+    install); object, string and structured dtypes are refused."""
     try:
-        dt = np.dtype(dtype)
+        dt = _dtypes.resolve(dtype, name)
+    except _dtypes.NeedsMLDtypes:
+        raise
     except TypeError as e:
         raise TypeError(f"{name}: not a numpy dtype: {dtype!r}") from e
+    if _dtypes.is_ml(dt):
+        if not _dtypes.is_ml_float(dt):
+            raise TypeError(
+                f"{name}: pyshard moves ml_dtypes' floats (bfloat16, float8_*, float6_*, "
+                f"float4_*), not its sub-byte integers; got dtype {dt}"
+            )
+        return dt
     if dt.kind not in "biufc" or dt.fields is not None or dt.subdtype is not None:
         raise TypeError(
             f"{name}: pyshard moves numeric and bool arrays only, got dtype {dt} (kind {dt.kind!r})"
@@ -248,7 +261,7 @@ class Layout:
         self.table = tuple(table)
         self._key = (
             self.shape,
-            self.dtype.str,
+            _dtypes.name(self.dtype),  # dtype.str is "<V1" for every float8 format
             self.mesh_shape,
             self.placements,
             self.table,
@@ -329,9 +342,14 @@ def _check_reductions(placements: Sequence[Placement], dtype: np.dtype) -> None:
     for m, p in enumerate(placements):
         if not isinstance(p, Partial):
             continue
-        if p.op == "avg" and dtype.kind not in "fc":
+        ml = _dtypes.is_ml_float(dtype)
+        if p.op == "avg" and dtype.kind not in "fc" and not ml:
             raise ValueError(
                 f"placements[{m}] = Partial('avg') needs a floating or complex dtype, got {dtype}"
+            )
+        if p.op in ("sum", "avg") and ml and not _dtypes.has_zero(dtype):
+            raise ValueError(
+                f"placements[{m}] = Partial({p.op!r}) needs a dtype with a zero; {dtype} has none"
             )
         if p.op in ("max", "min") and dtype.kind == "c":
             raise ValueError(

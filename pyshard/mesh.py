@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numbers
 from math import prod
-from typing import Dict, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from mpi4py import MPI
 
@@ -63,6 +63,8 @@ class Mesh:
         self._core_comms: Dict[Tuple[int, ...], _core.Comm] = {}
         # executors, the one-lookup fast path and the workspace pool their steps share
         self._cache = register(ExecCache(_core.Workspace()))
+        # redistributes in flight (redistribute(wait=False)), oldest first
+        self._pending: List[Any] = []
 
     @property
     def ndim(self) -> int:

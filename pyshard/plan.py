@@ -44,6 +44,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from . import _dtypes
 from ._cache import memoize
 from .layout import Layout, Partial, Replicate, Shard, placements_str, ravel, unravel
 
@@ -556,8 +557,9 @@ def member_specs(s: Step, coords: Coords, of: Layout, rel: Layout) -> list:
 
 
 def reduce_dtype(dtype: np.dtype) -> np.dtype:
-    """The dtype a reduction runs in: float16 is summed in float32."""
-    return np.dtype(np.float32) if dtype == np.float16 else dtype
+    """The dtype a reduction runs in: float16, bfloat16 and the float8 (and smaller) formats
+    accumulate in float32 and round once, to nearest even, at the end."""
+    return _dtypes.accumulator(dtype)
 
 
 def geometry(s: Step, coords: Coords, algorithm: Any = None, pad: int = 0) -> Any:

@@ -10,7 +10,9 @@
 #      mpich wheel's lib/ with libmpi) and puts them first on PYTHONPATH and PATH, so the job
 #      knows its MPI; prints the MPI that mpi4py now loads;
 #   3. builds pyshard with CUDA (sm_90) against that MPI's mpicc into /tmp/pyshard-site;
-#   4. runs tests/gpu under mpiexec at 1, 2 and 4 ranks;
+#   4. runs tests/gpu under mpiexec at 1, 2 and 4 ranks (redistributes, checkpoints, halo
+#      updates through the CUDA pack kernel, redistributes in flight, the heat example on
+#      cupy arrays bit for bit against numpy: test_gpu_halo.py);
 #   5. runs `python -m pyshard bench --device cuda --shape 8192x8192` at 2 ranks;
 #   6. if time is left, the 2x2x2 mesh cases of the N-D GPU tests at 8 ranks;
 # and prints one summary line. Every step runs under a timeout inside an overall budget

@@ -1,7 +1,10 @@
 # shellcheck shell=bash
 # Shared by strong_scaling.sbatch and weak_scaling.sbatch (sourced, not run).
 #
-# scaling_run strong|weak
+# scaling_run strong|weak|stencil
+#   stencil: weak scaling of halo updates and heat steps: a PER_RANK block (default
+#   1024x1024) per rank on the 2-D mesh MPI.Compute_dims(r, 2) = a x b, so the grid is
+#   (a*rows)x(b*cols); runs `pyshard bench --cases halo,stencil --halo-shape G --stencil-shape G`.
 #   For each rank count r in the sweep, runs
 #     srun --mpi=$PYSHARD_SRUN_MPI -n r -N nodes $SRUN_ARGS \
 #         $PYSHARD_PYTHON -m mpi4py -m pyshard $PYSHARD_CMD --shape S --dtype D --json PART $BENCH_ARGS
@@ -101,6 +104,8 @@ scaling_run() {
 
     if [ "$kind" = strong ]; then
         shape_spec=${SHAPE:-8192x8192}
+    elif [ "$kind" = stencil ]; then
+        shape_spec=${PER_RANK:-1024x1024}
     else
         shape_spec=${PER_RANK:-2048x4096}
     fi
@@ -173,6 +178,16 @@ scaling_run() {
         [ "$nodes" -le "$nnodes" ] || nodes=$nnodes
         if [ "$kind" = strong ]; then
             shape=$shape_spec
+        elif [ "$kind" = stencil ]; then
+            # the 2-D mesh a x b of MPI.Compute_dims(r, 2): b the largest divisor <= sqrt(r)
+            local b=1 d=1
+            while [ $((d * d)) -le "$r" ]; do
+                [ $((r % d)) -eq 0 ] && b=$d
+                d=$((d + 1))
+            done
+            rows=${shape_spec%%x*}
+            rest=${shape_spec#*x}
+            shape="$((rows * (r / b)))x$((rest * b))"
         else
             rows=${shape_spec%%x*}
             rest=${shape_spec#*x}
@@ -182,6 +197,8 @@ scaling_run() {
         logf=$(mktemp "${TMPDIR:-/tmp}/pyshard-${kind}-XXXXXX.log")
         rm -f "$part"
         local args=(--shape "$shape" --dtype "$dtype")
+        [ "$kind" = stencil ] &&
+            args=(--cases halo,stencil --halo-shape "$shape" --stencil-shape "$shape" --reps 6)
         [ "$mode" = json ] && args+=(--json "$part")
         echo
         echo "== ${kind}: ${r} rank(s) on ${nodes} node(s), global shape ${shape} ${dtype}"

@@ -512,3 +512,25 @@ def test_plan_4096_ranks_bytes_add_up(src, dst):
     recvd = sum(p.rank_bytes(c)[0][1] for c in coords)
     assert sent == recvd == p.bytes_moved
     assert time.perf_counter() - t0 < 10
+
+
+def test_many_plan_fuses_single_exchanges_per_communicator():
+    from pyshard import ManyPlan
+
+    def lay(shape, placements, mesh=(2, 3)):
+        return Layout(shape, "float32", mesh, placements)
+
+    s0, s1, r = Shard(0), Shard(1), Replicate()
+    plans = [
+        plan(lay((6, 9), [s0, s1]), lay((6, 9), [s1, s0])),  # one whole-mesh exchange
+        plan(lay((5, 7), [s0, r]), lay((5, 7), [s1, r])),  # one exchange on mesh dim 0
+        plan(lay((8, 3), [s0, s1]), lay((8, 3), [s1, s0])),  # whole mesh again
+        plan(lay((4, 4), [s0, r]), lay((4, 4), [r, r])),  # a gather: on its own
+        plan(lay((7, 2), [r, s0]), lay((7, 2), [r, s1])),  # mesh dim 1
+    ]
+    mp = ManyPlan(plans)
+    assert [(dims, ix) for dims, ix in mp.fused] == [((0,), (1,)), ((0, 1), (0, 2)), ((1,), (4,))]
+    assert mp.single == (3,)
+    assert mp.collectives == 3 + plans[3].collectives
+    text = mp.explain((1, 2))
+    assert "5 array(s)" in text and "for 2 array(s) [0, 2]" in text and "array 3:" in text

@@ -26,7 +26,10 @@ from ..halo import HaloArray
 from ..layout import Shard
 from ..mesh import Mesh
 
-__all__ = ["STENCILS", "initial", "run", "serial", "serial_padded", "step_cells"]
+__all__ = [
+    "STENCILS", "alpha_for", "initial", "inner_and_shell", "run", "serial", "serial_padded",
+    "step", "step_cells",
+]
 
 STENCILS = ("star", "box")
 
@@ -63,7 +66,7 @@ def step_cells(padded: Any, out: Any, cells: Sequence[slice], stencil: str, alph
     out[tuple(cells)] = u + alpha * (acc - len(offs) * u)
 
 
-def _regions(shape: Sequence[int]) -> Tuple[Optional[List[slice]], List[List[slice]]]:
+def inner_and_shell(shape: Sequence[int]) -> Tuple[Optional[List[slice]], List[List[slice]]]:
     """The inner cells (no ghost in their stencil) and the shell around them, as disjoint
     boxes of the interior index space."""
     nd = len(shape)
@@ -77,6 +80,23 @@ def _regions(shape: Sequence[int]) -> Tuple[Optional[List[slice]], List[List[sli
             box[d] = slice(lo, hi)
             shell.append(box)
     return inner, shell
+
+
+def step(cur: HaloArray, nxt: HaloArray, stencil: str, alpha: float, overlap: bool,
+         regions: Tuple[Optional[List[slice]], List[List[slice]], List[slice]]) -> None:
+    """One time step: ``nxt``'s cells from ``cur``'s (its ghost cells updated first).
+    ``overlap``: start the exchange, update the inner cells, wait, update the shell;
+    otherwise update, then every cell. ``regions``: (inner, shell, whole) of the interior."""
+    inner, shell, whole = regions
+    if overlap and inner is not None:
+        cur.start()
+        step_cells(cur.padded, nxt.interior, inner, stencil, alpha)
+        cur.wait()
+        for box in shell:
+            step_cells(cur.padded, nxt.interior, box, stencil, alpha)
+    else:
+        cur.update()
+        step_cells(cur.padded, nxt.interior, whole, stencil, alpha)
 
 
 def serial_padded(u: np.ndarray, periodic: bool, boundary: float) -> np.ndarray:
@@ -140,22 +160,14 @@ def run(
             h.padded[...] = boundary
             h.interior[...] = inner
     alpha = alpha_for(nd, stencil)
-    inner, shell = _regions(a.interior.shape)
+    inner, shell = inner_and_shell(a.interior.shape)
     whole = [slice(0, n) for n in a.interior.shape]
     mesh.comm.Barrier()
     t0 = time.perf_counter()
     cur: HaloArray = a
     nxt: HaloArray = b
     for _ in range(steps):
-        if overlap and inner is not None:
-            cur.start()
-            step_cells(cur.padded, nxt.interior, inner, stencil, alpha)
-            cur.wait()
-            for box in shell:
-                step_cells(cur.padded, nxt.interior, box, stencil, alpha)
-        else:
-            cur.update()
-            step_cells(cur.padded, nxt.interior, whole, stencil, alpha)
+        step(cur, nxt, stencil, alpha, overlap, (inner, shell, whole))
         cur, nxt = nxt, cur
     t = time.perf_counter() - t0
     return cur.array, {"total": t, "per_step": t / max(steps, 1)}

@@ -20,6 +20,7 @@ from .fft3d import bench_fft3d, format_fft3d
 from .gpu import main_cuda
 from .halo import bench_halo, bench_stencil, format_halo, format_stencil
 from .host import run_case
+from .many import bench_many, format_many
 from .memory import MEMORY_LIMIT_MIB, bench_memory, format_memory
 from .report import append_json, format_table
 from .sparse import bench_sparse_setup, format_sparse
@@ -33,7 +34,8 @@ def _parser() -> argparse.ArgumentParser:
         f"<= {MEMORY_LIMIT_MIB} MiB), sparse (setup at up to 65,536 simulated ranks) and fft3d "
         "(a pencil 3-D FFT, --fft-n), halo (one ghost-cell update of 2-D 8192^2 float64 width 1 "
         "and 4, 3-D 384^3 float32 width 2, on a 2-D mesh; --halo-scale, --halo-shape) and "
-        "stencil (the heat example, blocking vs overlapped steps; --stencil-n). See the "
+        "stencil (the heat example, blocking vs overlapped steps; --stencil-n), many (200 arrays "
+        "in one redistribute_many vs a loop vs one raw collective; --many-count). See the "
         "docstring of the package pyshard.bench.",
     )
     ap.add_argument(
@@ -54,7 +56,12 @@ def _parser() -> argparse.ArgumentParser:
         "--stencil-n", type=int, default=2048, help="stencil case: an n^dim grid (default 2048)"
     )
     ap.add_argument("--stencil-dim", type=int, default=2, choices=(2, 3))
+    ap.add_argument(
+        "--stencil-shape", default=None, help="stencil case: the grid AxB[xC] (not --stencil-n)"
+    )
     ap.add_argument("--stencil-steps", type=int, default=20)
+    ap.add_argument("--many-count", type=int, default=200, help="many case: how many arrays")
+    ap.add_argument("--many-scale", type=int, default=1, help="many case: divide the shapes")
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--reps", type=int, default=10)
     ap.add_argument("--warmup", type=int, default=2)
@@ -88,6 +95,11 @@ def _run_extra(name: str, comm: MPI.Comm, args: argparse.Namespace) -> Dict:
         r = bench_sparse_setup()
         if comm.Get_rank() == 0:
             print(format_sparse(r), flush=True)
+    elif name == "many":
+        r = bench_many(comm, count=args.many_count, scale=args.many_scale, reps=args.reps,
+                       warmup=args.warmup)
+        if comm.Get_rank() == 0:
+            print(format_many(r), flush=True)
     elif name == "halo":
         shape = None if not args.halo_shape else [int(v) for v in args.halo_shape.split("x")]
         r = bench_halo(comm, scale=args.halo_scale, reps=args.reps, loop=args.halo_loop,
@@ -95,8 +107,10 @@ def _run_extra(name: str, comm: MPI.Comm, args: argparse.Namespace) -> Dict:
         if comm.Get_rank() == 0:
             print(format_halo(r), flush=True)
     elif name == "stencil":
+        shape = None if not args.stencil_shape else [
+            int(v) for v in args.stencil_shape.split("x")]
         r = bench_stencil(comm, n=args.stencil_n, steps=args.stencil_steps,
-                          reps=max(1, args.reps // 3), dim=args.stencil_dim)
+                          reps=max(1, args.reps // 3), dim=args.stencil_dim, shape=shape)
         if comm.Get_rank() == 0:
             print(format_stencil(r), flush=True)
     elif name == "fft3d":

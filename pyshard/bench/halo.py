@@ -2,7 +2,9 @@
 
 ``halo``: one ghost-cell update of a 2-D or 3-D grid, in the same run and on the same ranks:
 
-- ``pyshard``: ``HaloArray.update()`` (``persistent`` requests, and ``p2p``);
+- ``pyshard``: ``HaloArray.update()`` with each method (``persistent`` requests on packed
+  buffers, the default; ``p2p``; ``datatype``: MPI subarray datatypes; ``neighbor``: a
+  neighbourhood collective);
 - ``floor``: raw mpi4py point-to-point of exactly the same bytes, already packed in
   contiguous buffers, to the same peers (one ``Irecv``/``Isend`` per peer each way, then
   ``Waitall``): the communication floor of this exchange;
@@ -16,7 +18,8 @@ Each time is the median over reps of the slowest rank, each rep a loop of ``--ha
 updates divided by its length.
 
 ``stencil``: the heat example (:mod:`pyshard.apps.heat`) per step, blocking (update, then
-every cell) against overlapped (start, inner cells, wait, the shell).
+every cell) against overlapped (start, inner cells, wait, the shell), with the update and the
+cell update alone for scale.
 """
 
 from __future__ import annotations
@@ -28,11 +31,12 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 import numpy as np
 from mpi4py import MPI
 
-from ..apps.heat import run as heat_run
-from ..array import from_local
-from ..halo import HaloPlan, halo_spec
+from ..apps.heat import alpha_for, initial, inner_and_shell, step, step_cells
+from ..array import distribute, from_local
+from ..halo import METHODS, HaloPlan, halo_spec
 from ..layout import Layout, Shard
 from ..mesh import Mesh
+from .timing import median_s
 
 __all__ = [
     "HALO_CASES", "bench_halo", "bench_stencil", "format_halo", "format_stencil", "halo_setup",
@@ -49,16 +53,12 @@ HALO_CASES = [
 def _slowest(comm: MPI.Comm, fn: Callable[[], object], reps: int, loop: int) -> float:
     """Median over ``reps`` of the slowest rank's time per call of ``fn`` (a loop of
     ``loop`` calls per rep, one warm-up loop first)."""
-    for _ in range(loop):
-        fn()
-    out = []
-    for _ in range(reps):
-        comm.Barrier()
-        t0 = time.perf_counter()
+
+    def calls() -> None:
         for _ in range(loop):
             fn()
-        out.append(comm.allreduce((time.perf_counter() - t0) / loop, op=MPI.MAX))
-    return float(np.median(out))
+
+    return median_s(calls, comm, reps, warmup=1) / loop
 
 
 def _floor(comm: MPI.Comm, plan: Any) -> Callable[[], None]:
@@ -180,7 +180,7 @@ def bench_halo(comm: MPI.Comm, scale: int = 1, reps: int = 5, loop: int = 20,
         corners = stencil == "box"
         times: Dict[str, float] = {}
         notes: Dict[str, str] = {}
-        for method in ("persistent", "p2p", "datatype"):
+        for method in METHODS:
             h = x.with_halo(width, periodic=True, corners=corners, method=method)
             times[f"pyshard-{method}"] = _slowest(comm, h.update, reps, loop)
         times["floor"] = _slowest(comm, _floor(comm, h.plan), reps, loop)
@@ -193,7 +193,7 @@ def bench_halo(comm: MPI.Comm, scale: int = 1, reps: int = 5, loop: int = 20,
         if fn is not None:
             times["petsc"] = _slowest(comm, fn, reps, loop)
         notes["petsc"] = why
-        best = min(times[f"pyshard-{m}"] for m in ("persistent", "p2p", "datatype"))
+        best = min(times[f"pyshard-{m}"] for m in METHODS)
         rows.append({
             "name": name, "shape": list(shape), "dtype": dtype, "width": width,
             "stencil": stencil, "mesh": list(mesh_shape), "times_s": times, "notes": notes,
@@ -208,29 +208,51 @@ def bench_halo(comm: MPI.Comm, scale: int = 1, reps: int = 5, loop: int = 20,
             "setup": halo_setup()}
 
 
+def _time_steps(comm: MPI.Comm, x: Any, stencil: str, steps: int, reps: int) -> Dict[str, float]:
+    a = x.with_halo(1, periodic=True, corners=stencil == "box")
+    b = x.with_halo(1, periodic=True, corners=stencil == "box")
+    alpha = alpha_for(x.layout.ndim, stencil)
+    inner, shell = inner_and_shell(a.interior.shape)
+    whole = [slice(0, k) for k in a.interior.shape]
+    regions = (inner, shell, whole)
+    fns = {
+        "blocking": lambda: step(a, b, stencil, alpha, False, regions),
+        "overlapped": lambda: step(a, b, stencil, alpha, True, regions),
+        "update": a.update,
+        "cells": lambda: step_cells(a.padded, b.interior, whole, stencil, alpha),
+    }
+    t: Dict[str, List[float]] = {k: [] for k in fns}
+    for _ in range(2 * reps):  # interleaved: drift on a shared machine hits all alike
+        for k, fn in fns.items():
+            t[k].append(_slowest(comm, fn, 1, steps))
+    med = {k: float(np.median(v)) for k, v in t.items()}
+    return {"blocking_s": med["blocking"], "overlapped_s": med["overlapped"],
+            "update_s": med["update"], "cells_s": med["cells"],
+            "ratio": med["overlapped"] / med["blocking"]}
+
+
 def bench_stencil(comm: MPI.Comm, n: int = 2048, steps: int = 20, reps: int = 3,
-                  dim: int = 2) -> Dict[str, Any]:
-    """Heat steps, blocking against overlapped (median of ``reps`` runs, slowest rank)."""
-    mesh = Mesh(comm, tuple(MPI.Compute_dims(comm.size, dim)))
-    shape = (n,) * dim
+                  dim: int = 2, shape: Optional[Sequence[int]] = None) -> Dict[str, Any]:
+    """Heat steps on an ``n^dim`` grid (or ``shape``; mesh ``MPI.Compute_dims(ranks,
+    ndim)``), periodic: per step, blocking (update, then every cell) against overlapped
+    (start, inner cells, wait, shell), and the halo update and the cell update alone; the
+    four interleaved on the same arrays, each the median over ``2 * reps`` loops of
+    ``steps`` steps of the slowest rank."""
+    shape = tuple(shape) if shape is not None else (n,) * dim
+    mesh = Mesh(comm, tuple(MPI.Compute_dims(comm.size, len(shape))))
     out: Dict[str, Any] = {"case": "stencil", "ranks": comm.size, "shape": list(shape),
                            "mesh": list(mesh.shape), "steps": steps}
+    x = distribute(initial(shape), mesh, [Shard(d) for d in range(mesh.ndim)])
     for stencil in ("star", "box"):
-        t: Dict[str, List[float]] = {"blocking": [], "overlapped": []}
-        for _ in range(reps):  # interleaved, so drift on a shared machine hits both alike
-            for mode in ("blocking", "overlapped"):
-                _, tt = heat_run(mesh, shape, steps, stencil, True, mode == "overlapped")
-                t[mode].append(comm.allreduce(tt["per_step"], op=MPI.MAX))
-        b, o = float(np.median(t["blocking"])), float(np.median(t["overlapped"]))
-        out[stencil] = {"blocking_s": b, "overlapped_s": o, "ratio": o / b}
+        out[stencil] = _time_steps(comm, x, stencil, steps, reps)
     mesh.free()
     return out
 
 
 def format_halo(r: Dict[str, Any]) -> str:
     lines = [f"halo updates, {r['ranks']} ranks ({r['mpi']}); us per update, slowest rank"]
-    cols = ["pyshard-persistent", "pyshard-p2p", "pyshard-datatype", "floor", "mpi4py", "petsc"]
-    names = ["persistent", "p2p", "datatype", "floor", "mpi4py", "petsc"]
+    cols = [f"pyshard-{m}" for m in METHODS] + ["floor", "mpi4py", "petsc"]
+    names = list(METHODS) + ["floor", "mpi4py", "petsc"]
     lines.append(f"{'case':<8}{'shape':<16}{'w':>3}" + "".join(f"{c:>11}" for c in names)
                  + f"{'vs floor':>10}{'vs mpi4py':>11}")
     for row in r["rows"]:
@@ -255,5 +277,6 @@ def format_stencil(r: Dict[str, Any]) -> str:
     for s in ("star", "box"):
         v = r[s]
         lines.append(f"  {s:<5} blocking {v['blocking_s'] * 1e3:8.3f}  overlapped "
-                     f"{v['overlapped_s'] * 1e3:8.3f}  ratio {v['ratio']:.3f}")
+                     f"{v['overlapped_s'] * 1e3:8.3f}  ratio {v['ratio']:.3f}  (update alone "
+                     f"{v['update_s'] * 1e3:.3f}, cells alone {v['cells_s'] * 1e3:.3f})")
     return "\n".join(lines)

@@ -4,10 +4,8 @@ from __future__ import annotations
 
 from typing import Any, Dict
 
-import numpy as np
-
 from .errors import PathArg, norm_path
-from .manifest import read_manifest
+from .manifest import dtype_of, read_manifest
 
 __all__ = ["checkpoint_info"]
 
@@ -18,7 +16,8 @@ def checkpoint_info(path: PathArg) -> Dict[str, Any]:
     path: the checkpoint directory.
 
     Returns ``{"path", "version", "ranks", "created", "metadata", "arrays"}`` where
-    ``arrays[name]`` has ``shape`` (tuple), ``dtype`` (numpy dtype), ``file``, ``nbytes``
+    ``arrays[name]`` has ``shape`` (tuple), ``dtype`` (numpy dtype; ``str()`` of it is the
+    name, e.g. ``"float32"``, ``"bfloat16"``), ``file``, ``nbytes``
     and the layout it was saved from: ``mesh_shape`` (tuple), ``placements`` (strings such
     as ``"S(0)"``, ``"R"``, ``"P(sum)"``) and ``sizes`` (``{array_dim: extents}``).
     Raises FileNotFoundError or ValueError naming the path when it is not a checkpoint.
@@ -29,7 +28,7 @@ def checkpoint_info(path: PathArg) -> Dict[str, Any]:
     for name, e in m["arrays"].items():
         arrays[name] = {
             "shape": tuple(int(s) for s in e["shape"]),
-            "dtype": np.dtype(e["dtype"]),
+            "dtype": dtype_of(e, "checkpoint_info"),
             "file": e["file"],
             "nbytes": int(e["nbytes"]),
             "mesh_shape": tuple(int(s) for s in e.get("mesh_shape", ())),

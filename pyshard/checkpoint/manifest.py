@@ -3,8 +3,10 @@ placements as strings, and the crc32 of saved blocks.
 
 ``manifest.json`` holds ``format`` (:data:`FORMAT`), ``version`` (:data:`VERSION`), the rank
 count, creation time, numpy version, the user's metadata, and per array its ``.npy`` file,
-shape, dtype, byte count, the layout it was saved from (mesh shape, placements as ``S(0)``,
-``R``, ``P(sum)``, sizes) and a crc32 per saved block. See ``docs/checkpoints.md``.
+shape, dtype (numpy's ``dtype.str`` such as ``"<f4"``, or an ml_dtypes name such as
+``"bfloat16"``, also the ``.npy`` header's ``descr``), byte count, the layout it was saved
+from (mesh shape, placements as ``S(0)``, ``R``, ``P(sum)``, sizes) and a crc32 per saved
+block. See ``docs/checkpoints.md``.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from typing import Any, Dict, Tuple
 import numpy as np
 import numpy.lib.format as npformat
 
+from .. import _dtypes
 from ..layout import Layout, Partial, Replicate, Shard
 
 FORMAT = "pyshard-checkpoint"
@@ -44,9 +47,24 @@ def file_name(name: str, taken: set) -> str:
     return cand + ".npy"
 
 
+def dtype_str(dtype: np.dtype) -> str:
+    """How the manifest names ``dtype``: ``"<f4"`` for numpy's own, ``"bfloat16"`` for an
+    ml_dtypes float (whose ``dtype.str``, ``"<V2"``, would load as raw bytes)."""
+    return _dtypes.name(dtype)
+
+
+def dtype_of(e: Dict[str, Any], what: str = "load") -> np.dtype:
+    """The dtype of a manifest entry ``e``; an ml_dtypes name imports ml_dtypes, or raises
+    TypeError naming the extra to install."""
+    return _dtypes.resolve(e["dtype"], what)
+
+
 def npy_header(shape: Tuple[int, ...], dtype: np.dtype) -> bytes:
-    """The .npy header numpy.save would write for an array of ``shape`` and ``dtype``."""
-    d = {"descr": npformat.dtype_to_descr(dtype), "fortran_order": False, "shape": shape}
+    """The .npy header numpy.save would write for an array of ``shape`` and ``dtype``; for an
+    ml_dtypes float the ``descr`` is its name (``'bfloat16'``), so that ``numpy.load`` gives
+    a bfloat16 array once ml_dtypes is imported (numpy.save would write ``'<V2'``: raw bytes)."""
+    descr = dtype_str(dtype) if _dtypes.is_ml(dtype) else npformat.dtype_to_descr(dtype)
+    d = {"descr": descr, "fortran_order": False, "shape": shape}
     bio = io.BytesIO()
     try:
         npformat.write_array_header_1_0(bio, d)
@@ -95,7 +113,8 @@ def parse_placement(p: object) -> object:
 
 def crc32(a: np.ndarray) -> int:
     """The crc32 of an array's bytes in C order (as the manifest records a block)."""
-    return zlib.crc32(memoryview(np.ascontiguousarray(a)).cast("B")) & 0xFFFFFFFF
+    raw = np.ascontiguousarray(a).reshape(-1).view(np.uint8)  # ml_dtypes arrays export no buffer
+    return zlib.crc32(raw) & 0xFFFFFFFF
 
 
 def entry(layout: Layout, fname: str) -> Dict[str, Any]:
@@ -104,7 +123,7 @@ def entry(layout: Layout, fname: str) -> Dict[str, Any]:
     return {
         "file": fname,
         "shape": list(layout.shape),
-        "dtype": layout.dtype.str,
+        "dtype": dtype_str(layout.dtype),
         "nbytes": prod(layout.shape) * layout.dtype.itemsize,
         "mesh_shape": list(layout.mesh_shape),
         "placements": [str(p) for p in layout.placements],
@@ -177,16 +196,18 @@ def read_manifest(path: str, what: str) -> Dict[str, Any]:
     for name, e in arrays.items():
         try:
             shape = tuple(int(s) for s in e["shape"])
-            np.dtype(e["dtype"])
+            dtype_of(e, f"{what}: array {name!r}")
             str(e["file"])
             if os.path.basename(e["file"]) != e["file"] or e["file"] in ("", ".", ".."):
                 raise ValueError("bad file name")
             int(e["nbytes"])
             e["checksum"]["blocks"]  # noqa: B018
+        except _dtypes.NeedsMLDtypes:
+            raise
         except (KeyError, TypeError, ValueError) as err:
             raise ValueError(
                 f"{what}: {mpath!r}: the entry of array {name!r} is malformed ({err!r})"
             ) from err
-        if prod(shape) * np.dtype(e["dtype"]).itemsize != int(e["nbytes"]):
+        if prod(shape) * dtype_of(e).itemsize != int(e["nbytes"]):
             raise ValueError(f"{what}: {mpath!r}: array {name!r} has an inconsistent byte count")
     return m

@@ -92,7 +92,8 @@ def collective_io(
             if size is not None:
                 fh.Set_size(size)
             fh.Set_view(disp, view.etype, view.filetype)
-            data = buf.reshape(-1) if active else np.empty(0, lay.dtype)
+            # bytes: numpy exports no buffer of an ml_dtypes array (bfloat16, float8)
+            data = buf.reshape(-1).view(np.uint8) if active else np.empty(0, np.uint8)
             spec = [data, view.count if active else 0, view.etype]
             if write:
                 fh.Write_all(spec)

@@ -23,7 +23,14 @@ from ..array import ShardedArray, zeroed
 from ..layout import Layout, Placement
 from ..mesh import Mesh
 from .errors import Error, PathArg, error, norm_path, on_root
-from .manifest import MANIFEST, crc32, parse_placement, read_manifest, read_npy_header
+from .manifest import (
+    MANIFEST,
+    crc32,
+    dtype_of,
+    parse_placement,
+    read_manifest,
+    read_npy_header,
+)
 from .mpiio import box_bounds, collective_io, read_hints
 
 __all__ = ["load"]
@@ -73,7 +80,7 @@ def _check_files(path: str, m: Dict[str, Any], names: Sequence[str]) -> Dict[str
         if not os.path.isfile(fname):
             raise FileNotFoundError(f"load: array {name!r}: its file {fname!r} is missing")
         shape, dtype, fortran, offset = read_npy_header(fname)
-        want_shape, want_dtype = tuple(e["shape"]), np.dtype(e["dtype"])
+        want_shape, want_dtype = tuple(e["shape"]), dtype_of(e)
         if shape != want_shape or dtype != want_dtype or fortran:
             raise ValueError(
                 f"load: {fname!r} holds a {'Fortran-order ' if fortran else ''}{shape} {dtype} "
@@ -139,7 +146,7 @@ def _verify(
             if mm is None:
                 mm = np.memmap(
                     fname,
-                    dtype=np.dtype(e["dtype"]),
+                    dtype=dtype_of(e),
                     mode="r",
                     offset=offsets[name],
                     shape=tuple(e["shape"]),
@@ -179,7 +186,7 @@ def _target_layouts(
 ) -> Dict[str, Layout]:
     """The layouts to load into, from the manifest and the arguments: identical on every rank."""
     return {
-        n: Layout(tuple(e["shape"]), np.dtype(e["dtype"]), mesh.shape, want[n], sizes.get(n))
+        n: Layout(tuple(e["shape"]), dtype_of(e), mesh.shape, want[n], sizes.get(n))
         for n, e in entries.items()
     }
 

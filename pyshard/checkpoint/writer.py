@@ -19,7 +19,6 @@ import zlib
 from math import prod
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
-import numpy as np
 from mpi4py import MPI
 
 from .. import _backend as bk
@@ -27,7 +26,7 @@ from .. import _validate
 from ..array import ShardedArray
 from ..layout import Layout, Partial, Replicate, Shard
 from .errors import Error, Failure, PathArg, error, norm_path, on_root
-from .manifest import MANIFEST, build_manifest, crc32, entry, file_name, npy_header
+from .manifest import MANIFEST, build_manifest, crc32, dtype_of, entry, file_name, npy_header
 from .mpiio import box_bounds, collective_io
 
 __all__ = ["save"]
@@ -287,7 +286,7 @@ def save(
     taken: set = set()
     entries = {name: entry(x.layout, file_name(name, taken)) for name, x in items}
     headers = [
-        (e["file"], npy_header(tuple(e["shape"]), np.dtype(e["dtype"]))) for e in entries.values()
+        (e["file"], npy_header(tuple(e["shape"]), dtype_of(e, "save"))) for e in entries.values()
     ]
     _check_same(comm, path, meta_json, entries)
     # rank 0 makes the temporary directory and writes the headers; everyone learns the result

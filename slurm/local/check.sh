@@ -4,7 +4,8 @@
 #   bash slurm/local/check.sh          # from the repository root (needs root or passwordless sudo)
 #
 # Starts the local cluster (slurm/local/start.sh), submits strong_scaling.sbatch and
-# weak_scaling.sbatch with small sizes at -n 2 and -n 4, plus one job with srun --mpi=none
+# weak_scaling.sbatch with small sizes at -n 2 and -n 4, stencil_scaling.sbatch at -n 4 (halo
+# and stencil rows at 2 and 4 ranks, CHECK_PER_RANK per rank), plus one job with srun --mpi=none
 # that must fail the rank check, waits for them (polling squeue), reads their exit codes with
 # `scontrol show job`, checks the JSON lines they wrote, plots them if matplotlib is there,
 # prints a summary and `slurm check: N passed, M failed`, and stops the cluster again.
@@ -132,6 +133,7 @@ submit strong-n2 strong 2 ok
 submit strong-n4 strong 4 ok
 submit weak-n2 weak 2 ok
 submit weak-n4 weak 4 ok
+submit stencil-n4 stencil 4 ok
 submit mpi-none-n2 strong 2 fail PYSHARD_SRUN_MPI=none
 
 # A job that can never run is refused at submit (EnforcePartLimits=ALL), not left pending.
@@ -179,6 +181,28 @@ try:
 except OSError as e:
     print(f"cannot read {path}: {e}")
     sys.exit(1)
+if kind == "stencil":  # halo and stencil rows of their own (pyshard.bench.halo)
+    seen = {}
+    for i, line in enumerate(lines, 1):
+        o = json.loads(line)
+        seen.setdefault(int(o["ranks"]), set()).add(o["case"])
+        if o["case"] == "halo":
+            for row in o["rows"]:
+                t = row["times_s"]
+                if not all(t[k] > 0 for k in ("pyshard-persistent", "floor")):
+                    errs.append(f"line {i}: halo times {t}")
+        elif o["case"] == "stencil":
+            if not all(o[s]["blocking_s"] > 0 and o[s]["overlapped_s"] > 0 for s in ("star", "box")):
+                errs.append(f"line {i}: stencil times")
+        else:
+            errs.append(f"line {i}: unexpected case {o['case']}")
+    if sorted(seen) != want_ranks or any(v != {"halo", "stencil"} for v in seen.values()):
+        errs.append(f"ranks/cases {seen} != {want_ranks} x halo, stencil")
+    if errs:
+        print("; ".join(errs[:5]))
+        sys.exit(1)
+    print(f"{len(lines)} records: halo and stencil x ranks {sorted(seen)}")
+    sys.exit(0)
 for i, line in enumerate(lines, 1):
     try:
         o = json.loads(line)

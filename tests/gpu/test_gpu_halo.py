@@ -1,6 +1,6 @@
-"""Halo updates of cupy arrays (CUDA pack kernel, staged or device-direct transport)
-against the oracle of the halo semantics, and the heat example on the GPU bit for bit equal
-to the serial numpy run. Skipped without a GPU."""
+"""Halo updates and redistributes in flight of cupy arrays (CUDA pack kernel, staged or
+device-direct transport) against the oracles, and the heat example on the GPU bit for bit
+equal to the serial numpy run. Skipped without a GPU."""
 
 from __future__ import annotations
 
@@ -57,4 +57,17 @@ def test_gpu_heat_bitwise(comm, transport):
     for overlap in (False, True):
         u, _ = run(mesh, u0.shape, 5, "box", True, overlap, u0=cp.asarray(u0))
         np.testing.assert_array_equal(cp.asnumpy(u.local), ref[u.box])
+    mesh.free()
+
+
+def test_gpu_redistribute_in_flight(comm, transport):
+    mesh = ps.Mesh(comm, (comm.size,))
+    g = make_global((3 * comm.size + 1, 2 * comm.size + 3), "float32")
+    x = ps.distribute(cp.asarray(g), mesh, [ps.Shard(0)])
+    a = x.redistribute([ps.Shard(1)], wait=False)
+    b = x.redistribute([ps.Shard(1)], algorithm="p2p", wait=False)
+    for p in (b, a):
+        y = p.wait()
+        assert isinstance(y.local, cp.ndarray)
+        np.testing.assert_array_equal(cp.asnumpy(y.local), g[y.box])
     mesh.free()

@@ -6,32 +6,73 @@ from math import prod
 
 import numpy as np
 
-DTYPES = ["float16", "float32", "float64", "int32", "int64", "bool", "complex128"]
+try:
+    import ml_dtypes
+except ImportError:  # the optional extra pyshard[ml]: its dtypes are left out
+    ml_dtypes = None
+
+# bfloat16 and one float8 format (ml_dtypes) where it is installed: CI installs it
+ML_DTYPES = ["bfloat16", "float8_e4m3fn"] if ml_dtypes is not None else []
+DTYPES = ["float16", "float32", "float64", "int32", "int64", "bool", "complex128", *ML_DTYPES]
+
+
+def as_dtype(dtype):
+    """numpy dtype of ``dtype`` (names such as "bfloat16" resolve once ml_dtypes is imported)."""
+    return np.dtype(dtype)
+
+
+def is_ml(dtype):
+    """One of ml_dtypes' floats (bfloat16, float8_*)?"""
+    return as_dtype(dtype).type.__module__.split(".")[0] == "ml_dtypes"
+
+
+def is_floating(dtype):
+    dt = as_dtype(dtype)
+    return dt.kind == "f" or is_ml(dt)
 
 
 def make_global(shape, dtype, seed=0):
-    """A deterministic array of ``shape`` whose values are exact in every dtype."""
-    dtype = np.dtype(dtype)
+    """A deterministic array of ``shape`` whose values are exact in every dtype (float8:
+    rounded once to the format, as given)."""
+    dtype = as_dtype(dtype)
     n = prod(shape)
     base = (np.arange(n, dtype=np.int64) * 7919 + 31 * seed) % 251
     if dtype.kind == "b":
         out = base % 3 == 0
     elif dtype.kind == "c":
         out = (base - 125) + 1j * ((base * 13) % 17)
-    elif dtype.kind == "f":
-        out = (base - 125) / 4.0  # exact in float16 (|x| <= 32, quarter steps)
+    elif is_floating(dtype):
+        out = (base - 125) / 4.0  # exact in float16 and bfloat16 (|x| <= 32, quarter steps)
     else:
         out = base - 125
     return np.asarray(out).astype(dtype).reshape(shape)
 
 
+def reduce_once(stack, op, dtype):
+    """pyshard's rule for bfloat16 and float8: accumulate in float32 (sum; avg scales the
+    sum by float32(1/n)), round once to ``dtype``, to nearest even."""
+    f = stack.astype(np.float32)
+    if op == "sum":
+        r = f.sum(axis=0)
+    elif op == "avg":
+        r = f.sum(axis=0) * np.float32(1.0 / len(stack))
+    elif op == "max":
+        r = f.max(axis=0)
+    else:
+        r = f.min(axis=0)
+    return r.astype(dtype)
+
+
 def contributions(shape, dtype, nparts, op, seed=0):
-    """``nparts`` partial arrays and their reduction by ``op`` (exact in every dtype)."""
+    """``nparts`` partial arrays and their reduction by ``op`` (exact in every dtype; for
+    bfloat16 and float8, the float32 sum rounded once)."""
     parts = [make_global(shape, dtype, seed=seed + 101 * (i + 1)) for i in range(nparts)]
-    dtype = np.dtype(dtype)
+    dtype = as_dtype(dtype)
     if dtype.kind == "f" and dtype.itemsize == 2:
         parts = [(p / 8).astype(dtype) for p in parts]  # keep sums exact in float16
     stack = np.stack(parts) if parts else np.zeros((0,) + tuple(shape), dtype)
+    if is_ml(dtype):
+        return parts, reduce_once(stack, op, dtype)
     if op == "sum":
         ref = np.logical_or.reduce(stack, axis=0) if dtype.kind == "b" else stack.sum(axis=0)
     elif op == "avg":
@@ -46,8 +87,8 @@ def contributions(shape, dtype, nparts, op, seed=0):
 def reducible(ops, dtype):
     """Can every Partial op in ``ops`` reduce ``dtype``? (avg: floating or complex only;
     max and min: not complex)."""
-    kind = np.dtype(dtype).kind
-    if "avg" in ops and kind not in "fc":
+    kind = as_dtype(dtype).kind
+    if "avg" in ops and kind not in "fc" and not is_ml(dtype):
         return False
     return not (("max" in ops or "min" in ops) and kind == "c")
 

@@ -23,38 +23,42 @@ KEYS = {
 }  # fmt: skip
 
 
-@pytest.mark.parametrize("algorithm", ["auto", "alltoall", "p2p", "alltoallw"])
-def test_bench_cases_write_json(comm, algorithm):
+def bench_rows(comm, argv):
+    """Run the bench with ``argv`` and a temporary ``--json`` file shared by the ranks (it
+    must exit 0); the JSON rows it wrote."""
     path = None
     if comm.rank == 0:
         fd, path = tempfile.mkstemp(suffix=".jsonl")
         os.close(fd)
     path = comm.bcast(path, root=0)
     try:
-        cases = ",".join(CASES)
-        rc = bench_main(
-            ["--cases", cases, "--shape", "24x17", "--reps", "2", "--warmup", "1",
-             "--algorithm", algorithm, "--json", path]
-        )  # fmt: skip
-        assert rc == 0
+        assert bench_main([*argv, "--json", path]) == 0
         comm.Barrier()
         with open(path) as f:
-            rows = [json.loads(line) for line in f]
-        assert [r["case"] for r in rows] == list(CASES)
-        for r in rows:
-            assert KEYS <= set(r), KEYS - set(r)
-            assert r["ranks"] == comm.size and r["check"] is True
-            assert r["median_s"] > 0 and r["floor_median_s"] > 0
-        if comm.size > 1:
-            t = next(r for r in rows if r["case"] == "transpose")
-            p = comm.size
-            # S0 -> S1 of 24x17 float32: all but the diagonal blocks leave each rank
-            assert t["bytes_per_rank"] > 0
-            assert t["collective"] == "alltoallv" and t["mesh"] == [p]
+            return [json.loads(line) for line in f]
     finally:
         comm.Barrier()
         if comm.rank == 0:
             os.unlink(path)
+
+
+@pytest.mark.parametrize("algorithm", ["auto", "alltoall", "p2p", "alltoallw"])
+def test_bench_cases_write_json(comm, algorithm):
+    rows = bench_rows(
+        comm,
+        ["--cases", ",".join(CASES), "--shape", "24x17", "--reps", "2", "--warmup", "1",
+         "--algorithm", algorithm],
+    )  # fmt: skip
+    assert [r["case"] for r in rows] == list(CASES)
+    for r in rows:
+        assert KEYS <= set(r), KEYS - set(r)
+        assert r["ranks"] == comm.size and r["check"] is True
+        assert r["median_s"] > 0 and r["floor_median_s"] > 0
+    if comm.size > 1:
+        t = next(r for r in rows if r["case"] == "transpose")
+        # S0 -> S1 of 24x17 float32: all but the diagonal blocks leave each rank
+        assert t["bytes_per_rank"] > 0
+        assert t["collective"] == "alltoallv" and t["mesh"] == [comm.size]
 
 
 def test_plot(tmp_path):
@@ -76,30 +80,26 @@ def test_plot(tmp_path):
 
 
 def test_bench_halo_and_stencil_write_json(comm):
-    path = None
-    if comm.rank == 0:
-        fd, path = tempfile.mkstemp(suffix=".jsonl")
-        os.close(fd)
-    path = comm.bcast(path, root=0)
-    try:
-        rc = bench_main(
-            ["--cases", "halo,stencil", "--halo-scale", "256", "--halo-loop", "2", "--reps",
-             "3", "--stencil-n", "24", "--stencil-steps", "2", "--json", path]
-        )  # fmt: skip
-        assert rc == 0
-        comm.Barrier()
-        with open(path) as f:
-            rows = [json.loads(line) for line in f]
-        assert [r["case"] for r in rows] == ["halo", "stencil"]
-        halo, stencil = rows
-        assert [r["name"] for r in halo["rows"]] == ["2d-w1", "2d-w4", "3d-w2"]
-        for r in halo["rows"]:
-            t = r["times_s"]
-            assert t["pyshard-persistent"] > 0 and t["pyshard-p2p"] > 0 and t["floor"] > 0
-            assert r["vs_floor"] > 0
-        assert [s["peers"] for s in halo["setup"]] == [8, 8, 8]
-        assert stencil["star"]["blocking_s"] > 0 and stencil["box"]["ratio"] > 0
-    finally:
-        comm.Barrier()
-        if comm.rank == 0:
-            os.unlink(path)
+    rows = bench_rows(
+        comm,
+        ["--cases", "halo,stencil", "--halo-scale", "256", "--halo-loop", "2", "--reps", "3",
+         "--stencil-n", "24", "--stencil-steps", "2"],
+    )  # fmt: skip
+    assert [r["case"] for r in rows] == ["halo", "stencil"]
+    halo, stencil = rows
+    assert [r["name"] for r in halo["rows"]] == ["2d-w1", "2d-w4", "3d-w2"]
+    for r in halo["rows"]:
+        t = r["times_s"]
+        assert t["pyshard-persistent"] > 0 and t["pyshard-p2p"] > 0 and t["floor"] > 0
+        assert r["vs_floor"] > 0
+    assert [s["peers"] for s in halo["setup"]] == [8, 8, 8]
+    assert stencil["star"]["blocking_s"] > 0 and stencil["box"]["ratio"] > 0
+
+
+def test_bench_many_writes_json(comm):
+    (row,) = bench_rows(
+        comm, ["--cases", "many", "--many-count", "12", "--many-scale", "32", "--reps", "2"]
+    )
+    assert row["case"] == "many" and row["arrays"] == 12 and row["ranks"] == comm.size
+    assert row["many_s"] > 0 and row["loop_s"] > 0 and row["floor_s"] > 0
+    assert row["floor"] in ("Alltoall", "Alltoallv")

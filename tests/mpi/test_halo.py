@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from oracle import halo_expected, make_global
+from oracle import ML_DTYPES, halo_expected, make_global
 from test_redistribute_nd import MESHES, counts_since
 
 import pyshard as ps
@@ -53,7 +53,7 @@ def cases(size):
     return out
 
 
-@pytest.mark.parametrize("method", ["persistent", "p2p", "datatype"])
+@pytest.mark.parametrize("method", ["persistent", "p2p", "datatype", "neighbor"])
 @pytest.mark.parametrize("corners", [True, False])
 def test_update_matches_oracle(comm, method, corners):
     for shape, mshape, placements, sizes in cases(comm.size):
@@ -80,7 +80,7 @@ def test_update_matches_oracle(comm, method, corners):
         mesh.free()
 
 
-@pytest.mark.parametrize("dtype", ["float16", "int32", "bool", "complex128", "uint8"])
+@pytest.mark.parametrize("dtype", ["float16", "int32", "bool", "complex128", "uint8", *ML_DTYPES])
 def test_dtypes(comm, dtype):
     mshape = MESHES[comm.size][0] if comm.size in MESHES else (comm.size,)
     mesh = ps.Mesh(comm, mshape)
@@ -135,7 +135,7 @@ def test_staged_transport(comm):
             mesh = ps.Mesh(comm, mshape)
             g = make_global(shape, "int64")
             x = ps.distribute(g, mesh, placements, sizes)
-            for method in ("persistent", "p2p"):
+            for method in ("persistent", "p2p", "neighbor"):
                 h = x.with_halo(1, periodic=True, method=method)
                 padded_with_fill(h)
                 before = ps.comm_stats()
@@ -192,4 +192,34 @@ def test_explain_matches_what_moves(comm):
     assert f"receives {2 if comm.size > 1 else 0} message(s)" in text or n == 1
     assert "persistent point-to-point" in text
     assert h.plan.recv_bytes == (2 * 3 * 8 if comm.size > 1 else 0)
+    mesh.free()
+
+
+def test_zero_d_and_width_of_the_whole_extent(comm):
+    mesh = ps.Mesh(comm, (comm.size,))
+    x = ps.distribute(np.array(3.5), mesh, [R])
+    h = x.with_halo(0)
+    h.update()
+    assert h.padded.shape == () and h.interior.shape == () and h.array.full() == 3.5
+    g = np.arange(5.0)
+    x = ps.distribute(g, mesh, [S0])
+    h = x.with_halo(5, periodic=True)  # every ghost cell wraps, from up to every rank
+    padded_with_fill(h)
+    h.update()
+    check_halo(g, x, h, "width 5 of 5")
+    mesh.free()
+
+
+def test_method_tune_measures_and_agrees(comm):
+    mesh = ps.Mesh(comm, (comm.size,))
+    g = make_global((4 * comm.size + 3, 7), "float64")
+    x = ps.distribute(g, mesh, [S0])
+    h = x.with_halo(2, periodic=True, method="tune")
+    assert "tune" in h.explain() and h.chosen is None
+    padded_with_fill(h)
+    h.update()
+    check_halo(g, x, h, "tuned")
+    assert h.chosen in ("persistent", "p2p", "datatype", "neighbor")
+    assert len(set(comm.allgather(h.chosen))) == 1  # one choice on every rank
+    assert "chosen by measurement" in h.explain()
     mesh.free()

@@ -11,7 +11,7 @@ from math import prod
 
 import numpy as np
 import pytest
-from oracle import make_global
+from oracle import ML_DTYPES, is_ml, make_global, reduce_once
 
 import pyshard as ps
 from pyshard import Partial, Replicate, Shard
@@ -52,32 +52,38 @@ def counts_since(before):
 
 
 def make_source(g, mesh, placements, sizes=None):
-    """A ShardedArray of ``g``; Partial(sum) mesh dims hold distinct integer contributions."""
+    """A ShardedArray of ``g``; Partial(sum) mesh dims hold distinct integer contributions.
+    For bfloat16 and float8, whose sums are not exact, the contributions are independent and
+    the array they reduce to is their float32 sum rounded once: ``(x, that global array)``."""
     pdims = [m for m, p in enumerate(placements) if isinstance(p, Partial)]
     if not pdims:
-        return ps.distribute(g, mesh, placements, sizes)
+        return ps.distribute(g, mesh, placements, sizes), g
     layout = ps.Layout(g.shape, g.dtype, mesh.shape, placements, sizes)
     nq = prod(mesh.shape[m] for m in pdims)
-    parts = [make_global(g.shape, g.dtype, seed=17 * (q + 1)) for q in range(nq - 1)]
-    parts.append(g - sum(parts) if parts else g)  # exact for integer dtypes
+    if is_ml(g.dtype):
+        parts = [make_global(g.shape, g.dtype, seed=17 * (q + 1)) for q in range(nq)]
+        g = reduce_once(np.stack(parts), "sum", g.dtype)
+    else:
+        parts = [make_global(g.shape, g.dtype, seed=17 * (q + 1)) for q in range(nq - 1)]
+        parts.append(g - sum(parts) if parts else g)  # exact for integer dtypes
     q = 0
     for m in pdims:
         q = q * mesh.shape[m] + mesh.coords[m]
     local = np.ascontiguousarray(parts[q][layout.box(mesh.coords)])
-    return ps.from_local(local, mesh, placements, global_shape=g.shape, sizes=sizes)
+    return ps.from_local(local, mesh, placements, global_shape=g.shape, sizes=sizes), g
 
 
 def check(y, g, where=""):
     assert not any(isinstance(p, Partial) for p in y.placements)
+    assert y.local.dtype == g.dtype, where
     np.testing.assert_array_equal(y.local, g[y.box], err_msg=where)
 
 
-def sweep(comm, mesh_shape, shape, sources, targets):
+def sweep(comm, mesh_shape, shape, sources, targets, dtype="int64"):
     mesh = ps.Mesh(comm, mesh_shape)
-    g = make_global(shape, "int64", seed=5)
     failures = []
     for src in sources:
-        x = make_source(g, mesh, list(src))
+        x, g = make_source(make_global(shape, dtype, seed=5), mesh, list(src))
         for dst in targets:
             p = x.plan_to(list(dst))
             before = ps.comm_stats()
@@ -91,26 +97,31 @@ def sweep(comm, mesh_shape, shape, sources, targets):
                     assert "allgatherv" not in got, str(p)
                 check(y, g)
             except AssertionError as e:
-                failures.append(f"{mesh_shape} {shape} {src}->{dst}: {e}")
+                failures.append(f"{mesh_shape} {shape} {dtype} {src}->{dst}: {e}")
     assert not failures, f"{len(failures)} failures:\n" + "\n".join(failures[:8])
 
 
-@pytest.mark.parametrize("shape", [(7, 10), (3, 5)])
-def test_exhaustive_2d(comm, shape):
+# int64 at both shapes; bfloat16 and float8 (where ml_dtypes is installed) at the uneven one
+EXHAUSTIVE = [((7, 10), "int64"), ((3, 5), "int64")] + [((7, 10), d) for d in ML_DTYPES]
+
+
+@pytest.mark.parametrize("shape,dtype", EXHAUSTIVE, ids=[f"{s}-{d}" for s, d in EXHAUSTIVE])
+def test_exhaustive_2d(comm, shape, dtype):
     """Every source in {R,S0,S1,P}^2 to every target in {R,S0,S1}^2."""
     for mesh_shape in meshes_for(comm, 2):
         if mesh_shape not in [(2, 2), (4, 2), (2, 3), (3, 2), (1, 4), (4, 1)]:
             continue
         sources = list(itertools.product([R, S(0), S(1), P], repeat=2))
         targets = list(itertools.product([R, S(0), S(1)], repeat=2))
-        sweep(comm, mesh_shape, shape, sources, targets)
+        sweep(comm, mesh_shape, shape, sources, targets, dtype)
 
 
-def test_small_meshes_2d(comm):
+@pytest.mark.parametrize("dtype", ["int64", *ML_DTYPES])
+def test_small_meshes_2d(comm, dtype):
     for mesh_shape in meshes_for(comm, 2):
         sources = [(S(0), S(1)), (S(1), S(0)), (R, S(1)), (P, S(0)), (S(0), S(0))]
         targets = list(itertools.product([R, S(0), S(1)], repeat=2))
-        sweep(comm, mesh_shape, (5, 9), sources, targets)
+        sweep(comm, mesh_shape, (5, 9), sources, targets, dtype)
 
 
 def test_3d_mesh_permutations(comm):
@@ -132,7 +143,8 @@ def test_3d_mesh_permutations(comm):
     # a sample of mixed sources and targets, Partial and nested sharding included
     sources = [(S(0), R, S(2)), (P, S(1), S(0)), (S(0), S(0), R), (R, P, S(2)), (S(2), S(2), S(2))]
     targets = [(R, R, R), (S(1), S(0), R), (S(0), S(0), S(0)), (R, S(2), S(1)), (S(2), R, S(0))]
-    sweep(comm, (2, 2, 2), (7, 5, 3), sources, targets)
+    for dtype in ["int64", *ML_DTYPES]:
+        sweep(comm, (2, 2, 2), (7, 5, 3), sources, targets, dtype)
 
 
 def test_issue_counts(comm):

@@ -8,7 +8,7 @@ import itertools
 
 import numpy as np
 import pytest
-from oracle import make_global
+from oracle import ML_DTYPES, make_global
 from test_redistribute_1d import (
     PAIRS,
     counts_since,
@@ -23,7 +23,7 @@ from pyshard import Partial, Replicate, _core
 
 pytestmark = pytest.mark.mpi  # run under mpiexec with --with-mpi (pytest-mpi)
 
-DTYPES = ["float16", "float64", "int32", "bool", "complex128"]
+DTYPES = ["float16", "float64", "int32", "bool", "complex128", *ML_DTYPES[:1]]  # + bfloat16
 
 
 @pytest.fixture
@@ -70,7 +70,7 @@ def test_nd_staged_equals_direct(comm, staged):
         sources = list(itertools.product(opts + [P], repeat=nd))[:24]
         targets = list(itertools.product(opts, repeat=nd))[:12]
         for src in sources:
-            x = make_source_nd(g, mesh, list(src))
+            x, _ = make_source_nd(g, mesh, list(src))
             for dst in targets:
                 p = x.plan_to(list(dst))
                 before = ps.comm_stats()

@@ -1,0 +1,277 @@
+"""Many arrays changing layout together, in as few collectives as one: a model's parameters,
+a checkpoint's arrays. :func:`redistribute_many` plans each array as usual; the arrays whose
+plan is one exchange on the same communicator (every ``Shard -> Shard`` transpose and
+rebalance of a 1-D mesh, the per-mesh-dim exchanges of an N-D one) are fused into a single
+``MPI_Alltoallv`` carrying, per peer, every array's block for that peer; the others run one
+after another. :class:`ManyPlan` is the pure plan (no MPI), cached and explainable.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from math import prod
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
+
+import numpy as np
+
+from . import _backend as bk
+from . import _core, _validate
+from ._cache import memoize
+from .array import ShardedArray
+from .executor import NONBLOCKING_MIN_BLOCK, POOL_MIN_BYTES, pooled_empty
+from .layout import PlacementsArg, placements_str
+from .mesh import Mesh
+from .plan import Plan, geometry, plan
+
+__all__ = ["ManyPlan", "plan_many", "redistribute_many"]
+
+log = logging.getLogger("pyshard")
+
+def _env_bytes(name: str, default: int) -> int:
+    raw = os.environ.get(name, "").strip()
+    try:
+        v = int(raw) if raw else default
+    except ValueError:
+        raise ValueError(f"{name} must be an int, got {raw!r}") from None
+    if v < 1:
+        raise ValueError(f"{name} must be >= 1, got {v}")
+    return v
+
+
+# Fused: arrays of less than FUSE_MAX_BYTES per rank, in batches of about BATCH_BYTES per
+# rank. Measured (200 arrays, 2 and 4 ranks, docs/performance.md): fusing small arrays is
+# 2-3x faster than a loop (their calls are latency); fusing large ones was up to 2x slower
+# (a fused message is unpacked from the receive buffer, where an array's own exchange
+# receives its contiguous blocks in place, and the batch leaves the cache).
+FUSE_MAX_BYTES = _env_bytes("PYSHARD_MANY_FUSE_MAX_BYTES", 256 << 10)
+BATCH_BYTES = _env_bytes("PYSHARD_MANY_BATCH_BYTES", 4 << 20)
+
+ArraysArg = Union[Sequence[ShardedArray], Mapping[Any, ShardedArray]]
+PlacementsLike = Union[PlacementsArg, Sequence[PlacementsArg], Mapping[Any, PlacementsArg]]
+
+
+class ManyPlan:
+    """The plan of many redistributions on one mesh: each array's :class:`~pyshard.Plan`,
+    and which of them share one fused exchange. ``fused``: ``(mesh dims, array indices)``
+    per fused collective (arrays of one communicator with less than
+    ``PYSHARD_MANY_FUSE_MAX_BYTES`` per rank, default 256 KiB, in batches of about
+    ``PYSHARD_MANY_BATCH_BYTES`` per rank, default 4 MiB); ``single``: the indices that run
+    on their own, in order."""
+
+    __slots__ = ("plans", "fused", "single")
+
+    def __init__(self, plans: Sequence[Plan]) -> None:
+        self.plans = tuple(plans)
+        groups: Dict[Tuple[int, ...], List[int]] = {}
+        single = []
+        for i, p in enumerate(self.plans):
+            if (
+                len(p.steps) == 1
+                and p.steps[0].kind == "alltoallv"
+                and prod(p.src.shape) * p.src.dtype.itemsize
+                < FUSE_MAX_BYTES * prod(p.steps[0].group_shape)
+            ):
+                groups.setdefault(p.steps[0].mesh_dims, []).append(i)
+            else:
+                single.append(i)
+        fused = []
+        for dims, ix in sorted(groups.items()):
+            # batches of about BATCH_BYTES per rank, decided from global sizes (the same on
+            # every rank): one fused collective per batch keeps each batch's pack, transfer
+            # and unpack in cache (a 248 MiB batch ran 2x slower than one call per array)
+            ranks = prod(self.plans[ix[0]].src.mesh_shape[m] for m in dims)
+            batch: List[int] = []
+            size = 0
+            for i in ix:
+                batch.append(i)
+                lay = self.plans[i].src
+                size += prod(lay.shape) * lay.dtype.itemsize
+                if size >= BATCH_BYTES * ranks:
+                    fused.append((dims, tuple(batch)))
+                    batch, size = [], 0
+            if batch:
+                fused.append((dims, tuple(batch)))
+        self.fused = tuple(fused)
+        self.single = tuple(single)
+
+    @property
+    def collectives(self) -> int:
+        """Collectives per call: one per fused group, plus the others' own."""
+        return len(self.fused) + sum(self.plans[i].collectives for i in self.single)
+
+    def explain(self, coords: Optional[Sequence[int]] = None) -> str:
+        """Readable text: the fused exchanges (arrays, bytes at ``coords``) and the rest."""
+        n = len(self.plans)
+        unfused = sum(p.collectives for p in self.plans)
+        lines = [f"redistribute_many: {n} array(s), {self.collectives} collective(s) "
+                 f"(one by one: {unfused})"]
+        if not n:
+            return lines[0]
+        mesh = self.plans[0].src.mesh_shape
+        coords = tuple(coords) if coords is not None else (0,) * len(mesh)
+        for dims, ix in self.fused:
+            sent = sum(self.plans[i].rank_bytes(coords)[0][0] for i in ix)
+            recvd = sum(self.plans[i].rank_bytes(coords)[0][1] for i in ix)
+            lines.append(
+                f"  one alltoallv on mesh dims {','.join(map(str, dims))} for {len(ix)} "
+                f"array(s) {list(ix)[:8]}{' ...' if len(ix) > 8 else ''}: rank {coords} sends "
+                f"{sent} B, receives {recvd} B"
+            )
+        for i in self.single:
+            p = self.plans[i]
+            kinds = ", ".join(s.kind for s in p.steps) or "nothing"
+            lines.append(
+                f"  array {i}: {placements_str(p.src.placements)} -> "
+                f"{placements_str(p.dst.placements)} on its own ({kinds})"
+            )
+        return "\n".join(lines)
+
+    def __repr__(self) -> str:
+        return f"ManyPlan({len(self.plans)} arrays, {self.collectives} collectives)"
+
+
+@memoize
+def _many(plans: Tuple[Plan, ...]) -> ManyPlan:
+    return ManyPlan(plans)
+
+
+def _items(arrays: ArraysArg) -> Tuple[List[Any], List[ShardedArray], bool]:
+    if isinstance(arrays, Mapping):
+        keys = list(arrays.keys())
+        return keys, [arrays[k] for k in keys], True
+    if isinstance(arrays, (list, tuple)):
+        return list(range(len(arrays))), list(arrays), False
+    raise TypeError(
+        f"redistribute_many: arrays must be a list, tuple or dict of ShardedArray, got "
+        f"{type(arrays).__name__}"
+    )
+
+
+def _targets(keys: List[Any], xs: List[ShardedArray], placements: Any, is_map: bool) -> list:
+    """One target layout per array: ``placements`` is one placement list for all, or a list
+    (dict) matching ``arrays``."""
+    if is_map and isinstance(placements, Mapping):
+        missing = [k for k in keys if k not in placements]
+        extra = [k for k in placements if k not in set(keys)]
+        if missing or extra:
+            raise ValueError(
+                f"redistribute_many: placements name other arrays than arrays (missing "
+                f"{missing[:5]}, extra {extra[:5]})"
+            )
+        per = [placements[k] for k in keys]
+    elif (
+        not is_map
+        and isinstance(placements, (list, tuple))
+        and placements
+        and all(isinstance(p, (list, tuple)) for p in placements)
+    ):
+        if len(placements) != len(xs):
+            raise ValueError(
+                f"redistribute_many: {len(placements)} placement lists for {len(xs)} arrays"
+            )
+        per = list(placements)
+    else:
+        per = [placements] * len(xs)
+    return [x._target(pl, None) for x, pl in zip(xs, per)]
+
+
+def plan_many(arrays: ArraysArg, placements: PlacementsLike) -> ManyPlan:
+    """The (cached) :class:`ManyPlan` that :func:`redistribute_many` would run; no
+    communication."""
+    keys, xs, is_map = _items(arrays)
+    targets = _targets(keys, xs, placements, is_map)
+    return _many(tuple(plan(x.layout, t) for x, t in zip(xs, targets)))
+
+
+class _Fused:
+    """A fused exchange bound to this rank and memory kind (kept in the mesh's cache)."""
+
+    __slots__ = ("core", "need", "out_shapes", "dtypes", "pooled")
+
+    def __init__(self, plans: Sequence[Plan], mesh: Mesh, dev: bool) -> None:
+        coords = mesh.coords
+        steps = [p.steps[0] for p in plans]
+        parts = [geometry(s, coords, _core.Algorithm.alltoallv) for s in steps]
+        g = _core.FusedGeometry(parts)
+        # the largest message over all ranks decides Ialltoallv, identically everywhere
+        big = sum(s.max_block_volume() * s.src.dtype.itemsize for s in steps)
+        comm = mesh._core_comm(steps[0].mesh_dims)
+        self.core = _core.FusedExchangeStep(comm, g, mesh._cache.workspace,
+                                            big >= NONBLOCKING_MIN_BLOCK)
+        self.need = int(g.send_bytes + g.recv_bytes)
+        self.out_shapes = [s.dst.local_shape(coords) for s in steps]
+        self.dtypes = [s.dst.dtype for s in steps]
+        self.pooled = [not dev and prod(sh) * dt.itemsize >= POOL_MIN_BYTES
+                       for sh, dt in zip(self.out_shapes, self.dtypes)]
+
+    def run(self, locals_: List[Any], dev: bool) -> List[Any]:
+        if dev:
+            xp = bk.xp_of(locals_[0])
+            outs = [xp.empty(sh, dt) for sh, dt in zip(self.out_shapes, self.dtypes)]
+            self.core.run_device([a.data.ptr for a in locals_], [o.data.ptr for o in outs],
+                                 bk.stream_ptr())
+            return outs
+        outs = [
+            pooled_empty(sh, dt) if pool else np.empty(sh, dt)
+            for sh, dt, pool in zip(self.out_shapes, self.dtypes, self.pooled)
+        ]
+        self.core.run(locals_, outs)
+        return outs
+
+
+def redistribute_many(arrays: ArraysArg, placements: PlacementsLike,
+                      algorithm: Optional[str] = None) -> Any:
+    """Redistribute many arrays of one mesh together; collective.
+
+    ``arrays``: a list, tuple or dict of :class:`~pyshard.ShardedArray` on one mesh;
+    ``placements``: one placement list for all, or a list (dict) of them matching
+    ``arrays``. Returns the results in a container of the same type (and keys). The arrays
+    whose plan is a single exchange on the same communicator are moved by one fused
+    ``MPI_Alltoallv`` (one message per peer for all of them); the rest run one after another
+    with ``algorithm`` (see :meth:`~pyshard.ShardedArray.redistribute`).
+    :func:`plan_many` shows which. Every check happens before any communication; in
+    validation mode every rank must pass the same arrays and targets.
+    """
+    keys, xs, is_map = _items(arrays)
+    if not xs:
+        return {} if is_map else type(arrays)()
+    mesh = xs[0].mesh
+    for k, x in zip(keys, xs):
+        if not isinstance(x, ShardedArray):
+            raise TypeError(f"redistribute_many: arrays[{k!r}] is a {type(x).__name__}, "
+                            f"not a ShardedArray")
+        if x.mesh is not mesh:
+            raise ValueError(f"redistribute_many: arrays[{k!r}] lies on another mesh than "
+                             f"arrays[{keys[0]!r}]; every array must share one Mesh")
+    devs = {bk.is_device(x.local) for x in xs}
+    if len(devs) > 1:
+        raise TypeError("redistribute_many: mixes host and GPU arrays; pass one kind")
+    dev = devs.pop()
+    targets = _targets(keys, xs, placements, is_map)
+    if _validate.enabled:
+        _validate.agree(mesh.comm, "redistribute_many", {
+            "arrays": repr([x.layout for x in xs]), "targets": repr(targets),
+            "algorithm": repr(algorithm),
+        })
+    mp = _many(tuple(plan(x.layout, t) for x, t in zip(xs, targets)))
+    locals_ = [x.local if x.local.flags.c_contiguous else bk.xp_of(x.local).ascontiguousarray(
+        x.local) for x in xs]
+    results: List[Any] = [None] * len(xs)
+    cache = mesh._cache
+    for _, ix in mp.fused:
+        key = ("many", tuple(mp.plans[i] for i in ix), dev)
+        fe = cache.execs.get(key)
+        if fe is None:
+            fe = [_Fused([mp.plans[i] for i in ix], mesh, dev)]
+            cache.execs.put(key, fe)
+            cache.note(fe)
+        outs = fe[0].run([locals_[i] for i in ix], dev)
+        for i, o in zip(ix, outs):
+            results[i] = ShardedArray._wrap(o, targets[i], mesh)
+    for i in mp.single:  # targets come from placements alone: the one-lookup fast path
+        results[i] = xs[i].redistribute(list(targets[i].placements), algorithm=algorithm)
+    if is_map:
+        return type(arrays)(zip(keys, results)) if isinstance(arrays, dict) else dict(
+            zip(keys, results))
+    return type(arrays)(results)

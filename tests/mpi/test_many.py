@@ -1,0 +1,131 @@
+"""redistribute_many: many arrays in one fused collective, against the numpy oracle; the
+container comes back as it went in; arrays whose plans cannot be fused run on their own;
+errors before any communication."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from oracle import make_global
+from test_redistribute_nd import MESHES, counts_since
+
+import pyshard as ps
+from pyshard import Partial, Replicate, Shard, _core
+
+pytestmark = pytest.mark.mpi  # run under mpiexec with --with-mpi (pytest-mpi)
+
+S0, S1, R = Shard(0), Shard(1), Replicate()
+DTYPES = ["float32", "float64", "int16", "complex128", "bool", "uint8"]
+
+
+def arrays(comm, mesh, n=12):
+    """``n`` arrays of assorted shapes (uneven, empty shards, smaller than the mesh) and
+    dtypes, as Shard(0), with their global values."""
+    gs, xs = [], []
+    for k in range(n):
+        shape = (1 + (7 * k + 3) % (3 * comm.size + 2), 1 + (5 * k) % 9)
+        g = make_global(shape, DTYPES[k % len(DTYPES)], seed=k)
+        gs.append(g)
+        xs.append(ps.distribute(g, mesh, [S0] + [R] * (mesh.ndim - 1)))
+    return gs, xs
+
+
+def check(y, g):
+    np.testing.assert_array_equal(y.local, g[y.box])
+
+
+@pytest.mark.parametrize("container", [list, tuple, dict])
+def test_one_collective_for_many_transposes(comm, container):
+    mesh = ps.Mesh(comm, (comm.size,))
+    gs, xs = arrays(comm, mesh)
+    if container is dict:
+        inp = {f"w{k}": x for k, x in enumerate(xs)}
+    else:
+        inp = container(xs)
+    before = ps.comm_stats()
+    out = ps.redistribute_many(inp, [S1])
+    got = counts_since(before)
+    assert type(out) is type(inp)
+    ys = list(out.values()) if container is dict else list(out)
+    if container is dict:
+        assert list(out) == list(inp)
+    for y, g in zip(ys, gs):
+        assert y.placements == (S1,)
+        check(y, g)
+    if comm.size > 1:
+        assert got == {"alltoallv": 1}, got
+    assert ps.plan_many(inp, [S1]).collectives == (1 if comm.size > 1 else 0)
+    mesh.free()
+
+
+def test_mixed_targets_fuse_what_can_be_fused(comm):
+    mesh = ps.Mesh(comm, (comm.size,))
+    gs, xs = arrays(comm, mesh, n=6)
+    sizes = {0: tuple([0] * (comm.size - 1) + [gs[2].shape[0]])}
+    targets = [[S1], [R], [S0], [S1], [Partial("max")], [S1]]
+    xs[2] = ps.distribute(gs[2], mesh, [S0], sizes=sizes)  # a rebalance back to balanced
+    mp = ps.plan_many(xs, targets)
+    text = mp.explain()
+    out = ps.redistribute_many(xs, targets)
+    for k in (0, 1, 2, 3, 5):
+        check(out[k], gs[k])
+    np.testing.assert_array_equal(out[4].full(), gs[4])
+    assert out[1].placements == (R,)
+    if comm.size > 1:
+        assert [ix for _, ix in mp.fused] == [(0, 2, 3, 5)]
+        assert mp.single == (1, 4) and "one alltoallv" in text and "array 1:" in text
+    mesh.free()
+
+
+def test_nd_mesh_groups_by_communicator(comm):
+    for mshape in MESHES.get(comm.size, []):
+        if len(mshape) != 2:
+            continue
+        mesh = ps.Mesh(comm, mshape)
+        gs = [make_global((2 * mshape[0] + k, 3 * mshape[1] + 1), "float64", seed=k)
+              for k in range(4)]
+        xs = [ps.distribute(g, mesh, [S0, S1]) for g in gs]
+        # swap the mesh dims (one whole-mesh exchange each) and a per-dim transpose
+        targets = [[S1, S0], [S1, S0], [S0, R], [S1, S0]]
+        out = ps.redistribute_many(xs, targets)
+        for y, g in zip(out, gs):
+            check(y, g)
+        mesh.free()
+
+
+def test_staged(comm):
+    _core.set_transport(_core.Mem.host, _core.Transport.staged)
+    ps.clear_caches()
+    try:
+        mesh = ps.Mesh(comm, (comm.size,))
+        gs, xs = arrays(comm, mesh, n=5)
+        before = ps.comm_stats()
+        for y, g in zip(ps.redistribute_many(xs, [S1]), gs):
+            check(y, g)
+        if comm.size > 1:
+            assert counts_since(before) == {"alltoallv": 1, "staged": 1}
+        mesh.free()
+    finally:
+        _core.set_transport(_core.Mem.host, _core.Transport.direct)
+        ps.clear_caches()
+
+
+def test_errors_before_communication(comm):
+    mesh = ps.Mesh(comm, (comm.size,))
+    other = ps.Mesh(comm, (comm.size,))
+    gs, xs = arrays(comm, mesh, n=3)
+    before = ps.comm_stats()
+    with pytest.raises(ValueError, match="another mesh"):
+        ps.redistribute_many([xs[0], ps.distribute(gs[1], other, [S0])], [S1])
+    with pytest.raises(ValueError, match="2 placement lists for 3 arrays"):
+        ps.redistribute_many(xs, [[S1], [S1]])
+    with pytest.raises(ValueError, match="missing"):
+        ps.redistribute_many({"a": xs[0], "b": xs[1]}, {"a": [S1]})
+    with pytest.raises(TypeError, match="list, tuple or dict"):
+        ps.redistribute_many(xs[0], [S1])
+    with pytest.raises(ValueError):
+        ps.redistribute_many(xs, [Shard(5)])
+    assert counts_since(before) == {}
+    assert ps.redistribute_many([], [S1]) == []
+    mesh.free()
+    other.free()
