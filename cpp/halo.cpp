@@ -166,33 +166,19 @@ void HaloStep::post_neighbor(char* sb, char* rb) {
                   &graph_),
               "MPI_Dist_graph_create_adjacent");
   }
-#if PYSHARD_LARGE_COUNT
-  using C = MPI_Count;
-  using D = MPI_Aint;
-#else
-  using C = int;
-  using D = int;
-#endif
-  auto fit = [](i64 v) {
-    if (v > static_cast<i64>(INT_MAX) && !PYSHARD_LARGE_COUNT)
-      throw std::overflow_error(
-          "pyshard: a halo message or offset past 2^31-1 bytes, and this MPI has no MPI-4 "
-          "neighbourhood calls: use the 'persistent' method");
-    return v;
-  };
   // kept as members: a nonblocking call reads them until it completes
-  std::vector<C>& sc = ncounts_[0];
-  std::vector<C>& rc = ncounts_[1];
-  std::vector<D>& sd = ndispls_[0];
-  std::vector<D>& rd = ndispls_[1];
+  mpi::Counts& sc = ncounts_[0];
+  mpi::Counts& rc = ncounts_[1];
+  mpi::Displs& sd = ndispls_[0];
+  mpi::Displs& rd = ndispls_[1];
   if (sc.empty()) {
     for (const HaloMessage& m : g.sends) {
-      sc.push_back(static_cast<C>(fit(m.bytes)));
-      sd.push_back(static_cast<D>(fit(m.off)));
+      sc.push_back(to_count(m.bytes, "a halo message"));
+      sd.push_back(static_cast<DisplT>(m.off));
     }
     for (const HaloMessage& m : g.recvs) {
-      rc.push_back(static_cast<C>(fit(m.bytes)));
-      rd.push_back(static_cast<D>(fit(m.off)));
+      rc.push_back(to_count(m.bytes, "a halo message"));
+      rd.push_back(static_cast<DisplT>(m.off));
     }
     // a valid pointer even for no peers (MPI reads only the degrees' worth)
     sc.push_back(0);
@@ -200,25 +186,21 @@ void HaloStep::post_neighbor(char* sb, char* rb) {
     rc.push_back(0);
     rd.push_back(0);
   }
-#if PYSHARD_LARGE_COUNT
-  const bool same = reqs_.size() == 1 && bound_[1] == sb && bound_[2] == rb;
-  if (!same) {
-    free_requests();
+  if (mpi::neighbor_persistent()) {
+    const bool same = reqs_.size() == 1 && bound_[1] == sb && bound_[2] == rb;
+    if (!same) {
+      free_requests();
+      reqs_.assign(1, MPI_REQUEST_NULL);
+      mpi::neighbor_alltoallv_init(sb, sc, sd, rb, rc, rd, graph_, &reqs_[0]);
+      bound_[1] = sb;
+      bound_[2] = rb;
+    }
+    check_mpi(MPI_Start(&reqs_[0]), "MPI_Start");
+  } else {
+    free_requests();  // one bound while the library took the persistent path (a test's limit)
     reqs_.assign(1, MPI_REQUEST_NULL);
-    check_mpi(MPI_Neighbor_alltoallv_init_c(sb, sc.data(), sd.data(), MPI_BYTE, rb, rc.data(),
-                                            rd.data(), MPI_BYTE, graph_, MPI_INFO_NULL,
-                                            &reqs_[0]),
-              "MPI_Neighbor_alltoallv_init");
-    bound_[1] = sb;
-    bound_[2] = rb;
+    mpi::ineighbor_alltoallv(sb, sc, sd, rb, rc, rd, graph_, &reqs_[0]);
   }
-  check_mpi(MPI_Start(&reqs_[0]), "MPI_Start");
-#else
-  reqs_.assign(1, MPI_REQUEST_NULL);
-  check_mpi(MPI_Ineighbor_alltoallv(sb, sc.data(), sd.data(), MPI_BYTE, rb, rc.data(), rd.data(),
-                                    MPI_BYTE, graph_, &reqs_[0]),
-            "MPI_Ineighbor_alltoallv");
-#endif
 }
 
 // The datatype method: persistent requests on the padded array, one MPI datatype per

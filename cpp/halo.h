@@ -34,7 +34,7 @@ using PeerBoxes = std::tuple<int, std::vector<BoxSpec>>;
 // ours, the MPI library copies from and to the boxes (host memory only).
 // neighbor: one neighbourhood collective on a distributed-graph communicator of this rank's
 // peers (MPI_Dist_graph_create_adjacent once), persistent where the library has MPI-4's
-// MPI_Neighbor_alltoallv_init, else MPI_Ineighbor_alltoallv per update.
+// MPI_Neighbor_alltoallv_init, else MPI_Ineighbor_alltoallw per update (mpi_calls.h).
 enum class HaloMethod { persistent = 0, p2p = 1, datatype = 2, neighbor = 3 };
 
 struct HaloMessage {
@@ -91,13 +91,8 @@ class HaloStep {
   std::vector<MPI_Request> reqs_;  // receives, then sends
   std::vector<MPI_Datatype> types_;  // datatype method: one per message, receives first
   MPI_Comm graph_ = MPI_COMM_NULL;    // neighbor method: the peers as a graph communicator
-#if PYSHARD_LARGE_COUNT
-  std::vector<MPI_Count> ncounts_[2];  // neighbor method: send, receive counts (bytes)
-  std::vector<MPI_Aint> ndispls_[2];
-#else
-  std::vector<int> ncounts_[2];
-  std::vector<int> ndispls_[2];
-#endif
+  mpi::Counts ncounts_[2];  // neighbor method: send, receive counts (bytes)
+  mpi::Displs ndispls_[2];
   char* bound_[3] = {nullptr, nullptr, nullptr};  // array, send and receive buffers bound
   bool bound_in_place_ = false;
   bool active_ = false;

@@ -154,8 +154,11 @@ void rounds(i64 n, MPI_Datatype t, F fn) {
 // One side of a classic call in place of 64-bit counts `c` at displacements `d`: per peer an
 // int count and byte displacement of MPI_BYTE where both fit, else count 1 at displacement 0
 // of a type of the block's bytes placed at its displacement.
+// With `aint` (neighbourhood all-to-all-w, whose displacements are MPI_Aint): the
+// displacements stay as they are, and a block past the limit is count 1 of a type of its bytes.
 struct Side {
   std::vector<i64> c, d;  // the values it was made from
+  bool aint = false;
   std::vector<int> n, disp;
   std::vector<MPI_Datatype> types;
   std::vector<Type> own;  // the placed types
@@ -166,19 +169,24 @@ namespace {
 
 // The Side of (c, d) (d null: displacements 0), kept in c by d and remade when the values
 // change.
-const Side& side(const Counts& c, const Displs* d) {
+const Side& side(const Counts& c, const Displs* d, bool aint = false) {
   std::shared_ptr<Side>& slot = c.sides[d];
   const size_t P = c.size();
   auto dv = [&](size_t p) { return d ? static_cast<i64>((*d)[p]) : i64(0); };
-  bool same = slot && slot->c.size() == P;
+  bool same = slot && slot->c.size() == P && slot->aint == aint;
   for (size_t p = 0; same && p < P; ++p) same = slot->c[p] == c[p] && slot->d[p] == dv(p);
   if (same) return *slot;
   auto s = std::make_shared<Side>();
+  s->aint = aint;
   for (size_t p = 0; p < P; ++p) {
     const i64 n = c[p], at = dv(p);
     s->c.push_back(n);
     s->d.push_back(at);
-    if (n == 0 || (n <= g_limit && at <= g_limit)) {
+    if (aint) {
+      s->n.push_back(n <= g_limit ? as_int(n) : 1);
+      s->types.push_back(n <= g_limit ? MPI_BYTE : bytes_type(n));
+      s->placed = s->placed || n > g_limit;
+    } else if (n == 0 || (n <= g_limit && at <= g_limit)) {
       s->n.push_back(as_int(n));
       s->disp.push_back(n == 0 ? 0 : as_int(at));
       s->types.push_back(MPI_BYTE);
@@ -249,6 +257,42 @@ void ialltoallv(const void* sb, const Counts& sc, const Displs& sd, void* rb, co
   check_mpi(MPI_Ialltoallw(sb, s.n.data(), s.disp.data(), s.types.data(), rb, r.n.data(),
                            r.disp.data(), r.types.data(), comm, req),
             "MPI_Ialltoallv (as MPI_Ialltoallw)");
+}
+
+bool neighbor_persistent() { return native(); }
+
+void neighbor_alltoallv_init(const void* sb, const Counts& sc, const Displs& sd, void* rb,
+                             const Counts& rc, const Displs& rd, MPI_Comm graph,
+                             MPI_Request* req) {
+#if PYSHARD_LARGE_COUNT
+  if (native()) {
+    check_mpi(MPI_Neighbor_alltoallv_init_c(sb, sc.data(), sd.data(), MPI_BYTE, rb, rc.data(),
+                                            rd.data(), MPI_BYTE, graph, MPI_INFO_NULL, req),
+              "MPI_Neighbor_alltoallv_init");
+    return;
+  }
+#endif
+  (void)sb, (void)sc, (void)sd, (void)rb, (void)rc, (void)rd, (void)graph, (void)req;
+  throw std::logic_error("pyshard: no persistent neighbourhood collectives in this MPI");
+}
+
+void ineighbor_alltoallv(const void* sb, const Counts& sc, const Displs& sd, void* rb,
+                         const Counts& rc, const Displs& rd, MPI_Comm graph, MPI_Request* req) {
+#if PYSHARD_LARGE_COUNT
+  if (native()) {
+    check_mpi(MPI_Ineighbor_alltoallv_c(sb, sc.data(), sd.data(), MPI_BYTE, rb, rc.data(),
+                                        rd.data(), MPI_BYTE, graph, req),
+              "MPI_Ineighbor_alltoallv");
+    return;
+  }
+#endif
+  const Side& s = side(sc, &sd, true);  // kept in sc and rc: MPI reads them until completion
+  const Side& r = side(rc, &rd, true);
+  note("neighbor_alltoallw");
+  if (s.placed || r.placed) note("bytes");
+  check_mpi(MPI_Ineighbor_alltoallw(sb, s.n.data(), sd.data(), s.types.data(), rb, r.n.data(),
+                                    rd.data(), r.types.data(), graph, req),
+            "MPI_Ineighbor_alltoallv (as MPI_Ineighbor_alltoallw)");
 }
 
 void alltoall(const void* sb, void* rb, i64 block, MPI_Comm comm) {

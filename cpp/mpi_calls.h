@@ -104,6 +104,19 @@ void allgatherv(const void* sb, CountT n, void* rb, const Counts& rc, const Disp
                 MPI_Comm comm);
 void allgather(const void* sb, void* rb, i64 bytes, MPI_Comm comm);
 
+// The halo's neighbor method: a neighbourhood all-to-all of bytes on a distributed-graph
+// communicator, sc/sd per out-neighbour and rc/rd per in-neighbour (alive and unchanged while
+// the request is in use). Where the library has the MPI-4 calls (`neighbor_persistent()`),
+// MPI_Neighbor_alltoallv_init binds a persistent request once (MPI_Start it); elsewhere
+// ineighbor_alltoallv starts one now: MPI_Ineighbor_alltoallw (MPI-3: 64-bit displacements,
+// a type of n bytes for a block past the limit; the same call on every rank).
+bool neighbor_persistent();
+void neighbor_alltoallv_init(const void* sb, const Counts& sc, const Displs& sd, void* rb,
+                             const Counts& rc, const Displs& rd, MPI_Comm graph,
+                             MPI_Request* req);
+void ineighbor_alltoallv(const void* sb, const Counts& sc, const Displs& sd, void* rb,
+                         const Counts& rc, const Displs& rd, MPI_Comm graph, MPI_Request* req);
+
 // Reductions: counts in elements of `t`.
 void reduce_scatter_block(const void* sb, void* rb, i64 n, MPI_Datatype t, MPI_Op op,
                           MPI_Comm comm);

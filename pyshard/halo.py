@@ -523,7 +523,7 @@ class HaloArray:
             "datatype": "persistent point-to-point requests on the padded array with one MPI "
             "datatype (subarrays) per message: the MPI library packs and unpacks",
             "neighbor": "one neighbourhood all-to-all on a distributed-graph communicator of "
-            "the peers (MPI_Neighbor_alltoallv_init where MPI-4, else MPI_Ineighbor_alltoallv) "
+            "the peers (MPI_Neighbor_alltoallv_init where MPI-4, else MPI_Ineighbor_alltoallw) "
             "on packed buffers",
         }
         m = self.chosen or self.method

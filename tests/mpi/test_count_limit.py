@@ -126,7 +126,7 @@ def test_reductions(comm, limited, dtype):
         assert "split" in ran(comm)
 
 
-@pytest.mark.parametrize("method", ["persistent", "p2p", "datatype"])
+@pytest.mark.parametrize("method", ["persistent", "p2p", "datatype", "neighbor"])
 def test_halo(comm, limited, method):
     """Halo messages over LIMIT bytes on a 2-D mesh, periodic, with corners."""
     P = comm.size
@@ -146,4 +146,5 @@ def test_halo(comm, limited, method):
                              h.periodic, h.corners, 77)  # fmt: skip
         np.testing.assert_array_equal(h.padded, want)
     if P > 1:
-        assert ("subarray" if method == "datatype" else "bytes") in ran(comm)
+        need = {"datatype": "subarray", "neighbor": "neighbor_alltoallw"}.get(method, "bytes")
+        assert need in ran(comm)
