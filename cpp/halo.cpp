@@ -160,11 +160,16 @@ void HaloStep::post_neighbor(char* sb, char* rb) {
     std::vector<int> src, dst;
     for (const HaloMessage& m : g.recvs) src.push_back(m.peer);
     for (const HaloMessage& m : g.sends) dst.push_back(m.peer);
-    check_mpi(MPI_Dist_graph_create_adjacent(
-                  comm_->get(), static_cast<int>(src.size()), src.data(), MPI_UNWEIGHTED,
-                  static_cast<int>(dst.size()), dst.data(), MPI_UNWEIGHTED, MPI_INFO_NULL, 0,
-                  &graph_),
-              "MPI_Dist_graph_create_adjacent");
+    // built on a copy without the mesh's Cartesian topology (same ranks): Open MPI 5.0
+    // fails neighbourhood collectives on a graph made from a Cartesian communicator
+    // (MPI_ERR_ARG, or a crash in its argument checks)
+    MPI_Comm plain = MPI_COMM_NULL;
+    check_mpi(MPI_Comm_split(comm_->get(), 0, comm_->rank(), &plain), "MPI_Comm_split");
+    const int err = MPI_Dist_graph_create_adjacent(
+        plain, static_cast<int>(src.size()), src.data(), MPI_UNWEIGHTED,
+        static_cast<int>(dst.size()), dst.data(), MPI_UNWEIGHTED, MPI_INFO_NULL, 0, &graph_);
+    MPI_Comm_free(&plain);
+    check_mpi(err, "MPI_Dist_graph_create_adjacent");
   }
   // kept as members: a nonblocking call reads them until it completes
   mpi::Counts& sc = ncounts_[0];
