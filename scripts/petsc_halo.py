@@ -68,7 +68,7 @@ def main() -> int:
                      "median_s": float(np.median(times))})
         da.destroy()
     if comm.rank == 0:
-        lib = MPI.Get_library_version().splitlines()[0].strip().strip("\x00")
+        lib = MPI.Get_library_version().split("\0", 1)[0].splitlines()[0].strip()
         print(f"PETSc {'.'.join(map(str, PETSc.Sys.getVersion()))} DMDA globalToLocal (BOX, "
               f"periodic), {comm.size} ranks, {lib}; us per update, slowest rank")
         for r in rows:

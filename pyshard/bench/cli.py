@@ -13,6 +13,7 @@ from typing import Dict, List, Optional
 import numpy as np
 from mpi4py import MPI
 
+from .._mpi import library_line
 from ..mesh import Mesh
 from .cases import CASES, EXTRA_CASES, make_cases
 from .checkpoint import bench_checkpoint
@@ -144,7 +145,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     if rank == 0:
         print(
             f"pyshard bench: {p} ranks, {args.shape} {dtype}, reps {args.reps}, "
-            f"warmup {args.warmup}; {MPI.Get_library_version().splitlines()[0].strip()}",
+            f"warmup {args.warmup}; {library_line()}",
             flush=True,
         )
     for name in names:

@@ -31,6 +31,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 import numpy as np
 from mpi4py import MPI
 
+from .._mpi import library_line
 from ..apps.heat import alpha_for, initial, inner_and_shell, step, step_cells
 from ..array import distribute, from_local
 from ..halo import METHODS, HaloPlan, halo_spec
@@ -204,7 +205,7 @@ def bench_halo(comm: MPI.Comm, scale: int = 1, reps: int = 5, loop: int = 20,
         })
         mesh.free()
     return {"case": "halo", "ranks": comm.size,
-            "mpi": MPI.Get_library_version().splitlines()[0].strip(), "rows": rows,
+            "mpi": library_line(), "rows": rows,
             "setup": halo_setup()}
 
 
