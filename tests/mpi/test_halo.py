@@ -10,9 +10,10 @@ import numpy as np
 import pytest
 from oracle import ML_DTYPES, halo_expected, make_global
 from test_redistribute_nd import MESHES, counts_since
+from test_staged import staged  # noqa: F401 - the fixture
 
 import pyshard as ps
-from pyshard import Partial, Replicate, Shard, _core
+from pyshard import Partial, Replicate, Shard
 
 pytestmark = pytest.mark.mpi  # run under mpiexec with --with-mpi (pytest-mpi)
 
@@ -128,24 +129,21 @@ def test_overlap_start_wait(comm):
     mesh.free()
 
 
+@pytest.mark.usefixtures("staged")
 def test_staged_transport(comm):
-    _core.set_transport(_core.Mem.host, _core.Transport.staged)
-    try:
-        for shape, mshape, placements, sizes in cases(comm.size):
-            mesh = ps.Mesh(comm, mshape)
-            g = make_global(shape, "int64")
-            x = ps.distribute(g, mesh, placements, sizes)
-            for method in ("persistent", "p2p", "neighbor"):
-                h = x.with_halo(1, periodic=True, method=method)
-                padded_with_fill(h)
-                before = ps.comm_stats()
-                h.start()
-                h.wait()
-                check_halo(g, x, h, f"staged {method}")
-                assert counts_since(before) == {"halo": 1, "staged": 1}
-            mesh.free()
-    finally:
-        _core.set_transport(_core.Mem.host, _core.Transport.direct)
+    for shape, mshape, placements, sizes in cases(comm.size):
+        mesh = ps.Mesh(comm, mshape)
+        g = make_global(shape, "int64")
+        x = ps.distribute(g, mesh, placements, sizes)
+        for method in ("persistent", "p2p", "neighbor"):
+            h = x.with_halo(1, periodic=True, method=method)
+            padded_with_fill(h)
+            before = ps.comm_stats()
+            h.start()
+            h.wait()
+            check_halo(g, x, h, f"staged {method}")
+            assert counts_since(before) == {"halo": 1, "staged": 1}
+        mesh.free()
 
 
 def test_array_view_redistributes_and_saves(comm, tmp_path_factory):

@@ -8,9 +8,10 @@ import numpy as np
 import pytest
 from oracle import make_global
 from test_redistribute_nd import MESHES, counts_since
+from test_staged import staged  # noqa: F401 - the fixture
 
 import pyshard as ps
-from pyshard import Partial, Replicate, Shard, _core
+from pyshard import Partial, Replicate, Shard
 
 pytestmark = pytest.mark.mpi  # run under mpiexec with --with-mpi (pytest-mpi)
 
@@ -93,21 +94,16 @@ def test_nd_mesh_groups_by_communicator(comm):
         mesh.free()
 
 
+@pytest.mark.usefixtures("staged")
 def test_staged(comm):
-    _core.set_transport(_core.Mem.host, _core.Transport.staged)
-    ps.clear_caches()
-    try:
-        mesh = ps.Mesh(comm, (comm.size,))
-        gs, xs = arrays(comm, mesh, n=5)
-        before = ps.comm_stats()
-        for y, g in zip(ps.redistribute_many(xs, [S1]), gs):
-            check(y, g)
-        if comm.size > 1:
-            assert counts_since(before) == {"alltoallv": 1, "staged": 1}
-        mesh.free()
-    finally:
-        _core.set_transport(_core.Mem.host, _core.Transport.direct)
-        ps.clear_caches()
+    mesh = ps.Mesh(comm, (comm.size,))
+    gs, xs = arrays(comm, mesh, n=5)
+    before = ps.comm_stats()
+    for y, g in zip(ps.redistribute_many(xs, [S1]), gs):
+        check(y, g)
+    if comm.size > 1:
+        assert counts_since(before) == {"alltoallv": 1, "staged": 1}
+    mesh.free()
 
 
 def test_errors_before_communication(comm):

@@ -9,9 +9,10 @@ import numpy as np
 import pytest
 from oracle import make_global
 from test_redistribute_nd import MESHES, counts_since
+from test_staged import staged  # noqa: F401 - the fixture
 
 import pyshard as ps
-from pyshard import Pending, Replicate, Shard, _core
+from pyshard import Pending, Replicate, Shard
 
 pytestmark = pytest.mark.mpi  # run under mpiexec with --with-mpi (pytest-mpi)
 
@@ -86,23 +87,18 @@ def test_plan_that_cannot_fly_still_works(comm):
     mesh.free()
 
 
+@pytest.mark.usefixtures("staged")
 def test_staged(comm):
-    _core.set_transport(_core.Mem.host, _core.Transport.staged)
-    ps.clear_caches()
-    try:
-        mesh = ps.Mesh(comm, (comm.size,))
-        g = make_global((2 * comm.size + 1, comm.size + 2), "complex128")
-        x = ps.distribute(g, mesh, [S0])
-        for algorithm in ("alltoallv", "p2p"):
-            before = ps.comm_stats()
-            a = x.redistribute([S1], algorithm=algorithm, wait=False)
-            b = x.redistribute([S1], algorithm=algorithm, wait=False)
-            check(b.wait(), g)
-            check(a.wait(), g)
-            got = counts_since(before)
-            if comm.size > 1:
-                assert got.get("staged") == 2, got
-        mesh.free()
-    finally:
-        _core.set_transport(_core.Mem.host, _core.Transport.direct)
-        ps.clear_caches()
+    mesh = ps.Mesh(comm, (comm.size,))
+    g = make_global((2 * comm.size + 1, comm.size + 2), "complex128")
+    x = ps.distribute(g, mesh, [S0])
+    for algorithm in ("alltoallv", "p2p"):
+        before = ps.comm_stats()
+        a = x.redistribute([S1], algorithm=algorithm, wait=False)
+        b = x.redistribute([S1], algorithm=algorithm, wait=False)
+        check(b.wait(), g)
+        check(a.wait(), g)
+        got = counts_since(before)
+        if comm.size > 1:
+            assert got.get("staged") == 2, got
+    mesh.free()
