@@ -14,7 +14,8 @@ from . import _backend as bk
 from . import _core, _dtypes, _validate, executor
 from ._cache import memoize
 from .executor import Pending, executors, out_ok, run_steps, start
-from .halo import HaloArray, PeriodicArg, WidthArg
+from .halo import HaloArray
+from .halo_plan import PeriodicArg, WidthArg
 from .layout import (
     Layout,
     Partial,
