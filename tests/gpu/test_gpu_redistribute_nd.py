@@ -13,7 +13,7 @@ from math import prod
 import numpy as np
 import pytest
 from gpu_helpers import DTYPES, counts_since, skip_reason, split_counts, with_transport
-from oracle import make_global
+from oracle import is_ml, make_global, reduce_once
 from test_redistribute_nd import EXCHANGES, S, meshes_for
 
 import pyshard as ps
@@ -29,23 +29,30 @@ R, P = Replicate(), Partial("sum")
 
 
 def make_source(g, mesh, placements, sizes=None):
-    """A ShardedArray of ``g`` on the GPU; Partial(sum) mesh dims hold distinct integer
-    contributions (differences for numbers, subsets for bool) that reduce to ``g``."""
+    """``(x, ref)``: a ShardedArray ``x`` on the GPU and the global array it holds. Partial(sum)
+    mesh dims hold distinct contributions (differences for numbers, subsets for bool) that
+    reduce to ``g``; for bfloat16, whose sums round, independent contributions whose
+    reduction is their float32 sum rounded once (as tests/mpi/test_redistribute_nd.py)."""
     pdims = [m for m, p in enumerate(placements) if isinstance(p, Partial)]
     if not pdims:
-        return ps.distribute(cp.asarray(g), mesh, placements, sizes)
+        return ps.distribute(cp.asarray(g), mesh, placements, sizes), g
     layout = ps.Layout(g.shape, g.dtype, mesh.shape, placements, sizes)
     nq = prod(mesh.shape[m] for m in pdims)
-    others = [make_global(g.shape, g.dtype, seed=17 * (q + 1)) for q in range(nq - 1)]
-    if g.dtype.kind == "b":
-        parts = [g] + [o & g for o in others]
+    if is_ml(g.dtype):
+        parts = [make_global(g.shape, g.dtype, seed=17 * (q + 1)) for q in range(nq)]
+        g = reduce_once(np.stack(parts), "sum", g.dtype)
     else:
-        parts = [g - sum(others) if others else g] + others
+        others = [make_global(g.shape, g.dtype, seed=17 * (q + 1)) for q in range(nq - 1)]
+        if g.dtype.kind == "b":
+            parts = [g] + [o & g for o in others]
+        else:
+            parts = [g - sum(others) if others else g] + others
     q = 0
     for m in pdims:
         q = q * mesh.shape[m] + mesh.coords[m]
     local = cp.asarray(np.ascontiguousarray(parts[q][layout.box(mesh.coords)]))
-    return ps.from_local(local, mesh, placements, global_shape=g.shape, sizes=sizes)
+    x = ps.from_local(local, mesh, placements, global_shape=g.shape, sizes=sizes)
+    return x, g
 
 
 def check(y, g, where=""):
@@ -69,7 +76,7 @@ def sweep(comm, transport, mesh_shape, shape, sources, targets, dtype="int32"):
     g = make_global(shape, dtype, seed=5)
     failures = []
     for src in sources:
-        x = make_source(g, mesh, list(src))
+        x, ref = make_source(g, mesh, list(src))
         for dst in targets:
             p = x.plan_to(list(dst))
             before = ps.comm_stats()
@@ -81,7 +88,7 @@ def sweep(comm, transport, mesh_shape, shape, sources, targets, dtype="int32"):
                     assert p.collectives <= 1, str(p)
                 if R not in dst:
                     assert "allgatherv" not in got, str(p)
-                check(y, g)
+                check(y, ref)
             except AssertionError as e:
                 failures.append(f"{mesh_shape} {shape} {dtype} {src}->{dst}: {e}")
     assert not failures, f"{len(failures)} failures:\n" + "\n".join(failures[:8])
@@ -99,7 +106,7 @@ def test_exhaustive_2d(comm, transport, shape):
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_small_meshes_2d_dtypes(comm, transport, dtype):
     for mesh_shape in meshes_for(comm, 2):
-        # Partial(sum): contributions of small quarter-step values, exact in every dtype
+        # Partial(sum): exact differences; for bfloat16, contributions rounded once (make_source)
         sources = [(S(0), S(1)), (S(1), S(0)), (R, S(1)), (P, S(0)), (S(0), S(0))]
         targets = list(itertools.product([R, S(0), S(1)], repeat=2))
         sweep(comm, transport, mesh_shape, (5, 9), sources, targets, dtype)

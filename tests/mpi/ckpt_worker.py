@@ -18,7 +18,7 @@ from math import prod
 
 import numpy as np
 from mpi4py import MPI
-from oracle import make_global
+from oracle import is_ml, make_global
 
 import pyshard as ps
 from pyshard import Partial, Replicate, Shard
@@ -66,7 +66,12 @@ def make_sharded(mesh, spec):
     nq = prod(mesh.shape[m] for m in pdims)
     seed = spec.get("seed", 0)
     others = [make_global(g.shape, g.dtype, seed=seed + 17 * (q + 1)) for q in range(nq - 1)]
-    if g.dtype.kind == "b":
+    if is_ml(g.dtype):
+        # bfloat16, float8: differences would round; halves, quarters, ... of g sum to it
+        # exactly (each is g with a smaller exponent), in any order
+        parts = [g * 0.5 ** min(q + 1, nq - 1) for q in range(nq)] if nq > 1 else [g]
+        parts = [np.asarray(x, g.dtype) for x in parts]
+    elif g.dtype.kind == "b":
         parts = [g] + [o & g for o in others]
     else:
         parts = [g - sum(others) if others else g] + others
