@@ -53,18 +53,39 @@ def main() -> int:
     dev = ps.from_local(cp.asarray(host.local), mesh, list(host.placements),
                         global_shape=host.global_shape)  # fmt: skip
     ok = True
+    sync = cp.cuda.Device().synchronize
+    small = cp.empty(1024)
     for width in (1, 4):
         hh = host.with_halo(width, periodic=True, corners=True)
         hd = dev.with_halo(width, periodic=True, corners=True)
         t_host = _timed(comm, hh.update, a.reps, lambda: None)
-        t_dev = _timed(comm, hd.update, a.reps, cp.cuda.Device().synchronize)
+        t_dev = _timed(comm, hd.update, a.reps, sync)
         same = bool(np.array_equal(cp.asnumpy(hd.padded), hh.padded))
         ok = ok and comm.allreduce(same, op=MPI.LAND)
+        # where a GPU update's time goes: start() (pack kernels, device-to-host copy, sync,
+        # MPI posted) and wait() (MPI completed, host-to-device copy, unpack kernel), each
+        # synchronised; a bare device sync; one small kernel (a cupy fill) and its sync
+        t_start = t_wait = 0.0
+        for _ in range(a.reps):
+            comm.Barrier()
+            t0 = time.perf_counter()
+            hd.start()
+            sync()
+            t1 = time.perf_counter()
+            hd.wait()
+            sync()
+            t2 = time.perf_counter()
+            t_start += comm.allreduce(t1 - t0, op=MPI.MAX)
+            t_wait += comm.allreduce(t2 - t1, op=MPI.MAX)
+        t_sync = _timed(comm, lambda: None, a.reps, sync)
+        t_fill = _timed(comm, lambda: small.fill(1.0), a.reps, sync)
         if comm.rank == 0:
             print(
                 f"gpu-halo {a.n}x{a.n} float64 w{width} periodic box, {comm.size} ranks mesh "
                 f"{dims[0]}x{dims[1]}, method {hd.chosen}: cupy {t_dev:.1f} us, numpy "
-                f"{t_host:.1f} us (x{t_dev / t_host:.2f}); ghosts equal: {same}",
+                f"{t_host:.1f} us (x{t_dev / t_host:.2f}); ghosts equal: {same}; cupy start "
+                f"{t_start / a.reps * 1e6:.1f} us + wait {t_wait / a.reps * 1e6:.1f} us (mean); "
+                f"bare sync {t_sync:.1f} us, one small kernel + sync {t_fill:.1f} us",
                 flush=True,
             )
     if comm.rank == 0:
