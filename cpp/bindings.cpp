@@ -16,6 +16,7 @@
 
 #include "fused.h"
 #include "halo.h"
+#include "shm.h"
 #include "steps.h"
 
 namespace pyshard {
@@ -214,6 +215,23 @@ struct PooledBuffer {
   ~PooledBuffer() { ResultPool::get().give(ptr, cap); }
   PooledBuffer(const PooledBuffer&) = delete;
   PooledBuffer& operator=(const PooledBuffer&) = delete;
+};
+
+// A result buffer in node-shared memory (the node-local transport's pool): when the last
+// array over it goes, the segment returns to the pool of the transport that made it (or is
+// unmapped, if that transport was released).
+struct ShmBuffer {
+  std::shared_ptr<ShmSegment> seg;
+  std::weak_ptr<NodeShm> pool;
+  i64 n = 0;
+  ShmBuffer(std::shared_ptr<NodeShm> node, i64 bytes) : pool(node), n(bytes) {
+    seg = node->take(bytes);
+  }
+  ~ShmBuffer() {
+    if (auto p = pool.lock()) p->give(std::move(seg));
+  }
+  ShmBuffer(const ShmBuffer&) = delete;
+  ShmBuffer& operator=(const ShmBuffer&) = delete;
 };
 
 }  // namespace
@@ -495,6 +513,54 @@ PYBIND11_MODULE(_core, m) {
       .def_property_readonly("active", &HaloStep::active)
       .def_property_readonly("method", &HaloStep::method)
       .def_property_readonly("buffer_bytes", &HaloStep::buffer_bytes);
+
+  py::class_<NodeShm, std::shared_ptr<NodeShm>>(m, "NodeShm")
+      .def(py::init([](std::shared_ptr<Comm> c, int sim) {
+             py::gil_scoped_release nogil;
+             return std::make_shared<NodeShm>(std::move(c), sim);
+           }),
+           py::arg("comm"), py::arg("sim_node_size") = 0,
+           "Collective over comm: the node-local transport's setup (usable is the same on "
+           "every rank).")
+      .def_property_readonly("usable", &NodeShm::usable)
+      .def_property_readonly("why_not", &NodeShm::why_not)
+      .def_property_readonly("node_size", &NodeShm::node_size)
+      .def_property_readonly("nodes", &NodeShm::nodes)
+      .def_property_readonly("node_ranks", &NodeShm::node_ranks)
+      .def_property_readonly("held", &NodeShm::held)
+      .def_property_readonly("mapped_bytes", &NodeShm::mapped_bytes)
+      .def("set_limit", &NodeShm::set_limit, py::arg("bytes"))
+      .def("release", &NodeShm::release);
+
+  py::class_<ShmBuffer>(m, "ShmBuffer", py::buffer_protocol())
+      .def(py::init<std::shared_ptr<NodeShm>, i64>(), py::arg("node"), py::arg("nbytes"))
+      .def_buffer([](ShmBuffer& b) {
+        return py::buffer_info(b.seg->ptr, 1, py::format_descriptor<std::uint8_t>::format(), 1,
+                               {b.n}, {1}, false);
+      });
+
+  py::class_<ShmExchangeStep>(m, "ShmExchangeStep")
+      .def(py::init<std::shared_ptr<Comm>, std::shared_ptr<NodeShm>, i64, Shape, Shape,
+                    const std::vector<std::tuple<int, Shape, Shape, Shape, Shape>>&,
+                    const std::vector<BlockSpec>&, const std::vector<LocalSpec>&,
+                    std::shared_ptr<Workspace>>(),
+           py::arg("comm"), py::arg("node"), py::arg("item"), py::arg("src_shape"),
+           py::arg("dst_shape"), py::arg("pushes"), py::arg("recvs"), py::arg("local"),
+           py::arg("workspace"))
+      .def("run",
+           [](ShmExchangeStep& s, const py::array& a, py::array& b) {
+             Buf src = get_buf(a, false, "source");
+             Buf dst = get_buf(b, true, "destination");
+             check_shape(src, s.src_shape(), "source");
+             check_shape(dst, s.dst_shape(), "destination");
+             py::gil_scoped_release nogil;
+             s.run(src.ptr, dst.ptr);
+           })
+      .def_property_readonly("algorithm", [](ShmExchangeStep&) { return std::string("shm"); })
+      .def_property_readonly("node_peers", &ShmExchangeStep::node_peers)
+      .def_property_readonly("mpi_peers", &ShmExchangeStep::mpi_peers)
+      .def_property_readonly("workspace_bytes", &ShmExchangeStep::workspace_bytes)
+      .def_property_readonly("staged_bytes", &ShmExchangeStep::workspace_bytes);
 
   py::class_<PooledBuffer>(m, "PooledBuffer", py::buffer_protocol())
       .def(py::init<i64>(), py::arg("nbytes"))

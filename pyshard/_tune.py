@@ -35,6 +35,7 @@ from .plan import Step
 log = logging.getLogger("pyshard")
 
 HOST_CANDIDATES = ("alltoallv", "alltoall", "p2p", "alltoallw")
+SHM = "shm"  # the node-local transport (pyshard/_shm.py): a candidate where it is usable
 DEVICE_CANDIDATES = ("alltoallv", "alltoall", "p2p")
 TRIALS = 3
 
@@ -57,7 +58,7 @@ def _load(mesh: Any) -> Dict[str, str]:
         try:
             with open(path) as f:
                 raw = json.load(f)
-            data = {str(k): str(v) for k, v in raw.items() if v in HOST_CANDIDATES}
+            data = {str(k): str(v) for k, v in raw.items() if v in HOST_CANDIDATES + (SHM,)}
         except (OSError, ValueError, AttributeError) as e:
             log.warning("pyshard: ignoring the tuning file %s: %s", path, e)
     return mesh.comm.bcast(data, root=0)
@@ -77,16 +78,17 @@ def _save(mesh: Any, choices: Dict[str, str]) -> None:
         log.warning("pyshard: cannot write the tuning file %s: %s", path, e)
 
 
-def choose(step: Step, mesh: Any, dev: bool, build: Any) -> str:
+def choose(step: Step, mesh: Any, dev: bool, build: Any, shm: bool = False) -> str:
     """The tuned algorithm for ``step`` (collective over the mesh the first time a key is
-    seen). ``build(algorithm)`` returns an executor for the step."""
+    seen). ``build(algorithm)`` returns an executor for the step; ``shm``: node-shared
+    memory is usable for it (the same on every rank), so it is a candidate too."""
     choices = mesh._cache.tuned
     if choices is None:
         choices = mesh._cache.tuned = _load(mesh)
     k = key(step, dev)
     if k in choices:
         return choices[k]
-    cands = DEVICE_CANDIDATES if dev else HOST_CANDIDATES
+    cands = DEVICE_CANDIDATES if dev else HOST_CANDIDATES + ((SHM,) if shm else ())
     times = np.asarray(_measure(step, mesh, dev, [build(c) for c in cands]))
     worst = np.empty_like(times)
     mesh.comm.Allreduce(times, worst, op=MPI.MAX)  # the same on every rank
@@ -112,12 +114,13 @@ def _measure(step: Step, mesh: Any, dev: bool, execs: List[Any]) -> List[float]:
     group = mesh.sub_dims(step.mesh_dims)
     out = []
     for e in execs:
-        e.run(src, dst)  # warm-up
+        into = None if getattr(e, "node", None) is not None else dst  # shm: a plain call's result
+        e.run(src, into)  # warm-up
         ts = []
         for _ in range(TRIALS):
             group.Barrier()
             t0 = time.perf_counter()
-            e.run(src, dst)
+            e.run(src, into)
             if dev:
                 xp.cuda.get_current_stream().synchronize()
             ts.append(group.allreduce(time.perf_counter() - t0, op=MPI.MAX))

@@ -12,12 +12,12 @@ from typing import Any, Optional, Tuple
 import numpy as np
 
 from . import _backend as bk
-from . import _core, _tune
+from . import _core, _shm, _tune
 from ._dtypes import identity as ml_identity
 from ._dtypes import is_ml_float
 from .layout import Layout, Shard
 from .mesh import Mesh
-from .plan import Plan, Step, geometry, reduce_dtype
+from .plan import Plan, Step, geometry, push_specs, reduce_dtype
 
 __all__ = ["ALGORITHMS", "Pending", "choose_algorithm", "execute", "executors", "start"]
 
@@ -30,11 +30,13 @@ class _Exec:
 
     __slots__ = (
         "step", "core", "out_shape", "upcast", "scale", "zero", "fill", "direct", "dtype",
-        "dev", "need", "pooled", "spares", "wide",
+        "dev", "need", "pooled", "spares", "wide", "node",
     )
 
-    def __init__(self, step: Step, mesh: Mesh, algorithm: str = "alltoallv", dev: bool = False):
+    def __init__(self, step: Step, mesh: Mesh, algorithm: str = "alltoallv", dev: bool = False,
+                 node: Any = None) -> None:  # fmt: skip
         self.step = step
+        self.node = node  # the node-local transport (algorithm "shm"): results in shared memory
         coords = mesh.coords
         self.out_shape = step.dst.local_shape(coords)
         self.core: Any = None
@@ -64,7 +66,14 @@ class _Exec:
         comm = mesh._core_comm(step.mesh_dims)
         ws = mesh._cache.workspace
         kind = step.kind
-        if kind == "alltoallv":
+        if kind == "alltoallv" and algorithm == "shm":
+            item = step.src.dtype.itemsize
+            sshape, dshape = list(step.src.local_shape(coords)), list(step.dst.local_shape(coords))
+            pushes, recvs, local = push_specs(step, coords)
+            self.core = _core.ShmExchangeStep(
+                comm, self.node, item, sshape, dshape, pushes, recvs, local, ws
+            )
+        elif kind == "alltoallv":
             algo = getattr(_core.Algorithm, algorithm)
             block = step.max_block_volume() * step.src.dtype.itemsize  # the same on every rank
             pad = block if algo == _core.Algorithm.alltoall else 0
@@ -116,6 +125,8 @@ class _Exec:
                 return res
             if out is not None:
                 res = out
+            elif self.node is not None:  # node-shared memory: peers write straight into it
+                res = _shm.empty(self.node, self.out_shape, self.dtype)
             elif self.pooled:  # memory that is already faulted in (see pooled_empty)
                 res = pooled_empty(self.out_shape, self.dtype)
             else:
@@ -209,7 +220,8 @@ def _reduce_op(dtype: np.dtype, op: Optional[str]) -> str:
     return {"sum": "sum", "avg": "sum", "max": "max", "min": "min"}[op or "sum"]
 
 
-ALGORITHMS = ("alltoallv", "alltoall", "p2p", "alltoallw")
+ALGORITHMS = ("alltoallv", "alltoall", "p2p", "alltoallw", "shm")
+MPI_ALGORITHMS = ALGORITHMS[:4]
 
 
 def _default_algorithm() -> str:
@@ -259,11 +271,24 @@ def choose_algorithm(
 def _exec(s: Step, mesh: Mesh, algorithm: str, dev: bool) -> _Exec:
     if s.kind != "alltoallv":
         return _Exec(s, mesh, "", dev)
+    # node-shared memory for host exchanges (pyshard/_shm.py): set up collectively the first
+    # time an exchange on these mesh dims is built, the same call on every rank
+    node = None
+    if not dev and algorithm in ("auto", "tune", "shm"):
+        node = _shm.node(mesh, s.mesh_dims)
+
+    def build(a: str) -> _Exec:
+        if a == "shm":
+            if node is not None:
+                return _Exec(s, mesh, "shm", dev, node)
+            a = "auto"  # not usable here (or a GPU array): MPI, as auto picks it
+        return _Exec(s, mesh, choose_algorithm(s, a, dev, mesh.coords), dev)
+
     if algorithm == "tune":
-        algorithm = _tune.choose(
-            s, mesh, dev, lambda a: _Exec(s, mesh, choose_algorithm(s, a, dev), dev)
-        )
-    return _Exec(s, mesh, choose_algorithm(s, algorithm, dev, mesh.coords), dev)
+        algorithm = _tune.choose(s, mesh, dev, build, shm=node is not None)
+    elif algorithm == "auto" and node is not None:
+        algorithm = "shm"
+    return build(algorithm)
 
 
 def executors(p: Plan, mesh: Mesh, algorithm: str = "auto", like: Any = None) -> list:

@@ -61,6 +61,8 @@ class Mesh:
         self.coords: Tuple[int, ...] = tuple(self.comm.Get_coords(self.rank))
         self._subs: Dict[Tuple[int, ...], MPI.Comm] = {}
         self._core_comms: Dict[Tuple[int, ...], _core.Comm] = {}
+        # the node-local transport per communicator (pyshard/_shm.py; None: not usable)
+        self._nodes: Dict[Tuple[int, ...], Optional[_core.NodeShm]] = {}
         # executors, the one-lookup fast path and the workspace pool their steps share
         self._cache = register(ExecCache(_core.Workspace()))
         # redistributes in flight (redistribute(wait=False)), oldest first
@@ -114,6 +116,10 @@ class Mesh:
         many meshes should free them.
         """
         self._cache.clear()  # executors, and the workspace pool back to the OS
+        for node in self._nodes.values():  # node-shared memory: the pools and mappings (live
+            if node is not None:  # results keep their own segments until they are freed)
+                node.release()
+        self._nodes.clear()
         self._core_comms.clear()  # the core frees its duplicates when the objects go
         for c in self._subs.values():
             c.Free()

@@ -545,6 +545,23 @@ def exchange_specs(s: Step, coords: Coords) -> Tuple[list, list, list]:
     return sends, recvs, local
 
 
+def push_specs(s: Step, coords: Coords) -> Tuple[list, list, list]:
+    """The block lists of an alltoallv step at ``coords`` for the node-local transport, where
+    a sender writes straight into the receiver's result: per block sent, ``(peer rank in the
+    step's communicator, start in this rank's source, the peer's destination shape, start
+    there, extent)``; the blocks received and this rank's own as :func:`exchange_specs`."""
+    src_lo = _lo(s.src, coords)
+    pushes = []
+    for peer, box in s.sends(coords):
+        if peer != coords:
+            start, ext = _rel(box, src_lo)
+            pstart = _rel(box, _lo(s.dst, peer))[0]
+            pushes.append((s.group_rank(peer), start, list(s.dst.local_shape(peer)), pstart, ext))
+    pushes.sort(key=lambda t: t[0])
+    _, recvs, local = exchange_specs(s, coords)
+    return pushes, recvs, local
+
+
 def member_specs(s: Step, coords: Coords, of: Layout, rel: Layout) -> list:
     """Per member of the step's group (communicator rank order), the box that ``of`` gives
     it, relative to this rank's box in ``rel``: where an Allgatherv lands each member's

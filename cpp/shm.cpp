@@ -1,0 +1,373 @@
+#include "shm.h"
+
+#include <fcntl.h>
+#include <sched.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <new>
+#include <stdexcept>
+
+#include "mpi_calls.h"
+
+namespace pyshard {
+
+namespace {
+
+constexpr i64 kPage = 4096;
+constexpr size_t kMapsPerPeer = 32;  // a peer's segments kept mapped here (LRU)
+constexpr size_t kFreeKept = 8;      // freed results kept for reuse
+constexpr int kTag = 7301;           // messages to peers on other nodes
+
+i64 page_up(i64 n) { return (std::max<i64>(n, 1) + kPage - 1) / kPage * kPage; }
+
+std::string errno_text(const char* what) { return std::string(what) + ": " + std::strerror(errno); }
+
+// Map `cap` bytes of another process's memfd, or null (errno set).
+char* map_foreign(std::int64_t pid, std::int64_t fd, i64 cap) {
+  char path[64];
+  std::snprintf(path, sizeof path, "/proc/%lld/fd/%lld", static_cast<long long>(pid),
+                static_cast<long long>(fd));
+  const int f = ::open(path, O_RDWR | O_CLOEXEC);
+  if (f < 0) return nullptr;
+  void* p = ::mmap(nullptr, static_cast<size_t>(cap), PROT_READ | PROT_WRITE,
+                   MAP_SHARED | MAP_POPULATE, f, 0);
+  const int e = errno;
+  ::close(f);
+  errno = e;
+  return p == MAP_FAILED ? nullptr : static_cast<char*>(p);
+}
+
+[[noreturn]] void fatal(const std::string& msg) {
+  std::fprintf(stderr, "pyshard: node-shared memory: %s; aborting the job\n", msg.c_str());
+  std::fflush(stderr);
+  MPI_Abort(MPI_COMM_WORLD, 70);
+  std::abort();
+}
+
+}  // namespace
+
+void shm_pause(int* spins) {
+  if (++*spins < 64) {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#endif
+  } else {
+    sched_yield();
+  }
+}
+
+ShmSegment::ShmSegment(i64 bytes, std::uint64_t seg_id) : cap(page_up(bytes)), id(seg_id) {
+  fd = ::memfd_create("pyshard", MFD_CLOEXEC);
+  if (fd < 0) throw std::runtime_error(errno_text("memfd_create"));
+  if (::ftruncate(fd, cap) != 0) {
+    const std::string e = errno_text("ftruncate");
+    ::close(fd);
+    throw std::runtime_error(e);
+  }
+  void* p = ::mmap(nullptr, static_cast<size_t>(cap), PROT_READ | PROT_WRITE,
+                   MAP_SHARED | MAP_POPULATE, fd, 0);
+  if (p == MAP_FAILED) {
+    const std::string e = errno_text("mmap");
+    ::close(fd);
+    throw std::runtime_error(e);
+  }
+  ptr = static_cast<char*>(p);
+}
+
+ShmSegment::~ShmSegment() {
+  if (ptr) ::munmap(ptr, static_cast<size_t>(cap));
+  if (fd >= 0) ::close(fd);
+}
+
+NodeShm::NodeShm(std::shared_ptr<Comm> comm, int sim_node_size) : comm_(std::move(comm)) {
+  const int size = comm_->size(), rank = comm_->rank();
+  MPI_Comm node = MPI_COMM_NULL;
+  check_mpi(MPI_Comm_split_type(comm_->get(), MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &node),
+            "MPI_Comm_split_type");
+  if (sim_node_size > 0) {  // simulated nodes: consecutive world ranks
+    int wr = 0;
+    MPI_Comm_rank(MPI_COMM_WORLD, &wr);
+    MPI_Comm sub = MPI_COMM_NULL;
+    check_mpi(MPI_Comm_split(node, wr / sim_node_size, rank, &sub), "MPI_Comm_split");
+    MPI_Comm_free(&node);
+    node = sub;
+  }
+  node_ = node;
+  int nn = 1;
+  MPI_Comm_size(node_, &nn);
+  MPI_Comm_rank(node_, &me_);
+  node_ranks_.resize(nn);
+  check_mpi(MPI_Allgather(&rank, 1, MPI_INT, node_ranks_.data(), 1, MPI_INT, node_),
+            "MPI_Allgather");
+  local_of_.assign(size, -1);
+  for (int i = 0; i < nn; ++i) local_of_[node_ranks_[i]] = i;
+  int leader = me_ == 0 ? 1 : 0;
+  check_mpi(MPI_Allreduce(&leader, &nodes_, 1, MPI_INT, MPI_SUM, comm_->get()), "MPI_Allreduce");
+
+  // control pages: create mine, trade (pid, fd) with the node, map every peer's
+  int ok = 1;
+  std::int64_t mine[2] = {static_cast<std::int64_t>(::getpid()), -1};
+  try {
+    my_ctl_ = std::make_shared<ShmSegment>(kPage, 0);
+    auto* s = new (my_ctl_->ptr) ShmSlot();
+    s->epoch.store(0);
+    s->arrived.store(0);
+    s->pid = mine[0];
+    mine[1] = my_ctl_->fd;
+  } catch (const std::exception& e) {
+    ok = 0;
+    why_ = e.what();
+  }
+  std::vector<std::int64_t> all(2 * static_cast<size_t>(nn));
+  check_mpi(MPI_Allgather(mine, 2, MPI_INT64_T, all.data(), 2, MPI_INT64_T, node_),
+            "MPI_Allgather");
+  ctl_.assign(nn, nullptr);
+  maps_.resize(nn);
+  for (int i = 0; i < nn && ok; ++i) {
+    if (i == me_) {
+      ctl_[i] = my_ctl_->ptr;
+      continue;
+    }
+    if (all[2 * i + 1] < 0) {
+      ok = 0;
+      why_ = "a node peer has no control segment";
+      break;
+    }
+    ctl_[i] = map_foreign(all[2 * i], all[2 * i + 1], kPage);
+    if (!ctl_[i]) {
+      ok = 0;
+      why_ = errno_text("opening a node peer's memory through /proc/<pid>/fd");
+    }
+  }
+  check_mpi(MPI_Allreduce(MPI_IN_PLACE, &ok, 1, MPI_INT, MPI_LAND, comm_->get()), "MPI_Allreduce");
+  usable_ = ok != 0;
+  if (!usable_ && why_.empty()) why_ = "another rank could not set up node-shared memory";
+  // every rank has mapped every peer's page before anyone may drop its own (a failed setup)
+  check_mpi(MPI_Barrier(node_), "MPI_Barrier");
+  if (!usable_) release();
+}
+
+NodeShm::~NodeShm() { release(); }
+
+void NodeShm::release() {
+  std::lock_guard<std::mutex> lock(mu_);
+  free_.clear();
+  for (auto& per : maps_)
+    for (PeerMap& m : per)
+      if (m.ptr) ::munmap(m.ptr, static_cast<size_t>(m.cap));
+  maps_.clear();
+  for (size_t i = 0; i < ctl_.size(); ++i)
+    if (ctl_[i] && static_cast<int>(i) != me_) ::munmap(ctl_[i], kPage);
+  ctl_.clear();
+  my_ctl_.reset();
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  if (!finalized && node_ != MPI_COMM_NULL) MPI_Comm_free(&node_);
+  node_ = MPI_COMM_NULL;
+  usable_ = false;
+}
+
+std::shared_ptr<ShmSegment> NodeShm::take(i64 n) {
+  const i64 need = page_up(n);
+  std::lock_guard<std::mutex> lock(mu_);
+  size_t best = free_.size();
+  for (size_t i = 0; i < free_.size(); ++i) {
+    const i64 c = free_[i]->cap;
+    if (c >= need && c <= 2 * need && (best == free_.size() || c < free_[best]->cap)) best = i;
+  }
+  std::shared_ptr<ShmSegment> s;
+  if (best < free_.size()) {
+    s = free_[best];
+    free_.erase(free_.begin() + static_cast<long>(best));
+  } else {
+    s = std::make_shared<ShmSegment>(need, next_id_++);
+  }
+  // forget results that are gone, then remember this one
+  live_.erase(std::remove_if(live_.begin(), live_.end(),
+                             [](const std::weak_ptr<ShmSegment>& w) { return w.expired(); }),
+              live_.end());
+  live_.push_back(s);
+  return s;
+}
+
+void NodeShm::give(std::shared_ptr<ShmSegment> s) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!usable_) return;  // released: the segment goes with its last reference
+  free_.push_back(std::move(s));
+  i64 bytes = 0;
+  for (const auto& f : free_) bytes += f->cap;
+  while (!free_.empty() && (free_.size() > kFreeKept || bytes > limit_)) {
+    bytes -= free_.front()->cap;
+    free_.erase(free_.begin());
+  }
+}
+
+ShmSegment* NodeShm::find(const char* p, i64 n, i64* off) {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (const auto& w : live_) {
+    auto s = w.lock();
+    if (s && p >= s->ptr && p + n <= s->ptr + s->cap) {
+      *off = p - s->ptr;
+      return s.get();  // alive: the caller's array holds it
+    }
+  }
+  return nullptr;
+}
+
+i64 NodeShm::held() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  i64 b = 0;
+  for (const auto& f : free_) b += f->cap;
+  return b;
+}
+
+i64 NodeShm::mapped_bytes() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  i64 b = 0;
+  for (const auto& per : maps_)
+    for (const PeerMap& m : per) b += m.cap;
+  return b;
+}
+
+void NodeShm::publish(ShmSegment* mine, i64 off) {
+  ShmSlot& s = slot(me_);
+  s.dst_id = mine->id;
+  s.dst_fd = mine->fd;
+  s.dst_cap = mine->cap;
+  s.dst_off = off;
+  s.epoch.store(epoch_, std::memory_order_release);
+}
+
+void NodeShm::wait_epoch(int idx, std::uint64_t e) {
+  ShmSlot& s = slot(idx);
+  int spins = 0;
+  while (s.epoch.load(std::memory_order_acquire) < e) shm_pause(&spins);
+}
+
+void NodeShm::arrive(int idx) { slot(idx).arrived.fetch_add(1, std::memory_order_acq_rel); }
+
+void NodeShm::wait_arrivals() {
+  const std::uint64_t want = epoch_ * static_cast<std::uint64_t>(node_size() - 1);
+  ShmSlot& s = slot(me_);
+  int spins = 0;
+  while (s.arrived.load(std::memory_order_acquire) < want) shm_pause(&spins);
+}
+
+char* NodeShm::map_peer(int idx, const ShmSlot& s) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto& per = maps_[idx];
+  ++clock_;
+  for (PeerMap& m : per)
+    if (m.id == s.dst_id) {
+      m.used = clock_;
+      return m.ptr;
+    }
+  const ShmSlot& owner = *reinterpret_cast<const ShmSlot*>(ctl_[idx]);
+  char* p = map_foreign(owner.pid, s.dst_fd, s.dst_cap);
+  if (!p) fatal(errno_text("mapping a node peer's result segment"));
+  if (per.size() >= kMapsPerPeer) {
+    auto lru = std::min_element(per.begin(), per.end(),
+                                [](const PeerMap& a, const PeerMap& b) { return a.used < b.used; });
+    ::munmap(lru->ptr, static_cast<size_t>(lru->cap));
+    per.erase(lru);
+  }
+  per.push_back(PeerMap{s.dst_id, p, s.dst_cap, clock_});
+  return p;
+}
+
+// ----------------------------------------------------------------------------- the step
+
+ShmExchangeStep::ShmExchangeStep(
+    std::shared_ptr<Comm> comm, std::shared_ptr<NodeShm> node, i64 item, Shape src_shape,
+    Shape dst_shape, const std::vector<std::tuple<int, Shape, Shape, Shape, Shape>>& pushes,
+    const std::vector<BlockSpec>& recvs, const std::vector<LocalSpec>& local,
+    std::shared_ptr<Workspace> ws)
+    : comm_(std::move(comm)),
+      node_(std::move(node)),
+      ws_(std::move(ws)),
+      item_(item),
+      src_shape_(std::move(src_shape)),
+      dst_shape_(std::move(dst_shape)) {
+  if (!node_->usable()) throw std::invalid_argument("pyshard: node-shared memory is not usable");
+  dst_bytes_ = volume(dst_shape_) * item_;
+  push_.resize(node_->node_size());
+  for (const auto& [peer, sstart, pshape, pstart, ext] : pushes) {
+    const i64 bytes = volume(ext) * item_;
+    if (bytes == 0) continue;
+    const int idx = node_->local_index(peer);
+    if (idx >= 0) {
+      DescTable& t = push_[idx];
+      t.begin_block();
+      describe_copy(src_shape_, sstart, pshape, pstart, ext, item_, 0, 0, &t.host);
+      t.end_block();
+    } else {
+      off_pack_.begin_block();
+      describe_copy(src_shape_, sstart, ext, Shape(ext.size(), 0), ext, item_, 0, off_send_,
+                    &off_pack_.host);
+      off_pack_.end_block();
+      off_sends_.push_back(Msg{peer, off_send_, bytes});
+      off_send_ += align_up(bytes);
+    }
+  }
+  for (const auto& [peer, dstart, ext] : recvs) {
+    const i64 bytes = volume(ext) * item_;
+    if (bytes == 0 || node_->local_index(peer) >= 0) continue;
+    off_unpack_.begin_block();
+    describe_copy(ext, Shape(ext.size(), 0), dst_shape_, dstart, ext, item_, off_recv_, 0,
+                  &off_unpack_.host);
+    off_unpack_.end_block();
+    off_recvs_.push_back(Msg{peer, off_recv_, bytes});
+    off_recv_ += align_up(bytes);
+  }
+  local_.begin_block();
+  for (const auto& [sstart, dstart, ext] : local)
+    describe_copy(src_shape_, sstart, dst_shape_, dstart, ext, item_, 0, 0, &local_.host);
+  local_.end_block();
+}
+
+void ShmExchangeStep::run(const char* src, char* dst) {
+  Packer& pk = host_packer();
+  i64 off = 0;
+  ShmSegment* mine = node_->find(dst, dst_bytes_, &off);
+  std::shared_ptr<ShmSegment> tmp;  // a destination in private memory (out=): land here first
+  char* target = dst;
+  if (!mine) {
+    tmp = node_->take(dst_bytes_);
+    mine = tmp.get();
+    off = 0;
+    target = tmp->ptr;
+  }
+  MPI_Comm c = comm_->get();
+  char* work = off_send_ + off_recv_ > 0 ? ws_->work(pk, off_send_ + off_recv_) : nullptr;
+  reqs_.assign(off_sends_.size() + off_recvs_.size(), MPI_REQUEST_NULL);
+  size_t q = 0;
+  for (const Msg& m : off_recvs_) mpi::irecv(work + off_send_ + m.off, m.bytes, m.peer, kTag, c, &reqs_[q++]);
+  if (!off_sends_.empty()) {
+    pk.copy_all(off_pack_, src, work);
+    for (const Msg& m : off_sends_) mpi::isend(work + m.off, m.bytes, m.peer, kTag, c, &reqs_[q++]);
+  }
+  node_->exchange(
+      mine, off,
+      [&](int idx, char* base) {
+        if (push_[idx].blocks()) pk.copy_all(push_[idx], src, base);
+      },
+      [&] { pk.copy_all(local_, src, target); });
+  if (!reqs_.empty()) {
+    check_mpi(MPI_Waitall(static_cast<int>(reqs_.size()), reqs_.data(), MPI_STATUSES_IGNORE),
+              "MPI_Waitall");
+    if (!off_recvs_.empty()) pk.copy_all(off_unpack_, work + off_send_, target);
+  }
+  if (tmp) {
+    std::memcpy(dst, target, static_cast<size_t>(dst_bytes_));
+    node_->give(std::move(tmp));
+  }
+  auto& s = stats();
+  s["shm"] += 1;
+}
+
+}  // namespace pyshard

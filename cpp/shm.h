@@ -1,0 +1,178 @@
+// The node-local transport: ranks of one node exchange through node-shared memory instead of
+// MPI messages. A sender copies each block once, from where it lies in its source shard
+// straight to where it belongs in the receiver's result, which lives in node-shared memory;
+// ranks on other nodes are reached through MPI point-to-point messages as before.
+//
+// Memory: every rank owns its segments (Linux memfd: anonymous, never a name in /dev/shm, so
+// a killed job leaves nothing behind); a peer maps one by opening /proc/<pid>/fd/<fd> of its
+// owner. A rank's results come from its own pool of segments (one result per segment, kept
+// for reuse when the result is freed, bounded in bytes and count).
+//
+// Ordering, per call on a communicator (calls run in the same order on every rank): a
+// receiver publishes where its result lies and bumps its epoch; a sender waits for each
+// on-node peer's epoch, copies its block in, and bumps that peer's arrival counter; a
+// receiver returns once every on-node peer has arrived. No MPI call and no node-wide barrier.
+#pragma once
+
+#include <mpi.h>
+
+#include <atomic>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "comm.h"
+#include "geometry.h"
+#include "memory.h"
+
+namespace pyshard {
+
+// One memfd segment of this process, mapped read-write; unmapped and closed with the last
+// reference (a result array may outlive the transport that made it).
+struct ShmSegment {
+  ShmSegment(i64 bytes, std::uint64_t id);
+  ~ShmSegment();
+  ShmSegment(const ShmSegment&) = delete;
+  ShmSegment& operator=(const ShmSegment&) = delete;
+  int fd = -1;
+  char* ptr = nullptr;
+  i64 cap = 0;
+  std::uint64_t id = 0;
+};
+
+// What a rank publishes, in its control segment (one page, mapped by every node peer).
+struct alignas(64) ShmSlot {
+  std::atomic<std::uint64_t> epoch;    // calls published by the owner
+  std::uint64_t dst_id;                // the segment holding this call's result
+  std::int64_t dst_fd, dst_cap, dst_off;
+  std::int64_t pid;
+  alignas(64) std::atomic<std::uint64_t> arrived;  // senders done, summed over all calls
+};
+
+class NodeShm {
+ public:
+  // Collective over `comm`: split it into nodes (MPI_COMM_TYPE_SHARED; with sim_node_size > 0
+  // further into groups of that many consecutive world ranks, to run the mixed path on one
+  // machine), set up the control segments and check that every rank can map its node peers'.
+  // usable() is the same on every rank of `comm`.
+  NodeShm(std::shared_ptr<Comm> comm, int sim_node_size);
+  ~NodeShm();
+  NodeShm(const NodeShm&) = delete;
+  NodeShm& operator=(const NodeShm&) = delete;
+
+  bool usable() const { return usable_; }
+  const std::string& why_not() const { return why_; }
+  int node_size() const { return static_cast<int>(node_ranks_.size()); }
+  int nodes() const { return nodes_; }
+  // the node index of comm rank r among this rank's node peers, or -1 (another node)
+  int local_index(int r) const { return local_of_[r]; }
+  const std::vector<int>& node_ranks() const { return node_ranks_; }
+
+  // A result buffer of at least n bytes in this rank's shared memory.
+  std::shared_ptr<ShmSegment> take(i64 n);
+  void give(std::shared_ptr<ShmSegment> s);
+  // The live segment of this rank that holds [p, p + n), or null; *off: p's offset in it.
+  ShmSegment* find(const char* p, i64 n, i64* off);
+  // Cached free segments' bytes and count; the pool's limit
+  i64 held() const;
+  void set_limit(i64 bytes) { limit_ = bytes; }
+  void release();  // free the cached segments and the control mappings (Mesh.free)
+
+  // One call: publish this rank's destination, then for each on-node peer in turn `push(idx,
+  // base)` (base: that peer's destination, mapped here) and mark it arrived; then `mine()`
+  // (this rank's own block); then wait for every on-node peer to have arrived here.
+  template <class F, class G>
+  void exchange(ShmSegment* mine, i64 off, F&& push, G&& own);
+
+  i64 mapped_bytes() const;
+
+ private:
+  struct PeerMap {
+    std::uint64_t id = 0;
+    char* ptr = nullptr;
+    i64 cap = 0;
+    std::uint64_t used = 0;
+  };
+  char* map_peer(int idx, const ShmSlot& s);
+  ShmSlot& slot(int idx) { return *reinterpret_cast<ShmSlot*>(ctl_[idx]); }
+  void wait_epoch(int idx, std::uint64_t e);
+  void publish(ShmSegment* mine, i64 off);
+  void wait_arrivals();
+  void arrive(int idx);
+
+  std::shared_ptr<Comm> comm_;
+  MPI_Comm node_ = MPI_COMM_NULL;
+  bool usable_ = false;
+  std::string why_;
+  int nodes_ = 1;
+  int me_ = 0;  // my index among node_ranks_
+  std::vector<int> node_ranks_;  // comm ranks of my node, in node order
+  std::vector<int> local_of_;    // comm rank -> node index or -1
+  std::shared_ptr<ShmSegment> my_ctl_;
+  std::vector<char*> ctl_;       // control page of each node peer (mine included)
+  std::vector<std::vector<PeerMap>> maps_;  // per node peer: its segments mapped here
+  std::uint64_t epoch_ = 0, clock_ = 0, next_id_ = 1;
+  mutable std::mutex mu_;
+  std::vector<std::shared_ptr<ShmSegment>> free_;  // cached for reuse
+  std::vector<std::weak_ptr<ShmSegment>> live_;    // handed out (find())
+  i64 limit_ = i64(1) << 31;
+};
+
+// Spin, then yield: ranks may outnumber cores.
+void shm_pause(int* spins);
+
+template <class F, class G>
+void NodeShm::exchange(ShmSegment* mine, i64 off, F&& push, G&& own) {
+  ++epoch_;
+  publish(mine, off);
+  const int n = node_size();
+  for (int k = 1; k < n; ++k) {
+    const int idx = (me_ + k) % n;  // start at the next peer: spread the writers
+    wait_epoch(idx, epoch_);
+    ShmSlot& s = slot(idx);
+    push(idx, map_peer(idx, s) + s.dst_off);
+    arrive(idx);
+  }
+  own();
+  wait_arrivals();
+}
+
+// The exchange step on the node-local transport (host memory).
+class ShmExchangeStep {
+ public:
+  // pushes: per block sent (peer, src start, the peer's destination shape, start there,
+  // extent); recvs: per block received (peer, dst start, extent); local: this rank's own.
+  ShmExchangeStep(std::shared_ptr<Comm> comm, std::shared_ptr<NodeShm> node, i64 item,
+                  Shape src_shape, Shape dst_shape,
+                  const std::vector<std::tuple<int, Shape, Shape, Shape, Shape>>& pushes,
+                  const std::vector<BlockSpec>& recvs, const std::vector<LocalSpec>& local,
+                  std::shared_ptr<Workspace> ws);
+  void run(const char* src, char* dst);
+  const Shape& src_shape() const { return src_shape_; }
+  const Shape& dst_shape() const { return dst_shape_; }
+  i64 workspace_bytes() const { return off_send_ + off_recv_; }
+  i64 node_peers() const { return node_->node_size() - 1; }
+  i64 mpi_peers() const { return static_cast<i64>(off_sends_.size() + off_recvs_.size()); }
+
+ private:
+  std::shared_ptr<Comm> comm_;
+  std::shared_ptr<NodeShm> node_;
+  std::shared_ptr<Workspace> ws_;
+  i64 item_;
+  Shape src_shape_, dst_shape_;
+  i64 dst_bytes_;
+  std::vector<DescTable> push_;  // per node peer index: src -> that peer's destination
+  DescTable local_;              // src -> my destination
+  // peers on other nodes: packed into the workspace, sent; received there, unpacked
+  struct Msg {
+    int peer;
+    i64 off, bytes;
+  };
+  std::vector<Msg> off_sends_, off_recvs_;
+  DescTable off_pack_, off_unpack_;
+  i64 off_send_ = 0, off_recv_ = 0;
+  std::vector<MPI_Request> reqs_;
+};
+
+}  // namespace pyshard

@@ -1,0 +1,90 @@
+"""The node-local transport (``cpp/shm.h``): which exchanges take it, its setup per
+communicator, and results in node-shared memory.
+
+Host-array exchanges (``alltoallv`` steps) between ranks of one node go through node-shared
+memory when the algorithm is ``auto``, ``tune`` or ``shm``: each sender copies its block once,
+from its source shard straight into the receiver's result, which lives in node-shared memory
+(a Linux memfd segment of the receiver's; never a file in ``/dev/shm``). Peers on other nodes
+are reached by MPI point-to-point messages in the same step.
+
+- ``PYSHARD_TRANSPORT=mpi`` (or ``direct``/``staged``) turns it off: every exchange goes through
+  MPI; ``auto`` (default) and ``shm`` leave it on.
+- ``PYSHARD_NODE_SIZE=k`` splits each node further into groups of ``k`` consecutive world
+  ranks, so that the mixed path (shared memory within a group, MPI between groups) runs on
+  one machine (tests, CI).
+- Where the setup fails on any rank (no memfd, ``/proc/<pid>/fd`` of a peer not readable), it is
+  logged once and every exchange on that communicator uses MPI; the decision is the same on
+  every rank.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from math import prod
+from typing import Any, Optional, Tuple
+
+import numpy as np
+
+from . import _core
+
+log = logging.getLogger("pyshard")
+
+_warned = False
+
+
+def enabled() -> bool:
+    """Does ``PYSHARD_TRANSPORT`` leave the node-local transport on for host exchanges?"""
+    raw = os.environ.get("PYSHARD_TRANSPORT", "").strip().lower()
+    return raw in ("", "auto", "shm")
+
+
+def sim_node_size() -> int:
+    """``PYSHARD_NODE_SIZE`` (simulated nodes of that many consecutive world ranks), or 0."""
+    raw = os.environ.get("PYSHARD_NODE_SIZE", "").strip()
+    if not raw:
+        return 0
+    try:
+        k = int(raw)
+    except ValueError:
+        k = 0
+    if k < 1:
+        raise ValueError(f"PYSHARD_NODE_SIZE must be an integer >= 1, got {raw!r}")
+    return k
+
+
+def node(mesh: Any, dims: Tuple[int, ...]) -> Optional[Any]:
+    """The node-local transport of ``mesh``'s communicator over ``dims`` (set up, collectively
+    over it, the first time it is asked for: at the first exchange on those dims, the same
+    call on every rank), or None where it cannot help: turned off, not usable (logged once),
+    or no two ranks of the communicator share a node."""
+    if not enabled():
+        return None
+    if dims in mesh._nodes:
+        return mesh._nodes[dims]
+    global _warned
+    n = _core.NodeShm(mesh._core_comm(dims), sim_node_size())
+    size = prod(mesh.shape[d] for d in dims)
+    if not n.usable:
+        if not _warned:
+            _warned = True
+            log.warning(
+                "pyshard: node-shared memory is not usable (%s); exchanges use MPI", n.why_not
+            )
+        n.release()
+        n = None
+    elif n.nodes == size:  # every rank alone on its node: nothing to share
+        n.release()
+        n = None
+    else:
+        log.debug("pyshard: node-shared memory on mesh dims %s: %d ranks on %d node(s)",
+                  dims, size, n.nodes)  # fmt: skip
+    mesh._nodes[dims] = n
+    return n
+
+
+def empty(n: Any, shape: Tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+    """An uninitialised result in this rank's node-shared memory (back to the transport's
+    pool when the array and its views are freed)."""
+    buf = _core.ShmBuffer(n, prod(shape) * dtype.itemsize)
+    return np.frombuffer(buf, dtype=dtype).reshape(shape)
