@@ -14,6 +14,10 @@
 
 #include "mpi_calls.h"
 
+#if defined(__x86_64__)
+#include <emmintrin.h>
+#endif
+
 namespace pyshard {
 
 namespace {
@@ -47,6 +51,60 @@ char* map_foreign(std::int64_t pid, std::int64_t fd, i64 cap) {
   std::fflush(stderr);
   MPI_Abort(MPI_COMM_WORLD, 70);
   std::abort();
+}
+
+// Copy n bytes with streaming (non-temporal) stores where it pays: the destination is another
+// rank's result or this rank's fresh one, not read by this core soon, and a streaming store
+// skips reading each destination line first (the read-for-ownership a plain store makes).
+// glibc's memcpy streams only copies larger than the cache; the runs here are rows of a
+// block (kilobytes). Ordered before the arrival flag by the sfence in copy_streaming().
+inline void stream_run(char* dst, const char* src, size_t n) {
+#if defined(__x86_64__)
+  if (n >= 256) {
+    const size_t head = (16 - (reinterpret_cast<std::uintptr_t>(dst) & 15)) & 15;
+    std::memcpy(dst, src, head);
+    dst += head;
+    src += head;
+    n -= head;
+    auto* d = reinterpret_cast<__m128i*>(dst);
+    auto* q = reinterpret_cast<const __m128i*>(src);
+    size_t k = n / 64;
+    for (; k; --k, d += 4, q += 4) {
+      const __m128i a = _mm_loadu_si128(q), b = _mm_loadu_si128(q + 1);
+      const __m128i c = _mm_loadu_si128(q + 2), e = _mm_loadu_si128(q + 3);
+      _mm_stream_si128(d, a);
+      _mm_stream_si128(d + 1, b);
+      _mm_stream_si128(d + 2, c);
+      _mm_stream_si128(d + 3, e);
+    }
+    const size_t done = n / 64 * 64;
+    std::memcpy(dst + done, src + done, n - done);
+    return;
+  }
+#endif
+  std::memcpy(dst, src, n);
+}
+
+// Every block of table `t` from `src` to `dst`: runs of at least kStreamRun bytes by
+// streaming stores, short ones as the host packer copies them.
+constexpr i64 kStreamRun = 1024;
+
+void copy_streaming(const DescTable& t, const char* src, char* dst) {
+  bool streamed = false;
+  for (const CopyDesc& d : t.host) {
+    if (d.run >= kStreamRun) {
+      const size_t n = static_cast<size_t>(d.run);
+      for_each_run(d, [&](i64 so, i64 to) { stream_run(dst + to, src + so, n); });
+      streamed = true;
+    } else {
+      copy_host(d, src, dst);
+    }
+  }
+#if defined(__x86_64__)
+  if (streamed) _mm_sfence();
+#else
+  (void)streamed;
+#endif
 }
 
 }  // namespace
@@ -353,10 +411,8 @@ void ShmExchangeStep::run(const char* src, char* dst) {
   }
   node_->exchange(
       mine, off,
-      [&](int idx, char* base) {
-        if (push_[idx].blocks()) pk.copy_all(push_[idx], src, base);
-      },
-      [&] { pk.copy_all(local_, src, target); });
+      [&](int idx, char* base) { copy_streaming(push_[idx], src, base); },
+      [&] { copy_streaming(local_, src, target); });
   if (!reqs_.empty()) {
     check_mpi(MPI_Waitall(static_cast<int>(reqs_.size()), reqs_.data(), MPI_STATUSES_IGNORE),
               "MPI_Waitall");

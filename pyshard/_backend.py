@@ -261,10 +261,12 @@ _announced = False
 
 def _env_transport() -> Optional[str]:
     raw = os.environ.get("PYSHARD_TRANSPORT", "").strip().lower()
-    if raw in ("", "auto"):
+    if raw in ("", "auto", "shm", "mpi"):  # shm / mpi: node-shared memory on or off (_shm)
         return None
     if raw not in ("direct", "staged"):
-        raise ValueError(f"PYSHARD_TRANSPORT must be auto, direct or staged, got {raw!r}")
+        raise ValueError(
+            f"PYSHARD_TRANSPORT must be auto, shm, mpi, direct or staged, got {raw!r}"
+        )
     return raw
 
 
