@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <new>
 #include <stdexcept>
@@ -171,6 +172,8 @@ NodeShm::NodeShm(std::shared_ptr<Comm> comm, int sim_node_size) : comm_(std::mov
   int ok = 1;
   std::int64_t mine[2] = {static_cast<std::int64_t>(::getpid()), -1};
   try {
+    if (std::getenv("PYSHARD_SHM_FAIL"))  // tests: this rank cannot set up (the others follow)
+      throw std::runtime_error("PYSHARD_SHM_FAIL is set on this rank");
     my_ctl_ = std::make_shared<ShmSegment>(kPage, 0);
     auto* s = new (my_ctl_->ptr) ShmSlot();
     s->epoch.store(0);

@@ -34,9 +34,10 @@ _warned = False
 
 
 def enabled() -> bool:
-    """Does ``PYSHARD_TRANSPORT`` leave the node-local transport on for host exchanges?"""
+    """Does ``PYSHARD_TRANSPORT`` leave the node-local transport on for host exchanges (and
+    is host memory not forced through the staging path, as the staging tests do)?"""
     raw = os.environ.get("PYSHARD_TRANSPORT", "").strip().lower()
-    return raw in ("", "auto", "shm")
+    return raw in ("", "auto", "shm") and _core.transport(_core.Mem.host).name == "direct"
 
 
 def sim_node_size() -> int:

@@ -119,3 +119,23 @@ def halo_expected(g, lo, hi, width, periodic, corners, fill):
     write |= outside == 0
     out[write] = vals[write]
     return out
+
+
+EXCHANGE_NAMES = ("alltoallv", "p2p")
+
+
+def auto_exchange(mesh, counts, algorithm="auto", dims=None):
+    """``counts`` (collectives by name) as ``comm_stats()`` counts them when the exchange of
+    an ``auto`` call on ``mesh`` dims ``dims`` (default all) takes node-shared memory
+    (pyshard/_shm.py): "shm" in place of "alltoallv" / "p2p". Collective the first time."""
+    import pyshard as ps
+
+    if algorithm != "auto" or not any(k in counts for k in EXCHANGE_NAMES):
+        return counts
+    dims = tuple(range(mesh.ndim)) if dims is None else tuple(dims)
+    if ps._shm.node(mesh, dims) is None:
+        return counts
+    out = {k: v for k, v in counts.items() if k not in EXCHANGE_NAMES}
+    out["shm"] = sum(v for k, v in counts.items() if k in EXCHANGE_NAMES)
+    return out
+

@@ -8,7 +8,7 @@ import os
 
 import numpy as np
 import pytest
-from oracle import make_global
+from oracle import auto_exchange, make_global
 
 import pyshard as ps
 from pyshard import Replicate, Shard, _core
@@ -16,7 +16,7 @@ from pyshard import executor as psarray
 
 pytestmark = pytest.mark.mpi  # run under mpiexec with --with-mpi (pytest-mpi)
 
-EXCHANGES = {"alltoallv", "alltoall", "p2p", "alltoallw"}
+EXCHANGES = {"alltoallv", "alltoall", "p2p", "alltoallw", "shm"}  # shm: pyshard/_shm.py
 
 
 def counts_since(before):
@@ -94,14 +94,14 @@ def test_plain_results_come_from_the_pool(comm):
     g = make_global((n, 640), "float32")
     x = ps.distribute(g, mesh, [Shard(0)])
     ps.clear_caches()
-    y = x.redistribute([Shard(1)])
+    y = x.redistribute([Shard(1)], algorithm="alltoallv")  # MPI (test_shm.py: shared memory)
     np.testing.assert_array_equal(y.local, g[y.box])
     if y.local.nbytes < psarray.POOL_MIN_BYTES:
         pytest.skip("result below the pool's threshold at this size")
     del y
     held = _core.result_pool_held()
     assert held >= 512 * 640 * 4 // comm.size
-    y = x.redistribute([Shard(1)])  # takes the pooled buffer back
+    y = x.redistribute([Shard(1)], algorithm="alltoallv")  # takes the pooled buffer back
     assert _core.result_pool_held() == 0  # the only idle buffer was reused
     np.testing.assert_array_equal(y.local, g[y.box])
     z = y.local[::2]  # a view keeps the memory alive
@@ -128,7 +128,8 @@ def test_sparse_targets_use_point_to_point(comm, n):
         return
     peers = min(n, p - 1)
     assert step[0].max_peers() == peers
-    assert counts_since(before) == {("p2p" if 4 * peers <= p else "alltoallv"): 1}
+    want = {("p2p" if 4 * peers <= p else "alltoallv"): 1}
+    assert counts_since(before) == auto_exchange(mesh, want)
     assert f"at most {peers} peers per rank" in x.plan_to([Shard(1)]).explain()
     mesh.free()
 

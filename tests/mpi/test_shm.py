@@ -1,0 +1,242 @@
+"""The node-local transport (pyshard/_shm.py, cpp/shm.h): exchanges between ranks of one node
+write each block straight into the receiver's result in node-shared memory; ranks on other
+nodes are reached by MPI in the same step. ``PYSHARD_NODE_SIZE`` splits this machine into
+simulated nodes so that the mixed path runs here. Every result is compared with a slice of a
+numpy reference array."""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import os
+import subprocess
+import sys
+import time
+
+import launch
+import numpy as np
+import pytest
+from oracle import make_global
+from test_redistribute_nd import MESHES
+
+import pyshard as ps
+from pyshard import Replicate, Shard, _core, _shm
+
+pytestmark = pytest.mark.mpi
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+R = Replicate()
+
+
+def counts_since(before):
+    now = ps.comm_stats()
+    return {k: v - before.get(k, 0) for k, v in now.items() if v - before.get(k, 0)}
+
+
+def in_shared_memory(a):
+    while isinstance(a, (np.ndarray, memoryview)):
+        a = a.obj if isinstance(a, memoryview) else a.base
+    return isinstance(a, _core.ShmBuffer)
+
+
+def meshes(p):
+    return [(p,)] + [m for m in MESHES.get(p, []) if m != (p,)]
+
+
+def uneven(n, p, zeros):
+    """Extents of n cells over p shards: some empty when ``zeros``."""
+    if not zeros or p == 1:
+        return None
+    sizes = [0] * p
+    for i in range(n):
+        sizes[(2 * i) % p if p > 2 else p - 1] += 1
+    return sizes
+
+
+@pytest.mark.parametrize("node_size", [0, 2, 3])
+def test_every_exchange_through_shared_memory(comm, monkeypatch, node_size):
+    """Every Shard/Replicate source to every Shard target whose plan is an exchange, on 1-D to
+    3-D meshes, even, uneven and empty shards, on one node (0) or simulated nodes of 2 or 3
+    ranks (the mixed path: shared memory within a node, MPI between): bitwise the numpy
+    reference, and "shm" counted where two ranks of the step share a node. (Nodes of one
+    rank are MPI alone: every other test with PYSHARD_TRANSPORT=mpi.)"""
+    if node_size:
+        monkeypatch.setenv("PYSHARD_NODE_SIZE", str(node_size))
+    p = comm.size
+    failures, used = [], 0
+    for mesh_shape in meshes(p)[: 2 if p >= 6 else None]:  # 6-8 ranks on 2 cores: keep it short
+        mesh = ps.Mesh(comm, mesh_shape)
+        nd = len(mesh_shape)
+        shape = (13, 7, 3)[: max(nd, 2)]
+        g = make_global(shape, "float64", seed=nd)
+        opts = [R] + [Shard(d) for d in range(len(shape))]
+        for zeros in (False, True):
+            srcs = list(itertools.product(opts, repeat=nd))
+            dsts = list(itertools.product(opts[1:], repeat=nd))
+            if nd == 3:  # 64 x 27 pairs: every 5th source, every 2nd target
+                srcs, dsts = srcs[::5], dsts[::2]
+            for src in srcs:
+                sizes = None
+                if zeros and isinstance(src[0], Shard):
+                    s = uneven(shape[src[0].dim], mesh_shape[0], True)
+                    sizes = {src[0].dim: s} if s and nd == 1 else None
+                x = ps.distribute(g, mesh, list(src), sizes=sizes)
+                for dst in dsts:
+                    plan = x.plan_to(list(dst))
+                    if [s.kind for s in plan.steps] != ["alltoallv"]:
+                        continue
+                    node = _shm.node(mesh, plan.steps[0].mesh_dims)
+                    before = ps.comm_stats()
+                    y = x.redistribute(list(dst))
+                    got = counts_since(before)
+                    want = {"shm": 1} if node is not None else None
+                    try:
+                        np.testing.assert_array_equal(y.local, g[y.box])
+                        if want is not None:
+                            assert got == want, got
+                            assert in_shared_memory(y.local)
+                            used += 1
+                        else:
+                            assert "shm" not in got, got
+                    except AssertionError as e:
+                        failures.append(f"{mesh_shape} {src}->{dst} zeros={zeros}: {e}")
+        mesh.free()
+    assert not failures, "\n".join(failures[:8])
+    if p > 1:
+        assert used > 0  # groups of 2 or 3 ranks on a (simulated) node: the path ran
+
+
+def test_nodes_as_simulated(comm, monkeypatch):
+    """PYSHARD_NODE_SIZE=2: nodes of two consecutive ranks; a communicator whose ranks all sit
+    on different nodes gets no node transport (nothing to share)."""
+    monkeypatch.setenv("PYSHARD_NODE_SIZE", "2")
+    p = comm.size
+    mesh = ps.Mesh(comm, (p,))
+    node = _shm.node(mesh, (0,))
+    if p == 1:
+        assert node is None
+        return
+    assert node is not None and node.nodes == (p + 1) // 2
+    first = comm.rank // 2 * 2
+    assert list(node.node_ranks) == list(range(first, min(first + 2, p)))
+    mesh.free()
+
+
+@pytest.mark.parametrize("dtype", ["bool", "int8", "float16", "complex128", "bfloat16"])
+def test_dtypes_and_private_out(comm, dtype):
+    """Bytes are bytes: every dtype, into a result in shared memory and into ``out=`` in
+    private memory (landed in shared memory first, then copied)."""
+    p = comm.size
+    mesh = ps.Mesh(comm, (p,))
+    g = make_global((3 * p + 1, 2 * p + 3), dtype)
+    x = ps.distribute(g, mesh, [Shard(0)])
+    y = x.redistribute([Shard(1)])
+    np.testing.assert_array_equal(y.local, g[y.box])
+    out = np.empty_like(y.local)
+    before = ps.comm_stats()
+    z = x.redistribute([Shard(1)], out=out)
+    assert z.local is out
+    np.testing.assert_array_equal(out, g[y.box])
+    if p > 1:
+        assert counts_since(before) == {"shm": 1}
+    mesh.free()
+
+
+def test_results_return_to_the_pool_and_outlive_free(comm):
+    """A result's segment goes back to the rank's pool when the array goes and is reused;
+    Mesh.free() empties the pool and the peer mappings, and a live result stays readable."""
+    p = comm.size
+    if p == 1:
+        pytest.skip("one rank: no exchange")
+    mesh = ps.Mesh(comm, (p,))
+    g = make_global((64 * p, 48 * p), "float32")
+    x = ps.distribute(g, mesh, [Shard(0)])
+    y = x.redistribute([Shard(1)])
+    node = _shm.node(mesh, (0,))
+    assert node is not None and node.held == 0
+    nbytes = y.local.nbytes
+    del y
+    held = node.held
+    assert held >= nbytes
+    y = x.redistribute([Shard(1)])
+    assert node.held < held  # the idle segment was taken back
+    np.testing.assert_array_equal(y.local, g[y.box])
+    want = g[y.box][1:]
+    keep = y.local[1:]  # a view keeps the segment
+    del y
+    assert node.mapped_bytes > 0  # the peers' results, mapped here to write into
+    mesh.free()
+    assert node.held == 0 and node.mapped_bytes == 0
+    np.testing.assert_array_equal(keep, want)  # a live result outlives Mesh.free()
+
+
+def test_a_rank_that_cannot_share_makes_every_rank_use_mpi(comm, monkeypatch, caplog):
+    """One rank fails its setup (PYSHARD_SHM_FAIL): every rank takes MPI, the same choice
+    everywhere, logged once as a warning; results stay exact."""
+    p = comm.size
+    if p == 1:
+        pytest.skip("needs two ranks")
+    if comm.rank == 1:
+        monkeypatch.setenv("PYSHARD_SHM_FAIL", "1")
+    monkeypatch.setattr(_shm, "_warned", False)
+    mesh = ps.Mesh(comm, (p,))
+    g = make_global((5 * p, 3 * p), "int32")
+    x = ps.distribute(g, mesh, [Shard(0)])
+    before = ps.comm_stats()
+    with caplog.at_level(logging.WARNING, logger="pyshard"):
+        y = x.redistribute([Shard(1)])
+    np.testing.assert_array_equal(y.local, g[y.box])
+    got = counts_since(before)
+    assert "shm" not in got and sum(got.values()) == 1, got
+    assert _shm.node(mesh, (0,)) is None
+    assert any("not usable" in r.getMessage() for r in caplog.records)
+    mesh.free()
+
+
+def test_mpi_transport_turns_it_off(comm, monkeypatch):
+    monkeypatch.setenv("PYSHARD_TRANSPORT", "mpi")
+    p = comm.size
+    mesh = ps.Mesh(comm, (p,))
+    g = make_global((4 * p, 3), "float32")
+    x = ps.distribute(g, mesh, [Shard(0)])
+    before = ps.comm_stats()
+    y = x.redistribute([Shard(1)])
+    np.testing.assert_array_equal(y.local, g[y.box])
+    assert "shm" not in counts_since(before)
+    assert _shm.node(mesh, (0,)) is None
+    mesh.free()
+
+
+def test_a_killed_job_leaves_nothing_in_dev_shm(comm):
+    """Segments are memfds, reachable only through the processes' own /proc/<pid>/fd: a job
+    killed while it exchanges leaves no file of pyshard's in /dev/shm."""
+    launch.require(comm)
+    if not os.path.isdir("/dev/shm"):
+        pytest.skip("no /dev/shm")
+
+    def ours():
+        return {f for f in os.listdir("/dev/shm") if "pyshard" in f.lower()}
+
+    before = ours()
+    proc = subprocess.Popen(
+        launch.command(3, [sys.executable, os.path.join(HERE, "shm_worker.py")]),
+        env=launch.child_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        start_new_session=True,
+    )  # fmt: skip
+    try:
+        line = ""
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < 90:
+            line = proc.stdout.readline()
+            if not line or line.startswith("running"):
+                break
+        assert line.startswith("running"), line
+        shm_calls, memfds = map(int, line.split()[1:3])
+        assert shm_calls >= 2 and memfds >= 2, line  # the transport ran, on memfd segments
+        time.sleep(0.5)  # mid-loop
+    finally:
+        os.killpg(proc.pid, 9)  # the launcher and every rank, as a scheduler's kill does
+        proc.wait(timeout=30)
+        proc.stdout.close()
+    time.sleep(0.5)
+    assert ours() == before, ours() - before
