@@ -1,9 +1,14 @@
 #include "shm.h"
 
 #include <fcntl.h>
+#include <linux/futex.h>
 #include <sched.h>
 #include <sys/mman.h>
+#include <sys/syscall.h>
 #include <unistd.h>
+
+#include <climits>
+#include <ctime>
 
 #include <algorithm>
 #include <cerrno>
@@ -110,14 +115,20 @@ void copy_streaming(const DescTable& t, const char* src, char* dst) {
 
 }  // namespace
 
-void shm_pause(int* spins) {
-  if (++*spins < 64) {
+void shm_pause() {
 #if defined(__x86_64__) || defined(__i386__)
-    __builtin_ia32_pause();
+  __builtin_ia32_pause();
 #endif
-  } else {
-    sched_yield();
-  }
+}
+
+void futex_wait(std::atomic<std::uint32_t>* w, std::uint32_t v) {
+  timespec t{0, 10 * 1000 * 1000};  // 10 ms: a safety net, not the wake-up path
+  ::syscall(SYS_futex, reinterpret_cast<std::uint32_t*>(w), FUTEX_WAIT, v, &t, nullptr, 0);
+}
+
+void futex_wake(std::atomic<std::uint32_t>* w) {
+  ::syscall(SYS_futex, reinterpret_cast<std::uint32_t*>(w), FUTEX_WAKE, INT_MAX, nullptr, nullptr,
+            0);
 }
 
 ShmSegment::ShmSegment(i64 bytes, std::uint64_t seg_id) : cap(page_up(bytes)), id(seg_id) {
@@ -161,6 +172,8 @@ NodeShm::NodeShm(std::shared_ptr<Comm> comm, int sim_node_size) : comm_(std::mov
   MPI_Comm_size(node_, &nn);
   MPI_Comm_rank(node_, &me_);
   node_ranks_.resize(nn);
+  const long cores = ::sysconf(_SC_NPROCESSORS_ONLN);
+  spin_ = cores > 0 && nn <= cores ? 20000 : 64;
   check_mpi(MPI_Allgather(&rank, 1, MPI_INT, node_ranks_.data(), 1, MPI_INT, node_),
             "MPI_Allgather");
   local_of_.assign(size, -1);
@@ -178,6 +191,8 @@ NodeShm::NodeShm(std::shared_ptr<Comm> comm, int sim_node_size) : comm_(std::mov
     auto* s = new (my_ctl_->ptr) ShmSlot();
     s->epoch.store(0);
     s->arrived.store(0);
+    s->seq.store(0);
+    s->sleepers.store(0);
     s->pid = mine[0];
     mine[1] = my_ctl_->fd;
   } catch (const std::exception& e) {
@@ -295,6 +310,11 @@ i64 NodeShm::mapped_bytes() const {
   return b;
 }
 
+void NodeShm::signal(ShmSlot& s) {
+  s.seq.fetch_add(1, std::memory_order_seq_cst);
+  if (s.sleepers.load(std::memory_order_seq_cst) != 0) futex_wake(&s.seq);
+}
+
 void NodeShm::publish(ShmSegment* mine, i64 off) {
   ShmSlot& s = slot(me_);
   s.dst_id = mine->id;
@@ -302,21 +322,24 @@ void NodeShm::publish(ShmSegment* mine, i64 off) {
   s.dst_cap = mine->cap;
   s.dst_off = off;
   s.epoch.store(epoch_, std::memory_order_release);
+  signal(s);
 }
 
 void NodeShm::wait_epoch(int idx, std::uint64_t e) {
   ShmSlot& s = slot(idx);
-  int spins = 0;
-  while (s.epoch.load(std::memory_order_acquire) < e) shm_pause(&spins);
+  wait_for(s, [&] { return s.epoch.load(std::memory_order_acquire) >= e; });
 }
 
-void NodeShm::arrive(int idx) { slot(idx).arrived.fetch_add(1, std::memory_order_acq_rel); }
+void NodeShm::arrive(int idx) {
+  ShmSlot& s = slot(idx);
+  s.arrived.fetch_add(1, std::memory_order_acq_rel);
+  signal(s);
+}
 
 void NodeShm::wait_arrivals() {
   const std::uint64_t want = epoch_ * static_cast<std::uint64_t>(node_size() - 1);
   ShmSlot& s = slot(me_);
-  int spins = 0;
-  while (s.arrived.load(std::memory_order_acquire) < want) shm_pause(&spins);
+  wait_for(s, [&] { return s.arrived.load(std::memory_order_acquire) >= want; });
 }
 
 char* NodeShm::map_peer(int idx, const ShmSlot& s) {

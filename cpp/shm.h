@@ -48,6 +48,10 @@ struct alignas(64) ShmSlot {
   std::int64_t dst_fd, dst_cap, dst_off;
   std::int64_t pid;
   alignas(64) std::atomic<std::uint64_t> arrived;  // senders done, summed over all calls
+  // bumped after every change of this slot; ranks waiting for a change sleep on it (futex)
+  // once a short spin has not seen it, so that ranks outnumbering the cores yield the CPU
+  std::atomic<std::uint32_t> seq;
+  std::atomic<std::uint32_t> sleepers;
 };
 
 class NodeShm {
@@ -100,6 +104,9 @@ class NodeShm {
   void publish(ShmSegment* mine, i64 off);
   void wait_arrivals();
   void arrive(int idx);
+  template <class C>
+  void wait_for(ShmSlot& s, C done);
+  void signal(ShmSlot& s);
 
   std::shared_ptr<Comm> comm_;
   MPI_Comm node_ = MPI_COMM_NULL;
@@ -117,10 +124,28 @@ class NodeShm {
   std::vector<std::shared_ptr<ShmSegment>> free_;  // cached for reuse
   std::vector<std::weak_ptr<ShmSegment>> live_;    // handed out (find())
   i64 limit_ = i64(1) << 31;
+  int spin_ = 64;  // spins before sleeping: long when every rank of the node has a core
 };
 
-// Spin, then yield: ranks may outnumber cores.
-void shm_pause(int* spins);
+void shm_pause();
+void futex_wait(std::atomic<std::uint32_t>* w, std::uint32_t v);
+void futex_wake(std::atomic<std::uint32_t>* w);
+
+// Wait until done(): spin a little, then sleep on the slot's futex word until it changes.
+template <class C>
+void NodeShm::wait_for(ShmSlot& s, C done) {
+  for (int i = 0; i < spin_; ++i) {
+    if (done()) return;
+    shm_pause();
+  }
+  while (true) {
+    const std::uint32_t q = s.seq.load(std::memory_order_acquire);
+    if (done()) return;
+    s.sleepers.fetch_add(1, std::memory_order_seq_cst);
+    if (!done()) futex_wait(&s.seq, q);
+    s.sleepers.fetch_sub(1, std::memory_order_seq_cst);
+  }
+}
 
 template <class F, class G>
 void NodeShm::exchange(ShmSegment* mine, i64 off, F&& push, G&& own) {
