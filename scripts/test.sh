@@ -2,7 +2,8 @@
 # Set up (see setup.sh), lint, and run the whole test suite on the CPU build: the serial tests
 # (pytest-mpi skips the MPI-marked ones without --with-mpi), then tests/mpi under mpiexec
 # with --with-mpi at 1, 2, 3, 4 and 7 ranks (plus 6 and 8 for 2-D and 3-D meshes), each under
-# a hard timeout so a hang fails fast. Between the two builds: scripts/sdist-check.sh (the
+# a hard timeout so a hang fails fast, and at 4 ranks twice more: on simulated nodes of two
+# ranks (PYSHARD_NODE_SIZE=2) and with node-shared memory off (PYSHARD_TRANSPORT=mpi). Between the two builds: scripts/sdist-check.sh (the
 # sdist in a fresh environment) and scripts/docs.sh (the docs, against the CPU build).
 #
 # Then the CUDA variant (nvcc, or NVIDIA's compiler wheels) replaces the core in .venv, and
@@ -88,6 +89,15 @@ for n in ${PYSHARD_TEST_RANKS:-1 2 3 4 6 7 8}; do
   stage "tests/mpi at $n rank(s)" mpi_run "${MPICH_LIB% *}" "${MPICH_LIB##* }" \
     "tests/mpi at $n rank(s)" "$T" "$MPIEXEC" -n "$n" "$PY" -- tests/mpi --with-mpi
 done
+# The node-local transport (pyshard/_shm.py) serves the runs above (one node). Two more at 4
+# ranks: simulated nodes of 2 ranks (shared memory within a node, MPI between: the mixed
+# path of a cluster), and the transport off (every auto exchange through MPI, as before).
+stage "tests/mpi at 4 ranks, nodes of 2" mpi_run "${MPICH_LIB% *}" "${MPICH_LIB##* }" \
+  "tests/mpi at 4 ranks, PYSHARD_NODE_SIZE=2" "$T" "$MPIEXEC" -n 4 env PYSHARD_NODE_SIZE=2 \
+  "$PY" -- tests/mpi --with-mpi
+stage "tests/mpi at 4 ranks, MPI only" mpi_run "${MPICH_LIB% *}" "${MPICH_LIB##* }" \
+  "tests/mpi at 4 ranks, PYSHARD_TRANSPORT=mpi" "$T" "$MPIEXEC" -n 4 env PYSHARD_TRANSPORT=mpi \
+  "$PY" -- tests/mpi --with-mpi
 # Packaging and docs: the sdist installed (not editable) into a fresh environment with only
 # pip's MPICH, mpi4py and numpy, and the demo run from outside the checkout; then the docs
 # (Sphinx, warnings as errors; every example in them run). Both before the CUDA variant

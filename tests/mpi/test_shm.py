@@ -28,6 +28,14 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 R = Replicate()
 
 
+@pytest.fixture(autouse=True)
+def _shm_on(monkeypatch):
+    """These tests run the transport whatever the suite's environment says (CI also runs the
+    suite with PYSHARD_TRANSPORT=mpi and with PYSHARD_NODE_SIZE=2); each sets what it tests."""
+    monkeypatch.setenv("PYSHARD_TRANSPORT", "auto")
+    monkeypatch.delenv("PYSHARD_NODE_SIZE", raising=False)
+
+
 def counts_since(before):
     now = ps.comm_stats()
     return {k: v - before.get(k, 0) for k, v in now.items() if v - before.get(k, 0)}
@@ -220,8 +228,8 @@ def test_a_killed_job_leaves_nothing_in_dev_shm(comm):
     before = ours()
     proc = subprocess.Popen(
         launch.command(3, [sys.executable, os.path.join(HERE, "shm_worker.py")]),
-        env=launch.child_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        start_new_session=True,
+        env=launch.child_env({"PYSHARD_TRANSPORT": "auto"}), stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT, text=True, start_new_session=True,
     )  # fmt: skip
     try:
         line = ""
