@@ -17,7 +17,7 @@ from ._dtypes import identity as ml_identity
 from ._dtypes import is_ml_float
 from .layout import Layout, Shard
 from .mesh import Mesh
-from .plan import Plan, Step, geometry, push_specs, reduce_dtype
+from .plan import Plan, Step, gather_push_specs, geometry, push_specs, reduce_dtype
 
 __all__ = ["ALGORITHMS", "Pending", "choose_algorithm", "execute", "executors", "start"]
 
@@ -82,6 +82,13 @@ class _Exec:
             nonblocking = block >= NONBLOCKING_MIN_BLOCK
             g = geometry(step, coords, algo, pad)
             self.core = _core.ExchangeStep(comm, g, ws, nonblocking)
+        elif kind == "allgatherv" and algorithm == "shm":  # every rank writes its shard into
+            item = step.src.dtype.itemsize  # every node peer's result, once
+            sshape, dshape = list(step.src.local_shape(coords)), list(step.dst.local_shape(coords))
+            pushes, recvs, local = gather_push_specs(step, coords)
+            self.core = _core.ShmExchangeStep(
+                comm, self.node, item, sshape, dshape, pushes, recvs, local, ws
+            )
         elif kind == "allgatherv":
             self.core = _core.AllgathervStep(comm, geometry(step, coords), ws)
         else:
@@ -269,6 +276,11 @@ def choose_algorithm(
 
 
 def _exec(s: Step, mesh: Mesh, algorithm: str, dev: bool) -> _Exec:
+    if s.kind == "allgatherv":  # node-shared memory where usable, else MPI_Allgather(v)
+        gnode = None
+        if not dev and algorithm in ("auto", "tune", "shm"):
+            gnode = _shm.node(mesh, s.mesh_dims)
+        return _Exec(s, mesh, "" if gnode is None else "shm", dev, gnode)
     if s.kind != "alltoallv":
         return _Exec(s, mesh, "", dev)
     # node-shared memory for host exchanges (pyshard/_shm.py): set up collectively the first

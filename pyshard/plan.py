@@ -562,6 +562,20 @@ def push_specs(s: Step, coords: Coords) -> Tuple[list, list, list]:
     return pushes, recvs, local
 
 
+def gather_push_specs(s: Step, coords: Coords) -> Tuple[list, list, list]:
+    """:func:`push_specs` of an allgatherv step: this rank's whole shard goes to every other
+    member of the group, at the same place in each one's result (the results are replicated
+    over the group, so every member's has the same shape); each member's shard is received."""
+    boxes = member_specs(s, coords, s.src, s.dst)
+    me = s.group_rank(coords)
+    start, ext = boxes[me]
+    dshape = list(s.dst.local_shape(coords))
+    zero = [0] * len(ext)
+    pushes = [(g, zero, dshape, start, ext) for g in range(len(boxes)) if g != me]
+    recvs = [(g, *boxes[g]) for g in range(len(boxes)) if g != me]
+    return pushes, recvs, [(zero, start, ext)]
+
+
 def member_specs(s: Step, coords: Coords, of: Layout, rel: Layout) -> list:
     """Per member of the step's group (communicator rank order), the box that ``of`` gives
     it, relative to this rank's box in ``rel``: where an Allgatherv lands each member's

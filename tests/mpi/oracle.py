@@ -121,13 +121,14 @@ def halo_expected(g, lo, hi, width, periodic, corners, fill):
     return out
 
 
-EXCHANGE_NAMES = ("alltoallv", "p2p")
+EXCHANGE_NAMES = ("alltoallv", "p2p", "allgather", "allgatherv")
 
 
 def auto_exchange(mesh, counts, algorithm="auto", dims=None):
     """``counts`` (collectives by name) as ``comm_stats()`` counts them when the exchange of
     an ``auto`` call on ``mesh`` dims ``dims`` (default all) takes node-shared memory
-    (pyshard/_shm.py): "shm" in place of "alltoallv" / "p2p". Collective the first time."""
+    (pyshard/_shm.py): "shm" in place of "alltoallv" / "p2p" / "allgather(v)". Collective the
+    first time."""
     import pyshard as ps
 
     if algorithm != "auto" or not any(k in counts for k in EXCHANGE_NAMES):

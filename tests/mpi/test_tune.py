@@ -136,14 +136,15 @@ def test_sparse_targets_use_point_to_point(comm, n):
 
 def test_regular_gather_lands_in_place(comm):
     """Shard(0) -> Replicate with equal shards is one MPI_Allgather straight into the
-    output; with unequal shards one Allgatherv."""
+    output; with unequal shards one Allgatherv (an MPI algorithm named: auto gathers through
+    node-shared memory, test_shm.py)."""
     p = comm.size
     mesh = ps.Mesh(comm, (p,))
     for rows, want in ((3 * p, "allgather"), (3 * p + 1, "allgatherv")):
         g = make_global((rows, 5), "int64")
         x = ps.distribute(g, mesh, [Shard(0)])
         before = ps.comm_stats()
-        y = x.redistribute([Replicate()])
+        y = x.redistribute([Replicate()], algorithm="alltoallv")
         np.testing.assert_array_equal(y.local, g)
         if p > 1:
             assert counts_since(before) == {want: 1}
