@@ -114,6 +114,46 @@ def test_every_exchange_through_shared_memory(comm, monkeypatch, node_size):
         assert used > 0  # groups of 2 or 3 ranks on a (simulated) node: the path ran
 
 
+@pytest.mark.parametrize("node_size", [0, 2])
+def test_gathers_through_shared_memory(comm, monkeypatch, node_size):
+    """Every source to Replicate (gathers, and exchange + gather plans) on 1-D to 3-D meshes
+    with uneven and empty shards: each collective step on a communicator with ranks sharing
+    a node is counted as "shm", the others as MPI's; the result is the whole array."""
+    if node_size:
+        monkeypatch.setenv("PYSHARD_NODE_SIZE", str(node_size))
+    p = comm.size
+    failures = []
+    for mesh_shape in meshes(p)[:2]:
+        mesh = ps.Mesh(comm, mesh_shape)
+        nd = len(mesh_shape)
+        shape = (13, 7, 3)[: max(nd, 2)]
+        g = make_global(shape, "int32", seed=7)
+        opts = [R] + [Shard(d) for d in range(len(shape))]
+        for src in list(itertools.product(opts, repeat=nd))[:: 3 if nd == 3 else 1]:
+            for sizes in (None, "zeros"):
+                sz = None
+                if sizes and nd == 1 and isinstance(src[0], Shard):
+                    s = uneven(shape[src[0].dim], p, True)
+                    sz = {src[0].dim: s} if s else None
+                x = ps.distribute(g, mesh, list(src), sizes=sz)
+                plan = x.plan_to([R] * nd)
+                shm_steps = sum(
+                    1 for st in plan.steps
+                    if st.is_collective and _shm.node(mesh, st.mesh_dims) is not None
+                )  # fmt: skip
+                before = ps.comm_stats()
+                y = x.redistribute([R] * nd)
+                got = counts_since(before)
+                try:
+                    np.testing.assert_array_equal(y.local, g)
+                    assert got.get("shm", 0) == shm_steps, (got, str(plan))
+                    assert sum(got.values()) == plan.collectives, (got, str(plan))
+                except AssertionError as e:
+                    failures.append(f"{mesh_shape} {src} sizes={sz}: {e}")
+        mesh.free()
+    assert not failures, "\n".join(failures[:8])
+
+
 def test_nodes_as_simulated(comm, monkeypatch):
     """PYSHARD_NODE_SIZE=2: nodes of two consecutive ranks; a communicator whose ranks all sit
     on different nodes gets no node transport (nothing to share)."""
