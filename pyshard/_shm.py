@@ -9,6 +9,8 @@ are reached by MPI point-to-point messages in the same step.
 
 - ``PYSHARD_TRANSPORT=mpi`` (or ``direct``/``staged``) turns it off: every exchange goes through
   MPI; ``auto`` (default) and ``shm`` leave it on.
+- ``auto`` takes it for steps whose largest block has at least ``PYSHARD_SHM_MIN_BYTES``
+  (default 256 KiB); smaller exchanges are latency-bound and stay on MPI.
 - ``PYSHARD_NODE_SIZE=k`` splits each node further into groups of ``k`` consecutive world
   ranks, so that the mixed path (shared memory within a group, MPI between groups) runs on
   one machine (tests, CI).
@@ -31,6 +33,29 @@ from . import _core
 log = logging.getLogger("pyshard")
 
 _warned = False
+
+
+def _min_block() -> int:
+    raw = os.environ.get("PYSHARD_SHM_MIN_BYTES", "").strip()
+    try:
+        v = int(raw) if raw else 256 << 10
+    except ValueError:
+        v = -1
+    if v < 0:
+        raise ValueError(f"PYSHARD_SHM_MIN_BYTES must be an integer >= 0, got {raw!r}")
+    return v
+
+
+# ``auto`` takes node-shared memory for a step whose largest block (from the layouts: the
+# same on every rank) has at least this many bytes; smaller exchanges are latency, where an
+# MPI library's eager messages (no handshake with the receiver) win. PYSHARD_SHM_MIN_BYTES
+# overrides it; ``algorithm="shm"`` and ``"tune"`` ignore it.
+MIN_BLOCK = _min_block()
+
+
+def wanted(step: Any, node: Optional[Any]) -> bool:
+    """Should ``auto`` run ``step`` through ``node`` (the step's node transport, or None)?"""
+    return node is not None and step.max_block_volume() * step.src.dtype.itemsize >= MIN_BLOCK
 
 
 def enabled() -> bool:

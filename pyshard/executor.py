@@ -280,6 +280,8 @@ def _exec(s: Step, mesh: Mesh, algorithm: str, dev: bool) -> _Exec:
         gnode = None
         if not dev and algorithm in ("auto", "tune", "shm"):
             gnode = _shm.node(mesh, s.mesh_dims)
+            if algorithm != "shm" and not _shm.wanted(s, gnode):
+                gnode = None
         return _Exec(s, mesh, "" if gnode is None else "shm", dev, gnode)
     if s.kind != "alltoallv":
         return _Exec(s, mesh, "", dev)
@@ -298,7 +300,7 @@ def _exec(s: Step, mesh: Mesh, algorithm: str, dev: bool) -> _Exec:
 
     if algorithm == "tune":
         algorithm = _tune.choose(s, mesh, dev, build, shm=node is not None)
-    elif algorithm == "auto" and node is not None:
+    elif algorithm == "auto" and _shm.wanted(s, node):
         algorithm = "shm"
     return build(algorithm)
 

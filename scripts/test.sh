@@ -91,10 +91,11 @@ for n in ${PYSHARD_TEST_RANKS:-1 2 3 4 6 7 8}; do
 done
 # The node-local transport (pyshard/_shm.py) serves the runs above (one node). Two more at 4
 # ranks: simulated nodes of 2 ranks (shared memory within a node, MPI between: the mixed
-# path of a cluster), and the transport off (every auto exchange through MPI, as before).
+# path of a cluster), every exchange and gather taking it however small (PYSHARD_SHM_MIN_BYTES
+# =0: the suite's arrays are small), and the transport off (every auto exchange through MPI).
 stage "tests/mpi at 4 ranks, nodes of 2" mpi_run "${MPICH_LIB% *}" "${MPICH_LIB##* }" \
   "tests/mpi at 4 ranks, PYSHARD_NODE_SIZE=2" "$T" "$MPIEXEC" -n 4 env PYSHARD_NODE_SIZE=2 \
-  "$PY" -- tests/mpi --with-mpi
+  PYSHARD_SHM_MIN_BYTES=0 "$PY" -- tests/mpi --with-mpi
 stage "tests/mpi at 4 ranks, MPI only" mpi_run "${MPICH_LIB% *}" "${MPICH_LIB##* }" \
   "tests/mpi at 4 ranks, PYSHARD_TRANSPORT=mpi" "$T" "$MPIEXEC" -n 4 env PYSHARD_TRANSPORT=mpi \
   "$PY" -- tests/mpi --with-mpi

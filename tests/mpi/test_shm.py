@@ -34,6 +34,7 @@ def _shm_on(monkeypatch):
     suite with PYSHARD_TRANSPORT=mpi and with PYSHARD_NODE_SIZE=2); each sets what it tests."""
     monkeypatch.setenv("PYSHARD_TRANSPORT", "auto")
     monkeypatch.delenv("PYSHARD_NODE_SIZE", raising=False)
+    monkeypatch.setattr(_shm, "MIN_BLOCK", 0)  # small test arrays take it too
 
 
 def counts_since(before):
@@ -238,6 +239,22 @@ def test_a_rank_that_cannot_share_makes_every_rank_use_mpi(comm, monkeypatch, ca
     assert "shm" not in got and sum(got.values()) == 1, got
     assert _shm.node(mesh, (0,)) is None
     assert any("not usable" in r.getMessage() for r in caplog.records)
+    mesh.free()
+
+
+def test_auto_keeps_small_exchanges_on_mpi(comm, monkeypatch):
+    """Below PYSHARD_SHM_MIN_BYTES per block (the layouts say so, the same on every rank)
+    auto takes MPI; algorithm="shm" takes node-shared memory whatever the size."""
+    monkeypatch.setattr(_shm, "MIN_BLOCK", 1 << 20)
+    p = comm.size
+    mesh = ps.Mesh(comm, (p,))
+    g = make_global((8 * p, 8 * p), "float32")
+    x = ps.distribute(g, mesh, [Shard(0)])
+    for algorithm, shm in (("auto", False), ("shm", p > 1)):
+        before = ps.comm_stats()
+        y = x.redistribute([Shard(1)], algorithm=algorithm)
+        np.testing.assert_array_equal(y.local, g[y.box])
+        assert ("shm" in counts_since(before)) == shm
     mesh.free()
 
 
