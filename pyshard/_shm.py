@@ -28,8 +28,6 @@ from typing import Any, Optional, Tuple
 
 import numpy as np
 
-from . import _core
-
 log = logging.getLogger("pyshard")
 
 _warned = False
@@ -61,6 +59,8 @@ def wanted(step: Any, node: Optional[Any]) -> bool:
 def enabled() -> bool:
     """Does ``PYSHARD_TRANSPORT`` leave the node-local transport on for host exchanges (and
     is host memory not forced through the staging path, as the staging tests do)?"""
+    from . import _core  # (this module imports no MPI itself: the planner reads MIN_BLOCK)
+
     raw = os.environ.get("PYSHARD_TRANSPORT", "").strip().lower()
     return raw in ("", "auto", "shm") and _core.transport(_core.Mem.host).name == "direct"
 
@@ -88,6 +88,8 @@ def node(mesh: Any, dims: Tuple[int, ...]) -> Optional[Any]:
         return None
     if dims in mesh._nodes:
         return mesh._nodes[dims]
+    from . import _core
+
     global _warned
     n = _core.NodeShm(mesh._core_comm(dims), sim_node_size())
     size = prod(mesh.shape[d] for d in dims)
@@ -112,5 +114,7 @@ def node(mesh: Any, dims: Tuple[int, ...]) -> Optional[Any]:
 def empty(n: Any, shape: Tuple[int, ...], dtype: np.dtype) -> np.ndarray:
     """An uninitialised result in this rank's node-shared memory (back to the transport's
     pool when the array and its views are freed)."""
+    from . import _core
+
     buf = _core.ShmBuffer(n, prod(shape) * dtype.itemsize)
     return np.frombuffer(buf, dtype=dtype).reshape(shape)

@@ -44,7 +44,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from . import _dtypes
+from . import _dtypes, _shm
 from ._cache import memoize
 from .layout import Layout, Partial, Replicate, Shard, placements_str, ravel, unravel
 
@@ -433,6 +433,16 @@ class Plan:
             )
             if s.kind == "alltoallv":
                 lines.append(f"    messages: at most {s.max_peers()} peers per rank")
+            if s.kind in ("alltoallv", "allgatherv"):
+                block = s.max_block_volume() * s.src.dtype.itemsize
+                how = (
+                    "node-shared memory between ranks of one node (one copy per byte), MPI "
+                    "between nodes"
+                    if block >= _shm.MIN_BLOCK
+                    else f"MPI (largest block {block} B < PYSHARD_SHM_MIN_BYTES "
+                    f"{_shm.MIN_BLOCK} B)"
+                )
+                lines.append(f"    host arrays, algorithm auto: {how}")
         peak = self.peak_extra_bytes(coords)
         peak_max = max(self.peak_extra_bytes(c) for c in all_coords)
         lines.append(
