@@ -131,6 +131,8 @@ void futex_wake(std::atomic<std::uint32_t>* w) {
             0);
 }
 
+static_assert(sizeof(ShmSlot) <= kPage, "a rank's slot fits its control page");
+
 ShmSegment::ShmSegment(i64 bytes, std::uint64_t seg_id) : cap(page_up(bytes)), id(seg_id) {
   fd = ::memfd_create("pyshard", MFD_CLOEXEC);
   if (fd < 0) throw std::runtime_error(errno_text("memfd_create"));
@@ -193,6 +195,7 @@ NodeShm::NodeShm(std::shared_ptr<Comm> comm, int sim_node_size) : comm_(std::mov
     s->arrived.store(0);
     s->seq.store(0);
     s->sleepers.store(0);
+    s->nids.store(0);
     s->pid = mine[0];
     mine[1] = my_ctl_->fd;
   } catch (const std::exception& e) {
@@ -261,6 +264,11 @@ std::shared_ptr<ShmSegment> NodeShm::take(i64 n) {
     s = free_[best];
     free_.erase(free_.begin() + static_cast<long>(best));
   } else {
+    // a growing pattern (a loop over ever larger shapes): the kept ones smaller than this
+    // request would never fit again
+    free_.erase(std::remove_if(free_.begin(), free_.end(),
+                               [&](const std::shared_ptr<ShmSegment>& f) { return f->cap < need; }),
+                free_.end());
     s = std::make_shared<ShmSegment>(need, next_id_++);
   }
   // forget results that are gone, then remember this one
@@ -268,7 +276,22 @@ std::shared_ptr<ShmSegment> NodeShm::take(i64 n) {
                              [](const std::weak_ptr<ShmSegment>& w) { return w.expired(); }),
               live_.end());
   live_.push_back(s);
+  publish_ids();
   return s;
+}
+
+void NodeShm::publish_ids() {
+  if (ctl_.empty()) return;
+  ShmSlot& me = slot(me_);
+  std::uint32_t n = 0;
+  auto add = [&](const ShmSegment& g) {
+    if (n < ShmSlot::kMaxIds) me.ids[n].store(g.id, std::memory_order_relaxed);
+    ++n;
+  };
+  for (const auto& w : live_)
+    if (auto g = w.lock()) add(*g);
+  for (const auto& f : free_) add(*f);
+  me.nids.store(n, std::memory_order_release);
 }
 
 void NodeShm::give(std::shared_ptr<ShmSegment> s) {
@@ -281,6 +304,10 @@ void NodeShm::give(std::shared_ptr<ShmSegment> s) {
     bytes -= free_.front()->cap;
     free_.erase(free_.begin());
   }
+  live_.erase(std::remove_if(live_.begin(), live_.end(),
+                             [](const std::weak_ptr<ShmSegment>& w) { return w.expired(); }),
+              live_.end());
+  publish_ids();
 }
 
 ShmSegment* NodeShm::find(const char* p, i64 n, i64* off) {
@@ -352,6 +379,24 @@ char* NodeShm::map_peer(int idx, const ShmSlot& s) {
       return m.ptr;
     }
   const ShmSlot& owner = *reinterpret_cast<const ShmSlot*>(ctl_[idx]);
+  // a miss: first unmap this owner's segments that are gone (its ids table; a table read
+  // while the owner changes it can only unmap one that is mapped again when next needed)
+  const std::uint32_t nids = owner.nids.load(std::memory_order_acquire);
+  if (nids <= ShmSlot::kMaxIds) {
+    auto gone = [&](const PeerMap& m) {
+      for (std::uint32_t i = 0; i < nids; ++i)
+        if (owner.ids[i].load(std::memory_order_relaxed) == m.id) return false;
+      return true;
+    };
+    for (auto it = per.begin(); it != per.end();) {
+      if (gone(*it)) {
+        ::munmap(it->ptr, static_cast<size_t>(it->cap));
+        it = per.erase(it);
+      } else {
+        ++it;
+      }
+    }
+  }
   char* p = map_foreign(owner.pid, s.dst_fd, s.dst_cap);
   if (!p) fatal(errno_text("mapping a node peer's result segment"));
   if (per.size() >= kMapsPerPeer) {

@@ -52,6 +52,11 @@ struct alignas(64) ShmSlot {
   // once a short spin has not seen it, so that ranks outnumbering the cores yield the CPU
   std::atomic<std::uint32_t> seq;
   std::atomic<std::uint32_t> sleepers;
+  // the owner's segments that exist (handed out or kept for reuse), so that a peer can unmap
+  // the ones gone; nids > kMaxIds: too many to list (peers keep their mappings, LRU-bounded)
+  static constexpr std::uint32_t kMaxIds = 240;
+  std::atomic<std::uint32_t> nids;
+  std::atomic<std::uint64_t> ids[kMaxIds];
 };
 
 class NodeShm {
@@ -123,7 +128,8 @@ class NodeShm {
   mutable std::mutex mu_;
   std::vector<std::shared_ptr<ShmSegment>> free_;  // cached for reuse
   std::vector<std::weak_ptr<ShmSegment>> live_;    // handed out (find())
-  i64 limit_ = i64(1) << 31;
+  i64 limit_ = i64(512) << 20;  // bytes of freed results kept for reuse
+  void publish_ids();           // the slot's ids table from live_ and free_ (mu_ held)
   int spin_ = 64;  // spins before sleeping: long when every rank of the node has a core
 };
 
