@@ -216,6 +216,84 @@ struct PooledBuffer {
   PooledBuffer& operator=(const PooledBuffer&) = delete;
 };
 
+// A cached redistribute's one call (ShardedArray.redistribute's fast path): a host step that
+// runs straight into its output, bound to the result's dtype and shape. Calling it with the
+// source (and `out` or None) allocates the result (from the result pool when large), runs the
+// step and returns the result; it returns None, having done nothing, when an argument is not
+// what the binding expects (a non-contiguous source, another dtype, an `out` of the wrong
+// kind), and the caller takes the general path, which says what is wrong. What runs, and its
+// counts, are the step's, fixed by the layouts: this check only decides who allocates.
+template <class StepT>
+struct BoundStep {
+  py::object owner;  // the step's Python object, which keeps `step` alive
+  StepT* step;
+  py::dtype dtype;
+  std::vector<py::ssize_t> shape;
+  i64 nbytes = 0;
+  bool pooled = false;
+  i64 calls = 0;  // calls that ran here (for tests)
+
+  BoundStep(py::object o, py::dtype dt, bool pool)
+      : owner(std::move(o)), step(owner.cast<StepT*>()), dtype(std::move(dt)), pooled(pool) {
+    const Shape& d = step->geometry().dst_shape;
+    shape.assign(d.begin(), d.end());
+    nbytes = dtype.itemsize();
+    for (auto e : shape) nbytes *= e;
+  }
+
+  // Is `h` a plain, C-contiguous numpy array of this binding's dtype?
+  bool plain(py::handle h) const {
+    const auto& api = py::detail::npy_api::get();
+    if (Py_TYPE(h.ptr()) != api.PyArray_Type_) return false;
+    auto* a = py::detail::array_proxy(h.ptr());
+    return (a->flags & py::detail::npy_api::NPY_ARRAY_C_CONTIGUOUS_) &&
+           (a->descr == dtype.ptr() || api.PyArray_EquivTypes_(a->descr, dtype.ptr()));
+  }
+
+  py::object call(py::handle src, py::handle out) {
+    if (!plain(src)) return py::none();
+    auto s = py::reinterpret_borrow<py::array>(src);
+    py::array d;
+    if (out.is_none()) {
+      if (pooled) {
+        auto* pb = new PooledBuffer(nbytes);
+        py::object base = py::cast(pb, py::return_value_policy::take_ownership);
+        d = py::array(dtype, shape, {}, pb->ptr, base);
+      } else {
+        d = py::array(dtype, shape);
+      }
+    } else {
+      if (!plain(out)) return py::none();
+      d = py::reinterpret_borrow<py::array>(out);
+      if (!d.writeable() || d.ndim() != static_cast<py::ssize_t>(shape.size()) ||
+          !std::equal(shape.begin(), shape.end(), d.shape()))
+        return py::none();
+      const char* s0 = static_cast<const char*>(s.data());
+      const char* d0 = static_cast<const char*>(d.data());
+      if (nbytes && s.nbytes() && d0 < s0 + s.nbytes() && s0 < d0 + nbytes)
+        return py::none();  // overlaps the source
+    }
+    Buf sb = get_buf(s, false, "source");
+    check_shape(sb, step->geometry().src_shape, "source");
+    char* dp = static_cast<char*>(d.mutable_data());
+    {
+      py::gil_scoped_release nogil;
+      step->run(sb.ptr, dp, host_packer(), g_transport[0]);
+    }
+    ++calls;
+    return std::move(d);
+  }
+};
+
+template <class StepT>
+void bind_bound(py::module_& m, const char* name) {
+  py::class_<BoundStep<StepT>>(m, name)
+      .def(py::init<py::object, py::dtype, bool>(), py::arg("step"), py::arg("dtype"),
+           py::arg("pooled"))
+      .def("__call__", &BoundStep<StepT>::call, py::arg("src"), py::arg("out").none(true))
+      .def_readonly("calls", &BoundStep<StepT>::calls);
+}
+
 }  // namespace
 
 PYBIND11_MODULE(_core, m) {
@@ -339,6 +417,8 @@ PYBIND11_MODULE(_core, m) {
       .def_property_readonly("staged_bytes",
                              [](ExchangeStep& s) { return s.geometry().staged_bytes(); });
 
+  bind_bound<ExchangeStep>(m, "BoundExchange");
+
   py::class_<AllgathervStep>(m, "AllgathervStep")
       .def(py::init<std::shared_ptr<Comm>, std::shared_ptr<GatherGeometry>,
                     std::shared_ptr<Workspace>>())
@@ -352,6 +432,7 @@ PYBIND11_MODULE(_core, m) {
                              [](AllgathervStep& s) { return s.geometry().workspace_bytes(); })
       .def_property_readonly("staged_bytes",
                              [](AllgathervStep& s) { return s.geometry().staged_bytes(); });
+  bind_bound<AllgathervStep>(m, "BoundAllgatherv");
 
   py::class_<AllreduceStep>(m, "AllreduceStep")
       .def(py::init([](std::shared_ptr<Comm> c, const py::dtype& dt, ReduceOp op, Shape shape,

@@ -121,6 +121,19 @@ class AllgathervStep(_Step):
     @property
     def unpacks(self) -> bool: ...
 
+class _Bound:
+    """A host step that runs straight into its output, bound to its result's dtype and
+    shape: ``ShardedArray.redistribute``'s fast path (``pyshard.executor.bind``)."""
+    def __call__(self, src: np.ndarray, out: Optional[np.ndarray]) -> Optional[np.ndarray]: ...
+    @property
+    def calls(self) -> int: ...
+
+class BoundExchange(_Bound):
+    def __init__(self, step: ExchangeStep, dtype: np.dtype, pooled: bool) -> None: ...
+
+class BoundAllgatherv(_Bound):
+    def __init__(self, step: AllgathervStep, dtype: np.dtype, pooled: bool) -> None: ...
+
 class AllreduceStep(_Step):
     def __init__(
         self, comm: Comm, dtype: np.dtype, op: ReduceOp, shape: _Shape, workspace: Workspace
