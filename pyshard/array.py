@@ -149,7 +149,7 @@ class ShardedArray:
                 res = hit[0](self.local, out)
                 if res is not None:
                     r = _new(ShardedArray)
-                    r.local, r.layout, r.mesh = res, hit[1], self.mesh
+                    r.local, r.layout, r.mesh = res, hit[2], self.mesh
                     return r
         return self._redistribute(placements, sizes, algorithm, out, wait)
 
@@ -180,7 +180,7 @@ class ShardedArray:
             try:
                 key = (self.layout, *placements, algorithm, type(self.local))
                 if key not in fast:
-                    fast.put(key, (bind(execs, p), target, execs))
+                    fast.put(key, (*bind(execs, p), target, execs))
             except TypeError:  # placements the layout accepted but cannot hash
                 pass
         return ShardedArray._wrap(res, target, mesh)

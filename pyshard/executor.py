@@ -330,7 +330,7 @@ def _steps(execs: list, local: Any, out: Optional[Any]) -> Any:
 _BOUND = {_core.ExchangeStep: _core.BoundExchange, _core.AllgathervStep: _core.BoundAllgatherv}
 
 
-def bind(execs: list, p: Plan) -> Callable[[Any, Optional[Any]], Any]:
+def bind(execs: list, p: Plan) -> Tuple[Callable[[Any, Optional[Any]], Any], Any]:
     """The one call a repeated redistribute makes (``ShardedArray.redistribute``'s fast
     path): ``call(local, out)`` runs the executors ``execs`` of plan ``p`` and returns the
     result array, or returns None having done nothing when ``local`` or ``out`` is not what
@@ -338,16 +338,18 @@ def bind(execs: list, p: Plan) -> Callable[[Any, Optional[Any]], Any]:
     caller then takes the general path, which says what is wrong.
 
     A host plan of one exchange or gather straight into its output binds the core step
-    itself: one C++ call that checks the arrays, allocates the result (from the result pool
-    when large) and runs the step. Any other plan binds :func:`_steps` over its executors.
-    The collectives and their counts are the executors', fixed by the layouts; the binding
-    only decides who allocates.
+    itself (``_core.BoundExchange``, ``BoundAllgatherv``): ``call`` is its ``fn``, one C++
+    function that checks the arrays, allocates the result (from the result pool when large)
+    and runs the step. Any other plan binds :func:`_steps` over its executors. The
+    collectives and their counts are the executors', fixed by the layouts; the binding only
+    decides who allocates. Returns ``(call, core binding or None)``.
     """
     if len(execs) == 1:
         e = execs[0]
-        bound = _BOUND.get(type(e.core)) if e.direct and not e.dev else None
-        if bound is not None:
-            return bound(e.core, e.dtype, e.pooled)
+        kind = _BOUND.get(type(e.core)) if e.direct and not e.dev else None
+        if kind is not None:
+            bound = kind(e.core, e.dtype, e.pooled)
+            return bound.fn, bound
     want = execs[-1].out_shape if execs else None  # no steps: the source's shape
     dtype = p.dst.dtype
 
@@ -358,7 +360,7 @@ def bind(execs: list, p: Plan) -> Callable[[Any, Optional[Any]], Any]:
             return None
         return _steps(execs, local, out)
 
-    return call
+    return call, None
 
 
 def out_ok(out: object, shape: tuple, dtype: np.dtype, local: Any) -> bool:
