@@ -1,7 +1,7 @@
 """Type stubs for the compiled core (cpp/bindings.cpp)."""
 
 import enum
-from typing import Any, Dict, List, Optional, Sequence, Tuple, Union, overload
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union, overload
 
 import numpy as np
 
@@ -125,6 +125,9 @@ class _Bound:
     """A host step that runs straight into its output, bound to its result's dtype and
     shape: ``ShardedArray.redistribute``'s fast path (``pyshard.executor.bind``)."""
     def __call__(self, src: np.ndarray, out: Optional[np.ndarray]) -> Optional[np.ndarray]: ...
+    @property
+    def fn(self) -> Callable[[np.ndarray, Optional[np.ndarray]], Optional[np.ndarray]]:
+        """The same call as a builtin function (METH_FASTCALL, no pybind11 dispatch)."""
     @property
     def calls(self) -> int: ...
 
