@@ -116,8 +116,9 @@ def memoize(fn: Callable) -> Callable:
 
 class ExecCache:
     """A mesh's executors: ``(plan, algorithm, memory kind) -> [executor per step]`` and the
-    one-lookup fast path ``(layout, *placements, algorithm, array type) -> (target,
-    executor)``, both bounded, plus the workspace pool their core steps share."""
+    one-lookup fast path ``(layout, *placements, algorithm, array type) -> (call, core
+    binding, target, executors)`` (``pyshard.executor.bind``), both bounded, plus the
+    workspace pool their core steps share."""
 
     __slots__ = ("execs", "fast", "workspace", "tuned", "_keep", "__weakref__")
 
@@ -133,8 +134,8 @@ class ExecCache:
     def _evicted(self, execs: list) -> None:
         # the fast path may still point at an evicted executor: drop those entries too
         dead = {id(e) for e in execs}
-        for k, (_, e) in list(self.fast.items()):
-            if id(e) in dead:
+        for k, hit in list(self.fast.items()):
+            if any(id(e) in dead for e in hit[3]):
                 del self.fast[k]
         if any(_need(e) >= self._keep for e in execs):
             self.trim()
@@ -227,4 +228,3 @@ def stats() -> Dict[str, int]:
         "entries": sum(len(c) for c in _caches),
         "workspace_bytes": sum(int(e.workspace.held) for e in _exec_caches),
     }
-

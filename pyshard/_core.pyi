@@ -1,7 +1,7 @@
 """Type stubs for the compiled core (cpp/bindings.cpp)."""
 
 import enum
-from typing import Any, Dict, List, Optional, Sequence, Tuple, Union, overload
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union, overload
 
 import numpy as np
 
@@ -120,6 +120,22 @@ class AllgathervStep(_Step):
     def __init__(self, comm: Comm, geometry: GatherGeometry, workspace: Workspace) -> None: ...
     @property
     def unpacks(self) -> bool: ...
+
+class _Bound:
+    """A host step that runs straight into its output, bound to its result's dtype and
+    shape: ``ShardedArray.redistribute``'s fast path (``pyshard.executor.bind``)."""
+    def __call__(self, src: np.ndarray, out: Optional[np.ndarray]) -> Optional[np.ndarray]: ...
+    @property
+    def fn(self) -> Callable[[np.ndarray, Optional[np.ndarray]], Optional[np.ndarray]]:
+        """The same call as a builtin function (METH_FASTCALL, no pybind11 dispatch)."""
+    @property
+    def calls(self) -> int: ...
+
+class BoundExchange(_Bound):
+    def __init__(self, step: ExchangeStep, dtype: np.dtype, pooled: bool) -> None: ...
+
+class BoundAllgatherv(_Bound):
+    def __init__(self, step: AllgathervStep, dtype: np.dtype, pooled: bool) -> None: ...
 
 class AllreduceStep(_Step):
     def __init__(

@@ -13,7 +13,7 @@ import numpy as np
 from . import _backend as bk
 from . import _core, _dtypes, _validate, executor
 from ._cache import memoize
-from .executor import Pending, executors, out_ok, run_steps, start
+from .executor import Pending, bind, executors, run_steps, start
 from .halo import HaloArray
 from .halo_plan import PeriodicArg, WidthArg
 from .layout import (
@@ -34,6 +34,7 @@ from .plan import Plan, plan
 __all__ = ["ShardedArray", "distribute", "from_local"]
 
 log = logging.getLogger("pyshard")
+_new = object.__new__
 
 
 def _check_mesh(mesh: object) -> Mesh:
@@ -135,39 +136,54 @@ class ShardedArray:
         this array; otherwise the result owns a new buffer. GPU arrays: the kernels run on
         cupy's current stream, and the result is ready on that stream when this returns.
         """
-        cache = self.mesh._cache
+        if algorithm is None:
+            algorithm = executor.DEFAULT_ALGORITHM
+        if sizes is None and wait and not _validate.enabled:
+            # a repeated call: one lookup, then one call of the binding (executor.bind)
+            try:
+                key = (self.layout, *placements, algorithm, type(self.local))
+                hit = self.mesh._cache.fast.get(key)
+            except TypeError:  # unhashable or not a sequence: the general path says so
+                hit = None
+            if hit is not None:
+                res = hit[0](self.local, out)
+                if res is not None:
+                    r = _new(ShardedArray)
+                    r.local, r.layout, r.mesh = res, hit[2], self.mesh
+                    return r
+        return self._redistribute(placements, sizes, algorithm, out, wait)
+
+    def _redistribute(
+        self,
+        placements: PlacementsArg,
+        sizes: SizesArg,
+        algorithm: str,
+        out: Optional[Any],
+        wait: bool,
+    ) -> Union[ShardedArray, Pending]:
+        """The general path: validate, plan, build or find the executors, run them, and
+        keep the binding for the fast path of the next such call."""
+        mesh = self.mesh
         local = self.local
         if not local.flags.c_contiguous:  # a view, e.g. HaloArray.array's interior
             local = bk.xp_of(local).ascontiguousarray(local)
-        if algorithm is None:
-            algorithm = executor.DEFAULT_ALGORITHM
         if _validate.enabled:  # one small Allgather: a mismatch raises on every rank
             self._agree(placements, sizes, algorithm)
-        if not wait:
-            target = self._target(placements, sizes)
-            p = plan(self.layout, target)
-            execs = executors(p, self.mesh, algorithm, local)
-            mesh = self.mesh
-            return start(execs, p, mesh, local, out, lambda r: ShardedArray._wrap(r, target, mesh))
-        if sizes is None:
-            try:
-                key = (self.layout, *placements, algorithm, type(self.local))
-                hit = cache.fast.get(key)
-            except TypeError:  # unhashable input: the slow path gives the precise error
-                hit = key = None
-            if hit is not None:  # a repeated call: one lookup, then the core
-                target, e = hit
-                if out is None or out_ok(out, e.out_shape, target.dtype, local):
-                    return ShardedArray._wrap(e.run(local, out), target, self.mesh)
-        else:
-            key = None
         target = self._target(placements, sizes)
         p = plan(self.layout, target)
-        execs = executors(p, self.mesh, algorithm, local)
-        res = run_steps(execs, p, self.mesh, local, out)
-        if key is not None and len(execs) == 1 and execs[0].direct:
-            cache.fast.put(key, (target, execs[0]))
-        return ShardedArray._wrap(res, target, self.mesh)
+        execs = executors(p, mesh, algorithm, local)
+        if not wait:
+            return start(execs, p, mesh, local, out, lambda r: ShardedArray._wrap(r, target, mesh))
+        res = run_steps(execs, p, mesh, local, out)
+        if sizes is None:
+            fast = mesh._cache.fast
+            try:
+                key = (self.layout, *placements, algorithm, type(self.local))
+                if key not in fast:
+                    fast.put(key, (*bind(execs, p), target, execs))
+            except TypeError:  # placements the layout accepted but cannot hash
+                pass
+        return ShardedArray._wrap(res, target, mesh)
 
     def _agree(self, placements: PlacementsArg, sizes: SizesArg, algorithm: str) -> None:
         """Validation mode: every rank must pass the same target (see pyshard._validate)."""

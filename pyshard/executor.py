@@ -7,7 +7,7 @@ from __future__ import annotations
 import logging
 import os
 from math import prod
-from typing import Any, Optional, Tuple
+from typing import Any, Callable, Optional, Tuple
 
 import numpy as np
 
@@ -349,14 +349,57 @@ def run_steps(execs: list, p: Plan, mesh: Mesh, local: Any, out: Optional[Any]) 
         want = execs[-1].out_shape if execs else local.shape
         if not out_ok(out, want, p.dst.dtype, local):
             check_out(out, p, mesh, local)  # the precise error
-        if not execs:
-            bk.xp_of(local).copyto(out, local)
-            return out
+    return _steps(execs, local, out)
+
+
+def _steps(execs: list, local: Any, out: Optional[Any]) -> Any:
+    if not execs:
+        if out is None:
+            return local
+        bk.xp_of(local).copyto(out, local)
+        return out
     res = local
     last = len(execs) - 1
     for i, e in enumerate(execs):
         res = e.run(res, out if i == last else None)
     return res
+
+
+# the core steps a host plan of one direct step binds whole (see bind)
+_BOUND = {_core.ExchangeStep: _core.BoundExchange, _core.AllgathervStep: _core.BoundAllgatherv}
+
+
+def bind(execs: list, p: Plan) -> Tuple[Callable[[Any, Optional[Any]], Any], Any]:
+    """The one call a repeated redistribute makes (``ShardedArray.redistribute``'s fast
+    path): ``call(local, out)`` runs the executors ``execs`` of plan ``p`` and returns the
+    result array, or returns None having done nothing when ``local`` or ``out`` is not what
+    the binding takes (a non-contiguous source, an ``out`` that fails :func:`out_ok`); the
+    caller then takes the general path, which says what is wrong.
+
+    A host plan of one exchange or gather straight into its output binds the core step
+    itself (``_core.BoundExchange``, ``BoundAllgatherv``): ``call`` is its ``fn``, one C++
+    function that checks the arrays, allocates the result (from the result pool when large)
+    and runs the step. Any other plan binds :func:`_steps` over its executors. The
+    collectives and their counts are the executors', fixed by the layouts; the binding only
+    decides who allocates. Returns ``(call, core binding or None)``.
+    """
+    if len(execs) == 1:
+        e = execs[0]
+        kind = _BOUND.get(type(e.core)) if e.direct and not e.dev else None
+        if kind is not None:
+            bound = kind(e.core, e.dtype, e.pooled)
+            return bound.fn, bound
+    want = execs[-1].out_shape if execs else None  # no steps: the source's shape
+    dtype = p.dst.dtype
+
+    def call(local: Any, out: Optional[Any]) -> Any:
+        if not local.flags.c_contiguous:
+            return None
+        if out is not None and not out_ok(out, local.shape if want is None else want, dtype, local):
+            return None
+        return _steps(execs, local, out)
+
+    return call, None
 
 
 def out_ok(out: object, shape: tuple, dtype: np.dtype, local: Any) -> bool:

@@ -42,6 +42,8 @@ class Shard(Placement):
     dim: int
 
     def __post_init__(self) -> None:
+        if type(self.dim) is int:  # the common case, cheap: placements are built per call
+            return
         if isinstance(self.dim, bool) or not isinstance(self.dim, numbers.Integral):
             raise TypeError(f"Shard(dim): dim must be an int, got {self.dim!r}")
         object.__setattr__(self, "dim", int(self.dim))
