@@ -190,24 +190,48 @@ def test_a_non_contiguous_source_takes_the_general_path(comm):
 
 @pytest.mark.mpi(min_size=2)
 def test_large_results_come_from_the_pool(comm):
-    """The core binding allocates results of 1 MiB or more from the result pool."""
+    """The core binding allocates results of 1 MiB or more from the result pool (on MPI:
+    blocks this large take node-shared memory under auto, whose results come from its own
+    pool, tests/mpi/test_shm.py)."""
+    a = "alltoallv"
     mesh = ps.Mesh(comm, (comm.size,))
     g = make_global((512 * comm.size, 640), "float32")
     x = ps.distribute(g, mesh, [Shard(0)])
-    x.redistribute([Shard(1)])
+    x.redistribute([Shard(1)], algorithm=a)
     ps.clear_caches()
-    x.redistribute([Shard(1)])  # binds again
-    y = x.redistribute([Shard(1)])  # the binding's result
-    assert _binding(x, [Shard(1)])[1].calls == 1
+    x.redistribute([Shard(1)], algorithm=a)  # binds again
+    y = x.redistribute([Shard(1)], algorithm=a)  # the binding's result
+    assert _binding(x, [Shard(1)], a)[1].calls == 1
     np.testing.assert_array_equal(y.local, g[y.box])
     if y.local.nbytes < psexec.POOL_MIN_BYTES:
         pytest.skip("result below the pool's threshold at this size")
     del y
     held = _core.result_pool_held()
     assert held > 0  # the freed result went back to the pool
-    y = x.redistribute([Shard(1)])
+    y = x.redistribute([Shard(1)], algorithm=a)
     assert _core.result_pool_held() == 0  # and was taken again
     np.testing.assert_array_equal(y.local, g[y.box])
+    mesh.free()
+
+
+def test_shm_steps_bind_the_python_call(comm, monkeypatch):
+    """A step on node-shared memory binds the Python call over its executor (its result comes
+    from the node's pool): repeated calls give the oracle and never plan again."""
+    monkeypatch.setattr(ps._shm, "MIN_BLOCK", 0)
+    monkeypatch.setenv("PYSHARD_TRANSPORT", "auto")
+    p = comm.size
+    mesh = ps.Mesh(comm, (p,))
+    g = make_global((8 * p, 8 * p), "float32")
+    x = ps.distribute(g, mesh, [Shard(0)])
+    ps.clear_caches()
+    for _ in range(3):
+        before = ps.comm_stats()
+        y = x.redistribute([Shard(1)])
+        np.testing.assert_array_equal(y.local, g[y.box])
+        if p > 1:
+            assert counts_since(before) == {"shm": 1}
+    call, core = _binding(x, [Shard(1)])[:2]
+    assert callable(call) and (core is None or p == 1)
     mesh.free()
 
 

@@ -285,7 +285,8 @@ def test_a_killed_job_leaves_nothing_in_dev_shm(comm):
     before = ours()
     proc = subprocess.Popen(
         launch.command(3, [sys.executable, os.path.join(HERE, "shm_worker.py")]),
-        env=launch.child_env({"PYSHARD_TRANSPORT": "auto"}), stdout=subprocess.PIPE,
+        env=launch.child_env({"PYSHARD_TRANSPORT": "auto", "PYSHARD_SHM_MIN_BYTES": "0"}),
+        stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT, text=True, start_new_session=True,
     )  # fmt: skip
     try:
