@@ -148,9 +148,31 @@ def _items(arrays: ArraysArg) -> Tuple[List[Any], List[ShardedArray], bool]:
     )
 
 
-def _targets(keys: List[Any], xs: List[ShardedArray], placements: Any, is_map: bool) -> list:
+def _per_array(what: str, keys: List[Any], xs: List[ShardedArray], value: Any, is_map: bool,
+               default: Any) -> list:
+    """``value`` per array: a dict (dict containers) or list (list containers) matching
+    ``arrays``; ``None`` gives ``default`` to every array."""
+    if value is None:
+        return [default] * len(xs)
+    if is_map and isinstance(value, Mapping):
+        extra = [k for k in value if k not in set(keys)]
+        if extra:
+            raise ValueError(f"redistribute_many: {what} names arrays not in arrays: {extra[:5]}")
+        return [value.get(k, default) for k in keys]
+    if not is_map and isinstance(value, (list, tuple)):
+        if len(value) != len(xs):
+            raise ValueError(f"redistribute_many: {len(value)} {what} for {len(xs)} arrays")
+        return list(value)
+    raise TypeError(
+        f"redistribute_many({what}): expected a {'dict' if is_map else 'list'} matching "
+        f"arrays, got {type(value).__name__}"
+    )
+
+
+def _targets(keys: List[Any], xs: List[ShardedArray], placements: Any, is_map: bool,
+             sizes: Any = None) -> list:
     """One target layout per array: ``placements`` is one placement list for all, or a list
-    (dict) matching ``arrays``."""
+    (dict) matching ``arrays``; ``sizes`` a list (dict) of ``{array_dim: extents}``."""
     if is_map and isinstance(placements, Mapping):
         missing = [k for k in keys if k not in placements]
         extra = [k for k in placements if k not in set(keys)]
@@ -173,14 +195,15 @@ def _targets(keys: List[Any], xs: List[ShardedArray], placements: Any, is_map: b
         per = list(placements)
     else:
         per = [placements] * len(xs)
-    return [x._target(pl, None) for x, pl in zip(xs, per)]
+    per_sizes = _per_array("sizes", keys, xs, sizes, is_map, None)
+    return [x._target(pl, sz) for x, pl, sz in zip(xs, per, per_sizes)]
 
 
-def plan_many(arrays: ArraysArg, placements: PlacementsLike) -> ManyPlan:
+def plan_many(arrays: ArraysArg, placements: PlacementsLike, sizes: Any = None) -> ManyPlan:
     """The (cached) :class:`ManyPlan` that :func:`redistribute_many` would run; no
     communication."""
     keys, xs, is_map = _items(arrays)
-    targets = _targets(keys, xs, placements, is_map)
+    targets = _targets(keys, xs, placements, is_map, sizes)
     return _many(tuple(plan(x.layout, t) for x, t in zip(xs, targets)))
 
 
@@ -221,7 +244,7 @@ class _Fused:
 
 
 def redistribute_many(arrays: ArraysArg, placements: PlacementsLike,
-                      algorithm: Optional[str] = None) -> Any:
+                      algorithm: Optional[str] = None, sizes: Any = None) -> Any:
     """Redistribute many arrays of one mesh together; collective.
 
     ``arrays``: a list, tuple or dict of :class:`~pyshard.ShardedArray` on one mesh;
@@ -230,8 +253,11 @@ def redistribute_many(arrays: ArraysArg, placements: PlacementsLike,
     whose plan is a single exchange on the same communicator are moved by one fused
     ``MPI_Alltoallv`` (one message per peer for all of them); the rest run one after another
     with ``algorithm`` (see :meth:`~pyshard.ShardedArray.redistribute`).
-    :func:`plan_many` shows which. Every check happens before any communication; in
-    validation mode every rank must pass the same arrays and targets.
+    ``sizes``: uneven target shards, ``{array_dim: extents}`` per array, in a dict (dict
+    ``arrays``; arrays left out are balanced) or a list (list or tuple ``arrays``; ``None``
+    entries are balanced). :func:`plan_many` shows which arrays fuse. Every check happens
+    before any communication; in validation mode every rank must pass the same arrays and
+    targets.
     """
     keys, xs, is_map = _items(arrays)
     if not xs:
@@ -248,7 +274,8 @@ def redistribute_many(arrays: ArraysArg, placements: PlacementsLike,
     if len(devs) > 1:
         raise TypeError("redistribute_many: mixes host and GPU arrays; pass one kind")
     dev = devs.pop()
-    targets = _targets(keys, xs, placements, is_map)
+    targets = _targets(keys, xs, placements, is_map, sizes)
+    per_sizes = _per_array("sizes", keys, xs, sizes, is_map, None)
     if _validate.enabled:
         _validate.agree(mesh.comm, "redistribute_many", {
             "arrays": repr([x.layout for x in xs]), "targets": repr(targets),
@@ -269,8 +296,9 @@ def redistribute_many(arrays: ArraysArg, placements: PlacementsLike,
         outs = fe[0].run([locals_[i] for i in ix], dev)
         for i, o in zip(ix, outs):
             results[i] = ShardedArray._wrap(o, targets[i], mesh)
-    for i in mp.single:  # targets come from placements alone: the one-lookup fast path
-        results[i] = xs[i].redistribute(list(targets[i].placements), algorithm=algorithm)
+    for i in mp.single:  # without sizes, from placements alone: the one-lookup fast path
+        sz = None if per_sizes[i] is None else targets[i].sizes
+        results[i] = xs[i].redistribute(list(targets[i].placements), sz, algorithm=algorithm)
     if is_map:
         return type(arrays)(zip(keys, results)) if isinstance(arrays, dict) else dict(
             zip(keys, results))
