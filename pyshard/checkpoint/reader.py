@@ -21,9 +21,9 @@ from mpi4py import MPI
 
 from .. import _backend as bk
 from .. import _validate
-from ..array import ShardedArray, _layout, zeroed
+from ..array import ShardedArray, zeroed
 from ..layout import Layout, Partial, Placement, Shard
-from ..many import _many, redistribute_many
+from ..many import ManyPlan, redistribute_many
 from ..mesh import Mesh
 from ..plan import plan
 from .errors import Error, PathArg, error, norm_path, on_root
@@ -228,7 +228,7 @@ def _row_layout(lay: Layout) -> Optional[Layout]:
     arrays and Partial targets (those are read into their boxes directly)."""
     if lay.ndim == 0 or any(isinstance(p, Partial) for p in lay.placements):
         return None
-    return _layout(lay, lay.mesh_shape, (Shard(0),) * len(lay.mesh_shape), None)  # cached
+    return lay.replace([Shard(0)] * len(lay.mesh_shape))
 
 
 def _fused_batches(names: Sequence[str], layouts: Dict[str, Layout]) -> List[Dict[str, Layout]]:
@@ -237,7 +237,7 @@ def _fused_batches(names: Sequence[str], layouts: Dict[str, Layout]) -> List[Dic
     the layouts alone)."""
     rows = {n: r for n in names if (r := _row_layout(layouts[n])) is not None}
     cand = list(rows)
-    mp = _many(tuple(plan(rows[n], layouts[n]) for n in cand))
+    mp = ManyPlan([plan(rows[n], layouts[n]) for n in cand])
     return [{cand[i]: rows[cand[i]] for i in ix} for _, ix in mp.fused]
 
 
