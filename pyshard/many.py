@@ -28,6 +28,7 @@ __all__ = ["ManyPlan", "plan_many", "redistribute_many"]
 
 log = logging.getLogger("pyshard")
 
+
 def _env_bytes(name: str, default: int) -> int:
     raw = os.environ.get(name, "").strip()
     try:
@@ -104,8 +105,10 @@ class ManyPlan:
         """Readable text: the fused exchanges (arrays, bytes at ``coords``) and the rest."""
         n = len(self.plans)
         unfused = sum(p.collectives for p in self.plans)
-        lines = [f"redistribute_many: {n} array(s), {self.collectives} collective(s) "
-                 f"(one by one: {unfused})"]
+        lines = [
+            f"redistribute_many: {n} array(s), {self.collectives} collective(s) "
+            f"(one by one: {unfused})"
+        ]
         if not n:
             return lines[0]
         mesh = self.plans[0].src.mesh_shape
@@ -148,8 +151,9 @@ def _items(arrays: ArraysArg) -> Tuple[List[Any], List[ShardedArray], bool]:
     )
 
 
-def _per_array(what: str, keys: List[Any], xs: List[ShardedArray], value: Any, is_map: bool,
-               default: Any) -> list:
+def _per_array(
+    what: str, keys: List[Any], xs: List[ShardedArray], value: Any, is_map: bool, default: Any
+) -> list:
     """``value`` per array: a dict (dict containers) or list (list containers) matching
     ``arrays``; ``None`` gives ``default`` to every array."""
     if value is None:
@@ -169,8 +173,9 @@ def _per_array(what: str, keys: List[Any], xs: List[ShardedArray], value: Any, i
     )
 
 
-def _targets(keys: List[Any], xs: List[ShardedArray], placements: Any, is_map: bool,
-             sizes: Any = None) -> list:
+def _targets(
+    keys: List[Any], xs: List[ShardedArray], placements: Any, is_map: bool, sizes: Any = None
+) -> list:
     """One target layout per array: ``placements`` is one placement list for all, or a list
     (dict) matching ``arrays``; ``sizes`` a list (dict) of ``{array_dim: extents}``."""
     if is_map and isinstance(placements, Mapping):
@@ -220,20 +225,24 @@ class _Fused:
         # the largest message over all ranks decides Ialltoallv, identically everywhere
         big = sum(s.max_block_volume() * s.src.dtype.itemsize for s in steps)
         comm = mesh._core_comm(steps[0].mesh_dims)
-        self.core = _core.FusedExchangeStep(comm, g, mesh._cache.workspace,
-                                            big >= NONBLOCKING_MIN_BLOCK)
+        self.core = _core.FusedExchangeStep(
+            comm, g, mesh._cache.workspace, big >= NONBLOCKING_MIN_BLOCK
+        )
         self.need = int(g.send_bytes + g.recv_bytes)
         self.out_shapes = [s.dst.local_shape(coords) for s in steps]
         self.dtypes = [s.dst.dtype for s in steps]
-        self.pooled = [not dev and prod(sh) * dt.itemsize >= POOL_MIN_BYTES
-                       for sh, dt in zip(self.out_shapes, self.dtypes)]
+        self.pooled = [
+            not dev and prod(sh) * dt.itemsize >= POOL_MIN_BYTES
+            for sh, dt in zip(self.out_shapes, self.dtypes)
+        ]
 
     def run(self, locals_: List[Any], dev: bool) -> List[Any]:
         if dev:
             xp = bk.xp_of(locals_[0])
             outs = [xp.empty(sh, dt) for sh, dt in zip(self.out_shapes, self.dtypes)]
-            self.core.run_device([a.data.ptr for a in locals_], [o.data.ptr for o in outs],
-                                 bk.stream_ptr())
+            self.core.run_device(
+                [a.data.ptr for a in locals_], [o.data.ptr for o in outs], bk.stream_ptr()
+            )
             return outs
         outs = [
             pooled_empty(sh, dt) if pool else np.empty(sh, dt)
@@ -243,8 +252,12 @@ class _Fused:
         return outs
 
 
-def redistribute_many(arrays: ArraysArg, placements: PlacementsLike,
-                      algorithm: Optional[str] = None, sizes: Any = None) -> Any:
+def redistribute_many(
+    arrays: ArraysArg,
+    placements: PlacementsLike,
+    algorithm: Optional[str] = None,
+    sizes: Any = None,
+) -> Any:
     """Redistribute many arrays of one mesh together; collective.
 
     ``arrays``: a list, tuple or dict of :class:`~pyshard.ShardedArray` on one mesh;
@@ -265,11 +278,14 @@ def redistribute_many(arrays: ArraysArg, placements: PlacementsLike,
     mesh = xs[0].mesh
     for k, x in zip(keys, xs):
         if not isinstance(x, ShardedArray):
-            raise TypeError(f"redistribute_many: arrays[{k!r}] is a {type(x).__name__}, "
-                            f"not a ShardedArray")
+            raise TypeError(
+                f"redistribute_many: arrays[{k!r}] is a {type(x).__name__}, not a ShardedArray"
+            )
         if x.mesh is not mesh:
-            raise ValueError(f"redistribute_many: arrays[{k!r}] lies on another mesh than "
-                             f"arrays[{keys[0]!r}]; every array must share one Mesh")
+            raise ValueError(
+                f"redistribute_many: arrays[{k!r}] lies on another mesh than "
+                f"arrays[{keys[0]!r}]; every array must share one Mesh"
+            )
     devs = {bk.is_device(x.local) for x in xs}
     if len(devs) > 1:
         raise TypeError("redistribute_many: mixes host and GPU arrays; pass one kind")
@@ -277,13 +293,20 @@ def redistribute_many(arrays: ArraysArg, placements: PlacementsLike,
     targets = _targets(keys, xs, placements, is_map, sizes)
     per_sizes = _per_array("sizes", keys, xs, sizes, is_map, None)
     if _validate.enabled:
-        _validate.agree(mesh.comm, "redistribute_many", {
-            "arrays": repr([x.layout for x in xs]), "targets": repr(targets),
-            "algorithm": repr(algorithm),
-        })
+        _validate.agree(
+            mesh.comm,
+            "redistribute_many",
+            {
+                "arrays": repr([x.layout for x in xs]),
+                "targets": repr(targets),
+                "algorithm": repr(algorithm),
+            },
+        )
     mp = _many(tuple(plan(x.layout, t) for x, t in zip(xs, targets)))
-    locals_ = [x.local if x.local.flags.c_contiguous else bk.xp_of(x.local).ascontiguousarray(
-        x.local) for x in xs]
+    locals_ = [
+        x.local if x.local.flags.c_contiguous else bk.xp_of(x.local).ascontiguousarray(x.local)
+        for x in xs
+    ]
     results: List[Any] = [None] * len(xs)
     cache = mesh._cache
     for _, ix in mp.fused:
@@ -300,6 +323,9 @@ def redistribute_many(arrays: ArraysArg, placements: PlacementsLike,
         sz = None if per_sizes[i] is None else targets[i].sizes
         results[i] = xs[i].redistribute(list(targets[i].placements), sz, algorithm=algorithm)
     if is_map:
-        return type(arrays)(zip(keys, results)) if isinstance(arrays, dict) else dict(
-            zip(keys, results))
+        return (
+            type(arrays)(zip(keys, results))
+            if isinstance(arrays, dict)
+            else dict(zip(keys, results))
+        )
     return type(arrays)(results)

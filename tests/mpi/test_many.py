@@ -83,8 +83,9 @@ def test_nd_mesh_groups_by_communicator(comm):
         if len(mshape) != 2:
             continue
         mesh = ps.Mesh(comm, mshape)
-        gs = [make_global((2 * mshape[0] + k, 3 * mshape[1] + 1), "float64", seed=k)
-              for k in range(4)]
+        gs = [
+            make_global((2 * mshape[0] + k, 3 * mshape[1] + 1), "float64", seed=k) for k in range(4)
+        ]
         xs = [ps.distribute(g, mesh, [S0, S1]) for g in gs]
         # swap the mesh dims (one whole-mesh exchange each) and a per-dim transpose
         targets = [[S1, S0], [S1, S0], [S0, R], [S1, S0]]
