@@ -28,6 +28,7 @@ __all__ = ["ManyPlan", "plan_many", "redistribute_many"]
 
 log = logging.getLogger("pyshard")
 
+
 def _env_bytes(name: str, default: int) -> int:
     raw = os.environ.get(name, "").strip()
     try:
@@ -104,8 +105,10 @@ class ManyPlan:
         """Readable text: the fused exchanges (arrays, bytes at ``coords``) and the rest."""
         n = len(self.plans)
         unfused = sum(p.collectives for p in self.plans)
-        lines = [f"redistribute_many: {n} array(s), {self.collectives} collective(s) "
-                 f"(one by one: {unfused})"]
+        lines = [
+            f"redistribute_many: {n} array(s), {self.collectives} collective(s) "
+            f"(one by one: {unfused})"
+        ]
         if not n:
             return lines[0]
         mesh = self.plans[0].src.mesh_shape
@@ -148,9 +151,33 @@ def _items(arrays: ArraysArg) -> Tuple[List[Any], List[ShardedArray], bool]:
     )
 
 
-def _targets(keys: List[Any], xs: List[ShardedArray], placements: Any, is_map: bool) -> list:
+def _per_array(
+    what: str, keys: List[Any], xs: List[ShardedArray], value: Any, is_map: bool, default: Any
+) -> list:
+    """``value`` per array: a dict (dict containers) or list (list containers) matching
+    ``arrays``; ``None`` gives ``default`` to every array."""
+    if value is None:
+        return [default] * len(xs)
+    if is_map and isinstance(value, Mapping):
+        extra = [k for k in value if k not in set(keys)]
+        if extra:
+            raise ValueError(f"redistribute_many: {what} names arrays not in arrays: {extra[:5]}")
+        return [value.get(k, default) for k in keys]
+    if not is_map and isinstance(value, (list, tuple)):
+        if len(value) != len(xs):
+            raise ValueError(f"redistribute_many: {len(value)} {what} for {len(xs)} arrays")
+        return list(value)
+    raise TypeError(
+        f"redistribute_many({what}): expected a {'dict' if is_map else 'list'} matching "
+        f"arrays, got {type(value).__name__}"
+    )
+
+
+def _targets(
+    keys: List[Any], xs: List[ShardedArray], placements: Any, is_map: bool, sizes: Any = None
+) -> list:
     """One target layout per array: ``placements`` is one placement list for all, or a list
-    (dict) matching ``arrays``."""
+    (dict) matching ``arrays``; ``sizes`` a list (dict) of ``{array_dim: extents}``."""
     if is_map and isinstance(placements, Mapping):
         missing = [k for k in keys if k not in placements]
         extra = [k for k in placements if k not in set(keys)]
@@ -173,14 +200,15 @@ def _targets(keys: List[Any], xs: List[ShardedArray], placements: Any, is_map: b
         per = list(placements)
     else:
         per = [placements] * len(xs)
-    return [x._target(pl, None) for x, pl in zip(xs, per)]
+    per_sizes = _per_array("sizes", keys, xs, sizes, is_map, None)
+    return [x._target(pl, sz) for x, pl, sz in zip(xs, per, per_sizes)]
 
 
-def plan_many(arrays: ArraysArg, placements: PlacementsLike) -> ManyPlan:
+def plan_many(arrays: ArraysArg, placements: PlacementsLike, sizes: Any = None) -> ManyPlan:
     """The (cached) :class:`ManyPlan` that :func:`redistribute_many` would run; no
     communication."""
     keys, xs, is_map = _items(arrays)
-    targets = _targets(keys, xs, placements, is_map)
+    targets = _targets(keys, xs, placements, is_map, sizes)
     return _many(tuple(plan(x.layout, t) for x, t in zip(xs, targets)))
 
 
@@ -197,20 +225,24 @@ class _Fused:
         # the largest message over all ranks decides Ialltoallv, identically everywhere
         big = sum(s.max_block_volume() * s.src.dtype.itemsize for s in steps)
         comm = mesh._core_comm(steps[0].mesh_dims)
-        self.core = _core.FusedExchangeStep(comm, g, mesh._cache.workspace,
-                                            big >= NONBLOCKING_MIN_BLOCK)
+        self.core = _core.FusedExchangeStep(
+            comm, g, mesh._cache.workspace, big >= NONBLOCKING_MIN_BLOCK
+        )
         self.need = int(g.send_bytes + g.recv_bytes)
         self.out_shapes = [s.dst.local_shape(coords) for s in steps]
         self.dtypes = [s.dst.dtype for s in steps]
-        self.pooled = [not dev and prod(sh) * dt.itemsize >= POOL_MIN_BYTES
-                       for sh, dt in zip(self.out_shapes, self.dtypes)]
+        self.pooled = [
+            not dev and prod(sh) * dt.itemsize >= POOL_MIN_BYTES
+            for sh, dt in zip(self.out_shapes, self.dtypes)
+        ]
 
     def run(self, locals_: List[Any], dev: bool) -> List[Any]:
         if dev:
             xp = bk.xp_of(locals_[0])
             outs = [xp.empty(sh, dt) for sh, dt in zip(self.out_shapes, self.dtypes)]
-            self.core.run_device([a.data.ptr for a in locals_], [o.data.ptr for o in outs],
-                                 bk.stream_ptr())
+            self.core.run_device(
+                [a.data.ptr for a in locals_], [o.data.ptr for o in outs], bk.stream_ptr()
+            )
             return outs
         outs = [
             pooled_empty(sh, dt) if pool else np.empty(sh, dt)
@@ -220,8 +252,12 @@ class _Fused:
         return outs
 
 
-def redistribute_many(arrays: ArraysArg, placements: PlacementsLike,
-                      algorithm: Optional[str] = None) -> Any:
+def redistribute_many(
+    arrays: ArraysArg,
+    placements: PlacementsLike,
+    algorithm: Optional[str] = None,
+    sizes: Any = None,
+) -> Any:
     """Redistribute many arrays of one mesh together; collective.
 
     ``arrays``: a list, tuple or dict of :class:`~pyshard.ShardedArray` on one mesh;
@@ -230,8 +266,11 @@ def redistribute_many(arrays: ArraysArg, placements: PlacementsLike,
     whose plan is a single exchange on the same communicator are moved by one fused
     ``MPI_Alltoallv`` (one message per peer for all of them); the rest run one after another
     with ``algorithm`` (see :meth:`~pyshard.ShardedArray.redistribute`).
-    :func:`plan_many` shows which. Every check happens before any communication; in
-    validation mode every rank must pass the same arrays and targets.
+    ``sizes``: uneven target shards, ``{array_dim: extents}`` per array, in a dict (dict
+    ``arrays``; arrays left out are balanced) or a list (list or tuple ``arrays``; ``None``
+    entries are balanced). :func:`plan_many` shows which arrays fuse. Every check happens
+    before any communication; in validation mode every rank must pass the same arrays and
+    targets.
     """
     keys, xs, is_map = _items(arrays)
     if not xs:
@@ -239,24 +278,35 @@ def redistribute_many(arrays: ArraysArg, placements: PlacementsLike,
     mesh = xs[0].mesh
     for k, x in zip(keys, xs):
         if not isinstance(x, ShardedArray):
-            raise TypeError(f"redistribute_many: arrays[{k!r}] is a {type(x).__name__}, "
-                            f"not a ShardedArray")
+            raise TypeError(
+                f"redistribute_many: arrays[{k!r}] is a {type(x).__name__}, not a ShardedArray"
+            )
         if x.mesh is not mesh:
-            raise ValueError(f"redistribute_many: arrays[{k!r}] lies on another mesh than "
-                             f"arrays[{keys[0]!r}]; every array must share one Mesh")
+            raise ValueError(
+                f"redistribute_many: arrays[{k!r}] lies on another mesh than "
+                f"arrays[{keys[0]!r}]; every array must share one Mesh"
+            )
     devs = {bk.is_device(x.local) for x in xs}
     if len(devs) > 1:
         raise TypeError("redistribute_many: mixes host and GPU arrays; pass one kind")
     dev = devs.pop()
-    targets = _targets(keys, xs, placements, is_map)
+    targets = _targets(keys, xs, placements, is_map, sizes)
+    per_sizes = _per_array("sizes", keys, xs, sizes, is_map, None)
     if _validate.enabled:
-        _validate.agree(mesh.comm, "redistribute_many", {
-            "arrays": repr([x.layout for x in xs]), "targets": repr(targets),
-            "algorithm": repr(algorithm),
-        })
+        _validate.agree(
+            mesh.comm,
+            "redistribute_many",
+            {
+                "arrays": repr([x.layout for x in xs]),
+                "targets": repr(targets),
+                "algorithm": repr(algorithm),
+            },
+        )
     mp = _many(tuple(plan(x.layout, t) for x, t in zip(xs, targets)))
-    locals_ = [x.local if x.local.flags.c_contiguous else bk.xp_of(x.local).ascontiguousarray(
-        x.local) for x in xs]
+    locals_ = [
+        x.local if x.local.flags.c_contiguous else bk.xp_of(x.local).ascontiguousarray(x.local)
+        for x in xs
+    ]
     results: List[Any] = [None] * len(xs)
     cache = mesh._cache
     for _, ix in mp.fused:
@@ -269,9 +319,13 @@ def redistribute_many(arrays: ArraysArg, placements: PlacementsLike,
         outs = fe[0].run([locals_[i] for i in ix], dev)
         for i, o in zip(ix, outs):
             results[i] = ShardedArray._wrap(o, targets[i], mesh)
-    for i in mp.single:  # targets come from placements alone: the one-lookup fast path
-        results[i] = xs[i].redistribute(list(targets[i].placements), algorithm=algorithm)
+    for i in mp.single:  # without sizes, from placements alone: the one-lookup fast path
+        sz = None if per_sizes[i] is None else targets[i].sizes
+        results[i] = xs[i].redistribute(list(targets[i].placements), sz, algorithm=algorithm)
     if is_map:
-        return type(arrays)(zip(keys, results)) if isinstance(arrays, dict) else dict(
-            zip(keys, results))
+        return (
+            type(arrays)(zip(keys, results))
+            if isinstance(arrays, dict)
+            else dict(zip(keys, results))
+        )
     return type(arrays)(results)

@@ -18,11 +18,21 @@ import tempfile
 import launch
 import numpy as np
 import pytest
-from ckpt_worker import check_loaded, global_of, make_sharded, placements_of, sizes_of
+from ckpt_worker import (
+    check_loaded,
+    global_of,
+    make_sharded,
+    parse_placement,
+    placements_of,
+    sizes_of,
+)
+from oracle import DTYPES as ALL_DTYPES
 from oracle import make_global
+from test_redistribute_nd import counts_since
 
 import pyshard as ps
 from pyshard import Partial, Replicate, Shard
+from pyshard.checkpoint import reader
 
 pytestmark = pytest.mark.mpi  # run under mpiexec with --with-mpi (pytest-mpi)
 
@@ -176,6 +186,101 @@ def test_roundtrip_2d(comm, shared_dir):
             s.pop("sizes", None)
         failures += load_and_check(m, path, specs, f"{m.shape} {t}: ")
     assert failures == []
+
+
+def many_specs(p):
+    """Many small arrays saved as Shard(0) (some skewed), every dtype, uneven and empty
+    shards and row blocks, with targets that need an exchange (S(1), uneven, a skewed 1-D
+    rebalance, S(2)) and some that do not fuse (R, P(sum), 0-d, one over 256 KiB a rank)."""
+    src, dst = {}, {}
+    for k in range(40):
+        dt = ALL_DTYPES[k % len(ALL_DTYPES)]
+        shape = (1 + (5 * k + 2) % (3 * p + 4), 1 + (7 * k) % 11)  # fewer rows than ranks too
+        sizes = {0: skew(shape[0], p)} if k % 5 == 0 else None
+        src[f"m{k:02d}"] = spec(shape, dt, k, ["S(0)"], sizes)
+        tsizes = {1: skew(shape[1], p)[::-1]} if k % 7 == 3 else None
+        dst[f"m{k:02d}"] = spec(shape, dt, k, ["S(1)"], tsizes)
+    extra = {
+        "empty-rows": ((0, 5), "float32", ["S(1)"], None),
+        "empty-cols": ((4, 0), "int32", ["S(1)"], None),
+        "vector": ((2 * p + 1,), "int64", ["S(0)"], {0: skew(2 * p + 1, p)}),
+        "cube": ((3, 4, p + 1), "complex128", ["S(2)"], None),
+        "rep": ((5, 3), "float64", ["R"], None),
+        "part": ((5, 3), "float32", ["P(sum)"], None),
+        "scalar": ((), "float64", ["R"], None),
+        "big": ((64 * p, 1100), "float32", ["S(1)"], None),  # 275 KiB a rank: not fused
+    }
+    for i, (n, (shape, dt, pl, tsizes)) in enumerate(extra.items()):
+        src[n] = spec(shape, dt, 100 + i, ["S(0)"] if shape else ["R"])
+        dst[n] = spec(shape, dt, 100 + i, pl, tsizes)
+    return src, dst
+
+
+def test_load_many_arrays_one_exchange(comm, shared_dir, monkeypatch):
+    """A checkpoint of many small arrays loads with one fused alltoallv (comm_stats), every
+    shard equal to the oracle's box, the same as the direct reads give (no core collective)."""
+    p = comm.size
+    mesh = ps.Mesh(comm, (p,))
+    src, dst = many_specs(p)
+    path = os.path.join(shared_dir, "many")
+    ps.save(path, {n: make_sharded(mesh, s) for n, s in src.items()})
+    before = ps.comm_stats()
+    failures = load_and_check(mesh, path, dst, "fused: ")
+    got = counts_since(before)
+    assert failures == []
+    assert got == ({"alltoallv": 1} if p > 1 else {}), got
+    monkeypatch.setattr(reader, "FUSE_SMALL", False)
+    before = ps.comm_stats()
+    assert load_and_check(mesh, path, dst, "direct: ") == []
+    assert counts_since(before) == {}
+    mesh.free()
+
+
+def test_load_many_nd_mesh(comm, shared_dir):
+    a, b = MESH_2D.get(comm.size, (comm.size, 1))
+    mesh = ps.Mesh(comm, (a, b))
+    src = {}
+    for k in range(12):
+        shape = (1 + (3 * k) % (2 * a + 3), 2 + (5 * k) % (3 * b + 2))
+        src[f"w{k}"] = spec(shape, DTYPES[k % len(DTYPES)], k, ["S(0)", "S(1)"])
+    path = os.path.join(shared_dir, "many2d")
+    ps.save(path, {n: make_sharded(mesh, s) for n, s in src.items()})
+    for m, t in [(mesh, ["S(1)", "S(0)"]), (ps.Mesh(comm, (b, a)), ["R", "S(1)"])]:
+        specs = {n: dict(s, placements=t) for n, s in src.items()}
+        # what redistribute_many fuses from row blocks (Shard(0) on every mesh dim): one
+        # exchange per communicator (the whole mesh; mesh dim 0 alone for one-row arrays)
+        rows = {n: ps.distribute(global_of(s), m, [Shard(0)] * 2) for n, s in src.items()}
+        fused = ps.plan_many(rows, [parse_placement(x) for x in t]).fused
+        before = ps.comm_stats()
+        assert load_and_check(m, path, specs, f"{m.shape} {t}: ") == []
+        got = counts_since(before)
+        if m is mesh and a > 1:  # a transpose: it fuses (on 1x3 it is a local copy)
+            assert 1 <= len(fused) <= 2, fused
+        assert got == ({"alltoallv": len(fused)} if fused else {}), (m.shape, t, got)
+
+
+def test_load_many_read_error_on_one_rank(comm, shared_dir, monkeypatch):
+    """A row-block read that fails on one rank raises the same error on every rank, before
+    the exchange (no rank left waiting in it)."""
+    if comm.size == 1:
+        pytest.skip("one rank reads every box directly: no row blocks, no exchange")
+    mesh = ps.Mesh(comm, (comm.size,))
+    src = {f"w{k}": spec((3 + k, 4), "float32", k, ["S(0)"]) for k in range(4)}
+    path = os.path.join(shared_dir, "bad")
+    ps.save(path, {n: make_sharded(mesh, s) for n, s in src.items()})
+    read_rows = reader._read_rows
+
+    def failing(fname, *args):
+        if comm.rank == comm.size - 1 and fname.endswith("w2.npy"):
+            raise OSError("disk on fire")
+        return read_rows(fname, *args)
+
+    monkeypatch.setattr(reader, "_read_rows", failing)
+    before = ps.comm_stats()
+    with pytest.raises(ValueError, match="cannot read .*disk on fire"):
+        ps.load(path, mesh, {n: ["S(1)"] for n in src})
+    assert counts_since(before) == {}
+    mesh.free()
 
 
 def test_metadata_info_and_overwrite(comm, shared_dir):

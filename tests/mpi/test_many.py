@@ -83,8 +83,9 @@ def test_nd_mesh_groups_by_communicator(comm):
         if len(mshape) != 2:
             continue
         mesh = ps.Mesh(comm, mshape)
-        gs = [make_global((2 * mshape[0] + k, 3 * mshape[1] + 1), "float64", seed=k)
-              for k in range(4)]
+        gs = [
+            make_global((2 * mshape[0] + k, 3 * mshape[1] + 1), "float64", seed=k) for k in range(4)
+        ]
         xs = [ps.distribute(g, mesh, [S0, S1]) for g in gs]
         # swap the mesh dims (one whole-mesh exchange each) and a per-dim transpose
         targets = [[S1, S0], [S1, S0], [S0, R], [S1, S0]]
@@ -92,6 +93,40 @@ def test_nd_mesh_groups_by_communicator(comm):
         for y, g in zip(out, gs):
             check(y, g)
         mesh.free()
+
+
+@pytest.mark.parametrize("container", [list, dict])
+def test_uneven_target_sizes(comm, container):
+    """sizes= per array (uneven, empty shards; arrays left out are balanced): still one fused
+    exchange, every shard the oracle's box."""
+    p = comm.size
+    mesh = ps.Mesh(comm, (p,))
+    gs, xs = arrays(comm, mesh, n=6)
+    per = [None] * len(xs)
+    per[1] = {1: [gs[1].shape[1]] + [0] * (p - 1)}  # everything on the first shard
+    per[4] = {1: [0] * (p - 1) + [gs[4].shape[1]]}  # everything on the last
+    if container is dict:
+        inp = {f"w{k}": x for k, x in enumerate(xs)}
+        sizes = {f"w{k}": sz for k, sz in enumerate(per) if sz is not None}
+    else:
+        inp, sizes = xs, per
+    before = ps.comm_stats()
+    out = ps.redistribute_many(inp, [S1], sizes=sizes)
+    got = counts_since(before)
+    ys = list(out.values()) if container is dict else out
+    for k, (y, g) in enumerate(zip(ys, gs)):
+        check(y, g)
+        if per[k] is not None:
+            assert y.layout.sizes[1] == tuple(per[k][1])
+    if p > 1:
+        assert got == {"alltoallv": 1}, got
+        assert ps.plan_many(inp, [S1], sizes=sizes).collectives == 1
+    # arrays that run on their own keep their sizes too
+    out = ps.redistribute_many(xs[:2], [[R], [S1]], sizes=[None, per[1]])
+    np.testing.assert_array_equal(out[0].full(), gs[0])
+    check(out[1], gs[1])
+    assert out[1].layout.sizes[1] == tuple(per[1][1])
+    mesh.free()
 
 
 @pytest.mark.usefixtures("staged")
@@ -121,6 +156,14 @@ def test_errors_before_communication(comm):
         ps.redistribute_many(xs[0], [S1])
     with pytest.raises(ValueError):
         ps.redistribute_many(xs, [Shard(5)])
+    with pytest.raises(ValueError, match="2 sizes for 3 arrays"):
+        ps.redistribute_many(xs, [S1], sizes=[None, None])
+    with pytest.raises(ValueError, match="not in arrays"):
+        ps.redistribute_many({"a": xs[0]}, [S1], sizes={"b": {1: [1] * comm.size}})
+    with pytest.raises(TypeError, match="expected a list"):
+        ps.redistribute_many(xs, [S1], sizes={0: {1: [1] * comm.size}})
+    with pytest.raises(ValueError):  # extents that do not add up
+        ps.redistribute_many(xs, [S1], sizes=[{1: [99] * comm.size}, None, None])
     assert counts_since(before) == {}
     assert ps.redistribute_many([], [S1]) == []
     mesh.free()
