@@ -683,6 +683,7 @@ PYBIND11_MODULE(_core, m) {
       .def_property_readonly("why_not", &NodeShm::why_not)
       .def_property_readonly("node_size", &NodeShm::node_size)
       .def_property_readonly("nodes", &NodeShm::nodes)
+      .def_property_readonly("oversubscribed", &NodeShm::oversubscribed)
       .def_property_readonly("node_ranks", &NodeShm::node_ranks)
       .def_property_readonly("held", &NodeShm::held)
       .def_property_readonly("mapped_bytes", &NodeShm::mapped_bytes)

@@ -176,6 +176,10 @@ NodeShm::NodeShm(std::shared_ptr<Comm> comm, int sim_node_size) : comm_(std::mov
   node_ranks_.resize(nn);
   const long cores = ::sysconf(_SC_NPROCESSORS_ONLN);
   spin_ = cores > 0 && nn <= cores ? 20000 : 64;
+  int over = spin_ == 64 ? 1 : 0;  // more ranks than cores on some node: the same everywhere
+  check_mpi(MPI_Allreduce(MPI_IN_PLACE, &over, 1, MPI_INT, MPI_MAX, comm_->get()),
+            "MPI_Allreduce");
+  oversubscribed_ = over != 0;
   check_mpi(MPI_Allgather(&rank, 1, MPI_INT, node_ranks_.data(), 1, MPI_INT, node_),
             "MPI_Allgather");
   local_of_.assign(size, -1);

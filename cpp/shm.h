@@ -74,6 +74,8 @@ class NodeShm {
   const std::string& why_not() const { return why_; }
   int node_size() const { return static_cast<int>(node_ranks_.size()); }
   int nodes() const { return nodes_; }
+  // some node of the communicator has more of its ranks than cores (the same on every rank)
+  bool oversubscribed() const { return oversubscribed_; }
   // the node index of comm rank r among this rank's node peers, or -1 (another node)
   int local_index(int r) const { return local_of_[r]; }
   const std::vector<int>& node_ranks() const { return node_ranks_; }
@@ -130,7 +132,8 @@ class NodeShm {
   std::vector<std::weak_ptr<ShmSegment>> live_;    // handed out (find())
   i64 limit_ = i64(512) << 20;  // bytes of freed results kept for reuse
   void publish_ids();           // the slot's ids table from live_ and free_ (mu_ held)
-  int spin_ = 64;  // spins before sleeping: long when every rank of the node has a core
+  int spin_ = 64;
+  bool oversubscribed_ = false;  // spins before sleeping: long when every rank of the node has a core
 };
 
 void shm_pause();

@@ -435,12 +435,12 @@ class Plan:
                 lines.append(f"    messages: at most {s.max_peers()} peers per rank")
             if s.kind in ("alltoallv", "allgatherv"):
                 block = s.max_block_volume() * s.src.dtype.itemsize
+                low = _shm.min_block()
                 how = (
                     "node-shared memory between ranks of one node (one copy per byte), MPI "
                     "between nodes"
-                    if block >= _shm.MIN_BLOCK
-                    else f"MPI (largest block {block} B < PYSHARD_SHM_MIN_BYTES "
-                    f"{_shm.MIN_BLOCK} B)"
+                    if block >= low
+                    else f"MPI (largest block {block} B < {low} B, PYSHARD_SHM_MIN_BYTES)"
                 )
                 lines.append(f"    host arrays, algorithm auto: {how}")
         peak = self.peak_extra_bytes(coords)

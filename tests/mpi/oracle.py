@@ -134,7 +134,7 @@ def auto_exchange(mesh, counts, algorithm="auto", dims=None):
 
     if algorithm != "auto" or not any(k in counts for k in EXCHANGE_NAMES):
         return counts
-    if ps._shm.MIN_BLOCK > 0:  # auto keeps small blocks on MPI: these tests' arrays are small
+    if ps._shm.MIN_BLOCK != 0:  # auto keeps small blocks on MPI: these tests' arrays are small
         return counts
     dims = tuple(range(mesh.ndim)) if dims is None else tuple(dims)
     if ps._shm.node(mesh, dims) is None:
