@@ -30,7 +30,7 @@ namespace {
 
 constexpr i64 kPage = 4096;
 constexpr size_t kMapsPerPeer = 32;  // a peer's segments kept mapped here (LRU)
-constexpr size_t kFreeKept = 8;      // freed results kept for reuse
+constexpr size_t kFreeKept = 256;  // freed results kept for reuse (a loop over many arrays)
 constexpr int kTag = 7301;           // messages to peers on other nodes
 
 i64 page_up(i64 n) { return (std::max<i64>(n, 1) + kPage - 1) / kPage * kPage; }
