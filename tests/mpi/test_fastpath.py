@@ -145,7 +145,9 @@ def test_no_binding_is_reused_for_another_call(comm):
     bad = [  # (the general path's error, out)
         ("out has shape", np.empty((y.local.shape[0] + 1, y.local.shape[1]), np.float32)),
         ("out has shape", np.empty(y.local.shape, np.float64)),
-        ("C-contiguous", np.empty(y.local.shape[::-1], np.float32).T),
+        # every other column of a wider array: strided whatever the shard's width (the
+        # transpose of a one-column array counts as contiguous)
+        ("C-contiguous", np.empty((y.local.shape[0], 2 * y.local.shape[1]), np.float32)[:, ::2]),
         ("writable", np.empty_like(y.local)),
     ]
     bad[-1][1].flags.writeable = False
