@@ -16,25 +16,18 @@ the slowest rank's time, in ms; ratios to the named floor on the right.
 from __future__ import annotations
 
 import argparse
-import time
 from typing import Callable, Dict
 
 import numpy as np
 from mpi4py import MPI
 
 import pyshard as ps
+from pyshard.bench.timing import median_s
 
 
 def _timed(comm: MPI.Comm, fn: Callable[[], object], reps: int) -> float:
-    fn()
-    fn()
-    ts = []
-    for _ in range(reps):
-        comm.Barrier()
-        t0 = time.perf_counter()
-        fn()
-        ts.append(comm.allreduce(time.perf_counter() - t0, op=MPI.MAX))
-    return float(np.median(ts)) * 1e3
+    """Median ms of the slowest rank over ``reps`` calls after two untimed ones."""
+    return median_s(fn, comm, reps, warmup=2) * 1e3
 
 
 def _line(comm: MPI.Comm, name: str, res: Dict[str, float], floor: str) -> None:
