@@ -161,6 +161,8 @@ NodeShm::NodeShm(std::shared_ptr<Comm> comm, int sim_node_size) : comm_(std::mov
   MPI_Comm node = MPI_COMM_NULL;
   check_mpi(MPI_Comm_split_type(comm_->get(), MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &node),
             "MPI_Comm_split_type");
+  int real_nn = 1;  // ranks on this machine (the cores are shared by all, simulated nodes too)
+  MPI_Comm_size(node, &real_nn);
   if (sim_node_size > 0) {  // simulated nodes: consecutive world ranks
     int wr = 0;
     MPI_Comm_rank(MPI_COMM_WORLD, &wr);
@@ -175,7 +177,7 @@ NodeShm::NodeShm(std::shared_ptr<Comm> comm, int sim_node_size) : comm_(std::mov
   MPI_Comm_rank(node_, &me_);
   node_ranks_.resize(nn);
   const long cores = ::sysconf(_SC_NPROCESSORS_ONLN);
-  spin_ = cores > 0 && nn <= cores ? 20000 : 64;
+  spin_ = cores > 0 && real_nn <= cores ? 20000 : 64;
   int over = spin_ == 64 ? 1 : 0;  // more ranks than cores on some node: the same everywhere
   check_mpi(MPI_Allreduce(MPI_IN_PLACE, &over, 1, MPI_INT, MPI_MAX, comm_->get()),
             "MPI_Allreduce");

@@ -60,11 +60,13 @@ MIN_BLOCK_CORES = 16 << 10
 MIN_BLOCK_OVERSUBSCRIBED = 256 << 10
 
 
-def min_block(node: Optional[Any] = None) -> int:
-    """The threshold ``auto`` applies on ``node`` (None: a node with a core per rank)."""
+def min_block(node: Optional[Any] = None, oversubscribed: bool = False) -> int:
+    """The threshold ``auto`` applies on ``node`` (or, without one, on nodes with a core per
+    rank, or fewer cores than ranks when ``oversubscribed``)."""
     if MIN_BLOCK is not None:
         return MIN_BLOCK
-    return MIN_BLOCK_OVERSUBSCRIBED if node is not None and node.oversubscribed else MIN_BLOCK_CORES
+    over = node.oversubscribed if node is not None else oversubscribed
+    return MIN_BLOCK_OVERSUBSCRIBED if over else MIN_BLOCK_CORES
 
 
 def wanted(step: Any, node: Optional[Any]) -> bool:

@@ -435,13 +435,16 @@ class Plan:
                 lines.append(f"    messages: at most {s.max_peers()} peers per rank")
             if s.kind in ("alltoallv", "allgatherv"):
                 block = s.max_block_volume() * s.src.dtype.itemsize
-                low = _shm.min_block()
-                how = (
-                    "node-shared memory between ranks of one node (one copy per byte), MPI "
-                    "between nodes"
-                    if block >= low
-                    else f"MPI (largest block {block} B < {low} B, PYSHARD_SHM_MIN_BYTES)"
-                )
+                low, high = _shm.min_block(), _shm.min_block(oversubscribed=True)
+                if block >= high:
+                    how = "node-shared memory between ranks of one node, MPI between nodes"
+                elif block >= low:
+                    how = (
+                        "node-shared memory between ranks of one node where each has a core "
+                        f"(else MPI: largest block {block} B < {high} B), MPI between nodes"
+                    )
+                else:
+                    how = f"MPI (largest block {block} B < {low} B, PYSHARD_SHM_MIN_BYTES)"
                 lines.append(f"    host arrays, algorithm auto: {how}")
         peak = self.peak_extra_bytes(coords)
         peak_max = max(self.peak_extra_bytes(c) for c in all_coords)

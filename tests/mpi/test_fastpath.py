@@ -41,6 +41,17 @@ def no_planning(monkeypatch):
     return _Ctx
 
 
+@pytest.fixture(autouse=True)
+def _small_blocks_on_mpi():
+    """The default threshold whatever the suite's environment (CI runs it once with
+    PYSHARD_SHM_MIN_BYTES=0): these small exchanges take MPI and the core binding. (Not
+    through monkeypatch: no_planning's undo() would take it back mid-test.)"""
+    old = ps._shm.MIN_BLOCK
+    ps._shm.MIN_BLOCK = None
+    yield
+    ps._shm.MIN_BLOCK = old
+
+
 def _binding(x, placements, algorithm="auto"):
     key = (x.layout, *placements, algorithm, type(x.local))
     return x.mesh._cache.fast.get(key)
