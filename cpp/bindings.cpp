@@ -707,12 +707,7 @@ PYBIND11_MODULE(_core, m) {
            py::arg("workspace"))
       .def("run",
            [](ShmExchangeStep& s, const py::array& a, py::array& b) {
-             Buf src = get_buf(a, false, "source");
-             Buf dst = get_buf(b, true, "destination");
-             check_shape(src, s.src_shape(), "source");
-             check_shape(dst, s.dst_shape(), "destination");
-             py::gil_scoped_release nogil;
-             s.run(src.ptr, dst.ptr);
+             run_host(s, a, b, &s.src_shape(), &s.dst_shape());
            })
       .def_property_readonly("algorithm", [](ShmExchangeStep&) { return std::string("shm"); })
       .def_property_readonly("node_peers", &ShmExchangeStep::node_peers)
