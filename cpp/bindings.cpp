@@ -697,7 +697,7 @@ PYBIND11_MODULE(_core, m) {
                                {b.n}, {1}, false);
       });
 
-  py::class_<ShmExchangeStep>(m, "ShmExchangeStep")
+  py::class_<ShmExchangeStep, std::shared_ptr<ShmExchangeStep>>(m, "ShmExchangeStep")
       .def(py::init<std::shared_ptr<Comm>, std::shared_ptr<NodeShm>, i64, Shape, Shape,
                     const std::vector<std::tuple<int, Shape, Shape, Shape, Shape>>&,
                     const std::vector<BlockSpec>&, const std::vector<LocalSpec>&,
@@ -714,6 +714,30 @@ PYBIND11_MODULE(_core, m) {
       .def_property_readonly("mpi_peers", &ShmExchangeStep::mpi_peers)
       .def_property_readonly("workspace_bytes", &ShmExchangeStep::workspace_bytes)
       .def_property_readonly("staged_bytes", &ShmExchangeStep::workspace_bytes);
+
+  py::class_<ShmFusedStep>(m, "ShmFusedStep")
+      .def(py::init<std::shared_ptr<NodeShm>, std::vector<std::shared_ptr<ShmExchangeStep>>,
+                    std::vector<std::vector<i64>>, std::shared_ptr<Workspace>>(),
+           py::arg("node"), py::arg("parts"), py::arg("offsets"), py::arg("workspace"))
+      .def("run",
+           [](ShmFusedStep& s, const std::vector<py::array>& srcs, py::array& batch) {
+             if (srcs.size() != s.parts())
+               throw std::invalid_argument("pyshard: one source per fused array");
+             Buf d = get_buf(batch, true, "the batch");
+             if (d.shape.size() != 1 || d.item != 1 || d.shape[0] < s.bytes())
+               throw std::invalid_argument("pyshard: the batch is a uint8 array of its bytes");
+             std::vector<const char*> sp;
+             for (size_t a = 0; a < srcs.size(); ++a) {
+               Buf b = get_buf(srcs[a], false, "a source");
+               check_shape(b, s.part(a).src_shape(), "a source");
+               sp.push_back(b.ptr);
+             }
+             py::gil_scoped_release nogil;
+             s.run(sp, d.ptr);
+           })
+      .def("offset", &ShmFusedStep::offset, py::arg("k"))
+      .def_property_readonly("bytes", &ShmFusedStep::bytes)
+      .def_property_readonly("workspace_bytes", &ShmFusedStep::workspace_bytes);
 
   py::class_<PooledBuffer>(m, "PooledBuffer", py::buffer_protocol())
       .def(py::init<i64>(), py::arg("nbytes"))

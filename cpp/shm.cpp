@@ -465,6 +465,29 @@ ShmExchangeStep::ShmExchangeStep(
   local_.end_block();
 }
 
+void ShmExchangeStep::post(const char* src, char* work, MPI_Request* reqs) {
+  MPI_Comm c = comm_->get();
+  size_t q = 0;
+  for (const Msg& m : off_recvs_)
+    mpi::irecv(work + off_send_ + m.off, m.bytes, m.peer, kTag, c, &reqs[q++]);
+  if (!off_sends_.empty()) {
+    host_packer().copy_all(off_pack_, src, work);
+    for (const Msg& m : off_sends_) mpi::isend(work + m.off, m.bytes, m.peer, kTag, c, &reqs[q++]);
+  }
+}
+
+void ShmExchangeStep::push(int idx, const char* src, char* base) const {
+  copy_streaming(push_[idx], src, base);
+}
+
+void ShmExchangeStep::own(const char* src, char* target) const {
+  copy_streaming(local_, src, target);
+}
+
+void ShmExchangeStep::unpack(const char* work, char* target) const {
+  if (!off_recvs_.empty()) host_packer().copy_all(off_unpack_, work + off_send_, target);
+}
+
 void ShmExchangeStep::run(const char* src, char* dst) {
   Packer& pk = host_packer();
   i64 off = 0;
@@ -477,27 +500,88 @@ void ShmExchangeStep::run(const char* src, char* dst) {
     off = 0;
     target = tmp->ptr;
   }
-  MPI_Comm c = comm_->get();
-  char* work = off_send_ + off_recv_ > 0 ? ws_->work(pk, off_send_ + off_recv_) : nullptr;
-  reqs_.assign(off_sends_.size() + off_recvs_.size(), MPI_REQUEST_NULL);
-  size_t q = 0;
-  for (const Msg& m : off_recvs_) mpi::irecv(work + off_send_ + m.off, m.bytes, m.peer, kTag, c, &reqs_[q++]);
-  if (!off_sends_.empty()) {
-    pk.copy_all(off_pack_, src, work);
-    for (const Msg& m : off_sends_) mpi::isend(work + m.off, m.bytes, m.peer, kTag, c, &reqs_[q++]);
-  }
+  char* work = off_bytes() > 0 ? ws_->work(pk, off_bytes()) : nullptr;
+  reqs_.assign(n_requests(), MPI_REQUEST_NULL);
+  post(src, work, reqs_.data());
   node_->exchange(
-      mine, off,
-      [&](int idx, char* base) { copy_streaming(push_[idx], src, base); },
-      [&] { copy_streaming(local_, src, target); });
+      mine, off, [&](int idx, char* base) { push(idx, src, base); },
+      [&] { own(src, target); });
   if (!reqs_.empty()) {
     check_mpi(MPI_Waitall(static_cast<int>(reqs_.size()), reqs_.data(), MPI_STATUSES_IGNORE),
               "MPI_Waitall");
-    if (!off_recvs_.empty()) pk.copy_all(off_unpack_, work + off_send_, target);
+    unpack(work, target);
   }
   if (tmp) {
     std::memcpy(dst, target, static_cast<size_t>(dst_bytes_));
     node_->give(std::move(tmp));
+  }
+  auto& s = stats();
+  s["shm"] += 1;
+}
+
+// ----------------------------------------------------------------------------- fused
+
+ShmFusedStep::ShmFusedStep(std::shared_ptr<NodeShm> node,
+                           std::vector<std::shared_ptr<ShmExchangeStep>> parts,
+                           std::vector<std::vector<i64>> offsets, std::shared_ptr<Workspace> ws)
+    : node_(std::move(node)), parts_(std::move(parts)), ws_(std::move(ws)) {
+  if (!node_->usable()) throw std::invalid_argument("pyshard: node-shared memory is not usable");
+  if (offsets.size() != parts_.size())
+    throw std::invalid_argument("pyshard: one list of offsets per fused array");
+  const int n = node_->node_size();
+  const auto& ranks = node_->node_ranks();
+  peer_off_.assign(n, std::vector<i64>(parts_.size(), 0));
+  for (size_t k = 0; k < parts_.size(); ++k) {
+    if (!parts_[k] || &parts_[k]->node() != node_.get())
+      throw std::invalid_argument("pyshard: every fused array runs on the same node transport");
+    for (int idx = 0; idx < n; ++idx) {
+      const size_t r = static_cast<size_t>(ranks[idx]);
+      if (r >= offsets[k].size())
+        throw std::invalid_argument("pyshard: an offset per rank of the communicator");
+      peer_off_[idx][k] = offsets[k][r];
+    }
+  }
+  mine_.resize(parts_.size());
+  work_off_.resize(parts_.size());
+  const int self = node_->self();
+  for (size_t k = 0; k < parts_.size(); ++k) {
+    mine_[k] = peer_off_[self][k];
+    if (mine_[k] < 0 || (k > 0 && mine_[k] < mine_[k - 1] + parts_[k - 1]->dst_bytes()))
+      throw std::invalid_argument("pyshard: fused results overlap in the batch");
+    bytes_ = std::max(bytes_, mine_[k] + parts_[k]->dst_bytes());
+    work_off_[k] = off_;
+    off_ += align_up(parts_[k]->off_bytes());
+    nreq_ += parts_[k]->n_requests();
+  }
+}
+
+void ShmFusedStep::run(const std::vector<const char*>& srcs, char* dst) {
+  if (srcs.size() != parts_.size())
+    throw std::invalid_argument("pyshard: one source per fused array");
+  i64 off = 0;
+  ShmSegment* mine = node_->find(dst, std::max<i64>(bytes_, 1), &off);
+  if (!mine) throw std::invalid_argument("pyshard: a fused batch's results lie in node-shared memory");
+  char* work = off_ > 0 ? ws_->work(host_packer(), off_) : nullptr;
+  reqs_.assign(nreq_, MPI_REQUEST_NULL);
+  size_t q = 0;
+  for (size_t k = 0; k < parts_.size(); ++k) {
+    parts_[k]->post(srcs[k], work + work_off_[k], reqs_.data() + q);
+    q += parts_[k]->n_requests();
+  }
+  const size_t np = parts_.size();
+  node_->exchange(
+      mine, off,
+      [&](int idx, char* base) {
+        const std::vector<i64>& po = peer_off_[idx];
+        for (size_t k = 0; k < np; ++k) parts_[k]->push(idx, srcs[k], base + po[k]);
+      },
+      [&] {
+        for (size_t k = 0; k < np; ++k) parts_[k]->own(srcs[k], dst + mine_[k]);
+      });
+  if (!reqs_.empty()) {
+    check_mpi(MPI_Waitall(static_cast<int>(reqs_.size()), reqs_.data(), MPI_STATUSES_IGNORE),
+              "MPI_Waitall");
+    for (size_t k = 0; k < np; ++k) parts_[k]->unpack(work + work_off_[k], dst + mine_[k]);
   }
   auto& s = stats();
   s["shm"] += 1;

@@ -79,6 +79,7 @@ class NodeShm {
   // the node index of comm rank r among this rank's node peers, or -1 (another node)
   int local_index(int r) const { return local_of_[r]; }
   const std::vector<int>& node_ranks() const { return node_ranks_; }
+  int self() const { return me_; }  // this rank's node index
 
   // A result buffer of at least n bytes in this rank's shared memory.
   std::shared_ptr<ShmSegment> take(i64 n);
@@ -185,6 +186,20 @@ class ShmExchangeStep {
   void run(const char* src, char* dst);
   // as every step runs (host memory only: the node transport replaces MPI's)
   void run(const char* src, char* dst, Packer&, Transport) { run(src, dst); }
+
+  // The phases of run(), for a fused step (ShmFusedStep) that runs many in one handshake:
+  // post: pack and send the blocks for peers on other nodes and post their receives, in
+  // `work` (off_bytes() of it), filling n_requests() of `reqs`; push: the block for node peer
+  // `idx` into its destination `base`; own: this rank's block; unpack: the received blocks
+  // from `work` (after the requests completed).
+  i64 off_bytes() const { return off_send_ + off_recv_; }
+  size_t n_requests() const { return off_sends_.size() + off_recvs_.size(); }
+  void post(const char* src, char* work, MPI_Request* reqs);
+  void push(int idx, const char* src, char* base) const;
+  void own(const char* src, char* target) const;
+  void unpack(const char* work, char* target) const;
+  i64 dst_bytes() const { return dst_bytes_; }
+  NodeShm& node() const { return *node_; }
   const Shape& src_shape() const { return src_shape_; }
   const Shape& dst_shape() const { return dst_shape_; }
   i64 workspace_bytes() const { return off_send_ + off_recv_; }
@@ -208,6 +223,34 @@ class ShmExchangeStep {
   std::vector<Msg> off_sends_, off_recvs_;
   DescTable off_pack_, off_unpack_;
   i64 off_send_ = 0, off_recv_ = 0;
+  std::vector<MPI_Request> reqs_;
+};
+
+// Many exchanges on one communicator in one handshake (redistribute_many): every rank's
+// results of the batch lie in one segment of its node-shared memory, array k of rank r at
+// offsets[k][r] (computed from the layouts by every rank alike), so a sender writes each
+// array's block for a node peer straight into that peer's result, and every node peer is
+// waited for once per batch instead of once per array.
+class ShmFusedStep {
+ public:
+  ShmFusedStep(std::shared_ptr<NodeShm> node, std::vector<std::shared_ptr<ShmExchangeStep>> parts,
+               std::vector<std::vector<i64>> offsets, std::shared_ptr<Workspace> ws);
+  // srcs: one source per part; dst: the start of this rank's batch, in its node-shared memory
+  void run(const std::vector<const char*>& srcs, char* dst);
+  size_t parts() const { return parts_.size(); }
+  const ShmExchangeStep& part(size_t k) const { return *parts_[k]; }
+  i64 offset(size_t k) const { return mine_[k]; }  // array k's offset in this rank's batch
+  i64 bytes() const { return bytes_; }              // this rank's batch, in bytes
+  i64 workspace_bytes() const { return off_; }
+
+ private:
+  std::shared_ptr<NodeShm> node_;
+  std::vector<std::shared_ptr<ShmExchangeStep>> parts_;
+  std::vector<std::vector<i64>> peer_off_;  // per node peer index: array k's offset there
+  std::vector<i64> mine_, work_off_;
+  i64 bytes_ = 0, off_ = 0;
+  size_t nreq_ = 0;
+  std::shared_ptr<Workspace> ws_;
   std::vector<MPI_Request> reqs_;
 };
 

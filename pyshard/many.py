@@ -16,13 +16,14 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 import numpy as np
 
 from . import _backend as bk
-from . import _core, _validate
+from . import _core, _shm, _validate
+from . import executor as _executor
 from ._cache import memoize
 from .array import ShardedArray
 from .executor import NONBLOCKING_MIN_BLOCK, POOL_MIN_BYTES, pooled_empty
 from .layout import PlacementsArg, placements_str
 from .mesh import Mesh
-from .plan import Plan, geometry, plan
+from .plan import Plan, geometry, plan, push_specs
 
 __all__ = ["ManyPlan", "plan_many", "redistribute_many"]
 
@@ -47,6 +48,35 @@ def _env_bytes(name: str, default: int) -> int:
 # receives its contiguous blocks in place, and the batch leaves the cache).
 FUSE_MAX_BYTES = _env_bytes("PYSHARD_MANY_FUSE_MAX_BYTES", 256 << 10)
 BATCH_BYTES = _env_bytes("PYSHARD_MANY_BATCH_BYTES", 4 << 20)
+# Node-shared memory (pyshard/_shm.py), where ranks of the communicator share a node: every
+# array whose plan is one exchange, large ones too (nothing is packed or unpacked: each block
+# is written once, straight into its result), in batches of about SHM_BATCH_BYTES per rank,
+# each batch one handshake with each node peer. A batch's results share one segment of
+# node-shared memory: it returns to the pool when the last of them is freed.
+SHM_BATCH_BYTES = _env_bytes("PYSHARD_MANY_SHM_BATCH_BYTES", 64 << 20)
+SHM_ALIGN = 64  # bytes: where each result of a batch starts
+
+
+def _batches(plans: Sequence[Plan], ix: Sequence[int], dims: Tuple[int, ...], per_rank: int
+             ) -> List[Tuple[Tuple[int, ...], Tuple[int, ...]]]:  # fmt: skip
+    """``ix`` in batches of about ``per_rank`` bytes per rank, decided from global sizes
+    (the same on every rank)."""
+    if not ix:
+        return []
+    ranks = prod(plans[ix[0]].src.mesh_shape[m] for m in dims)
+    out: List[Tuple[Tuple[int, ...], Tuple[int, ...]]] = []
+    batch: List[int] = []
+    size = 0
+    for i in ix:
+        batch.append(i)
+        lay = plans[i].src
+        size += prod(lay.shape) * lay.dtype.itemsize
+        if size >= per_rank * ranks:
+            out.append((dims, tuple(batch)))
+            batch, size = [], 0
+    if batch:
+        out.append((dims, tuple(batch)))
+    return out
 
 ArraysArg = Union[Sequence[ShardedArray], Mapping[Any, ShardedArray]]
 PlacementsLike = Union[PlacementsArg, Sequence[PlacementsArg], Mapping[Any, PlacementsArg]]
@@ -58,43 +88,54 @@ class ManyPlan:
     per fused collective (arrays of one communicator with less than
     ``PYSHARD_MANY_FUSE_MAX_BYTES`` per rank, default 256 KiB, in batches of about
     ``PYSHARD_MANY_BATCH_BYTES`` per rank, default 4 MiB); ``single``: the indices that run
-    on their own, in order."""
+    on their own, in order. Where the ranks of a communicator share a node (host arrays),
+    ``shm_batches`` replace both for the arrays whose plan is one exchange: ``(mesh dims,
+    array indices)`` per batch of about ``PYSHARD_MANY_SHM_BATCH_BYTES`` per rank (default 64
+    MiB), each one handshake through node-shared memory."""
 
-    __slots__ = ("plans", "fused", "single")
+    __slots__ = ("plans", "fused", "single", "exchanges", "shm_batches")
 
     def __init__(self, plans: Sequence[Plan]) -> None:
         self.plans = tuple(plans)
         groups: Dict[Tuple[int, ...], List[int]] = {}
+        exchanges: Dict[Tuple[int, ...], List[int]] = {}
         single = []
         for i, p in enumerate(self.plans):
-            if (
-                len(p.steps) == 1
-                and p.steps[0].kind == "alltoallv"
-                and prod(p.src.shape) * p.src.dtype.itemsize
+            one = len(p.steps) == 1 and p.steps[0].kind == "alltoallv"
+            if one:
+                exchanges.setdefault(p.steps[0].mesh_dims, []).append(i)
+            if one and (
+                prod(p.src.shape) * p.src.dtype.itemsize
                 < FUSE_MAX_BYTES * prod(p.steps[0].group_shape)
             ):
                 groups.setdefault(p.steps[0].mesh_dims, []).append(i)
             else:
                 single.append(i)
+        # MPI batches: one fused collective per batch keeps each batch's pack, transfer and
+        # unpack in cache (a 248 MiB batch ran 2x slower than one call per array)
         fused = []
         for dims, ix in sorted(groups.items()):
-            # batches of about BATCH_BYTES per rank, decided from global sizes (the same on
-            # every rank): one fused collective per batch keeps each batch's pack, transfer
-            # and unpack in cache (a 248 MiB batch ran 2x slower than one call per array)
-            ranks = prod(self.plans[ix[0]].src.mesh_shape[m] for m in dims)
-            batch: List[int] = []
-            size = 0
-            for i in ix:
-                batch.append(i)
-                lay = self.plans[i].src
-                size += prod(lay.shape) * lay.dtype.itemsize
-                if size >= BATCH_BYTES * ranks:
-                    fused.append((dims, tuple(batch)))
-                    batch, size = [], 0
-            if batch:
-                fused.append((dims, tuple(batch)))
+            fused += _batches(self.plans, ix, dims, BATCH_BYTES)
         self.fused = tuple(fused)
         self.single = tuple(single)
+        self.exchanges = tuple(sorted((d, tuple(ix)) for d, ix in exchanges.items()))
+        shm = []
+        for dims, ix in self.exchanges:
+            shm += _batches(self.plans, ix, dims, SHM_BATCH_BYTES)
+        self.shm_batches = tuple(shm)
+
+    def shm_wanted(self, dims: Tuple[int, ...], node: Any) -> bool:
+        """Does ``auto`` move the exchanges on ``dims`` through node-shared memory ``node``?
+        Where their blocks for one peer add up to ``PYSHARD_SHM_MIN_BYTES`` (as a single
+        exchange's block must, see :mod:`pyshard._shm`): the batch is one handshake."""
+        if node is None:
+            return False
+        ix = dict(self.exchanges).get(dims, ())
+        total = sum(
+            self.plans[i].steps[0].max_block_volume() * self.plans[i].src.dtype.itemsize
+            for i in ix
+        )
+        return total >= _shm.min_block(node)
 
     @property
     def collectives(self) -> int:
@@ -120,6 +161,13 @@ class ManyPlan:
                 f"  one alltoallv on mesh dims {','.join(map(str, dims))} for {len(ix)} "
                 f"array(s) {list(ix)[:8]}{' ...' if len(ix) > 8 else ''}: rank {coords} sends "
                 f"{sent} B, receives {recvd} B"
+            )
+        if self.shm_batches:
+            k = sum(len(ix) for _, ix in self.shm_batches)
+            lines.append(
+                f"  where the ranks share a node (host arrays): {len(self.shm_batches)} "
+                f"batch(es) through node-shared memory for the {k} single-exchange array(s), "
+                "one handshake each, in place of those arrays' exchanges above"
             )
         for i in self.single:
             p = self.plans[i]
@@ -252,6 +300,55 @@ class _Fused:
         return outs
 
 
+class _ShmFused:
+    """A batch of exchanges through node-shared memory, bound to this rank: every rank's
+    results of the batch in one segment of its node-shared memory, array ``k`` at an offset
+    that every rank computes from the layouts (kept in the mesh's cache)."""
+
+    __slots__ = ("core", "node", "views", "nbytes", "need")
+
+    def __init__(self, plans: Sequence[Plan], mesh: Mesh, node: Any) -> None:
+        coords = mesh.coords
+        steps = [p.steps[0] for p in plans]
+        comm = mesh._core_comm(steps[0].mesh_dims)
+        ws = mesh._cache.workspace
+        parts = []
+        for s in steps:
+            pushes, recvs, local = push_specs(s, coords)
+            parts.append(
+                _core.ShmExchangeStep(
+                    comm, node, s.src.dtype.itemsize, list(s.src.local_shape(coords)),
+                    list(s.dst.local_shape(coords)), pushes, recvs, local, ws,
+                )
+            )
+        # array k's offset in the batch of each member of the group (communicator rank order)
+        n = prod(steps[0].group_shape)
+        offsets = [[0] * n for _ in steps]
+        for g in range(n):
+            peer = steps[0].member(coords, g)
+            off = 0
+            for k, s in enumerate(steps):
+                offsets[k][g] = off
+                nb = prod(s.dst.local_shape(peer)) * s.dst.dtype.itemsize
+                off += (nb + SHM_ALIGN - 1) // SHM_ALIGN * SHM_ALIGN
+        self.core = _core.ShmFusedStep(node, parts, offsets, ws)
+        self.node = node
+        self.nbytes = int(self.core.bytes)
+        self.need = int(self.core.workspace_bytes)  # messages to ranks on other nodes
+        self.views = [
+            (int(self.core.offset(k)), s.dst.local_shape(coords), s.dst.dtype)
+            for k, s in enumerate(steps)
+        ]
+
+    def run(self, locals_: List[Any]) -> List[Any]:
+        batch = np.frombuffer(_core.ShmBuffer(self.node, max(self.nbytes, 1)), np.uint8)
+        self.core.run(locals_, batch)
+        return [
+            batch[off : off + prod(sh) * dt.itemsize].view(dt).reshape(sh)
+            for off, sh, dt in self.views
+        ]
+
+
 def redistribute_many(
     arrays: ArraysArg,
     placements: PlacementsLike,
@@ -309,7 +406,30 @@ def redistribute_many(
     ]
     results: List[Any] = [None] * len(xs)
     cache = mesh._cache
-    for _, ix in mp.fused:
+    # node-shared memory for the single exchanges of a communicator whose ranks share a node
+    # (set up collectively on first use; decided from the layouts: the same on every rank)
+    alg = algorithm or _executor.DEFAULT_ALGORITHM
+    shm: Dict[Tuple[int, ...], Any] = {}
+    if not dev and alg in ("auto", "tune", "shm"):
+        for dims, _ix in mp.exchanges:
+            node = _shm.node(mesh, dims)
+            if node is not None and (alg == "shm" or mp.shm_wanted(dims, node)):
+                shm[dims] = node
+    for dims, ix in mp.shm_batches:
+        if dims not in shm:
+            continue
+        key = ("many-shm", tuple(mp.plans[i] for i in ix))
+        se = cache.execs.get(key)
+        if se is None:
+            se = [_ShmFused([mp.plans[i] for i in ix], mesh, shm[dims])]
+            cache.execs.put(key, se)
+            cache.note(se)
+        outs = se[0].run([locals_[i] for i in ix])
+        for i, o in zip(ix, outs):
+            results[i] = ShardedArray._wrap(o, targets[i], mesh)
+    for dims, ix in mp.fused:
+        if dims in shm:
+            continue
         key = ("many", tuple(mp.plans[i] for i in ix), dev)
         fe = cache.execs.get(key)
         if fe is None:
@@ -320,6 +440,8 @@ def redistribute_many(
         for i, o in zip(ix, outs):
             results[i] = ShardedArray._wrap(o, targets[i], mesh)
     for i in mp.single:  # without sizes, from placements alone: the one-lookup fast path
+        if results[i] is not None:  # moved through node-shared memory above
+            continue
         sz = None if per_sizes[i] is None else targets[i].sizes
         results[i] = xs[i].redistribute(list(targets[i].placements), sz, algorithm=algorithm)
     if is_map:

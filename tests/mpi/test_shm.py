@@ -306,3 +306,128 @@ def test_a_killed_job_leaves_nothing_in_dev_shm(comm):
         proc.stdout.close()
     time.sleep(0.5)
     assert ours() == before, ours() - before
+
+
+DTYPES_MANY = ["float32", "float64", "int16", "complex128", "bool", "uint8"]
+
+
+def many_arrays(comm, mesh, n, zeros=False):
+    """``n`` arrays of assorted shapes (some smaller than the mesh, some with empty shards)
+    and dtypes, Shard(0) over mesh dim 0 and replicated over the others, with their global
+    values."""
+    p = mesh.shape[0]
+    gs, xs = [], []
+    for k in range(n):
+        shape = (1 + (7 * k + 3) % (3 * comm.size + 2), 1 + (5 * k) % 9)
+        g = make_global(shape, DTYPES_MANY[k % len(DTYPES_MANY)], seed=k)
+        sizes = None
+        if zeros and k % 3 == 1 and p > 1:
+            sizes = {0: uneven(shape[0], p, True)}
+        xs.append(ps.distribute(g, mesh, [Shard(0)] + [R] * (mesh.ndim - 1), sizes=sizes))
+        gs.append(g)
+    return gs, xs
+
+
+@pytest.mark.parametrize("node_size", [0, 2, 3])
+def test_many_arrays_in_one_handshake(comm, monkeypatch, node_size):
+    """redistribute_many through node-shared memory: every array whose plan is one exchange
+    (small and large alike) in one batch, one handshake ("shm" counted once), each result a
+    view into the batch's one segment at the offset every rank computes from the layouts;
+    uneven and empty shards, mixed dtypes, a list and a dict, on one node or simulated nodes
+    of 2 and 3 ranks (the others reached by MPI in the same step). Bitwise the reference."""
+    if node_size:
+        monkeypatch.setenv("PYSHARD_NODE_SIZE", str(node_size))
+    p = comm.size
+    mesh = ps.Mesh(comm, (p,))
+    node = _shm.node(mesh, (0,))
+    for zeros in (False, True):
+        gs, xs = many_arrays(comm, mesh, 14, zeros)
+        for container in (list, dict):
+            inp = xs if container is list else {f"w{k}": x for k, x in enumerate(xs)}
+            before = ps.comm_stats()
+            out = ps.redistribute_many(inp, [Shard(1)])
+            got = counts_since(before)
+            ys = out if container is list else [out[f"w{k}"] for k in range(len(xs))]
+            for y, g in zip(ys, gs):
+                assert y.placements == (Shard(1),)
+                np.testing.assert_array_equal(y.local, g[y.box])
+            if node is not None:
+                assert got == {"shm": 1}, got
+                assert all(in_shared_memory(y.local) for y in ys)
+                assert all(y.local.ctypes.data % 64 == 0 for y in ys if y.local.size)
+            else:
+                assert "shm" not in got, got
+    mesh.free()
+
+
+def test_many_mixed_plans_and_batches(comm, monkeypatch):
+    """Arrays whose plans are not one exchange (a gather, a reduction, nothing to do) run on
+    their own; the exchanges split into several batches (PYSHARD_MANY_SHM_BATCH_BYTES), one
+    handshake each; results of a batch outlive the others and later calls (the batch's
+    segment is shared), and algorithm="alltoallv" keeps every exchange on MPI."""
+    from pyshard import many
+
+    p = comm.size
+    mesh = ps.Mesh(comm, (p,))
+    gs, xs = many_arrays(comm, mesh, 9)
+    targets = [[Shard(1)], [R], [Shard(1)], [Shard(0)], [Shard(1)], [Shard(1)], [R],
+               [Shard(1)], [Shard(1)]]  # fmt: skip
+    ps.clear_caches()
+    monkeypatch.setattr(many, "SHM_BATCH_BYTES", 1)  # every array its own batch
+    try:
+        mp = ps.plan_many(xs, targets)
+        batches = [ix for _, ix in mp.shm_batches]
+        before = ps.comm_stats()
+        out = ps.redistribute_many(xs, targets)
+        got = counts_since(before)
+    finally:
+        ps.clear_caches()
+    exchanges = [k for k, t in enumerate(targets) if t == [Shard(1)]]
+    for y, g in zip(out, gs):
+        np.testing.assert_array_equal(y.local if y.placements != (R,) else y.full(), g[y.box])
+    if p > 1:  # a handshake per batch, and one per gather (two of them)
+        assert batches == [(k,) for k in exchanges]
+        assert got == {"shm": len(exchanges) + 2}, got
+    keep = [(out[k], gs[k]) for k in exchanges[:2]]
+    del out
+    again = ps.redistribute_many(xs, targets)  # the pool hands the freed batches out again
+    for y, g in keep:
+        np.testing.assert_array_equal(y.local, g[y.box])
+    for k in exchanges:
+        np.testing.assert_array_equal(again[k].local, gs[k][again[k].box])
+    before = ps.comm_stats()
+    mpi = ps.redistribute_many(xs, targets, algorithm="alltoallv")
+    assert "shm" not in counts_since(before)
+    for k in exchanges:
+        np.testing.assert_array_equal(mpi[k].local, gs[k][mpi[k].box])
+    mesh.free()
+
+
+def test_many_on_a_2d_mesh(comm):
+    """On an N-D mesh the exchanges group by communicator (mesh dims): each group's batch is
+    one handshake on that communicator's node transport."""
+    for mshape in MESHES.get(comm.size, []):
+        if len(mshape) != 2:
+            continue
+        mesh = ps.Mesh(comm, mshape)
+        gs = [
+            make_global((2 * mshape[0] + k, 3 * mshape[1] + 1), "float64", seed=k)
+            for k in range(5)
+        ]
+        xs = [ps.distribute(g, mesh, [Shard(0), Shard(1)]) for g in gs]
+        targets = [[Shard(1), Shard(0)], [Shard(1), Shard(0)], [Shard(0), R], [Shard(1), Shard(0)],
+                   [R, Shard(0)]]  # fmt: skip
+        before = ps.comm_stats()
+        out = ps.redistribute_many(xs, targets)
+        got = counts_since(before)
+        for y, g in zip(out, gs):
+            np.testing.assert_array_equal(y.local, g[y.box])
+        plans = ps.plan_many(xs, targets).plans
+        one = [k for k, p in enumerate(plans) if [s.kind for s in p.steps] == ["alltoallv"]]
+        groups = {plans[k].steps[0].mesh_dims for k in one}
+        shared = [d for d in groups if _shm.node(mesh, d) is not None]
+        assert got.get("shm", 0) >= len(shared), got
+        for k in one:  # each exchange's result in its batch's node-shared segment
+            if _shm.node(mesh, plans[k].steps[0].mesh_dims) is not None:
+                assert in_shared_memory(out[k].local)
+        mesh.free()
