@@ -92,8 +92,10 @@ inline void stream_run(char* dst, const char* src, size_t n) {
 }
 
 // Every block of table `t` from `src` to `dst`: runs of at least kStreamRun bytes by
-// streaming stores, short ones as the host packer copies them.
-constexpr i64 kStreamRun = 1024;
+// streaming stores, short ones as the host packer copies them. Measured: streaming runs of
+// 1-2 KiB (200 transposes at 2 ranks) took 10.0 ms where plain stores took 6.6 (the partial
+// lines at both ends of each run); the 8192^2 transpose's 8 and 16 KiB runs gain from it.
+constexpr i64 kStreamRun = 4096;
 
 void copy_streaming(const DescTable& t, const char* src, char* dst) {
   bool streamed = false;
@@ -111,6 +113,83 @@ void copy_streaming(const DescTable& t, const char* src, char* dst) {
 #else
   (void)streamed;
 #endif
+}
+
+// Several descriptors over one source, copied in lockstep: a chunk of runs of the first
+// (about kChunk bytes of source), the same chunk of the next, ..., then the next chunk. The
+// blocks of a transpose for each peer read the same source rows (each a different piece of
+// every row), so each chunk of rows is read from memory once and from cache for the other
+// destinations, and the source is read in order (the prefetcher's pattern) instead of once
+// per destination with a stride. Measured (200 transposes' blocks, one core): 11.7 against
+// 15.8 ms for 106 MiB in two blocks per row, 5.0 against 7.7 ms for 53 MiB in four.
+constexpr i64 kChunk = 64 << 10;
+
+struct Cursor {
+  const CopyDesc* d;
+  char* dst;
+  i64 left;  // runs still to copy
+  i64 chunk;
+  i64 s, t;
+  i64 idx[kMaxDims];
+};
+
+void copy_interleaved(std::vector<Cursor>& cs, const char* src) {
+  bool streamed = false, more = true;
+  while (more) {
+    more = false;
+    for (Cursor& c : cs) {
+      if (c.left == 0) continue;
+      const CopyDesc& d = *c.d;
+      const size_t n = static_cast<size_t>(d.run);
+      const bool stream = d.run >= kStreamRun;
+      streamed |= stream;
+      const int nd = static_cast<int>(d.nd);
+      for (i64 k = std::min(c.chunk, c.left); k > 0; --k) {
+        if (stream)
+          stream_run(c.dst + c.t, src + c.s, n);
+        else
+          std::memcpy(c.dst + c.t, src + c.s, n);
+        for (int j = nd - 1; j >= 0; --j) {  // the odometer of for_each_run
+          if (++c.idx[j] < d.ext[j]) {
+            c.s += d.sstr[j];
+            c.t += d.dstr[j];
+            break;
+          }
+          c.s -= (d.ext[j] - 1) * d.sstr[j];
+          c.t -= (d.ext[j] - 1) * d.dstr[j];
+          c.idx[j] = 0;
+        }
+        --c.left;
+      }
+      if (c.left) more = true;
+    }
+  }
+#if defined(__x86_64__)
+  if (streamed) _mm_sfence();
+#else
+  (void)streamed;
+#endif
+}
+
+// Add the descriptors of `t` (into `dst`) to `cs`; those of short runs (a few elements: the
+// fixed-size copies of copy_host are faster) are copied here and now instead.
+void add_cursors(std::vector<Cursor>& cs, const DescTable& t, const char* src, char* dst) {
+  for (const CopyDesc& d : t.host) {
+    if (d.runs == 0) continue;
+    if (d.run < 64) {
+      copy_host(d, src, dst);
+      continue;
+    }
+    Cursor c{};
+    c.d = &d;
+    c.dst = dst;
+    c.left = d.runs;
+    const i64 step = d.nd > 0 ? std::max<i64>(d.run, std::abs(d.sstr[d.nd - 1])) : d.run;
+    c.chunk = std::max<i64>(1, kChunk / std::max<i64>(step, 1));
+    c.s = d.src_off;
+    c.t = d.dst_off;
+    cs.push_back(c);
+  }
 }
 
 }  // namespace
@@ -484,6 +563,16 @@ void ShmExchangeStep::own(const char* src, char* target) const {
   copy_streaming(local_, src, target);
 }
 
+void ShmExchangeStep::copy_all(const char* src, const std::vector<char*>& bases,
+                               char* target) const {
+  thread_local std::vector<Cursor> cs;
+  cs.clear();
+  for (size_t idx = 0; idx < bases.size(); ++idx)
+    if (bases[idx]) add_cursors(cs, push_[idx], src, bases[idx]);
+  add_cursors(cs, local_, src, target);
+  copy_interleaved(cs, src);
+}
+
 void ShmExchangeStep::unpack(const char* work, char* target) const {
   if (!off_recvs_.empty()) host_packer().copy_all(off_unpack_, work + off_send_, target);
 }
@@ -503,9 +592,8 @@ void ShmExchangeStep::run(const char* src, char* dst) {
   char* work = off_bytes() > 0 ? ws_->work(pk, off_bytes()) : nullptr;
   reqs_.assign(n_requests(), MPI_REQUEST_NULL);
   post(src, work, reqs_.data());
-  node_->exchange(
-      mine, off, [&](int idx, char* base) { push(idx, src, base); },
-      [&] { own(src, target); });
+  node_->exchange_all(mine, off,
+                      [&](const std::vector<char*>& bases) { copy_all(src, bases, target); });
   if (!reqs_.empty()) {
     check_mpi(MPI_Waitall(static_cast<int>(reqs_.size()), reqs_.data(), MPI_STATUSES_IGNORE),
               "MPI_Waitall");
@@ -569,15 +657,15 @@ void ShmFusedStep::run(const std::vector<const char*>& srcs, char* dst) {
     q += parts_[k]->n_requests();
   }
   const size_t np = parts_.size();
-  node_->exchange(
-      mine, off,
-      [&](int idx, char* base) {
-        const std::vector<i64>& po = peer_off_[idx];
-        for (size_t k = 0; k < np; ++k) parts_[k]->push(idx, srcs[k], base + po[k]);
-      },
-      [&] {
-        for (size_t k = 0; k < np; ++k) parts_[k]->own(srcs[k], dst + mine_[k]);
-      });
+  node_->exchange_all(mine, off, [&](const std::vector<char*>& bases) {
+    std::vector<char*>& at = at_;
+    at.assign(bases.size(), nullptr);
+    for (size_t k = 0; k < np; ++k) {
+      for (size_t idx = 0; idx < bases.size(); ++idx)
+        if (bases[idx]) at[idx] = bases[idx] + peer_off_[idx][k];
+      parts_[k]->copy_all(srcs[k], at, dst + mine_[k]);
+    }
+  });
   if (!reqs_.empty()) {
     check_mpi(MPI_Waitall(static_cast<int>(reqs_.size()), reqs_.data(), MPI_STATUSES_IGNORE),
               "MPI_Waitall");

@@ -96,6 +96,12 @@ class NodeShm {
   // (this rank's own block); then wait for every on-node peer to have arrived here.
   template <class F, class G>
   void exchange(ShmSegment* mine, i64 off, F&& push, G&& own);
+  // The same, but every on-node peer's destination is known before any copy: `copy(bases)`
+  // (bases[idx]: node peer idx's destination mapped here; this rank's own entry null) runs
+  // once all of them have published, then each is marked arrived; so the copies can walk
+  // the source once for all destinations (copy_interleaved).
+  template <class F>
+  void exchange_all(ShmSegment* mine, i64 off, F&& copy);
 
   i64 mapped_bytes() const;
 
@@ -127,6 +133,7 @@ class NodeShm {
   std::shared_ptr<ShmSegment> my_ctl_;
   std::vector<char*> ctl_;       // control page of each node peer (mine included)
   std::vector<std::vector<PeerMap>> maps_;  // per node peer: its segments mapped here
+  std::vector<char*> bases_;                // exchange_all's destinations
   std::uint64_t epoch_ = 0, clock_ = 0, next_id_ = 1;
   mutable std::mutex mu_;
   std::vector<std::shared_ptr<ShmSegment>> free_;  // cached for reuse
@@ -173,6 +180,23 @@ void NodeShm::exchange(ShmSegment* mine, i64 off, F&& push, G&& own) {
   wait_arrivals();
 }
 
+template <class F>
+void NodeShm::exchange_all(ShmSegment* mine, i64 off, F&& copy) {
+  ++epoch_;
+  publish(mine, off);
+  const int n = node_size();
+  bases_.assign(n, nullptr);
+  for (int k = 1; k < n; ++k) {
+    const int idx = (me_ + k) % n;
+    wait_epoch(idx, epoch_);
+    ShmSlot& s = slot(idx);
+    bases_[idx] = map_peer(idx, s) + s.dst_off;
+  }
+  copy(static_cast<const std::vector<char*>&>(bases_));
+  for (int k = 1; k < n; ++k) arrive((me_ + k) % n);
+  wait_arrivals();
+}
+
 // The exchange step on the node-local transport (host memory).
 class ShmExchangeStep {
  public:
@@ -197,6 +221,9 @@ class ShmExchangeStep {
   void post(const char* src, char* work, MPI_Request* reqs);
   void push(int idx, const char* src, char* base) const;
   void own(const char* src, char* target) const;
+  // every node peer's block (bases[idx]) and this rank's own (into target), walking the
+  // source once for all of them (see copy_interleaved in shm.cpp)
+  void copy_all(const char* src, const std::vector<char*>& bases, char* target) const;
   void unpack(const char* work, char* target) const;
   i64 dst_bytes() const { return dst_bytes_; }
   NodeShm& node() const { return *node_; }
@@ -252,6 +279,7 @@ class ShmFusedStep {
   size_t nreq_ = 0;
   std::shared_ptr<Workspace> ws_;
   std::vector<MPI_Request> reqs_;
+  std::vector<char*> at_;  // the node peers' destinations of one array
 };
 
 }  // namespace pyshard

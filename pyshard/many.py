@@ -93,7 +93,7 @@ class ManyPlan:
     array indices)`` per batch of about ``PYSHARD_MANY_SHM_BATCH_BYTES`` per rank (default 64
     MiB), each one handshake through node-shared memory."""
 
-    __slots__ = ("plans", "fused", "single", "exchanges", "shm_batches")
+    __slots__ = ("plans", "fused", "single", "exchanges", "shm_batches", "_block_bytes")
 
     def __init__(self, plans: Sequence[Plan]) -> None:
         self.plans = tuple(plans)
@@ -123,6 +123,14 @@ class ManyPlan:
         for dims, ix in self.exchanges:
             shm += _batches(self.plans, ix, dims, SHM_BATCH_BYTES)
         self.shm_batches = tuple(shm)
+        # per communicator: its exchanges' largest blocks for one peer, added up
+        self._block_bytes = {
+            dims: sum(
+                self.plans[i].steps[0].max_block_volume() * self.plans[i].src.dtype.itemsize
+                for i in ix
+            )
+            for dims, ix in self.exchanges
+        }
 
     def shm_wanted(self, dims: Tuple[int, ...], node: Any) -> bool:
         """Does ``auto`` move the exchanges on ``dims`` through node-shared memory ``node``?
@@ -130,12 +138,7 @@ class ManyPlan:
         exchange's block must, see :mod:`pyshard._shm`): the batch is one handshake."""
         if node is None:
             return False
-        ix = dict(self.exchanges).get(dims, ())
-        total = sum(
-            self.plans[i].steps[0].max_block_volume() * self.plans[i].src.dtype.itemsize
-            for i in ix
-        )
-        return total >= _shm.min_block(node)
+        return self._block_bytes.get(dims, 0) >= _shm.min_block(node)
 
     @property
     def collectives(self) -> int:
@@ -415,10 +418,12 @@ def redistribute_many(
             node = _shm.node(mesh, dims)
             if node is not None and (alg == "shm" or mp.shm_wanted(dims, node)):
                 shm[dims] = node
-    for dims, ix in mp.shm_batches:
+    # executors keyed by the (memoized) ManyPlan itself and the batch: an identity hash,
+    # where a tuple of hundreds of plans took a millisecond to hash
+    for b, (dims, ix) in enumerate(mp.shm_batches):
         if dims not in shm:
             continue
-        key = ("many-shm", tuple(mp.plans[i] for i in ix))
+        key = ("many-shm", mp, b)
         se = cache.execs.get(key)
         if se is None:
             se = [_ShmFused([mp.plans[i] for i in ix], mesh, shm[dims])]
@@ -427,10 +432,10 @@ def redistribute_many(
         outs = se[0].run([locals_[i] for i in ix])
         for i, o in zip(ix, outs):
             results[i] = ShardedArray._wrap(o, targets[i], mesh)
-    for dims, ix in mp.fused:
+    for b, (dims, ix) in enumerate(mp.fused):
         if dims in shm:
             continue
-        key = ("many", tuple(mp.plans[i] for i in ix), dev)
+        key = ("many", mp, b, dev)
         fe = cache.execs.get(key)
         if fe is None:
             fe = [_Fused([mp.plans[i] for i in ix], mesh, dev)]
