@@ -18,7 +18,7 @@ import numpy as np
 from . import _backend as bk
 from . import _core, _shm, _validate
 from . import executor as _executor
-from ._cache import memoize
+from ._cache import LRU, memoize
 from .array import ShardedArray
 from .executor import NONBLOCKING_MIN_BLOCK, POOL_MIN_BYTES, pooled_empty
 from .layout import PlacementsArg, placements_str
@@ -303,6 +303,9 @@ class _Fused:
         return outs
 
 
+_FAST = LRU()  # (source layouts, placements) -> (targets, ManyPlan): see redistribute_many
+
+
 class _ShmFused:
     """A batch of exchanges through node-shared memory, bound to this rank: every rank's
     results of the batch in one segment of its node-shared memory, array ``k`` at an offset
@@ -386,12 +389,30 @@ def redistribute_many(
                 f"redistribute_many: arrays[{k!r}] lies on another mesh than "
                 f"arrays[{keys[0]!r}]; every array must share one Mesh"
             )
-    devs = {bk.is_device(x.local) for x in xs}
-    if len(devs) > 1:
-        raise TypeError("redistribute_many: mixes host and GPU arrays; pass one kind")
-    dev = devs.pop()
-    targets = _targets(keys, xs, placements, is_map, sizes)
-    per_sizes = _per_array("sizes", keys, xs, sizes, is_map, None)
+    if all(type(x.local) is np.ndarray for x in xs):
+        dev = False
+    else:
+        devs = {bk.is_device(x.local) for x in xs}
+        if len(devs) > 1:
+            raise TypeError("redistribute_many: mixes host and GPU arrays; pass one kind")
+        dev = devs.pop()
+    # a repeated call (the same layouts and one placement list for all): its targets and
+    # plan from one lookup
+    fast = None
+    if sizes is None and not is_map and isinstance(placements, (list, tuple)):
+        try:
+            fast = (tuple(x.layout for x in xs), tuple(placements))
+            hit = _FAST.get(fast)
+        except TypeError:  # an unhashable placement: the general path says what is wrong
+            fast = hit = None
+    else:
+        hit = None
+    if hit is not None:
+        targets, mp = hit
+        per_sizes = [None] * len(xs)
+    else:
+        targets = _targets(keys, xs, placements, is_map, sizes)
+        per_sizes = _per_array("sizes", keys, xs, sizes, is_map, None)
     if _validate.enabled:
         _validate.agree(
             mesh.comm,
@@ -402,7 +423,10 @@ def redistribute_many(
                 "algorithm": repr(algorithm),
             },
         )
-    mp = _many(tuple(plan(x.layout, t) for x, t in zip(xs, targets)))
+    if hit is None:
+        mp = _many(tuple(plan(x.layout, t) for x, t in zip(xs, targets)))
+        if fast is not None:
+            _FAST.put(fast, (targets, mp))
     locals_ = [
         x.local if x.local.flags.c_contiguous else bk.xp_of(x.local).ascontiguousarray(x.local)
         for x in xs
