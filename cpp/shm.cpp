@@ -63,7 +63,7 @@ char* map_foreign(std::int64_t pid, std::int64_t fd, i64 cap) {
 // rank's result or this rank's fresh one, not read by this core soon, and a streaming store
 // skips reading each destination line first (the read-for-ownership a plain store makes).
 // glibc's memcpy streams only copies larger than the cache; the runs here are rows of a
-// block (kilobytes). Ordered before the arrival flag by the sfence in copy_streaming().
+// block (kilobytes). Ordered before the arrival flag by the sfence in copy_interleaved().
 inline void stream_run(char* dst, const char* src, size_t n) {
 #if defined(__x86_64__)
   if (n >= 256) {
@@ -91,29 +91,11 @@ inline void stream_run(char* dst, const char* src, size_t n) {
   std::memcpy(dst, src, n);
 }
 
-// Every block of table `t` from `src` to `dst`: runs of at least kStreamRun bytes by
-// streaming stores, short ones as the host packer copies them. Measured: streaming runs of
-// 1-2 KiB (200 transposes at 2 ranks) took 10.0 ms where plain stores took 6.6 (the partial
-// lines at both ends of each run); the 8192^2 transpose's 8 and 16 KiB runs gain from it.
+// Runs of at least kStreamRun bytes are copied by streaming stores, shorter ones by plain
+// stores. Measured: streaming runs of 1-2 KiB (200 transposes at 2 ranks) took 10.0 ms where
+// plain stores took 6.6 (the partial lines at both ends of each run); the 8192^2 transpose's
+// 8 and 16 KiB runs gain from it.
 constexpr i64 kStreamRun = 4096;
-
-void copy_streaming(const DescTable& t, const char* src, char* dst) {
-  bool streamed = false;
-  for (const CopyDesc& d : t.host) {
-    if (d.run >= kStreamRun) {
-      const size_t n = static_cast<size_t>(d.run);
-      for_each_run(d, [&](i64 so, i64 to) { stream_run(dst + to, src + so, n); });
-      streamed = true;
-    } else {
-      copy_host(d, src, dst);
-    }
-  }
-#if defined(__x86_64__)
-  if (streamed) _mm_sfence();
-#else
-  (void)streamed;
-#endif
-}
 
 // Several descriptors over one source, copied in lockstep: a chunk of runs of the first
 // (about kChunk bytes of source), the same chunk of the next, ..., then the next chunk. The
@@ -553,14 +535,6 @@ void ShmExchangeStep::post(const char* src, char* work, MPI_Request* reqs) {
     host_packer().copy_all(off_pack_, src, work);
     for (const Msg& m : off_sends_) mpi::isend(work + m.off, m.bytes, m.peer, kTag, c, &reqs[q++]);
   }
-}
-
-void ShmExchangeStep::push(int idx, const char* src, char* base) const {
-  copy_streaming(push_[idx], src, base);
-}
-
-void ShmExchangeStep::own(const char* src, char* target) const {
-  copy_streaming(local_, src, target);
 }
 
 void ShmExchangeStep::copy_all(const char* src, const std::vector<char*>& bases,

@@ -9,9 +9,11 @@
 // for reuse when the result is freed, bounded in bytes and count).
 //
 // Ordering, per call on a communicator (calls run in the same order on every rank): a
-// receiver publishes where its result lies and bumps its epoch; a sender waits for each
-// on-node peer's epoch, copies its block in, and bumps that peer's arrival counter; a
+// receiver publishes where its result lies and bumps its epoch; a sender waits for its
+// on-node peers' epochs, copies its blocks in, and bumps each peer's arrival counter; a
 // receiver returns once every on-node peer has arrived. No MPI call and no node-wide barrier.
+// A peer cannot publish its next call's result before this rank has arrived in this one, so a
+// published destination stays valid until this rank's copies are done.
 #pragma once
 
 #include <mpi.h>
@@ -91,15 +93,11 @@ class NodeShm {
   void set_limit(i64 bytes) { limit_ = bytes; }
   void release();  // free the cached segments and the control mappings (Mesh.free)
 
-  // One call: publish this rank's destination, then for each on-node peer in turn `push(idx,
-  // base)` (base: that peer's destination, mapped here) and mark it arrived; then `mine()`
-  // (this rank's own block); then wait for every on-node peer to have arrived here.
-  template <class F, class G>
-  void exchange(ShmSegment* mine, i64 off, F&& push, G&& own);
-  // The same, but every on-node peer's destination is known before any copy: `copy(bases)`
-  // (bases[idx]: node peer idx's destination mapped here; this rank's own entry null) runs
-  // once all of them have published, then each is marked arrived; so the copies can walk
-  // the source once for all destinations (copy_interleaved).
+  // One call: publish this rank's destination; once every on-node peer has published its
+  // own, `copy(bases)` (bases[idx]: node peer idx's destination, mapped here; this rank's
+  // entry null) writes all of this rank's blocks, walking the source once for all of them
+  // (copy_interleaved in shm.cpp); then mark each peer arrived and wait for every peer to
+  // have arrived here.
   template <class F>
   void exchange_all(ShmSegment* mine, i64 off, F&& copy);
 
@@ -164,22 +162,6 @@ void NodeShm::wait_for(ShmSlot& s, C done) {
   }
 }
 
-template <class F, class G>
-void NodeShm::exchange(ShmSegment* mine, i64 off, F&& push, G&& own) {
-  ++epoch_;
-  publish(mine, off);
-  const int n = node_size();
-  for (int k = 1; k < n; ++k) {
-    const int idx = (me_ + k) % n;  // start at the next peer: spread the writers
-    wait_epoch(idx, epoch_);
-    ShmSlot& s = slot(idx);
-    push(idx, map_peer(idx, s) + s.dst_off);
-    arrive(idx);
-  }
-  own();
-  wait_arrivals();
-}
-
 template <class F>
 void NodeShm::exchange_all(ShmSegment* mine, i64 off, F&& copy) {
   ++epoch_;
@@ -213,14 +195,12 @@ class ShmExchangeStep {
 
   // The phases of run(), for a fused step (ShmFusedStep) that runs many in one handshake:
   // post: pack and send the blocks for peers on other nodes and post their receives, in
-  // `work` (off_bytes() of it), filling n_requests() of `reqs`; push: the block for node peer
-  // `idx` into its destination `base`; own: this rank's block; unpack: the received blocks
-  // from `work` (after the requests completed).
+  // `work` (off_bytes() of it), filling n_requests() of `reqs`; copy_all: the blocks for the
+  // node peers and this rank's own; unpack: the received blocks from `work` (after the
+  // requests completed).
   i64 off_bytes() const { return off_send_ + off_recv_; }
   size_t n_requests() const { return off_sends_.size() + off_recvs_.size(); }
   void post(const char* src, char* work, MPI_Request* reqs);
-  void push(int idx, const char* src, char* base) const;
-  void own(const char* src, char* target) const;
   // every node peer's block (bases[idx]) and this rank's own (into target), walking the
   // source once for all of them (see copy_interleaved in shm.cpp)
   void copy_all(const char* src, const std::vector<char*>& bases, char* target) const;

@@ -3,7 +3,10 @@ a checkpoint's arrays. :func:`redistribute_many` plans each array as usual; the 
 plan is one exchange on the same communicator (every ``Shard -> Shard`` transpose and
 rebalance of a 1-D mesh, the per-mesh-dim exchanges of an N-D one) are fused into a single
 ``MPI_Alltoallv`` carrying, per peer, every array's block for that peer; the others run one
-after another. :class:`ManyPlan` is the pure plan (no MPI), cached and explainable.
+after another. Where the ranks of that communicator share a node (host arrays,
+:mod:`pyshard._shm`), all those exchanges instead go through node-shared memory in batches,
+one handshake each, every block written once straight into its result. :class:`ManyPlan` is
+the pure plan (no MPI), cached and explainable.
 """
 
 from __future__ import annotations
@@ -368,7 +371,11 @@ def redistribute_many(
     ``arrays``. Returns the results in a container of the same type (and keys). The arrays
     whose plan is a single exchange on the same communicator are moved by one fused
     ``MPI_Alltoallv`` (one message per peer for all of them); the rest run one after another
-    with ``algorithm`` (see :meth:`~pyshard.ShardedArray.redistribute`).
+    with ``algorithm`` (see :meth:`~pyshard.ShardedArray.redistribute`). Host arrays whose
+    communicator's ranks share a node move all those exchanges through node-shared memory
+    instead (``algorithm`` ``auto``, ``tune`` or ``shm``; see :class:`ManyPlan`): one
+    handshake per batch, and the results of a batch are views into one shared segment, kept
+    until the last of them is freed.
     ``sizes``: uneven target shards, ``{array_dim: extents}`` per array, in a dict (dict
     ``arrays``; arrays left out are balanced) or a list (list or tuple ``arrays``; ``None``
     entries are balanced). :func:`plan_many` shows which arrays fuse. Every check happens
