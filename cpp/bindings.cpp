@@ -715,6 +715,23 @@ PYBIND11_MODULE(_core, m) {
       .def_property_readonly("workspace_bytes", &ShmExchangeStep::workspace_bytes)
       .def_property_readonly("staged_bytes", &ShmExchangeStep::workspace_bytes);
 
+  py::class_<ShmReduceScatterStep>(m, "ShmReduceScatterStep")
+      .def(py::init([](std::shared_ptr<NodeShm> node, std::shared_ptr<ScatterGeometry> g,
+                       const py::dtype& dt, ReduceOp op) {
+             if (dt.itemsize() != g->item)
+               throw std::invalid_argument("pyshard: the reduction type's size is not the geometry's");
+             return std::make_unique<ShmReduceScatterStep>(std::move(node), std::move(g),
+                                                           dt.kind(), op);
+           }),
+           py::arg("node"), py::arg("geometry"), py::arg("dtype"), py::arg("op"))
+      .def("run",
+           [](ShmReduceScatterStep& s, const py::array& a, py::array& b) {
+             run_host(s, a, b, &s.geometry().src_shape, &s.geometry().dst_shape);
+           })
+      .def_property_readonly("algorithm", [](ShmReduceScatterStep&) { return std::string("shm"); })
+      .def_property_readonly("workspace_bytes", [](ShmReduceScatterStep&) { return i64(0); })
+      .def_property_readonly("staged_bytes", [](ShmReduceScatterStep&) { return i64(0); });
+
   py::class_<ShmFusedStep>(m, "ShmFusedStep")
       .def(py::init<std::shared_ptr<NodeShm>, std::vector<std::shared_ptr<ShmExchangeStep>>,
                     std::vector<std::vector<i64>>, std::shared_ptr<Workspace>>(),

@@ -27,6 +27,7 @@
 #include "comm.h"
 #include "geometry.h"
 #include "memory.h"
+#include "reduce.h"
 
 namespace pyshard {
 
@@ -260,6 +261,33 @@ class ShmFusedStep {
   std::shared_ptr<Workspace> ws_;
   std::vector<MPI_Request> reqs_;
   std::vector<char*> at_;  // the node peers' destinations of one array
+};
+
+// Reduce_scatter on the node-local transport (host memory, every rank of the communicator on
+// one node): each rank copies its piece for every node peer once, straight from its source
+// into that peer's staging segment (a slot per sender, from the peer's pool), then sums its
+// own piece and the staged ones into its result, in rank order, one pass over them. MPI's
+// Reduce_scatter moves every byte through its shared-memory cells (two copies) before it is
+// reduced. `kind`: the element type of the reduction ('f' float32/64, 'c' complex64/128, 'i'
+// signed, 'u' unsigned, 'b' bool as bytes), with the geometry's item size.
+class ShmReduceScatterStep {
+ public:
+  ShmReduceScatterStep(std::shared_ptr<NodeShm> node, std::shared_ptr<ScatterGeometry> g,
+                       char kind, ReduceOp op);
+  void run(const char* src, char* dst);
+  void run(const char* src, char* dst, Packer&, Transport) { run(src, dst); }
+  const ScatterGeometry& geometry() const { return *g_; }
+
+ private:
+  std::shared_ptr<NodeShm> node_;
+  std::shared_ptr<ScatterGeometry> g_;
+  char kind_;
+  ReduceOp op_;
+  std::vector<DescTable> push_;  // per node peer index: my piece for it -> my slot there
+  DescTable own_;                // my own piece -> my slot here, where it is not contiguous
+  i64 own_off_ = -1;             // my own piece's offset in the source, where it is
+  i64 slot_ = 0;                 // bytes of a slot in my staging segment
+  std::vector<const char*> parts_;
 };
 
 }  // namespace pyshard

@@ -1,11 +1,14 @@
 """The node-local transport (``cpp/shm.h``): which exchanges take it, its setup per
 communicator, and results in node-shared memory.
 
-Host-array exchanges (``alltoallv`` steps) between ranks of one node go through node-shared
-memory when the algorithm is ``auto``, ``tune`` or ``shm``: each sender copies its block once,
-from its source shard straight into the receiver's result, which lives in node-shared memory
-(a Linux memfd segment of the receiver's; never a file in ``/dev/shm``). Peers on other nodes
-are reached by MPI point-to-point messages in the same step.
+Host-array exchanges (``alltoallv`` steps) and gathers between ranks of one node go through
+node-shared memory when the algorithm is ``auto``, ``tune`` or ``shm``: each sender copies its
+block once, from its source shard straight into the receiver's result, which lives in
+node-shared memory (a Linux memfd segment of the receiver's; never a file in ``/dev/shm``).
+Peers on other nodes are reached by MPI point-to-point messages in the same step.
+Reduce_scatter steps (``Partial -> Shard``) take it where every rank of the communicator
+shares one node: each rank copies its piece for every peer once into that peer's staging
+segment, and each rank reduces its own piece and the staged ones.
 
 - ``PYSHARD_TRANSPORT=mpi`` (or ``direct``/``staged``) turns it off: every exchange goes through
   MPI; ``auto`` (default) and ``shm`` leave it on.
@@ -69,11 +72,26 @@ def min_block(node: Optional[Any] = None, oversubscribed: bool = False) -> int:
     return MIN_BLOCK_OVERSUBSCRIBED if over else MIN_BLOCK_CORES
 
 
+def block_bytes(step: Any) -> int:
+    """The largest block of ``step`` in bytes, from the layouts (the same on every rank): of
+    an exchange or a gather, its largest block; of a Reduce_scatter, the largest piece a rank
+    receives reduced."""
+    if step.kind == "reduce_scatter":
+        return prod(max(t[1]) for t in step.dst.table) * step.src.dtype.itemsize
+    return step.max_block_volume() * step.src.dtype.itemsize
+
+
+def reduces(node: Optional[Any]) -> bool:
+    """Can ``node`` run a Reduce_scatter? Only where every rank of the communicator shares
+    one node (no mixed path for reductions: ranks on other nodes would need MPI's)."""
+    return node is not None and node.nodes == 1
+
+
 def wanted(step: Any, node: Optional[Any]) -> bool:
     """Should ``auto`` run ``step`` through ``node`` (the step's node transport, or None)?"""
-    if node is None:
+    if node is None or (step.kind == "reduce_scatter" and not reduces(node)):
         return False
-    return step.max_block_volume() * step.src.dtype.itemsize >= min_block(node)
+    return block_bytes(step) >= min_block(node)
 
 
 def enabled() -> bool:

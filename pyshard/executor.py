@@ -101,6 +101,8 @@ class _Exec:
             if kind == "allreduce":
                 shape = list(step.src.local_shape(coords))
                 self.core = _core.AllreduceStep(comm, rdt, op, shape, ws)
+            elif algorithm == "shm":  # every rank of the communicator on one node
+                self.core = _core.ShmReduceScatterStep(self.node, geometry(step, coords), rdt, op)
             else:
                 self.core = _core.ReduceScatterStep(comm, geometry(step, coords), rdt, op, ws)
 
@@ -132,7 +134,8 @@ class _Exec:
                 return res
             if out is not None:
                 res = out
-            elif self.node is not None:  # node-shared memory: peers write straight into it
+            elif self.node is not None and self.step.kind != "reduce_scatter":
+                # node-shared memory: peers write straight into it
                 res = _shm.empty(self.node, self.out_shape, self.dtype)
             elif self.pooled:  # memory that is already faulted in (see pooled_empty)
                 res = pooled_empty(self.out_shape, self.dtype)
@@ -283,6 +286,13 @@ def _exec(s: Step, mesh: Mesh, algorithm: str, dev: bool) -> _Exec:
             if algorithm != "shm" and not _shm.wanted(s, gnode):
                 gnode = None
         return _Exec(s, mesh, "" if gnode is None else "shm", dev, gnode)
+    if s.kind == "reduce_scatter":  # node-shared memory where every rank shares one node
+        rnode = None
+        if not dev and algorithm in ("auto", "tune", "shm"):
+            rnode = _shm.node(mesh, s.mesh_dims)
+            if not _shm.reduces(rnode) or (algorithm != "shm" and not _shm.wanted(s, rnode)):
+                rnode = None
+        return _Exec(s, mesh, "" if rnode is None else "shm", dev, rnode)
     if s.kind != "alltoallv":
         return _Exec(s, mesh, "", dev)
     # node-shared memory for host exchanges (pyshard/_shm.py): set up collectively the first

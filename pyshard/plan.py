@@ -433,10 +433,21 @@ class Plan:
             )
             if s.kind == "alltoallv":
                 lines.append(f"    messages: at most {s.max_peers()} peers per rank")
-            if s.kind in ("alltoallv", "allgatherv"):
-                block = s.max_block_volume() * s.src.dtype.itemsize
+            if s.kind in ("alltoallv", "allgatherv", "reduce_scatter"):
+                block = _shm.block_bytes(s)
                 low, high = _shm.min_block(), _shm.min_block(oversubscribed=True)
-                if block >= high:
+                if s.kind == "reduce_scatter":
+                    how = (
+                        f"MPI (largest piece {block} B < {low} B, PYSHARD_SHM_MIN_BYTES)"
+                        if block < low
+                        else "node-shared memory where every rank of the step shares one node "
+                        + (
+                            "" if block >= high
+                            else f"and has a core (largest piece {block} B < {high} B), "
+                        )
+                        + "else MPI"
+                    )
+                elif block >= high:
                     how = "node-shared memory between ranks of one node, MPI between nodes"
                 elif block >= low:
                     how = (

@@ -2,9 +2,11 @@
 # Set up (see setup.sh), lint, and run the whole test suite on the CPU build: the serial tests
 # (pytest-mpi skips the MPI-marked ones without --with-mpi), then tests/mpi under mpiexec
 # with --with-mpi at 1, 2, 3, 4 and 7 ranks (plus 6 and 8 for 2-D and 3-D meshes), each under
-# a hard timeout so a hang fails fast, and at 4 ranks twice more: on simulated nodes of two
-# ranks (PYSHARD_NODE_SIZE=2) and with node-shared memory off (PYSHARD_TRANSPORT=mpi). Between the two builds: scripts/sdist-check.sh (the
-# sdist in a fresh environment) and scripts/docs.sh (the docs, against the CPU build).
+# a hard timeout so a hang fails fast; then at 3 ranks with node-shared memory taken for every
+# step however small (PYSHARD_SHM_MIN_BYTES=0), and at 4 ranks twice more: on simulated nodes
+# of two ranks (PYSHARD_NODE_SIZE=2) and with node-shared memory off (PYSHARD_TRANSPORT=mpi).
+# Between the two builds: scripts/sdist-check.sh (the sdist in a fresh environment) and
+# scripts/docs.sh (the docs, against the CPU build).
 #
 # Then the CUDA variant (nvcc, or NVIDIA's compiler wheels) replaces the core in .venv, and
 # only what that build changes runs again: its build_info, the core's own tests and the CUDA
@@ -89,10 +91,15 @@ for n in ${PYSHARD_TEST_RANKS:-1 2 3 4 6 7 8}; do
   stage "tests/mpi at $n rank(s)" mpi_run "${MPICH_LIB% *}" "${MPICH_LIB##* }" \
     "tests/mpi at $n rank(s)" "$T" "$MPIEXEC" -n "$n" "$PY" -- tests/mpi --with-mpi
 done
-# The node-local transport (pyshard/_shm.py) serves the runs above (one node). Two more at 4
-# ranks: simulated nodes of 2 ranks (shared memory within a node, MPI between: the mixed
-# path of a cluster), every exchange and gather taking it however small (PYSHARD_SHM_MIN_BYTES
-# =0: the suite's arrays are small), and the transport off (every auto exchange through MPI).
+# The node-local transport (pyshard/_shm.py) serves the runs above (one node) for blocks of
+# 16 KiB and more. Three more: at 3 ranks on one node, every exchange, gather and reduction
+# taking it however small (PYSHARD_SHM_MIN_BYTES=0: the suite's arrays are small); at 4 ranks
+# on simulated nodes of 2 ranks (shared memory within a node, MPI between: the mixed path of
+# a cluster; reductions take MPI there), again however small; and at 4 ranks with the
+# transport off (every auto exchange through MPI).
+stage "tests/mpi at 3 ranks, all shared" mpi_run "${MPICH_LIB% *}" "${MPICH_LIB##* }" \
+  "tests/mpi at 3 ranks, PYSHARD_SHM_MIN_BYTES=0" "$T" "$MPIEXEC" -n 3 env \
+  PYSHARD_SHM_MIN_BYTES=0 "$PY" -- tests/mpi --with-mpi
 stage "tests/mpi at 4 ranks, nodes of 2" mpi_run "${MPICH_LIB% *}" "${MPICH_LIB##* }" \
   "tests/mpi at 4 ranks, PYSHARD_NODE_SIZE=2" "$T" "$MPIEXEC" -n 4 env PYSHARD_NODE_SIZE=2 \
   PYSHARD_SHM_MIN_BYTES=0 "$PY" -- tests/mpi --with-mpi

@@ -122,24 +122,32 @@ def halo_expected(g, lo, hi, width, periodic, corners, fill):
 
 
 EXCHANGE_NAMES = ("alltoallv", "p2p", "allgather", "allgatherv")
+REDUCE_NAMES = ("reduce_scatter", "reduce_scatter_block")
 
 
 def auto_exchange(mesh, counts, algorithm="auto", dims=None):
-    """``counts`` (collectives by name) as ``comm_stats()`` counts them when the exchange of
-    an ``auto`` call on ``mesh`` dims ``dims`` (default all) takes node-shared memory (for
-    small arrays only with PYSHARD_SHM_MIN_BYTES=0, as one CI stage runs the suite)
-    (pyshard/_shm.py): "shm" in place of "alltoallv" / "p2p" / "allgather(v)". Collective the
-    first time."""
+    """``counts`` (collectives by name) as ``comm_stats()`` counts them when the steps of an
+    ``auto`` call on ``mesh`` dims ``dims`` (default all) take node-shared memory (for small
+    arrays only with PYSHARD_SHM_MIN_BYTES=0, as CI stages run the suite)
+    (pyshard/_shm.py): "shm" in place of "alltoallv" / "p2p" / "allgather(v)", and of
+    "reduce_scatter(_block)" where every rank of the communicator shares one node.
+    Collective the first time."""
     import pyshard as ps
 
-    if algorithm != "auto" or not any(k in counts for k in EXCHANGE_NAMES):
+    names = EXCHANGE_NAMES + REDUCE_NAMES
+    if algorithm != "auto" or not any(k in counts for k in names):
         return counts
     if ps._shm.MIN_BLOCK != 0:  # auto keeps small blocks on MPI: these tests' arrays are small
         return counts
     dims = tuple(range(mesh.ndim)) if dims is None else tuple(dims)
-    if ps._shm.node(mesh, dims) is None:
+    node = ps._shm.node(mesh, dims)
+    if node is None:
         return counts
-    out = {k: v for k, v in counts.items() if k not in EXCHANGE_NAMES}
-    out["shm"] = sum(v for k, v in counts.items() if k in EXCHANGE_NAMES)
+    if node.nodes != 1:  # reductions take MPI where the ranks span nodes
+        names = EXCHANGE_NAMES
+    out = {k: v for k, v in counts.items() if k not in names}
+    moved = sum(v for k, v in counts.items() if k in names)
+    if moved:
+        out["shm"] = moved
     return out
 

@@ -16,11 +16,11 @@ import time
 import launch
 import numpy as np
 import pytest
-from oracle import make_global
+from oracle import DTYPES, contributions, make_global, reducible
 from test_redistribute_nd import MESHES
 
 import pyshard as ps
-from pyshard import Replicate, Shard, _core, _shm
+from pyshard import Partial, Replicate, Shard, _core, _shm
 
 pytestmark = pytest.mark.mpi
 
@@ -431,3 +431,92 @@ def test_many_on_a_2d_mesh(comm):
             if _shm.node(mesh, plans[k].steps[0].mesh_dims) is not None:
                 assert in_shared_memory(out[k].local)
         mesh.free()
+
+
+def partial_source(mesh, shape, dtype, op, seed, mdim=0):
+    """Partial(op) over mesh dim ``mdim`` (replicated over the others): this rank's
+    contribution, and the reduction of all of them (the oracle)."""
+    n = mesh.shape[mdim]
+    parts, ref = contributions(shape, dtype, n, op, seed)
+    pl = [Partial(op) if m == mdim else R for m in range(mesh.ndim)]
+    x = ps.from_local(parts[mesh.coords[mdim]].copy(), mesh, pl, global_shape=shape)
+    return x, ref, pl
+
+
+@pytest.mark.parametrize("dtype", DTYPES + ["int16", "uint8"])
+def test_reductions_through_shared_memory(comm, dtype):
+    """Partial(op) -> Shard(d) is one Reduce_scatter; with every rank on one node it goes
+    through node-shared memory (each piece copied once into its owner's staging segment,
+    reduced there in rank order): every op the dtype has, Shard(0) (each piece contiguous) and
+    Shard(1) (strided pieces), uneven shapes, on a 1-D mesh and on each dim of a 2-D one;
+    bitwise the oracle (float16, bfloat16 and float8 accumulate in float32 and round once),
+    and "shm" counted once."""
+    p = comm.size
+    for mesh_shape in [(p,)] + [m for m in MESHES.get(p, []) if len(m) == 2][:1]:
+        mesh = ps.Mesh(comm, mesh_shape)
+        for mdim in range(mesh.ndim):
+            if mesh_shape[mdim] == 1:
+                continue
+            for op in ("sum", "avg", "max", "min"):
+                if not reducible([op], dtype):
+                    continue
+                for d, shape in ((0, (3 * p + 1, 5)), (1, (4, 2 * p + 3))):
+                    x, ref, pl = partial_source(mesh, shape, dtype, op, 7 * d + mdim, mdim)
+                    target = list(pl)
+                    target[mdim] = Shard(d)
+                    kinds = [st.kind for st in x.plan_to(target).steps]
+                    before = ps.comm_stats()
+                    y = x.redistribute(target)
+                    got = counts_since(before)
+                    if op == "avg" and as_float(dtype):
+                        np.testing.assert_allclose(
+                            y.local.astype(np.float64), ref[y.box].astype(np.float64),
+                            rtol=1e-2 if np.dtype(y.local.dtype).itemsize <= 2 else 1e-6,
+                        )
+                    else:
+                        np.testing.assert_array_equal(y.local, ref[y.box])
+                    assert y.local.dtype == ref.dtype
+                    assert kinds == ["reduce_scatter"], (mesh_shape, mdim, op, d, kinds)
+                    assert got == {"shm": 1}, (mesh_shape, mdim, op, d, got)
+                    assert not in_shared_memory(y.local)  # the result is private memory
+        mesh.free()
+
+
+def as_float(dtype):
+    from oracle import is_floating
+
+    return is_floating(dtype)
+
+
+def test_reductions_take_mpi_across_nodes_and_on_request(comm, monkeypatch):
+    """Ranks on several (simulated) nodes reduce through MPI (no mixed path for reductions);
+    algorithm="alltoallv" keeps a reduction on MPI; out= receives the reduction; explain()
+    says where a reduction goes."""
+    p = comm.size
+    mesh = ps.Mesh(comm, (p,))
+    x, ref, _ = partial_source(mesh, (2 * p + 1, 6), "float64", "sum", seed=3)
+    out = np.empty(x.layout.replace([Shard(0)]).local_shape(mesh.coords))
+    before = ps.comm_stats()
+    y = x.redistribute([Shard(0)], out=out)
+    assert y.local is out
+    np.testing.assert_array_equal(out, ref[y.box])
+    if p > 1:
+        assert counts_since(before) == {"shm": 1}
+    before = ps.comm_stats()
+    y = x.redistribute([Shard(0)], algorithm="alltoallv")
+    np.testing.assert_array_equal(y.local, ref[y.box])
+    assert "shm" not in counts_since(before)
+    if p > 1:
+        assert "shares one node" in x.plan_to([Shard(0)]).explain()
+    mesh.free()
+    if p < 3:
+        return
+    monkeypatch.setenv("PYSHARD_NODE_SIZE", "2")
+    mesh = ps.Mesh(comm, (p,))
+    x, ref, _ = partial_source(mesh, (2 * p + 1, 6), "int32", "max", seed=4)
+    before = ps.comm_stats()
+    y = x.redistribute([Shard(0)], algorithm="shm")
+    np.testing.assert_array_equal(y.local, ref[y.box])
+    got = counts_since(before)
+    assert "shm" not in got and sum(got.values()) == 1, got
+    mesh.free()
