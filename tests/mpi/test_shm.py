@@ -448,7 +448,7 @@ def test_reductions_through_shared_memory(comm, dtype):
     """Partial(op) -> Shard(d) is one Reduce_scatter; with every rank on one node it goes
     through node-shared memory (each piece copied once into its owner's staging segment,
     reduced there in rank order): every op the dtype has, Shard(0) (each piece contiguous) and
-    Shard(1) (strided pieces), uneven shapes, on a 1-D mesh and on each dim of a 2-D one;
+    Shard(1) (strided pieces), uneven shapes and empty pieces, on a 1-D mesh and on each dim of a 2-D one;
     bitwise the oracle (float16, bfloat16 and float8 accumulate in float32 and round once),
     and "shm" counted once."""
     p = comm.size
@@ -460,7 +460,8 @@ def test_reductions_through_shared_memory(comm, dtype):
             for op in ("sum", "avg", "max", "min"):
                 if not reducible([op], dtype):
                     continue
-                for d, shape in ((0, (3 * p + 1, 5)), (1, (4, 2 * p + 3))):
+                cases = ((0, (3 * p + 1, 5)), (1, (4, 2 * p + 3)), (0, (max(p - 2, 1), 3)))
+                for d, shape in cases:  # the last: some ranks' pieces are empty
                     x, ref, pl = partial_source(mesh, shape, dtype, op, 7 * d + mdim, mdim)
                     target = list(pl)
                     target[mdim] = Shard(d)
