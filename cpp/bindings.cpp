@@ -732,6 +732,21 @@ PYBIND11_MODULE(_core, m) {
       .def_property_readonly("workspace_bytes", [](ShmReduceScatterStep&) { return i64(0); })
       .def_property_readonly("staged_bytes", [](ShmReduceScatterStep&) { return i64(0); });
 
+  py::class_<ShmAllreduceStep>(m, "ShmAllreduceStep")
+      .def(py::init([](std::shared_ptr<NodeShm> node, const py::dtype& dt, ReduceOp op,
+                       Shape shape) {
+             return std::make_unique<ShmAllreduceStep>(std::move(node), dt.kind(), dt.itemsize(),
+                                                       op, std::move(shape));
+           }),
+           py::arg("node"), py::arg("dtype"), py::arg("op"), py::arg("shape"))
+      .def("run",
+           [](ShmAllreduceStep& s, const py::array& a, py::array& b) {
+             run_host(s, a, b, &s.shape(), &s.shape());
+           })
+      .def_property_readonly("algorithm", [](ShmAllreduceStep&) { return std::string("shm"); })
+      .def_property_readonly("workspace_bytes", [](ShmAllreduceStep&) { return i64(0); })
+      .def_property_readonly("staged_bytes", [](ShmAllreduceStep&) { return i64(0); });
+
   py::class_<ShmFusedStep>(m, "ShmFusedStep")
       .def(py::init<std::shared_ptr<NodeShm>, std::vector<std::shared_ptr<ShmExchangeStep>>,
                     std::vector<std::vector<i64>>, std::shared_ptr<Workspace>>(),

@@ -793,4 +793,72 @@ void ShmReduceScatterStep::run(const char* src, char* dst) {
   s["shm"] += 1;
 }
 
+// ----------------------------------------------------------------------------- allreduce
+
+namespace {
+
+void copy_contiguous(char* dst, const char* src, i64 n) {
+  if (n >= kStreamRun)
+    stream_run(dst, src, static_cast<size_t>(n));
+  else if (n > 0)
+    std::memcpy(dst, src, static_cast<size_t>(n));
+}
+
+void store_fence() {
+#if defined(__x86_64__)
+  _mm_sfence();
+#endif
+}
+
+}  // namespace
+
+ShmAllreduceStep::ShmAllreduceStep(std::shared_ptr<NodeShm> node, char kind, i64 item,
+                                   ReduceOp op, Shape shape)
+    : node_(std::move(node)), kind_(kind), item_(item), op_(op), shape_(std::move(shape)) {
+  if (!node_->usable()) throw std::invalid_argument("pyshard: node-shared memory is not usable");
+  if (node_->nodes() != 1)
+    throw std::invalid_argument(
+        "pyshard: an Allreduce through node-shared memory needs every rank on one node");
+  if (!reducible(kind_, item_))
+    throw std::invalid_argument("pyshard: no node-shared reduction for this element type");
+  if (kind_ == 'c' && op_ != ReduceOp::sum)
+    throw std::invalid_argument("pyshard: complex values reduce by sum only");
+  const int n = node_->node_size();
+  const i64 count = volume(shape_);
+  for (int k = 0; k < n; ++k) {
+    const i64 a = count * k / n, b = count * (k + 1) / n;
+    lo_.push_back(a * item_);
+    bytes_.push_back((b - a) * item_);
+    slot_.push_back(align_up((b - a) * item_));
+  }
+  parts_.resize(n);
+}
+
+void ShmAllreduceStep::run(const char* src, char* dst) {
+  const int n = node_->node_size(), me = node_->self();
+  std::shared_ptr<ShmSegment> stage = node_->take(std::max<i64>(n * slot_[me], 1));
+  char* st = stage->ptr;
+  // 1: chunk idx of my source into slot `me` of rank idx's staging segment
+  node_->exchange_all(stage.get(), 0, [&](const std::vector<char*>& bases) {
+    for (int idx = 0; idx < n; ++idx)
+      if (bases[idx]) copy_contiguous(bases[idx] + me * slot_[idx], src + lo_[idx], bytes_[idx]);
+    store_fence();
+  });
+  // my chunk, reduced in rank order, into my own slot (the others read it from there)
+  for (int idx = 0; idx < n; ++idx)
+    parts_[idx] = idx == me ? src + lo_[me] : st + idx * slot_[me];
+  reduce_any(kind_, item_, st + me * slot_[me], parts_, bytes_[me] / item_, op_);
+  // 2: every reduced chunk from its owner's slot into my result
+  node_->exchange_all(stage.get(), 0, [&](const std::vector<char*>& bases) {
+    for (int idx = 0; idx < n; ++idx) {
+      const char* from = bases[idx] ? bases[idx] + idx * slot_[idx] : st + me * slot_[me];
+      copy_contiguous(dst + lo_[idx], from, bytes_[idx]);
+    }
+    store_fence();
+  });
+  node_->give(std::move(stage));
+  auto& s = stats();
+  s["shm"] += 1;
+}
+
 }  // namespace pyshard

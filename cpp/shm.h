@@ -290,4 +290,28 @@ class ShmReduceScatterStep {
   std::vector<const char*> parts_;
 };
 
+// Allreduce on the node-local transport (host memory, every rank of the communicator on one
+// node), as a reduce-scatter and a gather over the flat array split into one chunk per rank:
+// each rank copies chunk k of its source into rank k's staging segment; rank k reduces chunk
+// k (its own part and the staged ones, in rank order) into its staging segment; then every
+// rank copies each reduced chunk from its owner's segment into its result. Two handshakes,
+// each byte copied twice, where MPI's Allreduce moves it through shared-memory cells at every
+// step of its algorithm.
+class ShmAllreduceStep {
+ public:
+  ShmAllreduceStep(std::shared_ptr<NodeShm> node, char kind, i64 item, ReduceOp op, Shape shape);
+  void run(const char* src, char* dst);
+  void run(const char* src, char* dst, Packer&, Transport) { run(src, dst); }
+  const Shape& shape() const { return shape_; }
+
+ private:
+  std::shared_ptr<NodeShm> node_;
+  char kind_;
+  i64 item_;
+  ReduceOp op_;
+  Shape shape_;
+  std::vector<i64> lo_, bytes_, slot_;  // per node index: chunk start (bytes), size, slot size
+  std::vector<const char*> parts_;
+};
+
 }  // namespace pyshard

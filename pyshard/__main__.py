@@ -65,7 +65,10 @@ def demo(argv: Optional[List[str]] = None) -> int:
     failed = 0
     for name, x, target, sizes, ref in cases:
         plan = x.plan_to(target, sizes)
+        before = ps.comm_stats()
         y = x.redistribute(target, sizes)  # warm: builds the plan and the core objects once
+        now = ps.comm_stats()
+        taken = "+".join(k for k, v in now.items() if v > before.get(k, 0))
         ok = bool(np.array_equal(y.local, ref[y.box]))
         ok = comm.allreduce(ok, op=MPI.LAND)
         failed += not ok
@@ -73,6 +76,8 @@ def demo(argv: Optional[List[str]] = None) -> int:
         sent = max((b[0] for b in plan.rank_bytes(mesh.coords)), default=0)
         sent = comm.allreduce(sent, op=MPI.MAX)
         kinds = "+".join(s.kind for s in plan.steps if s.is_collective) or "none (local)"
+        if taken and taken != kinds:  # the path taken: node-shared memory, another algorithm
+            kinds = f"{kinds} [{taken}]"
         if rank == 0:
             print(
                 f"{name:<26}{kinds:<28}{t * 1e3:>10.2f}{sent / 2**20:>13.2f} MiB  "

@@ -6,9 +6,10 @@ node-shared memory when the algorithm is ``auto``, ``tune`` or ``shm``: each sen
 block once, from its source shard straight into the receiver's result, which lives in
 node-shared memory (a Linux memfd segment of the receiver's; never a file in ``/dev/shm``).
 Peers on other nodes are reached by MPI point-to-point messages in the same step.
-Reduce_scatter steps (``Partial -> Shard``) take it where every rank of the communicator
-shares one node: each rank copies its piece for every peer once into that peer's staging
-segment, and each rank reduces its own piece and the staged ones.
+Reduce_scatter steps (``Partial -> Shard``) and Allreduces (``Partial -> Replicate``) take it
+where every rank of the communicator shares one node: each rank copies its piece for every
+peer once into that peer's staging segment, and each rank reduces its own piece and the
+staged ones (an Allreduce then copies every reduced chunk from its owner into each result).
 
 - ``PYSHARD_TRANSPORT=mpi`` (or ``direct``/``staged``) turns it off: every exchange goes through
   MPI; ``auto`` (default) and ``shm`` leave it on.
@@ -78,18 +79,21 @@ def block_bytes(step: Any) -> int:
     receives reduced."""
     if step.kind == "reduce_scatter":
         return prod(max(t[1]) for t in step.dst.table) * step.src.dtype.itemsize
+    if step.kind == "allreduce":  # the chunk each rank reduces
+        whole = prod(max(t[1]) for t in step.src.table) * step.src.dtype.itemsize
+        return whole // prod(step.group_shape)
     return step.max_block_volume() * step.src.dtype.itemsize
 
 
 def reduces(node: Optional[Any]) -> bool:
-    """Can ``node`` run a Reduce_scatter? Only where every rank of the communicator shares
-    one node (no mixed path for reductions: ranks on other nodes would need MPI's)."""
+    """Can ``node`` run a Reduce_scatter or an Allreduce? Only where every rank of the
+    communicator shares one node (no mixed path for reductions: other nodes need MPI's)."""
     return node is not None and node.nodes == 1
 
 
 def wanted(step: Any, node: Optional[Any]) -> bool:
     """Should ``auto`` run ``step`` through ``node`` (the step's node transport, or None)?"""
-    if node is None or (step.kind == "reduce_scatter" and not reduces(node)):
+    if node is None or (step.kind in ("reduce_scatter", "allreduce") and not reduces(node)):
         return False
     return block_bytes(step) >= min_block(node)
 

@@ -100,8 +100,11 @@ class _Exec:
             op = getattr(_core.ReduceOp, _reduce_op(step.src.dtype, step.op))
             if kind == "allreduce":
                 shape = list(step.src.local_shape(coords))
-                self.core = _core.AllreduceStep(comm, rdt, op, shape, ws)
-            elif algorithm == "shm":  # every rank of the communicator on one node
+                if algorithm == "shm":  # every rank of the communicator on one node
+                    self.core = _core.ShmAllreduceStep(self.node, rdt, op, shape)
+                else:
+                    self.core = _core.AllreduceStep(comm, rdt, op, shape, ws)
+            elif algorithm == "shm":
                 self.core = _core.ShmReduceScatterStep(self.node, geometry(step, coords), rdt, op)
             else:
                 self.core = _core.ReduceScatterStep(comm, geometry(step, coords), rdt, op, ws)
@@ -134,7 +137,7 @@ class _Exec:
                 return res
             if out is not None:
                 res = out
-            elif self.node is not None and self.step.kind != "reduce_scatter":
+            elif self.node is not None and self.step.kind in ("alltoallv", "allgatherv"):
                 # node-shared memory: peers write straight into it
                 res = _shm.empty(self.node, self.out_shape, self.dtype)
             elif self.pooled:  # memory that is already faulted in (see pooled_empty)
@@ -286,7 +289,7 @@ def _exec(s: Step, mesh: Mesh, algorithm: str, dev: bool) -> _Exec:
             if algorithm != "shm" and not _shm.wanted(s, gnode):
                 gnode = None
         return _Exec(s, mesh, "" if gnode is None else "shm", dev, gnode)
-    if s.kind == "reduce_scatter":  # node-shared memory where every rank shares one node
+    if s.kind in ("reduce_scatter", "allreduce"):  # node-shared memory: all on one node
         rnode = None
         if not dev and algorithm in ("auto", "tune", "shm"):
             rnode = _shm.node(mesh, s.mesh_dims)

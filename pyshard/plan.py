@@ -433,10 +433,10 @@ class Plan:
             )
             if s.kind == "alltoallv":
                 lines.append(f"    messages: at most {s.max_peers()} peers per rank")
-            if s.kind in ("alltoallv", "allgatherv", "reduce_scatter"):
+            if s.kind in ("alltoallv", "allgatherv", "reduce_scatter", "allreduce"):
                 block = _shm.block_bytes(s)
                 low, high = _shm.min_block(), _shm.min_block(oversubscribed=True)
-                if s.kind == "reduce_scatter":
+                if s.kind in ("reduce_scatter", "allreduce"):
                     how = (
                         f"MPI (largest piece {block} B < {low} B, PYSHARD_SHM_MIN_BYTES)"
                         if block < low

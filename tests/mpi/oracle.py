@@ -122,7 +122,7 @@ def halo_expected(g, lo, hi, width, periodic, corners, fill):
 
 
 EXCHANGE_NAMES = ("alltoallv", "p2p", "allgather", "allgatherv")
-REDUCE_NAMES = ("reduce_scatter", "reduce_scatter_block")
+REDUCE_NAMES = ("reduce_scatter", "reduce_scatter_block", "allreduce")
 
 
 def auto_exchange(mesh, counts, algorithm="auto", dims=None):
@@ -130,7 +130,8 @@ def auto_exchange(mesh, counts, algorithm="auto", dims=None):
     ``auto`` call on ``mesh`` dims ``dims`` (default all) take node-shared memory (for small
     arrays only with PYSHARD_SHM_MIN_BYTES=0, as CI stages run the suite)
     (pyshard/_shm.py): "shm" in place of "alltoallv" / "p2p" / "allgather(v)", and of
-    "reduce_scatter(_block)" where every rank of the communicator shares one node.
+    "reduce_scatter(_block)" and "allreduce" where every rank of the communicator shares one
+    node.
     Collective the first time."""
     import pyshard as ps
 

@@ -445,12 +445,14 @@ def partial_source(mesh, shape, dtype, op, seed, mdim=0):
 
 @pytest.mark.parametrize("dtype", DTYPES + ["int16", "uint8"])
 def test_reductions_through_shared_memory(comm, dtype):
-    """Partial(op) -> Shard(d) is one Reduce_scatter; with every rank on one node it goes
-    through node-shared memory (each piece copied once into its owner's staging segment,
-    reduced there in rank order): every op the dtype has, Shard(0) (each piece contiguous) and
-    Shard(1) (strided pieces), uneven shapes and empty pieces, on a 1-D mesh and on each dim of a 2-D one;
-    bitwise the oracle (float16, bfloat16 and float8 accumulate in float32 and round once),
-    and "shm" counted once."""
+    """Partial(op) -> Shard(d) is one Reduce_scatter, Partial(op) -> Replicate one Allreduce;
+    with every rank on one node both go through node-shared memory (each piece copied once
+    into its owner's staging segment, reduced there in rank order; an Allreduce's reduced
+    chunks then copied from their owners into every result), including a 1 x 1 array (chunks
+    of no element on most ranks): every op the dtype has, Shard(0) (each piece contiguous)
+    and Shard(1) (strided pieces), uneven shapes and empty pieces, on a 1-D mesh and on each
+    dim of a 2-D one; bitwise the oracle (float16, bfloat16 and float8 accumulate in float32
+    and round once), and "shm" counted once."""
     p = comm.size
     for mesh_shape in [(p,)] + [m for m in MESHES.get(p, []) if len(m) == 2][:1]:
         mesh = ps.Mesh(comm, mesh_shape)
@@ -460,12 +462,14 @@ def test_reductions_through_shared_memory(comm, dtype):
             for op in ("sum", "avg", "max", "min"):
                 if not reducible([op], dtype):
                     continue
-                cases = ((0, (3 * p + 1, 5)), (1, (4, 2 * p + 3)), (0, (max(p - 2, 1), 3)))
-                for d, shape in cases:  # the last: some ranks' pieces are empty
-                    x, ref, pl = partial_source(mesh, shape, dtype, op, 7 * d + mdim, mdim)
+                cases = ((0, (3 * p + 1, 5)), (1, (4, 2 * p + 3)), (0, (max(p - 2, 1), 3)),
+                         (None, (2 * p + 1, 3)), (None, (1, 1)))  # fmt: skip
+                for d, shape in cases:  # (0, (p - 2, 3)): some ranks' pieces are empty
+                    x, ref, pl = partial_source(mesh, shape, dtype, op, 7 * (d or 0) + mdim, mdim)
                     target = list(pl)
-                    target[mdim] = Shard(d)
+                    target[mdim] = R if d is None else Shard(d)
                     kinds = [st.kind for st in x.plan_to(target).steps]
+                    want = ["allreduce"] if d is None else ["reduce_scatter"]
                     before = ps.comm_stats()
                     y = x.redistribute(target)
                     got = counts_since(before)
@@ -477,7 +481,7 @@ def test_reductions_through_shared_memory(comm, dtype):
                     else:
                         np.testing.assert_array_equal(y.local, ref[y.box])
                     assert y.local.dtype == ref.dtype
-                    assert kinds == ["reduce_scatter"], (mesh_shape, mdim, op, d, kinds)
+                    assert kinds == want, (mesh_shape, mdim, op, d, kinds)
                     assert got == {"shm": 1}, (mesh_shape, mdim, op, d, got)
                     assert not in_shared_memory(y.local)  # the result is private memory
         mesh.free()
