@@ -9,7 +9,8 @@ Cases (float32): Shard(0) -> Shard(1) of n x n against a raw Alltoall of the pre
 (MPI's self block included) and a memcpy of the shard; Shard(0) -> Replicate against a naive
 Allgather into a fresh array (and into a reused one); Partial(sum) -> Shard(0) of n x n/4
 (node-shared memory where every rank shares the node, and MPI's Reduce_scatter) against a raw
-Reduce_scatter_block into a reused buffer; a cached 64 x 64 transpose against a raw
+Reduce_scatter_block into a reused buffer; Partial(sum) -> Replicate of the same against a raw
+Allreduce into a reused buffer; a cached 64 x 64 transpose against a raw
 Alltoallv. Medians over reps of the slowest rank's time, in ms; ratios to the named floor on
 the right.
 """
@@ -85,6 +86,15 @@ def main() -> int:
         comm, lambda: comm.Reduce_scatter_block(lp, out, op=MPI.SUM), reps
     )
     _line(comm, f"P->S(0) {rows * p}x{n // 4}", res, "raw Reduce_scatter_block")
+
+    res = {}
+    res["shm"] = _timed(comm, lambda: xp.redistribute([ps.Replicate()]), reps)
+    res["MPI"] = _timed(
+        comm, lambda: xp.redistribute([ps.Replicate()], algorithm="alltoallv"), reps
+    )
+    full = np.empty_like(lp)
+    res["raw Allreduce"] = _timed(comm, lambda: comm.Allreduce(lp, full, op=MPI.SUM), reps)
+    _line(comm, f"P->R {rows * p}x{n // 4}", res, "raw Allreduce")
 
     res = {}
     m = 64 // p * p
