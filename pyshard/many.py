@@ -405,15 +405,13 @@ def redistribute_many(
         dev = devs.pop()
     # a repeated call (the same layouts and one placement list for all): its targets and
     # plan from one lookup
-    fast = None
+    fast = hit = None
     if sizes is None and not is_map and isinstance(placements, (list, tuple)):
         try:
             fast = (tuple(x.layout for x in xs), tuple(placements))
             hit = _FAST.get(fast)
         except TypeError:  # an unhashable placement: the general path says what is wrong
-            fast = hit = None
-    else:
-        hit = None
+            fast = None
     if hit is not None:
         targets, mp = hit
         per_sizes = [None] * len(xs)
