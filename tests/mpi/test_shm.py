@@ -197,6 +197,29 @@ def into_private_out(x, target, ref):
         assert counts_since(before) == {"shm": 1}
 
 
+@pytest.mark.parametrize("even", [True, False])
+def test_long_runs_and_outer_loops(comm, even):
+    """The copy's two orders (cpp/shm.cpp copy_interleaved): every piece with the same source
+    loops (an even split of dim 1: pieces of 2 looped dims, row by row) and pieces with
+    different loops (an uneven split), with runs of over 4 KiB that start off a 16-byte
+    boundary (streaming stores) and short ones, into shared results and a private ``out=``."""
+    p = comm.size
+    mesh = ps.Mesh(comm, (p,))
+    ny = 2 * p if even else 2 * p + 1
+    g = make_global((3, ny, 1030 * p + 3), "float32", seed=5)
+    pairs = [(2, 1), (1, 2), (0, 2), (2, 0), (1, 0), (0, 1)]
+    for a, b in pairs:
+        x = ps.distribute(g, mesh, [Shard(a)])
+        before = ps.comm_stats()
+        y = x.redistribute([Shard(b)])
+        np.testing.assert_array_equal(y.local, g[y.box], err_msg=f"S({a}) -> S({b})")
+        if p > 1:
+            assert counts_since(before) == {"shm": 1}
+            assert in_shared_memory(y.local)
+        into_private_out(x, [Shard(b)], g)
+    mesh.free()
+
+
 def test_results_return_to_the_pool_and_outlive_free(comm):
     """A result's segment goes back to the rank's pool when the array goes and is reused;
     Mesh.free() empties the pool and the peer mappings, and a live result stays readable."""
