@@ -20,8 +20,10 @@ from __future__ import annotations
 import os
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -78,3 +80,80 @@ def run(n, args, env=None, timeout=120, **kwargs):
         command(n, args), env=child_env(env), capture_output=True, text=True, timeout=timeout,
         **kwargs,
     )  # fmt: skip
+
+
+def session_pids(sid):
+    """The processes of session ``sid`` (Linux /proc), this one excluded."""
+    pids = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit() or int(name) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{name}/stat") as f:
+                stat = f.read()
+        except OSError:
+            continue  # gone
+        fields = stat[stat.rfind(")") + 2:].split()  # after "pid (comm) "
+        if len(fields) > 3 and fields[0] != "Z" and int(fields[3]) == sid:
+            pids.append(int(name))
+    return pids
+
+
+def kill_job(proc, timeout=10.0):
+    """SIGKILL a job started with ``start_new_session=True``: the launcher and every process
+    of its session, as a scheduler's kill of the job's cgroup does. Killing the launcher's
+    process group is not enough: Open MPI 5 puts each rank in a process group of its own, and
+    its ranks went on running after the launcher died. The pids still alive after ``timeout``
+    seconds (none, normally)."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    deadline = time.monotonic() + timeout
+    while True:
+        left = session_pids(proc.pid)
+        for pid in left:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        try:
+            proc.wait(timeout=0.1)
+        except subprocess.TimeoutExpired:
+            pass
+        if not left or time.monotonic() > deadline:
+            return left
+        time.sleep(0.1)
+
+
+def _in_use(paths):
+    """Which of ``paths`` a live process has open or mapped (the ones this process may read)."""
+    used = set()
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/maps") as f:
+                used.update(p for p in paths if p in f.read())
+            for fd in os.listdir(f"/proc/{name}/fd"):
+                target = os.readlink(f"/proc/{name}/fd/{fd}")
+                if target in paths:
+                    used.add(target)
+        except OSError:
+            continue
+    return used
+
+
+def remove_unused_shm(names):
+    """Unlink the files ``names`` of /dev/shm that no live process has open or mapped: what a
+    killed job's MPI library left there (MPICH's ``mpich_shm_*``, Open MPI's ``sm_segment.*``,
+    16 MiB each), which no one would remove otherwise. The names removed."""
+    paths = {os.path.join("/dev/shm", n) for n in names}
+    removed = []
+    for p in sorted(paths - _in_use(paths)):
+        try:
+            os.unlink(p)
+            removed.append(os.path.basename(p))
+        except OSError:
+            pass
+    return removed

@@ -1,12 +1,14 @@
 """A job for tests/mpi/test_shm.py: redistributes through node-shared memory in a loop until
 killed. Rank 0 prints one line once the transport runs: ``running <shm calls> <memfds>``
 (its count of shared-memory exchanges, and the memfd segments it has open, read from
-/proc/self/fd), then every rank goes on until the test kills the job."""
+/proc/self/fd), then every rank goes on until the test kills the job, or until 120 s have
+passed (a safety net: a job the test failed to kill exits with status 3)."""
 
 from __future__ import annotations
 
 import os
 import sys
+import time
 
 import numpy as np
 from mpi4py import MPI
@@ -35,8 +37,14 @@ def main() -> None:
     assert np.array_equal(z.local, x.local)
     if comm.rank == 0:
         print(f"running {ps.comm_stats().get('shm', 0)} {memfds()}", flush=True)
+    deadline, i = time.monotonic() + 120, 0
     while True:  # until killed
         y = x.redistribute([ps.Shard(1)])
+        i += 1
+        if i % 200 == 0 and comm.allreduce(time.monotonic() > deadline, op=MPI.LOR):
+            break  # every rank at once
+    print(f"rank {comm.rank}: not killed within 120 s", file=sys.stderr, flush=True)
+    sys.exit(3)
 
 
 if __name__ == "__main__":

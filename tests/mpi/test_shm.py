@@ -303,7 +303,7 @@ def test_mpi_transport_turns_it_off(comm, monkeypatch):
 
 def test_a_killed_job_leaves_nothing_in_dev_shm(comm):
     """Segments are memfds, reachable only through the processes' own /proc/<pid>/fd: a job
-    killed while it exchanges leaves no file of pyshard's in /dev/shm."""
+    killed while it exchanges leaves no file of pyshard's in /dev/shm, and no process."""
     launch.require(comm)
     if not os.path.isdir("/dev/shm"):
         pytest.skip("no /dev/shm")
@@ -311,7 +311,7 @@ def test_a_killed_job_leaves_nothing_in_dev_shm(comm):
     def ours():
         return {f for f in os.listdir("/dev/shm") if "pyshard" in f.lower()}
 
-    before = ours()
+    before, files = ours(), set(os.listdir("/dev/shm"))
     proc = subprocess.Popen(
         launch.command(3, [sys.executable, os.path.join(HERE, "shm_worker.py")]),
         env=launch.child_env({"PYSHARD_TRANSPORT": "auto", "PYSHARD_SHM_MIN_BYTES": "0"}),
@@ -330,11 +330,14 @@ def test_a_killed_job_leaves_nothing_in_dev_shm(comm):
         assert shm_calls >= 2 and memfds >= 2, line  # the transport ran, on memfd segments
         time.sleep(0.5)  # mid-loop
     finally:
-        os.killpg(proc.pid, 9)  # the launcher and every rank, as a scheduler's kill does
-        proc.wait(timeout=30)
+        left = launch.kill_job(proc)  # the launcher and every rank, as a scheduler's kill does
         proc.stdout.close()
+    assert not left, f"processes of the killed job still alive: {left}"
     time.sleep(0.5)
     assert ours() == before, ours() - before
+    # the MPI library's own segments of the killed job (not pyshard's): removed, so that test
+    # runs do not fill /dev/shm on a developer's machine
+    launch.remove_unused_shm(set(os.listdir("/dev/shm")) - files)
 
 
 DTYPES_MANY = ["float32", "float64", "int16", "complex128", "bool", "uint8"]
