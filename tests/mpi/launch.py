@@ -75,11 +75,21 @@ def command(n, args):
 
 def run(n, args, env=None, timeout=120, **kwargs):
     """Run ``args`` (usually ``[sys.executable, script, ...]``) on ``n`` ranks; the completed
-    process (output captured as text). ``env``: variables added to the child environment."""
-    return subprocess.run(
-        command(n, args), env=child_env(env), capture_output=True, text=True, timeout=timeout,
-        **kwargs,
+    process (output captured as text). ``env``: variables added to the child environment. A
+    job still running after ``timeout`` seconds is killed whole (:func:`kill_job`: every rank,
+    not only the launcher) and ``subprocess.TimeoutExpired`` raised."""
+    cmd = command(n, args)
+    proc = subprocess.Popen(
+        cmd, env=child_env(env), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        start_new_session=True, **kwargs,
     )  # fmt: skip
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        kill_job(proc)
+        out, err = proc.communicate()
+        raise subprocess.TimeoutExpired(cmd, timeout, out, err) from None
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
 
 
 def session_pids(sid):
