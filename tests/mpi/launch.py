@@ -79,6 +79,7 @@ def run(n, args, env=None, timeout=120, **kwargs):
     job still running after ``timeout`` seconds is killed whole (:func:`kill_job`: every rank,
     not only the launcher) and ``subprocess.TimeoutExpired`` raised."""
     cmd = command(n, args)
+    files = shm_files()
     proc = subprocess.Popen(
         cmd, env=child_env(env), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         start_new_session=True, **kwargs,
@@ -89,6 +90,11 @@ def run(n, args, env=None, timeout=120, **kwargs):
         kill_job(proc)
         out, err = proc.communicate()
         raise subprocess.TimeoutExpired(cmd, timeout, out, err) from None
+    finally:  # a job that aborted (the fault tests) leaves its MPI library's segments
+        deadline = time.monotonic() + 5
+        while session_pids(proc.pid) and time.monotonic() < deadline:
+            time.sleep(0.05)  # ranks still exiting after the launcher
+        remove_unused_shm(shm_files() - files)
     return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
 
 
@@ -154,16 +160,37 @@ def _in_use(paths):
     return used
 
 
-def remove_unused_shm(names):
-    """Unlink the files ``names`` of /dev/shm that no live process has open or mapped: what a
-    killed job's MPI library left there (MPICH's ``mpich_shm_*``, Open MPI's ``sm_segment.*``,
-    16 MiB each), which no one would remove otherwise. The names removed."""
-    paths = {os.path.join("/dev/shm", n) for n in names}
+# the files MPI libraries put in /dev/shm (MPICH, Open MPI 5, Open MPI 4)
+_MPI_SHM = ("mpich_shm_", "sm_segment.", "vader_segment.")
+
+
+def shm_files():
+    """The MPI libraries' files in /dev/shm (a set of names; empty without /dev/shm)."""
+    try:
+        return {n for n in os.listdir("/dev/shm") if n.startswith(_MPI_SHM)}
+    except OSError:
+        return set()
+
+
+def remove_unused_shm(names, wait=2.0):
+    """Unlink those of the files ``names`` of /dev/shm that an MPI library made and no live
+    process has open or mapped: what a killed or aborted job's MPI library left there (MPICH's
+    ``mpich_shm_*``, 2 MiB, Open MPI's ``sm_segment.*``, 16 MiB each), which no one would
+    remove otherwise. Files still in use are looked at again for up to ``wait`` seconds (the
+    last processes of a job that just ended let go of them a moment later). The names
+    removed."""
+    left = {os.path.join("/dev/shm", n) for n in names if n.startswith(_MPI_SHM)}
     removed = []
-    for p in sorted(paths - _in_use(paths)):
-        try:
-            os.unlink(p)
-            removed.append(os.path.basename(p))
-        except OSError:
-            pass
+    deadline = time.monotonic() + wait
+    while left:
+        for p in sorted(left - _in_use(left)):
+            left.discard(p)
+            try:
+                os.unlink(p)
+                removed.append(os.path.basename(p))
+            except OSError:
+                pass
+        if not left or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
     return removed

@@ -311,7 +311,7 @@ def test_a_killed_job_leaves_nothing_in_dev_shm(comm):
     def ours():
         return {f for f in os.listdir("/dev/shm") if "pyshard" in f.lower()}
 
-    before, files = ours(), set(os.listdir("/dev/shm"))
+    before, files = ours(), launch.shm_files()
     proc = subprocess.Popen(
         launch.command(3, [sys.executable, os.path.join(HERE, "shm_worker.py")]),
         env=launch.child_env({"PYSHARD_TRANSPORT": "auto", "PYSHARD_SHM_MIN_BYTES": "0"}),
@@ -337,7 +337,7 @@ def test_a_killed_job_leaves_nothing_in_dev_shm(comm):
     assert ours() == before, ours() - before
     # the MPI library's own segments of the killed job (not pyshard's): removed, so that test
     # runs do not fill /dev/shm on a developer's machine
-    launch.remove_unused_shm(set(os.listdir("/dev/shm")) - files)
+    launch.remove_unused_shm(launch.shm_files() - files)
 
 
 DTYPES_MANY = ["float32", "float64", "int16", "complex128", "bool", "uint8"]
