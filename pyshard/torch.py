@@ -1,0 +1,469 @@
+"""Differentiable redistribution of torch tensors: :class:`ShardedTensor` and the functions
+that make and move one (``import pyshard.torch as pst``).
+
+A :class:`ShardedTensor` is this rank's torch tensor ``local`` plus the pyshard
+:class:`~pyshard.Layout` it belongs to. :func:`redistribute` runs pyshard's planner and core
+on the tensor's memory (no copy in: the numpy or cupy view of the detached tensor; no copy
+out: the result is viewed by torch) and is a ``torch.autograd.Function``: its backward
+redistributes the gradient back to the source's layout through the same planner and core,
+in the fewest collectives, as any redistribute.
+
+The gradient convention (DTensor's; docs/adjoints.md, "Gradients (torch)"): the gradient
+that arrives at a result is taken to be laid out like the result, with every ``Partial``
+mesh dim read as ``Replicate`` (the gradient of a sum with respect to each addend is the
+gradient of the sum). On a ``Replicate`` mesh dim every rank holds the same gradient,
+counted once; ``grad_placements=`` says otherwise where the work downstream differs per
+rank (``[Partial("sum")]``: the ranks' gradients are to be summed). The gradient that
+leaves for the source is laid out like the source with ``Partial("sum")`` read as
+``Replicate`` (``Partial("avg")`` likewise, scaled by 1/n); ``Partial("max")`` and
+``Partial("min")`` sources have no such gradient (:class:`NotImplementedError`).
+
+Every call is collective, like the pyshard call it wraps, and so is every backward: every
+rank must run the same backwards in the same order (``loss.backward()`` on every rank does).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, List, Optional, Sequence, Tuple
+
+try:
+    import torch
+except ImportError as _e:  # pragma: no cover - depends on the environment
+    raise ImportError(
+        "pyshard.torch needs PyTorch, which is not installed: `pip install torch` (on a "
+        "machine without a GPU, the CPU-only build is much smaller: `pip install torch "
+        "--index-url https://download.pytorch.org/whl/cpu`)"
+    ) from _e
+
+import numpy as np
+
+from . import _backend as bk
+from . import _dtypes
+from . import array as _array
+from .array import ShardedArray
+from .halo_plan import PeriodicArg, WidthArg
+from .layout import Layout, Partial, Placement, PlacementsArg, Replicate, SizesArg
+from .many import redistribute_many as _redistribute_many
+from .mesh import Mesh
+from .plan import _sizes_of
+
+__all__ = [
+    "ShardedTensor",
+    "distribute",
+    "from_local",
+    "halo_pad",
+    "redistribute",
+    "redistribute_many",
+]
+
+log = logging.getLogger("pyshard")
+
+
+# ----------------------------------------------------------------------------- conversions
+
+
+def _as_array(t: torch.Tensor) -> Any:
+    """The numpy (host) or cupy (GPU) view of ``t``'s memory: no copy where ``t`` is
+    contiguous (pyshard takes C-contiguous shards)."""
+    t = t.detach()
+    if not t.is_contiguous():
+        t = t.contiguous()
+    if t.device.type == "cpu" and t.dtype not in _ML_TORCH:
+        return t.numpy()
+    return bk.as_array(t, "tensor")  # DLPack: bfloat16, float8, CUDA tensors
+
+
+def _to_torch(a: Any) -> torch.Tensor:
+    """A pyshard result as a torch tensor on the same memory."""
+    if type(a) is np.ndarray and not _dtypes.is_ml_float(a.dtype):
+        return torch.from_numpy(a)
+    return torch.from_dlpack(bk.to_dlpack(a))
+
+
+_ML_TORCH = tuple(
+    getattr(torch, n)
+    for n in ("bfloat16", "float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz")
+    if hasattr(torch, n)
+)
+
+
+# ----------------------------------------------------------------------------- the class
+
+
+class ShardedTensor:
+    """This rank's torch tensor ``local`` of a global array laid out as ``layout`` on ``mesh``.
+
+    ``local`` is an ordinary torch tensor in the caller's autograd graph; the rest describes
+    where it lies: ``layout`` (a :class:`~pyshard.Layout`, whose shard table gives every
+    rank's box), ``placements``, ``global_shape``, ``box`` (the global region this rank
+    holds), ``mesh``.
+    """
+
+    __slots__ = ("local", "layout", "mesh")
+
+    def __init__(self, local: torch.Tensor, layout: Layout, mesh: Mesh) -> None:
+        want = layout.local_shape(mesh.coords)
+        if tuple(local.shape) != want:
+            raise ValueError(
+                f"local tensor {tuple(local.shape)} disagrees with the layout, which puts {want} "
+                f"at mesh coords {mesh.coords}"
+            )
+        self.local = local
+        self.layout = layout
+        self.mesh = mesh
+
+    @property
+    def global_shape(self) -> Tuple[int, ...]:
+        return self.layout.shape
+
+    @property
+    def shape(self) -> Tuple[int, ...]:
+        return self.layout.shape
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.local.dtype
+
+    @property
+    def placements(self) -> Tuple[Placement, ...]:
+        return self.layout.placements
+
+    @property
+    def box(self) -> Tuple[slice, ...]:
+        """The global region this rank holds."""
+        return self.layout.box(self.mesh.coords)
+
+    def __repr__(self) -> str:
+        shape = tuple(self.local.shape)
+        return f"ShardedTensor({self.layout!r}, local {shape} at {self.mesh.coords})"
+
+    def redistribute(
+        self,
+        placements: PlacementsArg,
+        sizes: SizesArg = None,
+        grad_placements: Optional[PlacementsArg] = None,
+        algorithm: Optional[str] = None,
+    ) -> ShardedTensor:
+        """:func:`redistribute` of this tensor."""
+        return redistribute(self, placements, sizes, grad_placements, algorithm)
+
+    def halo_pad(
+        self, width: WidthArg, periodic: PeriodicArg = False, corners: bool = True
+    ) -> torch.Tensor:
+        """:func:`halo_pad` of this tensor."""
+        return halo_pad(self, width, periodic, corners)
+
+    def to_pyshard(self) -> ShardedArray:
+        """The detached values as a :class:`~pyshard.ShardedArray` (a view where ``local`` is
+        contiguous; outside the autograd graph)."""
+        return ShardedArray._wrap(_as_array(self.local), self.layout, self.mesh)
+
+    def full(self) -> torch.Tensor:
+        """The whole global tensor on every rank (reduced where Partial), differentiable:
+        ``redistribute(self, [Replicate()] * mesh.ndim).local``."""
+        return redistribute(self, [Replicate()] * self.mesh.ndim).local
+
+
+# ----------------------------------------------------------------------------- making one
+
+
+def from_local(
+    local: torch.Tensor,
+    mesh: Mesh,
+    placements: PlacementsArg,
+    global_shape: Optional[Sequence[int]] = None,
+    sizes: SizesArg = None,
+    validate: bool = False,
+) -> ShardedTensor:
+    """Wrap this rank's tensor ``local`` as a :class:`ShardedTensor`: ``.local`` is ``local``
+    itself (no copy, still in the caller's autograd graph).
+
+    The layout is built as :func:`pyshard.from_local` builds it (same arguments, same
+    rules): with ``global_shape`` no communication, with ``global_shape=None`` one
+    Allgather of the local shapes; ``validate=True`` checks a given ``global_shape`` on every
+    rank at once.
+    """
+    if not isinstance(local, torch.Tensor):
+        raise TypeError(f"from_local: local must be a torch.Tensor, got {type(local).__name__}")
+    x = _array.from_local(_as_array(local), mesh, placements, global_shape, sizes, validate)
+    return ShardedTensor(local, x.layout, mesh)
+
+
+def distribute(
+    tensor: torch.Tensor, mesh: Mesh, placements: PlacementsArg, sizes: SizesArg = None
+) -> ShardedTensor:
+    """Every rank passes the same full ``tensor`` and gets its shard; no communication.
+
+    Differentiable: this is ``redistribute`` from ``tensor`` replicated on every rank, so its
+    backward gives every rank the gradient of the whole ``tensor`` (one Allgatherv of the
+    gradient's shards where ``placements`` shard, nothing where they replicate). The shard
+    is a copy (as :func:`pyshard.distribute` makes one); a Partial mesh dim holds the tensor
+    as Replicate -> Partial does (``sum``: the value at coordinate 0, zeros elsewhere).
+    """
+    if not isinstance(tensor, torch.Tensor):
+        raise TypeError(f"distribute: tensor must be a torch.Tensor, got {type(tensor).__name__}")
+    full = from_local(tensor, mesh, [Replicate()] * mesh.ndim, global_shape=tuple(tensor.shape))
+    return redistribute(full, placements, sizes)
+
+
+# ----------------------------------------------------------------------------- the adjoint rule
+
+
+def _grad_out_layout(result: Layout, grad_placements: Optional[PlacementsArg]) -> Layout:
+    """How the gradient arriving at ``result`` lies: ``grad_placements``, or the result's
+    placements with every Partial read as Replicate."""
+    if grad_placements is None:
+        pl = [Replicate() if isinstance(p, Partial) else p for p in result.placements]
+    else:
+        pl = list(grad_placements)
+        if len(pl) != len(result.mesh_shape):
+            raise ValueError(
+                f"grad_placements has {len(pl)} entries, the mesh has {len(result.mesh_shape)} dims"
+            )
+        for m, p in enumerate(pl):
+            if isinstance(p, Partial) and p.op not in ("sum", "avg"):
+                raise ValueError(
+                    f"grad_placements[{m}] = {p}: a gradient can be Shard, Replicate, "
+                    f"Partial('sum') or Partial('avg'), not a {p.op} of the ranks' gradients"
+                )
+    return Layout(
+        result.shape, result.dtype, result.mesh_shape, pl, _sizes_of(result, pl) or None
+    )
+
+
+def _grad_in_layout(source: Layout) -> Tuple[Layout, int]:
+    """Where the gradient of ``source`` goes (its placements, Partial(sum|avg) read as
+    Replicate) and the divisor for avg (the number of addends; 1 without avg)."""
+    pl: List[Placement] = []
+    n = 1
+    for m, p in enumerate(source.placements):
+        if isinstance(p, Partial):
+            if p.op in ("max", "min"):
+                raise NotImplementedError(
+                    f"pyshard.torch: no gradient through a Partial({p.op!r}) source (mesh dim "
+                    f"{m}): max and min are not linear in their addends; reduce it (redistribute "
+                    f"to Replicate) outside the graph, or use torch's own max on the reduced value"
+                )
+            if p.op == "avg":
+                n *= source.mesh_shape[m]
+            pl.append(Replicate())
+        else:
+            pl.append(p)
+    lay = Layout(source.shape, source.dtype, source.mesh_shape, pl, _sizes_of(source, pl) or None)
+    return lay, n
+
+
+def _sizes_arg(layout: Layout) -> SizesArg:
+    """``None`` where the balanced split gives ``layout`` (pyshard's one-lookup fast path),
+    else its extents."""
+    plain = _array._layout(layout, layout.mesh_shape, list(layout.placements), None)
+    return None if plain == layout else layout.sizes
+
+
+def _run(a: Any, src: Layout, dst: Layout, mesh: Mesh, algorithm: Optional[str]) -> Any:
+    """pyshard's redistribute of the local array ``a`` from ``src`` to ``dst``."""
+    if src == dst:
+        return a
+    x = ShardedArray._wrap(a, src, mesh)
+    return x.redistribute(list(dst.placements), _sizes_arg(dst), algorithm=algorithm).local
+
+
+def _same_memory(a: Any, t: torch.Tensor) -> bool:
+    return bool(a.size) and bk.kind(a) == "host" and a.ctypes.data == t.data_ptr()
+
+
+class _Redistribute(torch.autograd.Function):
+    """Forward: pyshard's redistribute ``src -> dst``; backward: the gradient from
+    ``gout`` (how it arrives) to ``gin`` (how the source's gradient lies), divided by
+    ``div`` (Partial("avg") sources: the number of addends, as torch's mean divides)."""
+
+    @staticmethod
+    def forward(ctx: Any, t: torch.Tensor, meta: tuple) -> torch.Tensor:  # type: ignore[override]
+        src, dst, gout, gin, div, mesh, algorithm = meta
+        ctx.meta = meta
+        a = _as_array(t)
+        out = _to_torch(_run(a, src, dst, mesh, algorithm))
+        if out.data_ptr() == t.data_ptr() and out.numel():
+            out = out.clone()  # the same layout: the result would share the input's memory
+        return out
+
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor) -> Tuple[Optional[torch.Tensor], None]:  # type: ignore[override]
+        src, dst, gout, gin, div, mesh, algorithm = ctx.meta
+        if not ctx.needs_input_grad[0]:
+            return None, None
+        res = _to_torch(_run(_as_array(g), gout, gin, mesh, algorithm))
+        if div != 1:
+            res = res / div
+        return res, None
+
+
+def _check_sharded(x: object, what: str) -> ShardedTensor:
+    if not isinstance(x, ShardedTensor):
+        raise TypeError(f"{what}: expected a pyshard.torch.ShardedTensor, got {type(x).__name__}")
+    return x
+
+
+def redistribute(
+    x: ShardedTensor,
+    placements: PlacementsArg,
+    sizes: SizesArg = None,
+    grad_placements: Optional[PlacementsArg] = None,
+    algorithm: Optional[str] = None,
+) -> ShardedTensor:
+    """``x`` laid out as ``placements`` (and ``sizes``), differentiable; collective.
+
+    Forward: pyshard's redistribute (its planner and core) on the memory of ``x.local``; the
+    result is viewed by torch (no copy). Backward: the gradient goes back to ``x``'s layout
+    by the same planner and core: the backward of a gather (``Shard -> Replicate``) is a
+    local slice, of a transpose the reverse transpose, of a reduction from ``Partial("sum")``
+    the identity on the gradient (every addend gets the gradient of the sum); see the module
+    doc and docs/adjoints.md for the rule. ``grad_placements``: how the gradient arriving at
+    the result lies, when not like the result (Partial read as Replicate); e.g.
+    ``[Partial("sum")]`` on a replicated result whose ranks compute different losses from it
+    (the backward then sums them). ``algorithm`` as in
+    :meth:`pyshard.ShardedArray.redistribute`, for the forward and the backward.
+    """
+    x = _check_sharded(x, "redistribute")
+    dst = _array._layout(x.layout, x.mesh.shape, placements, sizes)
+    gout = _grad_out_layout(dst, grad_placements)
+    if not x.local.requires_grad or not torch.is_grad_enabled():
+        out = _to_torch(_run(_as_array(x.local), x.layout, dst, x.mesh, algorithm))
+        return ShardedTensor(out, dst, x.mesh)
+    gin, div = _grad_in_layout(x.layout)
+    if x.layout == dst and gout == gin and div == 1:
+        return ShardedTensor(x.local, dst, x.mesh)  # nothing moves, forward or backward
+    meta = (x.layout, dst, gout, gin, div, x.mesh, algorithm)
+    return ShardedTensor(_Redistribute.apply(x.local, meta), dst, x.mesh)
+
+
+class _RedistributeMany(torch.autograd.Function):
+    """One node for many arrays: pyshard's redistribute_many forward and backward."""
+
+    @staticmethod
+    def forward(ctx: Any, metas: list, mesh: Mesh, algorithm: Optional[str],  # type: ignore[override]
+                *ts: torch.Tensor) -> Tuple[torch.Tensor, ...]:
+        ctx.metas, ctx.mesh, ctx.algorithm = metas, mesh, algorithm
+        xs = [ShardedArray._wrap(_as_array(t), m[0], mesh) for t, m in zip(ts, metas)]
+        ys = _redistribute_many(
+            xs, [list(m[1].placements) for m in metas], algorithm,
+            sizes=[_sizes_arg(m[1]) for m in metas],
+        )
+        outs = []
+        for t, y in zip(ts, ys):
+            o = _to_torch(y.local)
+            if o.data_ptr() == t.data_ptr() and o.numel():
+                o = o.clone()
+            outs.append(o)
+        return tuple(outs)
+
+    @staticmethod
+    def backward(ctx: Any, *gs: torch.Tensor) -> tuple:  # type: ignore[override]
+        metas, mesh = ctx.metas, ctx.mesh
+        xs = [ShardedArray._wrap(_as_array(g), m[2], mesh) for g, m in zip(gs, metas)]
+        ys = _redistribute_many(
+            xs, [list(m[3].placements) for m in metas], ctx.algorithm,
+            sizes=[_sizes_arg(m[3]) for m in metas],
+        )
+        out = []
+        for y, m in zip(ys, metas):
+            r = _to_torch(y.local)
+            out.append(r / m[4] if m[4] != 1 else r)
+        return (None, None, None, *out)
+
+
+def redistribute_many(
+    xs: Sequence[ShardedTensor],
+    placements: PlacementsArg,
+    sizes: Optional[Sequence[SizesArg]] = None,
+    grad_placements: Optional[PlacementsArg] = None,
+    algorithm: Optional[str] = None,
+) -> List[ShardedTensor]:
+    """Many tensors of one mesh to ``placements`` (one list for all) together, by
+    :func:`pyshard.redistribute_many` (their exchanges fused into one collective where they
+    share a communicator), as one autograd node whose backward moves all the gradients the
+    same way back; collective. ``sizes``: a list of ``{array_dim: extents}`` (or None) per
+    tensor; ``grad_placements`` as in :func:`redistribute`, one list for all."""
+    xs = [_check_sharded(x, "redistribute_many") for x in xs]
+    if not xs:
+        return []
+    mesh = xs[0].mesh
+    if any(x.mesh is not mesh for x in xs):
+        raise ValueError("redistribute_many: every tensor must lie on one Mesh")
+    per_sizes = list(sizes) if sizes is not None else [None] * len(xs)
+    if len(per_sizes) != len(xs):
+        raise ValueError(f"redistribute_many: {len(per_sizes)} sizes for {len(xs)} tensors")
+    dsts = [_array._layout(x.layout, mesh.shape, placements, s) for x, s in zip(xs, per_sizes)]
+    grad = torch.is_grad_enabled() and any(x.local.requires_grad for x in xs)
+    metas = []
+    for x, dst in zip(xs, dsts):
+        gout = _grad_out_layout(dst, grad_placements)
+        gin, div = _grad_in_layout(x.layout) if grad else (x.layout, 1)
+        metas.append((x.layout, dst, gout, gin, div))
+    if grad:
+        outs = _RedistributeMany.apply(metas, mesh, algorithm, *[x.local for x in xs])
+    else:
+        arrs = [ShardedArray._wrap(_as_array(x.local), x.layout, mesh) for x in xs]
+        ys = _redistribute_many(
+            arrs, [list(d.placements) for d in dsts], algorithm,
+            sizes=[_sizes_arg(d) for d in dsts],
+        )
+        outs = [_to_torch(y.local) for y in ys]
+    return [ShardedTensor(o, d, mesh) for o, d in zip(outs, dsts)]
+
+
+# ----------------------------------------------------------------------------- halo padding
+
+
+def halo_pad(
+    x: ShardedTensor, width: WidthArg, periodic: PeriodicArg = False, corners: bool = True
+) -> torch.Tensor:
+    """This rank's tensor with ``width`` ghost cells on each side of each dim, the ghosts
+    filled as :meth:`pyshard.HaloArray.update` fills them and zeros where an update never
+    writes (outside a non-periodic boundary; the corners of a star stencil); collective.
+
+    Differentiable: the backward folds the gradient of the padded tensor
+    (:meth:`pyshard.HaloArray.fold`, ``op="sum"``: every ghost cell's gradient is added to
+    the cell of its owner's interior it was copied from) and returns the interior. The
+    layout must have no Partial mesh dim (as for any halo) and, for a gradient, no
+    Replicate mesh dim of more than one rank (the replicas of a block would share its ghost
+    cells' gradients unevenly).
+    """
+    x = _check_sharded(x, "halo_pad")
+    grad = torch.is_grad_enabled() and x.local.requires_grad
+    if grad:
+        rep = [m for m, p in enumerate(x.placements)
+               if isinstance(p, Replicate) and x.mesh.shape[m] > 1]
+        if rep:
+            raise NotImplementedError(
+                f"halo_pad: no gradient on a layout with Replicate mesh dims {rep} of more than "
+                f"one rank; shard those mesh dims (or pad outside the graph)"
+            )
+        return _HaloPad.apply(x.local, (x.layout, x.mesh, width, periodic, corners))
+    h = ShardedArray._wrap(_as_array(x.local), x.layout, x.mesh).with_halo(width, periodic, corners)
+    h.update()
+    return _to_torch(h.padded)
+
+
+class _HaloPad(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, t: torch.Tensor, meta: tuple) -> torch.Tensor:  # type: ignore[override]
+        layout, mesh, width, periodic, corners = meta
+        ctx.meta = meta
+        h = ShardedArray._wrap(_as_array(t), layout, mesh).with_halo(width, periodic, corners)
+        h.update()
+        return _to_torch(h.padded)
+
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor) -> Tuple[Optional[torch.Tensor], None]:  # type: ignore[override]
+        layout, mesh, width, periodic, corners = ctx.meta
+        if not ctx.needs_input_grad[0]:
+            return None, None
+        shape = layout.local_shape(mesh.coords)
+        empty = torch.empty(shape, dtype=g.dtype, device=g.device)
+        h = ShardedArray._wrap(_as_array(empty), layout, mesh).with_halo(width, periodic, corners)
+        h.padded[...] = _as_array(g)
+        h.fold("sum")
+        return _to_torch(np.ascontiguousarray(h.interior) if bk.kind(h.interior) == "host"
+                         else bk.xp_of(h.interior).ascontiguousarray(h.interior)), None

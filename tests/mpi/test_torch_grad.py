@@ -1,0 +1,336 @@
+"""Gradients through pyshard.torch: redistribute, redistribute_many and halo_pad, checked
+bit for bit against single-process torch autograd on the global tensors.
+
+The loss of a case is global: each rank sums over the cells it holds, ``sum(w[box] *
+f(y.local))`` with a deterministic global weight ``w``; on a Replicate mesh dim every replica
+computes the same sum, counted once (the convention, docs/adjoints.md); on a Partial(sum)
+result ``f`` is linear, so the ranks' sums add up to the global loss. The reference builds
+the global tensor (the sum or mean of the addends, for Partial sources) as a torch leaf, runs
+the same chain of local operations on it and backpropagates. Data are small integers, so
+every gradient is exact and compared with ``torch.equal``.
+"""
+
+from __future__ import annotations
+
+import random
+from math import prod
+
+import numpy as np
+import pytest
+from test_redistribute_nd import MESHES
+
+import pyshard as ps
+from pyshard import Partial, Replicate, Shard
+from pyshard.layout import ravel
+
+torch = pytest.importorskip("torch")
+pst = pytest.importorskip("pyshard.torch")
+
+pytestmark = pytest.mark.mpi
+
+R, P = Replicate(), Partial("sum")
+
+MESHES_3D = {1: (1, 1, 1), 2: (1, 2, 1), 3: (3, 1, 1), 4: (2, 1, 2), 6: (1, 2, 3),
+             7: (1, 1, 7), 8: (2, 2, 2)}  # fmt: skip
+
+
+def all_meshes(n):
+    """1-D, the 2-D (and 3-D) meshes test_redistribute_nd uses, and one 3-D mesh."""
+    out = [(n,)] + [m for m in MESHES.get(n, []) if len(m) <= 3]
+    m3 = MESHES_3D.get(n, (1, 1, n))
+    return out + ([m3] if m3 not in out else [])
+
+
+def tdtype(name):
+    return getattr(torch, name)
+
+
+def global_tensor(shape, dtype, seed):
+    """Small integers, exact in every dtype used here (|v| <= 4)."""
+    n = prod(shape)
+    v = (np.arange(n, dtype=np.int64) * 7919 + 31 * seed) % 9 - 4
+    return torch.tensor(v.reshape(shape), dtype=torch.float64).to(tdtype(dtype))
+
+
+def cut(rng, n, parts):
+    """Random extents (zeros allowed) of ``parts`` shards summing to ``n``."""
+    pts = sorted(rng.randint(0, n) for _ in range(parts - 1))
+    return [b - a for a, b in zip([0] + pts, pts + [n])]
+
+
+def random_placements(rng, ndim, mesh_shape, partial=True, ops=("sum",)):
+    choices = [Shard(d) for d in range(ndim)] + [R] + ([Partial(o) for o in ops] if partial else [])
+    pl = [rng.choice(choices) for _ in mesh_shape]
+    # one Partial op per layout keeps the sources simple (the reference reduces once)
+    seen = [p.op for p in pl if isinstance(p, Partial)]
+    if len(set(seen)) > 1:
+        pl = [Partial(seen[0]) if isinstance(p, Partial) else p for p in pl]
+    return pl
+
+
+def random_sizes(rng, shape, mesh_shape, pl):
+    """Uneven (and empty) shards half the time."""
+    if rng.random() < 0.5:
+        return None
+    sizes = {}
+    for d, n in enumerate(shape):
+        mdims = [m for m, p in enumerate(pl) if p == Shard(d)]
+        if mdims:
+            sizes[d] = cut(rng, n, prod(mesh_shape[m] for m in mdims))
+    return sizes or None
+
+
+def source(g_parts, op, mesh, pl, sizes, dtype):
+    """This rank's leaf tensor for layout (pl, sizes) of the global array whose Partial
+    addends are ``g_parts`` (one addend, the array itself, without Partial dims)."""
+    layout = ps.Layout(tuple(g_parts.shape[1:]), np.float64, mesh.shape, pl, sizes)
+    pdims = [m for m, p in enumerate(pl) if isinstance(p, Partial)]
+    q = ravel([mesh.coords[m] for m in pdims], [mesh.shape[m] for m in pdims]) if pdims else 0
+    leaf = g_parts[q][layout.box(mesh.coords)].detach().clone().requires_grad_()
+    x = pst.from_local(leaf, mesh, pl, global_shape=layout.shape, sizes=sizes)
+    return x, leaf, q
+
+
+def local_op(t):
+    """The elementwise step between hops on a non-Partial layout (exact on small ints)."""
+    return t * 2 - 1
+
+
+def run_chain(mesh, shape, dtype, src, hops, op="sum", seed=0, algorithm=None, last_grad=None):
+    """Run a chain of redistributes from ``src`` = (placements, sizes) through ``hops``;
+    return (this rank's gradient of the source leaf, the reference's)."""
+    pl0, sz0 = src
+    pdims = [m for m, p in enumerate(pl0) if isinstance(p, Partial)]
+    nq = prod(mesh.shape[m] for m in pdims) if pdims else 1
+    parts = torch.stack([global_tensor(shape, dtype, seed + 5 * k) for k in range(nq)])
+    x, leaf, q = source(parts, op, mesh, pl0, sz0, dtype)
+    w = global_tensor(shape, dtype, seed + 1000)
+    # distributed
+    cur = x
+    for pl, sz in hops:
+        cur = pst.redistribute(cur, pl, sz, algorithm=algorithm,
+                               grad_placements=last_grad if (pl, sz) is hops[-1] else None)
+        if not any(isinstance(p, Partial) for p in pl):
+            cur = pst.ShardedTensor(local_op(cur.local), cur.layout, cur.mesh)
+    linear = any(isinstance(p, Partial) for p in cur.placements)
+    yl = cur.local
+    loss = (w[cur.box] * (yl if linear else yl * yl)).sum()
+    loss.backward()
+    # reference: the same on the global tensors
+    ref_parts = parts.detach().clone().requires_grad_()
+    if pdims:
+        X = ref_parts.sum(0) if op == "sum" else ref_parts.mean(0)
+    else:
+        X = ref_parts[0]
+    Y = X
+    for pl, _ in hops:
+        if not any(isinstance(p, Partial) for p in pl):
+            Y = local_op(Y)
+    (w * (Y if linear else Y * Y)).sum().backward()
+    want = ref_parts.grad[q][x.box]
+    return leaf.grad, want
+
+
+def random_cases(rng, mesh_shape, shapes, ncases, ops=("sum",)):
+    out = []
+    for k in range(ncases):
+        shape = shapes[k % len(shapes)]
+        nd = len(shape)
+        pl0 = random_placements(rng, nd, mesh_shape, ops=ops)
+        src = (pl0, random_sizes(rng, shape, mesh_shape, pl0))
+        hops = []
+        for _ in range(rng.randint(1, 3)):
+            pl = random_placements(rng, nd, mesh_shape)
+            hops.append((pl, random_sizes(rng, shape, mesh_shape, pl)))
+        out.append((shape, src, hops))
+    return out
+
+
+SHAPES = [(5, 3), (4, 0), (7,), (3, 4, 2), (2, 1, 5)]
+
+
+def check_cases(comm, dtype, ncases, seed, ops=("sum",), algorithm=None):
+    failures = []
+    for mesh_shape in all_meshes(comm.size):
+        mesh = ps.Mesh(comm, mesh_shape)
+        rng = random.Random(seed + len(mesh_shape))  # the same on every rank
+        for shape, src, hops in random_cases(rng, mesh_shape, SHAPES, ncases, ops):
+            op = next((p.op for p in src[0] if isinstance(p, Partial)), "sum")
+            got, want = run_chain(mesh, shape, dtype, src, hops, op=op, algorithm=algorithm)
+            if got is None or got.dtype != want.dtype or not torch.equal(got, want):
+                failures.append(f"{mesh_shape} {shape} {src} -> {hops}: {got} vs {want}")
+    assert not failures, f"{len(failures)} failures:\n" + "\n".join(failures[:5])
+
+
+def test_random_chains_float64(comm):
+    """Random sources (Shard, Replicate, Partial(sum), uneven and empty shards) through one to
+    three random hops, on 1-D to 3-D meshes."""
+    check_cases(comm, "float64", 14, seed=1)
+
+
+def test_random_chains_partial_avg(comm):
+    check_cases(comm, "float64", 6, seed=2, ops=("avg",))
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_random_chains_low_precision(comm, dtype):
+    if dtype == "bfloat16":
+        pytest.importorskip("ml_dtypes")
+    check_cases(comm, dtype, 6, seed=3)
+
+
+def test_named_changes(comm):
+    """The rows of the docs' table on a 1-D mesh: each forward change and the collectives its
+    backward runs."""
+    n = comm.size
+    mesh = ps.Mesh(comm, (n,))
+    shape = (2 * n + 1, 3)
+    cases = [  # (source, target, collectives of the backward)
+        ([Shard(0)], [Shard(1)], {"alltoallv", "alltoall", "p2p", "shm"}),
+        ([Shard(0)], [R], set()),  # a local slice
+        ([R], [Shard(0)], {"allgatherv", "allgather", "shm"}),
+        ([P], [R], set()),  # identity
+        ([P], [Shard(0)], {"allgatherv", "allgather", "shm"}),
+        ([R], [P], set()),
+        ([Shard(0)], [P], set()),
+    ]
+    for src, dst, kinds in cases:
+        got, want = run_chain(mesh, shape, "float64", (src, None), [(dst, None)])
+        assert torch.equal(got, want), (src, dst)
+        # the backward alone: count its collectives
+        x, leaf, _ = source(torch.stack([global_tensor(shape, "float64", 0)] * (n if P in src
+                            else 1)), "sum", mesh, src, None, "float64")  # fmt: skip
+        y = pst.redistribute(x, dst)
+        before = ps.comm_stats()
+        y.local.backward(torch.ones_like(y.local))
+        used = {k for k, v in ps.comm_stats().items() if v != before.get(k, 0)}
+        if n == 1 or not kinds:
+            assert used == set(), (src, dst, used)
+        else:
+            assert len(used) == 1 and used <= kinds, (src, dst, used)
+
+
+def test_grad_placements_partial_sums_the_ranks(comm):
+    """A replicated result whose ranks compute different losses: grad_placements=[Partial]
+    sums their gradients (one Allreduce, or a Reduce_scatter onto a sharded source)."""
+    for mesh_shape in all_meshes(comm.size):
+        mesh = ps.Mesh(comm, mesh_shape)
+        g = global_tensor((5, 4), "float64", 7)
+        for src in ([Shard(0)] + [R] * (mesh.ndim - 1), [R] * mesh.ndim):
+            x, leaf, _ = source(g[None], "sum", mesh, src, None, "float64")
+            y = pst.redistribute(x, [R] * mesh.ndim, grad_placements=[P] * mesh.ndim)
+            wr = global_tensor((5, 4), "float64", 100 + comm.rank)  # differs per rank
+            (wr * y.local).sum().backward()
+            total = sum(global_tensor((5, 4), "float64", 100 + r) for r in range(comm.size))
+            assert torch.equal(leaf.grad, total[x.box]), (mesh_shape, src)
+
+
+def test_max_min_sources_have_no_gradient(comm):
+    mesh = ps.Mesh(comm, (comm.size,))
+    t = torch.zeros(3, 2, dtype=torch.float64, requires_grad=True)
+    x = pst.from_local(t, mesh, [Partial("max")], global_shape=(3, 2))
+    with pytest.raises(NotImplementedError, match="max"):
+        pst.redistribute(x, [R])
+    with torch.no_grad():  # outside the graph it is an ordinary reduction
+        assert pst.redistribute(x, [R]).local.shape == (3, 2)
+    with pytest.raises(ValueError, match="grad_placements"):
+        pst.redistribute(pst.from_local(t, mesh, [R], global_shape=(3, 2)), [R],
+                         grad_placements=[Partial("max")])
+
+
+def test_gradcheck(comm):
+    """torch.autograd.gradcheck of X -> [Replicate] -> src -> dst -> [Replicate] (every rank
+    perturbs the same replicated input, so every rank makes the same calls)."""
+    for mesh_shape in all_meshes(comm.size)[:2]:
+        mesh = ps.Mesh(comm, mesh_shape)
+        nd = len(mesh_shape)
+        for src, dst in [
+            ([Shard(0)] + [R] * (nd - 1), [Shard(1)] + [R] * (nd - 1)),
+            ([P] + [Shard(1)] * (nd - 1), [Shard(0)] * nd),
+            ([R] * (nd - 1) + [Shard(1)], [P] * nd),
+        ]:
+
+            def f(t, src=src, dst=dst, mesh=mesh, nd=nd):
+                a = pst.from_local(t, mesh, [R] * nd, global_shape=tuple(t.shape))
+                b = pst.redistribute(a, src)
+                c = pst.redistribute(pst.ShardedTensor(b.local * 3, b.layout, mesh), dst)
+                return pst.redistribute(c, [R] * nd).local
+
+            t = torch.linspace(-1, 1, 3 * 4, dtype=torch.float64).reshape(3, 4).requires_grad_()
+            assert torch.autograd.gradcheck(f, (t,), eps=1e-6, atol=1e-8), (mesh_shape, src, dst)
+
+
+def test_shared_memory_and_mpi_give_the_same_gradients(comm):
+    """The same chains with every exchange through node-shared memory and through MPI:
+    bit for bit the same gradients (non-integer float32 data: rounding would show)."""
+    mesh = ps.Mesh(comm, (comm.size,))
+    shape = (2 * comm.size + 3, 5)
+    gen = torch.Generator().manual_seed(4)
+    g = torch.randn(shape, generator=gen, dtype=torch.float32)
+    w = torch.randn(shape, generator=gen, dtype=torch.float32)
+    grads = {}
+    for alg in ("shm", "alltoallv"):
+        x = pst.distribute(g, mesh, [Shard(0)], sizes={0: cut(random.Random(5), shape[0],
+                                                                comm.size)})  # fmt: skip
+        leaf = x.local.detach().clone().requires_grad_()
+        x = pst.from_local(leaf, mesh, [Shard(0)], global_shape=shape, sizes=x.layout.sizes)
+        y = pst.redistribute(x, [Shard(1)], algorithm=alg)
+        z = pst.redistribute(y, [R], algorithm=alg)
+        u = pst.redistribute(pst.ShardedTensor(torch.sin(z.local), z.layout, mesh), [Shard(1)],
+                             algorithm=alg)  # fmt: skip
+        (w[u.box] * u.local).sum().backward()
+        grads[alg] = leaf.grad
+    assert torch.equal(grads["shm"], grads["alltoallv"])
+    ref = g.clone().requires_grad_()
+    (w * torch.sin(ref)).sum().backward()
+    assert torch.equal(grads["shm"], ref.grad[x.box])
+
+
+def test_redistribute_many(comm):
+    mesh = ps.Mesh(comm, (comm.size,))
+    shapes = [(5, 3), (comm.size + 2, 4), (0, 2)]
+    leaves, xs, gs = [], [], []
+    for k, shape in enumerate(shapes):
+        g = global_tensor(shape, "float64", k)
+        x = pst.distribute(g, mesh, [Shard(0)])
+        leaf = x.local.detach().clone().requires_grad_()
+        leaves.append(leaf)
+        xs.append(pst.from_local(leaf, mesh, [Shard(0)], global_shape=shape))
+        gs.append(g)
+    ys = pst.redistribute_many(xs, [Shard(1)])
+    loss = sum((global_tensor(s, "float64", 50 + k)[y.box] * y.local ** 2).sum()
+               for k, (s, y) in enumerate(zip(shapes, ys)))  # fmt: skip
+    loss.backward()
+    for k, (s, x, leaf) in enumerate(zip(shapes, xs, leaves)):
+        want = 2 * global_tensor(s, "float64", 50 + k) * gs[k]
+        assert torch.equal(leaf.grad, want[x.box]), k
+        assert torch.equal(ys[k].local.detach(), gs[k][ys[k].box])
+
+
+def test_from_local_and_distribute_keep_the_tensor(comm):
+    mesh = ps.Mesh(comm, (comm.size,))
+    g = global_tensor((comm.size + 3, 2), "float32", 9).requires_grad_()
+    x = pst.distribute(g, mesh, [Shard(0)])
+    assert x.global_shape == (comm.size + 3, 2) and x.placements == (Shard(0),)
+    assert torch.equal(x.local.detach(), g.detach()[x.box]) and x.local.requires_grad
+    x.local.sum().backward()  # distribute is Replicate -> Shard: every rank gets all of it
+    assert torch.equal(g.grad, torch.ones_like(g))
+    t = torch.ones(3, 2)
+    y = pst.from_local(t, mesh, [R], global_shape=(3, 2))
+    assert y.local is t and y.mesh is mesh and y.layout.shape == (3, 2)
+    z = pst.from_local(t, mesh, [Shard(0)])  # shapes learned by one Allgather
+    assert z.global_shape == (3 * comm.size, 2) and z.box[0] == slice(3 * comm.rank,
+                                                                      3 * comm.rank + 3)
+
+
+def test_import_error_without_torch(monkeypatch):
+    import importlib.util
+    import os
+    import sys
+
+    monkeypatch.setitem(sys.modules, "torch", None)
+    path = os.path.join(os.path.dirname(ps.__file__), "torch.py")
+    spec = importlib.util.spec_from_file_location("pyshard._torch_probe", path)
+    mod = importlib.util.module_from_spec(spec)
+    with pytest.raises(ImportError, match="pip install torch"):
+        spec.loader.exec_module(mod)
