@@ -218,7 +218,8 @@ class _Local:
         self, func: str, axes: Tuple[int, ...], ns: Tuple[int, ...], outs: Tuple[int, ...],
         src: Layout, dst: Layout,
     ) -> None:
-        self.func, self.axes, self.ns, self.outs, self.src, self.dst = func, axes, ns, outs, src, dst
+        self.func, self.axes, self.ns, self.outs = func, axes, ns, outs
+        self.src, self.dst = src, dst
 
     def describe(self) -> str:
         ax = ", ".join(map(str, self.axes))
@@ -453,7 +454,9 @@ class FFTPlan:
         collective. ``out``: an array of the result's local shape and dtype to write into."""
         if not isinstance(x, ShardedArray) or x.layout != self.src:
             got = x.layout if isinstance(x, ShardedArray) else type(x).__name__
-            raise ValueError(f"FFTPlan.forward: expected an array laid out as {self.src}, got {got}")
+            raise ValueError(
+                f"FFTPlan.forward: expected an array laid out as {self.src}, got {got}"
+            )
         return _run(self.passes, x, out, self.norm, self.type, workers, algorithm)
 
     def backward(self, y: ShardedArray, out: Optional[Any] = None,

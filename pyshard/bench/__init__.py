@@ -27,7 +27,7 @@ More cases, each a JSON row of its own fields, run only when named in ``--cases`
 - ``fft3d``: :func:`bench_fft3d`, a distributed 3-D FFT on a 2-D mesh (``--fft-n``, default
   256^3 complex128; :mod:`pyshard.apps.fft3d`, ``examples/fft3d.py``), total and transposes
   alone, next to mpi4py-fft's PFFT with the numpy backend when it is installed
-  (``pip install .[fft]``, which needs FFTW: ``apt-get install libfftw3-dev``).
+  (``pip install .[bench-fft]``, which needs FFTW: ``apt-get install libfftw3-dev``).
 
 ``--device cuda`` (:mod:`pyshard.bench.gpu`) runs ``transpose`` and ``gather`` on cupy arrays
 instead, each next to the same exchange written by hand with cupy and mpi4py (a device pack,

@@ -5,7 +5,7 @@ against ``numpy.fft.fftn``.
 
 :func:`time_fft3d` and :func:`time_pfft` time one side each (``examples/fft3d.py``);
 :func:`bench_fft3d` makes the bench row and :func:`format_fft3d` prints it. mpi4py-fft is
-optional (``pip install .[fft]``, which needs FFTW: ``apt-get install libfftw3-dev``).
+optional (``pip install .[bench-fft]``, which needs FFTW: ``apt-get install libfftw3-dev``).
 """
 
 from __future__ import annotations

@@ -1,0 +1,361 @@
+"""pyshard.fft against numpy.fft / scipy.fft applied to the global array.
+
+Every rank builds the same deterministic global array (oracle.make_global) and the same
+seeded random cases: layouts (Shard on any dims, nested, Replicate, uneven and empty shards),
+axes, s, norms, DCT/DST types, dtypes and result placements; each rank compares its result
+shard with the oracle at its box. Meshes: tests/mpi/test_redistribute_nd.MESHES.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import scipy.fft as sf
+from oracle import contributions, make_global
+from test_redistribute_nd import MESHES
+
+import pyshard as ps
+from pyshard import Partial, Replicate, Shard
+from pyshard import fft as pf
+
+pytestmark = pytest.mark.mpi  # run under mpiexec with --with-mpi (pytest-mpi)
+
+NOT_COLLECTIVES = {"staged", "device_direct"}
+PRIMES = (1, 2, 3, 5, 7, 13)
+KINDS = ("fftn", "ifftn", "rfftn", "irfftn", "dctn", "idctn", "dstn", "idstn")
+NORMS = (None, "backward", "ortho", "forward")
+
+
+def collectives_since(before):
+    now = ps.comm_stats()
+    return sum(v - before.get(k, 0) for k, v in now.items() if k not in NOT_COLLECTIVES)
+
+
+def meshes(comm):
+    out = list(MESHES.get(comm.size, []))
+    out.append((comm.size,))
+    return out
+
+
+def oracle(kind, g, s, axes, norm, type_):
+    if kind in ("dctn", "idctn", "dstn", "idstn"):
+        return getattr(sf, kind)(g, type=type_, s=s, axes=axes, norm=norm)
+    return getattr(np.fft, kind)(g, s=s, axes=axes, norm=norm)
+
+
+def tol(dtype):
+    return 1e-5 if np.dtype(dtype) in (np.float32, np.complex64) else 1e-12
+
+
+def expect_dtype(kind, dtype):
+    dt = np.dtype(dtype)
+    single = dt in (np.float32, np.complex64)
+    if kind in ("fftn", "ifftn", "rfftn"):
+        return np.dtype(np.complex64 if single else np.complex128)
+    if kind == "irfftn":
+        return np.dtype(np.float32 if single else np.float64)
+    return dt
+
+
+def check(y, ref, dtype, where, comm):
+    got = y.local
+    want = ref[y.box]
+    assert got.shape == want.shape, where
+    scale = max(float(np.max(np.abs(ref))) if ref.size else 0.0, 1.0)
+    err = float(np.max(np.abs(got - want))) if got.size else 0.0
+    # every rank asserts the same outcome (no rank leaves the others waiting)
+    worst = comm.allreduce(err, op=__import__("mpi4py").MPI.MAX)
+    assert worst <= tol(dtype) * scale * 10, f"{where}: max error {worst} (scale {scale})"
+
+
+def random_sizes(rng, n, parts):
+    """A random split of n into parts extents (zeros allowed)."""
+    cuts = np.sort(rng.integers(0, n + 1, size=parts - 1))
+    return [int(v) for v in np.diff(np.concatenate(([0], cuts, [n])))]
+
+
+def random_layout(rng, mesh_shape, shape):
+    nd = len(shape)
+    pl = []
+    for _ in mesh_shape:
+        pl.append(Replicate() if rng.random() < 0.25 else Shard(int(rng.integers(nd))))
+    sizes = {}
+    if rng.random() < 0.5:
+        for d in range(nd):
+            mdims = [m for m, p in enumerate(pl) if p == Shard(d)]
+            if mdims:
+                parts = int(np.prod([mesh_shape[m] for m in mdims]))
+                sizes[d] = random_sizes(rng, shape[d], parts)
+    return pl, sizes or None
+
+
+def random_case(rng, mesh_shape):
+    nd = int(rng.integers(1, 5)) if rng.random() < 0.2 else int(rng.integers(2, 4))
+    shape = tuple(int(rng.choice(PRIMES[2:] if i == 0 else PRIMES)) for i in range(nd))
+    kind = str(rng.choice(KINDS))
+    naxes = int(rng.integers(1, nd + 1))
+    axes = [int(a) for a in rng.permutation(nd)[:naxes]]
+    if kind in ("rfftn", "irfftn", "dctn", "idctn", "dstn", "idstn"):
+        # DCT-I needs n >= 2; irfftn's default last length 2(m-1) needs m >= 2
+        axes = [a for a in axes if shape[a] >= 2] or None
+        if axes is None:
+            shape = (5,) + shape[1:]
+            axes = [0]
+    s = None
+    if rng.random() < 0.3:
+        s = [int(rng.integers(2, 9)) for _ in axes]
+    norm = NORMS[int(rng.integers(4))]
+    type_ = int(rng.integers(1, 5)) if kind in ("dctn", "idctn", "dstn", "idstn") else None
+    if kind == "rfftn":
+        dtype = str(rng.choice(["float32", "float64"]))
+    elif kind == "irfftn":
+        dtype = str(rng.choice(["complex64", "complex128"]))
+    else:
+        dtype = str(rng.choice(["float32", "float64", "complex64", "complex128"]))
+    return shape, kind, axes, s, norm, type_, dtype
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_random_cases(comm, seed):
+    rng = np.random.default_rng(1234 + seed)
+    for ms in meshes(comm):
+        mesh = ps.Mesh(comm, ms)
+        for case in range(12):
+            shape, kind, axes, s, norm, type_, dtype = random_case(rng, ms)
+            g = make_global(shape, dtype, seed=case)
+            if np.dtype(dtype).kind == "c":
+                g = g / 16
+            pl, sizes = random_layout(rng, ms, shape)
+            r = rng.random()
+            ref = oracle(kind, g, s, axes, norm, type_)
+            if r < 0.3:
+                out_pl, out_sizes = None, None
+            elif r < 0.55:
+                out_pl, out_sizes = "any", None
+            else:
+                out_pl, out_sizes = random_layout(rng, ms, ref.shape)
+            where = (f"mesh {ms} case {seed}/{case}: {kind} {shape} {dtype} {pl} {sizes} "
+                     f"axes {axes} s {s} norm {norm} type {type_} -> {out_pl} {out_sizes}")
+            x = ps.distribute(g, mesh, pl, sizes)
+            y = getattr(pf, kind)(
+                x, s=s, axes=axes, norm=norm, placements=out_pl, sizes=out_sizes,
+                **({} if type_ is None else {"type": type_}),
+            )
+            assert y.dtype == expect_dtype(kind, dtype), where
+            assert y.shape == ref.shape, where
+            if out_pl is None:
+                assert list(y.placements) == list(x.placements), where
+                for d, ext in x.layout.sizes.items():
+                    if ref.shape[d] == shape[d]:
+                        assert y.layout.sizes[d] == ext, where  # extents kept
+            elif out_pl != "any":
+                assert list(y.placements) == list(out_pl), where
+            check(y, ref, dtype, where, comm)
+            np.testing.assert_array_equal(x.local, g[x.box])  # the input is left alone
+        mesh.free()
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_round_trip_backward(comm, kind):
+    """plan.backward undoes forward, from any result layout back to the input layout."""
+    shape = (7, 13, 5)
+    dtype = np.complex128 if kind in ("fftn", "ifftn", "irfftn") else np.float64
+    g = make_global(shape, dtype, seed=3) / 8
+    type_ = 3 if kind in ("dctn", "idctn", "dstn", "idstn") else None
+    for ms in meshes(comm):
+        mesh = ps.Mesh(comm, ms)
+        pl = [Shard(m % 3) for m in range(len(ms))]
+        x = ps.distribute(g, mesh, pl)
+        for out in (None, "any"):
+            s = (7, 13, 8) if kind == "irfftn" else None
+            p = pf.plan(x.layout, kind, axes=(0, 1, 2), s=s, norm="ortho", placements=out,
+                        type=type_)
+            y = p.forward(x)
+            before = ps.comm_stats()
+            z = p.backward(y)
+            assert collectives_since(before) == p.collectives  # no extra moves back
+            assert z.layout.placements == x.layout.placements
+            assert z.layout.sizes == x.layout.sizes and z.shape == x.shape
+            want = g
+            if kind == "irfftn":  # the bins rfftn keeps, of a Hermitian spectrum
+                back = np.fft.irfftn(g, s=s, axes=(0, 1, 2), norm="ortho")
+                want = np.fft.rfftn(back, norm="ortho")
+            check(z, want, dtype, f"{kind} {ms} {out}", comm)
+        mesh.free()
+
+
+def test_no_transpose_where_axes_are_whole(comm):
+    """Batched 2-D FFTs with the batch axis sharded: no communication at all."""
+    g = make_global((comm.size * 2 + 1, 6, 5), np.complex128) / 8
+    mesh = ps.Mesh(comm, (comm.size,))
+    x = ps.distribute(g, mesh, [Shard(0)])
+    p = pf.plan(x.layout, "fftn", axes=(1, 2))
+    assert p.transposes == 0 and p.collectives == 0
+    before = ps.comm_stats()
+    y = pf.fftn(x, axes=(1, 2))
+    assert collectives_since(before) == 0
+    check(y, np.fft.fftn(g, axes=(1, 2)), np.complex128, "batched", comm)
+    assert "0 transpose(s)" in p.explain()
+    mesh.free()
+
+
+def test_pencil_and_slab_transposes(comm):
+    """A 3-D FFT of a pencil takes one transpose per mesh dim of size > 1, each one exchange
+    on that mesh dim's sub-communicator; with placements="any" nothing else moves."""
+    g = make_global((8, 6, 10), np.complex128) / 8
+    for ms in meshes(comm):
+        if len(ms) > 2:
+            continue
+        mesh = ps.Mesh(comm, ms)
+        pl = [Shard(0), Shard(1)][: len(ms)]
+        x = ps.distribute(g, mesh, pl)
+        p = pf.plan(x.layout, "fftn", placements="any")
+        moved = sum(m > 1 for m in ms)
+        assert p.transposes == moved, p.explain()
+        for q in p.passes:
+            if isinstance(q, pf._Move):
+                assert len(q.plan.steps) == 1 and len(q.plan.steps[0].mesh_dims) == 1
+        before = ps.comm_stats()
+        y = p.forward(x)
+        assert collectives_since(before) == moved
+        check(y, np.fft.fftn(g), np.complex128, f"pencil {ms}", comm)
+        text = p.explain()
+        assert "local fftn" in text and "peak memory" in text
+        if moved:
+            assert "alltoallv" in text
+        mesh.free()
+
+
+def test_one_dimensional_arrays(comm):
+    g = make_global((13,), np.complex128) / 8
+    mesh = ps.Mesh(comm, (comm.size,))
+    x = ps.distribute(g, mesh, [Shard(0)], {0: [13] + [0] * (comm.size - 1)})
+    y = pf.fft(x, n=16)
+    check(y, np.fft.fft(g, n=16), np.complex128, "1-D", comm)
+    y = pf.irfft(ps.distribute(g, mesh, [Shard(0)]))
+    check(y, np.fft.irfft(g), np.float64, "1-D irfft", comm)
+    y = pf.dct(ps.distribute(g.real.copy(), mesh, [Replicate()]), type=4)
+    check(y, sf.dct(g.real, type=4), np.float64, "1-D dct", comm)
+    mesh.free()
+
+
+def test_thin_wrappers(comm):
+    g = make_global((5, 7, 6), np.float64)
+    mesh = ps.Mesh(comm, (comm.size,))
+    x = ps.distribute(g, mesh, [Shard(2)])
+    c = ps.distribute(g.astype(np.complex128), mesh, [Shard(1)])
+    cases = [
+        (pf.fft(c, axis=1), np.fft.fft(g, axis=1)),
+        (pf.ifft(c, n=4, axis=0), np.fft.ifft(g, n=4, axis=0)),
+        (pf.rfft(x, axis=2), np.fft.rfft(g, axis=2)),
+        (pf.irfft(c, axis=1, norm="ortho"), np.fft.irfft(g, axis=1, norm="ortho")),
+        (pf.fft2(c), np.fft.fft2(g)),
+        (pf.ifft2(c, axes=(0, 2)), np.fft.ifft2(g, axes=(0, 2))),
+        (pf.rfft2(x, s=(6, 9)), np.fft.rfft2(g, s=(6, 9))),
+        (pf.irfft2(c), np.fft.irfft2(g)),
+        (pf.dst(x, type=1, axis=0), sf.dst(g, type=1, axis=0)),
+        (pf.idst(x, axis=2), sf.idst(g, axis=2)),
+        (pf.idct(x, type=3, n=9, axis=1), sf.idct(g, type=3, n=9, axis=1)),
+    ]
+    for i, (y, ref) in enumerate(cases):
+        check(y, ref, np.float64, f"wrapper {i}", comm)
+    mesh.free()
+
+
+def test_integer_and_float16_inputs(comm):
+    mesh = ps.Mesh(comm, (comm.size,))
+    g = make_global((6, 5), np.int64)
+    y = pf.fftn(ps.distribute(g, mesh, [Shard(0)]))
+    assert y.dtype == np.complex128
+    check(y, np.fft.fftn(g), np.float64, "int64", comm)
+    h = make_global((6, 5), np.float16)
+    y = pf.dctn(ps.distribute(h, mesh, [Shard(1)]))
+    assert y.dtype == np.float32
+    check(y, sf.dctn(h.astype(np.float32)), np.float32, "float16", comm)
+    mesh.free()
+
+
+def test_bad_arguments_raise_on_every_rank_before_any_communication(comm):
+    mesh = ps.Mesh(comm, (comm.size,))
+    g = make_global((6, 5), np.complex128)
+    x = ps.distribute(g, mesh, [Shard(0)])
+    r = ps.distribute(g.real.copy(), mesh, [Shard(0)])
+    before = ps.comm_stats()
+    bad = [
+        (ValueError, "out of bounds", lambda: pf.fftn(x, axes=(0, 2))),
+        (IndexError, "out of bounds", lambda: pf.fft(x, axis=-3)),
+        (ValueError, "same length", lambda: pf.fftn(x, s=(4,), axes=(0, 1))),
+        (ValueError, "Invalid norm", lambda: pf.fftn(x, norm="bogus")),
+        (TypeError, "real sequence", lambda: pf.rfftn(x)),
+        (ValueError, "invalid DCT type", lambda: pf.dctn(r, type=5)),
+        (ValueError, "invalid DST type", lambda: pf.dstn(r, type=0)),
+        (ValueError, "unique", lambda: pf.fftn(x, axes=(0, 0))),
+        (ValueError, "data points", lambda: pf.fftn(x, s=(0, 5))),
+        (ValueError, "placements", lambda: pf.fftn(x, placements=[Shard(0), Shard(1)])),
+        (ValueError, "placements", lambda: pf.fftn(x, placements="anywhere")),
+        (ValueError, "sizes", lambda: pf.fftn(x, placements=[Shard(0)], sizes={0: [1]})),
+        (TypeError, "ShardedArray", lambda: pf.fftn(g)),
+        (ValueError, "kind", lambda: pf.plan(x.layout, "hilbert")),
+        (ValueError, "expected", lambda: pf.plan(x.layout, "fftn").forward(r)),
+    ]
+    for exc, msg, fn in bad:
+        with pytest.raises(exc, match=msg):
+            fn()
+    assert collectives_since(before) == 0
+    mesh.free()
+
+
+def test_plans_are_cached_and_reused(comm):
+    mesh = ps.Mesh(comm, (comm.size,))
+    g = make_global((7, 6), np.complex128) / 8
+    x = ps.distribute(g, mesh, [Shard(1)])
+    p = pf.plan(x.layout, "fftn")
+    assert pf.plan(x.layout, "fftn", axes=(0, 1), norm=None) is p
+    assert pf.plan(x.layout, "fftn", norm="ortho") is not p
+    ref = np.fft.fftn(g)
+    for _ in range(3):
+        y = p.forward(x)
+        check(y, ref, np.complex128, "reuse", comm)
+    out = np.empty_like(y.local)
+    y2 = p.forward(x, out=out, workers=1)
+    assert y2.local is out
+    check(y2, ref, np.complex128, "out=", comm)
+    mesh.free()
+
+
+def test_partial_input(comm):
+    """Partial(sum) stays Partial (every transform is linear); Partial(max) is reduced first."""
+    ms = MESHES.get(comm.size, [(1, comm.size)])[0]
+    if len(ms) < 2:
+        ms = (1, comm.size)
+    mesh = ps.Mesh(comm, ms)
+    shape = (6, 7)
+    for op in ("sum", "max"):
+        parts, total = contributions(shape, np.float64, ms[0], op, seed=5)
+        pl = [Partial(op), Shard(0)]
+        lay = ps.Layout(shape, np.float64, ms, pl)
+        local = np.ascontiguousarray(parts[mesh.coords[0]][lay.box(mesh.coords)])
+        x = ps.from_local(local, mesh, pl, global_shape=shape)
+        y = pf.rfftn(x)
+        ref = np.fft.rfftn(total)
+        if op == "sum":
+            assert y.placements == (Partial("sum"), Shard(0))
+            y = y.redistribute([Replicate(), Shard(0)])
+        else:
+            assert y.placements == (Replicate(), Shard(0))
+        check(y, ref, np.float64, f"Partial({op})", comm)
+    mesh.free()
+
+
+def test_any_then_inverse_with_placements(comm):
+    """The inverse of an "any" result, asked to land in the input's placements."""
+    g = make_global((6, 5, 7), np.float64)
+    for ms in meshes(comm):
+        mesh = ps.Mesh(comm, ms)
+        pl = [Shard(d % 3) for d in range(len(ms))]
+        x = ps.distribute(g, mesh, pl)
+        y = pf.rfftn(x, placements="any")
+        z = pf.irfftn(y, s=g.shape, placements=pl, sizes=x.layout.sizes)
+        assert z.layout == x.layout
+        check(z, g, np.float64, f"any inverse {ms}", comm)
+        mesh.free()
