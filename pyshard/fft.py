@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import logging
 import numbers
+import time
 from math import prod
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
@@ -509,7 +510,10 @@ class FFTPlan:
 
 
 def _run(passes: Sequence[Any], x: ShardedArray, out: Optional[Any], norm: Optional[str],
-         type_: int, workers: Optional[int], algorithm: Optional[str]) -> ShardedArray:
+         type_: int, workers: Optional[int], algorithm: Optional[str],
+         times: Optional[List[float]] = None) -> ShardedArray:
+    """Run ``passes`` on ``x``; ``times``: [local transform s, transpose s] accumulated
+    (the benchmark's split)."""
     from . import executor
 
     mesh = x.mesh
@@ -519,17 +523,20 @@ def _run(passes: Sequence[Any], x: ShardedArray, out: Optional[Any], norm: Optio
     last = len(passes) - 1
     for i, p in enumerate(passes):
         o = out if i == last else None
+        t0 = time.perf_counter() if times is not None else 0.0
         if isinstance(p, _Local):
             local = _local(local, p.func, p.axes, p.ns, p.outs, norm, type_, p.dst.dtype, owned,
                            workers)
             if o is not None:
                 bk.xp_of(local).copyto(o, local)
                 local = o
-        else:
-            if not p.plan.steps:
-                continue
+        elif p.plan.steps:
             execs = executors(p.plan, mesh, alg, local)
             local = run_steps(execs, p.plan, mesh, local, o)
+        else:
+            continue
+        if times is not None:
+            times[isinstance(p, _Move)] += time.perf_counter() - t0
         owned = True
     return ShardedArray(local, passes[-1].dst, mesh)
 

@@ -1,7 +1,7 @@
 """The benchmark's case table: each case a source and target layout on a mesh of every rank.
 
-:data:`CASES` run by default; :data:`EXTRA_CASES` (checkpoint, memory, sparse, fft3d, halo,
-stencil, many) are benchmarks of their own, run only when named in ``--cases``.
+:data:`CASES` run by default; :data:`EXTRA_CASES` (checkpoint, memory, sparse, fft3d, fft,
+halo, stencil, many) are benchmarks of their own, run only when named in ``--cases``.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ CASES = (
 )
 """The redistribution cases, run by default."""
 
-EXTRA_CASES = ("checkpoint", "memory", "sparse", "fft3d", "halo", "stencil", "many")
+EXTRA_CASES = ("checkpoint", "memory", "sparse", "fft3d", "fft", "halo", "stencil", "many")
 """Benchmarks with rows of their own fields, run only when named."""
 
 

@@ -17,6 +17,7 @@ from .._mpi import library_line
 from ..mesh import Mesh
 from .cases import CASES, EXTRA_CASES, make_cases
 from .checkpoint import bench_checkpoint
+from .fft import bench_fft, format_fft
 from .fft3d import bench_fft3d, format_fft3d
 from .gpu import main_cuda
 from .halo import bench_halo, bench_stencil, format_halo, format_stencil
@@ -33,7 +34,9 @@ def _parser() -> argparse.ArgumentParser:
         epilog="Cases run only when named: checkpoint (save/load GB/s, --checkpoint-bytes), "
         "memory (peak RSS over --memory-shapes distinct shapes; check: growth after 40 shapes "
         f"<= {MEMORY_LIMIT_MIB} MiB), sparse (setup at up to 65,536 simulated ranks) and fft3d "
-        "(a pencil 3-D FFT, --fft-n), halo (one ghost-cell update of 2-D 8192^2 float64 width 1 "
+        "(a pencil 3-D FFT, --fft-n), fft (pyshard.fft: c2c and r2c, slab and pencil, forward "
+        "and backward, local FFT and transpose times; a batched 2-D case, --fft-batch), "
+        "halo (one ghost-cell update of 2-D 8192^2 float64 width 1 "
         "and 4, 3-D 384^3 float32 width 2, on a 2-D mesh; --halo-scale, --halo-shape) and "
         "stencil (the heat example, blocking vs overlapped steps; --stencil-n), many (200 arrays "
         "in one redistribute_many vs a loop vs one raw collective; --many-count). See the "
@@ -45,6 +48,11 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--shape", default="8192x8192")
     ap.add_argument(
         "--fft-n", type=int, default=256, help="fft3d case: an n^3 complex128 array (default 256)"
+    )
+    ap.add_argument(
+        "--fft-batch",
+        default="64x1024",
+        help="fft case: the batched 2-D transform BxM (B x M x M complex128; 0 skips it)",
     )
     ap.add_argument(
         "--halo-scale", type=int, default=1, help="halo case: divide the grid extents by this"
@@ -114,6 +122,12 @@ def _run_extra(name: str, comm: MPI.Comm, args: argparse.Namespace) -> Dict:
                           reps=max(1, args.reps // 3), dim=args.stencil_dim, shape=shape)
         if comm.Get_rank() == 0:
             print(format_stencil(r), flush=True)
+    elif name == "fft":
+        b, _, m = args.fft_batch.partition("x")
+        r = bench_fft(comm, n=args.fft_n, reps=args.reps, warmup=args.warmup, batch=int(b),
+                      batch_n=int(m or 1024))
+        if comm.Get_rank() == 0:
+            print(format_fft(r), flush=True)
     elif name == "fft3d":
         n = args.fft_n
         r = bench_fft3d(comm, n=n, reps=args.reps, warmup=args.warmup)
