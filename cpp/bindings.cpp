@@ -613,9 +613,17 @@ PYBIND11_MODULE(_core, m) {
       .value("neighbor", HaloMethod::neighbor);
   py::class_<HaloGeometry, std::shared_ptr<HaloGeometry>>(m, "HaloGeometry")
       .def(py::init<i64, Shape, const std::vector<PeerBoxes>&, const std::vector<PeerBoxes>&,
-                    const std::vector<LocalSpec>&>(),
+                    const std::vector<LocalSpec>&, bool, int>(),
            py::arg("itemsize"), py::arg("shape"), py::arg("sends"), py::arg("recvs"),
-           py::arg("local"))
+           py::arg("local"), py::arg("reverse") = false, py::arg("local_at") = 0)
+      .def_readonly("reverse", &HaloGeometry::reverse)
+      .def_readonly("local_at", &HaloGeometry::local_at)
+      .def_property_readonly("recv_offsets",
+                             [](const HaloGeometry& g) {
+                               std::vector<i64> v;
+                               for (const HaloMessage& m : g.recvs) v.push_back(m.off);
+                               return v;
+                             })
       .def_readonly("send_bytes", &HaloGeometry::send_bytes)
       .def_readonly("recv_bytes", &HaloGeometry::recv_bytes)
       .def_readonly("local_bytes", &HaloGeometry::local_bytes)
@@ -645,6 +653,31 @@ PYBIND11_MODULE(_core, m) {
              py::gil_scoped_release nogil;
              s.wait(b.ptr, host_packer(), g_transport[0]);
            })
+      .def("fold_wait",
+           [](HaloStep& s, py::array& a, int op, int kind) {
+             Buf b = get_buf(a, true, "the padded array");
+             check_shape(b, s.geometry().shape, "the padded array");
+             py::gil_scoped_release nogil;
+             s.wait(b.ptr, host_packer(), g_transport[0], static_cast<FoldOp>(op),
+                    static_cast<FoldKind>(kind));
+           },
+           py::arg("padded"), py::arg("op"), py::arg("kind"),
+           "Complete a fold: combine the received values with op (0 sum, 1 max, 2 min) as "
+           "element kind `kind` (-1: leave them in the buffer for the caller)")
+      .def("fold",
+           [](HaloStep& s, py::array& a, int op, int kind) {
+             Buf b = get_buf(a, true, "the padded array");
+             check_shape(b, s.geometry().shape, "the padded array");
+             py::gil_scoped_release nogil;
+             s.start(b.ptr, host_packer(), g_transport[0]);
+             s.wait(b.ptr, host_packer(), g_transport[0], static_cast<FoldOp>(op),
+                    static_cast<FoldKind>(kind));
+           },
+           py::arg("padded"), py::arg("op"), py::arg("kind"))
+      .def_property_readonly("buffer",
+                             [](const HaloStep& s) {
+                               return reinterpret_cast<std::uintptr_t>(s.buffer());
+                             })
       .def("update",
            [](HaloStep& s, py::array& a) {
              Buf b = get_buf(a, true, "the padded array");

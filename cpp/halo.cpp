@@ -1,7 +1,10 @@
 #include "halo.h"
 
 #include <climits>
+#include <complex>
+#include <cstring>
 #include <stdexcept>
+#include <type_traits>
 
 namespace pyshard {
 
@@ -57,14 +60,137 @@ std::vector<HaloMessage> describe_messages(const std::vector<PeerBoxes>& in, con
   return out;
 }
 
+// The fold's combine on the host: dst = op(dst, src) element by element over the blocks
+// [b0, b1) of table `t`, descriptor by descriptor, run by run, in order (serial: two
+// contributions to one cell always combine in the same order).
+template <class T>
+struct SumOp {
+  T operator()(T a, T b) const {
+    if constexpr (std::is_integral_v<T>) {  // wrap around, as numpy does (no UB)
+      using U = std::make_unsigned_t<T>;
+      return static_cast<T>(static_cast<U>(a) + static_cast<U>(b));
+    } else {
+      return a + b;
+    }
+  }
+};
+template <class T>
+struct MaxOp {  // NaN wins, as numpy.maximum
+  T operator()(T a, T b) const {
+    if constexpr (std::is_floating_point_v<T>) {
+      if (a != a) return a;
+      if (b != b) return b;
+    }
+    return b > a ? b : a;
+  }
+};
+template <class T>
+struct MinOp {
+  T operator()(T a, T b) const {
+    if constexpr (std::is_floating_point_v<T>) {
+      if (a != a) return a;
+      if (b != b) return b;
+    }
+    return b < a ? b : a;
+  }
+};
+
+template <class T, class F>
+void combine_blocks(const DescTable& t, size_t b0, size_t b1, const char* src, char* dst,
+                    F f) {
+  for (size_t b = b0; b < b1 && b < t.blocks(); ++b)
+    for (size_t i = t.first[b]; i < t.first[b + 1]; ++i) {
+      const CopyDesc& d = t.host[i];
+      const i64 n = d.run / static_cast<i64>(sizeof(T));
+      for_each_run(d, [&](i64 so, i64 to) {
+        const char* s = src + so;
+        char* o = dst + to;
+        for (i64 k = 0; k < n; ++k) {
+          T a, v;
+          std::memcpy(&a, o + k * sizeof(T), sizeof(T));
+          std::memcpy(&v, s + k * sizeof(T), sizeof(T));
+          a = f(a, v);
+          std::memcpy(o + k * sizeof(T), &a, sizeof(T));
+        }
+      });
+    }
+}
+
+template <class T>
+void combine_typed(FoldOp op, const DescTable& t, size_t b0, size_t b1, const char* src,
+                   char* dst) {
+  if (op == FoldOp::sum) {
+    combine_blocks<T>(t, b0, b1, src, dst, SumOp<T>{});
+    return;
+  }
+  if constexpr (std::is_arithmetic_v<T>) {
+    if (op == FoldOp::max)
+      combine_blocks<T>(t, b0, b1, src, dst, MaxOp<T>{});
+    else
+      combine_blocks<T>(t, b0, b1, src, dst, MinOp<T>{});
+  } else {
+    throw std::invalid_argument("pyshard: fold max/min on complex data");
+  }
+}
+
+void combine(FoldKind kind, FoldOp op, const DescTable& t, size_t b0, size_t b1,
+             const char* src, char* dst) {
+  switch (kind) {
+    case FoldKind::f32: return combine_typed<float>(op, t, b0, b1, src, dst);
+    case FoldKind::f64: return combine_typed<double>(op, t, b0, b1, src, dst);
+    case FoldKind::i8: return combine_typed<std::int8_t>(op, t, b0, b1, src, dst);
+    case FoldKind::i16: return combine_typed<std::int16_t>(op, t, b0, b1, src, dst);
+    case FoldKind::i32: return combine_typed<std::int32_t>(op, t, b0, b1, src, dst);
+    case FoldKind::i64: return combine_typed<std::int64_t>(op, t, b0, b1, src, dst);
+    case FoldKind::u8: return combine_typed<std::uint8_t>(op, t, b0, b1, src, dst);
+    case FoldKind::u16: return combine_typed<std::uint16_t>(op, t, b0, b1, src, dst);
+    case FoldKind::u32: return combine_typed<std::uint32_t>(op, t, b0, b1, src, dst);
+    case FoldKind::u64: return combine_typed<std::uint64_t>(op, t, b0, b1, src, dst);
+    case FoldKind::c64: return combine_typed<std::complex<float>>(op, t, b0, b1, src, dst);
+    case FoldKind::c128: return combine_typed<std::complex<double>>(op, t, b0, b1, src, dst);
+    case FoldKind::none: return;
+  }
+  throw std::invalid_argument("pyshard: unknown fold element kind");
+}
+
+i64 kind_size(FoldKind k) {
+  switch (k) {
+    case FoldKind::i8: case FoldKind::u8: return 1;
+    case FoldKind::i16: case FoldKind::u16: return 2;
+    case FoldKind::f32: case FoldKind::i32: case FoldKind::u32: return 4;
+    case FoldKind::f64: case FoldKind::i64: case FoldKind::u64: case FoldKind::c64: return 8;
+    case FoldKind::c128: return 16;
+    default: return 0;
+  }
+}
+
 }  // namespace
 
 HaloGeometry::HaloGeometry(i64 item_, Shape shape_, const std::vector<PeerBoxes>& sends_,
                            const std::vector<PeerBoxes>& recvs_,
-                           const std::vector<LocalSpec>& local_)
-    : item(item_), shape(std::move(shape_)) {
+                           const std::vector<LocalSpec>& local_, bool reverse_, int local_at_)
+    : reverse(reverse_), local_at(local_at_), item(item_), shape(std::move(shape_)) {
   sends = describe_messages(sends_, shape, item, true, &pack, nullptr, &send_bytes);
   recvs = describe_messages(recvs_, shape, item, false, &unpack, &unpack_packed, &recv_bytes);
+  if (reverse) {
+    if (local_at < 0 || local_at > static_cast<int>(recvs.size()))
+      throw std::invalid_argument("pyshard: a fold's local_at outside its messages");
+    for (HaloMessage& m : recvs) m.contiguous = false;  // they combine: never in place
+    // one block each way: ghost boxes -> the buffer (start), the buffer -> interior (wait)
+    local.begin_block();
+    local_unpack.begin_block();
+    const Shape zero(shape.size(), 0);
+    for (const auto& t : local_) {
+      const Shape& ext = std::get<2>(t);
+      describe_copy(shape, std::get<0>(t), ext, zero, ext, item, 0, local_bytes, &local.host);
+      describe_copy(ext, zero, shape, std::get<1>(t), ext, item, local_bytes, 0,
+                    &local_unpack.host);
+      local_bytes += volume(ext) * item;
+    }
+    local.end_block();
+    local_unpack.end_block();
+    return;
+  }
   for (const auto& t : local_) {
     local.begin_block();
     describe_copy(shape, std::get<0>(t), shape, std::get<1>(t), std::get<2>(t), item, 0, 0,
@@ -216,14 +342,17 @@ void HaloStep::post_typed(char* arr) {
     for (const auto* v : {&g.recvs, &g.sends})
       for (const HaloMessage& m : *v)
         types_.push_back(m.bytes ? mpi::subarrays(g.shape, m.starts, m.exts, g.item) : MPI_BYTE);
-  if (reqs_.empty() || bound_[0] != arr) {
+  if (reqs_.empty() || bound_[0] != arr || (g.reverse && bound_[2] != work_)) {
     free_requests();
     MPI_Comm c = comm_->get();
     reqs_.assign(g.recvs.size() + g.sends.size(), MPI_REQUEST_NULL);
     size_t i = 0;
     for (const HaloMessage& m : g.recvs) {
-      check_mpi(MPI_Recv_init(arr, m.bytes ? 1 : 0, types_[i], m.peer, tag_, c, &reqs_[i]),
-                "MPI_Recv_init");
+      if (g.reverse)  // a fold's receives land in the buffer (they combine at wait())
+        mpi::recv_init(work_ + m.off, m.bytes, m.peer, tag_, c, &reqs_[i]);
+      else
+        check_mpi(MPI_Recv_init(arr, m.bytes ? 1 : 0, types_[i], m.peer, tag_, c, &reqs_[i]),
+                  "MPI_Recv_init");
       ++i;
     }
     for (const HaloMessage& m : g.sends) {
@@ -232,6 +361,7 @@ void HaloStep::post_typed(char* arr) {
       ++i;
     }
     bound_[0] = arr;
+    bound_[2] = g.reverse ? work_ : nullptr;
   }
   if (!reqs_.empty())
     check_mpi(MPI_Startall(static_cast<int>(reqs_.size()), reqs_.data()), "MPI_Startall");
@@ -245,6 +375,14 @@ void HaloStep::start(char* arr, Packer& pk, Transport tr) {
     if (pk.kind() != Mem::host || tr != Transport::direct)
       throw std::invalid_argument(
           "pyshard: the datatype halo method takes host arrays on the direct transport");
+    if (g.reverse) {  // typed sends from the ghost boxes, receives into the buffer
+      work_ = ws_.work(pk, g.recv_bytes + g.local_bytes);
+      post_typed(arr);
+      pk.copy_all(g.local, arr, work_ + g.recv_bytes);
+      active_ = true;
+      started_tr_ = tr;
+      return;
+    }
     post_typed(arr);  // receives and sends first: the wrap copies overlap them
     pk.copy_all(g.local, arr, arr);
     active_ = true;
@@ -253,31 +391,55 @@ void HaloStep::start(char* arr, Packer& pk, Transport tr) {
   }
   const bool staged = tr == Transport::staged;
   const i64 S = g.send_bytes, R = g.recv_bytes;
-  char* work = ws_.work(pk, S + R);  // in the array's memory
+  char* work = ws_.work(pk, S + R + (g.reverse ? g.local_bytes : 0));  // the array's memory
+  work_ = work;
   // One pass (one kernel launch on a GPU) for every peer, then MPI. Packing each message
   // just before its send and unpacking each as it arrives (MPI_Waitany) was no faster at 2
   // ranks and 15-30x slower at 4 ranks on 2 cores (busy-polling ranks starve each other
   // between the calls; docs/performance.md).
   char* bounce = staged ? ws_.bounce(pk, S + R) : nullptr;
   pk.copy_all(g.pack, arr, work);
-  pk.copy_all(g.local, arr, arr);  // periodic wrap onto this rank: interior -> ghosts
+  if (g.reverse)  // the fold's own ghost cells, combined at wait()
+    pk.copy_all(g.local, arr, work + S + R);
+  else
+    pk.copy_all(g.local, arr, arr);  // periodic wrap onto this rank: interior -> ghosts
   if (staged) pk.to_host(bounce, work, S);
   pk.sync();  // MPI reads the packed bytes next
   if (method_ == HaloMethod::neighbor) {
     post_neighbor(staged ? bounce : work, staged ? bounce + S : work + S);
   } else {
-    bind(arr, staged ? bounce : work, staged ? bounce + S : work + S, !staged);
+    bind(arr, staged ? bounce : work, staged ? bounce + S : work + S, !staged && !g.reverse);
     start_all();
   }
   active_ = true;
   started_tr_ = tr;
 }
 
-void HaloStep::wait(char* arr, Packer& pk, Transport tr) {
+void HaloStep::wait(char* arr, Packer& pk, Transport tr, FoldOp op, FoldKind kind) {
   if (!active_) throw std::logic_error("pyshard: halo wait() called without start()");
   if (tr != started_tr_) throw std::logic_error("pyshard: halo wait() on another transport");
-  active_ = false;
   const HaloGeometry& g = *g_;
+  if (g.reverse) {
+    if (kind != FoldKind::none && (pk.kind() != Mem::host || kind_size(kind) == 0 ||
+                                   g.item % kind_size(kind) != 0 || g.item != kind_size(kind)))
+      throw std::invalid_argument("pyshard: a fold's element kind does not fit the array");
+    active_ = false;
+    const i64 S = method_ == HaloMethod::datatype ? 0 : g.send_bytes, R = g.recv_bytes;
+    char* work = work_;
+    waitall();
+    if (tr == Transport::staged) pk.from_host(work + S, ws_.bounce(pk, S + R) + S, R);
+    if (kind != FoldKind::none) {
+      // the fixed order: messages by peer rank, this rank's own copies at its rank's place
+      const size_t at = static_cast<size_t>(g.local_at);
+      combine(kind, op, g.unpack, 0, at, work + S, arr);
+      combine(kind, op, g.local_unpack, 0, 1, work + S + R, arr);
+      combine(kind, op, g.unpack, at, g.unpack.blocks(), work + S, arr);
+    }
+    count_call("halo_fold", pk, tr);
+    pk.finish();
+    return;
+  }
+  active_ = false;
   if (method_ == HaloMethod::datatype) {
     waitall();
     count_call("halo", pk, tr);

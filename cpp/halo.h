@@ -37,6 +37,16 @@ using PeerBoxes = std::tuple<int, std::vector<BoxSpec>>;
 // MPI_Neighbor_alltoallv_init, else MPI_Ineighbor_alltoallw per update (mpi_calls.h).
 enum class HaloMethod { persistent = 0, p2p = 1, datatype = 2, neighbor = 3 };
 
+// The fold (the reverse exchange, HaloArray.fold): how a received value combines into the
+// cell it lands on, and the element type the host combine runs in (`none`: wait() leaves
+// the received bytes in the step's buffer and the caller combines them: device arrays and
+// the low-precision floats, which accumulate in float32 in Python).
+enum class FoldOp { sum = 0, max = 1, min = 2 };
+enum class FoldKind {
+  none = -1, f32 = 0, f64 = 1, i8 = 2, i16 = 3, i32 = 4, i64 = 5, u8 = 6, u16 = 7, u32 = 8,
+  u64 = 9, c64 = 10, c128 = 11
+};
+
 struct HaloMessage {
   int peer;
   i64 bytes = 0;
@@ -46,9 +56,20 @@ struct HaloMessage {
   i64 array_off = 0;      // its byte offset there when contiguous
 };
 
+// A fold geometry (reverse = true) is the update's with sends and receives swapped (Python
+// passes them so): the sends are ghost boxes, the receives interior boxes, and the local
+// copies go ghost -> interior. Its receives never land in place (they combine), and its
+// local copies run in two halves: `local` packs their ghost boxes into the buffer after the
+// receives at start(), `local_unpack` combines them into the interior at wait(), as the
+// block at position `local_at` among the received messages (the fixed order: by peer rank,
+// this rank's own copies at its own rank's place, boxes in message order).
 struct HaloGeometry {
   HaloGeometry(i64 item, Shape shape, const std::vector<PeerBoxes>& sends,
-               const std::vector<PeerBoxes>& recvs, const std::vector<LocalSpec>& local);
+               const std::vector<PeerBoxes>& recvs, const std::vector<LocalSpec>& local,
+               bool reverse = false, int local_at = 0);
+  bool reverse = false;
+  int local_at = 0;
+  DescTable local_unpack;  // fold only: local buffer -> interior
   i64 item;
   Shape shape;  // the padded local array
   std::vector<HaloMessage> sends, recvs;
@@ -68,7 +89,12 @@ class HaloStep {
   HaloStep(const HaloStep&) = delete;
   HaloStep& operator=(const HaloStep&) = delete;
   void start(char* arr, Packer& pk, Transport tr);
-  void wait(char* arr, Packer& pk, Transport tr);
+  // A fold step's wait combines with `op` in the host packer's memory when `kind` is not
+  // none; otherwise it leaves the received bytes at buffer() (receives at
+  // geometry().send_bytes, this rank's own copies after them).
+  void wait(char* arr, Packer& pk, Transport tr, FoldOp op = FoldOp::sum,
+            FoldKind kind = FoldKind::none);
+  char* buffer() const { return work_; }
   bool active() const { return active_; }
   const HaloGeometry& geometry() const { return *g_; }
   HaloMethod method() const { return method_; }
@@ -96,6 +122,7 @@ class HaloStep {
   char* bound_[3] = {nullptr, nullptr, nullptr};  // array, send and receive buffers bound
   bool bound_in_place_ = false;
   bool active_ = false;
+  char* work_ = nullptr;  // the packed buffer of the last start()
   Transport started_tr_ = Transport::direct;
 };
 

@@ -4,19 +4,27 @@
 by the core's packers (CPU or CUDA, the same descriptor tables as ``redistribute``), moved
 by one of four methods (persistent point-to-point requests by default), split into
 ``start()`` and ``wait()``. The semantics are :mod:`pyshard.halo_plan`'s.
+
+:meth:`HaloArray.fold` (and :meth:`~HaloArray.start_fold` / ``wait()``) is the reverse
+exchange, the adjoint of an update: every ghost cell an update writes is combined (sum, max
+or min) into the owner's interior cell at its global index, over the same peers and bytes
+with the directions swapped, in a fixed order (docs/halo.md, docs/adjoints.md).
 """
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import os
 import time
+from math import prod
 from typing import TYPE_CHECKING, Any, Optional, Tuple
 
+import numpy as np
 from mpi4py import MPI
 
 from . import _backend as bk
-from . import _core, _validate
+from . import _core, _dtypes, _validate
 from .halo_plan import HaloPlan, PeriodicArg, WidthArg, halo_plan, halo_spec
 from .layout import Layout
 from .mesh import Mesh
@@ -24,13 +32,25 @@ from .mesh import Mesh
 if TYPE_CHECKING:  # no runtime import: array.py imports this module
     from .array import ShardedArray
 
-__all__ = ["METHODS", "HaloArray"]
+__all__ = ["FOLD_OPS", "METHODS", "HaloArray"]
 
 log = logging.getLogger("pyshard")
 
 METHODS = ("persistent", "p2p", "datatype", "neighbor")
 TUNE_REPS = 5  # updates per method when method="tune"
 HALO_TAG = 8  # redistribute's point-to-point steps use 7
+FOLD_TAG = 9  # the reverse exchange (fold)
+FOLD_OPS = ("sum", "max", "min")
+_OP_CODE = {"sum": 0, "max": 1, "min": 2}  # cpp/halo.h FoldOp
+# cpp/halo.h FoldKind: the dtypes the core's host combine runs in; every other dtype (float16
+# and the ml_dtypes floats, accumulated in float32; bool; device arrays) combines here
+_KIND_CODE = {
+    np.dtype(t): k
+    for k, t in enumerate(
+        (np.float32, np.float64, np.int8, np.int16, np.int32, np.int64, np.uint8, np.uint16,
+         np.uint32, np.uint64, np.complex64, np.complex128)
+    )
+}
 
 
 # ----------------------------------------------------------------------------- execution
@@ -55,6 +75,30 @@ def _geometry(p: HaloPlan) -> Any:
     )
 
 
+def _fold_geometry(p: HaloPlan) -> Any:
+    """The update's geometry with sends and receives swapped: a fold sends its ghost boxes
+    and receives into its interior boxes; its own wrap copies go ghost -> interior, combined
+    at the place of this rank among the peers (the fixed order)."""
+    local_at = sum(1 for r, _, _ in p.sends if r < p.rank)
+    return _core.HaloGeometry(
+        p.itemsize,
+        list(p.padded_shape),
+        [(r, [(list(s), list(e)) for s, e in boxes]) for r, _, boxes in p.recvs],
+        [(r, [(list(s), list(e)) for s, e in boxes]) for r, _, boxes in p.sends],
+        [(list(t), list(s), list(e)) for s, t, e in p.local],
+        True,
+        local_at,
+    )
+
+
+def _bytes_at(ptr: int, n: int, xp: Any, owner: Any) -> Any:
+    """A uint8 array over ``n`` bytes at ``ptr`` (host memory, or device memory for cupy)."""
+    if xp is np:
+        return np.ctypeslib.as_array((ctypes.c_uint8 * n).from_address(ptr))
+    mem = xp.cuda.UnownedMemory(ptr, n, owner)
+    return xp.ndarray((n,), dtype=np.uint8, memptr=xp.cuda.MemoryPointer(mem, 0))
+
+
 class HaloArray:
     """A sharded array's local block with ghost layers around it (see the module doc).
 
@@ -68,12 +112,18 @@ class HaloArray:
     :meth:`wait`) the interior may be read and written (the sends were packed when
     :meth:`start` returned), the ghost cells may not be touched (they are written by
     :meth:`wait`, or land by MPI at any time).
+
+    :meth:`fold` is the reverse (the adjoint of :meth:`update` for ``op="sum"``): each ghost
+    cell an update would write is combined into the interior cell of its owner;
+    :meth:`start_fold` / :meth:`wait` split it. While a fold is in flight the interior may be
+    read and written (what it holds at :meth:`wait` is what the contributions combine into:
+    nothing lands there before), the ghost cells may be read but not written.
     """
 
     __slots__ = (
         "padded", "interior", "width", "periodic", "corners", "layout", "mesh", "method",
-        "chosen",
-        "_spec", "_cls", "_step", "_dev", "_active", "_array",
+        "chosen", "fold_chosen",
+        "_spec", "_cls", "_step", "_dev", "_active", "_array", "_fstep", "_fgeom", "_folding",
     )
 
     def __init__(self, x: ShardedArray, width: WidthArg, periodic: PeriodicArg = False,
@@ -111,6 +161,10 @@ class HaloArray:
         self._step: Any = None
         self._active = False
         self._array: Optional[ShardedArray] = None
+        self.fold_chosen: Optional[str] = None
+        self._fstep: Any = None
+        self._fgeom: Any = None
+        self._folding: Optional[str] = None  # the op of the fold in flight
 
     @property
     def array(self) -> ShardedArray:
@@ -179,7 +233,7 @@ class HaloArray:
 
     def update(self) -> None:
         """Fill the ghost cells from the owners' current interiors; collective (blocking)."""
-        if self._active:
+        if self._active or self._folding:
             raise RuntimeError("HaloArray.update(): an exchange is in flight; call wait() first")
         step = self._core_step()
         if self._dev:
@@ -191,7 +245,7 @@ class HaloArray:
 
     def start(self) -> None:
         """Start filling the ghost cells and return at once; :meth:`wait` completes it."""
-        if self._active:
+        if self._active or self._folding:
             raise RuntimeError("HaloArray.start(): already started; call wait() first")
         step = self._core_step()
         if self._dev:
@@ -200,9 +254,177 @@ class HaloArray:
             step.start(self.padded)
         self._active = True
 
+    # -- the reverse exchange
+
+    def _check_fold(self, op: str, what: str) -> None:
+        """Errors found from the arguments and this array's state alone (the same on every
+        rank that makes the same calls), raised before any communication."""
+        if not isinstance(op, str) or op not in FOLD_OPS:
+            raise ValueError(f"HaloArray.{what}: op must be one of {FOLD_OPS}, got {op!r}")
+        if op != "sum" and self.padded.dtype.kind == "c":
+            raise ValueError(
+                f"HaloArray.{what}: op={op!r} on complex data ({self.padded.dtype}) has no "
+                f"order; complex arrays fold with op='sum' only"
+            )
+        if self._active:
+            raise RuntimeError(
+                f"HaloArray.{what}: an update is in flight (start() without wait()); call "
+                f"wait() first"
+            )
+        if self._folding:
+            raise RuntimeError(
+                f"HaloArray.{what}: a fold is in flight (start_fold() without wait()); call "
+                f"wait() first"
+            )
+        if _validate.enabled:
+            _validate.agree(self.mesh.comm, "halo fold", {
+                "layout": repr(self.layout), "halo": repr(self._spec),
+                "method": self.method, "op": op,
+            })
+
+    def _fold_step(self) -> Any:
+        if self._fstep is None:
+            p = self.plan
+            comm = self.mesh._core_comm(tuple(range(self.mesh.ndim)))
+            self._fgeom = geom = _fold_geometry(p)
+            if self.method == "tune":
+                self.fold_chosen, self._fstep = self._tune_fold(comm, geom)
+            else:
+                self.fold_chosen = self.method
+                self._fstep = _core.HaloStep(
+                    comm, geom, getattr(_core.HaloMethod, self.method), FOLD_TAG
+                )
+            log.debug("pyshard: halo fold built for rank %d: %r (%s)", self.mesh.rank, p,
+                      self.fold_chosen)
+        return self._fstep
+
+    def _tune_fold(self, comm: Any, geom: Any) -> Tuple[str, Any]:
+        """As :meth:`_tune`, timing folds of a scratch array (a fold changes the interior)."""
+        staged = _core.transport(_core.Mem.host).name == "staged"
+        candidates = [m for m in METHODS if not ((self._dev or staged) and m == "datatype")]
+        scratch = bk.xp_of(self.padded).zeros_like(self.padded)
+        best: Tuple[float, str, Any] = (float("inf"), "", None)
+        for m in candidates:
+            step = _core.HaloStep(comm, geom, getattr(_core.HaloMethod, m), FOLD_TAG)
+            self.fold_chosen = m  # _fold_wait reads it (the datatype method's buffer)
+            times = []
+            for _ in range(TUNE_REPS):
+                t0 = time.perf_counter()
+                self._fold_start(step, scratch)
+                self._fold_wait(step, "sum", scratch)
+                if self._dev:
+                    bk.xp_of(scratch).cuda.get_current_stream().synchronize()
+                times.append(time.perf_counter() - t0)
+            t = self.mesh.comm.allreduce(sorted(times)[len(times) // 2], op=MPI.MAX)
+            if t < best[0]:
+                best = (t, m, step)
+        log.info("pyshard: halo fold method tuned for %r: %s (%.1f us)", self._spec, best[1],
+                 best[0] * 1e6)
+        return best[1], best[2]
+
+    def _fold_start(self, step: Any, arr: Any) -> None:
+        if self._dev:
+            step.start_device(arr.data.ptr, bk.stream_ptr())
+        else:
+            step.start(arr)
+
+    def _fold_wait(self, step: Any, op: str, arr: Any) -> None:
+        kind = None if self._dev else _KIND_CODE.get(arr.dtype)
+        if kind is not None:  # the core combines (host, native dtypes)
+            step.fold_wait(arr, _OP_CODE[op], kind)
+            return
+        if self._dev:
+            step.wait_device(arr.data.ptr, bk.stream_ptr())
+        else:
+            step.fold_wait(arr, _OP_CODE[op], -1)
+        self._combine(step, op, arr)
+
+    def _combine(self, step: Any, op: str, arr: Any) -> None:
+        """The combine in array-module operations (numpy or cupy), in the core's order: the
+        received messages by peer rank, this rank's own wrap copies at its own place, boxes
+        in message order; float16 and the ml_dtypes floats accumulate in float32, rounded
+        once."""
+        g, p, xp = self._fgeom, self.plan, bk.xp_of(arr)
+        S = 0 if self.fold_chosen == "datatype" else g.send_bytes
+        R, L = g.recv_bytes, g.local_bytes
+        if R + L == 0:
+            return
+        buf = _bytes_at(step.buffer, S + R + L, xp, step)
+        dt = arr.dtype
+        w = self.width
+        interior = arr[tuple(slice(ww, n - ww) for ww, n in zip(w, arr.shape)) or ...]
+        acc_dt = _dtypes.accumulator(dt)
+        ml = _dtypes.is_ml_float(dt)
+
+        def wide(x: Any) -> Any:
+            if acc_dt == dt:
+                return x
+            if ml:
+                return _dtypes.widen(x.view(_dtypes.word(dt)), dt, xp)
+            return x.astype(acc_dt)
+
+        acc = wide(interior)
+        ufunc = {"sum": xp.add, "max": xp.maximum, "min": xp.minimum}[op]
+        isz = dt.itemsize
+
+        def apply(at: int, start: Tuple[int, ...], ext: Tuple[int, ...]) -> int:
+            n = prod(ext) * isz
+            src = wide(buf[at:at + n].view(dt).reshape(ext))
+            d = acc[tuple(slice(s - ww, s - ww + e) for s, ww, e in zip(start, w, ext)) or ...]
+            ufunc(d, src, out=d)
+            return at + n
+
+        def local() -> None:
+            at = S + R
+            for s, _, e in p.local:  # forward (interior src, ghost dst, extent)
+                at = apply(at, s, e)
+
+        for i, ((_, _, boxes), off) in enumerate(zip(p.sends, g.recv_offsets)):
+            if i == g.local_at:
+                local()
+            at = S + off
+            for start, ext in boxes:
+                at = apply(at, start, ext)
+        if g.local_at == len(p.sends):
+            local()
+        if acc_dt != dt:
+            interior[...] = _dtypes.narrow(acc, dt, xp).view(dt) if ml else acc.astype(dt)
+
+    def fold(self, op: str = "sum", refresh: bool = False) -> None:
+        """Combine every ghost cell an :meth:`update` would write into the owner's interior
+        cell at its global index (the reverse exchange; collective, blocking): ``op`` is
+        ``"sum"`` (the adjoint of :meth:`update`), ``"max"`` or ``"min"``. Contributions
+        combine in a fixed order (by peer rank, this rank's own periodic wraps at its own
+        place, boxes in message order): the same bits on every run and with every method.
+        The ghost cells are left as they are; ``refresh=True`` then fills them with the
+        owners' new values (an :meth:`update`)."""
+        self._check_fold(op, "fold()")
+        step = self._fold_step()
+        if not self._dev and op in _OP_CODE and self.padded.dtype in _KIND_CODE:
+            step.fold(self.padded, _OP_CODE[op], _KIND_CODE[self.padded.dtype])
+        else:
+            self._fold_start(step, self.padded)
+            self._fold_wait(step, op, self.padded)
+        if refresh:
+            self.update()
+
+    def start_fold(self, op: str = "sum") -> None:
+        """Start a :meth:`fold` and return at once; :meth:`wait` completes it. In flight, the
+        interior may be read and written (the contributions combine into what it holds at
+        :meth:`wait`), the ghost cells may be read, not written."""
+        self._check_fold(op, "start_fold()")
+        step = self._fold_step()
+        self._fold_start(step, self.padded)
+        self._folding = op
+
     def wait(self) -> None:
-        """Complete the exchange :meth:`start` began: the ghost cells are filled (on a GPU:
-        ready on cupy's current stream)."""
+        """Complete the exchange :meth:`start` (or :meth:`start_fold`) began: the ghost
+        cells are filled (the interior cells combined), on a GPU ready on cupy's current
+        stream."""
+        if self._folding:
+            op, self._folding = self._folding, None
+            self._fold_wait(self._fstep, op, self.padded)
+            return
         if not self._active:
             raise RuntimeError("HaloArray.wait(): no exchange in flight; call start() first")
         self._active = False
@@ -229,6 +451,18 @@ class HaloArray:
         else:
             tuned = " (chosen by measurement)" if self.method == "tune" else ""
             text = self.plan.explain() + f"\n  runs as {how[m]}{tuned}"
+        p = self.plan
+        nl = len(p.local)
+        text += (
+            f"\n  fold (the reverse, HaloArray.fold): the same {len(p.peers)} peer(s) and bytes "
+            f"with the directions swapped: sends {p.recv_bytes} B in {len(p.recvs)} "
+            f"message(s) from the ghost cells, receives {p.send_bytes} B in {len(p.sends)} "
+            f"message(s) into the buffer, then combines them into the interior"
+            + (f" with its {nl} periodic wrap box(es) onto itself" if nl else "")
+            + " in a fixed order (by peer rank, its own wraps at its own rank's place, boxes "
+            "in message order)"
+            + (f"; runs as {self.fold_chosen}" if self.fold_chosen else "")
+        )
         if self._dev:
             text += "\n  GPU arrays: " + (
                 "pack kernel, MPI on device memory"

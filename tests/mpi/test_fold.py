@@ -1,0 +1,385 @@
+"""HaloArray.fold (the reverse halo exchange) under MPI against a numpy oracle: every rank
+generates every rank's padded array from its coords, so each rank computes, serially, what
+its interior must hold after the fold (its own values combined with every ghost cell of its
+replica that an update writes, at the cell's global index), and compares bitwise; on the
+1-D to 3-D meshes of test_halo.py's cases (uneven, empty, nested, replicated shards), box
+and star stencils, periodic or not, widths 1, 2 and wider than a neighbour's block, every
+method, ops sum/max/min. Plus: the dot-product test that fold is update's adjoint, the same
+bits with every method, start_fold/wait with the interior written in flight, refresh=True,
+bad input raised on every rank before any communication."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from oracle import ML_DTYPES, halo_expected
+from test_halo import cases
+from test_redistribute_nd import counts_since
+from test_staged import staged  # noqa: F401 - the fixture
+
+import pyshard as ps
+from pyshard import Replicate
+
+pytestmark = pytest.mark.mpi  # run under mpiexec with --with-mpi (pytest-mpi)
+
+METHODS = ["persistent", "p2p", "datatype", "neighbor"]
+
+
+def widths_for(shape):
+    nd = len(shape)
+    return [1, tuple(min(2, n) for n in shape),
+            tuple(min(n, 3) * (d % 2) for d, n in enumerate(shape))] if nd else [0]
+
+
+def periodics(nd):
+    return [False, True, tuple(d == 0 for d in range(nd))]
+
+
+def layout_of(shape, dtype, mesh, placements, sizes):
+    return ps.Layout(shape, dtype, mesh.shape, placements, sizes)
+
+
+def padded_of(layout, width, coords, dtype, seed, lo=-4, hi=5):
+    """Rank ``coords``'s padded array: small integers (exact sums in every dtype)."""
+    shape = tuple(b.stop - b.start + 2 * w for b, w in zip(layout.box(coords), width))
+    rng = np.random.default_rng([seed, *coords])
+    v = rng.integers(lo, hi, size=shape)
+    dt = np.dtype(dtype)
+    if dt.kind == "c":
+        v = v + 1j * rng.integers(lo, hi, size=shape)
+    return v.astype(dt)
+
+
+def written(layout, width, periodic, corners, coords):
+    """(global wrapped indices per dim, mask) of the ghost cells an update writes on the rank
+    at ``coords``: halo_expected's rule."""
+    box = layout.box(coords)
+    lo, hi = [b.start for b in box], [b.stop for b in box]
+    nd = len(lo)
+    idx = [np.arange(lo[d] - width[d], hi[d] + width[d]) for d in range(nd)]
+    shape = tuple(len(i) for i in idx)
+    valid = np.ones(shape, bool)
+    outside = np.zeros(shape, np.int64)
+    for d in range(nd):
+        view = [1] * nd
+        view[d] = shape[d]
+        i = idx[d]
+        ok = ((i >= 0) & (i < layout.shape[d])) | bool(periodic[d])
+        valid &= ok.reshape(view)
+        outside += ((i < lo[d]) | (i >= hi[d])).reshape(view)
+    mask = valid & ((outside >= 1) if corners else (outside == 1))
+    gidx = [np.mod(i, layout.shape[d]) if layout.shape[d] else i for d, i in enumerate(idx)]
+    return gidx, mask
+
+
+def replica(layout, coords):
+    """Mesh coords of the ranks in the replica of ``coords`` (same coords on every
+    Replicate mesh dim)."""
+    rep = [m for m, p in enumerate(layout.placements) if isinstance(p, Replicate)]
+    out = []
+    for q in np.ndindex(*layout.mesh_shape):
+        if all(q[m] == coords[m] for m in rep):
+            out.append(q)
+    return out
+
+
+def fold_expected(layout, width, periodic, corners, coords, op, gen):
+    """This rank's interior after the fold, computed serially; ``gen(q)`` gives rank q's
+    padded array (before the fold)."""
+    box = layout.box(coords)
+    lo, hi = [b.start for b in box], [b.stop for b in box]
+    mine = gen(coords)
+    interior = mine[tuple(slice(w, w + h - lo_) for w, lo_, h in zip(width, lo, hi))]
+    dt = interior.dtype
+    acc_dt = np.complex128 if dt.kind == "c" else np.float64 if dt.kind == "f" or \
+        dt.type.__module__.startswith("ml_dtypes") else np.int64
+    acc = interior.astype(acc_dt)
+    ufunc = {"sum": np.add, "max": np.maximum, "min": np.minimum}[op]
+    for q in replica(layout, coords):
+        gidx, mask = written(layout, width, periodic, corners, q)
+        if not mask.any():
+            continue
+        grids = np.meshgrid(*gidx, indexing="ij")
+        inside = mask.copy()
+        for d, gr in enumerate(grids):
+            inside &= (gr >= lo[d]) & (gr < hi[d])
+        if not inside.any():
+            continue
+        where = tuple(gr[inside] - lo[d] for d, gr in enumerate(grids))
+        ufunc.at(acc, where, gen(q)[inside].astype(acc_dt))
+    return acc.astype(dt)
+
+
+def run_case(comm, shape, mshape, placements, sizes, width, periodic, corners, method, op,
+             dtype, seed=0, split=False):
+    mesh = ps.Mesh(comm, mshape)
+    lay = layout_of(shape, dtype, mesh, placements, sizes)
+    x = ps.ShardedArray(np.zeros(lay.local_shape(mesh.coords), dtype), lay, mesh)
+    h = x.with_halo(width, periodic=periodic, corners=corners, method=method)
+
+    def gen(q):
+        return padded_of(lay, h.width, q, dtype, seed)
+
+    h.padded[...] = gen(mesh.coords)
+    ghosts = h.padded.copy()
+    before = ps.comm_stats()
+    if split:
+        h.start_fold(op)
+        h.wait()
+    else:
+        h.fold(op)
+    counts = counts_since(before)
+    counts.pop("staged", None)  # under the staged fixture
+    assert counts == {"halo_fold": 1}
+    want = fold_expected(lay, h.width, h.periodic, h.corners, mesh.coords, op, gen)
+    what = (f"{shape} {mshape} {placements} w={width} p={periodic} c={corners} {method} {op} "
+            f"{dtype} rank {comm.rank}")
+    assert h.interior.dtype == want.dtype
+    np.testing.assert_array_equal(h.interior.view(np.uint8), want.view(np.uint8), err_msg=what)
+    # the ghost cells are left as they were
+    inner = tuple(slice(w, w + n) for w, n in zip(h.width, h.interior.shape))
+    h.padded[inner] = ghosts[inner]
+    np.testing.assert_array_equal(h.padded.view(np.uint8), ghosts.view(np.uint8), err_msg=what)
+    mesh.free()
+
+
+@pytest.mark.parametrize("method", METHODS)
+@pytest.mark.parametrize("corners", [True, False])
+def test_fold_matches_oracle(comm, method, corners):
+    for shape, mshape, placements, sizes in cases(comm.size):
+        for width in widths_for(shape):
+            for periodic in periodics(len(shape)):
+                for op in ("sum", "max", "min"):
+                    run_case(comm, shape, mshape, placements, sizes, width, periodic, corners,
+                             method, op, "float64", seed=len(shape), split=op == "max")
+
+
+@pytest.mark.parametrize("dtype", ["int64", "float32", "float16", "int8", "complex128",
+                                   *ML_DTYPES])
+def test_fold_dtypes(comm, dtype):
+    ops = ("sum",) if np.dtype(dtype).kind == "c" else ("sum", "max", "min")
+    for shape, mshape, placements, sizes in cases(comm.size):
+        for width in widths_for(shape)[:2]:
+            for periodic in (False, True):
+                for op in ops:
+                    for method in ("persistent", "datatype"):
+                        run_case(comm, shape, mshape, placements, sizes, width, periodic,
+                                 True, method, op, dtype, seed=3)
+
+
+@pytest.mark.skipif(not ML_DTYPES, reason="ml_dtypes not installed")
+def test_bfloat16_accumulates_in_float32_rounded_once(comm):
+    """Every ghost cell holds 2**-8 and every interior cell 1: a cell with k >= 2
+    contributions ends at bfloat16(1 + k 2**-8) (rounded once), where rounding after each
+    addition would leave 1 (1 + 2**-8 is a tie, rounded to the even 1)."""
+    import ml_dtypes
+
+    bf = np.dtype(ml_dtypes.bfloat16)
+    mshape = (comm.size,)
+    mesh = ps.Mesh(comm, mshape)
+    lay = ps.Layout((2 * comm.size, 3), bf, mshape, [ps.Shard(0)])
+    x = ps.ShardedArray(np.zeros(lay.local_shape(mesh.coords), bf), lay, mesh)
+    for method in METHODS:
+        h = x.with_halo(2, periodic=True, method=method)
+        h.padded[...] = bf.type(2.0 ** -8)
+        h.interior[...] = bf.type(1.0)
+
+        def gen(q, h=h):
+            shape = tuple(b.stop - b.start + 2 * w for b, w in zip(lay.box(q), h.width))
+            p = np.full(shape, 2.0 ** -8)
+            p[tuple(slice(w, s - w) for w, s in zip(h.width, shape))] = 1.0
+            return p.astype(bf)
+
+        want = fold_expected(lay, h.width, h.periodic, h.corners, mesh.coords, "sum", gen)
+        h.fold()
+        np.testing.assert_array_equal(h.interior.view(np.uint16), want.view(np.uint16))
+        assert (h.interior.astype(np.float32) > 1).all()  # every cell got >= 2 contributions
+    mesh.free()
+
+
+def test_dot_product_adjoint(comm):
+    """<update(a), b> over the written ghost cells == <a, fold(b) - b> over the interiors,
+    exactly (integer-valued float64), for random layouts, widths and stencils."""
+    rng = np.random.default_rng(7)  # the same draws on every rank
+    for shape, mshape, placements, sizes in cases(comm.size):
+        for trial in range(3):
+            nd = len(shape)
+            width = tuple(int(rng.integers(0, min(3, n) + 1)) for n in shape)
+            periodic = tuple(bool(v) for v in rng.integers(0, 2, size=nd))
+            corners = bool(rng.integers(0, 2))
+            mesh = ps.Mesh(comm, mshape)
+            lay = layout_of(shape, "float64", mesh, placements, sizes)
+            x = ps.ShardedArray(np.zeros(lay.local_shape(mesh.coords)), lay, mesh)
+            ha = x.with_halo(width, periodic=periodic, corners=corners)
+            hb = x.with_halo(width, periodic=periodic, corners=corners)
+            a = padded_of(lay, ha.width, mesh.coords, "float64", 100 + trial, -50, 50)
+            b = padded_of(lay, ha.width, mesh.coords, "float64", 200 + trial, -50, 50)
+            _, mask = written(lay, ha.width, ha.periodic, ha.corners, mesh.coords)
+            ha.padded[...] = a
+            ha.update()
+            lhs = float((ha.padded[mask] * b[mask]).sum())
+            hb.padded[...] = b
+            inner = tuple(slice(w, w + n) for w, n in zip(hb.width, hb.interior.shape))
+            hb.fold()
+            rhs = float((a[inner] * (hb.interior - b[inner])).sum())
+            lhs, rhs = comm.allreduce(lhs), comm.allreduce(rhs)
+            assert lhs == rhs, (shape, mshape, placements, width, periodic, corners)
+            mesh.free()
+
+
+def test_same_bits_with_every_method_and_run(comm):
+    """Non-integer data (the sum's rounding depends on its order): every method, tune and
+    repeated runs give the same bits."""
+    for shape, mshape, placements, sizes in cases(comm.size):
+        for dtype in ["float64", "float32", *ML_DTYPES[:1]]:
+            mesh = ps.Mesh(comm, mshape)
+            lay = layout_of(shape, dtype, mesh, placements, sizes)
+            x = ps.ShardedArray(np.zeros(lay.local_shape(mesh.coords), dtype), lay, mesh)
+            width = widths_for(shape)[1]
+            results = []
+            for method in METHODS + ["tune", "persistent"]:
+                h = x.with_halo(width, periodic=True, method=method)
+                rng = np.random.default_rng([5, *mesh.coords])
+                h.padded[...] = (rng.standard_normal(h.padded.shape) * 1e3).astype(dtype)
+                h.fold()
+                results.append(h.interior.copy())
+            for method, r in zip(METHODS + ["tune", "again"], results):
+                np.testing.assert_array_equal(r.view(np.uint8), results[0].view(np.uint8),
+                                              err_msg=f"{method} {dtype} {shape} {mshape}")
+            mesh.free()
+
+
+def test_start_fold_wait_interior_written_in_flight(comm):
+    shape, mshape, placements, sizes = cases(comm.size)[-1]
+    for method in METHODS:
+        mesh = ps.Mesh(comm, mshape)
+        lay = layout_of(shape, "float64", mesh, placements, sizes)
+        x = ps.ShardedArray(np.zeros(lay.local_shape(mesh.coords)), lay, mesh)
+        h = x.with_halo(1, periodic=True, method=method)
+
+        def gen(q, h=h, lay=lay):
+            return padded_of(lay, h.width, q, "float64", 11)
+
+        h.padded[...] = gen(mesh.coords)
+        want = fold_expected(lay, h.width, h.periodic, h.corners, mesh.coords, "sum", gen)
+        h.start_fold("sum")
+        # in flight: the ghost cells may be read, the interior read and written (the
+        # contributions combine into what it holds at wait())
+        ghost_sum = float(h.padded.sum())
+        h.interior[...] += 10
+        h.wait()
+        assert np.isfinite(ghost_sum)
+        np.testing.assert_array_equal(h.interior, want + 10, err_msg=method)
+        with pytest.raises(RuntimeError, match="no exchange in flight"):
+            h.wait()
+        mesh.free()
+
+
+def test_two_folds_in_flight(comm):
+    mesh = ps.Mesh(comm, (comm.size,))
+    lay = ps.Layout((3 * comm.size + 1, 4), "float64", (comm.size,), [ps.Shard(0)])
+    x = ps.ShardedArray(np.zeros(lay.local_shape(mesh.coords)), lay, mesh)
+    hs = [x.with_halo((2, 1), periodic=p) for p in (True, (True, False))]
+    wants = []
+    for k, h in enumerate(hs):
+        def gen(q, h=h, k=k):
+            return padded_of(lay, h.width, q, "float64", 20 + k)
+
+        h.padded[...] = gen(mesh.coords)
+        wants.append(fold_expected(lay, h.width, h.periodic, h.corners, mesh.coords, "sum",
+                                   gen))
+    hs[0].start_fold()
+    hs[1].start_fold("sum")
+    hs[1].wait()
+    hs[0].wait()
+    for h, want in zip(hs, wants):
+        np.testing.assert_array_equal(h.interior, want)
+    mesh.free()
+
+
+@pytest.mark.parametrize("method", ["persistent", "neighbor"])
+def test_refresh_fills_the_ghosts_with_the_new_values(comm, method):
+    for shape, mshape, placements, sizes in cases(comm.size):
+        mesh = ps.Mesh(comm, mshape)
+        lay = layout_of(shape, "float64", mesh, placements, sizes)
+        x = ps.ShardedArray(np.zeros(lay.local_shape(mesh.coords)), lay, mesh)
+        h = x.with_halo(1, periodic=True, method=method)
+
+        def gen(q, h=h, lay=lay):
+            return padded_of(lay, h.width, q, "float64", 31)
+
+        h.padded[...] = gen(mesh.coords)
+        want = fold_expected(lay, h.width, h.periodic, h.corners, mesh.coords, "sum", gen)
+        before = ps.comm_stats()
+        h.fold(refresh=True)
+        assert counts_since(before) == {"halo_fold": 1, "halo": 1}
+        np.testing.assert_array_equal(h.interior, want)
+        g = h.array.full()
+        box = lay.box(mesh.coords)
+        exp = halo_expected(g, [b.start for b in box], [b.stop for b in box], h.width,
+                            h.periodic, h.corners, 0)
+        _, mask = written(lay, h.width, h.periodic, h.corners, mesh.coords)
+        np.testing.assert_array_equal(h.padded[mask], exp[mask])
+        mesh.free()
+
+
+@pytest.mark.usefixtures("staged")
+def test_staged_transport(comm):
+    for shape, mshape, placements, sizes in cases(comm.size):
+        for method in ("persistent", "p2p", "neighbor"):
+            run_case(comm, shape, mshape, placements, sizes, 2, True, True, method, "sum",
+                     "float64", seed=9)
+
+
+def test_width_of_the_whole_extent(comm):
+    for n in (1, 5):
+        for op in ("sum", "min"):
+            run_case(comm, (n,), (comm.size,), [ps.Shard(0)], None, n, True, True,
+                     "persistent", op, "float64", seed=n)
+
+
+def test_bad_input_raises_on_every_rank_before_communication(comm):
+    mesh = ps.Mesh(comm, (comm.size,))
+    lay = ps.Layout((2 * comm.size + 1, 3), "complex128", (comm.size,), [ps.Shard(0)])
+    x = ps.ShardedArray(np.zeros(lay.local_shape(mesh.coords), np.complex128), lay, mesh)
+    h = x.with_halo(1, periodic=True)
+    before = ps.comm_stats()
+    with pytest.raises(ValueError, match="op must be one of"):
+        h.fold("prod")
+    with pytest.raises(ValueError, match="op must be one of"):
+        h.start_fold(None)
+    with pytest.raises(ValueError, match="complex"):
+        h.fold("max")
+    with pytest.raises(ValueError, match="complex"):
+        h.start_fold("min")
+    assert counts_since(before) == {}
+    h.start()
+    with pytest.raises(RuntimeError, match="update is in flight"):
+        h.fold()
+    with pytest.raises(RuntimeError, match="update is in flight"):
+        h.start_fold()
+    h.wait()
+    h.start_fold()
+    with pytest.raises(RuntimeError, match="fold is in flight"):
+        h.fold()
+    with pytest.raises(RuntimeError, match="fold is in flight"):
+        h.start_fold()
+    with pytest.raises(RuntimeError, match="in flight"):
+        h.update()
+    with pytest.raises(RuntimeError, match="already started"):
+        h.start()
+    h.wait()
+    assert counts_since(before) == {"halo": 1, "halo_fold": 1}
+    mesh.free()
+
+
+def test_explain_names_the_fold(comm):
+    mesh = ps.Mesh(comm, (comm.size,))
+    x = ps.distribute(np.zeros((4 * comm.size, 3)), mesh, [ps.Shard(0)])
+    h = x.with_halo((1, 0), periodic=True)
+    text = h.explain()
+    p = h.plan
+    assert (f"fold (the reverse, HaloArray.fold): the same {len(p.peers)} peer(s) and bytes "
+            f"with the directions swapped: sends {p.recv_bytes} B") in text
+    assert f"receives {p.send_bytes} B" in text
+    mesh.free()
