@@ -41,12 +41,12 @@ import numpy as np
 from . import _backend as bk
 from . import _dtypes
 from . import array as _array
+from ._cache import memoize
 from .array import ShardedArray
 from .halo_plan import PeriodicArg, WidthArg
-from .layout import Layout, Partial, Placement, PlacementsArg, Replicate, SizesArg
+from .layout import Layout, Partial, Placement, PlacementsArg, Replicate, Shard, SizesArg
 from .many import redistribute_many as _redistribute_many
 from .mesh import Mesh
-from .plan import _sizes_of
 
 __all__ = [
     "ShardedTensor",
@@ -210,7 +210,39 @@ def distribute(
 # ----------------------------------------------------------------------------- the adjoint rule
 
 
-def _grad_out_layout(result: Layout, grad_placements: Optional[PlacementsArg]) -> Layout:
+@memoize
+def _layout_cached(like: Layout, placements: tuple, sizes: Optional[tuple]) -> Layout:
+    return Layout(like.shape, like.dtype, like.mesh_shape, placements,
+                  dict(sizes) if sizes is not None else None)
+
+
+def _target(like: Layout, placements: PlacementsArg, sizes: SizesArg) -> Layout:
+    """``like``'s array as ``placements`` (and ``sizes``); cached, so that a repeated call
+    does no work that grows with the number of ranks."""
+    try:
+        key = (
+            None
+            if sizes is None
+            else tuple(sorted((int(d), tuple(int(e) for e in v)) for d, v in sizes.items()))
+        )
+        return _layout_cached(like, tuple(placements), key)
+    except (TypeError, ValueError, AttributeError):  # not hashable: uncached, precise error
+        return Layout(like.shape, like.dtype, like.mesh_shape, placements, sizes)
+
+
+def _kept_sizes(layout: Layout, placements: Sequence[Placement]) -> SizesArg:
+    """``layout``'s extents on every array dim that the same mesh dims shard in
+    ``placements`` (the others split balanced)."""
+    out = {}
+    for d, (mdims, ext, _) in enumerate(layout.table):
+        if mdims and tuple(m for m, p in enumerate(placements) if p == Shard(d)) == mdims:
+            out[d] = ext
+    return out or None
+
+
+
+@memoize
+def _grad_out_layout(result: Layout, grad_placements: Optional[tuple]) -> Layout:
     """How the gradient arriving at ``result`` lies: ``grad_placements``, or the result's
     placements with every Partial read as Replicate."""
     if grad_placements is None:
@@ -228,10 +260,11 @@ def _grad_out_layout(result: Layout, grad_placements: Optional[PlacementsArg]) -
                     f"Partial('sum') or Partial('avg'), not a {p.op} of the ranks' gradients"
                 )
     return Layout(
-        result.shape, result.dtype, result.mesh_shape, pl, _sizes_of(result, pl) or None
+        result.shape, result.dtype, result.mesh_shape, pl, _kept_sizes(result, pl)
     )
 
 
+@memoize
 def _grad_in_layout(source: Layout) -> Tuple[Layout, int]:
     """Where the gradient of ``source`` goes (its placements, Partial(sum|avg) read as
     Replicate) and the divisor for avg (the number of addends; 1 without avg)."""
@@ -250,14 +283,18 @@ def _grad_in_layout(source: Layout) -> Tuple[Layout, int]:
             pl.append(Replicate())
         else:
             pl.append(p)
-    lay = Layout(source.shape, source.dtype, source.mesh_shape, pl, _sizes_of(source, pl) or None)
+    lay = Layout(source.shape, source.dtype, source.mesh_shape, pl, _kept_sizes(source, pl))
     return lay, n
+
+
+def _as_tuple(placements: Optional[PlacementsArg]) -> Optional[tuple]:
+    return None if placements is None else tuple(placements)
 
 
 def _sizes_arg(layout: Layout) -> SizesArg:
     """``None`` where the balanced split gives ``layout`` (pyshard's one-lookup fast path),
     else its extents."""
-    plain = _array._layout(layout, layout.mesh_shape, list(layout.placements), None)
+    plain = _target(layout, layout.placements, None)
     return None if plain == layout else layout.sizes
 
 
@@ -326,8 +363,8 @@ def redistribute(
     :meth:`pyshard.ShardedArray.redistribute`, for the forward and the backward.
     """
     x = _check_sharded(x, "redistribute")
-    dst = _array._layout(x.layout, x.mesh.shape, placements, sizes)
-    gout = _grad_out_layout(dst, grad_placements)
+    dst = _target(x.layout, placements, sizes)
+    gout = _grad_out_layout(dst, _as_tuple(grad_placements))
     if not x.local.requires_grad or not torch.is_grad_enabled():
         out = _to_torch(_run(_as_array(x.local), x.layout, dst, x.mesh, algorithm))
         return ShardedTensor(out, dst, x.mesh)
@@ -394,11 +431,11 @@ def redistribute_many(
     per_sizes = list(sizes) if sizes is not None else [None] * len(xs)
     if len(per_sizes) != len(xs):
         raise ValueError(f"redistribute_many: {len(per_sizes)} sizes for {len(xs)} tensors")
-    dsts = [_array._layout(x.layout, mesh.shape, placements, s) for x, s in zip(xs, per_sizes)]
+    dsts = [_target(x.layout, placements, s) for x, s in zip(xs, per_sizes)]
     grad = torch.is_grad_enabled() and any(x.local.requires_grad for x in xs)
     metas = []
     for x, dst in zip(xs, dsts):
-        gout = _grad_out_layout(dst, grad_placements)
+        gout = _grad_out_layout(dst, _as_tuple(grad_placements))
         gin, div = _grad_in_layout(x.layout) if grad else (x.layout, 1)
         metas.append((x.layout, dst, gout, gin, div))
     if grad:

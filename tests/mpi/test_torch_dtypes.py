@@ -3,9 +3,9 @@ steps of examples/torch_bf16.py (distribute, transpose, gather, reduce from Part
 save and load into other layouts), each checked against torch on rank 0; and float8 tensors
 in and out without a copy.
 
-Skipped where torch is not installed. CI does not install it: PyPI's Linux torch wheel is the
-CUDA build (about 0.55 GB, plus about 2.2 GB of NVIDIA libraries it needs to import; PyPI has
-no CPU-only build). Run it by hand where torch is installed:
+CI runs it: requirements/dev.txt pins torch (``torch==2.13.0``, whose CPU build the CI
+machines' local wheel directory holds; PyPI's own Linux wheel is the CUDA build, about 0.55 GB
+plus about 2.2 GB of NVIDIA libraries). Skipped where torch is not installed; by hand:
 ``mpiexec -n 4 python -m pytest tests/mpi/test_torch_dtypes.py --with-mpi``.
 """
 
@@ -23,7 +23,7 @@ from pyshard import Partial, Shard
 
 pytest.importorskip("ml_dtypes", reason="ml_dtypes (the extra pyshard[ml]) not installed")
 torch = pytest.importorskip(
-    "torch", reason="torch is not installed (not in CI: PyPI has only its 2.8 GB CUDA build)"
+    "torch", reason="torch is not installed (requirements/dev.txt pins its CPU build for CI)"
 )
 
 pytestmark = pytest.mark.mpi

@@ -334,3 +334,92 @@ def test_import_error_without_torch(monkeypatch):
     mod = importlib.util.module_from_spec(spec)
     with pytest.raises(ImportError, match="pip install torch"):
         spec.loader.exec_module(mod)
+
+
+# ----------------------------------------------------------------------------- halo_pad
+
+
+def padded_reference(X, lo, hi, width, periodic, corners):
+    """The padded block [lo, hi) of the global torch tensor X as halo_pad fills it, by the
+    semantics (pyshard.halo_plan; tests/mpi/oracle.halo_expected), differentiable in X."""
+    nd = X.dim()
+    idx = [np.arange(lo[d] - width[d], hi[d] + width[d]) for d in range(nd)]
+    shape = tuple(len(i) for i in idx)
+    valid = np.ones(shape, bool)
+    outside = np.zeros(shape, np.int64)
+    for d in range(nd):
+        view = [1] * nd
+        view[d] = shape[d]
+        i = idx[d]
+        ok = ((i >= 0) & (i < X.shape[d])) | bool(periodic[d])
+        valid &= ok.reshape(view)
+        outside += ((i < lo[d]) | (i >= hi[d])).reshape(view)
+    write = valid & ((outside >= 1) if corners else (outside == 1))
+    write |= outside == 0
+    if not all(shape) or not X.numel():
+        return torch.zeros(shape, dtype=X.dtype)
+    ix = np.ix_(*[np.mod(i, X.shape[d]) for d, i in enumerate(idx)])
+    vals = X[tuple(torch.from_numpy(np.ascontiguousarray(a)) for a in ix)]
+    return torch.where(torch.from_numpy(write), vals, torch.zeros((), dtype=X.dtype))
+
+
+def halo_cases(rng, mesh_shape, n):
+    out = []
+    for k in range(n):
+        shape = [(6, 5), (4, 7), (5,), (3, 4, 3)][k % 4]
+        nd = len(shape)
+        # every mesh dim of more than one rank shards (a gradient needs no replicas)
+        pl = [Shard(rng.randrange(nd)) if s > 1 else rng.choice([R, Shard(rng.randrange(nd))])
+              for s in mesh_shape]  # fmt: skip
+        sizes = random_sizes(rng, shape, mesh_shape, pl)
+        width = tuple(rng.randint(0, min(2, shape[d])) for d in range(nd))
+        periodic = tuple(rng.random() < 0.5 for _ in range(nd))
+        out.append((shape, pl, sizes, width, periodic, rng.random() < 0.6))
+    return out
+
+
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+def test_halo_pad_gradient(comm, dtype):
+    """halo_pad's values are update()'s (zeros where update never writes) and its backward
+    (a fold of the gradient) is torch's gradient of the same padding done globally, over
+    uneven and empty shards, periodic dims, box and star stencils."""
+    failures = []
+    for mesh_shape in all_meshes(comm.size):
+        mesh = ps.Mesh(comm, mesh_shape)
+        rng = random.Random(11 + len(mesh_shape))
+        for shape, pl, sizes, width, periodic, corners in halo_cases(rng, mesh_shape, 8):
+            g = global_tensor(shape, dtype, 3)
+            x, leaf, _ = source(g[None], "sum", mesh, pl, sizes, dtype)
+            pad = pst.halo_pad(x, width, periodic, corners)
+            lo = [b.start for b in x.box]
+            hi = [b.stop for b in x.box]
+            want_pad = padded_reference(g, lo, hi, width, periodic, corners)
+            wr = global_tensor(tuple(pad.shape), dtype, 200 + comm.rank)
+            (wr * pad * pad).sum().backward()
+            X = g.clone().requires_grad_()
+            total = 0
+            layout = x.layout
+            for r in range(comm.size):
+                c = tuple(ps.layout.unravel(r, mesh_shape))
+                rlo = [layout.interval(d, c)[0] for d in range(len(shape))]
+                rhi = [layout.interval(d, c)[1] for d in range(len(shape))]
+                p = padded_reference(X, rlo, rhi, width, periodic, corners)
+                total = total + (global_tensor(tuple(p.shape), dtype, 200 + r) * p * p).sum()
+            total.backward()
+            case = f"{mesh_shape} {shape} {pl} {sizes} w{width} p{periodic} c{corners}"
+            if not torch.equal(pad.detach(), want_pad):
+                failures.append(f"values {case}")
+            elif not torch.equal(leaf.grad, X.grad[x.box]):
+                failures.append(f"grad {case}: {leaf.grad} vs {X.grad[x.box]}")
+    assert not failures, f"{len(failures)} failures:\n" + "\n".join(failures[:5])
+
+
+def test_halo_pad_refuses_replicas_for_gradients(comm):
+    if comm.size == 1:
+        pytest.skip("a replica needs two ranks")
+    mesh = ps.Mesh(comm, (comm.size,))
+    x = pst.from_local(torch.ones(4, 3, requires_grad=True), mesh, [R], global_shape=(4, 3))
+    with pytest.raises(NotImplementedError, match="Replicate"):
+        pst.halo_pad(x, 1)
+    with torch.no_grad():
+        assert pst.halo_pad(x, 1).shape == (6, 5)
