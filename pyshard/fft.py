@@ -521,15 +521,27 @@ def _run(passes: Sequence[Any], x: ShardedArray, out: Optional[Any], norm: Optio
     local = x.local
     owned = False
     last = len(passes) - 1
+    # out= and a last pass that transforms in place after a transpose: the transpose writes
+    # into out and the transform runs there (no copy)
+    into = last
+    if out is not None and last >= 1:
+        lp, mv = passes[last], passes[last - 1]
+        if (isinstance(lp, _Local) and isinstance(mv, _Move) and mv.plan.steps
+                and lp.func in ("fftn", "ifftn") and lp.src.dtype == lp.dst.dtype
+                and lp.src.shape == lp.dst.shape and not bk.is_device(local)):
+            into = last - 1
     for i, p in enumerate(passes):
-        o = out if i == last else None
+        o = out if i == into else None
         t0 = time.perf_counter() if times is not None else 0.0
         if isinstance(p, _Local):
             local = _local(local, p.func, p.axes, p.ns, p.outs, norm, type_, p.dst.dtype, owned,
                            workers)
-            if o is not None:
-                bk.xp_of(local).copyto(o, local)
-                local = o
+            if out is not None and i == last and local is not out:
+                if local.shape == out.shape and local.ctypes.data == out.ctypes.data:
+                    local = out  # transformed in place
+                else:
+                    bk.xp_of(local).copyto(out, local)
+                    local = out
         elif p.plan.steps:
             execs = executors(p.plan, mesh, alg, local)
             local = run_steps(execs, p.plan, mesh, local, o)

@@ -25,9 +25,12 @@ complex128, interleaved: transposes 104 ms for ``"zxy"`` and ``"yxz"``, 113 for 
 ``"xyz"``, mostly because its first FFT (the one that cannot run in place, the input is
 left alone) is along the contiguous axis.
 
-The serial FFTs run in place where numpy allows it (numpy >= 2, ``out=``), about twice as
-fast as into a fresh array here. Where a mesh dim has size 1 its transpose moves nothing and
-the buffer is only relabelled.
+The transform itself is :mod:`pyshard.fft`'s: a cached :func:`pyshard.fft.plan` of ``fftn``
+from the first pencil to the last (the planner picks exactly the two transposes above: each
+moves the Shard of the axis to transform next onto the one just transformed, where the target
+pencil wants it), run with ``out=`` this object's last buffer (the last transpose writes
+into it and the last FFT runs there in place). Where a mesh dim has size 1 its transpose
+moves nothing.
 
 :class:`PencilFFT3D` owns its buffers and reuses them on every call (its result is
 overwritten by the next call); :func:`fft3d` is the one-shot form. :func:`sample_array`
@@ -37,12 +40,12 @@ mpi4py-fft's ``PFFT`` is :mod:`pyshard.bench.fft3d`.
 
 from __future__ import annotations
 
-import inspect
 from itertools import permutations
 from typing import List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from .. import fft as _pfft
 from ..array import ShardedArray
 from ..layout import Layout, Shard
 from ..mesh import Mesh
@@ -63,7 +66,6 @@ DEFAULT_ORDER = "zxy"
 _AXIS = {"x": 0, "y": 1, "z": 2}
 
 _COMPLEX = (np.dtype(np.complex64), np.dtype(np.complex128))
-_FFT_OUT = "out" in inspect.signature(np.fft.fft).parameters  # numpy >= 2
 
 Pencil = Tuple[Shard, Shard]
 
@@ -87,14 +89,6 @@ def order_of(placements: Sequence[object]) -> Optional[str]:
         if tuple(placements) == pencils(order)[0]:
             return order
     return None
-
-
-def _fft(a: np.ndarray, axis: int, out: np.ndarray) -> None:
-    """``out = fft(a, axis)``; ``out`` may be ``a`` (in place)."""
-    if _FFT_OUT:
-        np.fft.fft(a, axis=axis, out=out)
-    else:  # numpy 1.x: a fresh complex128 result, copied (and cast) into out
-        out[...] = np.fft.fft(a, axis=axis)
 
 
 def _one_collective(p: Plan) -> bool:
@@ -151,6 +145,9 @@ class PencilFFT3D:
         for lay, moves in zip(self.layouts[1:], self._moves):
             bufs.append(np.empty(lay.local_shape(coords), dtype) if moves else bufs[-1])
         self._arrays = tuple(ShardedArray(b, lay, mesh) for b, lay in zip(bufs, self.layouts))
+        self.fft_plan = _pfft.plan(
+            self.layouts[0], "fftn", placements=list(self.layouts[2].placements)
+        )
 
     def __repr__(self) -> str:
         return (
@@ -184,13 +181,8 @@ class PencilFFT3D:
                 f"PencilFFT3D: expected {self.layouts[0]}, got {x.layout}; redistribute to "
                 f"{list(self.input_placements)} first (or call fft3d)"
             )
-        (a, b, c), (p0, p1, p2) = self.axes, self._arrays
-        _fft(x.local, a, p0.local)
-        self._transpose(0)
-        _fft(p1.local, b, p1.local)
-        self._transpose(1)
-        _fft(p2.local, c, p2.local)
-        return p2
+        out = self._arrays[2]
+        return self.fft_plan.forward(x, out=out.local, algorithm=self.algorithm)
 
 
 def fft3d(x: ShardedArray, algorithm: str = "auto", order: Optional[str] = None) -> ShardedArray:
