@@ -207,6 +207,10 @@ def _local(
     return r
 
 
+def _ptr(a: Any) -> int:
+    return int(a.data.ptr) if bk.is_device(a) else int(a.ctypes.data)
+
+
 # ----------------------------------------------------------------------------- passes
 
 
@@ -537,7 +541,7 @@ def _run(passes: Sequence[Any], x: ShardedArray, out: Optional[Any], norm: Optio
             local = _local(local, p.func, p.axes, p.ns, p.outs, norm, type_, p.dst.dtype, owned,
                            workers)
             if out is not None and i == last and local is not out:
-                if local.shape == out.shape and local.ctypes.data == out.ctypes.data:
+                if local.shape == out.shape and _ptr(local) == _ptr(out):
                     local = out  # transformed in place
                 else:
                     bk.xp_of(local).copyto(out, local)
