@@ -17,6 +17,11 @@
 Each time is the median over reps of the slowest rank, each rep a loop of ``--halo-loop``
 updates divided by its length.
 
+``fold`` (every halo row): ``HaloArray.fold()`` (the reverse exchange: the ghost cells summed
+into their owners' interiors) against ``update()`` on the same halo array (the default
+method), interleaved rep by rep; the same peers and bytes with the directions swapped, plus
+the combine (an add per received element instead of a copy). The target: fold <= 1.1x update.
+
 ``stencil``: the heat example (:mod:`pyshard.apps.heat`) per step, blocking (update, then
 every cell) against overlapped (start, inner cells, wait, the shell), with the update and the
 cell update alone for scale.
@@ -195,6 +200,15 @@ def bench_halo(comm: MPI.Comm, scale: int = 1, reps: int = 5, loop: int = 20,
         if fn is not None:
             times["petsc"] = _slowest(comm, fn, reps, loop)
         notes["petsc"] = why
+        # fold against update on the same array, interleaved (drift hits both alike)
+        hf = x.with_halo(width, periodic=True, corners=corners)
+        upd: List[float] = []
+        fold: List[float] = []
+        for _ in range(reps):
+            upd.append(_slowest(comm, hf.update, 1, loop))
+            fold.append(_slowest(comm, hf.fold, 1, loop))
+        times["update"] = float(np.median(upd))
+        times["fold"] = float(np.median(fold))
         best = min(times[f"pyshard-{m}"] for m in METHODS)
         rows.append({
             "name": name, "shape": list(shape), "dtype": dtype, "width": width,
@@ -203,6 +217,8 @@ def bench_halo(comm: MPI.Comm, scale: int = 1, reps: int = 5, loop: int = 20,
             "vs_floor": best / times["floor"],
             "vs_mpi4py": best / times["mpi4py"] if "mpi4py" in times else None,
             "vs_petsc": best / times["petsc"] if "petsc" in times else None,
+            "fold_method": hf.fold_chosen,
+            "fold_vs_update": times["fold"] / times["update"],
         })
         mesh.free()
     return {"case": "halo", "ranks": comm.size,
@@ -267,6 +283,12 @@ def format_halo(r: Dict[str, Any]) -> str:
         )
         if "petsc" not in t:
             lines.append(f"        petsc: {row['notes'].get('petsc', '')}")
+        if "fold" in t:
+            lines.append(
+                f"        fold {t['fold'] * 1e6:.1f} us vs update {t['update'] * 1e6:.1f} us "
+                f"on the same array ({row.get('fold_method')}): "
+                f"{row['fold_vs_update']:.2f}x"
+            )
     lines.append("one rank's halo plan on simulated meshes (no MPI): " + ", ".join(
         f"{s['ranks']} ranks {s['setup_s'] * 1e3:.2f} ms ({s['peers']} peers)"
         for s in r.get("setup", ())))

@@ -71,3 +71,33 @@ def test_gpu_redistribute_in_flight(comm, transport):
         assert isinstance(y.local, cp.ndarray)
         np.testing.assert_array_equal(cp.asnumpy(y.local), g[y.box])
     mesh.free()
+
+
+@pytest.mark.parametrize("method", ["persistent", "neighbor"])
+def test_gpu_fold_matches_oracle(comm, transport, method):
+    """HaloArray.fold of cupy arrays (pack kernel, then the combine as cupy operations)
+    against test_fold.py's serial oracle, bitwise."""
+    from test_fold import fold_expected, padded_of
+
+    for shape, mshape, placements, sizes in cases(comm.size):
+        mesh = ps.Mesh(comm, mshape)
+        for dtype in ("float32", "int64"):
+            lay = ps.Layout(shape, dtype, mesh.shape, placements, sizes)
+            x = ps.ShardedArray(cp.zeros(lay.local_shape(mesh.coords), dtype), lay, mesh)
+            for periodic in (False, True):
+                for op in ("sum", "max"):
+                    h = x.with_halo(2, periodic=periodic, method=method)
+
+                    def gen(q, h=h, lay=lay, dtype=dtype):
+                        return padded_of(lay, h.width, q, dtype, 5)
+
+                    h.padded[...] = cp.asarray(gen(mesh.coords))
+                    before = ps.comm_stats()
+                    h.start_fold(op)
+                    h.wait()
+                    cp.cuda.get_current_stream().synchronize()
+                    want = fold_expected(lay, h.width, h.periodic, h.corners, mesh.coords, op,
+                                         gen)
+                    np.testing.assert_array_equal(cp.asnumpy(h.interior), want)
+                    assert counts_since(before) == with_transport({"halo_fold": 1}, transport)
+        mesh.free()
