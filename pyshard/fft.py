@@ -32,6 +32,7 @@ numpy.fft (DCT/DST then raise ImportError); cupy arrays go through cupyx.scipy.f
 
 from __future__ import annotations
 
+import inspect
 import logging
 import numbers
 import time
@@ -44,7 +45,7 @@ from . import _backend as bk
 from . import _dtypes
 from ._cache import memoize
 from .array import ShardedArray
-from .executor import executors, run_steps
+from .executor import POOL_MIN_BYTES, executors, pooled_empty, run_steps
 from .layout import Layout, Partial, Placement, Replicate, Shard, check_placements
 from .plan import Plan
 from .plan import plan as _rplan
@@ -53,6 +54,9 @@ try:  # pragma: no cover - depends on the environment
     import scipy.fft as _sfft
 except ImportError:  # pragma: no cover
     _sfft = None
+
+# numpy >= 2: numpy.fft takes out= (rfft/irfft write straight into pooled memory)
+_NP_OUT = "out" in inspect.signature(np.fft.rfft).parameters
 
 try:
     from numpy.exceptions import AxisError
@@ -183,6 +187,10 @@ def _local(
         shape[ax] = o
     if a.size == 0 or prod(shape) == 0:  # an empty shard: nothing to compute
         return xp.zeros(shape, out_dtype)
+    if not bk.is_device(a) and prod(shape) * out_dtype.itemsize >= POOL_MIN_BYTES:
+        r = _pooled(a, func, axes, ns, shape, norm, out_dtype, owned, workers)
+        if r is not None:
+            return r
     mod, full = _module(a, func)
     kw: Dict[str, Any] = {"norm": norm}
     if full:
@@ -209,6 +217,38 @@ def _local(
 
 def _ptr(a: Any) -> int:
     return int(a.data.ptr) if bk.is_device(a) else int(a.ctypes.data)
+
+
+def _pooled(a: np.ndarray, func: str, axes: Tuple[int, ...], ns: Tuple[int, ...],
+            shape: List[int], norm: Optional[str], out_dtype: np.dtype, owned: bool,
+            workers: Optional[int]) -> Optional[np.ndarray]:
+    """A host pass into memory from pyshard's result pool (no fresh pages to fault in on
+    every call): c2c in place (in ``a`` when this plan owns it, else in a pooled copy), and
+    rfft/irfft with numpy's ``out=``; None where neither applies (then scipy allocates)."""
+    one = len(axes) == 1 and _NP_OUT and workers in (None, 1)
+    if func in ("fftn", "ifftn") and tuple(shape) == a.shape and one and not owned:
+        # out of place straight into pooled memory (numpy's out=): no copy of the input
+        buf = pooled_empty(tuple(shape), out_dtype)
+        getattr(np.fft, func[:-1])(a, n=ns[0], axis=axes[0], norm=norm, out=buf)
+        return buf
+    if func in ("fftn", "ifftn") and tuple(shape) == a.shape and _sfft is not None:
+        if not owned or a.dtype != out_dtype:
+            buf = pooled_empty(tuple(shape), out_dtype)
+            np.copyto(buf, a)
+            a = buf
+        kw: Dict[str, Any] = {"norm": norm, "overwrite_x": True}
+        if workers is not None:
+            kw["workers"] = workers
+        r = getattr(_sfft, func)(a, s=ns, axes=axes, **kw)
+        if r.dtype == out_dtype and _ptr(r) == _ptr(a) and r.flags.c_contiguous:
+            return a
+        np.copyto(a, r)
+        return a
+    if func in ("rfft", "irfft") and _NP_OUT and workers in (None, 1):
+        buf = pooled_empty(tuple(shape), out_dtype)
+        getattr(np.fft, func)(a, n=ns[0], axis=axes[0], norm=norm, out=buf)
+        return buf
+    return None
 
 
 # ----------------------------------------------------------------------------- passes

@@ -358,3 +358,28 @@ def test_any_then_inverse_with_placements(comm):
         assert z.layout == x.layout
         check(z, g, np.float64, f"any inverse {ms}", comm)
         mesh.free()
+
+
+@pytest.mark.parametrize("seed", range(2))
+def test_pooled_paths(comm, seed, monkeypatch):
+    """Every pass through pyshard's result pool (in-place c2c, numpy's out=), as large
+    arrays take it."""
+    monkeypatch.setattr(pf, "POOL_MIN_BYTES", 0)
+    rng = np.random.default_rng(99 + seed)
+    for ms in meshes(comm):
+        mesh = ps.Mesh(comm, ms)
+        for case in range(8):
+            shape, kind, axes, s, norm, type_, dtype = random_case(rng, ms)
+            g = make_global(shape, dtype, seed=case)
+            pl, sizes = random_layout(rng, ms, shape)
+            ref = oracle(kind, g, s, axes, norm, type_)
+            x = ps.distribute(g, mesh, pl, sizes)
+            kw = {} if type_ is None else {"type": type_}
+            p = pf.plan(x.layout, kind, axes=axes, s=s, norm=norm, placements="any", **kw)
+            y = p.forward(x)
+            check(y, ref, dtype, f"pooled {kind} {shape} {pl} {axes} {s}", comm)
+            np.testing.assert_array_equal(x.local, g[x.box])
+            out = np.empty_like(y.local)
+            assert p.forward(x, out=out).local is out
+            check(p.forward(x, out=out), ref, dtype, "pooled out=", comm)
+        mesh.free()
