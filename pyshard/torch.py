@@ -39,7 +39,6 @@ except ImportError as _e:  # pragma: no cover - depends on the environment
 import numpy as np
 
 from . import _backend as bk
-from . import _dtypes
 from . import array as _array
 from ._cache import memoize
 from .array import ShardedArray
@@ -76,9 +75,12 @@ def _as_array(t: torch.Tensor) -> Any:
 
 def _to_torch(a: Any) -> torch.Tensor:
     """A pyshard result as a torch tensor on the same memory."""
-    if type(a) is np.ndarray and not _dtypes.is_ml_float(a.dtype):
+    if type(a) is np.ndarray and a.dtype.kind in _NATIVE_KINDS:
         return torch.from_numpy(a)
     return torch.from_dlpack(bk.to_dlpack(a))
+
+
+_NATIVE_KINDS = "biufc"  # numpy's own dtypes; ml_dtypes' floats are kind "V"
 
 
 _ML_TORCH = tuple(
@@ -137,6 +139,13 @@ class ShardedTensor:
     def __repr__(self) -> str:
         shape = tuple(self.local.shape)
         return f"ShardedTensor({self.layout!r}, local {shape} at {self.mesh.coords})"
+
+    @classmethod
+    def _wrap(cls, local: torch.Tensor, layout: Layout, mesh: Mesh) -> ShardedTensor:
+        """Internal: a result built to the layout's shape (no checks)."""
+        self = cls.__new__(cls)
+        self.local, self.layout, self.mesh = local, layout, mesh
+        return self
 
     def redistribute(
         self,
@@ -291,6 +300,7 @@ def _as_tuple(placements: Optional[PlacementsArg]) -> Optional[tuple]:
     return None if placements is None else tuple(placements)
 
 
+@memoize
 def _sizes_arg(layout: Layout) -> SizesArg:
     """``None`` where the balanced split gives ``layout`` (pyshard's one-lookup fast path),
     else its extents."""
@@ -364,15 +374,17 @@ def redistribute(
     """
     x = _check_sharded(x, "redistribute")
     dst = _target(x.layout, placements, sizes)
-    gout = _grad_out_layout(dst, _as_tuple(grad_placements))
     if not x.local.requires_grad or not torch.is_grad_enabled():
+        if grad_placements is not None:
+            _grad_out_layout(dst, _as_tuple(grad_placements))  # the same errors either way
         out = _to_torch(_run(_as_array(x.local), x.layout, dst, x.mesh, algorithm))
-        return ShardedTensor(out, dst, x.mesh)
+        return ShardedTensor._wrap(out, dst, x.mesh)
+    gout = _grad_out_layout(dst, _as_tuple(grad_placements))
     gin, div = _grad_in_layout(x.layout)
     if x.layout == dst and gout == gin and div == 1:
-        return ShardedTensor(x.local, dst, x.mesh)  # nothing moves, forward or backward
+        return ShardedTensor._wrap(x.local, dst, x.mesh)  # nothing moves, forward or backward
     meta = (x.layout, dst, gout, gin, div, x.mesh, algorithm)
-    return ShardedTensor(_Redistribute.apply(x.local, meta), dst, x.mesh)
+    return ShardedTensor._wrap(_Redistribute.apply(x.local, meta), dst, x.mesh)
 
 
 class _RedistributeMany(torch.autograd.Function):
@@ -447,7 +459,7 @@ def redistribute_many(
             sizes=[_sizes_arg(d) for d in dsts],
         )
         outs = [_to_torch(y.local) for y in ys]
-    return [ShardedTensor(o, d, mesh) for o, d in zip(outs, dsts)]
+    return [ShardedTensor._wrap(o, d, mesh) for o, d in zip(outs, dsts)]
 
 
 # ----------------------------------------------------------------------------- halo padding
