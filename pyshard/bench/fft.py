@@ -59,9 +59,13 @@ def _time_passes(passes: Any, x: ShardedArray, comm: MPI.Comm, reps: int,
 def _pfft_row(comm: MPI.Comm, n: int, mesh_shape: Tuple[int, ...], reps: int,
               warmup: int) -> Dict[str, Any]:
     """mpi4py-fft's PFFT (c2c complex128, numpy backend) forward+backward, or why not."""
-    from .fft3d import _import_pfft
+    try:
+        import mpi4py_fft
+        from mpi4py_fft import PFFT
 
-    PFFT, why = _import_pfft()
+        why = f"mpi4py-fft {getattr(mpi4py_fft, '__version__', '?')}"
+    except Exception as e:  # ImportError, or a broken build
+        PFFT, why = None, f"mpi4py_fft does not import ({type(e).__name__}: {e})"
     if not comm.allreduce(PFFT is not None, op=MPI.LAND):
         return {"pfft": why if PFFT is None else "mpi4py_fft does not import on every rank"}
     try:  # pragma: no cover - mpi4py-fft is not installed in CI
