@@ -69,12 +69,17 @@ def _save(mesh: Any, choices: Dict[str, str]) -> None:
     if mesh.rank != 0 or not path:
         return
     try:
+        out = {}
+        if os.path.exists(path):  # keep tune_mesh's "mesh|..." entries (pyshard/fft_tune.py)
+            with open(path) as f:
+                out = {k: v for k, v in json.load(f).items() if str(k).startswith("mesh|")}
+        out.update(choices)
         d = os.path.dirname(os.path.abspath(path))
         fd, tmp = tempfile.mkstemp(dir=d, prefix=".pyshard-tune-")
         with os.fdopen(fd, "w") as f:
-            json.dump(choices, f, indent=1, sort_keys=True)
+            json.dump(out, f, indent=1, sort_keys=True)
         os.replace(tmp, path)
-    except OSError as e:
+    except (OSError, ValueError, AttributeError) as e:
         log.warning("pyshard: cannot write the tuning file %s: %s", path, e)
 
 

@@ -86,6 +86,7 @@ __all__ = [
     "rfft",
     "rfft2",
     "rfftn",
+    "tune_mesh",
 ]
 
 log = logging.getLogger("pyshard.fft")
@@ -915,3 +916,14 @@ def idst(x: ShardedArray, type: int = 2, n: Optional[int] = None, axis: int = -1
          sizes: SizesOut = None, *, workers: Optional[int] = None) -> ShardedArray:
     """``scipy.fft.idst`` along one axis; collective."""
     return _go("idst", "idstn", x, _one(n), (axis,), norm, placements, sizes, type, workers)
+
+
+def tune_mesh(comm: Any, shape: Sequence[int], kind: str = "fftn",
+              axes: Optional[Sequence[int]] = None, dtype: Any = None, trials: int = 3) -> Any:
+    """The :class:`~pyshard.Mesh` (slab or pencil) on which ``kind`` over ``axes`` of a
+    global array of ``shape`` runs fastest (forward + backward, ``placements="any"``; the
+    slowest rank, median of ``trials``); collective, the same mesh on every rank, kept in
+    ``PYSHARD_TUNE_FILE`` (see :func:`pyshard.tune_mesh`)."""
+    from .fft_tune import tune_fft_mesh
+
+    return tune_fft_mesh(comm, shape, kind, axes, dtype, trials)

@@ -383,3 +383,39 @@ def test_pooled_paths(comm, seed, monkeypatch):
             assert p.forward(x, out=out).local is out
             check(p.forward(x, out=out), ref, dtype, "pooled out=", comm)
         mesh.free()
+
+
+def test_tune_mesh(comm, tmp_path, monkeypatch):
+    """The fastest candidate mesh, the same on every rank, kept in PYSHARD_TUNE_FILE: a
+    second call with the same key times nothing."""
+    import json
+
+    from pyshard.fft_tune import mesh_shapes, tune_mesh
+
+    path = comm.bcast(str(tmp_path / "tune.json"), root=0)  # rank 0 reads and writes it
+    monkeypatch.setenv("PYSHARD_TUNE_FILE", path)
+    assert sorted(mesh_shapes(6, 2)) == [(1, 6), (2, 3), (3, 2), (6, 1)]
+    m = pf.tune_mesh(comm, (8, 6, 4), "rfftn", trials=1)
+    assert m.size == comm.size and comm.allgather(m.shape) == [m.shape] * comm.size
+    m.free()
+    calls = []
+
+    def work(mesh):
+        calls.append(mesh.shape)
+        g = make_global((6, 5), np.complex128)
+        pf.fftn(ps.distribute(g, mesh, [Shard(0)] + [Replicate()] * (mesh.ndim - 1)))
+
+    m = tune_mesh(comm, 2, work, key="test", trials=1)
+    assert len(calls) == 2 * len(mesh_shapes(comm.size, 2))  # warm-up + 1 trial each
+    shape = m.shape
+    m.free()
+    calls.clear()
+    m = tune_mesh(comm, 2, work, key="test", trials=1)
+    assert calls == [] and m.shape == shape
+    m.free()
+    if comm.rank == 0:
+        with open(path) as f:
+            data = json.load(f)
+        assert any(k.startswith("mesh|") and k.endswith("|test") for k in data)
+    with pytest.raises(ValueError, match="ranks"):
+        tune_mesh(comm, 1, work, candidates=[(comm.size + 1,)])

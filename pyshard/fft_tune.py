@@ -1,0 +1,170 @@
+"""``tune_mesh``: time candidate mesh shapes for a piece of work and keep the fastest.
+
+:func:`tune_mesh` (``pyshard.tune_mesh``) runs ``work(mesh)`` on a mesh of every
+factorisation of the communicator's size into ``ndim`` dims (one warm-up, then ``trials``
+timed runs, each the slowest rank), and returns a :class:`~pyshard.Mesh` of the fastest on
+every rank (the times are combined with one Allreduce, so every rank picks the same). With
+``key`` and ``PYSHARD_TUNE_FILE`` set the choice is kept in that file (the wisdom
+:mod:`pyshard._tune` keeps its algorithm choices in, under ``"mesh|..."`` keys), read by rank
+0 and broadcast, so the next job skips the timing.
+:func:`tune_fft_mesh` (``pyshard.fft.tune_mesh``) does this for a transform of
+``pyshard.fft``: candidates are the slab and pencil meshes sharding the leading axes, timed
+on the forward and backward of a cached plan with ``placements="any"``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import tempfile
+import time
+from itertools import product
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+from mpi4py import MPI
+
+from .mesh import Mesh
+
+__all__ = ["mesh_shapes", "tune_fft_mesh", "tune_mesh"]
+
+log = logging.getLogger("pyshard")
+
+
+def mesh_shapes(size: int, ndim: int) -> List[Tuple[int, ...]]:
+    """Every ordered factorisation of ``size`` into ``ndim`` positive factors."""
+    divs = [d for d in range(1, size + 1) if size % d == 0]
+    out = []
+    for combo in product(divs, repeat=ndim - 1):
+        rest = size
+        ok = True
+        for c in combo:
+            if rest % c:
+                ok = False
+                break
+            rest //= c
+        if ok:
+            out.append(tuple(combo) + (rest,))
+    return out
+
+
+def _library() -> str:
+    return " ".join(MPI.Get_library_version().strip().splitlines()[0].split())
+
+
+def _load(comm: MPI.Comm, key: str) -> Optional[Tuple[int, ...]]:
+    path = os.environ.get("PYSHARD_TUNE_FILE", "")
+    found = None
+    if comm.rank == 0 and path and os.path.exists(path):
+        try:
+            with open(path) as f:
+                v = json.load(f).get(key)
+            if isinstance(v, str):
+                found = tuple(int(p) for p in v.split("x"))
+        except (OSError, ValueError, AttributeError) as e:
+            log.warning("pyshard: ignoring the tuning file %s: %s", path, e)
+    return comm.bcast(found, root=0)
+
+
+def _save(comm: MPI.Comm, key: str, shape: Tuple[int, ...]) -> None:
+    path = os.environ.get("PYSHARD_TUNE_FILE", "")
+    if comm.rank != 0 or not path:
+        return
+    try:
+        data: Dict[str, Any] = {}
+        if os.path.exists(path):
+            with open(path) as f:
+                data = json.load(f)
+        data[key] = "x".join(map(str, shape))
+        d = os.path.dirname(os.path.abspath(path))
+        fd, tmp = tempfile.mkstemp(dir=d, prefix=".pyshard-tune-")
+        with os.fdopen(fd, "w") as f:
+            json.dump(data, f, indent=1, sort_keys=True)
+        os.replace(tmp, path)
+    except (OSError, ValueError) as e:
+        log.warning("pyshard: cannot write the tuning file %s: %s", path, e)
+
+
+def tune_mesh(
+    comm: MPI.Comm,
+    ndim: int,
+    work: Callable[[Mesh], Any],
+    key: Optional[str] = None,
+    trials: int = 3,
+    candidates: Optional[Sequence[Sequence[int]]] = None,
+) -> Mesh:
+    """The :class:`~pyshard.Mesh` over ``comm`` of ``ndim`` dims on which ``work(mesh)``
+    runs fastest (median of ``trials``, slowest rank; one warm-up each); collective over
+    ``comm``, the same mesh on every rank. ``candidates``: the mesh shapes to try (default
+    every factorisation into ``ndim`` dims, :func:`mesh_shapes`; given, they may have any
+    number of dims). ``key``: where to keep the choice in
+    ``PYSHARD_TUNE_FILE`` (then a later call with that key times nothing)."""
+    if ndim < 1:
+        raise ValueError(f"tune_mesh: ndim must be >= 1, got {ndim}")
+    shapes = [tuple(int(m) for m in c) for c in candidates] if candidates else mesh_shapes(
+        comm.size, ndim)
+    for s in shapes:
+        if int(np.prod(s)) != comm.size:
+            raise ValueError(f"tune_mesh: candidate mesh {s} does not have {comm.size} ranks")
+    full = None if key is None else f"mesh|{_library()}|{comm.size}|{key}"
+    if full is not None:
+        hit = _load(comm, full)
+        if hit is not None and hit in shapes:
+            return Mesh(comm, hit)
+    times = np.empty(len(shapes))
+    for i, s in enumerate(shapes):
+        mesh = Mesh(comm, s)
+        try:
+            work(mesh)  # warm-up: plans, executors, pages
+            ts = []
+            for _ in range(trials):
+                comm.Barrier()
+                t0 = time.perf_counter()
+                work(mesh)
+                ts.append(comm.allreduce(time.perf_counter() - t0, op=MPI.MAX))
+            times[i] = float(np.median(ts))
+        finally:
+            mesh.free()
+    best = shapes[int(np.argmin(times))]  # every rank has the same times (the allreduce)
+    if comm.rank == 0:
+        log.info("pyshard: tune_mesh %s: %s (%s ms)", key, best, ", ".join(
+            f"{'x'.join(map(str, s))} {1e3 * t:.2f}" for s, t in zip(shapes, times)))
+    if full is not None:
+        _save(comm, full, best)
+    return Mesh(comm, best)
+
+
+def tune_fft_mesh(
+    comm: MPI.Comm,
+    shape: Sequence[int],
+    kind: str = "fftn",
+    axes: Optional[Sequence[int]] = None,
+    dtype: Any = None,
+    trials: int = 3,
+    max_ndim: int = 2,
+) -> Mesh:
+    """The mesh (1-D slab or 2-D pencil, up to ``max_ndim`` dims, sharding the leading
+    axes) on which ``pyshard.fft``'s ``kind`` over ``axes`` of a global array of ``shape``
+    runs fastest, forward and backward with ``placements="any"``; collective, the same mesh
+    on every rank, kept in ``PYSHARD_TUNE_FILE``."""
+    from . import fft as pf
+    from .array import ShardedArray
+    from .layout import Layout, Shard
+
+    shape = tuple(int(n) for n in shape)
+    if dtype is None:
+        dtype = np.float64 if kind == "rfftn" else np.complex128
+    dtype = np.dtype(dtype)
+    nd = min(max_ndim, max(1, len(shape) - 1))
+    cands = [s for k in range(1, nd + 1) for s in mesh_shapes(comm.size, k)
+             if k == 1 or all(m > 1 for m in s)]
+
+    def work(mesh: Mesh) -> None:
+        lay = Layout(shape, dtype, mesh.shape, [Shard(d) for d in range(mesh.ndim)])
+        p = pf.plan(lay, kind, axes=axes, placements="any")
+        x = ShardedArray(np.zeros(lay.local_shape(mesh.coords), dtype), lay, mesh)
+        p.backward(p.forward(x))
+
+    key = f"fft|{kind}|{shape}|{dtype.name}|{None if axes is None else tuple(axes)}"
+    return tune_mesh(comm, nd, work, key=key, trials=trials, candidates=cands)
