@@ -317,8 +317,9 @@ def _choose_move(
 ) -> Layout:
     """The next transpose: move the Shard of one transformed axis ``a`` in ``todo`` (all
     sharded) onto another axis ``b`` on the same mesh dims, preferring a ``b`` that is done or
-    a batch axis (not in ``pending``), holds a shard per rank, is not sharded yet, is where the
-    target shards those mesh dims, and is long. With no other axis (a 1-D array) the mesh dims
+    a batch axis (not in ``pending``), is where the target shards those mesh dims (else the
+    final redistribute moves it again), holds a shard per rank, is not sharded yet, and is
+    long. With no other axis (a 1-D array) the mesh dims
     replicate ``a`` (an Allgather). Decided from the layout alone: the same on every rank."""
     best = None
     for i, a in enumerate(todo):
@@ -332,9 +333,9 @@ def _choose_move(
             )
             score = (
                 b in pending,
+                not on_target,  # else the final redistribute moves it again
                 cur.shape[b] < parts,
                 _sharded(cur, b),
-                not on_target,
                 -cur.shape[b],
                 i,
                 b,
