@@ -419,3 +419,18 @@ def test_tune_mesh(comm, tmp_path, monkeypatch):
         assert any(k.startswith("mesh|") and k.endswith("|test") for k in data)
     with pytest.raises(ValueError, match="ranks"):
         tune_mesh(comm, 1, work, candidates=[(comm.size + 1,)])
+
+
+def test_bench_row(comm):
+    import json
+
+    from pyshard.bench.fft import bench_fft, format_fft
+
+    row = bench_fft(comm, n=8, reps=1, warmup=0, batch=comm.size + 1, batch_n=8)
+    json.dumps(row)
+    assert row["case"] == "fft" and row["check"]
+    assert {(c["kind"], c["decomp"]) for c in row["cases"]} == {
+        (k, d) for k in ("c2c", "r2c") for d in ("slab", "pencil")}
+    assert all(c["round_trip_ok"] and c["forward"]["total"] > 0 for c in row["cases"])
+    assert row["batched"]["transposes"] == 0
+    assert "per transform" in format_fft(row)
