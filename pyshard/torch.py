@@ -316,8 +316,16 @@ def _run(a: Any, src: Layout, dst: Layout, mesh: Mesh, algorithm: Optional[str])
     return x.redistribute(list(dst.placements), _sizes_arg(dst), algorithm=algorithm).local
 
 
-def _same_memory(a: Any, t: torch.Tensor) -> bool:
-    return bool(a.size) and bk.kind(a) == "host" and a.ctypes.data == t.data_ptr()
+def _move_grad(g: torch.Tensor, dtype: torch.dtype, gout: Layout, gin: Layout, div: int,
+               mesh: Mesh, algorithm: Optional[str]) -> torch.Tensor:
+    """The gradient ``g`` (laid out as ``gout``) redistributed to ``gin``, divided by ``div``."""
+    if g.dtype != dtype:  # pyshard reads the memory as the layout's dtype
+        g = g.to(dtype)
+    if gout == gin:  # nothing moves: hand torch the gradient itself (no alias of it)
+        res = g
+    else:
+        res = _to_torch(_run(_as_array(g), gout, gin, mesh, algorithm))
+    return res / div if div != 1 else res
 
 
 class _Redistribute(torch.autograd.Function):
@@ -328,7 +336,7 @@ class _Redistribute(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, t: torch.Tensor, meta: tuple) -> torch.Tensor:  # type: ignore[override]
         src, dst, gout, gin, div, mesh, algorithm = meta
-        ctx.meta = meta
+        ctx.meta, ctx.dtype = meta, t.dtype
         a = _as_array(t)
         out = _to_torch(_run(a, src, dst, mesh, algorithm))
         if out.data_ptr() == t.data_ptr() and out.numel():
@@ -336,14 +344,10 @@ class _Redistribute(torch.autograd.Function):
         return out
 
     @staticmethod
-    def backward(ctx: Any, g: torch.Tensor) -> Tuple[Optional[torch.Tensor], None]:  # type: ignore[override]
+    def backward(ctx: Any, g: torch.Tensor) -> Tuple[torch.Tensor, None]:  # type: ignore[override]
+        # no rank-local shortcut here: every rank runs the same collectives
         src, dst, gout, gin, div, mesh, algorithm = ctx.meta
-        if not ctx.needs_input_grad[0]:
-            return None, None
-        res = _to_torch(_run(_as_array(g), gout, gin, mesh, algorithm))
-        if div != 1:
-            res = res / div
-        return res, None
+        return _move_grad(g, ctx.dtype, gout, gin, div, mesh, algorithm), None
 
 
 def _check_sharded(x: object, what: str) -> ShardedTensor:
@@ -394,6 +398,7 @@ class _RedistributeMany(torch.autograd.Function):
     def forward(ctx: Any, metas: list, mesh: Mesh, algorithm: Optional[str],  # type: ignore[override]
                 *ts: torch.Tensor) -> Tuple[torch.Tensor, ...]:
         ctx.metas, ctx.mesh, ctx.algorithm = metas, mesh, algorithm
+        ctx.dtypes = [t.dtype for t in ts]
         xs = [ShardedArray._wrap(_as_array(t), m[0], mesh) for t, m in zip(ts, metas)]
         ys = _redistribute_many(
             xs, [list(m[1].placements) for m in metas], algorithm,
@@ -410,14 +415,15 @@ class _RedistributeMany(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, *gs: torch.Tensor) -> tuple:  # type: ignore[override]
         metas, mesh = ctx.metas, ctx.mesh
+        gs = tuple(g if g.dtype == dt else g.to(dt) for g, dt in zip(gs, ctx.dtypes))
         xs = [ShardedArray._wrap(_as_array(g), m[2], mesh) for g, m in zip(gs, metas)]
         ys = _redistribute_many(
             xs, [list(m[3].placements) for m in metas], ctx.algorithm,
             sizes=[_sizes_arg(m[3]) for m in metas],
         )
         out = []
-        for y, m in zip(ys, metas):
-            r = _to_torch(y.local)
+        for g, y, m in zip(gs, ys, metas):
+            r = g if m[2] == m[3] else _to_torch(y.local)  # unmoved: the gradient itself
             out.append(r / m[4] if m[4] != 1 else r)
         return (None, None, None, *out)
 
@@ -464,6 +470,17 @@ def redistribute_many(
 
 # ----------------------------------------------------------------------------- halo padding
 
+# Every call sets up its own exchange (a HaloArray, dropped after): persistent point-to-point
+# requests, whose setup and release are local (a neighbourhood communicator's release would
+# be collective, at a moment garbage collection picks rank by rank).
+_HALO_METHOD = "persistent"
+
+
+def _halo(a: Any, layout: Layout, mesh: Mesh, spec: tuple) -> Any:
+    """A HaloArray of the local array ``a`` (copied into its interior)."""
+    width, periodic, corners = spec
+    return ShardedArray._wrap(a, layout, mesh).with_halo(width, periodic, corners, _HALO_METHOD)
+
 
 def halo_pad(
     x: ShardedTensor, width: WidthArg, periodic: PeriodicArg = False, corners: bool = True
@@ -477,42 +494,43 @@ def halo_pad(
     the cell of its owner's interior it was copied from) and returns the interior. The
     layout must have no Partial mesh dim (as for any halo) and, for a gradient, no
     Replicate mesh dim of more than one rank (the replicas of a block would share its ghost
-    cells' gradients unevenly).
+    cells' gradients unevenly). Each call sets up its exchange anew (persistent
+    point-to-point requests).
     """
     x = _check_sharded(x, "halo_pad")
-    grad = torch.is_grad_enabled() and x.local.requires_grad
-    if grad:
+    spec = (width, periodic, corners)
+    if torch.is_grad_enabled() and x.local.requires_grad:
         rep = [m for m, p in enumerate(x.placements)
-               if isinstance(p, Replicate) and x.mesh.shape[m] > 1]
+               if isinstance(p, Replicate) and x.mesh.shape[m] > 1]  # fmt: skip
         if rep:
             raise NotImplementedError(
                 f"halo_pad: no gradient on a layout with Replicate mesh dims {rep} of more than "
                 f"one rank; shard those mesh dims (or pad outside the graph)"
             )
-        return _HaloPad.apply(x.local, (x.layout, x.mesh, width, periodic, corners))
-    h = ShardedArray._wrap(_as_array(x.local), x.layout, x.mesh).with_halo(width, periodic, corners)
+        return _HaloPad.apply(x.local, (x.layout, x.mesh, spec))
+    h = _halo(_as_array(x.local), x.layout, x.mesh, spec)
     h.update()
     return _to_torch(h.padded)
 
 
 class _HaloPad(torch.autograd.Function):
+    """Forward: a halo update of a fresh padded copy; backward: a fold of the gradient."""
+
     @staticmethod
     def forward(ctx: Any, t: torch.Tensor, meta: tuple) -> torch.Tensor:  # type: ignore[override]
-        layout, mesh, width, periodic, corners = meta
-        ctx.meta = meta
-        h = ShardedArray._wrap(_as_array(t), layout, mesh).with_halo(width, periodic, corners)
+        layout, mesh, spec = meta
+        ctx.meta, ctx.dtype = meta, t.dtype
+        h = _halo(_as_array(t), layout, mesh, spec)
         h.update()
         return _to_torch(h.padded)
 
     @staticmethod
-    def backward(ctx: Any, g: torch.Tensor) -> Tuple[Optional[torch.Tensor], None]:  # type: ignore[override]
-        layout, mesh, width, periodic, corners = ctx.meta
-        if not ctx.needs_input_grad[0]:
-            return None, None
-        shape = layout.local_shape(mesh.coords)
-        empty = torch.empty(shape, dtype=g.dtype, device=g.device)
-        h = ShardedArray._wrap(_as_array(empty), layout, mesh).with_halo(width, periodic, corners)
+    def backward(ctx: Any, g: torch.Tensor) -> Tuple[torch.Tensor, None]:  # type: ignore[override]
+        layout, mesh, spec = ctx.meta
+        if g.dtype != ctx.dtype:
+            g = g.to(ctx.dtype)
+        empty = torch.empty(layout.local_shape(mesh.coords), dtype=g.dtype, device=g.device)
+        h = _halo(_as_array(empty), layout, mesh, spec)
         h.padded[...] = _as_array(g)
         h.fold("sum")
-        return _to_torch(np.ascontiguousarray(h.interior) if bk.kind(h.interior) == "host"
-                         else bk.xp_of(h.interior).ascontiguousarray(h.interior)), None
+        return _to_torch(bk.xp_of(h.interior).ascontiguousarray(h.interior)), None

@@ -220,7 +220,13 @@ def test_grad_placements_partial_sums_the_ranks(comm):
             x, leaf, _ = source(g[None], "sum", mesh, src, None, "float64")
             y = pst.redistribute(x, [R] * mesh.ndim, grad_placements=[P] * mesh.ndim)
             wr = global_tensor((5, 4), "float64", 100 + comm.rank)  # differs per rank
+            before = ps.comm_stats()
             (wr * y.local).sum().backward()
+            used = {k for k, v in ps.comm_stats().items() if v != before.get(k, 0)}
+            if comm.size > 1 and mesh_shape == (comm.size,):
+                want = {"reduce_scatter", "reduce_scatter_block"} if src[0] != R else {
+                    "allreduce"}  # fmt: skip
+                assert len(used) == 1 and used <= want | {"shm"}, (src, used)
             total = sum(global_tensor((5, 4), "float64", 100 + r) for r in range(comm.size))
             assert torch.equal(leaf.grad, total[x.box]), (mesh_shape, src)
 
