@@ -300,12 +300,16 @@ def _as_tuple(placements: Optional[PlacementsArg]) -> Optional[tuple]:
     return None if placements is None else tuple(placements)
 
 
-@memoize
 def _sizes_arg(layout: Layout) -> SizesArg:
     """``None`` where the balanced split gives ``layout`` (pyshard's one-lookup fast path),
     else its extents."""
+    return _sizes_cached(layout)[0]
+
+
+@memoize
+def _sizes_cached(layout: Layout) -> tuple:  # a tuple: memoize keeps no None
     plain = _target(layout, layout.placements, None)
-    return None if plain == layout else layout.sizes
+    return (None if plain == layout else layout.sizes,)
 
 
 def _run(a: Any, src: Layout, dst: Layout, mesh: Mesh, algorithm: Optional[str]) -> Any:
