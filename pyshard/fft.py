@@ -42,7 +42,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 import numpy as np
 
 from . import _backend as bk
-from . import _dtypes
+from . import _dtypes, _validate
 from ._cache import memoize
 from .array import ShardedArray
 from .executor import POOL_MIN_BYTES, executors, pooled_empty, run_steps
@@ -504,6 +504,7 @@ class FFTPlan:
             raise ValueError(
                 f"FFTPlan.forward: expected an array laid out as {self.src}, got {got}"
             )
+        _check_out(out, self.dst, x)
         return _run(self.passes, x, out, self.norm, self.type, workers, algorithm)
 
     def backward(self, y: ShardedArray, out: Optional[Any] = None,
@@ -515,6 +516,7 @@ class FFTPlan:
         if not isinstance(y, ShardedArray) or y.layout != start:
             got = y.layout if isinstance(y, ShardedArray) else type(y).__name__
             raise ValueError(f"FFTPlan.backward: expected an array laid out as {start}, got {got}")
+        _check_out(out, back[-1].dst, y)
         return _run(back, y, out, self.norm, self.type, workers, algorithm)
 
     def explain(self, coords: Optional[Sequence[int]] = None, backward: bool = False) -> str:
@@ -553,6 +555,21 @@ class FFTPlan:
         lines.append(f"  peak memory: rank {coords} {peak} B (a pass's input and what it "
                      f"allocates)")
         return "\n".join(lines)
+
+
+def _check_out(out: Optional[Any], dst: Layout, x: ShardedArray) -> None:
+    """``out`` fits the result's local shard (checked on this rank before communicating)."""
+    if out is None:
+        return
+    want = dst.local_shape(x.mesh.coords)
+    if (tuple(getattr(out, "shape", ())) != want or getattr(out, "dtype", None) != dst.dtype
+            or bk.is_device(out) != bk.is_device(x.local)
+            or not out.flags.c_contiguous):
+        raise ValueError(
+            f"out must be a C-contiguous {'device' if bk.is_device(x.local) else 'host'} array "
+            f"of shape {want} and dtype {dst.dtype} (this rank's shard of {dst}), got "
+            f"{getattr(out, 'shape', type(out).__name__)} {getattr(out, 'dtype', '')}"
+        )
 
 
 def _run(passes: Sequence[Any], x: ShardedArray, out: Optional[Any], norm: Optional[str],
@@ -763,6 +780,12 @@ def _go(name: str, kind: str, x: ShardedArray, s: Any, axes: Any, norm: Any, pla
         sizes: Any, type_: Any = None, workers: Optional[int] = None,
         out: Optional[Any] = None) -> ShardedArray:
     x = _check_x(x, name)
+    if _validate.enabled:  # one small Allgather: ranks that disagree raise on every rank
+        _validate.agree(x.mesh.comm, f"pyshard.fft.{name}", {
+            "layout": repr(x.layout),
+            "arguments": repr((axes, s, norm, type_)),
+            "result layout": repr((placements, sizes)),
+        })
     p = plan(x.layout, kind, axes, s, norm, placements, sizes, type_)
     return p.forward(x, out=out, workers=workers)
 

@@ -320,6 +320,31 @@ def test_plans_are_cached_and_reused(comm):
     y2 = p.forward(x, out=out, workers=1)
     assert y2.local is out
     check(y2, ref, np.complex128, "out=", comm)
+    back = np.empty(x.local.shape, np.complex128)
+    assert p.backward(y2, out=back).local is back
+    check(ps.ShardedArray(back, x.layout, mesh), g, np.complex128, "backward out=", comm)
+    before = ps.comm_stats()
+    with pytest.raises(ValueError, match="out must be"):
+        p.forward(x, out=np.empty(y.local.shape, np.complex64))
+    assert collectives_since(before) == 0
+
+
+def test_validation_mode(comm):
+    """With pyshard.set_validation(True), ranks that pass different arguments raise the
+    same error on every rank instead of hanging."""
+    mesh = ps.Mesh(comm, (comm.size,))
+    g = make_global((6, 5), np.complex128)
+    x = ps.distribute(g, mesh, [Shard(0)])
+    ps.set_validation(True)
+    try:
+        check(pf.fftn(x), np.fft.fftn(g), np.complex128, "validated", comm)
+        if comm.size > 1:
+            norm = "ortho" if comm.rank == 0 else None
+            with pytest.raises(ValueError, match="different arguments"):
+                pf.fftn(x, norm=norm)
+    finally:
+        ps.set_validation(False)
+    mesh.free()
     mesh.free()
 
 
