@@ -176,16 +176,14 @@ HaloGeometry::HaloGeometry(i64 item_, Shape shape_, const std::vector<PeerBoxes>
     if (local_at < 0 || local_at > static_cast<int>(recvs.size()))
       throw std::invalid_argument("pyshard: a fold's local_at outside its messages");
     for (HaloMessage& m : recvs) m.contiguous = false;  // they combine: never in place
-    // one block each way: ghost boxes -> the buffer (start), the buffer -> interior (wait)
+    // this rank's own wraps combine straight from its ghost boxes into its interior at
+    // wait() (one block; the ghost cells are not written while a fold is in flight)
     local.begin_block();
     local_unpack.begin_block();
-    const Shape zero(shape.size(), 0);
     for (const auto& t : local_) {
-      const Shape& ext = std::get<2>(t);
-      describe_copy(shape, std::get<0>(t), ext, zero, ext, item, 0, local_bytes, &local.host);
-      describe_copy(ext, zero, shape, std::get<1>(t), ext, item, local_bytes, 0,
+      describe_copy(shape, std::get<0>(t), shape, std::get<1>(t), std::get<2>(t), item, 0, 0,
                     &local_unpack.host);
-      local_bytes += volume(ext) * item;
+      local_bytes += volume(std::get<2>(t)) * item;
     }
     local.end_block();
     local_unpack.end_block();
@@ -376,9 +374,8 @@ void HaloStep::start(char* arr, Packer& pk, Transport tr) {
       throw std::invalid_argument(
           "pyshard: the datatype halo method takes host arrays on the direct transport");
     if (g.reverse) {  // typed sends from the ghost boxes, receives into the buffer
-      work_ = ws_.work(pk, g.recv_bytes + g.local_bytes);
+      work_ = ws_.work(pk, g.recv_bytes);
       post_typed(arr);
-      pk.copy_all(g.local, arr, work_ + g.recv_bytes);
       active_ = true;
       started_tr_ = tr;
       return;
@@ -391,7 +388,7 @@ void HaloStep::start(char* arr, Packer& pk, Transport tr) {
   }
   const bool staged = tr == Transport::staged;
   const i64 S = g.send_bytes, R = g.recv_bytes;
-  char* work = ws_.work(pk, S + R + (g.reverse ? g.local_bytes : 0));  // the array's memory
+  char* work = ws_.work(pk, S + R);  // in the array's memory
   work_ = work;
   // One pass (one kernel launch on a GPU) for every peer, then MPI. Packing each message
   // just before its send and unpacking each as it arrives (MPI_Waitany) was no faster at 2
@@ -399,9 +396,7 @@ void HaloStep::start(char* arr, Packer& pk, Transport tr) {
   // between the calls; docs/performance.md).
   char* bounce = staged ? ws_.bounce(pk, S + R) : nullptr;
   pk.copy_all(g.pack, arr, work);
-  if (g.reverse)  // the fold's own ghost cells, combined at wait()
-    pk.copy_all(g.local, arr, work + S + R);
-  else
+  if (!g.reverse)  // (a fold combines its own wraps at wait())
     pk.copy_all(g.local, arr, arr);  // periodic wrap onto this rank: interior -> ghosts
   if (staged) pk.to_host(bounce, work, S);
   pk.sync();  // MPI reads the packed bytes next
@@ -432,7 +427,7 @@ void HaloStep::wait(char* arr, Packer& pk, Transport tr, FoldOp op, FoldKind kin
       // the fixed order: messages by peer rank, this rank's own copies at its rank's place
       const size_t at = static_cast<size_t>(g.local_at);
       combine(kind, op, g.unpack, 0, at, work + S, arr);
-      combine(kind, op, g.local_unpack, 0, 1, work + S + R, arr);
+      combine(kind, op, g.local_unpack, 0, 1, arr, arr);
       combine(kind, op, g.unpack, at, g.unpack.blocks(), work + S, arr);
     }
     count_call("halo_fold", pk, tr);

@@ -59,17 +59,17 @@ struct HaloMessage {
 // A fold geometry (reverse = true) is the update's with sends and receives swapped (Python
 // passes them so): the sends are ghost boxes, the receives interior boxes, and the local
 // copies go ghost -> interior. Its receives never land in place (they combine), and its
-// local copies run in two halves: `local` packs their ghost boxes into the buffer after the
-// receives at start(), `local_unpack` combines them into the interior at wait(), as the
-// block at position `local_at` among the received messages (the fixed order: by peer rank,
-// this rank's own copies at its own rank's place, boxes in message order).
+// local copies (`local_unpack`; `local` stays empty) combine straight from the ghost boxes
+// into the interior at wait(), as the block at position `local_at` among the received
+// messages (the fixed order: by peer rank, this rank's own copies at its own rank's place,
+// boxes in message order).
 struct HaloGeometry {
   HaloGeometry(i64 item, Shape shape, const std::vector<PeerBoxes>& sends,
                const std::vector<PeerBoxes>& recvs, const std::vector<LocalSpec>& local,
                bool reverse = false, int local_at = 0);
   bool reverse = false;
   int local_at = 0;
-  DescTable local_unpack;  // fold only: local buffer -> interior
+  DescTable local_unpack;  // fold only: ghost boxes -> interior, in the array
   i64 item;
   Shape shape;  // the padded local array
   std::vector<HaloMessage> sends, recvs;
@@ -90,8 +90,8 @@ class HaloStep {
   HaloStep& operator=(const HaloStep&) = delete;
   void start(char* arr, Packer& pk, Transport tr);
   // A fold step's wait combines with `op` in the host packer's memory when `kind` is not
-  // none; otherwise it leaves the received bytes at buffer() (receives at
-  // geometry().send_bytes, this rank's own copies after them).
+  // none; otherwise it leaves the received bytes at buffer() (at geometry().send_bytes,
+  // or 0 for the datatype method) and the caller combines them and the local copies.
   void wait(char* arr, Packer& pk, Transport tr, FoldOp op = FoldOp::sum,
             FoldKind kind = FoldKind::none);
   char* buffer() const { return work_; }

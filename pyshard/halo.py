@@ -346,10 +346,10 @@ class HaloArray:
         once."""
         g, p, xp = self._fgeom, self.plan, bk.xp_of(arr)
         S = 0 if self.fold_chosen == "datatype" else g.send_bytes
-        R, L = g.recv_bytes, g.local_bytes
-        if R + L == 0:
+        R = g.recv_bytes
+        if R + g.local_bytes == 0:
             return
-        buf = _bytes_at(step.buffer, S + R + L, xp, step)
+        buf = _bytes_at(step.buffer, S + R, xp, step) if R else None
         dt = arr.dtype
         w = self.width
         interior = arr[tuple(slice(ww, n - ww) for ww, n in zip(w, arr.shape)) or ...]
@@ -367,17 +367,18 @@ class HaloArray:
         ufunc = {"sum": xp.add, "max": xp.maximum, "min": xp.minimum}[op]
         isz = dt.itemsize
 
+        def combine(start: Tuple[int, ...], ext: Tuple[int, ...], src: Any) -> None:
+            d = acc[tuple(slice(s - ww, s - ww + e) for s, ww, e in zip(start, w, ext)) or ...]
+            ufunc(d, wide(src), out=d)
+
         def apply(at: int, start: Tuple[int, ...], ext: Tuple[int, ...]) -> int:
             n = prod(ext) * isz
-            src = wide(buf[at:at + n].view(dt).reshape(ext))
-            d = acc[tuple(slice(s - ww, s - ww + e) for s, ww, e in zip(start, w, ext)) or ...]
-            ufunc(d, src, out=d)
+            combine(start, ext, buf[at:at + n].view(dt).reshape(ext))
             return at + n
 
-        def local() -> None:
-            at = S + R
-            for s, _, e in p.local:  # forward (interior src, ghost dst, extent)
-                at = apply(at, s, e)
+        def local() -> None:  # straight from the ghost boxes (not written in flight)
+            for s, t, e in p.local:  # forward (interior src, ghost dst, extent)
+                combine(s, e, arr[tuple(slice(a, a + k) for a, k in zip(t, e)) or ...])
 
         for i, ((_, _, boxes), off) in enumerate(zip(p.sends, g.recv_offsets)):
             if i == g.local_at:
