@@ -13,6 +13,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from oracle import ML_DTYPES, halo_expected
+from test_count_limit import limited, ran  # noqa: F401 - the fixture
 from test_halo import cases
 from test_redistribute_nd import counts_since
 from test_staged import staged  # noqa: F401 - the fixture
@@ -329,6 +330,22 @@ def test_staged_transport(comm):
         for method in ("persistent", "p2p", "neighbor"):
             run_case(comm, shape, mshape, placements, sizes, 2, True, True, method, "sum",
                      "float64", seed=9)
+
+
+@pytest.mark.usefixtures("limited")
+@pytest.mark.parametrize("method", METHODS)
+def test_large_counts(comm, method):
+    """Fold messages over the core's lowered count limit (the path of libraries without
+    large-count calls: derived datatypes), as test_count_limit.py runs the update."""
+    P = comm.size
+    mshape = (2, P // 2) if P % 2 == 0 else (P, 1)
+    shape = (2 * mshape[0] + 40, 1100 * mshape[1] + 3)  # padded rows over the limit
+    S0, S1 = ps.Shard(0), ps.Shard(1)
+    run_case(comm, shape, mshape, [S0, S1], None, (2, 3), True, True, method, "sum",
+             "float64", seed=5)
+    if P > 1:
+        need = {"datatype": "subarray", "neighbor": "neighbor_alltoallw"}.get(method, "bytes")
+        assert need in ran(comm)
 
 
 def test_width_of_the_whole_extent(comm):
