@@ -943,11 +943,28 @@ def idst(x: ShardedArray, type: int = 2, n: Optional[int] = None, axis: int = -1
 
 
 def tune_mesh(comm: Any, shape: Sequence[int], kind: str = "fftn",
-              axes: Optional[Sequence[int]] = None, dtype: Any = None, trials: int = 3) -> Any:
-    """The :class:`~pyshard.Mesh` (slab or pencil) on which ``kind`` over ``axes`` of a
+              axes: Optional[Sequence[int]] = None, dtype: Any = None, trials: int = 3,
+              max_ndim: int = 2) -> Any:
+    """The :class:`~pyshard.Mesh` (a 1-D slab or a pencil mesh of up to ``max_ndim`` dims,
+    sharding the leading axes, no size-1 mesh dims) on which ``kind`` over ``axes`` of a
     global array of ``shape`` runs fastest (forward + backward, ``placements="any"``; the
     slowest rank, median of ``trials``); collective, the same mesh on every rank, kept in
     ``PYSHARD_TUNE_FILE`` (see :func:`pyshard.tune_mesh`)."""
-    from .fft_tune import tune_fft_mesh
+    from .fft_tune import mesh_shapes
+    from .fft_tune import tune_mesh as _tune
 
-    return tune_fft_mesh(comm, shape, kind, axes, dtype, trials)
+    shape = tuple(int(n) for n in shape)
+    dt = np.dtype(np.float64 if kind == "rfftn" else np.complex128) if dtype is None else (
+        np.dtype(dtype))
+    nd = min(max_ndim, max(1, len(shape) - 1))
+    cands = [m for k in range(1, nd + 1) for m in mesh_shapes(comm.size, k)
+             if k == 1 or all(v > 1 for v in m)]
+
+    def work(mesh: Any) -> None:
+        lay = Layout(shape, dt, mesh.shape, [Shard(d) for d in range(mesh.ndim)])
+        p = plan(lay, kind, axes=axes, placements="any")
+        x = ShardedArray(np.zeros(lay.local_shape(mesh.coords), dt), lay, mesh)
+        p.backward(p.forward(x))
+
+    key = f"fft|{kind}|{shape}|{dt.name}|{None if axes is None else tuple(axes)}"
+    return _tune(comm, nd, work, key=key, trials=trials, candidates=cands)

@@ -7,9 +7,9 @@ every rank (the times are combined with one Allreduce, so every rank picks the s
 ``key`` and ``PYSHARD_TUNE_FILE`` set the choice is kept in that file (the wisdom
 :mod:`pyshard._tune` keeps its algorithm choices in, under ``"mesh|..."`` keys), read by rank
 0 and broadcast, so the next job skips the timing.
-:func:`tune_fft_mesh` (``pyshard.fft.tune_mesh``) does this for a transform of
-``pyshard.fft``: candidates are the slab and pencil meshes sharding the leading axes, timed
-on the forward and backward of a cached plan with ``placements="any"``.
+``pyshard.fft.tune_mesh`` does this for a transform of ``pyshard.fft``: candidates are the
+slab and pencil meshes sharding the leading axes, timed on the forward and backward of a
+cached plan with ``placements="any"``.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from mpi4py import MPI
 
 from .mesh import Mesh
 
-__all__ = ["mesh_shapes", "tune_fft_mesh", "tune_mesh"]
+__all__ = ["mesh_shapes", "tune_mesh"]
 
 log = logging.getLogger("pyshard")
 
@@ -133,38 +133,3 @@ def tune_mesh(
     if full is not None:
         _save(comm, full, best)
     return Mesh(comm, best)
-
-
-def tune_fft_mesh(
-    comm: MPI.Comm,
-    shape: Sequence[int],
-    kind: str = "fftn",
-    axes: Optional[Sequence[int]] = None,
-    dtype: Any = None,
-    trials: int = 3,
-    max_ndim: int = 2,
-) -> Mesh:
-    """The mesh (1-D slab or 2-D pencil, up to ``max_ndim`` dims, sharding the leading
-    axes) on which ``pyshard.fft``'s ``kind`` over ``axes`` of a global array of ``shape``
-    runs fastest, forward and backward with ``placements="any"``; collective, the same mesh
-    on every rank, kept in ``PYSHARD_TUNE_FILE``."""
-    from . import fft as pf
-    from .array import ShardedArray
-    from .layout import Layout, Shard
-
-    shape = tuple(int(n) for n in shape)
-    if dtype is None:
-        dtype = np.float64 if kind == "rfftn" else np.complex128
-    dtype = np.dtype(dtype)
-    nd = min(max_ndim, max(1, len(shape) - 1))
-    cands = [s for k in range(1, nd + 1) for s in mesh_shapes(comm.size, k)
-             if k == 1 or all(m > 1 for m in s)]
-
-    def work(mesh: Mesh) -> None:
-        lay = Layout(shape, dtype, mesh.shape, [Shard(d) for d in range(mesh.ndim)])
-        p = pf.plan(lay, kind, axes=axes, placements="any")
-        x = ShardedArray(np.zeros(lay.local_shape(mesh.coords), dtype), lay, mesh)
-        p.backward(p.forward(x))
-
-    key = f"fft|{kind}|{shape}|{dtype.name}|{None if axes is None else tuple(axes)}"
-    return tune_mesh(comm, nd, work, key=key, trials=trials, candidates=cands)
