@@ -15,7 +15,7 @@ gradient of the sum). On a ``Replicate`` mesh dim every rank holds the same grad
 counted once; ``grad_placements=`` says otherwise where the work downstream differs per
 rank (``[Partial("sum")]``: the ranks' gradients are to be summed). The gradient that
 leaves for the source is laid out like the source with ``Partial("sum")`` read as
-``Replicate`` (``Partial("avg")`` likewise, scaled by 1/n); ``Partial("max")`` and
+``Replicate`` (``Partial("avg")`` likewise, divided by n); ``Partial("max")`` and
 ``Partial("min")`` sources have no such gradient (:class:`NotImplementedError`).
 
 Every call is collective, like the pyshard call it wraps, and so is every backward: every
