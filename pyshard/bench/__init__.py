@@ -28,6 +28,12 @@ More cases, each a JSON row of its own fields, run only when named in ``--cases`
   256^3 complex128; :mod:`pyshard.apps.fft3d`, ``examples/fft3d.py``), total and transposes
   alone, next to mpi4py-fft's PFFT with the numpy backend when it is installed
   (``pip install .[bench-fft]``, which needs FFTW: ``apt-get install libfftw3-dev``).
+- ``fft``: :func:`pyshard.bench.fft.bench_fft`, :mod:`pyshard.fft` on ``--fft-n``^3 (c2c
+  complex128 and r2c float64; slab ``[Shard(0)]`` on a 1-D mesh and pencil ``[Shard(0),
+  Shard(1)]`` on ``MPI.Compute_dims(P, 2)``), forward and backward, each split into its
+  local-FFT and transpose time; a batched 2-D case (``--fft-batch BxM``: ``B x M x M``
+  complex128 over axes (1, 2), batch sharded, no transpose) against serial scipy.fft of one
+  rank's share; PFFT's forward+backward when mpi4py-fft imports.
 
 ``--device cuda`` (:mod:`pyshard.bench.gpu`) runs ``transpose`` and ``gather`` on cupy arrays
 instead, each next to the same exchange written by hand with cupy and mpi4py (a device pack,
