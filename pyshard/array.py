@@ -348,7 +348,7 @@ def _gather_shapes(a: Any, mesh: Mesh) -> List[Tuple[int, ...]]:
         raise ValueError(f"from_local: arrays of ndim > {width - 2} are not supported")
     mine = [a.ndim, zlib.crc32(_dtypes.name(a.dtype).encode())] + list(a.shape)
     mine += [0] * (width - len(mine))
-    flat = _core.allgather_i64(mesh._core_comm(tuple(range(mesh.ndim))), mine)
+    flat = _core.allgather_i64(mesh.core_comm(tuple(range(mesh.ndim))), mine)
     rows = [flat[i * width : (i + 1) * width] for i in range(mesh.size)]
     for r, row in enumerate(rows):
         if row[0] != a.ndim or row[1] != mine[1]:

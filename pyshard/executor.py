@@ -63,7 +63,7 @@ class _Exec:
 
     def _collective(self, step: Step, mesh: Mesh, algorithm: str) -> None:
         coords = mesh.coords
-        comm = mesh._core_comm(step.mesh_dims)
+        comm = mesh.core_comm(step.mesh_dims)
         ws = mesh._cache.workspace
         kind = step.kind
         if kind == "alltoallv" and algorithm == "shm":

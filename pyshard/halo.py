@@ -133,7 +133,7 @@ class HaloArray:
                     "method": self.method,
                 })
             p = self.plan
-            comm = self.mesh._core_comm(tuple(range(self.mesh.ndim)))
+            comm = self.mesh.core_comm(tuple(range(self.mesh.ndim)))
             geom = _geometry(p)
             if self.method == "tune":
                 self.chosen, self._step = self._tune(comm, geom)

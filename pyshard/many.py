@@ -278,7 +278,7 @@ class _Fused:
         g = _core.FusedGeometry(parts)
         # the largest message over all ranks decides Ialltoallv, identically everywhere
         big = sum(s.max_block_volume() * s.src.dtype.itemsize for s in steps)
-        comm = mesh._core_comm(steps[0].mesh_dims)
+        comm = mesh.core_comm(steps[0].mesh_dims)
         self.core = _core.FusedExchangeStep(
             comm, g, mesh._cache.workspace, big >= NONBLOCKING_MIN_BLOCK
         )
@@ -319,7 +319,7 @@ class _ShmFused:
     def __init__(self, plans: Sequence[Plan], mesh: Mesh, node: Any) -> None:
         coords = mesh.coords
         steps = [p.steps[0] for p in plans]
-        comm = mesh._core_comm(steps[0].mesh_dims)
+        comm = mesh.core_comm(steps[0].mesh_dims)
         ws = mesh._cache.workspace
         parts = []
         for s in steps:

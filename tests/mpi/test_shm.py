@@ -167,7 +167,7 @@ def test_nodes_as_simulated(comm, monkeypatch):
         return
     assert node is not None and node.nodes == (p + 1) // 2
     first = comm.rank // 2 * 2
-    assert list(node.node_ranks) == list(range(first, min(first + 2, p)))
+    assert list(node.node_ranks) == list(range(first, min(first + 2, p))), node.why_not
     mesh.free()
 
 
@@ -248,14 +248,17 @@ def test_results_return_to_the_pool_and_outlive_free(comm):
     np.testing.assert_array_equal(keep, want)  # a live result outlives Mesh.free()
 
 
-def test_a_rank_that_cannot_share_makes_every_rank_use_mpi(comm, monkeypatch, caplog):
-    """One rank fails its setup (PYSHARD_SHM_FAIL): every rank takes MPI, the same choice
-    everywhere, logged once as a warning; results stay exact."""
+@pytest.mark.parametrize("hook", ["1", "map"])
+def test_a_rank_that_cannot_share_makes_every_rank_use_mpi(comm, monkeypatch, caplog, hook):
+    """One rank fails its setup (the test hook PYSHARD_TEST_SHM_FAIL): "1", it cannot make
+    its segment (the mesh's Allgather tells every rank); "map", it cannot map its peers' (its
+    node learns it from the control segments, with no MPI call). Every rank takes MPI, the
+    same choice everywhere, logged once as a warning; results stay exact."""
     p = comm.size
     if p == 1:
         pytest.skip("needs two ranks")
     if comm.rank == 1:
-        monkeypatch.setenv("PYSHARD_SHM_FAIL", "1")
+        monkeypatch.setenv("PYSHARD_TEST_SHM_FAIL", hook)
     monkeypatch.setattr(_shm, "_warned", False)
     mesh = ps.Mesh(comm, (p,))
     g = make_global((5 * p, 3 * p), "int32")
@@ -268,6 +271,32 @@ def test_a_rank_that_cannot_share_makes_every_rank_use_mpi(comm, monkeypatch, ca
     assert "shm" not in got and sum(got.values()) == 1, got
     assert _shm.node(mesh, (0,)) is None
     assert any("not usable" in r.getMessage() for r in caplog.records)
+    mesh.free()
+
+
+def test_a_node_that_cannot_share_reaches_its_ranks_by_mpi(comm, monkeypatch):
+    """Simulated nodes of two ranks; rank 1 cannot map its peers' segments: its node's ranks
+    exchange by MPI messages among themselves, the other nodes keep node-shared memory, in
+    the same step (the choice is the same on both ranks of each node, made with no MPI call);
+    every result exact, for exchanges, gathers and several calls in a row."""
+    p = comm.size
+    if p < 4:
+        pytest.skip("needs two simulated nodes of two ranks")
+    monkeypatch.setenv("PYSHARD_NODE_SIZE", "2")
+    if comm.rank == 1:
+        monkeypatch.setenv("PYSHARD_TEST_SHM_FAIL", "map")
+    mesh = ps.Mesh(comm, (p,))
+    node = _shm.node(mesh, (0,))
+    assert node is not None
+    healthy = comm.rank >= 2
+    want = [comm.rank // 2 * 2, comm.rank // 2 * 2 + 1] if healthy else [comm.rank]
+    assert list(node.node_ranks) == [r for r in want if r < p]
+    g = make_global((5 * p + 1, 3 * p + 2), "float64")
+    x = ps.distribute(g, mesh, [Shard(0)])
+    for target in ([Shard(1)], [R], [Shard(0)]):
+        for _ in range(2):
+            y = x.redistribute(target)
+            np.testing.assert_array_equal(y.local, g[y.box], err_msg=str(target))
     mesh.free()
 
 
