@@ -11,30 +11,18 @@ need whenever an executor is evicted, and released by ``Mesh.free()`` or :func:`
 from __future__ import annotations
 
 import functools
-import os
 import weakref
 from collections import OrderedDict
 from typing import Any, Callable, Dict, List, Optional
+
+from . import config
 
 __all__ = ["cache_limit", "clear_caches", "set_cache_limit"]
 
 DEFAULT_LIMIT = 256
 
 
-def _env_limit() -> int:
-    raw = os.environ.get("PYSHARD_CACHE_LIMIT", "")
-    if not raw:
-        return DEFAULT_LIMIT
-    try:
-        n = int(raw)
-    except ValueError:
-        raise ValueError(f"PYSHARD_CACHE_LIMIT must be an int >= 1, got {raw!r}") from None
-    if n < 1:
-        raise ValueError(f"PYSHARD_CACHE_LIMIT must be an int >= 1, got {raw!r}")
-    return n
-
-
-_limit = _env_limit()
+_limit: int = config.get("PYSHARD_CACHE_LIMIT")  # at import; set_cache_limit() changes it
 _caches: weakref.WeakSet[LRU] = weakref.WeakSet()
 _fifos: weakref.WeakSet[Fifo] = weakref.WeakSet()
 
@@ -211,14 +199,7 @@ def configure_result_pool() -> None:
     off): host results of 1 MiB or more come from it and go back to it when freed."""
     from . import _core
 
-    raw = os.environ.get("PYSHARD_RESULT_POOL_BYTES", "")
-    try:
-        n = int(raw) if raw else 1 << 30
-    except ValueError:
-        raise ValueError(f"PYSHARD_RESULT_POOL_BYTES must be an int >= 0, got {raw!r}") from None
-    if n < 0:
-        raise ValueError(f"PYSHARD_RESULT_POOL_BYTES must be an int >= 0, got {raw!r}")
-    _core.set_result_pool_limit(n)
+    _core.set_result_pool_limit(config.get("PYSHARD_RESULT_POOL_BYTES"))
 
 
 def stats() -> Dict[str, int]:

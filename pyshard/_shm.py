@@ -11,8 +11,8 @@ where every rank of the communicator shares one node: each rank copies its piece
 peer once into that peer's staging segment, and each rank reduces its own piece and the
 staged ones (an Allreduce then copies every reduced chunk from its owner into each result).
 
-- ``PYSHARD_TRANSPORT=mpi`` (or ``direct``/``staged``) turns it off: every exchange goes through
-  MPI; ``auto`` (default) and ``shm`` leave it on.
+- ``PYSHARD_TRANSPORT=mpi`` (or ``direct``/``staged``, which name an MPI transport) turns it
+  off: every exchange goes through MPI; ``auto`` (default) and ``shm`` leave it on.
 - ``auto`` takes it for steps whose largest block has at least ``PYSHARD_SHM_MIN_BYTES``
   (default 16 KiB, 256 KiB where ranks outnumber cores); smaller exchanges stay on MPI.
 - ``PYSHARD_NODE_SIZE=k`` splits each node further into groups of ``k`` consecutive world
@@ -35,26 +35,15 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 
+from . import config
+
 log = logging.getLogger("pyshard")
 
 _warned = False
 
 
-def _min_block() -> Optional[int]:
-    raw = os.environ.get("PYSHARD_SHM_MIN_BYTES", "").strip()
-    if not raw:
-        return None
-    try:
-        v = int(raw)
-    except ValueError:
-        v = -1
-    if v < 0:
-        raise ValueError(f"PYSHARD_SHM_MIN_BYTES must be an integer >= 0, got {raw!r}")
-    return v
-
-
 # ``auto`` takes node-shared memory for a step whose largest block (from the layouts: the
-# same on every rank) has at least MIN_BLOCK bytes: smaller exchanges are latency, where an
+# same on every rank) has at least min_block() bytes: smaller exchanges are latency, where an
 # MPI library's eager messages need no handshake with the receiver. Measured here (MPICH,
 # Shard(0) -> Shard(1), shm / MPI): at 2 ranks on 2 cores 1.60x at 4 KiB blocks, 0.82x at
 # 16 KiB, 0.51x at 64 KiB; at 4 ranks on 2 cores (a waiting rank sleeps, ~100 us a call)
@@ -62,7 +51,6 @@ def _min_block() -> Optional[int]:
 # has a core, 256 KiB where some node has more ranks than cores (NodeShm.oversubscribed, the
 # same on every rank). PYSHARD_SHM_MIN_BYTES sets it; ``algorithm="shm"`` and ``"tune"``
 # ignore it.
-MIN_BLOCK: Optional[int] = _min_block()
 MIN_BLOCK_CORES = 16 << 10
 MIN_BLOCK_OVERSUBSCRIBED = 256 << 10
 
@@ -70,8 +58,9 @@ MIN_BLOCK_OVERSUBSCRIBED = 256 << 10
 def min_block(node: Optional[Any] = None, oversubscribed: bool = False) -> int:
     """The threshold ``auto`` applies on ``node`` (or, without one, on nodes with a core per
     rank, or fewer cores than ranks when ``oversubscribed``)."""
-    if MIN_BLOCK is not None:
-        return MIN_BLOCK
+    forced = config.get("PYSHARD_SHM_MIN_BYTES")
+    if forced is not None:
+        return forced
     over = node.oversubscribed if node is not None else oversubscribed
     return MIN_BLOCK_OVERSUBSCRIBED if over else MIN_BLOCK_CORES
 
@@ -104,24 +93,17 @@ def wanted(step: Any, node: Optional[Any]) -> bool:
 def enabled() -> bool:
     """Does ``PYSHARD_TRANSPORT`` leave the node-local transport on for host exchanges (and
     is host memory not forced through the staging path, as the staging tests do)?"""
-    from . import _core  # (this module imports no MPI itself: the planner reads MIN_BLOCK)
+    from . import _core  # (this module imports no MPI itself: the planner reads min_block)
 
-    raw = os.environ.get("PYSHARD_TRANSPORT", "").strip().lower()
-    return raw in ("", "auto", "shm") and _core.transport(_core.Mem.host).name == "direct"
+    return (
+        config.get("PYSHARD_TRANSPORT") in ("auto", "shm")
+        and _core.transport(_core.Mem.host).name == "direct"
+    )
 
 
 def sim_node_size() -> int:
     """``PYSHARD_NODE_SIZE`` (simulated nodes of that many consecutive world ranks), or 0."""
-    raw = os.environ.get("PYSHARD_NODE_SIZE", "").strip()
-    if not raw:
-        return 0
-    try:
-        k = int(raw)
-    except ValueError:
-        k = 0
-    if k < 1:
-        raise ValueError(f"PYSHARD_NODE_SIZE must be an integer >= 1, got {raw!r}")
-    return k
+    return config.get("PYSHARD_NODE_SIZE") or 0
 
 
 def _machine_key() -> int:
@@ -251,7 +233,7 @@ class NodeMap:
 def _test_hook_fail() -> str:
     """The test hook PYSHARD_TEST_SHM_FAIL: "1" this rank cannot set up node-shared memory
     (the others follow), "map": it cannot map its peers' (its node takes MPI)."""
-    return os.environ.get("PYSHARD_TEST_SHM_FAIL", "").strip()
+    return config.get("PYSHARD_TEST_SHM_FAIL")
 
 
 def node(mesh: Any, dims: Tuple[int, ...]) -> Optional[Any]:

@@ -30,6 +30,7 @@ import numpy as np
 from mpi4py import MPI
 
 from . import _backend as bk
+from . import config
 from .plan import Step
 
 log = logging.getLogger("pyshard")
@@ -52,7 +53,7 @@ def key(step: Step, dev: bool) -> str:
 
 def _load(mesh: Any) -> Dict[str, str]:
     """Earlier choices from PYSHARD_TUNE_FILE: read on rank 0 of the mesh, broadcast."""
-    path = os.environ.get("PYSHARD_TUNE_FILE", "")
+    path = config.get("PYSHARD_TUNE_FILE")
     data: Dict[str, str] = {}
     if mesh.rank == 0 and path and os.path.exists(path):
         try:
@@ -65,7 +66,7 @@ def _load(mesh: Any) -> Dict[str, str]:
 
 
 def _save(mesh: Any, choices: Dict[str, str]) -> None:
-    path = os.environ.get("PYSHARD_TUNE_FILE", "")
+    path = config.get("PYSHARD_TUNE_FILE")
     if mesh.rank != 0 or not path:
         return
     try:

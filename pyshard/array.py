@@ -137,7 +137,7 @@ class ShardedArray:
         cupy's current stream, and the result is ready on that stream when this returns.
         """
         if algorithm is None:
-            algorithm = executor.DEFAULT_ALGORITHM
+            algorithm = executor.default_algorithm()
         if sizes is None and wait and not _validate.enabled:
             # a repeated call: one lookup, then one call of the binding (executor.bind)
             try:

@@ -5,14 +5,13 @@ rule, and the results pool. ``ShardedArray.redistribute`` runs these."""
 from __future__ import annotations
 
 import logging
-import os
 from math import prod
 from typing import Any, Callable, Optional, Tuple
 
 import numpy as np
 
 from . import _backend as bk
-from . import _core, _shm, _tune
+from . import _core, _shm, _tune, config
 from ._dtypes import identity as ml_identity
 from ._dtypes import is_ml_float
 from .layout import Layout, Shard
@@ -237,16 +236,11 @@ ALGORITHMS = ("alltoallv", "alltoall", "p2p", "alltoallw", "shm")
 MPI_ALGORITHMS = ALGORITHMS[:4]
 
 
-def _default_algorithm() -> str:
-    raw = os.environ.get("PYSHARD_ALGORITHM", "").strip() or "auto"
-    if raw not in ALGORITHMS + ("auto", "tune"):
-        raise ValueError(
-            f"PYSHARD_ALGORITHM must be auto, tune or one of {ALGORITHMS}, got {raw!r}"
-        )
-    return raw
+def default_algorithm() -> str:
+    """The algorithm of calls that name none: ``PYSHARD_ALGORITHM`` (pyshard.config)."""
+    return config.get("PYSHARD_ALGORITHM")
 
 
-DEFAULT_ALGORITHM = _default_algorithm()
 NONBLOCKING_MIN_BLOCK = 1 << 20  # bytes
 
 
@@ -352,7 +346,7 @@ def execute(
     same side as ``local``, that the last step writes into (checked before any
     communication).
     """
-    algorithm = DEFAULT_ALGORITHM if algorithm is None else algorithm
+    algorithm = default_algorithm() if algorithm is None else algorithm
     return run_steps(executors(p, mesh, algorithm, local), p, mesh, local, out)
 
 

@@ -9,14 +9,13 @@ by one of four methods (persistent point-to-point requests by default), split in
 from __future__ import annotations
 
 import logging
-import os
 import time
 from typing import TYPE_CHECKING, Any, Optional, Tuple
 
 from mpi4py import MPI
 
 from . import _backend as bk
-from . import _core, _validate
+from . import _core, _validate, config
 from .halo_plan import HaloPlan, PeriodicArg, WidthArg, halo_plan, halo_spec
 from .layout import Layout
 from .mesh import Mesh
@@ -37,12 +36,7 @@ HALO_TAG = 8  # redistribute's point-to-point steps use 7
 
 
 def _default_method() -> str:
-    raw = os.environ.get("PYSHARD_HALO_METHOD", "").strip() or "persistent"
-    if raw not in METHODS + ("tune",):
-        raise ValueError(
-            f"PYSHARD_HALO_METHOD must be one of {METHODS + ('tune',)}, got {raw!r}"
-        )
-    return raw
+    return config.get("PYSHARD_HALO_METHOD")
 
 
 def _geometry(p: HaloPlan) -> Any:

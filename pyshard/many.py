@@ -12,14 +12,13 @@ the pure plan (no MPI), cached and explainable.
 from __future__ import annotations
 
 import logging
-import os
 from math import prod
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
 from . import _backend as bk
-from . import _core, _shm, _validate
+from . import _core, _shm, _validate, config
 from . import executor as _executor
 from ._cache import LRU, memoize
 from .array import ShardedArray
@@ -33,30 +32,18 @@ __all__ = ["ManyPlan", "plan_many", "redistribute_many"]
 log = logging.getLogger("pyshard")
 
 
-def _env_bytes(name: str, default: int) -> int:
-    raw = os.environ.get(name, "").strip()
-    try:
-        v = int(raw) if raw else default
-    except ValueError:
-        raise ValueError(f"{name} must be an int, got {raw!r}") from None
-    if v < 1:
-        raise ValueError(f"{name} must be >= 1, got {v}")
-    return v
-
-
 # Fused: arrays of less than FUSE_MAX_BYTES per rank, in batches of about BATCH_BYTES per
 # rank. Measured (200 arrays, 2 and 4 ranks, docs/performance.md): fusing small arrays is
 # 2-3x faster than a loop (their calls are latency); fusing large ones was up to 2x slower
 # (a fused message is unpacked from the receive buffer, where an array's own exchange
 # receives its contiguous blocks in place, and the batch leaves the cache).
-FUSE_MAX_BYTES = _env_bytes("PYSHARD_MANY_FUSE_MAX_BYTES", 256 << 10)
-BATCH_BYTES = _env_bytes("PYSHARD_MANY_BATCH_BYTES", 4 << 20)
+# (PYSHARD_MANY_FUSE_MAX_BYTES and PYSHARD_MANY_BATCH_BYTES, pyshard.config)
 # Node-shared memory (pyshard/_shm.py), where ranks of the communicator share a node: every
 # array whose plan is one exchange, large ones too (nothing is packed or unpacked: each block
 # is written once, straight into its result), in batches of about SHM_BATCH_BYTES per rank,
 # each batch one handshake with each node peer. A batch's results share one segment of
-# node-shared memory: it returns to the pool when the last of them is freed.
-SHM_BATCH_BYTES = _env_bytes("PYSHARD_MANY_SHM_BATCH_BYTES", 64 << 20)
+# node-shared memory: it returns to the pool when the last of them is freed
+# (PYSHARD_MANY_SHM_BATCH_BYTES).
 SHM_ALIGN = 64  # bytes: where each result of a batch starts
 
 
@@ -109,7 +96,7 @@ class ManyPlan:
                 exchanges.setdefault(p.steps[0].mesh_dims, []).append(i)
             if one and (
                 prod(p.src.shape) * p.src.dtype.itemsize
-                < FUSE_MAX_BYTES * prod(p.steps[0].group_shape)
+                < config.get("PYSHARD_MANY_FUSE_MAX_BYTES") * prod(p.steps[0].group_shape)
             ):
                 groups.setdefault(p.steps[0].mesh_dims, []).append(i)
             else:
@@ -118,13 +105,13 @@ class ManyPlan:
         # unpack in cache (a 248 MiB batch ran 2x slower than one call per array)
         fused = []
         for dims, ix in sorted(groups.items()):
-            fused += _batches(self.plans, ix, dims, BATCH_BYTES)
+            fused += _batches(self.plans, ix, dims, config.get("PYSHARD_MANY_BATCH_BYTES"))
         self.fused = tuple(fused)
         self.single = tuple(single)
         self.exchanges = tuple(sorted((d, tuple(ix)) for d, ix in exchanges.items()))
         shm = []
         for dims, ix in self.exchanges:
-            shm += _batches(self.plans, ix, dims, SHM_BATCH_BYTES)
+            shm += _batches(self.plans, ix, dims, config.get("PYSHARD_MANY_SHM_BATCH_BYTES"))
         self.shm_batches = tuple(shm)
         # per communicator: its exchanges' largest blocks for one peer, added up
         self._block_bytes = {
@@ -440,7 +427,7 @@ def redistribute_many(
     cache = mesh._cache
     # node-shared memory for the single exchanges of a communicator whose ranks share a node
     # (set up collectively on first use; decided from the layouts: the same on every rank)
-    alg = algorithm or _executor.DEFAULT_ALGORITHM
+    alg = algorithm or _executor.default_algorithm()
     shm: Dict[Tuple[int, ...], Any] = {}
     if not dev and alg in ("auto", "tune", "shm"):
         for dims, _ix in mp.exchanges:

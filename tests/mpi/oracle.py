@@ -138,7 +138,8 @@ def auto_exchange(mesh, counts, algorithm="auto", dims=None):
     names = EXCHANGE_NAMES + REDUCE_NAMES
     if algorithm != "auto" or not any(k in counts for k in names):
         return counts
-    if ps._shm.MIN_BLOCK != 0:  # auto keeps small blocks on MPI: these tests' arrays are small
+    # auto keeps small blocks on MPI: these tests' arrays are small
+    if ps.config.get("PYSHARD_SHM_MIN_BYTES") != 0:
         return counts
     dims = tuple(range(mesh.ndim)) if dims is None else tuple(dims)
     node = ps._shm.node(mesh, dims)

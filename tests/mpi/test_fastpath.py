@@ -46,10 +46,8 @@ def _small_blocks_on_mpi():
     """The default threshold whatever the suite's environment (CI runs it once with
     PYSHARD_SHM_MIN_BYTES=0): these small exchanges take MPI and the core binding. (Not
     through monkeypatch: no_planning's undo() would take it back mid-test.)"""
-    old = ps._shm.MIN_BLOCK
-    ps._shm.MIN_BLOCK = None
-    yield
-    ps._shm.MIN_BLOCK = old
+    with ps.config.override(PYSHARD_SHM_MIN_BYTES=None):
+        yield
 
 
 def _binding(x, placements, algorithm="auto"):
@@ -230,7 +228,7 @@ def test_large_results_come_from_the_pool(comm):
 def test_shm_steps_bind_the_python_call(comm, monkeypatch):
     """A step on node-shared memory binds the Python call over its executor (its result comes
     from the node's pool): repeated calls give the oracle and never plan again."""
-    monkeypatch.setattr(ps._shm, "MIN_BLOCK", 0)
+    ps.config.set("PYSHARD_SHM_MIN_BYTES", 0)  # (the fixture's override restores it)
     monkeypatch.setenv("PYSHARD_TRANSPORT", "auto")
     p = comm.size
     mesh = ps.Mesh(comm, (p,))

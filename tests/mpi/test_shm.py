@@ -34,7 +34,7 @@ def _shm_on(monkeypatch):
     suite with PYSHARD_TRANSPORT=mpi and with PYSHARD_NODE_SIZE=2); each sets what it tests."""
     monkeypatch.setenv("PYSHARD_TRANSPORT", "auto")
     monkeypatch.delenv("PYSHARD_NODE_SIZE", raising=False)
-    monkeypatch.setattr(_shm, "MIN_BLOCK", 0)  # small test arrays take it too
+    monkeypatch.setenv("PYSHARD_SHM_MIN_BYTES", "0")  # small test arrays take it too
 
 
 def counts_since(before):
@@ -303,7 +303,7 @@ def test_a_node_that_cannot_share_reaches_its_ranks_by_mpi(comm, monkeypatch):
 def test_auto_keeps_small_exchanges_on_mpi(comm, monkeypatch):
     """Below PYSHARD_SHM_MIN_BYTES per block (the layouts say so, the same on every rank)
     auto takes MPI; algorithm="shm" takes node-shared memory whatever the size."""
-    monkeypatch.setattr(_shm, "MIN_BLOCK", 1 << 20)
+    monkeypatch.setenv("PYSHARD_SHM_MIN_BYTES", str(1 << 20))
     p = comm.size
     mesh = ps.Mesh(comm, (p,))
     g = make_global((8 * p, 8 * p), "float32")
@@ -426,7 +426,6 @@ def test_many_mixed_plans_and_batches(comm, monkeypatch):
     their own; the exchanges split into several batches (PYSHARD_MANY_SHM_BATCH_BYTES), one
     handshake each; results of a batch outlive the others and later calls (the batch's
     segment is shared), and algorithm="alltoallv" keeps every exchange on MPI."""
-    from pyshard import many
 
     p = comm.size
     mesh = ps.Mesh(comm, (p,))
@@ -434,7 +433,7 @@ def test_many_mixed_plans_and_batches(comm, monkeypatch):
     targets = [[Shard(1)], [R], [Shard(1)], [Shard(0)], [Shard(1)], [Shard(1)], [R],
                [Shard(1)], [Shard(1)]]  # fmt: skip
     ps.clear_caches()
-    monkeypatch.setattr(many, "SHM_BATCH_BYTES", 1)  # every array its own batch
+    monkeypatch.setenv("PYSHARD_MANY_SHM_BATCH_BYTES", "1")  # every array its own batch
     try:
         mp = ps.plan_many(xs, targets)
         batches = [ix for _, ix in mp.shm_batches]
