@@ -116,7 +116,7 @@ class ShardedArray:
         (blocks padded to the largest), ``"p2p"`` (pipelined Isend/Irecv), ``"alltoallw"``
         (one subarray datatype per peer: MPI packs on the fly, no workspace; host arrays
         only, GPU arrays take ``alltoallv``), ``"auto"`` (a fixed rule, see
-        :func:`pyshard.executor.choose_algorithm`) or ``"tune"`` (measure the candidates the
+        :func:`pyshard.route.choose_algorithm`) or ``"tune"`` (measure the candidates the
         first time a step of that kind and size runs, see :mod:`pyshard._tune`). The default
         is ``PYSHARD_ALGORITHM`` from the environment, else ``"auto"``. It must be the same
         on every rank.

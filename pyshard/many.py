@@ -26,6 +26,7 @@ from .executor import NONBLOCKING_MIN_BLOCK, POOL_MIN_BYTES, pooled_empty
 from .layout import PlacementsArg, placements_str
 from .mesh import Mesh
 from .plan import Plan, geometry, plan, push_specs
+from .route import shm_for
 
 __all__ = ["ManyPlan", "plan_many", "redistribute_many"]
 
@@ -122,13 +123,11 @@ class ManyPlan:
             for dims, ix in self.exchanges
         }
 
-    def shm_wanted(self, dims: Tuple[int, ...], node: Any) -> bool:
-        """Does ``auto`` move the exchanges on ``dims`` through node-shared memory ``node``?
-        Where their blocks for one peer add up to ``PYSHARD_SHM_MIN_BYTES`` (as a single
-        exchange's block must, see :mod:`pyshard._shm`): the batch is one handshake."""
-        if node is None:
-            return False
-        return self._block_bytes.get(dims, 0) >= _shm.min_block(node)
+    def block_bytes(self, dims: Tuple[int, ...]) -> int:
+        """The blocks for one peer of the single exchanges on ``dims``, added up: what
+        :func:`pyshard.route.shm_for` weighs for them (a batch is one handshake, as a single
+        exchange is)."""
+        return self._block_bytes.get(dims, 0)
 
     @property
     def collectives(self) -> int:
@@ -432,7 +431,7 @@ def redistribute_many(
     if not dev and alg in ("auto", "tune", "shm"):
         for dims, _ix in mp.exchanges:
             node = _shm.node(mesh, dims)
-            if node is not None and (alg == "shm" or mp.shm_wanted(dims, node)):
+            if shm_for("alltoallv", mp.block_bytes(dims), node, alg):
                 shm[dims] = node
     # executors keyed by the (memoized) ManyPlan itself and the batch: an identity hash,
     # where a tuple of hundreds of plans took a millisecond to hash
