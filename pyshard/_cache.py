@@ -13,7 +13,7 @@ from __future__ import annotations
 import functools
 import weakref
 from collections import OrderedDict
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, List, NamedTuple, Optional
 
 from . import config
 
@@ -102,6 +102,16 @@ def memoize(fn: Callable) -> Callable:
     return wrapper
 
 
+class FastEntry(NamedTuple):
+    """A repeated redistribute's one lookup (``pyshard.executor.bind``): the call to make,
+    the core binding it calls (or None), the target layout, and the executors it runs."""
+
+    call: Callable[[Any, Optional[Any]], Any]
+    binding: Any
+    target: Any
+    execs: list
+
+
 class ExecCache:
     """A mesh's executors: ``(plan, algorithm, memory kind) -> [executor per step]`` and the
     one-lookup fast path ``(layout, *placements, algorithm, array type) -> (call, core
@@ -123,7 +133,7 @@ class ExecCache:
         # the fast path may still point at an evicted executor: drop those entries too
         dead = {id(e) for e in execs}
         for k, hit in list(self.fast.items()):
-            if any(id(e) in dead for e in hit[3]):
+            if any(id(e) in dead for e in hit.execs):
                 del self.fast[k]
         if any(_need(e) >= self._keep for e in execs):
             self.trim()

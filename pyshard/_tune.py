@@ -81,9 +81,9 @@ def choose(step: Step, mesh: Any, dev: bool, build: Any, candidates: Tuple[str, 
     """The tuned algorithm for ``step`` among ``candidates`` (what :func:`pyshard.route.route`
     lists for it: the same on every rank), collective over the mesh the first time a key is
     seen. ``build(algorithm)`` returns an executor for the step."""
-    choices = mesh._cache.tuned
+    choices = mesh.cache.tuned
     if choices is None:
-        choices = mesh._cache.tuned = _load(mesh)
+        choices = mesh.cache.tuned = _load(mesh)
     k = key(step, dev)
     if k in choices:
         return choices[k]

@@ -99,7 +99,7 @@ class _Exchange(_Step):
 
     def build(self, mesh: Mesh) -> None:
         step, coords = self.step, mesh.coords
-        comm, ws = mesh.core_comm(step.mesh_dims), mesh._cache.workspace
+        comm, ws = mesh.core_comm(step.mesh_dims), mesh.cache.workspace
         self.direct = True
         if self.route.path == "shm":
             self.core = _shm_step(step, coords, comm, self.node, ws, push_specs)
@@ -120,7 +120,7 @@ class _Gather(_Step):
     __slots__ = ()
 
     def build(self, mesh: Mesh) -> None:
-        step, comm, ws = self.step, mesh.core_comm(self.step.mesh_dims), mesh._cache.workspace
+        step, comm, ws = self.step, mesh.core_comm(self.step.mesh_dims), mesh.cache.workspace
         self.direct = True
         if self.route.path == "shm":
             self.core = _shm_step(step, mesh.coords, comm, self.node, ws, gather_push_specs)
@@ -145,7 +145,7 @@ class _Reduction(_Step):
 
     def build(self, mesh: Mesh) -> None:
         step, coords = self.step, mesh.coords
-        comm, ws = mesh.core_comm(step.mesh_dims), mesh._cache.workspace
+        comm, ws = mesh.core_comm(step.mesh_dims), mesh.cache.workspace
         rdt = accumulator(step.src.dtype)
         self.upcast = rdt if rdt != step.src.dtype else None
         self.scale = 1.0 / prod(step.group_shape) if step.op == "avg" else None
@@ -317,7 +317,7 @@ def executors(p: Plan, mesh: Mesh, algorithm: str = "auto", like: Any = None) ->
     built once and kept in the mesh's bounded cache."""
     dev = bk.is_device(like)
     key = (p, algorithm, dev)
-    cache = mesh._cache
+    cache = mesh.cache
     execs = cache.execs.get(key)
     if execs is None:
         check_algorithm(algorithm)  # the precise error, whatever the plan
@@ -480,7 +480,7 @@ class Pending:
         else:
             e.core.start(local, res, pe)
         self._res, self._core = res, pe
-        self._mesh._pending.append(self)
+        self._mesh.pending.append(self)
 
     def _finish(self) -> None:
         """Complete this one (the oldest in flight on its mesh) and run its other steps."""
@@ -492,7 +492,7 @@ class Pending:
             else:
                 e.core.complete(pe)
         finally:
-            self._mesh._pending.remove(self)
+            self._mesh.pending.remove(self)
             e.spares.append(pe)
         last = len(self._execs) - 1
         for i, ex in enumerate(self._execs[1:], start=1):
@@ -504,7 +504,7 @@ class Pending:
     def wait(self) -> Any:
         """The result (a :class:`~pyshard.ShardedArray`); collective, as the redistribute."""
         while not self._done:
-            self._mesh._pending[0]._finish()
+            self._mesh.pending[0]._finish()
         return self._result
 
     def __repr__(self) -> str:

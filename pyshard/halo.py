@@ -111,7 +111,7 @@ class HaloArray:
         """The owned values as a :class:`~pyshard.ShardedArray` (its local array is
         ``interior``, a view: no copy)."""
         if self._array is None:
-            self._array = self._cls._wrap(self.interior, self.layout, self.mesh)
+            self._array = self._cls.wrap(self.interior, self.layout, self.mesh)
         return self._array
 
     @property

@@ -241,7 +241,7 @@ def _targets(
     else:
         per = [placements] * len(xs)
     per_sizes = _per_array("sizes", keys, xs, sizes, is_map, None)
-    return [x._target(pl, sz) for x, pl, sz in zip(xs, per, per_sizes)]
+    return [x.target_layout(pl, sz) for x, pl, sz in zip(xs, per, per_sizes)]
 
 
 def plan_many(arrays: ArraysArg, placements: PlacementsLike, sizes: Any = None) -> ManyPlan:
@@ -266,7 +266,7 @@ class _Fused:
         big = sum(s.max_block_volume() * s.src.dtype.itemsize for s in steps)
         comm = mesh.core_comm(steps[0].mesh_dims)
         self.core = _core.FusedExchangeStep(
-            comm, g, mesh._cache.workspace, big >= NONBLOCKING_MIN_BLOCK
+            comm, g, mesh.cache.workspace, big >= NONBLOCKING_MIN_BLOCK
         )
         self.need = int(g.send_bytes + g.recv_bytes)
         self.out_shapes = [s.dst.local_shape(coords) for s in steps]
@@ -306,7 +306,7 @@ class _ShmFused:
         coords = mesh.coords
         steps = [p.steps[0] for p in plans]
         comm = mesh.core_comm(steps[0].mesh_dims)
-        ws = mesh._cache.workspace
+        ws = mesh.cache.workspace
         parts = []
         for s in steps:
             pushes, recvs, local = push_specs(s, coords)
@@ -423,7 +423,7 @@ def redistribute_many(
         for x in xs
     ]
     results: List[Any] = [None] * len(xs)
-    cache = mesh._cache
+    cache = mesh.cache
     # node-shared memory for the single exchanges of a communicator whose ranks share a node
     # (set up collectively on first use; decided from the layouts: the same on every rank)
     alg = algorithm or _executor.default_algorithm()
@@ -446,7 +446,7 @@ def redistribute_many(
             cache.note(se)
         outs = se[0].run([locals_[i] for i in ix])
         for i, o in zip(ix, outs):
-            results[i] = ShardedArray._wrap(o, targets[i], mesh)
+            results[i] = ShardedArray.wrap(o, targets[i], mesh)
     for b, (dims, ix) in enumerate(mp.fused):
         if dims in shm:
             continue
@@ -458,7 +458,7 @@ def redistribute_many(
             cache.note(fe)
         outs = fe[0].run([locals_[i] for i in ix], dev)
         for i, o in zip(ix, outs):
-            results[i] = ShardedArray._wrap(o, targets[i], mesh)
+            results[i] = ShardedArray.wrap(o, targets[i], mesh)
     for i in mp.single:  # without sizes, from placements alone: the one-lookup fast path
         if results[i] is not None:  # moved through node-shared memory above
             continue

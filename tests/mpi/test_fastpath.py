@@ -52,7 +52,7 @@ def _small_blocks_on_mpi():
 
 def _binding(x, placements, algorithm="auto"):
     key = (x.layout, *placements, algorithm, type(x.local))
-    return x.mesh._cache.fast.get(key)
+    return x.mesh.cache.fast.get(key)
 
 
 CASES = [  # (global shape, source, target): exchanges, a gather, a slice, a reduction
@@ -95,7 +95,7 @@ def test_the_core_binding_runs_and_counts(comm, no_planning):
     g = make_global((8 * comm.size, 4 * comm.size), "float32")
     x = ps.distribute(g, mesh, [Shard(0)])
     x.redistribute([Shard(1)])
-    bound = _binding(x, [Shard(1)])[1]
+    bound = _binding(x, [Shard(1)]).binding
     assert isinstance(bound, _core.BoundExchange)
     assert bound.calls == 0  # the first call took the general path
     before = ps.comm_stats()
@@ -107,7 +107,7 @@ def test_the_core_binding_runs_and_counts(comm, no_planning):
     assert counts_since(before) == {"alltoallv": 3}
     # a gather binds its core step too
     x.redistribute([Replicate()])
-    gather = _binding(x, [Replicate()])[1]
+    gather = _binding(x, [Replicate()]).binding
     assert isinstance(gather, _core.BoundAllgatherv)
     with no_planning():
         r = x.redistribute([Replicate()])
@@ -189,7 +189,7 @@ def test_a_non_contiguous_source_takes_the_general_path(comm):
     x = ps.distribute(g, mesh, [Shard(0)])
     padded = np.zeros((x.local.shape[0] + 2, x.local.shape[1] + 2))
     padded[1:-1, 1:-1] = x.local
-    view = psarray.ShardedArray._wrap(padded[1:-1, 1:-1], x.layout, mesh)
+    view = psarray.ShardedArray.wrap(padded[1:-1, 1:-1], x.layout, mesh)
     assert not view.local.flags.c_contiguous
     for _ in range(3):
         y = view.redistribute([Shard(1)])
@@ -212,7 +212,7 @@ def test_large_results_come_from_the_pool(comm):
     ps.clear_caches()
     x.redistribute([Shard(1)], algorithm=a)  # binds again
     y = x.redistribute([Shard(1)], algorithm=a)  # the binding's result
-    assert _binding(x, [Shard(1)], a)[1].calls == 1
+    assert _binding(x, [Shard(1)], a).binding.calls == 1
     np.testing.assert_array_equal(y.local, g[y.box])
     if y.local.nbytes < psexec.POOL_MIN_BYTES:
         pytest.skip("result below the pool's threshold at this size")
@@ -258,9 +258,9 @@ def test_evicted_executors_take_their_bindings_along(comm):
                 for _ in range(2):
                     y = x.redistribute([Shard(1)])
                     np.testing.assert_array_equal(y.local, g[y.box])
-                assert len(mesh._cache.fast) <= 2
-                live = {id(e) for execs in mesh._cache.execs.values() for e in execs}
-                for *_, execs in mesh._cache.fast.values():
+                assert len(mesh.cache.fast) <= 2
+                live = {id(e) for execs in mesh.cache.execs.values() for e in execs}
+                for *_, execs in mesh.cache.fast.values():
                     assert all(id(e) in live for e in execs)
         mesh.free()
     finally:

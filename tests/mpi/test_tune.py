@@ -39,7 +39,7 @@ def test_tune_picks_one_winner_everywhere(comm, tune_file, shape):
     before = ps.comm_stats()
     y = x.redistribute([Shard(1)], algorithm="tune")
     np.testing.assert_array_equal(y.local, g[y.box])
-    tuned = mesh._cache.tuned
+    tuned = mesh.cache.tuned
     if comm.size == 1:
         assert counts_since(before) == {}
         return
