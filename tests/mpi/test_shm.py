@@ -16,7 +16,7 @@ import time
 import launch
 import numpy as np
 import pytest
-from oracle import DTYPES, contributions, make_global, reducible
+from oracle import DTYPES, contributions, make_global, reducible, shares_node
 from test_redistribute_nd import MESHES
 
 import pyshard as ps
@@ -94,11 +94,11 @@ def test_every_exchange_through_shared_memory(comm, monkeypatch, node_size):
                     plan = x.plan_to(list(dst))
                     if [s.kind for s in plan.steps] != ["alltoallv"]:
                         continue
-                    node = _shm.node(mesh, plan.steps[0].mesh_dims)
+                    shared = shares_node(mesh, plan.steps[0].mesh_dims)
                     before = ps.comm_stats()
                     y = x.redistribute(list(dst))
                     got = counts_since(before)
-                    want = {"shm": 1} if node is not None else None
+                    want = {"shm": 1} if shared else None
                     try:
                         np.testing.assert_array_equal(y.local, g[y.box])
                         if want is not None:
@@ -139,9 +139,8 @@ def test_gathers_through_shared_memory(comm, monkeypatch, node_size):
                 x = ps.distribute(g, mesh, list(src), sizes=sz)
                 plan = x.plan_to([R] * nd)
                 shm_steps = sum(
-                    1 for st in plan.steps
-                    if st.is_collective and _shm.node(mesh, st.mesh_dims) is not None
-                )  # fmt: skip
+                    1 for st in plan.steps if st.is_collective and shares_node(mesh, st.mesh_dims)
+                )
                 before = ps.comm_stats()
                 y = x.redistribute([R] * nd)
                 got = counts_since(before)
@@ -485,10 +484,10 @@ def test_many_on_a_2d_mesh(comm):
         plans = ps.plan_many(xs, targets).plans
         one = [k for k, p in enumerate(plans) if [s.kind for s in p.steps] == ["alltoallv"]]
         groups = {plans[k].steps[0].mesh_dims for k in one}
-        shared = [d for d in groups if _shm.node(mesh, d) is not None]
+        shared = [d for d in groups if shares_node(mesh, d)]
         assert got.get("shm", 0) >= len(shared), got
         for k in one:  # each exchange's result in its batch's node-shared segment
-            if _shm.node(mesh, plans[k].steps[0].mesh_dims) is not None:
+            if shares_node(mesh, plans[k].steps[0].mesh_dims):
                 assert in_shared_memory(out[k].local)
         mesh.free()
 
