@@ -704,14 +704,25 @@ PYBIND11_MODULE(_core, m) {
       .def_property_readonly("method", &HaloStep::method)
       .def_property_readonly("buffer_bytes", &HaloStep::buffer_bytes);
 
+  py::class_<NodeCtl, std::shared_ptr<NodeCtl>>(m, "NodeCtl")
+      .def(py::init<int, bool>(), py::arg("slots"), py::arg("fail") = false,
+           "This rank's control segment (no MPI call): ok and why say whether it can be shared.")
+      .def_property_readonly("ok", &NodeCtl::ok)
+      .def_property_readonly("why", &NodeCtl::why)
+      .def_property_readonly("fd", &NodeCtl::fd)
+      .def_property_readonly("slots", &NodeCtl::slots)
+      .def("connect", &NodeCtl::connect, py::arg("me"), py::arg("ranks"), py::arg("pids"),
+           py::arg("fds"), py::arg("fail") = false,
+           py::call_guard<py::gil_scoped_release>())
+      .def("release", &NodeCtl::release);
+
   py::class_<NodeShm, std::shared_ptr<NodeShm>>(m, "NodeShm")
-      .def(py::init([](std::shared_ptr<Comm> c, int sim) {
-             py::gil_scoped_release nogil;
-             return std::make_shared<NodeShm>(std::move(c), sim);
-           }),
-           py::arg("comm"), py::arg("sim_node_size") = 0,
-           "Collective over comm: the node-local transport's setup (usable is the same on "
-           "every rank).")
+      .def(py::init<std::shared_ptr<Comm>, std::shared_ptr<NodeCtl>, int, std::vector<int>,
+                    const std::vector<int>&, int, bool, bool>(),
+           py::arg("comm"), py::arg("ctl"), py::arg("slot"), py::arg("node_ranks"),
+           py::arg("mesh_ranks"), py::arg("nodes"), py::arg("oversubscribed"),
+           py::arg("spin_long"), py::call_guard<py::gil_scoped_release>(),
+           "The node-local transport of comm, from the mesh's node map (no MPI call).")
       .def_property_readonly("usable", &NodeShm::usable)
       .def_property_readonly("why_not", &NodeShm::why_not)
       .def_property_readonly("node_size", &NodeShm::node_size)

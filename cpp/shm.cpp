@@ -7,6 +7,7 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <climits>
 #include <ctime>
 
@@ -53,12 +54,6 @@ char* map_foreign(std::int64_t pid, std::int64_t fd, i64 cap) {
   return p == MAP_FAILED ? nullptr : static_cast<char*>(p);
 }
 
-[[noreturn]] void fatal(const std::string& msg) {
-  std::fprintf(stderr, "pyshard: node-shared memory: %s; aborting the job\n", msg.c_str());
-  std::fflush(stderr);
-  MPI_Abort(MPI_COMM_WORLD, 70);
-  std::abort();
-}
 
 // Copy n bytes with streaming (non-temporal) stores where it pays: the destination is another
 // rank's result or this rank's fresh one, not read by this core soon, and a streaming store
@@ -268,85 +263,149 @@ ShmSegment::~ShmSegment() {
   if (fd >= 0) ::close(fd);
 }
 
-NodeShm::NodeShm(std::shared_ptr<Comm> comm, int sim_node_size) : comm_(std::move(comm)) {
-  const int size = comm_->size(), rank = comm_->rank();
-  MPI_Comm node = MPI_COMM_NULL;
-  check_mpi(MPI_Comm_split_type(comm_->get(), MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &node),
-            "MPI_Comm_split_type");
-  int real_nn = 1;  // ranks on this machine (the cores are shared by all, simulated nodes too)
-  MPI_Comm_size(node, &real_nn);
-  if (sim_node_size > 0) {  // simulated nodes: consecutive world ranks
-    int wr = 0;
-    MPI_Comm_rank(MPI_COMM_WORLD, &wr);
-    MPI_Comm sub = MPI_COMM_NULL;
-    check_mpi(MPI_Comm_split(node, wr / sim_node_size, rank, &sub), "MPI_Comm_split");
-    MPI_Comm_free(&node);
-    node = sub;
-  }
-  node_ = node;
-  int nn = 1;
-  MPI_Comm_size(node_, &nn);
-  MPI_Comm_rank(node_, &me_);
-  node_ranks_.resize(nn);
-  const long cores = ::sysconf(_SC_NPROCESSORS_ONLN);
-  spin_ = cores > 0 && real_nn <= cores ? 20000 : 64;
-  int over = spin_ == 64 ? 1 : 0;  // more ranks than cores on some node: the same everywhere
-  check_mpi(MPI_Allreduce(MPI_IN_PLACE, &over, 1, MPI_INT, MPI_MAX, comm_->get()),
-            "MPI_Allreduce");
-  oversubscribed_ = over != 0;
-  check_mpi(MPI_Allgather(&rank, 1, MPI_INT, node_ranks_.data(), 1, MPI_INT, node_),
-            "MPI_Allgather");
-  local_of_.assign(size, -1);
-  for (int i = 0; i < nn; ++i) local_of_[node_ranks_[i]] = i;
-  int leader = me_ == 0 ? 1 : 0;
-  check_mpi(MPI_Allreduce(&leader, &nodes_, 1, MPI_INT, MPI_SUM, comm_->get()), "MPI_Allreduce");
+// ----------------------------------------------------------------------------- setup
 
-  // control pages: create mine, trade (pid, fd) with the node, map every peer's
-  int ok = 1;
-  std::int64_t mine[2] = {static_cast<std::int64_t>(::getpid()), -1};
+NodeCtl::NodeCtl(int slots, bool fail) : slots_(slots) {
   try {
-    if (std::getenv("PYSHARD_SHM_FAIL"))  // tests: this rank cannot set up (the others follow)
-      throw std::runtime_error("PYSHARD_SHM_FAIL is set on this rank");
-    my_ctl_ = std::make_shared<ShmSegment>(kPage, 0);
-    auto* s = new (my_ctl_->ptr) ShmSlot();
-    s->epoch.store(0);
-    s->arrived.store(0);
-    s->seq.store(0);
-    s->sleepers.store(0);
-    s->nids.store(0);
-    s->pid = mine[0];
-    mine[1] = my_ctl_->fd;
+    if (fail)  // tests: this rank cannot set up (the others follow)
+      throw std::runtime_error("the test hook PYSHARD_TEST_SHM_FAIL is set on this rank");
+    mine_ = std::make_shared<ShmSegment>((1 + static_cast<i64>(slots)) * kPage, 0);
+    bytes_ = mine_->cap;
+    for (int k = 0; k < slots; ++k) {
+      auto* s = new (mine_->ptr + (1 + k) * kPage) ShmSlot();
+      s->epoch.store(0);
+      s->failed.store(0);
+      s->arrived.store(0);
+      s->seq.store(0);
+      s->sleepers.store(0);
+      s->nids.store(0);
+      s->pid = static_cast<std::int64_t>(::getpid());
+    }
+    // a peer opens it through /proc/<pid>/fd/<fd>: check that this works here at all
+    char* probe = map_foreign(::getpid(), mine_->fd, kPage);
+    if (!probe) throw std::runtime_error(errno_text("opening node-shared memory through /proc/<pid>/fd"));
+    ::munmap(probe, kPage);
+    ok_ = true;
   } catch (const std::exception& e) {
-    ok = 0;
+    mine_.reset();
     why_ = e.what();
   }
-  std::vector<std::int64_t> all(2 * static_cast<size_t>(nn));
-  check_mpi(MPI_Allgather(mine, 2, MPI_INT64_T, all.data(), 2, MPI_INT64_T, node_),
-            "MPI_Allgather");
-  ctl_.assign(nn, nullptr);
-  maps_.resize(nn);
-  for (int i = 0; i < nn && ok; ++i) {
-    if (i == me_) {
-      ctl_[i] = my_ctl_->ptr;
+}
+
+NodeCtl::~NodeCtl() { release(); }
+
+namespace {
+// the header: the owner's state, and how many of its peers have tried to map it
+std::atomic<std::uint32_t>& ctl_state(char* segment) {
+  return *reinterpret_cast<std::atomic<std::uint32_t>*>(segment);
+}
+std::atomic<std::uint32_t>& ctl_tried(char* segment) {
+  return *reinterpret_cast<std::atomic<std::uint32_t>*>(segment + 64);
+}
+}  // namespace
+
+void NodeCtl::release() {
+  if (mine_ && expect_ > 0) {
+    // a peer opens this segment through /proc/<pid>/fd after the mesh's Allgather: keep it
+    // open until every peer has tried (a rank may free its mesh, or exit, at once). Bounded:
+    // a peer that died never tries.
+    auto& tried = ctl_tried(mine_->ptr);
+    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+    std::uint32_t v;
+    while ((v = tried.load(std::memory_order_acquire)) < static_cast<std::uint32_t>(expect_) &&
+           std::chrono::steady_clock::now() < until)
+      futex_wait(&tried, v);
+  }
+  expect_ = 0;
+  for (auto& [r, p] : peers_) ::munmap(p, static_cast<size_t>(bytes_));
+  peers_.clear();
+  mine_.reset();
+}
+
+bool NodeCtl::connect(int me, const std::vector<int>& ranks,
+                      const std::vector<std::int64_t>& pids, const std::vector<std::int64_t>& fds,
+                      bool fail) {
+  me_ = me;
+  if (!mine_) return false;
+  expect_ = 0;
+  for (int r : ranks) expect_ += r != me;
+  bool all = !fail;
+  if (fail) why_ = "the test hook PYSHARD_TEST_SHM_FAIL=map is set on this rank";
+  for (size_t i = 0; i < ranks.size(); ++i) {
+    if (ranks[i] == me) continue;
+    char* p = fds[i] >= 0 ? map_foreign(pids[i], fds[i], bytes_) : nullptr;
+    if (!p) {
+      all = false;
+      why_ = errno_text("opening a node peer's memory through /proc/<pid>/fd");
       continue;
     }
-    if (all[2 * i + 1] < 0) {
-      ok = 0;
-      why_ = "a node peer has no control segment";
-      break;
-    }
-    ctl_[i] = map_foreign(all[2 * i], all[2 * i + 1], kPage);
-    if (!ctl_[i]) {
-      ok = 0;
-      why_ = errno_text("opening a node peer's memory through /proc/<pid>/fd");
-    }
+    peers_.emplace_back(ranks[i], p);
+    ctl_tried(p).fetch_add(1, std::memory_order_acq_rel);  // it may close its segment now
+    futex_wake(&ctl_tried(p));
   }
-  check_mpi(MPI_Allreduce(MPI_IN_PLACE, &ok, 1, MPI_INT, MPI_LAND, comm_->get()), "MPI_Allreduce");
-  usable_ = ok != 0;
-  if (!usable_ && why_.empty()) why_ = "another rank could not set up node-shared memory";
-  // every rank has mapped every peer's page before anyone may drop its own (a failed setup)
-  check_mpi(MPI_Barrier(node_), "MPI_Barrier");
-  if (!usable_) release();
+  ctl_state(mine_->ptr).store(all ? 1 : 2, std::memory_order_release);
+  futex_wake(&ctl_state(mine_->ptr));
+  return all;
+}
+
+char* NodeCtl::page(int r, int slot) const {
+  if (slot < 0 || slot >= slots_) return nullptr;
+  if (r == me_) return mine_ ? mine_->ptr + (1 + slot) * kPage : nullptr;
+  for (const auto& [q, p] : peers_)
+    if (q == r) return p + (1 + slot) * kPage;
+  return nullptr;
+}
+
+bool NodeCtl::healthy(const std::vector<int>& ranks) const {
+  if (!mine_ || ctl_state(mine_->ptr).load(std::memory_order_acquire) != 1) return false;
+  for (int r : ranks) {
+    if (r == me_) continue;
+    char* p = nullptr;
+    for (const auto& [q, m] : peers_)
+      if (q == r) p = m;
+    if (!p) return false;
+    auto& st = ctl_state(p);
+    std::uint32_t v;
+    while ((v = st.load(std::memory_order_acquire)) == 0) futex_wait(&st, 0);
+    if (v != 1) return false;
+  }
+  return true;
+}
+
+NodeShm::NodeShm(std::shared_ptr<Comm> comm, std::shared_ptr<NodeCtl> ctl, int slot,
+                 std::vector<int> node_ranks, const std::vector<int>& mesh_ranks, int nodes,
+                 bool oversubscribed, bool spin_long)
+    : comm_(std::move(comm)), ctl_owner_(std::move(ctl)), nodes_(nodes),
+      node_ranks_(std::move(node_ranks)), spin_(spin_long ? 20000 : 64),
+      oversubscribed_(oversubscribed) {
+  const int rank = comm_->rank();
+  if (node_ranks_.size() != mesh_ranks.size())
+    throw std::invalid_argument("pyshard: NodeShm: one mesh rank per node rank");
+  auto mine = std::find(node_ranks_.begin(), node_ranks_.end(), rank);
+  if (mine == node_ranks_.end())
+    throw std::invalid_argument("pyshard: NodeShm: this rank is not among its node's ranks");
+  me_ = static_cast<int>(mine - node_ranks_.begin());
+  const int my_mesh_rank = mesh_ranks[me_];
+  usable_ = ctl_owner_ && ctl_owner_->healthy(mesh_ranks);
+  if (!usable_) {
+    why_ = ctl_owner_ && !ctl_owner_->why().empty()
+               ? ctl_owner_->why()
+               : "a rank of this node could not map its node peers' memory";
+    if (nodes_ == 1) return;  // the whole communicator: every rank takes MPI
+    // other nodes go on with theirs: this node's ranks reach each other by MPI messages
+    usable_ = true;
+    node_ranks_ = {rank};
+    me_ = 0;
+  }
+  const int nn = static_cast<int>(node_ranks_.size());
+  local_of_.assign(comm_->size(), -1);
+  for (int i = 0; i < nn; ++i) local_of_[node_ranks_[i]] = i;
+  ctl_.assign(nn, nullptr);
+  maps_.resize(nn);
+  for (int i = 0; i < nn; ++i) {
+    ctl_[i] = ctl_owner_->page(i == me_ ? my_mesh_rank : mesh_ranks[i], slot);
+    if (!ctl_[i]) throw std::invalid_argument("pyshard: NodeShm: a slot page is not mapped");
+  }
 }
 
 NodeShm::~NodeShm() { release(); }
@@ -358,14 +417,8 @@ void NodeShm::release() {
     for (PeerMap& m : per)
       if (m.ptr) ::munmap(m.ptr, static_cast<size_t>(m.cap));
   maps_.clear();
-  for (size_t i = 0; i < ctl_.size(); ++i)
-    if (ctl_[i] && static_cast<int>(i) != me_) ::munmap(ctl_[i], kPage);
-  ctl_.clear();
-  my_ctl_.reset();
-  int finalized = 0;
-  MPI_Finalized(&finalized);
-  if (!finalized && node_ != MPI_COMM_NULL) MPI_Comm_free(&node_);
-  node_ = MPI_COMM_NULL;
+  ctl_.clear();  // the pages are the mesh's (NodeCtl)
+  ctl_owner_.reset();
   usable_ = false;
 }
 
@@ -481,6 +534,14 @@ void NodeShm::arrive(int idx) {
   signal(s);
 }
 
+void NodeShm::check_failed() {
+  for (int i = 0; i < node_size(); ++i)
+    if (slot(i).failed.load(std::memory_order_relaxed) == epoch_)
+      throw std::runtime_error("pyshard: node-shared memory: node rank " + std::to_string(i) +
+                               " could not map a peer's result (" +
+                               (i == me_ ? why_ : std::string("see that rank's error")) + ")");
+}
+
 void NodeShm::wait_arrivals() {
   const std::uint64_t want = epoch_ * static_cast<std::uint64_t>(node_size() - 1);
   ShmSlot& s = slot(me_);
@@ -516,7 +577,10 @@ char* NodeShm::map_peer(int idx, const ShmSlot& s) {
     }
   }
   char* p = map_foreign(owner.pid, s.dst_fd, s.dst_cap);
-  if (!p) fatal(errno_text("mapping a node peer's result segment"));
+  if (!p) {
+    why_ = errno_text("mapping a node peer's result segment");
+    return nullptr;
+  }
   if (per.size() >= kMapsPerPeer) {
     auto lru = std::min_element(per.begin(), per.end(),
                                 [](const PeerMap& a, const PeerMap& b) { return a.used < b.used; });
@@ -617,8 +681,14 @@ void ShmExchangeStep::run(const char* src, char* dst) {
   char* work = off_bytes() > 0 ? ws_->work(pk, off_bytes()) : nullptr;
   reqs_.assign(n_requests(), MPI_REQUEST_NULL);
   post(src, work, reqs_.data());
-  node_->exchange_all(mine, off,
-                      [&](const std::vector<char*>& bases) { copy_all(src, bases, target); });
+  try {
+    node_->exchange_all(mine, off,
+                        [&](const std::vector<char*>& bases) { copy_all(src, bases, target); });
+  } catch (...) {  // a node peer failed: this rank's messages still complete, then it raises
+    MPI_Waitall(static_cast<int>(reqs_.size()), reqs_.data(), MPI_STATUSES_IGNORE);
+    if (tmp) node_->give(std::move(tmp));
+    throw;
+  }
   if (!reqs_.empty()) {
     check_mpi(MPI_Waitall(static_cast<int>(reqs_.size()), reqs_.data(), MPI_STATUSES_IGNORE),
               "MPI_Waitall");
@@ -682,15 +752,20 @@ void ShmFusedStep::run(const std::vector<const char*>& srcs, char* dst) {
     q += parts_[k]->n_requests();
   }
   const size_t np = parts_.size();
-  node_->exchange_all(mine, off, [&](const std::vector<char*>& bases) {
-    std::vector<char*>& at = at_;
-    at.assign(bases.size(), nullptr);
-    for (size_t k = 0; k < np; ++k) {
-      for (size_t idx = 0; idx < bases.size(); ++idx)
-        if (bases[idx]) at[idx] = bases[idx] + peer_off_[idx][k];
-      parts_[k]->copy_all(srcs[k], at, dst + mine_[k]);
-    }
-  });
+  try {
+    node_->exchange_all(mine, off, [&](const std::vector<char*>& bases) {
+      std::vector<char*>& at = at_;
+      at.assign(bases.size(), nullptr);
+      for (size_t k = 0; k < np; ++k) {
+        for (size_t idx = 0; idx < bases.size(); ++idx)
+          if (bases[idx]) at[idx] = bases[idx] + peer_off_[idx][k];
+        parts_[k]->copy_all(srcs[k], at, dst + mine_[k]);
+      }
+    });
+  } catch (...) {  // a node peer failed: this rank's messages still complete, then it raises
+    MPI_Waitall(static_cast<int>(reqs_.size()), reqs_.data(), MPI_STATUSES_IGNORE);
+    throw;
+  }
   if (!reqs_.empty()) {
     check_mpi(MPI_Waitall(static_cast<int>(reqs_.size()), reqs_.data(), MPI_STATUSES_IGNORE),
               "MPI_Waitall");

@@ -50,6 +50,9 @@ struct alignas(64) ShmSlot {
   std::uint64_t dst_id;                // the segment holding this call's result
   std::int64_t dst_fd, dst_cap, dst_off;
   std::int64_t pid;
+  // the last call in which the owner could not map a node peer's result (0: none): every
+  // rank of the node raises after that call's handshake
+  std::atomic<std::uint64_t> failed;
   alignas(64) std::atomic<std::uint64_t> arrived;  // senders done, summed over all calls
   // bumped after every change of this slot; ranks waiting for a change sleep on it (futex)
   // once a short spin has not seen it, so that ranks outnumbering the cores yield the CPU
@@ -62,13 +65,58 @@ struct alignas(64) ShmSlot {
   std::atomic<std::uint64_t> ids[kMaxIds];
 };
 
+// This rank's control segment, made when a Mesh is built, and its node peers' (mapped once
+// their pids and fds are known from the mesh's one Allgather; pyshard/_shm.py). Page 0 is the
+// header (state: 0 while setting up, 1 once every node peer's segment is mapped here, 2 where
+// one could not be); page 1 + k is the ShmSlot of the mesh's k-th communicator. No MPI call.
+class NodeCtl {
+ public:
+  // Makes the segment and checks that it can be opened again through /proc/<pid>/fd (as a
+  // peer will). Never throws: ok() and why() say how it went; `fail` (a test hook) fails it.
+  NodeCtl(int slots, bool fail);
+  ~NodeCtl();
+  NodeCtl(const NodeCtl&) = delete;
+  NodeCtl& operator=(const NodeCtl&) = delete;
+  bool ok() const { return ok_; }
+  const std::string& why() const { return why_; }
+  std::int64_t fd() const { return mine_ ? mine_->fd : -1; }
+  int slots() const { return slots_; }
+  // Map the segments of the node peers (mesh ranks `ranks`, with their pids and fds; this
+  // rank's own entry is skipped), then publish the header state. False where one could not
+  // be mapped (`fail`, a test hook, pretends so).
+  bool connect(int me, const std::vector<int>& ranks, const std::vector<std::int64_t>& pids,
+               const std::vector<std::int64_t>& fds, bool fail);
+  // Slot page `slot` of mesh rank r (this rank's or a connected peer's), or null.
+  char* page(int r, int slot) const;
+  // Has every one of `ranks` (connected peers, this rank included) mapped all its node
+  // peers? Waits until each has published its state (they are in or past Mesh()).
+  bool healthy(const std::vector<int>& ranks) const;
+  // Unmap the peers' segments, and close this one once every peer has tried to map it.
+  void release();
+
+ private:
+  int slots_ = 0, me_ = -1, expect_ = 0;  // expect_: peers that will map this segment
+  bool ok_ = false;
+  std::string why_;
+  std::shared_ptr<ShmSegment> mine_;
+  std::vector<std::pair<int, char*>> peers_;  // mesh rank, its segment mapped here
+  i64 bytes_ = 0;
+};
+
 class NodeShm {
  public:
-  // Collective over `comm`: split it into nodes (MPI_COMM_TYPE_SHARED; with sim_node_size > 0
-  // further into groups of that many consecutive world ranks, to run the mixed path on one
-  // machine), set up the control segments and check that every rank can map its node peers'.
-  // usable() is the same on every rank of `comm`.
-  NodeShm(std::shared_ptr<Comm> comm, int sim_node_size);
+  // The transport of `comm` (no MPI call): `node_ranks` are the comm ranks of this rank's
+  // node (in order; the mesh's node map says which, pyshard/_shm.py) and `mesh_ranks` their
+  // ranks in the mesh, whose control segments `ctl` has mapped; this communicator uses slot
+  // page `slot` of each. `nodes`: how many nodes the communicator spans; `oversubscribed`:
+  // some node has more of its ranks than cores; `spin_long`: this node has a core per rank
+  // (waits spin longer before they sleep). Where some rank of this node could not map its
+  // peers' segments (NodeCtl::healthy, the same answer on every rank of the node), the
+  // transport is not usable if the communicator is this one node (every rank takes MPI), and
+  // otherwise this node's ranks reach each other through MPI messages within it.
+  NodeShm(std::shared_ptr<Comm> comm, std::shared_ptr<NodeCtl> ctl, int slot,
+          std::vector<int> node_ranks, const std::vector<int>& mesh_ranks, int nodes,
+          bool oversubscribed, bool spin_long);
   ~NodeShm();
   NodeShm(const NodeShm&) = delete;
   NodeShm& operator=(const NodeShm&) = delete;
@@ -98,7 +146,9 @@ class NodeShm {
   // own, `copy(bases)` (bases[idx]: node peer idx's destination, mapped here; this rank's
   // entry null) writes all of this rank's blocks, walking the source once for all of them
   // (copy_interleaved in shm.cpp); then mark each peer arrived and wait for every peer to
-  // have arrived here.
+  // have arrived here. A rank that cannot map a peer's destination copies the rest, says so
+  // in its slot, and every rank of the node throws std::runtime_error once the handshake is
+  // done (no rank is left waiting; a step's MPI requests are completed by its caller).
   template <class F>
   void exchange_all(ShmSegment* mine, i64 off, F&& copy);
 
@@ -111,7 +161,8 @@ class NodeShm {
     i64 cap = 0;
     std::uint64_t used = 0;
   };
-  char* map_peer(int idx, const ShmSlot& s);
+  char* map_peer(int idx, const ShmSlot& s);  // null where it cannot be mapped (why_ says)
+  void check_failed();  // after a handshake: throws on every rank where one rank failed
   ShmSlot& slot(int idx) { return *reinterpret_cast<ShmSlot*>(ctl_[idx]); }
   void wait_epoch(int idx, std::uint64_t e);
   void publish(ShmSegment* mine, i64 off);
@@ -122,14 +173,13 @@ class NodeShm {
   void signal(ShmSlot& s);
 
   std::shared_ptr<Comm> comm_;
-  MPI_Comm node_ = MPI_COMM_NULL;
+  std::shared_ptr<NodeCtl> ctl_owner_;
   bool usable_ = false;
   std::string why_;
   int nodes_ = 1;
   int me_ = 0;  // my index among node_ranks_
   std::vector<int> node_ranks_;  // comm ranks of my node, in node order
   std::vector<int> local_of_;    // comm rank -> node index or -1
-  std::shared_ptr<ShmSegment> my_ctl_;
   std::vector<char*> ctl_;       // control page of each node peer (mine included)
   std::vector<std::vector<PeerMap>> maps_;  // per node peer: its segments mapped here
   std::vector<char*> bases_;                // exchange_all's destinations
@@ -173,11 +223,17 @@ void NodeShm::exchange_all(ShmSegment* mine, i64 off, F&& copy) {
     const int idx = (me_ + k) % n;
     wait_epoch(idx, epoch_);
     ShmSlot& s = slot(idx);
-    bases_[idx] = map_peer(idx, s) + s.dst_off;
+    char* p = map_peer(idx, s);
+    if (p) {
+      bases_[idx] = p + s.dst_off;
+    } else {  // told to the node in this call's handshake: every rank raises below
+      slot(me_).failed.store(epoch_, std::memory_order_relaxed);
+    }
   }
   copy(static_cast<const std::vector<char*>&>(bases_));
   for (int k = 1; k < n; ++k) arrive((me_ + k) % n);
   wait_arrivals();
+  check_failed();
 }
 
 // The exchange step on the node-local transport (host memory).

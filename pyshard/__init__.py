@@ -19,7 +19,7 @@ def _check_same_mpi() -> None:
 
 _check_same_mpi()
 
-from . import _backend, _cache  # noqa: E402
+from . import _backend, _cache, config  # noqa: E402
 from ._backend import build_info, cuda_available, to_dlpack  # noqa: E402
 from ._cache import cache_limit, clear_caches, set_cache_limit  # noqa: E402
 from ._validate import set_validation, validation  # noqa: E402
@@ -72,6 +72,7 @@ __all__ = [
     "cache_limit",
     "checkpoint_info",
     "clear_caches",
+    "config",
     "comm_stats",
     "cuda_available",
     "distribute",

@@ -93,7 +93,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     usage = (
         "usage: mpiexec -n N python -m pyshard demo [--shape 4099x2050] [--dtype float64]\n"
         "       mpiexec -n N python -m pyshard bench [--cases ...] [--json FILE] (see --help)\n"
-        "       python -m pyshard plot FILE... -o out.png"
+        "       python -m pyshard plot FILE... -o out.png\n"
+        "       python -m pyshard config   (every PYSHARD_* setting, as a Markdown table)"
     )
     if not argv or argv[0] in ("-h", "--help"):
         print(usage)
@@ -105,6 +106,11 @@ def main(argv: Optional[List[str]] = None) -> int:
         from .bench.cli import main as bench_main
 
         return bench_main(rest)
+    if cmd == "config":
+        from . import config
+
+        print(config.table(), end="")
+        return 0
     if cmd == "plot":
         from .bench.plot import plot_main
 

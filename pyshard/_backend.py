@@ -13,12 +13,11 @@ from __future__ import annotations
 
 import ctypes
 import logging
-import os
 from typing import Any, Callable, Dict, Optional, Tuple
 
 import numpy as np
 
-from . import _core, _dtypes, _mpi
+from . import _core, _dtypes, _mpi, config
 
 log = logging.getLogger("pyshard")
 
@@ -260,25 +259,17 @@ _announced = False
 
 
 def _env_transport() -> Optional[str]:
-    raw = os.environ.get("PYSHARD_TRANSPORT", "").strip().lower()
-    if raw in ("", "auto", "shm", "mpi"):  # shm / mpi: node-shared memory on or off (_shm)
-        return None
-    if raw not in ("direct", "staged"):
-        raise ValueError(
-            f"PYSHARD_TRANSPORT must be auto, shm, mpi, direct or staged, got {raw!r}"
-        )
-    return raw
+    raw = config.get("PYSHARD_TRANSPORT")  # auto, shm, mpi: node-shared memory on or off (_shm)
+    return raw if raw in ("direct", "staged") else None
 
 
 def cuda_aware() -> Optional[bool]:
     """Does the MPI library take CUDA device pointers? ``PYSHARD_CUDA_AWARE=0|1`` overrides
     what the library says (``MPIX_Query_cuda_support`` on Open MPI, ``MPIX_GPU_query_support``
     on MPICH); None when it has no way to say (taken as no)."""
-    raw = os.environ.get("PYSHARD_CUDA_AWARE", "").strip()
-    if raw in ("0", "1"):
-        return raw == "1"
-    if raw:
-        raise ValueError(f"PYSHARD_CUDA_AWARE must be 0 or 1, got {raw!r}")
+    forced = config.get("PYSHARD_CUDA_AWARE")
+    if forced is not None:
+        return bool(forced)
     v = _core.cuda_aware_mpi()
     return None if v < 0 else bool(v)
 
@@ -286,14 +277,9 @@ def cuda_aware() -> Optional[bool]:
 def configure() -> None:
     """Set the core's transport per memory kind from the environment and the MPI library,
     and the count limit (``PYSHARD_COUNT_LIMIT``, for tests: see :func:`build_info`)."""
-    raw = os.environ.get("PYSHARD_COUNT_LIMIT", "").strip()
-    if raw:
-        try:
-            _core.set_count_limit(int(raw))
-        except ValueError as e:
-            raise ValueError(
-                f"PYSHARD_COUNT_LIMIT must be an integer in [8, 2^31-1], got {raw!r}"
-            ) from e
+    limit = config.get("PYSHARD_COUNT_LIMIT")
+    if limit is not None:
+        _core.set_count_limit(limit)
     forced = _env_transport()
     host = forced or "direct"
     cuda = forced or ("direct" if cuda_aware() else "staged")
@@ -314,7 +300,7 @@ def announce() -> None:
     t = transports()["cuda"]
     why = {True: "the MPI library is CUDA-aware", False: "the MPI library is not CUDA-aware",
            None: "the MPI library cannot say whether it is CUDA-aware"}[cuda_aware()]
-    if os.environ.get("PYSHARD_TRANSPORT") or os.environ.get("PYSHARD_CUDA_AWARE"):
+    if _env_transport() or config.get("PYSHARD_CUDA_AWARE") is not None:
         why += " (as set in the environment)"
     log.info(
         "pyshard: GPU arrays: MPI %s (%s)",

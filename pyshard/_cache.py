@@ -11,30 +11,18 @@ need whenever an executor is evicted, and released by ``Mesh.free()`` or :func:`
 from __future__ import annotations
 
 import functools
-import os
 import weakref
 from collections import OrderedDict
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, List, NamedTuple, Optional
+
+from . import config
 
 __all__ = ["cache_limit", "clear_caches", "set_cache_limit"]
 
 DEFAULT_LIMIT = 256
 
 
-def _env_limit() -> int:
-    raw = os.environ.get("PYSHARD_CACHE_LIMIT", "")
-    if not raw:
-        return DEFAULT_LIMIT
-    try:
-        n = int(raw)
-    except ValueError:
-        raise ValueError(f"PYSHARD_CACHE_LIMIT must be an int >= 1, got {raw!r}") from None
-    if n < 1:
-        raise ValueError(f"PYSHARD_CACHE_LIMIT must be an int >= 1, got {raw!r}")
-    return n
-
-
-_limit = _env_limit()
+_limit: int = config.get("PYSHARD_CACHE_LIMIT")  # at import; set_cache_limit() changes it
 _caches: weakref.WeakSet[LRU] = weakref.WeakSet()
 _fifos: weakref.WeakSet[Fifo] = weakref.WeakSet()
 
@@ -114,6 +102,16 @@ def memoize(fn: Callable) -> Callable:
     return wrapper
 
 
+class FastEntry(NamedTuple):
+    """A repeated redistribute's one lookup (``pyshard.executor.bind``): the call to make,
+    the core binding it calls (or None), the target layout, and the executors it runs."""
+
+    call: Callable[[Any, Optional[Any]], Any]
+    binding: Any
+    target: Any
+    execs: list
+
+
 class ExecCache:
     """A mesh's executors: ``(plan, algorithm, memory kind) -> [executor per step]`` and the
     one-lookup fast path ``(layout, *placements, algorithm, array type) -> (call, core
@@ -135,7 +133,7 @@ class ExecCache:
         # the fast path may still point at an evicted executor: drop those entries too
         dead = {id(e) for e in execs}
         for k, hit in list(self.fast.items()):
-            if any(id(e) in dead for e in hit[3]):
+            if any(id(e) in dead for e in hit.execs):
                 del self.fast[k]
         if any(_need(e) >= self._keep for e in execs):
             self.trim()
@@ -211,14 +209,7 @@ def configure_result_pool() -> None:
     off): host results of 1 MiB or more come from it and go back to it when freed."""
     from . import _core
 
-    raw = os.environ.get("PYSHARD_RESULT_POOL_BYTES", "")
-    try:
-        n = int(raw) if raw else 1 << 30
-    except ValueError:
-        raise ValueError(f"PYSHARD_RESULT_POOL_BYTES must be an int >= 0, got {raw!r}") from None
-    if n < 0:
-        raise ValueError(f"PYSHARD_RESULT_POOL_BYTES must be an int >= 0, got {raw!r}")
-    _core.set_result_pool_limit(n)
+    _core.set_result_pool_limit(config.get("PYSHARD_RESULT_POOL_BYTES"))
 
 
 def stats() -> Dict[str, int]:

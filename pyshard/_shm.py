@@ -11,8 +11,8 @@ where every rank of the communicator shares one node: each rank copies its piece
 peer once into that peer's staging segment, and each rank reduces its own piece and the
 staged ones (an Allreduce then copies every reduced chunk from its owner into each result).
 
-- ``PYSHARD_TRANSPORT=mpi`` (or ``direct``/``staged``) turns it off: every exchange goes through
-  MPI; ``auto`` (default) and ``shm`` leave it on.
+- ``PYSHARD_TRANSPORT=mpi`` (or ``direct``/``staged``, which name an MPI transport) turns it
+  off: every exchange goes through MPI; ``auto`` (default) and ``shm`` leave it on.
 - ``auto`` takes it for steps whose largest block has at least ``PYSHARD_SHM_MIN_BYTES``
   (default 16 KiB, 256 KiB where ranks outnumber cores); smaller exchanges stay on MPI.
 - ``PYSHARD_NODE_SIZE=k`` splits each node further into groups of ``k`` consecutive world
@@ -25,33 +25,25 @@ staged ones (an Allreduce then copies every reduced chunk from its owner into ea
 
 from __future__ import annotations
 
+import hashlib
+import itertools
 import logging
 import os
+import socket
 from math import prod
-from typing import Any, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
+
+from . import config
 
 log = logging.getLogger("pyshard")
 
 _warned = False
 
 
-def _min_block() -> Optional[int]:
-    raw = os.environ.get("PYSHARD_SHM_MIN_BYTES", "").strip()
-    if not raw:
-        return None
-    try:
-        v = int(raw)
-    except ValueError:
-        v = -1
-    if v < 0:
-        raise ValueError(f"PYSHARD_SHM_MIN_BYTES must be an integer >= 0, got {raw!r}")
-    return v
-
-
 # ``auto`` takes node-shared memory for a step whose largest block (from the layouts: the
-# same on every rank) has at least MIN_BLOCK bytes: smaller exchanges are latency, where an
+# same on every rank) has at least min_block() bytes: smaller exchanges are latency, where an
 # MPI library's eager messages need no handshake with the receiver. Measured here (MPICH,
 # Shard(0) -> Shard(1), shm / MPI): at 2 ranks on 2 cores 1.60x at 4 KiB blocks, 0.82x at
 # 16 KiB, 0.51x at 64 KiB; at 4 ranks on 2 cores (a waiting rank sleeps, ~100 us a call)
@@ -59,7 +51,6 @@ def _min_block() -> Optional[int]:
 # has a core, 256 KiB where some node has more ranks than cores (NodeShm.oversubscribed, the
 # same on every rank). PYSHARD_SHM_MIN_BYTES sets it; ``algorithm="shm"`` and ``"tune"``
 # ignore it.
-MIN_BLOCK: Optional[int] = _min_block()
 MIN_BLOCK_CORES = 16 << 10
 MIN_BLOCK_OVERSUBSCRIBED = 256 << 10
 
@@ -67,8 +58,9 @@ MIN_BLOCK_OVERSUBSCRIBED = 256 << 10
 def min_block(node: Optional[Any] = None, oversubscribed: bool = False) -> int:
     """The threshold ``auto`` applies on ``node`` (or, without one, on nodes with a core per
     rank, or fewer cores than ranks when ``oversubscribed``)."""
-    if MIN_BLOCK is not None:
-        return MIN_BLOCK
+    forced = config.get("PYSHARD_SHM_MIN_BYTES")
+    if forced is not None:
+        return forced
     over = node.oversubscribed if node is not None else oversubscribed
     return MIN_BLOCK_OVERSUBSCRIBED if over else MIN_BLOCK_CORES
 
@@ -101,56 +93,156 @@ def wanted(step: Any, node: Optional[Any]) -> bool:
 def enabled() -> bool:
     """Does ``PYSHARD_TRANSPORT`` leave the node-local transport on for host exchanges (and
     is host memory not forced through the staging path, as the staging tests do)?"""
-    from . import _core  # (this module imports no MPI itself: the planner reads MIN_BLOCK)
+    from . import _core  # (this module imports no MPI itself: the planner reads min_block)
 
-    raw = os.environ.get("PYSHARD_TRANSPORT", "").strip().lower()
-    return raw in ("", "auto", "shm") and _core.transport(_core.Mem.host).name == "direct"
+    return (
+        config.get("PYSHARD_TRANSPORT") in ("auto", "shm")
+        and _core.transport(_core.Mem.host).name == "direct"
+    )
 
 
 def sim_node_size() -> int:
     """``PYSHARD_NODE_SIZE`` (simulated nodes of that many consecutive world ranks), or 0."""
-    raw = os.environ.get("PYSHARD_NODE_SIZE", "").strip()
-    if not raw:
-        return 0
+    return config.get("PYSHARD_NODE_SIZE") or 0
+
+
+def _machine_key() -> int:
+    """Ranks that can share memory have the same key: one machine (host name and boot), one
+    process-id namespace (a peer is opened through /proc/<pid>/fd) and one user."""
+    parts = [socket.gethostname()]
+    for path in ("/proc/sys/kernel/random/boot_id",):
+        try:
+            with open(path) as f:
+                parts.append(f.read().strip())
+        except OSError:
+            pass
     try:
-        k = int(raw)
-    except ValueError:
-        k = 0
-    if k < 1:
-        raise ValueError(f"PYSHARD_NODE_SIZE must be an integer >= 1, got {raw!r}")
-    return k
+        parts.append(str(os.stat("/proc/self/ns/pid").st_ino))
+    except OSError:
+        pass
+    parts.append(str(os.getuid()))
+    digest = hashlib.blake2b("\0".join(parts).encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") >> 1  # a non-negative int64
+
+
+# the mesh's one Allgather: per rank, these int64 fields
+_KEY, _PID, _CORES, _OK, _FD, _WORLD = range(6)
+
+
+class NodeMap:
+    """What a :class:`~pyshard.Mesh` learns of its ranks' nodes when it is built, in one
+    ``MPI_Allgather`` over the mesh (machine, pid, cores, whether node-shared memory can be set
+    up, the fd of its control segment): every communicator's node grouping, whether ranks
+    outnumber cores and whether the transport is usable are then arithmetic on what every rank
+    holds, so the first exchange on any mesh dims runs no collective of its own.
+
+    Each rank then maps its machine peers' control segments (``_core.NodeCtl``); a rank that
+    cannot says so in its own segment, and the ranks of its node take MPI among themselves
+    (``_core.NodeShm``), the same choice on each of them, with no MPI call."""
+
+    def __init__(self, comm: Any, shape: Tuple[int, ...], coords: Tuple[int, ...]) -> None:
+        from mpi4py import MPI
+
+        from . import _core
+
+        self.shape, self.coords = shape, coords
+        self.rank = comm.Get_rank()
+        self.sim = sim_node_size()
+        self._nodes: Dict[Tuple[int, ...], Optional[Any]] = {}
+        slots = (1 << len(shape)) - 1
+        self.ctl = _core.NodeCtl(slots, _test_hook_fail() == "1")
+        mine = np.array(
+            [_machine_key(), os.getpid(), os.cpu_count() or 0, int(self.ctl.ok), self.ctl.fd,
+             MPI.COMM_WORLD.Get_rank()], dtype=np.int64,
+        )  # fmt: skip
+        self.info = np.empty((comm.Get_size(), mine.size), dtype=np.int64)
+        comm.Allgather(mine, self.info)  # the one collective
+        key = self.info[:, _KEY]
+        peers = [r for r in range(len(key)) if key[r] == key[self.rank] and self.info[r, _OK]]
+        if self.ctl.ok:
+            self.ctl.connect(
+                self.rank, peers, [int(self.info[r, _PID]) for r in peers],
+                [int(self.info[r, _FD]) for r in peers], _test_hook_fail() == "map",
+            )  # fmt: skip
+
+    def members(self, dims: Tuple[int, ...]) -> List[int]:
+        """The mesh ranks of this rank's communicator over ``dims``, in its rank order."""
+        ranges = [
+            range(n) if d in dims else (c,) for d, (n, c) in enumerate(zip(self.shape, self.coords))
+        ]
+        return [int(np.ravel_multi_index(c, self.shape)) for c in itertools.product(*ranges)]
+
+    def group(self, r: int) -> Tuple[int, int]:
+        """The node of mesh rank ``r``: its machine, and its simulated node there."""
+        return int(self.info[r, _KEY]), int(self.info[r, _WORLD]) // self.sim if self.sim else 0
+
+    def transport(self, comm: Any, dims: Tuple[int, ...]) -> Optional[Any]:
+        """The node transport of the communicator ``comm`` (a ``_core.Comm``) over ``dims``
+        (made on first use, with no MPI call), or None where it cannot help."""
+        if dims in self._nodes:
+            return self._nodes[dims]
+        from . import _core
+
+        global _warned
+        n = None
+        members = self.members(dims)
+        groups = [self.group(r) for r in members]
+        nodes = len(set(groups))
+        if not all(self.info[r, _OK] for r in members):
+            if not _warned:
+                _warned = True
+                why = self.ctl.why or "another rank could not set up node-shared memory"
+                log.warning("pyshard: node-shared memory is not usable (%s); exchanges use MPI",
+                            why)  # fmt: skip
+        elif nodes < len(members):  # some ranks share a node
+            me = groups[members.index(self.rank)]
+            local = [i for i, g in enumerate(groups) if g == me]
+            on: Dict[int, List[int]] = {}  # ranks of the communicator per machine
+            for r in members:
+                on.setdefault(int(self.info[r, _KEY]), []).append(r)
+            over = any(
+                len(rs) > min(int(self.info[r, _CORES]) for r in rs) for rs in on.values()
+            )
+            mine = on[int(self.info[self.rank, _KEY])]
+            n = _core.NodeShm(
+                comm, self.ctl, sum(1 << d for d in dims) - 1, local,
+                [members[i] for i in local], nodes, over,
+                len(mine) <= int(self.info[self.rank, _CORES]),
+            )  # fmt: skip
+            if not n.usable:
+                if not _warned:
+                    _warned = True
+                    log.warning("pyshard: node-shared memory is not usable (%s); exchanges "
+                                "use MPI", n.why_not)  # fmt: skip
+                n.release()
+                n = None
+            else:
+                log.debug("pyshard: node-shared memory on mesh dims %s: %d ranks on %d "
+                          "node(s)", dims, len(members), nodes)  # fmt: skip
+        self._nodes[dims] = n
+        return n
+
+    def release(self) -> None:
+        for n in self._nodes.values():  # the pools and mappings (live results keep their
+            if n is not None:  # own segments until they are freed)
+                n.release()
+        self._nodes.clear()
+        self.ctl.release()
+
+
+def _test_hook_fail() -> str:
+    """The test hook PYSHARD_TEST_SHM_FAIL: "1" this rank cannot set up node-shared memory
+    (the others follow), "map": it cannot map its peers' (its node takes MPI)."""
+    return config.get("PYSHARD_TEST_SHM_FAIL")
 
 
 def node(mesh: Any, dims: Tuple[int, ...]) -> Optional[Any]:
-    """The node-local transport of ``mesh``'s communicator over ``dims`` (set up, collectively
-    over it, the first time it is asked for: at the first exchange on those dims, the same
-    call on every rank), or None where it cannot help: turned off, not usable (logged once),
-    or no two ranks of the communicator share a node."""
+    """The node-local transport of ``mesh``'s communicator over ``dims`` (from the node map
+    the mesh made when it was built: no MPI call), or None where it cannot help: turned off,
+    not usable (logged once), or no two ranks of the communicator share a node."""
     if not enabled():
         return None
-    if dims in mesh._nodes:
-        return mesh._nodes[dims]
-    from . import _core
-
-    global _warned
-    n = _core.NodeShm(mesh._core_comm(dims), sim_node_size())
-    size = prod(mesh.shape[d] for d in dims)
-    if not n.usable:
-        if not _warned:
-            _warned = True
-            log.warning(
-                "pyshard: node-shared memory is not usable (%s); exchanges use MPI", n.why_not
-            )
-        n.release()
-        n = None
-    elif n.nodes == size:  # every rank alone on its node: nothing to share
-        n.release()
-        n = None
-    else:
-        log.debug("pyshard: node-shared memory on mesh dims %s: %d ranks on %d node(s)",
-                  dims, size, n.nodes)  # fmt: skip
-    mesh._nodes[dims] = n
-    return n
+    return mesh.node_transport(dims)
 
 
 def empty(n: Any, shape: Tuple[int, ...], dtype: np.dtype) -> np.ndarray:

@@ -24,20 +24,19 @@ import os
 import tempfile
 import time
 from math import log2, prod
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Tuple
 
 import numpy as np
 from mpi4py import MPI
 
 from . import _backend as bk
+from . import config
 from .plan import Step
+from .route import ALGORITHMS
 
 log = logging.getLogger("pyshard")
 
-HOST_CANDIDATES = ("alltoallv", "alltoall", "p2p", "alltoallw")
-SHM = "shm"  # the node-local transport (pyshard/_shm.py): a candidate where it is usable
-DEVICE_CANDIDATES = ("alltoallv", "alltoall", "p2p")
-TRIALS = 3
+TRIALS = 3  # (the candidates are pyshard.route's: it says which a step may take)
 
 
 def key(step: Step, dev: bool) -> str:
@@ -52,20 +51,20 @@ def key(step: Step, dev: bool) -> str:
 
 def _load(mesh: Any) -> Dict[str, str]:
     """Earlier choices from PYSHARD_TUNE_FILE: read on rank 0 of the mesh, broadcast."""
-    path = os.environ.get("PYSHARD_TUNE_FILE", "")
+    path = config.get("PYSHARD_TUNE_FILE")
     data: Dict[str, str] = {}
     if mesh.rank == 0 and path and os.path.exists(path):
         try:
             with open(path) as f:
                 raw = json.load(f)
-            data = {str(k): str(v) for k, v in raw.items() if v in HOST_CANDIDATES + (SHM,)}
+            data = {str(k): str(v) for k, v in raw.items() if v in ALGORITHMS}
         except (OSError, ValueError, AttributeError) as e:
             log.warning("pyshard: ignoring the tuning file %s: %s", path, e)
     return mesh.comm.bcast(data, root=0)
 
 
 def _save(mesh: Any, choices: Dict[str, str]) -> None:
-    path = os.environ.get("PYSHARD_TUNE_FILE", "")
+    path = config.get("PYSHARD_TUNE_FILE")
     if mesh.rank != 0 or not path:
         return
     try:
@@ -83,17 +82,17 @@ def _save(mesh: Any, choices: Dict[str, str]) -> None:
         log.warning("pyshard: cannot write the tuning file %s: %s", path, e)
 
 
-def choose(step: Step, mesh: Any, dev: bool, build: Any, shm: bool = False) -> str:
-    """The tuned algorithm for ``step`` (collective over the mesh the first time a key is
-    seen). ``build(algorithm)`` returns an executor for the step; ``shm``: node-shared
-    memory is usable for it (the same on every rank), so it is a candidate too."""
-    choices = mesh._cache.tuned
+def choose(step: Step, mesh: Any, dev: bool, build: Any, candidates: Tuple[str, ...]) -> str:
+    """The tuned algorithm for ``step`` among ``candidates`` (what :func:`pyshard.route.route`
+    lists for it: the same on every rank), collective over the mesh the first time a key is
+    seen. ``build(algorithm)`` returns an executor for the step."""
+    choices = mesh.cache.tuned
     if choices is None:
-        choices = mesh._cache.tuned = _load(mesh)
+        choices = mesh.cache.tuned = _load(mesh)
     k = key(step, dev)
     if k in choices:
         return choices[k]
-    cands = DEVICE_CANDIDATES if dev else HOST_CANDIDATES + ((SHM,) if shm else ())
+    cands = candidates
     times = np.asarray(_measure(step, mesh, dev, [build(c) for c in cands]))
     worst = np.empty_like(times)
     mesh.comm.Allreduce(times, worst, op=MPI.MAX)  # the same on every rank

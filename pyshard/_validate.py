@@ -12,28 +12,20 @@ naming the ranks that differ and what differs.
 
 from __future__ import annotations
 
-import os
 import zlib
 from typing import Dict, List
 
 import numpy as np
 from mpi4py import MPI
 
+from . import config
+
 __all__ = ["set_validation", "validation"]
 
 WIDTH = 8  # int64 per rank: the call, then one checksum per item (at most WIDTH - 1)
 
 
-def _env() -> bool:
-    raw = os.environ.get("PYSHARD_VALIDATE", "").strip().lower()
-    if raw in ("", "0", "false", "no", "off"):
-        return False
-    if raw in ("1", "true", "yes", "on"):
-        return True
-    raise ValueError(f"PYSHARD_VALIDATE must be 0 or 1, got {raw!r}")
-
-
-enabled = _env()
+enabled = bool(config.get("PYSHARD_VALIDATE"))  # at import; set_validation() changes it
 
 
 def set_validation(on: bool) -> None:

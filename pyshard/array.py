@@ -12,7 +12,7 @@ import numpy as np
 
 from . import _backend as bk
 from . import _core, _dtypes, _validate, executor
-from ._cache import memoize
+from ._cache import FastEntry, memoize
 from .executor import Pending, bind, executors, run_steps, start
 from .halo import HaloArray
 from .halo_plan import PeriodicArg, WidthArg
@@ -97,9 +97,10 @@ class ShardedArray:
 
     def plan_to(self, placements: PlacementsArg, sizes: SizesArg = None) -> Plan:
         """The (cached) plan that :meth:`redistribute` would run; no communication."""
-        return plan(self.layout, self._target(placements, sizes))
+        return plan(self.layout, self.target_layout(placements, sizes))
 
-    def _target(self, placements: PlacementsArg, sizes: SizesArg) -> Layout:
+    def target_layout(self, placements: PlacementsArg, sizes: SizesArg = None) -> Layout:
+        """The layout :meth:`redistribute` with these arguments would give (no communication)."""
         return _layout(self.layout, self.mesh.shape, placements, sizes)
 
     def redistribute(
@@ -116,7 +117,7 @@ class ShardedArray:
         (blocks padded to the largest), ``"p2p"`` (pipelined Isend/Irecv), ``"alltoallw"``
         (one subarray datatype per peer: MPI packs on the fly, no workspace; host arrays
         only, GPU arrays take ``alltoallv``), ``"auto"`` (a fixed rule, see
-        :func:`pyshard.executor.choose_algorithm`) or ``"tune"`` (measure the candidates the
+        :func:`pyshard.route.choose_algorithm`) or ``"tune"`` (measure the candidates the
         first time a step of that kind and size runs, see :mod:`pyshard._tune`). The default
         is ``PYSHARD_ALGORITHM`` from the environment, else ``"auto"``. It must be the same
         on every rank.
@@ -137,19 +138,19 @@ class ShardedArray:
         cupy's current stream, and the result is ready on that stream when this returns.
         """
         if algorithm is None:
-            algorithm = executor.DEFAULT_ALGORITHM
+            algorithm = executor.default_algorithm()
         if sizes is None and wait and not _validate.enabled:
             # a repeated call: one lookup, then one call of the binding (executor.bind)
             try:
                 key = (self.layout, *placements, algorithm, type(self.local))
-                hit = self.mesh._cache.fast.get(key)
+                hit = self.mesh.cache.fast.get(key)
             except TypeError:  # unhashable or not a sequence: the general path says so
                 hit = None
             if hit is not None:
-                res = hit[0](self.local, out)
+                res = hit.call(self.local, out)
                 if res is not None:
                     r = _new(ShardedArray)
-                    r.local, r.layout, r.mesh = res, hit[2], self.mesh
+                    r.local, r.layout, r.mesh = res, hit.target, self.mesh
                     return r
         return self._redistribute(placements, sizes, algorithm, out, wait)
 
@@ -169,27 +170,27 @@ class ShardedArray:
             local = bk.xp_of(local).ascontiguousarray(local)
         if _validate.enabled:  # one small Allgather: a mismatch raises on every rank
             self._agree(placements, sizes, algorithm)
-        target = self._target(placements, sizes)
+        target = self.target_layout(placements, sizes)
         p = plan(self.layout, target)
         execs = executors(p, mesh, algorithm, local)
         if not wait:
-            return start(execs, p, mesh, local, out, lambda r: ShardedArray._wrap(r, target, mesh))
+            return start(execs, p, mesh, local, out, lambda r: ShardedArray.wrap(r, target, mesh))
         res = run_steps(execs, p, mesh, local, out)
         if sizes is None:
-            fast = mesh._cache.fast
+            fast = mesh.cache.fast
             try:
                 key = (self.layout, *placements, algorithm, type(self.local))
                 if key not in fast:
-                    fast.put(key, (*bind(execs, p), target, execs))
+                    fast.put(key, FastEntry(*bind(execs, p), target, execs))
             except TypeError:  # placements the layout accepted but cannot hash
                 pass
-        return ShardedArray._wrap(res, target, mesh)
+        return ShardedArray.wrap(res, target, mesh)
 
     def _agree(self, placements: PlacementsArg, sizes: SizesArg, algorithm: str) -> None:
         """Validation mode: every rank must pass the same target (see pyshard._validate)."""
         err: Optional[Exception] = None
         try:
-            target = repr(self._target(placements, sizes))
+            target = repr(self.target_layout(placements, sizes))
         except (TypeError, ValueError) as e:
             err, target = e, f"invalid ({e})"
         want = self.layout.local_shape(self.mesh.coords)
@@ -209,8 +210,10 @@ class ShardedArray:
             raise err
 
     @classmethod
-    def _wrap(cls, local: Any, layout: Layout, mesh: Mesh) -> ShardedArray:
-        """Internal: a result the executor built to the layout's shape (no checks)."""
+    def wrap(cls, local: Any, layout: Layout, mesh: Mesh) -> ShardedArray:
+        """A sharded array over ``local``, which is already this rank's shard of ``layout`` (no
+        checks, no communication): for results pyshard built itself (use :func:`from_local`
+        for arrays of your own)."""
         self = cls.__new__(cls)
         self.local = local
         self.layout = layout
@@ -348,7 +351,7 @@ def _gather_shapes(a: Any, mesh: Mesh) -> List[Tuple[int, ...]]:
         raise ValueError(f"from_local: arrays of ndim > {width - 2} are not supported")
     mine = [a.ndim, zlib.crc32(_dtypes.name(a.dtype).encode())] + list(a.shape)
     mine += [0] * (width - len(mine))
-    flat = _core.allgather_i64(mesh._core_comm(tuple(range(mesh.ndim))), mine)
+    flat = _core.allgather_i64(mesh.core_comm(tuple(range(mesh.ndim))), mine)
     rows = [flat[i * width : (i + 1) * width] for i in range(mesh.size)]
     for r, row in enumerate(rows):
         if row[0] != a.ndim or row[1] != mine[1]:

@@ -5,122 +5,79 @@ rule, and the results pool. ``ShardedArray.redistribute`` runs these."""
 from __future__ import annotations
 
 import logging
-import os
 from math import prod
 from typing import Any, Callable, Optional, Tuple
 
 import numpy as np
 
 from . import _backend as bk
-from . import _core, _shm, _tune
+from . import _core, _shm, _tune, config
+from ._dtypes import accumulator, is_ml_float
 from ._dtypes import identity as ml_identity
-from ._dtypes import is_ml_float
 from .layout import Layout, Shard
 from .mesh import Mesh
-from .plan import Plan, Step, gather_push_specs, geometry, push_specs, reduce_dtype
+from .plan import Plan, Step, gather_push_specs, geometry, push_specs
+from .route import ALGORITHMS, Route, check_algorithm, choose_algorithm, route
 
-__all__ = ["ALGORITHMS", "Pending", "choose_algorithm", "execute", "executors", "start"]
+__all__ = ["ALGORITHMS", "Pending", "allocate", "choose_algorithm", "executors", "start"]
 
 log = logging.getLogger("pyshard")
 
 
-class _Exec:
-    """One step bound to this rank and memory kind: the core object (built once from the
-    step's geometry) and how to run it."""
+POOL_MIN_BYTES = 1 << 20
+NONBLOCKING_MIN_BLOCK = 1 << 20  # bytes
 
-    __slots__ = (
-        "step", "core", "out_shape", "upcast", "scale", "zero", "fill", "direct", "dtype",
-        "dev", "need", "pooled", "spares", "wide", "node",
-    )
 
-    def __init__(self, step: Step, mesh: Mesh, algorithm: str = "alltoallv", dev: bool = False,
-                 node: Any = None) -> None:  # fmt: skip
+def pooled_empty(shape: Tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+    """An uninitialised array whose memory comes from the core's result pool and returns to
+    it when the array (and every view of it) is freed: a loop of redistributes without
+    ``out=`` reuses pages instead of faulting in fresh ones on every call."""
+    buf = _core.PooledBuffer(prod(shape) * dtype.itemsize)
+    return np.frombuffer(buf, dtype=dtype).reshape(shape)
+
+
+def allocate(shape: Tuple[int, ...], dtype: np.dtype, like: Any = None, node: Any = None) -> Any:
+    """The one allocator of results: an array like ``like`` (a cupy array: on its device),
+    in this rank's node-shared memory where a node transport writes into it (``node``),
+    from the result pool for host results of ``POOL_MIN_BYTES`` or more, else plain."""
+    if like is not None and bk.is_device(like):
+        return bk.xp_of(like).empty(shape, dtype)
+    if node is not None:
+        return _shm.empty(node, shape, dtype)
+    if prod(shape) * dtype.itemsize >= POOL_MIN_BYTES:
+        return pooled_empty(shape, dtype)
+    return np.empty(shape, dtype)
+
+
+class _Step:
+    """One step of a plan bound to this rank and memory kind: the core object (built once
+    from the step's geometry, on the path :func:`pyshard.route.route` chose) and how to run
+    it. ``direct``: the core writes the result straight into its output (the hot path)."""
+
+    __slots__ = ("step", "route", "core", "out_shape", "dtype", "dev", "node", "pooled",
+                 "direct", "upcast", "wide", "spares", "need")  # fmt: skip
+
+    def __init__(self, step: Step, mesh: Mesh, r: Route, dev: bool) -> None:
         self.step = step
-        self.node = node  # the node-local transport (algorithm "shm"): results in shared memory
-        coords = mesh.coords
-        self.out_shape = step.dst.local_shape(coords)
-        self.core: Any = None
-        self.upcast: Optional[np.dtype] = None
-        self.wide = False  # leave the result in ``upcast`` for the next reduction step
-        self.scale: Optional[float] = None
-        self.zero = False
-        self.fill: object = None
+        self.route = r
+        self.node = r.node if r.path == "shm" else None  # results in node-shared memory
+        self.out_shape = step.dst.local_shape(mesh.coords)
         self.dtype = step.dst.dtype
         self.dev = dev
         self.pooled = not dev and prod(self.out_shape) * self.dtype.itemsize >= POOL_MIN_BYTES
-        if step.is_collective:
-            self._collective(step, mesh, algorithm)
-        elif step.kind == "local_copy":
-            self.core = _slices(step.dst, step.src, coords)
-        elif step.kind == "make_partial":
-            self._make_partial(step, coords)
-        self.direct = step.is_collective and self.upcast is None and self.scale is None
+        self.core: Any = None
+        self.direct = False
+        self.upcast: Optional[np.dtype] = None
+        self.wide = False  # leave the result in ``upcast`` for the next reduction step
         self.spares: list = []  # the core's PendingExchange objects free for reuse
-        self.need = 0
+        self.need = 0  # workspace bytes
+        self.build(mesh)
         if self.core is not None and step.is_collective:
-            staged = _core.transport(_core.Mem.cuda if dev else _core.Mem.host).name == "staged"
+            staged = r.path == "staged"
             self.need = int(self.core.staged_bytes if staged else self.core.workspace_bytes)
 
-    def _collective(self, step: Step, mesh: Mesh, algorithm: str) -> None:
-        coords = mesh.coords
-        comm = mesh._core_comm(step.mesh_dims)
-        ws = mesh._cache.workspace
-        kind = step.kind
-        if kind == "alltoallv" and algorithm == "shm":
-            item = step.src.dtype.itemsize
-            sshape, dshape = list(step.src.local_shape(coords)), list(step.dst.local_shape(coords))
-            pushes, recvs, local = push_specs(step, coords)
-            self.core = _core.ShmExchangeStep(
-                comm, self.node, item, sshape, dshape, pushes, recvs, local, ws
-            )
-        elif kind == "alltoallv":
-            algo = getattr(_core.Algorithm, algorithm)
-            block = step.max_block_volume() * step.src.dtype.itemsize  # the same on every rank
-            pad = block if algo == _core.Algorithm.alltoall else 0
-            # Ialltoallv (local copy overlapped) for large blocks, Alltoallv for small ones:
-            # decided from the layouts, so every rank calls the same collective
-            nonblocking = block >= NONBLOCKING_MIN_BLOCK
-            g = geometry(step, coords, algo, pad)
-            self.core = _core.ExchangeStep(comm, g, ws, nonblocking)
-        elif kind == "allgatherv" and algorithm == "shm":  # every rank writes its shard into
-            item = step.src.dtype.itemsize  # every node peer's result, once
-            sshape, dshape = list(step.src.local_shape(coords)), list(step.dst.local_shape(coords))
-            pushes, recvs, local = gather_push_specs(step, coords)
-            self.core = _core.ShmExchangeStep(
-                comm, self.node, item, sshape, dshape, pushes, recvs, local, ws
-            )
-        elif kind == "allgatherv":
-            self.core = _core.AllgathervStep(comm, geometry(step, coords), ws)
-        else:
-            rdt = reduce_dtype(step.src.dtype)
-            if rdt != step.src.dtype:
-                self.upcast = rdt
-            if step.op == "avg":
-                self.scale = 1.0 / prod(step.group_shape)
-            op = getattr(_core.ReduceOp, _reduce_op(step.src.dtype, step.op))
-            if kind == "allreduce":
-                shape = list(step.src.local_shape(coords))
-                if algorithm == "shm":  # every rank of the communicator on one node
-                    self.core = _core.ShmAllreduceStep(self.node, rdt, op, shape)
-                else:
-                    self.core = _core.AllreduceStep(comm, rdt, op, shape, ws)
-            elif algorithm == "shm":
-                self.core = _core.ShmReduceScatterStep(self.node, geometry(step, coords), rdt, op)
-            else:
-                self.core = _core.ReduceScatterStep(comm, geometry(step, coords), rdt, op, ws)
-
-    def _make_partial(self, step: Step, coords: Tuple[int, ...]) -> None:
-        # spread dims (the source shards them): the shard inside the op's identity;
-        # replicated dims: keep the value, or zero it for sum away from coordinate 0
-        spread = [m for m in step.mesh_dims if isinstance(step.src.placements[m], Shard)]
-        self.zero = any(
-            step.dst.placements[m].op == "sum" and coords[m] != 0
-            for m in step.mesh_dims
-            if m not in spread
-        )
-        if spread:
-            self.fill = _identity(step.dst.dtype, step.dst.placements[spread[0]].op)
-            self.core = _slices(step.src, step.dst, coords)
+    def build(self, mesh: Mesh) -> None:
+        pass
 
     def _call(self, src: Any, res: Any) -> None:
         if self.dev:
@@ -130,46 +87,88 @@ class _Exec:
 
     def run(self, local: Any, out: Optional[Any] = None) -> Any:
         """Run the step on ``local``; write into ``out`` when given (the target's shape)."""
-        if self.direct:  # a collective straight into the output: the hot path
-            if self.dev:
-                res = bk.xp_of(local).empty(self.out_shape, self.dtype) if out is None else out
-                self.core.run_device(local.data.ptr, res.data.ptr, bk.stream_ptr())
-                return res
-            if out is not None:
-                res = out
-            elif self.node is not None and self.step.kind in ("alltoallv", "allgatherv"):
-                # node-shared memory: peers write straight into it
-                res = _shm.empty(self.node, self.out_shape, self.dtype)
-            elif self.pooled:  # memory that is already faulted in (see pooled_empty)
-                res = pooled_empty(self.out_shape, self.dtype)
+        res = out if out is not None else allocate(self.out_shape, self.dtype, local, self.node)
+        self._call(local, res)
+        return res
+
+
+class _Exchange(_Step):
+    """``alltoallv``: node-shared memory (``ShmExchangeStep``) or an MPI exchange."""
+
+    __slots__ = ()
+
+    def build(self, mesh: Mesh) -> None:
+        step, coords = self.step, mesh.coords
+        comm, ws = mesh.core_comm(step.mesh_dims), mesh.cache.workspace
+        self.direct = True
+        if self.route.path == "shm":
+            self.core = _shm_step(step, coords, comm, self.node, ws, push_specs)
+            return
+        algo = getattr(_core.Algorithm, self.route.algorithm)
+        block = step.max_block_volume() * step.src.dtype.itemsize  # the same on every rank
+        pad = block if algo == _core.Algorithm.alltoall else 0
+        # Ialltoallv (local copy overlapped) for large blocks, Alltoallv for small ones:
+        # decided from the layouts, so every rank calls the same collective
+        g = geometry(step, coords, algo, pad)
+        self.core = _core.ExchangeStep(comm, g, ws, block >= NONBLOCKING_MIN_BLOCK)
+
+
+class _Gather(_Step):
+    """``allgatherv``: every rank writes its shard into every node peer's result once
+    (node-shared memory), or ``MPI_Allgather(v)``."""
+
+    __slots__ = ()
+
+    def build(self, mesh: Mesh) -> None:
+        step, comm, ws = self.step, mesh.core_comm(self.step.mesh_dims), mesh.cache.workspace
+        self.direct = True
+        if self.route.path == "shm":
+            self.core = _shm_step(step, mesh.coords, comm, self.node, ws, gather_push_specs)
+        else:
+            self.core = _core.AllgathervStep(comm, geometry(step, mesh.coords), ws)
+
+
+def _shm_step(step: Step, coords: Tuple[int, ...], comm: Any, node: Any, ws: Any,
+              specs: Callable[..., Any]) -> Any:  # fmt: skip
+    item = step.src.dtype.itemsize
+    sshape, dshape = list(step.src.local_shape(coords)), list(step.dst.local_shape(coords))
+    pushes, recvs, local = specs(step, coords)
+    return _core.ShmExchangeStep(comm, node, item, sshape, dshape, pushes, recvs, local, ws)
+
+
+class _Reduction(_Step):
+    """``reduce_scatter`` and ``allreduce``, on node-shared memory or MPI; float16, bfloat16
+    and float8 accumulate in float32 and round once after the last reduction in a row;
+    ``avg`` sums, then scales."""
+
+    __slots__ = ("scale",)
+
+    def build(self, mesh: Mesh) -> None:
+        step, coords = self.step, mesh.coords
+        comm, ws = mesh.core_comm(step.mesh_dims), mesh.cache.workspace
+        rdt = accumulator(step.src.dtype)
+        self.upcast = rdt if rdt != step.src.dtype else None
+        self.scale = 1.0 / prod(step.group_shape) if step.op == "avg" else None
+        self.direct = self.upcast is None and self.scale is None
+        op = getattr(_core.ReduceOp, _reduce_op(step.src.dtype, step.op))
+        shm = self.route.path == "shm"
+        if step.kind == "allreduce":
+            shape = list(step.src.local_shape(coords))
+            if shm:  # every rank of the communicator on one node
+                self.core = _core.ShmAllreduceStep(self.node, rdt, op, shape)
             else:
-                res = np.empty(self.out_shape, self.dtype)
-            self.core.run(local, res)
+                self.core = _core.AllreduceStep(comm, rdt, op, shape, ws)
+        elif shm:
+            self.core = _core.ShmReduceScatterStep(self.node, geometry(step, coords), rdt, op)
+        else:
+            self.core = _core.ReduceScatterStep(comm, geometry(step, coords), rdt, op, ws)
+
+    def run(self, local: Any, out: Optional[Any] = None) -> Any:
+        if self.direct:  # into a private result (the node transport stages the pieces)
+            res = out if out is not None else allocate(self.out_shape, self.dtype, local)
+            self._call(local, res)
             return res
         xp = bk.xp_of(local)
-        kind = self.step.kind
-        if kind == "make_partial" and self.core is not None:
-            res = out if out is not None else xp.empty(self.out_shape, local.dtype)
-            res[...] = self.fill  # the reduction's identity
-            if not self.zero:
-                res[self.core] = local
-            return res
-        if kind in ("local_copy", "make_partial", "relabel"):
-            if kind == "local_copy":
-                res = local[self.core]
-            elif kind == "make_partial" and self.zero:
-                res = None
-            else:
-                res = local
-            if out is None:
-                if res is None:
-                    return xp.zeros(self.out_shape, local.dtype)
-                return res if kind == "relabel" else xp.array(res, order="C", copy=True)
-            if res is None:
-                out[...] = 0
-            else:
-                xp.copyto(out, res)
-            return out
         src = local
         if self.upcast is not None:
             if local.dtype != self.upcast:  # (a previous reduction step left it wide)
@@ -190,15 +189,78 @@ class _Exec:
         return res
 
 
-POOL_MIN_BYTES = 1 << 20
+class _LocalCopy(_Step):
+    """``local_copy``: this rank's target box sliced out of its source (no communication)."""
+
+    __slots__ = ()
+
+    def build(self, mesh: Mesh) -> None:
+        self.core = _slices(self.step.dst, self.step.src, mesh.coords)
+
+    def run(self, local: Any, out: Optional[Any] = None) -> Any:
+        part = local[self.core]
+        if out is None:
+            return bk.xp_of(local).array(part, order="C", copy=True)
+        bk.xp_of(local).copyto(out, part)
+        return out
 
 
-def pooled_empty(shape: Tuple[int, ...], dtype: np.dtype) -> np.ndarray:
-    """An uninitialised array whose memory comes from the core's result pool and returns to
-    it when the array (and every view of it) is freed: a loop of redistributes without
-    ``out=`` reuses pages instead of faulting in fresh ones on every call."""
-    buf = _core.PooledBuffer(prod(shape) * dtype.itemsize)
-    return np.frombuffer(buf, dtype=dtype).reshape(shape)
+class _Relabel(_Step):
+    """``relabel``: the same local array under other placements (no communication)."""
+
+    __slots__ = ()
+
+    def run(self, local: Any, out: Optional[Any] = None) -> Any:
+        if out is None:
+            return local
+        bk.xp_of(local).copyto(out, local)
+        return out
+
+
+class _MakePartial(_Step):
+    """``make_partial``: Replicate or Shard -> Partial. Spread dims (the source shards them):
+    the shard inside the op's identity; replicated dims: keep the value, or zero it for sum
+    away from coordinate 0."""
+
+    __slots__ = ("zero", "fill")
+
+    def build(self, mesh: Mesh) -> None:
+        step, coords = self.step, mesh.coords
+        spread = [m for m in step.mesh_dims if isinstance(step.src.placements[m], Shard)]
+        self.zero = any(
+            step.dst.placements[m].op == "sum" and coords[m] != 0
+            for m in step.mesh_dims
+            if m not in spread
+        )
+        self.fill: object = None
+        if spread:
+            self.fill = _identity(step.dst.dtype, step.dst.placements[spread[0]].op)
+            self.core = _slices(step.src, step.dst, coords)
+
+    def run(self, local: Any, out: Optional[Any] = None) -> Any:
+        xp = bk.xp_of(local)
+        if self.core is not None:
+            res = out if out is not None else xp.empty(self.out_shape, local.dtype)
+            res[...] = self.fill  # the reduction's identity
+            if not self.zero:
+                res[self.core] = local
+            return res
+        if self.zero:
+            if out is None:
+                return xp.zeros(self.out_shape, local.dtype)
+            out[...] = 0
+            return out
+        if out is None:
+            return xp.array(local, order="C", copy=True)
+        xp.copyto(out, local)
+        return out
+
+
+_KINDS = {
+    "alltoallv": _Exchange, "allgatherv": _Gather, "reduce_scatter": _Reduction,
+    "allreduce": _Reduction, "local_copy": _LocalCopy, "relabel": _Relabel,
+    "make_partial": _MakePartial,
+}  # fmt: skip
 
 
 def _slices(box_of: Layout, rel: Layout, coords: Tuple[int, ...]) -> Tuple[slice, ...]:
@@ -220,9 +282,9 @@ def _identity(dtype: np.dtype, op: str) -> object:
         return ml_identity(dtype, op)
     if dtype.kind == "b":
         return dtype.type(op == "min")
-    info = np.finfo(dtype) if dtype.kind == "f" else np.iinfo(dtype)
     if dtype.kind == "f":
         return dtype.type(-np.inf if op == "max" else np.inf)
+    info = np.iinfo(dtype)
     return dtype.type(info.min if op == "max" else info.max)
 
 
@@ -233,89 +295,21 @@ def _reduce_op(dtype: np.dtype, op: Optional[str]) -> str:
     return {"sum": "sum", "avg": "sum", "max": "max", "min": "min"}[op or "sum"]
 
 
-ALGORITHMS = ("alltoallv", "alltoall", "p2p", "alltoallw", "shm")
-MPI_ALGORITHMS = ALGORITHMS[:4]
+def default_algorithm() -> str:
+    """The algorithm of calls that name none: ``PYSHARD_ALGORITHM`` (pyshard.config)."""
+    return config.get("PYSHARD_ALGORITHM")
 
 
-def _default_algorithm() -> str:
-    raw = os.environ.get("PYSHARD_ALGORITHM", "").strip() or "auto"
-    if raw not in ALGORITHMS + ("auto", "tune"):
-        raise ValueError(
-            f"PYSHARD_ALGORITHM must be auto, tune or one of {ALGORITHMS}, got {raw!r}"
-        )
-    return raw
+def _exec(s: Step, mesh: Mesh, algorithm: str, dev: bool) -> _Step:
+    """Step ``s`` bound on the path :func:`pyshard.route.route` takes (measured first where
+    it says ``tune``)."""
+    r = route(s, mesh, algorithm, dev)
+    if r.path == "tune":
+        def build(a: str) -> _Step:
+            return _KINDS[s.kind](s, mesh, route(s, mesh, a, dev), dev)
 
-
-DEFAULT_ALGORITHM = _default_algorithm()
-NONBLOCKING_MIN_BLOCK = 1 << 20  # bytes
-
-
-def choose_algorithm(
-    step: Optional[Step], algorithm: str, device: bool = False, coords: Optional[tuple] = None
-) -> str:
-    """The exchange algorithm for an alltoallv step at mesh ``coords``; the same on every
-    rank of the step's communicator (decided from the layouts alone).
-
-    ``auto``: ``p2p`` when the exchange is sparse (each rank sends to at most a quarter of
-    its group, e.g. the 2-D swap ``[S0,S1] -> [S1,S0]`` or a target whose shards are mostly
-    empty), so that no collective carries a count for every rank of the group; else
-    ``alltoallv``. Measured here (MPICH 5.0.2, 8192^2 float32 transpose, docs/performance.md):
-    ``alltoallv`` 40 ms against 52 ms for the regular ``alltoall`` at 2 ranks, 47 against 63
-    at 4, although the raw Alltoall of pre-packed bytes is the faster collective (23 vs 30 ms
-    at 2 ranks, a tie at 4): a regular Alltoall must also move this rank's own block through
-    the packed buffers, which Alltoallv leaves out (it is copied locally while the exchange
-    runs). ``alltoallw`` swung between 31 and 60 ms; ``p2p`` tied on dense exchanges.
-    ``algorithm="tune"`` measures instead of assuming. ``alltoallw`` is host-only: GPU
-    arrays take ``alltoallv``.
-    """
-    if algorithm == "auto":
-        if step is not None and 4 * step.max_peers() <= prod(step.group_shape):
-            return "p2p"
-        return "alltoallv"
-    if algorithm not in ALGORITHMS:
-        raise ValueError(
-            f"algorithm must be 'auto', 'tune' or one of {ALGORITHMS}, got {algorithm!r}"
-        )
-    if device and algorithm == "alltoallw":
-        return "alltoallv"
-    return algorithm
-
-
-def _exec(s: Step, mesh: Mesh, algorithm: str, dev: bool) -> _Exec:
-    if s.kind == "allgatherv":  # node-shared memory where usable, else MPI_Allgather(v)
-        gnode = None
-        if not dev and algorithm in ("auto", "tune", "shm"):
-            gnode = _shm.node(mesh, s.mesh_dims)
-            if algorithm != "shm" and not _shm.wanted(s, gnode):
-                gnode = None
-        return _Exec(s, mesh, "" if gnode is None else "shm", dev, gnode)
-    if s.kind in ("reduce_scatter", "allreduce"):  # node-shared memory: all on one node
-        rnode = None
-        if not dev and algorithm in ("auto", "tune", "shm"):
-            rnode = _shm.node(mesh, s.mesh_dims)
-            if not _shm.reduces(rnode) or (algorithm != "shm" and not _shm.wanted(s, rnode)):
-                rnode = None
-        return _Exec(s, mesh, "" if rnode is None else "shm", dev, rnode)
-    if s.kind != "alltoallv":
-        return _Exec(s, mesh, "", dev)
-    # node-shared memory for host exchanges (pyshard/_shm.py): set up collectively the first
-    # time an exchange on these mesh dims is built, the same call on every rank
-    node = None
-    if not dev and algorithm in ("auto", "tune", "shm"):
-        node = _shm.node(mesh, s.mesh_dims)
-
-    def build(a: str) -> _Exec:
-        if a == "shm":
-            if node is not None:
-                return _Exec(s, mesh, "shm", dev, node)
-            a = "auto"  # not usable here (or a GPU array): MPI, as auto picks it
-        return _Exec(s, mesh, choose_algorithm(s, a, dev, mesh.coords), dev)
-
-    if algorithm == "tune":
-        algorithm = _tune.choose(s, mesh, dev, build, shm=node is not None)
-    elif algorithm == "auto" and _shm.wanted(s, node):
-        algorithm = "shm"
-    return build(algorithm)
+        r = route(s, mesh, _tune.choose(s, mesh, dev, build, r.candidates), dev)
+    return _KINDS[s.kind](s, mesh, r, dev)
 
 
 def executors(p: Plan, mesh: Mesh, algorithm: str = "auto", like: Any = None) -> list:
@@ -323,11 +317,10 @@ def executors(p: Plan, mesh: Mesh, algorithm: str = "auto", like: Any = None) ->
     built once and kept in the mesh's bounded cache."""
     dev = bk.is_device(like)
     key = (p, algorithm, dev)
-    cache = mesh._cache
+    cache = mesh.cache
     execs = cache.execs.get(key)
     if execs is None:
-        if algorithm not in ("auto", "tune") and algorithm not in ALGORITHMS:
-            choose_algorithm(None, algorithm)  # the precise error, whatever the plan
+        check_algorithm(algorithm)  # the precise error, whatever the plan
         if dev:
             bk.announce()
         execs = [_exec(s, mesh, algorithm, dev) for s in p.steps]
@@ -337,23 +330,6 @@ def executors(p: Plan, mesh: Mesh, algorithm: str = "auto", like: Any = None) ->
         cache.note(execs)
         log.debug("pyshard: built %s (%s) for rank %d", p, algorithm, mesh.rank)
     return execs
-
-
-def execute(
-    p: Plan,
-    mesh: Mesh,
-    local: Any,
-    algorithm: Optional[str] = None,
-    out: Optional[Any] = None,
-) -> Any:
-    """Run plan ``p`` on this rank's ``local`` shard (numpy or cupy); collective over ``mesh``.
-
-    ``out``: a C-contiguous, writable array of the target's local shape and dtype, on the
-    same side as ``local``, that the last step writes into (checked before any
-    communication).
-    """
-    algorithm = DEFAULT_ALGORITHM if algorithm is None else algorithm
-    return run_steps(executors(p, mesh, algorithm, local), p, mesh, local, out)
 
 
 def run_steps(execs: list, p: Plan, mesh: Mesh, local: Any, out: Optional[Any]) -> Any:
@@ -447,7 +423,7 @@ def check_out(out: object, p: Plan, mesh: Mesh, local: Any) -> None:
 # ----------------------------------------------------------------------------- in flight
 
 
-def _startable(e: _Exec) -> bool:
+def _startable(e: _Step) -> bool:
     """Can this executor's step be posted now and completed later (an exchange on the
     alltoallv or p2p algorithm)?"""
     return (
@@ -497,20 +473,14 @@ class Pending:
             return
         e = execs[0]
         last = len(execs) == 1
-        if last and out is not None:
-            res = out
-        elif e.dev:
-            res = bk.xp_of(local).empty(e.out_shape, e.dtype)
-        else:
-            res = pooled_empty(e.out_shape, e.dtype) if e.pooled else np.empty(
-                e.out_shape, e.dtype)
+        res = out if last and out is not None else allocate(e.out_shape, e.dtype, local)
         pe = e.spares.pop() if e.spares else _core.PendingExchange()
         if e.dev:
             e.core.start_device(local.data.ptr, res.data.ptr, bk.stream_ptr(), pe)
         else:
             e.core.start(local, res, pe)
         self._res, self._core = res, pe
-        self._mesh._pending.append(self)
+        self._mesh.pending.append(self)
 
     def _finish(self) -> None:
         """Complete this one (the oldest in flight on its mesh) and run its other steps."""
@@ -522,7 +492,7 @@ class Pending:
             else:
                 e.core.complete(pe)
         finally:
-            self._mesh._pending.remove(self)
+            self._mesh.pending.remove(self)
             e.spares.append(pe)
         last = len(self._execs) - 1
         for i, ex in enumerate(self._execs[1:], start=1):
@@ -534,7 +504,7 @@ class Pending:
     def wait(self) -> Any:
         """The result (a :class:`~pyshard.ShardedArray`); collective, as the redistribute."""
         while not self._done:
-            self._mesh._pending[0]._finish()
+            self._mesh.pending[0]._finish()
         return self._result
 
     def __repr__(self) -> str:

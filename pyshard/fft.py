@@ -505,7 +505,7 @@ class FFTPlan:
                 f"FFTPlan.forward: expected an array laid out as {self.src}, got {got}"
             )
         _check_out(out, self.dst, x)
-        return _run(self.passes, x, out, self.norm, self.type, workers, algorithm)
+        return run_passes(self.passes, x, out, self.norm, self.type, workers, algorithm)
 
     def backward(self, y: ShardedArray, out: Optional[Any] = None,
                  workers: Optional[int] = None, algorithm: Optional[str] = None) -> ShardedArray:
@@ -517,7 +517,7 @@ class FFTPlan:
             got = y.layout if isinstance(y, ShardedArray) else type(y).__name__
             raise ValueError(f"FFTPlan.backward: expected an array laid out as {start}, got {got}")
         _check_out(out, back[-1].dst, y)
-        return _run(back, y, out, self.norm, self.type, workers, algorithm)
+        return run_passes(back, y, out, self.norm, self.type, workers, algorithm)
 
     def explain(self, coords: Optional[Sequence[int]] = None, backward: bool = False) -> str:
         """Readable text: every pass (local transforms and their axes; each transpose with
@@ -572,15 +572,15 @@ def _check_out(out: Optional[Any], dst: Layout, x: ShardedArray) -> None:
         )
 
 
-def _run(passes: Sequence[Any], x: ShardedArray, out: Optional[Any], norm: Optional[str],
-         type_: int, workers: Optional[int], algorithm: Optional[str],
-         times: Optional[List[float]] = None) -> ShardedArray:
-    """Run ``passes`` on ``x``; ``times``: [local transform s, transpose s] accumulated
-    (the benchmark's split)."""
+def run_passes(passes: Sequence[Any], x: ShardedArray, out: Optional[Any],
+               norm: Optional[str], type_: int, workers: Optional[int],
+               algorithm: Optional[str], times: Optional[List[float]] = None) -> ShardedArray:
+    """Run a plan's ``passes`` on ``x`` (what ``FFTPlan.forward``/``backward`` do); ``times``:
+    [local transform s, transpose s] accumulated (the benchmark's split)."""
     from . import executor
 
     mesh = x.mesh
-    alg = algorithm or executor.DEFAULT_ALGORITHM
+    alg = algorithm or executor.default_algorithm()
     local = x.local
     owned = False
     last = len(passes) - 1

@@ -25,6 +25,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 import numpy as np
 from mpi4py import MPI
 
+from . import config
 from .mesh import Mesh
 
 __all__ = ["mesh_shapes", "tune_mesh"]
@@ -54,7 +55,7 @@ def _library() -> str:
 
 
 def _load(comm: MPI.Comm, key: str) -> Optional[Tuple[int, ...]]:
-    path = os.environ.get("PYSHARD_TUNE_FILE", "")
+    path = config.get("PYSHARD_TUNE_FILE")
     found = None
     if comm.rank == 0 and path and os.path.exists(path):
         try:
@@ -68,7 +69,7 @@ def _load(comm: MPI.Comm, key: str) -> Optional[Tuple[int, ...]]:
 
 
 def _save(comm: MPI.Comm, key: str, shape: Tuple[int, ...]) -> None:
-    path = os.environ.get("PYSHARD_TUNE_FILE", "")
+    path = config.get("PYSHARD_TUNE_FILE")
     if comm.rank != 0 or not path:
         return
     try:

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import ctypes
 import logging
-import os
 import time
 from math import prod
 from typing import TYPE_CHECKING, Any, Optional, Tuple
@@ -24,7 +23,7 @@ import numpy as np
 from mpi4py import MPI
 
 from . import _backend as bk
-from . import _core, _dtypes, _validate
+from . import _core, _dtypes, _validate, config
 from .halo_plan import HaloPlan, PeriodicArg, WidthArg, halo_plan, halo_spec
 from .layout import Layout
 from .mesh import Mesh
@@ -57,12 +56,7 @@ _KIND_CODE = {
 
 
 def _default_method() -> str:
-    raw = os.environ.get("PYSHARD_HALO_METHOD", "").strip() or "persistent"
-    if raw not in METHODS + ("tune",):
-        raise ValueError(
-            f"PYSHARD_HALO_METHOD must be one of {METHODS + ('tune',)}, got {raw!r}"
-        )
-    return raw
+    return config.get("PYSHARD_HALO_METHOD")
 
 
 def _geometry(p: HaloPlan) -> Any:
@@ -171,7 +165,7 @@ class HaloArray:
         """The owned values as a :class:`~pyshard.ShardedArray` (its local array is
         ``interior``, a view: no copy)."""
         if self._array is None:
-            self._array = self._cls._wrap(self.interior, self.layout, self.mesh)
+            self._array = self._cls.wrap(self.interior, self.layout, self.mesh)
         return self._array
 
     @property
@@ -187,7 +181,7 @@ class HaloArray:
                     "method": self.method,
                 })
             p = self.plan
-            comm = self.mesh._core_comm(tuple(range(self.mesh.ndim)))
+            comm = self.mesh.core_comm(tuple(range(self.mesh.ndim)))
             geom = _geometry(p)
             if self.method == "tune":
                 self.chosen, self._step = self._tune(comm, geom)
@@ -285,7 +279,7 @@ class HaloArray:
     def _fold_step(self) -> Any:
         if self._fstep is None:
             p = self.plan
-            comm = self.mesh._core_comm(tuple(range(self.mesh.ndim)))
+            comm = self.mesh.core_comm(tuple(range(self.mesh.ndim)))
             self._fgeom = geom = _fold_geometry(p)
             if self.method == "tune":
                 self.fold_chosen, self._fstep = self._tune_fold(comm, geom)

@@ -12,14 +12,13 @@ the pure plan (no MPI), cached and explainable.
 from __future__ import annotations
 
 import logging
-import os
 from math import prod
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
 from . import _backend as bk
-from . import _core, _shm, _validate
+from . import _core, _shm, _validate, config
 from . import executor as _executor
 from ._cache import LRU, memoize
 from .array import ShardedArray
@@ -27,21 +26,11 @@ from .executor import NONBLOCKING_MIN_BLOCK, POOL_MIN_BYTES, pooled_empty
 from .layout import PlacementsArg, placements_str
 from .mesh import Mesh
 from .plan import Plan, geometry, plan, push_specs
+from .route import shm_for
 
 __all__ = ["ManyPlan", "plan_many", "redistribute_many"]
 
 log = logging.getLogger("pyshard")
-
-
-def _env_bytes(name: str, default: int) -> int:
-    raw = os.environ.get(name, "").strip()
-    try:
-        v = int(raw) if raw else default
-    except ValueError:
-        raise ValueError(f"{name} must be an int, got {raw!r}") from None
-    if v < 1:
-        raise ValueError(f"{name} must be >= 1, got {v}")
-    return v
 
 
 # Fused: arrays of less than FUSE_MAX_BYTES per rank, in batches of about BATCH_BYTES per
@@ -49,14 +38,13 @@ def _env_bytes(name: str, default: int) -> int:
 # 2-3x faster than a loop (their calls are latency); fusing large ones was up to 2x slower
 # (a fused message is unpacked from the receive buffer, where an array's own exchange
 # receives its contiguous blocks in place, and the batch leaves the cache).
-FUSE_MAX_BYTES = _env_bytes("PYSHARD_MANY_FUSE_MAX_BYTES", 256 << 10)
-BATCH_BYTES = _env_bytes("PYSHARD_MANY_BATCH_BYTES", 4 << 20)
+# (PYSHARD_MANY_FUSE_MAX_BYTES and PYSHARD_MANY_BATCH_BYTES, pyshard.config)
 # Node-shared memory (pyshard/_shm.py), where ranks of the communicator share a node: every
 # array whose plan is one exchange, large ones too (nothing is packed or unpacked: each block
 # is written once, straight into its result), in batches of about SHM_BATCH_BYTES per rank,
 # each batch one handshake with each node peer. A batch's results share one segment of
-# node-shared memory: it returns to the pool when the last of them is freed.
-SHM_BATCH_BYTES = _env_bytes("PYSHARD_MANY_SHM_BATCH_BYTES", 64 << 20)
+# node-shared memory: it returns to the pool when the last of them is freed
+# (PYSHARD_MANY_SHM_BATCH_BYTES).
 SHM_ALIGN = 64  # bytes: where each result of a batch starts
 
 
@@ -109,7 +97,7 @@ class ManyPlan:
                 exchanges.setdefault(p.steps[0].mesh_dims, []).append(i)
             if one and (
                 prod(p.src.shape) * p.src.dtype.itemsize
-                < FUSE_MAX_BYTES * prod(p.steps[0].group_shape)
+                < config.get("PYSHARD_MANY_FUSE_MAX_BYTES") * prod(p.steps[0].group_shape)
             ):
                 groups.setdefault(p.steps[0].mesh_dims, []).append(i)
             else:
@@ -118,13 +106,13 @@ class ManyPlan:
         # unpack in cache (a 248 MiB batch ran 2x slower than one call per array)
         fused = []
         for dims, ix in sorted(groups.items()):
-            fused += _batches(self.plans, ix, dims, BATCH_BYTES)
+            fused += _batches(self.plans, ix, dims, config.get("PYSHARD_MANY_BATCH_BYTES"))
         self.fused = tuple(fused)
         self.single = tuple(single)
         self.exchanges = tuple(sorted((d, tuple(ix)) for d, ix in exchanges.items()))
         shm = []
         for dims, ix in self.exchanges:
-            shm += _batches(self.plans, ix, dims, SHM_BATCH_BYTES)
+            shm += _batches(self.plans, ix, dims, config.get("PYSHARD_MANY_SHM_BATCH_BYTES"))
         self.shm_batches = tuple(shm)
         # per communicator: its exchanges' largest blocks for one peer, added up
         self._block_bytes = {
@@ -135,13 +123,11 @@ class ManyPlan:
             for dims, ix in self.exchanges
         }
 
-    def shm_wanted(self, dims: Tuple[int, ...], node: Any) -> bool:
-        """Does ``auto`` move the exchanges on ``dims`` through node-shared memory ``node``?
-        Where their blocks for one peer add up to ``PYSHARD_SHM_MIN_BYTES`` (as a single
-        exchange's block must, see :mod:`pyshard._shm`): the batch is one handshake."""
-        if node is None:
-            return False
-        return self._block_bytes.get(dims, 0) >= _shm.min_block(node)
+    def block_bytes(self, dims: Tuple[int, ...]) -> int:
+        """The blocks for one peer of the single exchanges on ``dims``, added up: what
+        :func:`pyshard.route.shm_for` weighs for them (a batch is one handshake, as a single
+        exchange is)."""
+        return self._block_bytes.get(dims, 0)
 
     @property
     def collectives(self) -> int:
@@ -255,7 +241,7 @@ def _targets(
     else:
         per = [placements] * len(xs)
     per_sizes = _per_array("sizes", keys, xs, sizes, is_map, None)
-    return [x._target(pl, sz) for x, pl, sz in zip(xs, per, per_sizes)]
+    return [x.target_layout(pl, sz) for x, pl, sz in zip(xs, per, per_sizes)]
 
 
 def plan_many(arrays: ArraysArg, placements: PlacementsLike, sizes: Any = None) -> ManyPlan:
@@ -278,9 +264,9 @@ class _Fused:
         g = _core.FusedGeometry(parts)
         # the largest message over all ranks decides Ialltoallv, identically everywhere
         big = sum(s.max_block_volume() * s.src.dtype.itemsize for s in steps)
-        comm = mesh._core_comm(steps[0].mesh_dims)
+        comm = mesh.core_comm(steps[0].mesh_dims)
         self.core = _core.FusedExchangeStep(
-            comm, g, mesh._cache.workspace, big >= NONBLOCKING_MIN_BLOCK
+            comm, g, mesh.cache.workspace, big >= NONBLOCKING_MIN_BLOCK
         )
         self.need = int(g.send_bytes + g.recv_bytes)
         self.out_shapes = [s.dst.local_shape(coords) for s in steps]
@@ -319,8 +305,8 @@ class _ShmFused:
     def __init__(self, plans: Sequence[Plan], mesh: Mesh, node: Any) -> None:
         coords = mesh.coords
         steps = [p.steps[0] for p in plans]
-        comm = mesh._core_comm(steps[0].mesh_dims)
-        ws = mesh._cache.workspace
+        comm = mesh.core_comm(steps[0].mesh_dims)
+        ws = mesh.cache.workspace
         parts = []
         for s in steps:
             pushes, recvs, local = push_specs(s, coords)
@@ -437,15 +423,15 @@ def redistribute_many(
         for x in xs
     ]
     results: List[Any] = [None] * len(xs)
-    cache = mesh._cache
+    cache = mesh.cache
     # node-shared memory for the single exchanges of a communicator whose ranks share a node
     # (set up collectively on first use; decided from the layouts: the same on every rank)
-    alg = algorithm or _executor.DEFAULT_ALGORITHM
+    alg = algorithm or _executor.default_algorithm()
     shm: Dict[Tuple[int, ...], Any] = {}
     if not dev and alg in ("auto", "tune", "shm"):
         for dims, _ix in mp.exchanges:
             node = _shm.node(mesh, dims)
-            if node is not None and (alg == "shm" or mp.shm_wanted(dims, node)):
+            if shm_for("alltoallv", mp.block_bytes(dims), node, alg):
                 shm[dims] = node
     # executors keyed by the (memoized) ManyPlan itself and the batch: an identity hash,
     # where a tuple of hundreds of plans took a millisecond to hash
@@ -460,7 +446,7 @@ def redistribute_many(
             cache.note(se)
         outs = se[0].run([locals_[i] for i in ix])
         for i, o in zip(ix, outs):
-            results[i] = ShardedArray._wrap(o, targets[i], mesh)
+            results[i] = ShardedArray.wrap(o, targets[i], mesh)
     for b, (dims, ix) in enumerate(mp.fused):
         if dims in shm:
             continue
@@ -472,7 +458,7 @@ def redistribute_many(
             cache.note(fe)
         outs = fe[0].run([locals_[i] for i in ix], dev)
         for i, o in zip(ix, outs):
-            results[i] = ShardedArray._wrap(o, targets[i], mesh)
+            results[i] = ShardedArray.wrap(o, targets[i], mesh)
     for i in mp.single:  # without sizes, from placements alone: the one-lookup fast path
         if results[i] is not None:  # moved through node-shared memory above
             continue

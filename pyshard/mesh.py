@@ -8,7 +8,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from mpi4py import MPI
 
-from . import _core
+from . import _core, _shm
 from ._cache import ExecCache, register
 
 __all__ = ["Mesh"]
@@ -61,12 +61,20 @@ class Mesh:
         self.coords: Tuple[int, ...] = tuple(self.comm.Get_coords(self.rank))
         self._subs: Dict[Tuple[int, ...], MPI.Comm] = {}
         self._core_comms: Dict[Tuple[int, ...], _core.Comm] = {}
-        # the node-local transport per communicator (pyshard/_shm.py; None: not usable)
-        self._nodes: Dict[Tuple[int, ...], Optional[_core.NodeShm]] = {}
+        # Everything collective is done here, once, so that no data call runs a collective its
+        # plan does not name: the communicator over every set of mesh dims (a plan's step runs
+        # on one of them) and the core's own duplicate of each, and the node map
+        # (pyshard/_shm.py: one MPI_Allgather; each communicator's node-local transport is
+        # then made on first use with no MPI call).
+        for k in range(1, 1 << len(self.shape)):
+            self.core_comm(tuple(d for d in range(len(self.shape)) if k >> d & 1))
+        self._node_map: Optional[_shm.NodeMap] = (
+            _shm.NodeMap(self.comm, self.shape, self.coords) if self.size > 1 else None
+        )
         # executors, the one-lookup fast path and the workspace pool their steps share
-        self._cache = register(ExecCache(_core.Workspace()))
+        self.cache = register(ExecCache(_core.Workspace()))
         # redistributes in flight (redistribute(wait=False)), oldest first
-        self._pending: List[Any] = []
+        self.pending: List[Any] = []
 
     @property
     def ndim(self) -> int:
@@ -101,12 +109,21 @@ class Mesh:
             self._subs[key] = c
         return c
 
-    def _core_comm(self, dims: Tuple[int, ...]) -> _core.Comm:
+    def core_comm(self, dims: Tuple[int, ...]) -> _core.Comm:
+        """The core's communicator over the mesh dims ``dims`` (sorted), made with the mesh."""
+        dims = tuple(sorted(dims))
         c = self._core_comms.get(dims)
         if c is None:
             c = _core.Comm(self.sub_dims(dims).py2f())
             self._core_comms[dims] = c
         return c
+
+    def node_transport(self, dims: Tuple[int, ...]) -> Optional[_core.NodeShm]:
+        """The node-local transport of the communicator over ``dims`` (pyshard/_shm.py), or
+        None where no two of its ranks share a node or it cannot be used (no MPI call)."""
+        if self._node_map is None:
+            return None
+        return self._node_map.transport(self.core_comm(dims), dims)
 
     def free(self) -> None:
         """Release the communicators this mesh created (collective over the mesh).
@@ -115,11 +132,10 @@ class Mesh:
         dropped keep their communicators until MPI finalizes; long-running codes that make
         many meshes should free them.
         """
-        self._cache.clear()  # executors, and the workspace pool back to the OS
-        for node in self._nodes.values():  # node-shared memory: the pools and mappings (live
-            if node is not None:  # results keep their own segments until they are freed)
-                node.release()
-        self._nodes.clear()
+        self.cache.clear()  # executors, and the workspace pool back to the OS
+        if self._node_map is not None:  # node-shared memory: the pools and mappings
+            self._node_map.release()
+            self._node_map = None
         self._core_comms.clear()  # the core frees its duplicates when the objects go
         for c in self._subs.values():
             c.Free()

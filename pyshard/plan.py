@@ -42,11 +42,10 @@ from enum import Enum
 from math import prod
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-import numpy as np
-
-from . import _dtypes, _shm
+from . import _dtypes
 from ._cache import memoize
 from .layout import Layout, Partial, Replicate, Shard, placements_str, ravel, unravel
+from .route import describe, route
 
 __all__ = ["Plan", "Step", "StepKind", "plan"]
 
@@ -103,10 +102,6 @@ def _dim_overlaps(a: tuple, b: tuple) -> Tuple[List[list], List[list]]:
         else:
             q += 1
     return by_a, by_b
-
-
-def _box_volume(box: Box) -> int:
-    return prod(hi - lo for lo, hi in box)
 
 
 @dataclass(frozen=True, eq=False)
@@ -398,21 +393,28 @@ class Plan:
         if self.steps:
             self.steps[0]._cache[("plan", key)] = value
 
-    def explain(self, coords: Optional[Sequence[int]] = None, device: str = "cpu") -> str:
+    def explain(
+        self, coords: Optional[Sequence[int]] = None, device: str = "cpu", mesh: Any = None
+    ) -> str:
         """Readable text: each step, its collective and communicator, the bytes the rank at
         ``coords`` (default: mesh coords 0) sends and receives, the maximum over ranks, and
         the peak extra memory. ``device="cuda"``: also how GPU arrays reach MPI (on device
-        memory with a CUDA-aware MPI, else staged through pinned host buffers)."""
+        memory with a CUDA-aware MPI, else staged through pinned host buffers). Where each
+        step goes for host arrays with ``algorithm="auto"``: the rule in words, or, given the
+        :class:`~pyshard.Mesh` it runs on (``coords`` then default to its own), the path
+        :func:`pyshard.route.route` takes for it there."""
         if device not in ("cpu", "cuda"):
             raise ValueError(f"explain(device): expected 'cpu' or 'cuda', got {device!r}")
-        mesh = self.src.mesh_shape
-        coords = tuple(coords) if coords is not None else (0,) * len(mesh)
+        mshape = self.src.mesh_shape
+        if coords is None and mesh is not None:
+            coords = mesh.coords
+        coords = tuple(coords) if coords is not None else (0,) * len(mshape)
         lines = [
             f"plan {placements_str(self.src.placements)} -> {placements_str(self.dst.placements)}"
-            f" on mesh {'x'.join(map(str, mesh))}, array {self.src.shape} {self.src.dtype}",
+            f" on mesh {'x'.join(map(str, mshape))}, array {self.src.shape} {self.src.dtype}",
             f"  {self.collectives} collective(s); {len(self.steps)} step(s)",
         ]
-        all_coords = list(itertools.product(*[range(m) for m in mesh]))
+        all_coords = list(itertools.product(*[range(m) for m in mshape]))
         for i, s in enumerate(self.steps):
             sent, recvd = _step_bytes(s, coords)
             per = [_step_bytes(s, c) for c in all_coords]
@@ -433,30 +435,14 @@ class Plan:
             )
             if s.kind == "alltoallv":
                 lines.append(f"    messages: at most {s.max_peers()} peers per rank")
-            if s.kind in ("alltoallv", "allgatherv", "reduce_scatter", "allreduce"):
-                block = _shm.block_bytes(s)
-                low, high = _shm.min_block(), _shm.min_block(oversubscribed=True)
-                if s.kind in ("reduce_scatter", "allreduce"):
-                    how = (
-                        f"MPI (largest piece {block} B < {low} B, PYSHARD_SHM_MIN_BYTES)"
-                        if block < low
-                        else "node-shared memory where every rank of the step shares one node "
-                        + (
-                            "" if block >= high
-                            else f"and has a core (largest piece {block} B < {high} B), "
-                        )
-                        + "else MPI"
-                    )
-                elif block >= high:
-                    how = "node-shared memory between ranks of one node, MPI between nodes"
-                elif block >= low:
-                    how = (
-                        "node-shared memory between ranks of one node where each has a core "
-                        f"(else MPI: largest block {block} B < {high} B), MPI between nodes"
-                    )
-                else:
-                    how = f"MPI (largest block {block} B < {low} B, PYSHARD_SHM_MIN_BYTES)"
-                lines.append(f"    host arrays, algorithm auto: {how}")
+            if mesh is not None:
+                r = route(s, mesh, "auto")
+                how = r.path + (f" ({r.algorithm})" if r.algorithm not in ("", r.path) else "")
+                lines.append(f"    host arrays, algorithm auto, on this mesh: {how}")
+            else:
+                how = describe(s)
+                if how is not None:
+                    lines.append(f"    host arrays, algorithm auto: {how}")
         peak = self.peak_extra_bytes(coords)
         peak_max = max(self.peak_extra_bytes(c) for c in all_coords)
         lines.append(
@@ -611,12 +597,6 @@ def member_specs(s: Step, coords: Coords, of: Layout, rel: Layout) -> list:
     ]
 
 
-def reduce_dtype(dtype: np.dtype) -> np.dtype:
-    """The dtype a reduction runs in: float16, bfloat16 and the float8 (and smaller) formats
-    accumulate in float32 and round once, to nearest even, at the end."""
-    return _dtypes.accumulator(dtype)
-
-
 def geometry(s: Step, coords: Coords, algorithm: Any = None, pad: int = 0) -> Any:
     """The core's geometry of collective step ``s`` at ``coords`` (None for the others): the
     one rule for its block lists and workspace, shared by the executor and ``explain()``."""
@@ -639,7 +619,7 @@ def geometry(s: Step, coords: Coords, algorithm: Any = None, pad: int = 0) -> An
         return _core.GatherGeometry(n, s.group_rank(coords), item, sshape, dshape, recvs)
     if s.kind == "reduce_scatter":
         pieces = member_specs(s, coords, s.dst, s.src)
-        item = reduce_dtype(s.src.dtype).itemsize
+        item = _dtypes.accumulator(s.src.dtype).itemsize
         return _core.ScatterGeometry(n, s.group_rank(coords), item, sshape, dshape, pieces)
     return None
 

@@ -166,7 +166,7 @@ class ShardedTensor:
     def to_pyshard(self) -> ShardedArray:
         """The detached values as a :class:`~pyshard.ShardedArray` (a view where ``local`` is
         contiguous; outside the autograd graph)."""
-        return ShardedArray._wrap(_as_array(self.local), self.layout, self.mesh)
+        return ShardedArray.wrap(_as_array(self.local), self.layout, self.mesh)
 
     def full(self) -> torch.Tensor:
         """The whole global tensor on every rank (reduced where Partial), differentiable:
@@ -316,7 +316,7 @@ def _run(a: Any, src: Layout, dst: Layout, mesh: Mesh, algorithm: Optional[str])
     """pyshard's redistribute of the local array ``a`` from ``src`` to ``dst``."""
     if src == dst:
         return a
-    x = ShardedArray._wrap(a, src, mesh)
+    x = ShardedArray.wrap(a, src, mesh)
     return x.redistribute(list(dst.placements), _sizes_arg(dst), algorithm=algorithm).local
 
 
@@ -403,7 +403,7 @@ class _RedistributeMany(torch.autograd.Function):
                 *ts: torch.Tensor) -> Tuple[torch.Tensor, ...]:
         ctx.metas, ctx.mesh, ctx.algorithm = metas, mesh, algorithm
         ctx.dtypes = [t.dtype for t in ts]
-        xs = [ShardedArray._wrap(_as_array(t), m[0], mesh) for t, m in zip(ts, metas)]
+        xs = [ShardedArray.wrap(_as_array(t), m[0], mesh) for t, m in zip(ts, metas)]
         ys = _redistribute_many(
             xs, [list(m[1].placements) for m in metas], algorithm,
             sizes=[_sizes_arg(m[1]) for m in metas],
@@ -420,7 +420,7 @@ class _RedistributeMany(torch.autograd.Function):
     def backward(ctx: Any, *gs: torch.Tensor) -> tuple:  # type: ignore[override]
         metas, mesh = ctx.metas, ctx.mesh
         gs = tuple(g if g.dtype == dt else g.to(dt) for g, dt in zip(gs, ctx.dtypes))
-        xs = [ShardedArray._wrap(_as_array(g), m[2], mesh) for g, m in zip(gs, metas)]
+        xs = [ShardedArray.wrap(_as_array(g), m[2], mesh) for g, m in zip(gs, metas)]
         ys = _redistribute_many(
             xs, [list(m[3].placements) for m in metas], ctx.algorithm,
             sizes=[_sizes_arg(m[3]) for m in metas],
@@ -463,7 +463,7 @@ def redistribute_many(
     if grad:
         outs = _RedistributeMany.apply(metas, mesh, algorithm, *[x.local for x in xs])
     else:
-        arrs = [ShardedArray._wrap(_as_array(x.local), x.layout, mesh) for x in xs]
+        arrs = [ShardedArray.wrap(_as_array(x.local), x.layout, mesh) for x in xs]
         ys = _redistribute_many(
             arrs, [list(d.placements) for d in dsts], algorithm,
             sizes=[_sizes_arg(d) for d in dsts],
@@ -483,7 +483,7 @@ _HALO_METHOD = "persistent"
 def _halo(a: Any, layout: Layout, mesh: Mesh, spec: tuple) -> Any:
     """A HaloArray of the local array ``a`` (copied into its interior)."""
     width, periodic, corners = spec
-    return ShardedArray._wrap(a, layout, mesh).with_halo(width, periodic, corners, _HALO_METHOD)
+    return ShardedArray.wrap(a, layout, mesh).with_halo(width, periodic, corners, _HALO_METHOD)
 
 
 def halo_pad(

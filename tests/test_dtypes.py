@@ -14,7 +14,6 @@ import pyshard as ps
 from pyshard import _backend as bk
 from pyshard import _dtypes
 from pyshard.checkpoint import manifest
-from pyshard.plan import reduce_dtype
 
 md = pytest.importorskip("ml_dtypes", reason="ml_dtypes (the extra pyshard[ml]) not installed")
 
@@ -55,7 +54,7 @@ def test_ml_floats_are_taken_by_dtype_and_by_name(name):
     for spec in (dt, name, getattr(md, name)):
         lay = ps.Layout((5, 3), spec, (1,), [ps.Shard(0)])
         assert lay.dtype == dt
-    assert reduce_dtype(dt) == np.float32
+    assert _dtypes.accumulator(dt) == np.float32
 
 
 def test_float8_formats_are_distinct_layouts():
@@ -63,8 +62,8 @@ def test_float8_formats_are_distinct_layouts():
     a = ps.Layout((4,), md.float8_e4m3fn, (1,), [ps.Replicate()])
     b = ps.Layout((4,), md.float8_e4m3fnuz, (1,), [ps.Replicate()])
     assert a != b and a.dtype != b.dtype
-    assert reduce_dtype(np.dtype(np.float16)) == np.float32
-    assert reduce_dtype(np.dtype(np.float64)) == np.float64
+    assert _dtypes.accumulator(np.dtype(np.float16)) == np.float32
+    assert _dtypes.accumulator(np.dtype(np.float64)) == np.float64
 
 
 def test_sub_byte_integers_and_objects_are_refused():

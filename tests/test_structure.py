@@ -11,7 +11,9 @@ compiled ``pyshard._core``. Checked:
 - no library module imports a tool module;
 - no private helper crosses a module line: ``from X import _name`` where ``X.`` ``_name`` is
   not a module (private modules such as ``_core`` or ``_backend`` may be imported; promote
-  the helper or move it where it is used).
+  the helper or move it where it is used);
+- no private attribute crosses one either: ``obj._name`` where the module never defines
+  ``_name`` itself (``mesh._cache`` in the executor, ``x._target``, ``module._helper``).
 
 Imports under ``if TYPE_CHECKING:`` are not edges: they never run (a type annotation may name
 a class of a module that imports this one, e.g. ``HaloArray.array -> ShardedArray``). A
@@ -232,3 +234,61 @@ def test_checks_catch_a_function_level_cycle_an_upward_import_and_a_private_name
     assert cycles(graph) == [["pkg.core", "pkg.tools.run"]]
     assert upward(graph, ("pkg.tools",)) == ["pkg.core -> pkg.tools.run"]
     assert private == ["pkg.mid:2 imports pkg._low._helper"]  # the module _low itself is fine
+
+
+# modules outside pyshard whose private names pyshard may use (the standard library's
+# documented ones)
+FOREIGN_PRIVATE = {"os._exit"}
+
+
+def private_attributes(root: Path) -> List[str]:
+    """``X._name`` in a module where ``_name`` is not one of that module's own names (defined,
+    assigned as an attribute, or listed in ``__slots__``) and ``X`` is not ``self``/``cls``:
+    another module's private state or helper reached by attribute (``mesh._cache``,
+    ``x._target``, ``module._helper``), which ``from X import _name`` does not catch."""
+    out: List[str] = []
+    for path in sorted(root.rglob("*.py")):
+        tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+        own: Set[str] = set()
+        for n in ast.walk(tree):
+            if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                own.add(n.name)
+            elif isinstance(n, ast.Attribute) and isinstance(n.ctx, ast.Store):
+                own.add(n.attr)
+            elif isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store):
+                own.add(n.id)
+            elif isinstance(n, ast.Constant) and isinstance(n.value, str):
+                own.add(n.value)  # __slots__ entries
+        for n in ast.walk(tree):
+            if not isinstance(n, ast.Attribute) or not n.attr.startswith("_"):
+                continue
+            if n.attr.startswith("__") or n.attr in own:
+                continue
+            if isinstance(n.value, ast.Name) and n.value.id in ("self", "cls"):
+                continue
+            text = ast.unparse(n)
+            if text not in FOREIGN_PRIVATE:
+                out.append(f"{path.relative_to(root.parent)}:{n.lineno}: {text}")
+    return out
+
+
+def test_no_private_attribute_crosses_a_module_line():
+    found = private_attributes(PKG_DIR)
+    assert not found, "promote to a public name of the module that owns it:\n" + "\n".join(found)
+
+
+def test_private_attribute_check_fails_where_it_should(tmp_path):
+    root = _package(
+        tmp_path,
+        {
+            "__init__.py": "",
+            "mesh.py": "class Mesh:\n    __slots__ = ('_cache',)\n\n    def __init__(self):\n"
+            "        self._cache = {}\n        self._own = 1\n\n    def peek(self, o):\n"
+            "        return o._cache, self._own\n",
+            "user.py": "import os\nfrom . import mesh\n\ndef go(m):\n"
+            "    os._exit(0)\n    return m._cache, mesh._helper(), m._pending\n",
+        },
+    )
+    assert sorted(private_attributes(root)) == [
+        "pkg/user.py:6: m._cache", "pkg/user.py:6: m._pending", "pkg/user.py:6: mesh._helper",
+    ]  # fmt: skip

@@ -38,7 +38,7 @@ def _time_passes(passes: Any, x: ShardedArray, comm: MPI.Comm, reps: int,
     """Median (total, fft, transpose) ms of running ``passes`` on ``x``; the last result."""
     y = x
     for _ in range(warmup):
-        y = pf._run(passes, x, None, None, 2, None, None)
+        y = pf.run_passes(passes, x, None, None, 2, None, None)
     tot: List[float] = []
     loc: List[float] = []
     tra: List[float] = []
@@ -46,7 +46,7 @@ def _time_passes(passes: Any, x: ShardedArray, comm: MPI.Comm, reps: int,
         times = [0.0, 0.0]
         comm.Barrier()
         t0 = time.perf_counter()
-        y = pf._run(passes, x, None, None, 2, None, None, times)
+        y = pf.run_passes(passes, x, None, None, 2, None, None, times)
         dt = time.perf_counter() - t0
         tot.append(comm.allreduce(dt, op=MPI.MAX))
         loc.append(comm.allreduce(times[0], op=MPI.MAX))

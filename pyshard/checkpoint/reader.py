@@ -279,7 +279,7 @@ def _load_fused(
         for n, lay in batch.items():
             fname = os.path.join(path, entries[n]["file"])
             local = _read_rows(fname, offsets[n], lay, mesh.coords)
-            parts[n] = ShardedArray._wrap(local, lay, mesh)
+            parts[n] = ShardedArray.wrap(local, lay, mesh)
     except Exception as e:  # a verdict from every rank, whatever happened
         bad = str(e) if isinstance(e, ValueError) else f"load: cannot read {path!r}: {e!r}"
     bad = next((v for v in comm.allgather(bad) if v is not None), None)

@@ -22,7 +22,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 from mpi4py import MPI
 
 from .. import _backend as bk
-from .. import _validate
+from .. import _validate, config
 from ..array import ShardedArray
 from ..layout import Layout, Partial, Replicate, Shard
 from .errors import Error, Failure, PathArg, error, norm_path, on_root
@@ -37,12 +37,13 @@ Block = Tuple[List[int], List[int], int]  # (start, shape, crc32) of a block one
 
 
 def _fault(point: str, rank: int) -> None:
-    """Fault injection for tests: ``PYSHARD_FAULT=point:rank[,point:rank...]`` kills a rank."""
-    spec = os.environ.get("PYSHARD_FAULT", "")
+    """Fault injection for tests: ``PYSHARD_TEST_FAULT=point:rank[,point:rank...]`` (a test
+    hook of pyshard.config) ends the job at that point."""
+    spec = config.get("PYSHARD_TEST_FAULT")
     for item in spec.split(","):
         name, _, who = item.strip().partition(":")
         if name == point and who.strip().isdigit() and int(who) == rank:
-            log.warning("pyshard: PYSHARD_FAULT=%s: rank %d exits now", item.strip(), rank)
+            log.warning("pyshard: PYSHARD_TEST_FAULT=%s: rank %d exits now", item.strip(), rank)
             # MPI_Abort ends the whole job at once: with a bare os._exit the launcher had to
             # notice the dead rank, and under a nested mpiexec it sometimes never did (the
             # other ranks then waited in their next collective until the test's timeout)

@@ -125,6 +125,34 @@ EXCHANGE_NAMES = ("alltoallv", "p2p", "allgather", "allgatherv")
 REDUCE_NAMES = ("reduce_scatter", "reduce_scatter_block", "allreduce")
 
 
+def node_groups(mesh, dims):
+    """The (simulated) nodes of the ranks of ``mesh``'s communicator over ``dims``, from the
+    environment alone (never from pyshard's node map): every rank of these jobs runs on this
+    one machine, split into nodes of ``PYSHARD_NODE_SIZE`` consecutive world ranks when it is
+    set; a mesh over ``COMM_WORLD`` keeps the world ranks. None where node-shared memory is
+    off (``PYSHARD_TRANSPORT`` mpi, direct or staged)."""
+    import itertools
+    import os
+
+    import numpy as np
+    from mpi4py import MPI
+
+    if os.environ.get("PYSHARD_TRANSPORT", "").strip().lower() not in ("", "auto", "shm"):
+        return None
+    k = int(os.environ.get("PYSHARD_NODE_SIZE", "").strip() or 0)
+    world = MPI.COMM_WORLD.Get_rank() - mesh.rank  # the mesh's rank 0 in the world
+    ranges = [range(n) if d in dims else (c,) for d, (n, c) in enumerate(zip(mesh.shape,
+                                                                            mesh.coords))]
+    members = [int(np.ravel_multi_index(c, mesh.shape)) for c in itertools.product(*ranges)]
+    return [(world + r) // k if k else 0 for r in members]
+
+
+def shares_node(mesh, dims):
+    """Do two ranks of the communicator over ``dims`` share a node (see node_groups)?"""
+    groups = node_groups(mesh, dims)
+    return groups is not None and len(set(groups)) < len(groups)
+
+
 def auto_exchange(mesh, counts, algorithm="auto", dims=None):
     """``counts`` (collectives by name) as ``comm_stats()`` counts them when the steps of an
     ``auto`` call on ``mesh`` dims ``dims`` (default all) take node-shared memory (for small
@@ -132,19 +160,19 @@ def auto_exchange(mesh, counts, algorithm="auto", dims=None):
     (pyshard/_shm.py): "shm" in place of "alltoallv" / "p2p" / "allgather(v)", and of
     "reduce_scatter(_block)" and "allreduce" where every rank of the communicator shares one
     node.
-    Collective the first time."""
+    Which communicators share a node comes from the environment (node_groups)."""
     import pyshard as ps
 
     names = EXCHANGE_NAMES + REDUCE_NAMES
     if algorithm != "auto" or not any(k in counts for k in names):
         return counts
-    if ps._shm.MIN_BLOCK != 0:  # auto keeps small blocks on MPI: these tests' arrays are small
+    # auto keeps small blocks on MPI: these tests' arrays are small
+    if ps.config.get("PYSHARD_SHM_MIN_BYTES") != 0:
         return counts
     dims = tuple(range(mesh.ndim)) if dims is None else tuple(dims)
-    node = ps._shm.node(mesh, dims)
-    if node is None:
+    if not shares_node(mesh, dims):
         return counts
-    if node.nodes != 1:  # reductions take MPI where the ranks span nodes
+    if len(set(node_groups(mesh, dims))) != 1:  # reductions take MPI where ranks span nodes
         names = EXCHANGE_NAMES
     out = {k: v for k, v in counts.items() if k not in names}
     moved = sum(v for k, v in counts.items() if k in names)

@@ -46,15 +46,13 @@ def _small_blocks_on_mpi():
     """The default threshold whatever the suite's environment (CI runs it once with
     PYSHARD_SHM_MIN_BYTES=0): these small exchanges take MPI and the core binding. (Not
     through monkeypatch: no_planning's undo() would take it back mid-test.)"""
-    old = ps._shm.MIN_BLOCK
-    ps._shm.MIN_BLOCK = None
-    yield
-    ps._shm.MIN_BLOCK = old
+    with ps.config.override(PYSHARD_SHM_MIN_BYTES=None):
+        yield
 
 
 def _binding(x, placements, algorithm="auto"):
     key = (x.layout, *placements, algorithm, type(x.local))
-    return x.mesh._cache.fast.get(key)
+    return x.mesh.cache.fast.get(key)
 
 
 CASES = [  # (global shape, source, target): exchanges, a gather, a slice, a reduction
@@ -97,7 +95,7 @@ def test_the_core_binding_runs_and_counts(comm, no_planning):
     g = make_global((8 * comm.size, 4 * comm.size), "float32")
     x = ps.distribute(g, mesh, [Shard(0)])
     x.redistribute([Shard(1)])
-    bound = _binding(x, [Shard(1)])[1]
+    bound = _binding(x, [Shard(1)]).binding
     assert isinstance(bound, _core.BoundExchange)
     assert bound.calls == 0  # the first call took the general path
     before = ps.comm_stats()
@@ -109,7 +107,7 @@ def test_the_core_binding_runs_and_counts(comm, no_planning):
     assert counts_since(before) == {"alltoallv": 3}
     # a gather binds its core step too
     x.redistribute([Replicate()])
-    gather = _binding(x, [Replicate()])[1]
+    gather = _binding(x, [Replicate()]).binding
     assert isinstance(gather, _core.BoundAllgatherv)
     with no_planning():
         r = x.redistribute([Replicate()])
@@ -191,7 +189,7 @@ def test_a_non_contiguous_source_takes_the_general_path(comm):
     x = ps.distribute(g, mesh, [Shard(0)])
     padded = np.zeros((x.local.shape[0] + 2, x.local.shape[1] + 2))
     padded[1:-1, 1:-1] = x.local
-    view = psarray.ShardedArray._wrap(padded[1:-1, 1:-1], x.layout, mesh)
+    view = psarray.ShardedArray.wrap(padded[1:-1, 1:-1], x.layout, mesh)
     assert not view.local.flags.c_contiguous
     for _ in range(3):
         y = view.redistribute([Shard(1)])
@@ -214,7 +212,7 @@ def test_large_results_come_from_the_pool(comm):
     ps.clear_caches()
     x.redistribute([Shard(1)], algorithm=a)  # binds again
     y = x.redistribute([Shard(1)], algorithm=a)  # the binding's result
-    assert _binding(x, [Shard(1)], a)[1].calls == 1
+    assert _binding(x, [Shard(1)], a).binding.calls == 1
     np.testing.assert_array_equal(y.local, g[y.box])
     if y.local.nbytes < psexec.POOL_MIN_BYTES:
         pytest.skip("result below the pool's threshold at this size")
@@ -230,7 +228,7 @@ def test_large_results_come_from_the_pool(comm):
 def test_shm_steps_bind_the_python_call(comm, monkeypatch):
     """A step on node-shared memory binds the Python call over its executor (its result comes
     from the node's pool): repeated calls give the oracle and never plan again."""
-    monkeypatch.setattr(ps._shm, "MIN_BLOCK", 0)
+    ps.config.set("PYSHARD_SHM_MIN_BYTES", 0)  # (the fixture's override restores it)
     monkeypatch.setenv("PYSHARD_TRANSPORT", "auto")
     p = comm.size
     mesh = ps.Mesh(comm, (p,))
@@ -260,9 +258,9 @@ def test_evicted_executors_take_their_bindings_along(comm):
                 for _ in range(2):
                     y = x.redistribute([Shard(1)])
                     np.testing.assert_array_equal(y.local, g[y.box])
-                assert len(mesh._cache.fast) <= 2
-                live = {id(e) for execs in mesh._cache.execs.values() for e in execs}
-                for *_, execs in mesh._cache.fast.values():
+                assert len(mesh.cache.fast) <= 2
+                live = {id(e) for execs in mesh.cache.execs.values() for e in execs}
+                for *_, execs in mesh.cache.fast.values():
                     assert all(id(e) in live for e in execs)
         mesh.free()
     finally:

@@ -38,7 +38,7 @@ def test_400_shapes_level_off(comm):
         if i == 39:
             peak40 = _peak_rss_mib(comm)
     peak400 = _peak_rss_mib(comm)
-    assert len(mesh._cache.execs) <= ps.cache_limit()
+    assert len(mesh.cache.execs) <= ps.cache_limit()
     msg = f"peak RSS {peak40:.1f} MiB after 40 shapes, {peak400:.1f} after 400"
     assert peak400 - peak40 <= 64, msg
     mesh.free()
@@ -54,12 +54,12 @@ def test_caches_are_bounded_and_trimmed(comm):
             x = ps.distribute(g, mesh, [Shard(0)])
             y = x.redistribute([Shard(1)])
             np.testing.assert_array_equal(y.local, g[y.box])
-            assert len(mesh._cache.execs) <= 4 and len(mesh._cache.fast) <= 4
-        need = mesh._cache.need()
-        held = mesh._cache.workspace.held
+            assert len(mesh.cache.execs) <= 4 and len(mesh.cache.fast) <= 4
+        need = mesh.cache.need()
+        held = mesh.cache.workspace.held
         assert held <= 2 * (need + need // 4 + 4096), (held, need)
         ps.clear_caches()
-        assert len(mesh._cache.execs) == 0 and mesh._cache.workspace.held == 0
+        assert len(mesh.cache.execs) == 0 and mesh.cache.workspace.held == 0
         mesh.free()
     finally:
         ps.set_cache_limit(old)
@@ -79,7 +79,7 @@ def test_workspace_is_what_explain_reports(comm, shape):
     np.testing.assert_array_equal(y.local, g[y.box])
     want = geometry(p.steps[0], mesh.coords).workspace_bytes
     aligned = (want + 4095) // 4096 * 4096
-    assert mesh._cache.workspace.held == aligned
+    assert mesh.cache.workspace.held == aligned
     assert p.peak_extra_bytes(mesh.coords) == want + y.local.nbytes
     mesh.free()
-    assert mesh._cache.workspace.held == 0
+    assert mesh.cache.workspace.held == 0

@@ -16,7 +16,7 @@ import time
 import launch
 import numpy as np
 import pytest
-from oracle import DTYPES, contributions, make_global, reducible
+from oracle import DTYPES, contributions, make_global, reducible, shares_node
 from test_redistribute_nd import MESHES
 
 import pyshard as ps
@@ -34,7 +34,7 @@ def _shm_on(monkeypatch):
     suite with PYSHARD_TRANSPORT=mpi and with PYSHARD_NODE_SIZE=2); each sets what it tests."""
     monkeypatch.setenv("PYSHARD_TRANSPORT", "auto")
     monkeypatch.delenv("PYSHARD_NODE_SIZE", raising=False)
-    monkeypatch.setattr(_shm, "MIN_BLOCK", 0)  # small test arrays take it too
+    monkeypatch.setenv("PYSHARD_SHM_MIN_BYTES", "0")  # small test arrays take it too
 
 
 def counts_since(before):
@@ -94,11 +94,11 @@ def test_every_exchange_through_shared_memory(comm, monkeypatch, node_size):
                     plan = x.plan_to(list(dst))
                     if [s.kind for s in plan.steps] != ["alltoallv"]:
                         continue
-                    node = _shm.node(mesh, plan.steps[0].mesh_dims)
+                    shared = shares_node(mesh, plan.steps[0].mesh_dims)
                     before = ps.comm_stats()
                     y = x.redistribute(list(dst))
                     got = counts_since(before)
-                    want = {"shm": 1} if node is not None else None
+                    want = {"shm": 1} if shared else None
                     try:
                         np.testing.assert_array_equal(y.local, g[y.box])
                         if want is not None:
@@ -139,9 +139,8 @@ def test_gathers_through_shared_memory(comm, monkeypatch, node_size):
                 x = ps.distribute(g, mesh, list(src), sizes=sz)
                 plan = x.plan_to([R] * nd)
                 shm_steps = sum(
-                    1 for st in plan.steps
-                    if st.is_collective and _shm.node(mesh, st.mesh_dims) is not None
-                )  # fmt: skip
+                    1 for st in plan.steps if st.is_collective and shares_node(mesh, st.mesh_dims)
+                )
                 before = ps.comm_stats()
                 y = x.redistribute([R] * nd)
                 got = counts_since(before)
@@ -167,7 +166,7 @@ def test_nodes_as_simulated(comm, monkeypatch):
         return
     assert node is not None and node.nodes == (p + 1) // 2
     first = comm.rank // 2 * 2
-    assert list(node.node_ranks) == list(range(first, min(first + 2, p)))
+    assert list(node.node_ranks) == list(range(first, min(first + 2, p))), node.why_not
     mesh.free()
 
 
@@ -248,14 +247,17 @@ def test_results_return_to_the_pool_and_outlive_free(comm):
     np.testing.assert_array_equal(keep, want)  # a live result outlives Mesh.free()
 
 
-def test_a_rank_that_cannot_share_makes_every_rank_use_mpi(comm, monkeypatch, caplog):
-    """One rank fails its setup (PYSHARD_SHM_FAIL): every rank takes MPI, the same choice
-    everywhere, logged once as a warning; results stay exact."""
+@pytest.mark.parametrize("hook", ["1", "map"])
+def test_a_rank_that_cannot_share_makes_every_rank_use_mpi(comm, monkeypatch, caplog, hook):
+    """One rank fails its setup (the test hook PYSHARD_TEST_SHM_FAIL): "1", it cannot make
+    its segment (the mesh's Allgather tells every rank); "map", it cannot map its peers' (its
+    node learns it from the control segments, with no MPI call). Every rank takes MPI, the
+    same choice everywhere, logged once as a warning; results stay exact."""
     p = comm.size
     if p == 1:
         pytest.skip("needs two ranks")
     if comm.rank == 1:
-        monkeypatch.setenv("PYSHARD_SHM_FAIL", "1")
+        monkeypatch.setenv("PYSHARD_TEST_SHM_FAIL", hook)
     monkeypatch.setattr(_shm, "_warned", False)
     mesh = ps.Mesh(comm, (p,))
     g = make_global((5 * p, 3 * p), "int32")
@@ -271,10 +273,36 @@ def test_a_rank_that_cannot_share_makes_every_rank_use_mpi(comm, monkeypatch, ca
     mesh.free()
 
 
+def test_a_node_that_cannot_share_reaches_its_ranks_by_mpi(comm, monkeypatch):
+    """Simulated nodes of two ranks; rank 1 cannot map its peers' segments: its node's ranks
+    exchange by MPI messages among themselves, the other nodes keep node-shared memory, in
+    the same step (the choice is the same on both ranks of each node, made with no MPI call);
+    every result exact, for exchanges, gathers and several calls in a row."""
+    p = comm.size
+    if p < 4:
+        pytest.skip("needs two simulated nodes of two ranks")
+    monkeypatch.setenv("PYSHARD_NODE_SIZE", "2")
+    if comm.rank == 1:
+        monkeypatch.setenv("PYSHARD_TEST_SHM_FAIL", "map")
+    mesh = ps.Mesh(comm, (p,))
+    node = _shm.node(mesh, (0,))
+    assert node is not None
+    healthy = comm.rank >= 2
+    want = [comm.rank // 2 * 2, comm.rank // 2 * 2 + 1] if healthy else [comm.rank]
+    assert list(node.node_ranks) == [r for r in want if r < p]
+    g = make_global((5 * p + 1, 3 * p + 2), "float64")
+    x = ps.distribute(g, mesh, [Shard(0)])
+    for target in ([Shard(1)], [R], [Shard(0)]):
+        for _ in range(2):
+            y = x.redistribute(target)
+            np.testing.assert_array_equal(y.local, g[y.box], err_msg=str(target))
+    mesh.free()
+
+
 def test_auto_keeps_small_exchanges_on_mpi(comm, monkeypatch):
     """Below PYSHARD_SHM_MIN_BYTES per block (the layouts say so, the same on every rank)
     auto takes MPI; algorithm="shm" takes node-shared memory whatever the size."""
-    monkeypatch.setattr(_shm, "MIN_BLOCK", 1 << 20)
+    monkeypatch.setenv("PYSHARD_SHM_MIN_BYTES", str(1 << 20))
     p = comm.size
     mesh = ps.Mesh(comm, (p,))
     g = make_global((8 * p, 8 * p), "float32")
@@ -397,7 +425,6 @@ def test_many_mixed_plans_and_batches(comm, monkeypatch):
     their own; the exchanges split into several batches (PYSHARD_MANY_SHM_BATCH_BYTES), one
     handshake each; results of a batch outlive the others and later calls (the batch's
     segment is shared), and algorithm="alltoallv" keeps every exchange on MPI."""
-    from pyshard import many
 
     p = comm.size
     mesh = ps.Mesh(comm, (p,))
@@ -405,7 +432,7 @@ def test_many_mixed_plans_and_batches(comm, monkeypatch):
     targets = [[Shard(1)], [R], [Shard(1)], [Shard(0)], [Shard(1)], [Shard(1)], [R],
                [Shard(1)], [Shard(1)]]  # fmt: skip
     ps.clear_caches()
-    monkeypatch.setattr(many, "SHM_BATCH_BYTES", 1)  # every array its own batch
+    monkeypatch.setenv("PYSHARD_MANY_SHM_BATCH_BYTES", "1")  # every array its own batch
     try:
         mp = ps.plan_many(xs, targets)
         batches = [ix for _, ix in mp.shm_batches]
@@ -457,10 +484,10 @@ def test_many_on_a_2d_mesh(comm):
         plans = ps.plan_many(xs, targets).plans
         one = [k for k, p in enumerate(plans) if [s.kind for s in p.steps] == ["alltoallv"]]
         groups = {plans[k].steps[0].mesh_dims for k in one}
-        shared = [d for d in groups if _shm.node(mesh, d) is not None]
+        shared = [d for d in groups if shares_node(mesh, d)]
         assert got.get("shm", 0) >= len(shared), got
         for k in one:  # each exchange's result in its batch's node-shared segment
-            if _shm.node(mesh, plans[k].steps[0].mesh_dims) is not None:
+            if shares_node(mesh, plans[k].steps[0].mesh_dims):
                 assert in_shared_memory(out[k].local)
         mesh.free()
 

@@ -95,11 +95,11 @@ def test_staged_uses_the_pool(comm, staged):
     g = make_global((8 * comm.size, 6 * comm.size), "float32")
     x = ps.distribute(g, mesh, [S(0)])
     y = x.redistribute([S(1)])
-    held = mesh._cache.workspace.held
+    held = mesh.cache.workspace.held
     assert held > 0
     for _ in range(3):
         y = x.redistribute([S(1)])
-    assert mesh._cache.workspace.held == held  # reused, not grown
+    assert mesh.cache.workspace.held == held  # reused, not grown
     np.testing.assert_array_equal(y.local, g[y.box])
     mesh.free()
-    assert mesh._cache.workspace.held == 0
+    assert mesh.cache.workspace.held == 0

@@ -39,7 +39,7 @@ def test_tune_picks_one_winner_everywhere(comm, tune_file, shape):
     before = ps.comm_stats()
     y = x.redistribute([Shard(1)], algorithm="tune")
     np.testing.assert_array_equal(y.local, g[y.box])
-    tuned = mesh._cache.tuned
+    tuned = mesh.cache.tuned
     if comm.size == 1:
         assert counts_since(before) == {}
         return
@@ -69,7 +69,7 @@ def test_tune_picks_one_winner_everywhere(comm, tune_file, shape):
 
 @pytest.mark.mpi(min_size=2)
 def test_default_algorithm_from_environment(comm, monkeypatch):
-    monkeypatch.setattr(psarray, "DEFAULT_ALGORITHM", "p2p")
+    monkeypatch.setenv("PYSHARD_ALGORITHM", "p2p")
     mesh = ps.Mesh(comm, (comm.size,))
     g = make_global((4 * comm.size, 3 * comm.size), "int32")
     x = ps.distribute(g, mesh, [Shard(0)])
@@ -82,8 +82,10 @@ def test_default_algorithm_from_environment(comm, monkeypatch):
 
 def test_bad_default_algorithm_is_a_clear_error(monkeypatch):
     monkeypatch.setenv("PYSHARD_ALGORITHM", "fastest")
-    with pytest.raises(ValueError, match="PYSHARD_ALGORITHM must be auto, tune or one of"):
-        psarray._default_algorithm()
+    with pytest.raises(ValueError, match="PYSHARD_ALGORITHM must be one of auto, tune, "):
+        psarray.default_algorithm()
+    with ps.config.override(PYSHARD_ALGORITHM="p2p"):  # Python's setting wins
+        assert psarray.default_algorithm() == "p2p"
 
 
 @pytest.mark.mpi(min_size=2)  # one rank: no exchange, the result is a local copy

@@ -116,10 +116,10 @@ def test_agreeing_calls_give_the_oracle(comm, validating):
 
 
 def test_environment_switch(monkeypatch):
-    from pyshard import _validate
 
-    monkeypatch.setenv("PYSHARD_VALIDATE", "1")
-    assert _validate._env() is True
+    monkeypatch.setenv("PYSHARD_VALIDATE", "yes")
+    assert ps.config.get("PYSHARD_VALIDATE") is True
     monkeypatch.setenv("PYSHARD_VALIDATE", "maybe")
-    with pytest.raises(ValueError, match="PYSHARD_VALIDATE must be 0 or 1"):
-        _validate._env()
+    with pytest.raises(ValueError, match="PYSHARD_VALIDATE must be 0/1, false/true, no/yes or "
+                                         "off/on, got 'maybe'"):
+        ps.config.get("PYSHARD_VALIDATE")

@@ -1,0 +1,205 @@
+"""Every ``PYSHARD_*`` setting in one place: its type, default and effect, one parser per type
+and one error style (naming the variable, the value and what it accepts).
+
+A setting's value is the environment variable's (read when first needed, and again whenever
+the variable changes), unless Python set it::
+
+    import pyshard as ps
+
+    ps.config.get("PYSHARD_SHM_MIN_BYTES")           # None: the measured default
+    ps.config.set("PYSHARD_SHM_MIN_BYTES", 0)        # every exchange on node-shared memory
+    with ps.config.override(PYSHARD_TRANSPORT="mpi"):  # for a block (tests use this)
+        ...
+    ps.config.reset("PYSHARD_SHM_MIN_BYTES")         # back to the environment
+
+Every rank must see the same settings (they choose collectives). Settings that only tests
+use (fault injection) are listed apart, in :data:`TEST_HOOKS`, and are never set by users.
+``docs/configuration.md`` is generated from this table (:func:`table`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, Iterator, Optional, Tuple
+
+__all__ = ["SETTINGS", "TEST_HOOKS", "get", "override", "reset", "set", "table"]
+
+
+@dataclass(frozen=True)
+class Setting:
+    name: str
+    kind: str  # what it accepts, in words (the error says it)
+    default: Any
+    effect: str
+    parse: Callable[[str], Any]
+
+
+class _Bad(ValueError):
+    pass
+
+
+def _int(minimum: int, maximum: Optional[int] = None) -> Callable[[str], int]:
+    def parse(raw: str) -> int:
+        try:
+            v = int(raw)
+        except ValueError:
+            raise _Bad from None
+        if v < minimum or (maximum is not None and v > maximum):
+            raise _Bad
+        return v
+
+    return parse
+
+
+def _bool(raw: str) -> bool:
+    v = raw.lower()
+    if v in ("0", "false", "no", "off"):
+        return False
+    if v in ("1", "true", "yes", "on"):
+        return True
+    raise _Bad
+
+
+def _choice(*names: str) -> Callable[[str], str]:
+    def parse(raw: str) -> str:
+        v = raw.lower()
+        if v not in names:
+            raise _Bad
+        return v
+
+    return parse
+
+
+def _text(raw: str) -> str:
+    return raw
+
+
+_BOOL = "0/1, false/true, no/yes or off/on"
+_ALGORITHMS = ("auto", "tune", "alltoallv", "alltoall", "p2p", "alltoallw", "shm")
+_HALO = ("persistent", "p2p", "datatype", "neighbor", "tune")
+
+SETTINGS: Dict[str, Setting] = {s.name: s for s in (
+    Setting("PYSHARD_ALGORITHM", "one of " + ", ".join(_ALGORITHMS), "auto",
+            "the exchange algorithm of redistribute() calls that pass none",
+            _choice(*_ALGORITHMS)),
+    Setting("PYSHARD_TRANSPORT", "auto, shm, mpi, direct or staged", "auto",
+            "auto/shm: node-shared memory between ranks of a node; mpi: every exchange "
+            "through MPI; direct/staged: MPI, with host and GPU memory passed to MPI as it is "
+            "or through pinned host buffers (node-shared memory off)",
+            _choice("auto", "shm", "mpi", "direct", "staged")),
+    Setting("PYSHARD_SHM_MIN_BYTES", "an integer >= 0", None,
+            "auto takes node-shared memory for steps whose largest block has at least this "
+            "many bytes (default: 16 KiB, 256 KiB where ranks outnumber cores)", _int(0)),
+    Setting("PYSHARD_NODE_SIZE", "an integer >= 1", None,
+            "split each node into simulated nodes of this many consecutive world ranks (the "
+            "mixed path of a cluster on one machine; read when a Mesh is built)", _int(1)),
+    Setting("PYSHARD_CUDA_AWARE", _BOOL, None,
+            "override whether the MPI library takes GPU memory (default: as it says)", _bool),
+    Setting("PYSHARD_COUNT_LIMIT", "an integer in [8, 2^31-1]", None,
+            "lower the largest count passed to one MPI call (tests of the large-count path)",
+            _int(8, (1 << 31) - 1)),
+    Setting("PYSHARD_VALIDATE", _BOOL, False,
+            "check with one small Allgather per call that every rank passed the same layouts "
+            "and arguments", _bool),
+    Setting("PYSHARD_HALO_METHOD", "one of " + ", ".join(_HALO), "persistent",
+            "how halo updates move their messages when HaloArray gets no method",
+            _choice(*_HALO)),
+    Setting("PYSHARD_CACHE_LIMIT", "an integer >= 1", 256,
+            "entries kept per plan and executor cache", _int(1)),
+    Setting("PYSHARD_RESULT_POOL_BYTES", "an integer >= 0", 1 << 30,
+            "bytes of freed host results kept for reuse (0: off)", _int(0)),
+    Setting("PYSHARD_MANY_FUSE_MAX_BYTES", "an integer >= 1", 256 << 10,
+            "redistribute_many fuses arrays of fewer bytes per rank than this", _int(1)),
+    Setting("PYSHARD_MANY_BATCH_BYTES", "an integer >= 1", 4 << 20,
+            "bytes per rank of one fused MPI exchange of redistribute_many", _int(1)),
+    Setting("PYSHARD_MANY_SHM_BATCH_BYTES", "an integer >= 1", 64 << 20,
+            "bytes per rank of one node-shared-memory batch of redistribute_many", _int(1)),
+    Setting("PYSHARD_TUNE_FILE", "a file path", "",
+            "where algorithm='tune' keeps its choices between jobs (empty: nowhere)", _text),
+)}  # fmt: skip
+
+TEST_HOOKS: Dict[str, Setting] = {s.name: s for s in (
+    Setting("PYSHARD_TEST_FAULT", "point:rank[,point:rank...]", "",
+            "tests: the rank exits the whole job at that point of a checkpoint save", _text),
+    Setting("PYSHARD_TEST_SHM_FAIL", "1 or map", "",
+            "tests: this rank cannot set up node-shared memory (1) or map its peers' (map)",
+            _choice("", "1", "map")),
+)}  # fmt: skip
+
+_set: Dict[str, Any] = {}  # values set from Python
+_parsed: Dict[str, Tuple[Optional[str], Any]] = {}  # name -> (raw value, parsed)
+
+
+def _setting(name: str) -> Setting:
+    s = SETTINGS.get(name) or TEST_HOOKS.get(name)
+    if s is None:
+        raise KeyError(f"pyshard.config: no setting named {name!r}; the settings are "
+                       f"{', '.join(SETTINGS)}")  # fmt: skip
+    return s
+
+
+def _parse(s: Setting, raw: str) -> Any:
+    try:
+        return s.parse(raw.strip())
+    except _Bad:
+        raise ValueError(f"{s.name} must be {s.kind}, got {raw!r}") from None
+
+
+def get(name: str) -> Any:
+    """The value of setting ``name``: set from Python, else from the environment (parsed),
+    else the default. A bad value raises ValueError naming the variable, the value and what
+    it accepts."""
+    if name in _set:
+        return _set[name]
+    raw = os.environ.get(name)
+    hit = _parsed.get(name)
+    if hit is not None and hit[0] == raw:
+        return hit[1]
+    s = _setting(name)
+    v = s.default if raw is None or not raw.strip() else _parse(s, raw)
+    _parsed[name] = (raw, v)
+    return v
+
+
+def set(name: str, value: Any) -> None:  # noqa: A001 - the module's verb
+    """Set ``name`` for this process (every rank must do the same); a string is parsed as
+    the environment's value would be, None restores the default."""
+    s = _setting(name)
+    _set[name] = _parse(s, value) if isinstance(value, str) else (
+        s.default if value is None else value)  # fmt: skip
+
+
+def reset(name: str) -> None:
+    """Back to the environment's value."""
+    _setting(name)
+    _set.pop(name, None)
+
+
+@contextlib.contextmanager
+def override(**values: Any) -> Iterator[None]:
+    """Set settings for a block, then restore them: ``override(PYSHARD_TRANSPORT="mpi")``."""
+    before = {k: _set[k] for k in values if k in _set}
+    try:
+        for k, v in values.items():
+            set(k, v)
+        yield
+    finally:
+        for k in values:
+            _set.pop(k, None)
+        _set.update(before)
+
+
+def table() -> str:
+    """The settings as a Markdown table (docs/configuration.md)."""
+
+    def rows(settings: Dict[str, Setting]) -> str:
+        out = ["| variable | accepts | default | effect |", "|---|---|---|---|"]
+        for s in settings.values():
+            d = "(see effect)" if s.default is None else repr(s.default)
+            out.append(f"| `{s.name}` | {s.kind} | {d} | {s.effect} |")
+        return "\n".join(out)
+
+    return (rows(SETTINGS) + "\n\nTest hooks (for pyshard's own tests; never set them in a "
+            "job):\n\n" + rows(TEST_HOOKS) + "\n")  # fmt: skip

@@ -1,0 +1,165 @@
+"""The one routing rule: which path a planned step takes (a local copy, node-shared memory,
+MPI from host memory, MPI through pinned host buffers, MPI on device memory), with which MPI
+algorithm, and the transport object. The executor, ``redistribute_many``, ``Plan.explain``
+and the tuner all ask :func:`route` (or, without a mesh, :func:`describe`), and nothing else
+decides; every answer depends only on what every rank holds alike (the layouts, the mesh's
+node map, the settings), so every rank takes the same path.
+
+The rule, for host arrays with ``algorithm="auto"``:
+
+- node-shared memory (``_shm``) for exchanges (``alltoallv``) and gathers (``allgatherv``)
+  whose largest block has at least ``min_block`` bytes, where ranks of the step's
+  communicator share a node (peers on other nodes by MPI messages in the same step), and for
+  reductions (``reduce_scatter``, ``allreduce``) where every rank of it shares one node;
+- else MPI: a sparse exchange (each rank sends to at most a quarter of its group) by
+  point-to-point messages (``p2p``), a dense one by ``alltoallv``; gathers and reductions by
+  their collective.
+
+``algorithm="shm"`` takes node-shared memory wherever it is usable, whatever the size;
+``"tune"`` measures the candidates :func:`route` lists (node-shared memory among them where it
+is usable) once per kind of step and keeps the fastest (``pyshard._tune``); an MPI algorithm
+by name takes MPI. GPU arrays never take node-shared memory: MPI on device memory where the
+library is CUDA-aware, else through pinned host buffers.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from math import prod
+from typing import TYPE_CHECKING, Any, Optional, Tuple
+
+from . import _shm
+
+if TYPE_CHECKING:  # plan.py's explain() asks describe(): no import at run time
+    from .plan import Step
+
+__all__ = ["ALGORITHMS", "Route", "choose_algorithm", "describe", "route"]
+
+ALGORITHMS = ("alltoallv", "alltoall", "p2p", "alltoallw", "shm")
+MPI_KINDS = ("alltoallv", "allgatherv", "reduce_scatter", "allreduce")
+HOST_CANDIDATES = ("alltoallv", "alltoall", "p2p", "alltoallw")  # what "tune" measures
+DEVICE_CANDIDATES = ("alltoallv", "alltoall", "p2p")
+
+
+@dataclass(frozen=True)
+class Route:
+    """Where a step goes. ``path``: ``"local"`` (no communication), ``"shm"`` (node-shared
+    memory, ``node`` its transport), ``"mpi"`` (MPI from host memory), ``"staged"`` (MPI
+    through pinned host buffers), ``"device"`` (MPI on device memory) or ``"tune"`` (to be
+    measured among ``candidates``). ``algorithm``: what the core runs: ``"shm"``; for an MPI
+    exchange ``"alltoallv"``, ``"alltoall"``, ``"p2p"`` or ``"alltoallw"``; ``""`` for a
+    gather, a reduction or a local step."""
+
+    path: str
+    algorithm: str = ""
+    node: Any = field(default=None, compare=False)
+    candidates: Tuple[str, ...] = ()
+
+
+def choose_algorithm(
+    step: Optional[Step], algorithm: str, device: bool = False
+) -> str:
+    """The MPI algorithm of an exchange step; the same on every rank of its communicator
+    (decided from the layouts alone).
+
+    ``auto``: ``p2p`` when the exchange is sparse (each rank sends to at most a quarter of
+    its group, e.g. the 2-D swap ``[S0,S1] -> [S1,S0]`` or a target whose shards are mostly
+    empty), so that no collective carries a count for every rank of the group; else
+    ``alltoallv``. Measured here (MPICH 5.0.2, 8192^2 float32 transpose, docs/performance.md):
+    ``alltoallv`` 40 ms against 52 ms for the regular ``alltoall`` at 2 ranks, 47 against 63
+    at 4, although the raw Alltoall of pre-packed bytes is the faster collective (23 vs 30 ms
+    at 2 ranks, a tie at 4): a regular Alltoall must also move this rank's own block through
+    the packed buffers, which Alltoallv leaves out (it is copied locally while the exchange
+    runs). ``alltoallw`` swung between 31 and 60 ms; ``p2p`` tied on dense exchanges.
+    ``alltoallw`` is host-only: GPU arrays take ``alltoallv``.
+    """
+    if algorithm == "auto":
+        if step is not None and 4 * step.max_peers() <= prod(step.group_shape):
+            return "p2p"
+        return "alltoallv"
+    if algorithm not in ALGORITHMS:
+        raise ValueError(
+            f"algorithm must be 'auto', 'tune' or one of {ALGORITHMS}, got {algorithm!r}"
+        )
+    if device and algorithm == "alltoallw":
+        return "alltoallv"
+    return algorithm
+
+
+def check_algorithm(algorithm: str) -> None:
+    """Raise the precise error for an unknown algorithm (before any communication)."""
+    if algorithm not in ("auto", "tune") and algorithm not in ALGORITHMS:
+        choose_algorithm(None, algorithm)
+
+
+def shm_allowed(kind: str, node: Any) -> bool:
+    """Can node-shared memory ``node`` (or None) carry a step of ``kind`` at all? Reductions
+    only where every rank of the communicator shares one node."""
+    if node is None or kind not in MPI_KINDS:
+        return False
+    return kind in ("alltoallv", "allgatherv") or node.nodes == 1
+
+
+def shm_for(kind: str, block: int, node: Any, algorithm: str) -> bool:
+    """The rule for node-shared memory: a step (or a batch of them) of ``kind`` whose largest
+    block has ``block`` bytes, on a communicator whose node transport is ``node``, called
+    with ``algorithm``."""
+    if algorithm not in ("auto", "tune", "shm") or not shm_allowed(kind, node):
+        return False
+    return algorithm == "shm" or block >= _shm.min_block(node)
+
+
+def _mpi_path(device: bool) -> str:
+    from . import _core
+
+    name = _core.transport(_core.Mem.cuda if device else _core.Mem.host).name
+    if name == "staged":
+        return "staged"
+    return "device" if device else "mpi"
+
+
+def route(step: Step, mesh: Any, algorithm: str, device: bool = False) -> Route:
+    """Where ``step`` goes on ``mesh`` for an array in host (``device=False``) or GPU memory,
+    called with ``algorithm`` (``auto``, ``tune``, ``shm`` or an MPI algorithm). No MPI call:
+    the node transport comes from the mesh's node map."""
+    if not step.is_collective:
+        return Route("local")
+    node = None
+    if not device and algorithm in ("auto", "tune", "shm"):
+        node = _shm.node(mesh, step.mesh_dims)
+    if step.kind == "alltoallv" and algorithm == "tune":
+        shm = () if node is None or not shm_allowed(step.kind, node) else ("shm",)
+        cands = DEVICE_CANDIDATES if device else HOST_CANDIDATES + shm
+        return Route("tune", "tune", node, cands)
+    if shm_for(step.kind, _shm.block_bytes(step), node, algorithm):
+        return Route("shm", "shm", node)
+    if step.kind != "alltoallv":
+        return Route(_mpi_path(device))
+    a = "auto" if algorithm in ("shm", "tune") else algorithm
+    return Route(_mpi_path(device), choose_algorithm(step, a, device))
+
+
+def describe(step: Step) -> Optional[str]:
+    """Where ``auto`` takes ``step`` for host arrays, in words, for any mesh (``explain()``
+    without one): the rule of :func:`route` with the node map's facts left open."""
+    if step.kind not in MPI_KINDS:
+        return None
+    block = _shm.block_bytes(step)
+    low, high = _shm.min_block(), _shm.min_block(oversubscribed=True)
+    reduction = step.kind in ("reduce_scatter", "allreduce")
+    mpi = "MPI"
+    if block < low:
+        return f"{mpi} (largest {'piece' if reduction else 'block'} {block} B < {low} B, " \
+               "PYSHARD_SHM_MIN_BYTES)"  # fmt: skip
+    if reduction:
+        return (
+            "node-shared memory where every rank of the step shares one node "
+            + ("" if block >= high else f"and has a core (largest piece {block} B < {high} B), ")
+            + f"else {mpi}"
+        )
+    if block >= high:
+        return f"node-shared memory between ranks of one node, {mpi} between nodes"
+    return (
+        "node-shared memory between ranks of one node where each has a core "
+        f"(else {mpi}: largest block {block} B < {high} B), {mpi} between nodes"
+    )
