@@ -20,6 +20,7 @@
 #include "halo.h"
 #include "shm.h"
 #include "steps.h"
+#include "tags.h"
 
 namespace pyshard {
 void bind_kernels_on_host(pybind11::module_& m);  // bindings_kernels.cpp
@@ -397,6 +398,7 @@ PYBIND11_MODULE(_core, m) {
   m.attr("built_with") = PYSHARD_BUILT_WITH;
   m.attr("built_with_compiler") = PYSHARD_MPI_COMPILER;
   m.attr("max_dims") = kMaxDims;
+  m.attr("HALO_TAG") = tags::kHalo;  // pyshard/halo.py's tag (cpp/tags.h)
 
   py::enum_<Algorithm>(m, "Algorithm")
       .value("alltoallv", Algorithm::alltoallv)

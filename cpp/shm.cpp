@@ -21,6 +21,8 @@
 #include <stdexcept>
 
 #include "mpi_calls.h"
+#include "p2p.h"
+#include "tags.h"
 
 #if defined(__x86_64__)
 #include <emmintrin.h>
@@ -32,8 +34,6 @@ namespace {
 
 constexpr i64 kPage = 4096;
 constexpr size_t kMapsPerPeer = 32;  // a peer's segments kept mapped here (LRU)
-constexpr size_t kFreeKept = 256;  // freed results kept for reuse (a loop over many arrays)
-constexpr int kTag = 7301;           // messages to peers on other nodes
 
 i64 page_up(i64 n) { return (std::max<i64>(n, 1) + kPage - 1) / kPage * kPage; }
 
@@ -425,23 +425,9 @@ void NodeShm::release() {
 std::shared_ptr<ShmSegment> NodeShm::take(i64 n) {
   const i64 need = page_up(n);
   std::lock_guard<std::mutex> lock(mu_);
-  size_t best = free_.size();
-  for (size_t i = 0; i < free_.size(); ++i) {
-    const i64 c = free_[i]->cap;
-    if (c >= need && c <= 2 * need && (best == free_.size() || c < free_[best]->cap)) best = i;
-  }
   std::shared_ptr<ShmSegment> s;
-  if (best < free_.size()) {
-    s = free_[best];
-    free_.erase(free_.begin() + static_cast<long>(best));
-  } else {
-    // a growing pattern (a loop over ever larger shapes): the kept ones smaller than this
-    // request would never fit again
-    free_.erase(std::remove_if(free_.begin(), free_.end(),
-                               [&](const std::shared_ptr<ShmSegment>& f) { return f->cap < need; }),
-                free_.end());
-    s = std::make_shared<ShmSegment>(need, next_id_++);
-  }
+  i64 cap = 0;
+  if (!free_.take(need, &s, &cap)) s = std::make_shared<ShmSegment>(need, next_id_++);
   // forget results that are gone, then remember this one
   live_.erase(std::remove_if(live_.begin(), live_.end(),
                              [](const std::weak_ptr<ShmSegment>& w) { return w.expired(); }),
@@ -461,20 +447,15 @@ void NodeShm::publish_ids() {
   };
   for (const auto& w : live_)
     if (auto g = w.lock()) add(*g);
-  for (const auto& f : free_) add(*f);
+  free_.for_each([&](const std::shared_ptr<ShmSegment>& f) { add(*f); });
   me.nids.store(n, std::memory_order_release);
 }
 
 void NodeShm::give(std::shared_ptr<ShmSegment> s) {
   std::lock_guard<std::mutex> lock(mu_);
   if (!usable_) return;  // released: the segment goes with its last reference
-  free_.push_back(std::move(s));
-  i64 bytes = 0;
-  for (const auto& f : free_) bytes += f->cap;
-  while (!free_.empty() && (free_.size() > kFreeKept || bytes > limit_)) {
-    bytes -= free_.front()->cap;
-    free_.erase(free_.begin());
-  }
+  const i64 cap = s->cap;
+  free_.give(std::move(s), cap);
   live_.erase(std::remove_if(live_.begin(), live_.end(),
                              [](const std::weak_ptr<ShmSegment>& w) { return w.expired(); }),
               live_.end());
@@ -495,9 +476,12 @@ ShmSegment* NodeShm::find(const char* p, i64 n, i64* off) {
 
 i64 NodeShm::held() const {
   std::lock_guard<std::mutex> lock(mu_);
-  i64 b = 0;
-  for (const auto& f : free_) b += f->cap;
-  return b;
+  return free_.held();
+}
+
+void NodeShm::set_limit(i64 bytes) {
+  std::lock_guard<std::mutex> lock(mu_);
+  free_.set_limit(bytes);
 }
 
 i64 NodeShm::mapped_bytes() const {
@@ -642,14 +626,29 @@ ShmExchangeStep::ShmExchangeStep(
 }
 
 void ShmExchangeStep::post(const char* src, char* work, MPI_Request* reqs) {
-  MPI_Comm c = comm_->get();
-  size_t q = 0;
-  for (const Msg& m : off_recvs_)
-    mpi::irecv(work + off_send_ + m.off, m.bytes, m.peer, kTag, c, &reqs[q++]);
-  if (!off_sends_.empty()) {
-    host_packer().copy_all(off_pack_, src, work);
-    for (const Msg& m : off_sends_) mpi::isend(work + m.off, m.bytes, m.peer, kTag, c, &reqs[q++]);
-  }
+  char* rbase = work + off_send_;
+  p2p::post(
+      comm_->get(), tags::kShmOffNode, off_recvs_.size(),
+      [&](size_t i) {
+        const Msg& m = off_recvs_[i];
+        return p2p::Msg{rbase + m.off, m.bytes, m.peer};
+      },
+      [&] {
+        if (!off_sends_.empty()) host_packer().copy_all(off_pack_, src, work);
+      },
+      off_sends_.size(), nullptr, [](size_t) {},
+      [&](size_t i) {
+        const Msg& m = off_sends_[i];
+        return p2p::Msg{work + m.off, m.bytes, m.peer};
+      },
+      reqs);
+}
+
+void ShmExchangeStep::complete(const char* work, char* target, MPI_Request* reqs) const {
+  if (n_requests() == 0) return;
+  p2p::complete(off_recvs_.size(), off_sends_.size(), reqs, [&](size_t i) {
+    host_packer().copy(off_unpack_, i, i + 1, work + off_send_, target);
+  });
 }
 
 void ShmExchangeStep::copy_all(const char* src, const std::vector<char*>& bases,
@@ -660,10 +659,6 @@ void ShmExchangeStep::copy_all(const char* src, const std::vector<char*>& bases,
     if (bases[idx]) add_cursors(cs, push_[idx], src, bases[idx]);
   add_cursors(cs, local_, src, target);
   copy_interleaved(cs, src);
-}
-
-void ShmExchangeStep::unpack(const char* work, char* target) const {
-  if (!off_recvs_.empty()) host_packer().copy_all(off_unpack_, work + off_send_, target);
 }
 
 void ShmExchangeStep::run(const char* src, char* dst) {
@@ -685,15 +680,11 @@ void ShmExchangeStep::run(const char* src, char* dst) {
     node_->exchange_all(mine, off,
                         [&](const std::vector<char*>& bases) { copy_all(src, bases, target); });
   } catch (...) {  // a node peer failed: this rank's messages still complete, then it raises
-    MPI_Waitall(static_cast<int>(reqs_.size()), reqs_.data(), MPI_STATUSES_IGNORE);
+    mpi::waitall_unchecked(reqs_.size(), reqs_.data());
     if (tmp) node_->give(std::move(tmp));
     throw;
   }
-  if (!reqs_.empty()) {
-    check_mpi(MPI_Waitall(static_cast<int>(reqs_.size()), reqs_.data(), MPI_STATUSES_IGNORE),
-              "MPI_Waitall");
-    unpack(work, target);
-  }
+  complete(work, target, reqs_.data());
   if (tmp) {
     std::memcpy(dst, target, static_cast<size_t>(dst_bytes_));
     node_->give(std::move(tmp));
@@ -763,13 +754,13 @@ void ShmFusedStep::run(const std::vector<const char*>& srcs, char* dst) {
       }
     });
   } catch (...) {  // a node peer failed: this rank's messages still complete, then it raises
-    MPI_Waitall(static_cast<int>(reqs_.size()), reqs_.data(), MPI_STATUSES_IGNORE);
+    mpi::waitall_unchecked(reqs_.size(), reqs_.data());
     throw;
   }
-  if (!reqs_.empty()) {
-    check_mpi(MPI_Waitall(static_cast<int>(reqs_.size()), reqs_.data(), MPI_STATUSES_IGNORE),
-              "MPI_Waitall");
-    for (size_t k = 0; k < np; ++k) parts_[k]->unpack(work + work_off_[k], dst + mine_[k]);
+  q = 0;
+  for (size_t k = 0; k < np; ++k) {
+    parts_[k]->complete(work + work_off_[k], dst + mine_[k], reqs_.data() + q);
+    q += parts_[k]->n_requests();
   }
   auto& s = stats();
   s["shm"] += 1;

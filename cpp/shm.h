@@ -27,6 +27,7 @@
 #include "comm.h"
 #include "geometry.h"
 #include "memory.h"
+#include "pool.h"
 #include "reduce.h"
 
 namespace pyshard {
@@ -139,7 +140,7 @@ class NodeShm {
   ShmSegment* find(const char* p, i64 n, i64* off);
   // Cached free segments' bytes and count; the pool's limit
   i64 held() const;
-  void set_limit(i64 bytes) { limit_ = bytes; }
+  void set_limit(i64 bytes);
   void release();  // free the cached segments and the control mappings (Mesh.free)
 
   // One call: publish this rank's destination; once every on-node peer has published its
@@ -185,10 +186,13 @@ class NodeShm {
   std::vector<char*> bases_;                // exchange_all's destinations
   std::uint64_t epoch_ = 0, clock_ = 0, next_id_ = 1;
   mutable std::mutex mu_;
-  std::vector<std::shared_ptr<ShmSegment>> free_;  // cached for reuse
-  std::vector<std::weak_ptr<ShmSegment>> live_;    // handed out (find())
-  i64 limit_ = i64(512) << 20;  // bytes of freed results kept for reuse
-  void publish_ids();           // the slot's ids table from live_ and free_ (mu_ held)
+  struct Unref {  // a kept segment goes with its last reference
+    void operator()(std::shared_ptr<ShmSegment>&, i64) const {}
+  };
+  // freed results kept for reuse (a loop over many arrays): 256 of them, 512 MiB
+  BestFitPool<std::shared_ptr<ShmSegment>, Unref> free_{256, i64(512) << 20};
+  std::vector<std::weak_ptr<ShmSegment>> live_;  // handed out (find())
+  void publish_ids();  // the slot's ids table from live_ and free_ (mu_ held)
   int spin_ = 64;
   bool oversubscribed_ = false;  // spins before sleeping: long when every rank of the node has a core
 };
@@ -251,17 +255,17 @@ class ShmExchangeStep {
   void run(const char* src, char* dst, Packer&, Transport) { run(src, dst); }
 
   // The phases of run(), for a fused step (ShmFusedStep) that runs many in one handshake:
-  // post: pack and send the blocks for peers on other nodes and post their receives, in
-  // `work` (off_bytes() of it), filling n_requests() of `reqs`; copy_all: the blocks for the
-  // node peers and this rank's own; unpack: the received blocks from `work` (after the
-  // requests completed).
+  // post: post the receives from peers on other nodes, pack and send the blocks for them
+  // (p2p.h), in `work` (off_bytes() of it), filling n_requests() of `reqs`; copy_all: the
+  // blocks for the node peers and this rank's own; complete: wait for those messages,
+  // unpacking each received block from `work` into `target` as it lands.
   i64 off_bytes() const { return off_send_ + off_recv_; }
   size_t n_requests() const { return off_sends_.size() + off_recvs_.size(); }
   void post(const char* src, char* work, MPI_Request* reqs);
   // every node peer's block (bases[idx]) and this rank's own (into target), walking the
   // source once for all of them (see copy_interleaved in shm.cpp)
   void copy_all(const char* src, const std::vector<char*>& bases, char* target) const;
-  void unpack(const char* work, char* target) const;
+  void complete(const char* work, char* target, MPI_Request* reqs) const;
   i64 dst_bytes() const { return dst_bytes_; }
   NodeShm& node() const { return *node_; }
   const Shape& src_shape() const { return src_shape_; }
