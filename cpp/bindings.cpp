@@ -1,15 +1,8 @@
 // pyshard._core: the pybind11 bindings of the steps, geometries, packers and workspace pool.
-#include <dlfcn.h>
 #include <mpi.h>
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
-
-#if defined(OPEN_MPI) && defined(__has_include)
-#if __has_include(<mpi-ext.h>)
-#include <mpi-ext.h>
-#endif
-#endif
 
 #include <algorithm>
 #include <cstdint>
@@ -154,58 +147,6 @@ void py_copy_box(const py::array& src, const Shape& sstart, py::array& dst, cons
       std::memcpy(d.ptr + to, s.ptr + so, static_cast<size_t>(c.run));
     }
   }
-}
-
-// One Allgather of a few int64 per rank: the only place pyshard learns shapes over the wire.
-std::vector<i64> allgather_i64(const std::shared_ptr<Comm>& comm, const std::vector<i64>& mine) {
-  std::vector<i64> all(mine.size() * static_cast<size_t>(comm->size()));
-  {
-    py::gil_scoped_release nogil;
-    check_mpi(MPI_Allgather(mine.data(), static_cast<int>(mine.size()), MPI_INT64_T, all.data(),
-                            static_cast<int>(mine.size()), MPI_INT64_T, comm->get()),
-              "MPI_Allgather");
-  }
-  stats()["allgather"] += 1;
-  return all;
-}
-
-// 1: the MPI library says it takes CUDA device pointers; 0: it says it does not; -1: it has
-// no way to say.
-int cuda_aware_mpi() {
-#if defined(MPIX_CUDA_AWARE_SUPPORT) && MPIX_CUDA_AWARE_SUPPORT
-  return MPIX_Query_cuda_support() ? 1 : 0;
-#elif defined(MPIX_GPU_SUPPORT_CUDA)
-  int v = 0;
-  if (MPIX_GPU_query_support(MPIX_GPU_SUPPORT_CUDA, &v) != MPI_SUCCESS) return -1;
-  return v ? 1 : 0;
-#else
-  return -1;
-#endif
-}
-
-// MPI_Get_library_version's text without the NUL some libraries count in its length.
-std::string library_version() {
-  char v[MPI_MAX_LIBRARY_VERSION_STRING];
-  int len = 0;
-  MPI_Get_library_version(v, &len);
-  std::string s(v, static_cast<size_t>(len));
-  const size_t nul = s.find('\0');
-  if (nul != std::string::npos) s.erase(nul);
-  return s;
-}
-
-// The MPI standard the library implements (MPI_Get_version), e.g. (3, 1).
-std::pair<int, int> library_standard() {
-  int major = 0, minor = 0;
-  MPI_Get_version(&major, &minor);
-  return {major, minor};
-}
-
-std::string library_path() {
-  Dl_info info;
-  if (dladdr(reinterpret_cast<void*>(&MPI_Get_library_version), &info) && info.dli_fname)
-    return info.dli_fname;
-  return "";
 }
 
 // A result buffer from the pool: numpy views it through the buffer protocol; when the last
@@ -795,7 +736,13 @@ PYBIND11_MODULE(_core, m) {
   m.def(
       "set_result_pool_limit", [](i64 bytes) { ResultPool::get().set_limit(bytes); },
       py::arg("bytes"));
-  m.def("allgather_i64", &allgather_i64, py::arg("comm"), py::arg("values"));
+  m.def(
+      "allgather_i64",
+      [](const std::shared_ptr<Comm>& comm, const std::vector<i64>& values) {
+        py::gil_scoped_release nogil;
+        return allgather_i64(*comm, values);
+      },
+      py::arg("comm"), py::arg("values"));
   m.def("copy_box", &py_copy_box, py::arg("src"), py::arg("src_start"), py::arg("dst"),
         py::arg("dst_start"), py::arg("extent"), py::arg("offsets") = false);
   bind_kernels_on_host(m);  // copy_kernel_on_host: the CUDA kernels run on the host
@@ -813,8 +760,8 @@ PYBIND11_MODULE(_core, m) {
       "(at least geometry.staged_bytes) with one kernel launch on `stream`; for benchmarks.");
   m.def("stats", []() { return stats(); });
   m.def("reset_stats", []() { stats().clear(); });
-  m.def("library_version", &library_version);
-  m.def("library_standard", &library_standard);
+  m.def("library_version", &mpi::library_version);
+  m.def("library_standard", &mpi::library_standard);
   m.def("large_count_method", &mpi::large_count_method);
   m.def("large_count_reduce_method", &mpi::large_count_reduce_method);
   m.def("count_limit", &mpi::count_limit);
@@ -823,7 +770,7 @@ PYBIND11_MODULE(_core, m) {
   m.def("set_count_limit", &mpi::set_count_limit, py::arg("n"),
         "Tests only: counts and displacements above n (>= 8) take the datatype/split path "
         "that MPI libraries without large-count calls take past 2^31-1.");
-  m.def("library_path", &library_path);
+  m.def("library_path", &mpi::library_path);
   m.def(
       "set_transport", [](Mem mem, Transport t) { g_transport[static_cast<int>(mem)] = t; },
       py::arg("mem"), py::arg("transport"));
@@ -832,5 +779,5 @@ PYBIND11_MODULE(_core, m) {
   m.def("cuda_built", &cuda_built);
   m.def("cuda_build_version", &cuda_build_version);
   m.def("cuda_device_present", &cuda_device_present);
-  m.def("cuda_aware_mpi", &cuda_aware_mpi);
+  m.def("cuda_aware_mpi", &mpi::cuda_aware);
 }

@@ -147,12 +147,10 @@ ExchangeStep::ExchangeStep(std::shared_ptr<Comm> comm, std::shared_ptr<ExchangeG
 }
 
 ExchangeStep::~ExchangeStep() {
-  int finalized = 0;
-  MPI_Finalized(&finalized);
-  if (finalized) return;
+  if (mpi::finalized()) return;
   for (auto* v : {&wstypes_, &wrtypes_})
     for (auto& t : *v)
-      if (t != MPI_BYTE) MPI_Type_free(&t);
+      if (t != MPI_BYTE) mpi::type_free(&t);
 }
 
 // One MPI datatype per peer block (a subarray of the local array): MPI packs and unpacks
@@ -237,13 +235,13 @@ void ExchangeStep::host_nonblocking(const char* sb, char* rb, const char* src, c
         std::memcpy(dst + t, src + s, static_cast<size_t>(piece.run));
         since += piece.run;
         if (!done && since >= (i64(1) << 20)) {
-          MPI_Test(&req, &done, MPI_STATUS_IGNORE);
+          done = mpi::test(&req);
           since = 0;
         }
       });
     }
   }
-  check_mpi(MPI_Wait(&req, MPI_STATUS_IGNORE), "MPI_Wait");
+  mpi::wait(&req);
 }
 
 // Irecv every block, then pack and Isend per peer in order of distance from this rank (on
