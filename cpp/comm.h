@@ -41,6 +41,11 @@ class Comm {
 // learns shapes over the wire.
 std::vector<i64> allgather_i64(const Comm& comm, const std::vector<i64>& mine);
 
+// The transport the steps of each memory kind take (set from Python, _backend.py: host
+// arrays direct; GPU arrays direct with a CUDA-aware MPI, else staged).
+Transport transport_of(Mem mem);
+void set_transport(Mem mem, Transport t);
+
 // How one call runs: the packer of the array's memory, the transport, the shared pool.
 struct Exec {
   Packer& pk;

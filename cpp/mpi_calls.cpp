@@ -638,6 +638,18 @@ void recv_init_typed(void* p, int count, MPI_Datatype t, int peer, int tag, MPI_
   check_mpi(MPI_Recv_init(p, count, t, peer, tag, comm, req), "MPI_Recv_init");
 }
 
+MPI_Datatype reduce_type(char k, i64 n) {
+  if (k == 'b') return MPI_C_BOOL;
+  if (k == 'i') return n == 1 ? MPI_INT8_T : n == 2 ? MPI_INT16_T : n == 4 ? MPI_INT32_T : MPI_INT64_T;
+  if (k == 'u')
+    return n == 1 ? MPI_UINT8_T : n == 2 ? MPI_UINT16_T : n == 4 ? MPI_UINT32_T : MPI_UINT64_T;
+  if (k == 'f' && n == 4) return MPI_FLOAT;
+  if (k == 'f' && n == 8) return MPI_DOUBLE;
+  if (k == 'c' && n == 8) return MPI_C_FLOAT_COMPLEX;
+  if (k == 'c' && n == 16) return MPI_C_DOUBLE_COMPLEX;
+  return MPI_DATATYPE_NULL;
+}
+
 std::vector<i64> allgather_i64(MPI_Comm comm, int size, const std::vector<i64>& mine) {
   std::vector<i64> all(mine.size() * static_cast<size_t>(size));
   check_mpi(MPI_Allgather(mine.data(), static_cast<int>(mine.size()), MPI_INT64_T, all.data(),
