@@ -29,7 +29,7 @@ log = logging.getLogger("pyshard")
 
 METHODS = ("persistent", "p2p", "datatype", "neighbor")
 TUNE_REPS = 5  # updates per method when method="tune"
-HALO_TAG = 8  # redistribute's point-to-point steps use 7
+HALO_TAG = _core.HALO_TAG  # the core's table of MPI tags (cpp/tags.h)
 
 
 # ----------------------------------------------------------------------------- execution
