@@ -5,10 +5,12 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <cstring>
 #include <optional>
 #include <stdexcept>
 #include <string>
 
+#include "bindings_common.h"
 #include "halo.h"
 #include "kernel_harness.h"
 #include "steps.h"
@@ -148,9 +150,45 @@ void def_geometry(py::module_& m) {
       py::arg("kernel") = true);
 }
 
+using bind::Buf;
+using bind::get_buf;
+
+// Copy a box with the host packer through descriptors (`offsets`: through run_offsets, the
+// index math of the CUDA kernels), for local steps and tests.
+void py_copy_box(const py::array& src, const Shape& sstart, py::array& dst, const Shape& dstart,
+                 const Shape& ext, bool offsets) {
+  Buf s = get_buf(src, false, "source");
+  Buf d = get_buf(dst, true, "destination");
+  const size_t nd = ext.size();
+  if (s.item != d.item || s.shape.size() != nd || d.shape.size() != nd || sstart.size() != nd ||
+      dstart.size() != nd)
+    throw std::invalid_argument("pyshard: copy_box arguments disagree in rank or itemsize");
+  for (size_t k = 0; k < nd; ++k)
+    if (ext[k] < 0 || sstart[k] < 0 || dstart[k] < 0 || sstart[k] + ext[k] > s.shape[k] ||
+        dstart[k] + ext[k] > d.shape[k])
+      throw std::out_of_range("pyshard: copy_box box outside the array");
+  std::vector<CopyDesc> descs;
+  describe_copy(s.shape, sstart, d.shape, dstart, ext, s.item, 0, 0, &descs);
+  py::gil_scoped_release nogil;
+  if (offsets) descs = split_runs(descs, 64);  // exercise chunked runs as the GPU sees them
+  for (const CopyDesc& c : descs) {
+    if (!offsets) {
+      copy_host(c, s.ptr, d.ptr);
+      continue;
+    }
+    for (i64 r = 0; r < c.runs; ++r) {
+      i64 so, to;
+      run_offsets(c, r, &so, &to);
+      std::memcpy(d.ptr + to, s.ptr + so, static_cast<size_t>(c.run));
+    }
+  }
+}
+
 }  // namespace
 
 void bind_kernels_on_host(py::module_& m) {
+  m.def("copy_box", &py_copy_box, py::arg("src"), py::arg("src_start"), py::arg("dst"),
+        py::arg("dst_start"), py::arg("extent"), py::arg("offsets") = false);
   def_geometry<ExchangeGeometry>(m);
   def_geometry<GatherGeometry>(m);
   def_geometry<ScatterGeometry>(m);

@@ -4,6 +4,13 @@
 
 namespace pyshard {
 
+namespace {
+Transport g_transport[2] = {Transport::direct, Transport::staged};
+}  // namespace
+
+Transport transport_of(Mem mem) { return g_transport[static_cast<int>(mem)]; }
+void set_transport(Mem mem, Transport t) { g_transport[static_cast<int>(mem)] = t; }
+
 std::map<std::string, i64>& stats() {
   static std::map<std::string, i64> s;
   return s;
@@ -18,18 +25,16 @@ void count_call(const char* name, const Packer& pk, Transport tr) {
     s["device_direct"] += 1;
 }
 
-Comm::Comm(i64 fhandle) {
-  MPI_Comm base = MPI_Comm_f2c(static_cast<MPI_Fint>(fhandle));
-  check_mpi(MPI_Comm_dup(base, &comm_), "MPI_Comm_dup");
-  MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN);
-  MPI_Comm_size(comm_, &size_);
-  MPI_Comm_rank(comm_, &rank_);
-}
+Comm::Comm(i64 fhandle) { comm_ = mpi::comm_dup(fhandle, &size_, &rank_); }
 
 Comm::~Comm() {
-  int finalized = 0;
-  MPI_Finalized(&finalized);
-  if (!finalized && comm_ != MPI_COMM_NULL) MPI_Comm_free(&comm_);
+  if (!mpi::finalized() && comm_ != MPI_COMM_NULL) mpi::comm_free(&comm_);
+}
+
+std::vector<i64> allgather_i64(const Comm& comm, const std::vector<i64>& mine) {
+  std::vector<i64> all = mpi::allgather_i64(comm.get(), comm.size(), mine);
+  stats()["allgather"] += 1;
+  return all;
 }
 
 }  // namespace pyshard

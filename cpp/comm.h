@@ -6,6 +6,7 @@
 
 #include <map>
 #include <string>
+#include <vector>
 
 #include "memory.h"
 
@@ -35,6 +36,15 @@ class Comm {
   int size_ = 0;
   int rank_ = 0;
 };
+
+// One Allgather of a few int64 per rank (counted as "allgather"): the only place pyshard
+// learns shapes over the wire.
+std::vector<i64> allgather_i64(const Comm& comm, const std::vector<i64>& mine);
+
+// The transport the steps of each memory kind take (set from Python, _backend.py: host
+// arrays direct; GPU arrays direct with a CUDA-aware MPI, else staged).
+Transport transport_of(Mem mem);
+void set_transport(Mem mem, Transport t);
 
 // How one call runs: the packer of the array's memory, the transport, the shared pool.
 struct Exec {

@@ -4,6 +4,9 @@
 #include <cstring>
 #include <stdexcept>
 
+#include "p2p.h"
+#include "tags.h"
+
 namespace pyshard {
 
 const char* algorithm_name(Algorithm a) {
@@ -21,9 +24,6 @@ const char* algorithm_name(Algorithm a) {
 }
 
 namespace {
-
-int tag_p2p = 7;
-int tag_pending = 9;  // exchanges in flight: never matched with a blocking step's messages
 
 // Blocks of `in` against a C-contiguous array of `shape`, with packed workspace offsets:
 // `slot` bytes apart when slot > 0 (padded Alltoall), else 4 KiB-aligned one after another.
@@ -117,7 +117,16 @@ ExchangeStep::ExchangeStep(std::shared_ptr<Comm> comm, std::shared_ptr<ExchangeG
     : comm_(std::move(comm)), g_(std::move(g)), ws_(std::move(ws)), nonblocking_(nonblocking) {
   const int P = comm_->size();
   if (g_->size != P) throw std::invalid_argument("pyshard: geometry for another communicator");
-  if (g_->algo == Algorithm::p2p) return;  // messages to the peers it has: nothing O(ranks)
+  if (g_->algo == Algorithm::p2p) {  // messages to the peers it has: nothing O(ranks)
+    // sends in order of distance from this rank
+    const int me = comm_->rank();
+    order_.resize(g_->sends.size());
+    for (size_t i = 0; i < order_.size(); ++i) order_[i] = i;
+    std::sort(order_.begin(), order_.end(), [&](size_t a, size_t b) {
+      return (g_->sends[a].peer - me + P) % P < (g_->sends[b].peer - me + P) % P;
+    });
+    return;
+  }
   scounts_.assign(P, 0);
   rcounts_.assign(P, 0);
   sdispls_.assign(P, 0);
@@ -138,12 +147,10 @@ ExchangeStep::ExchangeStep(std::shared_ptr<Comm> comm, std::shared_ptr<ExchangeG
 }
 
 ExchangeStep::~ExchangeStep() {
-  int finalized = 0;
-  MPI_Finalized(&finalized);
-  if (finalized) return;
+  if (mpi::finalized()) return;
   for (auto* v : {&wstypes_, &wrtypes_})
     for (auto& t : *v)
-      if (t != MPI_BYTE) MPI_Type_free(&t);
+      if (t != MPI_BYTE) mpi::type_free(&t);
 }
 
 // One MPI datatype per peer block (a subarray of the local array): MPI packs and unpacks
@@ -228,13 +235,13 @@ void ExchangeStep::host_nonblocking(const char* sb, char* rb, const char* src, c
         std::memcpy(dst + t, src + s, static_cast<size_t>(piece.run));
         since += piece.run;
         if (!done && since >= (i64(1) << 20)) {
-          MPI_Test(&req, &done, MPI_STATUS_IGNORE);
+          done = mpi::test(&req);
           since = 0;
         }
       });
     }
   }
-  check_mpi(MPI_Wait(&req, MPI_STATUS_IGNORE), "MPI_Wait");
+  mpi::wait(&req);
 }
 
 // Irecv every block, then pack and Isend per peer in order of distance from this rank (on
@@ -244,54 +251,56 @@ void ExchangeStep::host_nonblocking(const char* sb, char* rb, const char* src, c
 // the other messages are still in flight.
 void ExchangeStep::p2p(const char* src, char* dst, char* work, Packer& pk, bool staged) {
   const ExchangeGeometry& g = *g_;
-  MPI_Comm c = comm_->get();
   const bool packs = staged || g.pack_all;
   const i64 S = packs ? g.send_ws : 0;
   char* bounce = staged ? ws_->bounce(pk, g.send_ws + g.recv_ws) : nullptr;
   char* sbase = staged ? bounce : work;  // where packed blocks are sent from
   char* rbase = staged ? bounce + S : work + S;
   auto via_ws = [&](const Block& b) { return staged || !b.contiguous; };
-  std::vector<MPI_Request> rreq(g.recvs.size(), MPI_REQUEST_NULL),
-      sreq(g.sends.size(), MPI_REQUEST_NULL);
-  for (size_t i = 0; i < g.recvs.size(); ++i) {
-    const Block& b = g.recvs[i];
-    char* p = via_ws(b) ? rbase + b.ws_off : dst + b.array_off;
-    mpi::irecv(p, b.bytes, b.peer, tag_p2p, c, &rreq[i]);
-  }
-  const int me = comm_->rank(), P = comm_->size();
-  std::vector<size_t> order(g.sends.size());
-  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
-  std::sort(order.begin(), order.end(), [&](size_t a, size_t b) {
-    return (g.sends[a].peer - me + P) % P < (g.sends[b].peer - me + P) % P;
-  });
+  const size_t nr = g.recvs.size(), ns = g.sends.size();
+  reqs_.assign(nr + ns, MPI_REQUEST_NULL);
   const bool pipelined = pk.kind() == Mem::host && !staged;
-  if (!pipelined) {  // one pass (one kernel launch on a GPU), then wait once
-    for (size_t i = 0; i < g.sends.size(); ++i)
-      if (via_ws(g.sends[i])) pk.copy(g.pack, i, i + 1, src, work);
-    pk.copy_all(g.local, src, dst);
-    if (staged) pk.to_host(bounce, work, g.send_ws);
-    pk.sync();
-  }
-  for (size_t i : order) {
-    const Block& b = g.sends[i];
-    if (pipelined && via_ws(b)) pk.copy(g.pack, i, i + 1, src, work);
-    const char* p = via_ws(b) ? sbase + b.ws_off : src + b.array_off;
-    mpi::isend(p, b.bytes, b.peer, tag_p2p, c, &sreq[i]);
-  }
+  post_p2p(tags::kExchange, sbase, rbase, src, dst, staged, reqs_.data(),
+           [&] {
+             if (pipelined) return;  // one pass (one kernel launch on a GPU), then wait once
+             for (size_t i = 0; i < ns; ++i)
+               if (via_ws(g.sends[i])) pk.copy(g.pack, i, i + 1, src, work);
+             pk.copy_all(g.local, src, dst);
+             if (staged) pk.to_host(bounce, work, g.send_ws);
+             pk.sync();
+           },
+           [&](size_t i) {
+             if (pipelined && via_ws(g.sends[i])) pk.copy(g.pack, i, i + 1, src, work);
+           });
   if (pipelined) pk.copy_all(g.local, src, dst);
   char* rwork = work + S;
-  for (size_t k = 0; k < g.recvs.size(); ++k) {
-    int idx = MPI_UNDEFINED;
-    check_mpi(MPI_Waitany(static_cast<int>(rreq.size()), rreq.data(), &idx, MPI_STATUS_IGNORE),
-              "MPI_Waitany");
-    if (idx == MPI_UNDEFINED) break;
-    const Block& b = g.recvs[idx];
-    if (!via_ws(b)) continue;
+  p2p::complete(nr, ns, reqs_.data(), [&](size_t i) {
+    const Block& b = g.recvs[i];
+    if (!via_ws(b)) return;
     if (staged) pk.from_host(rwork + b.ws_off, rbase + b.ws_off, b.bytes);
-    pk.copy(g.unpack, idx, idx + 1, rwork, dst);
-  }
-  check_mpi(MPI_Waitall(static_cast<int>(sreq.size()), sreq.data(), MPI_STATUSES_IGNORE),
-            "MPI_Waitall");
+    pk.copy(g.unpack, i, i + 1, rwork, dst);
+  });
+}
+
+// The p2p algorithm's messages (p2p.h): block i's receive into rbase (through the workspace)
+// or straight into dst, its send from sbase or straight from src, in order of distance.
+template <class Ready, class Pack>
+void ExchangeStep::post_p2p(int tag, const char* sbase, char* rbase, const char* src, char* dst,
+                            bool staged, MPI_Request* reqs, Ready&& ready, Pack&& pack) {
+  const ExchangeGeometry& g = *g_;
+  auto via_ws = [&](const Block& b) { return staged || !b.contiguous; };
+  p2p::post(
+      comm_->get(), tag, g.recvs.size(),
+      [&](size_t i) {
+        const Block& b = g.recvs[i];
+        return p2p::Msg{via_ws(b) ? rbase + b.ws_off : dst + b.array_off, b.bytes, b.peer};
+      },
+      ready, g.sends.size(), order_.data(), pack,
+      [&](size_t i) {
+        const Block& b = g.sends[i];
+        return p2p::Msg{via_ws(b) ? sbase + b.ws_off : src + b.array_off, b.bytes, b.peer};
+      },
+      reqs);
 }
 
 void ExchangeStep::staged(const char* src, char* dst, Packer& pk) {
@@ -332,25 +341,17 @@ void ExchangeStep::start(const char* src, char* dst, Packer& pk, Transport tr,
   p.tr = tr;
   p.reqs.clear();
   if (g.algo == Algorithm::p2p) {
-    auto via_ws = [&](const Block& b) { return staged || !b.contiguous; };
-    char* sbase = staged ? bounce : work;
-    char* rbase = staged ? bounce + S : work + S;
     p.reqs.assign(g.recvs.size() + g.sends.size(), MPI_REQUEST_NULL);
-    for (size_t i = 0; i < g.recvs.size(); ++i) {
-      const Block& b = g.recvs[i];
-      mpi::irecv(via_ws(b) ? rbase + b.ws_off : dst + b.array_off, b.bytes, b.peer, tag_pending,
-                 c, &p.reqs[i]);
-    }
-    for (size_t i = 0; i < g.sends.size(); ++i)
-      if (via_ws(g.sends[i])) pk.copy(g.pack, i, i + 1, src, work);
-    pk.copy_all(g.local, src, dst);
-    if (staged) pk.to_host(bounce, work, S);
-    pk.sync();
-    for (size_t i = 0; i < g.sends.size(); ++i) {
-      const Block& b = g.sends[i];
-      mpi::isend(via_ws(b) ? sbase + b.ws_off : src + b.array_off, b.bytes, b.peer, tag_pending,
-                 c, &p.reqs[g.recvs.size() + i]);
-    }
+    post_p2p(tags::kPending, staged ? bounce : work, staged ? bounce + S : work + S, src, dst,
+             staged, p.reqs.data(),
+             [&] {
+               for (size_t i = 0; i < g.sends.size(); ++i)
+                 if (staged || !g.sends[i].contiguous) pk.copy(g.pack, i, i + 1, src, work);
+               pk.copy_all(g.local, src, dst);
+               if (staged) pk.to_host(bounce, work, S);
+               pk.sync();
+             },
+             [](size_t) {});
   } else {
     const bool pack = staged || g.pack_all, unpack = staged || g.unpack_all;
     if (pack) pk.copy_all(g.pack, src, work);
@@ -370,17 +371,23 @@ void ExchangeStep::complete(PendingExchange& p, Packer& pk) {
   if (!p.active) throw std::logic_error("pyshard: no exchange in flight");
   p.active = false;
   const ExchangeGeometry& g = *g_;
-  check_mpi(MPI_Waitall(static_cast<int>(p.reqs.size()), p.reqs.data(), MPI_STATUSES_IGNORE),
-            "MPI_Waitall");
   const bool staged = p.tr == Transport::staged;
   const i64 S = g.send_ws, R = g.recv_ws;
   char* work = p.ws.work(pk, S + R);
-  if (staged) pk.from_host(work + S, p.ws.bounce(pk, S + R) + S, R);
   if (g.algo == Algorithm::p2p) {
-    for (size_t i = 0; i < g.recvs.size(); ++i)
-      if (staged || !g.recvs[i].contiguous) pk.copy(g.unpack, i, i + 1, work + S, p.dst);
-  } else if (staged || g.unpack_all) {
-    pk.copy_all(g.unpack, work + S, p.dst);
+    // direct: each block through the workspace unpacked as it lands; staged: the bounce
+    // buffer copied back in one piece once every message is in, then each block unpacked
+    p2p::complete(g.recvs.size(), g.sends.size(), p.reqs.data(), [&](size_t i) {
+      if (!staged && !g.recvs[i].contiguous) pk.copy(g.unpack, i, i + 1, work + S, p.dst);
+    });
+    if (staged) {
+      pk.from_host(work + S, p.ws.bounce(pk, S + R) + S, R);
+      for (size_t i = 0; i < g.recvs.size(); ++i) pk.copy(g.unpack, i, i + 1, work + S, p.dst);
+    }
+  } else {
+    mpi::waitall(p.reqs.size(), p.reqs.data());
+    if (staged) pk.from_host(work + S, p.ws.bounce(pk, S + R) + S, R);
+    if (staged || g.unpack_all) pk.copy_all(g.unpack, work + S, p.dst);
   }
   count_call(algorithm_name(g.algo), pk, p.tr);
   pk.finish();

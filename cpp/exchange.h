@@ -71,6 +71,9 @@ class ExchangeStep {
   void host_nonblocking(const char* sb, char* rb, const char* src, char* dst);
   void p2p(const char* src, char* dst, char* work, Packer& pk, bool staged);
   void build_types();
+  template <class Ready, class Pack>
+  void post_p2p(int tag, const char* sbase, char* rbase, const char* src, char* dst, bool staged,
+                MPI_Request* reqs, Ready&& ready, Pack&& pack);
 
   std::shared_ptr<Comm> comm_;
   std::shared_ptr<ExchangeGeometry> g_;
@@ -82,6 +85,8 @@ class ExchangeStep {
   std::vector<MPI_Datatype> wstypes_, wrtypes_;
   mpi::Counts wscounts_, wrcounts_;
   mpi::Displs wdispls_;
+  std::vector<size_t> order_;       // p2p: the sends in order of distance from this rank
+  std::vector<MPI_Request> reqs_;   // p2p: receives, then sends
 };
 
 }  // namespace pyshard

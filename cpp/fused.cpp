@@ -100,7 +100,7 @@ void FusedExchangeStep::run(const std::vector<const char*>& srcs, const std::vec
     MPI_Request req;
     mpi::ialltoallv(work, g.scounts, g.sdispls, work + S, g.rcounts, g.rdispls, c, &req);
     local();  // this rank's own blocks while the exchange runs
-    check_mpi(MPI_Wait(&req, MPI_STATUS_IGNORE), "MPI_Wait");
+    mpi::wait(&req);
   } else {
     local();
     pk.sync();

@@ -6,6 +6,8 @@
 #include <stdexcept>
 #include <type_traits>
 
+#include "p2p.h"
+
 namespace pyshard {
 
 namespace {
@@ -209,20 +211,18 @@ HaloStep::HaloStep(std::shared_ptr<Comm> comm, std::shared_ptr<HaloGeometry> g,
 }
 
 HaloStep::~HaloStep() {
-  int finalized = 0;
-  MPI_Finalized(&finalized);
-  if (finalized) return;
+  if (mpi::finalized()) return;
   if (active_)  // started and dropped: complete it, so the peers' messages are matched
-    MPI_Waitall(static_cast<int>(reqs_.size()), reqs_.data(), MPI_STATUSES_IGNORE);
+    mpi::waitall_unchecked(reqs_.size(), reqs_.data());
   free_requests();
   for (MPI_Datatype& t : types_)
-    if (t != MPI_BYTE) MPI_Type_free(&t);
-  if (graph_ != MPI_COMM_NULL) MPI_Comm_free(&graph_);
+    if (t != MPI_BYTE) mpi::type_free(&t);
+  if (graph_ != MPI_COMM_NULL) mpi::comm_free(&graph_);
 }
 
 void HaloStep::free_requests() {
   for (MPI_Request& r : reqs_)
-    if (r != MPI_REQUEST_NULL) MPI_Request_free(&r);
+    if (r != MPI_REQUEST_NULL) mpi::request_free(&r);
   reqs_.clear();
   bound_[0] = bound_[1] = bound_[2] = nullptr;
 }
@@ -262,17 +262,22 @@ char* HaloStep::recv_ptr(const HaloMessage& m, char* arr, char* rb, bool in_plac
 void HaloStep::start_all() {
   const HaloGeometry& g = *g_;
   if (reqs_.empty()) return;
-  if (method_ == HaloMethod::p2p) {
-    MPI_Comm c = comm_->get();
-    size_t i = 0;
-    for (const HaloMessage& m : g.recvs)
-      mpi::irecv(recv_ptr(m, bound_[0], bound_[2], bound_in_place_), m.bytes, m.peer, tag_, c,
-                 &reqs_[i++]);
-    for (const HaloMessage& m : g.sends)
-      mpi::isend(bound_[1] + m.off, m.bytes, m.peer, tag_, c, &reqs_[i++]);
+  if (method_ == HaloMethod::p2p) {  // packed already (start): nothing to do between
+    p2p::post(
+        comm_->get(), tag_, g.recvs.size(),
+        [&](size_t i) {
+          const HaloMessage& m = g.recvs[i];
+          return p2p::Msg{recv_ptr(m, bound_[0], bound_[2], bound_in_place_), m.bytes, m.peer};
+        },
+        [] {}, g.sends.size(), nullptr, [](size_t) {},
+        [&](size_t i) {
+          const HaloMessage& m = g.sends[i];
+          return p2p::Msg{bound_[1] + m.off, m.bytes, m.peer};
+        },
+        reqs_.data());
     return;
   }
-  check_mpi(MPI_Startall(static_cast<int>(reqs_.size()), reqs_.data()), "MPI_Startall");
+  mpi::startall(reqs_.size(), reqs_.data());
 }
 
 // The neighbor method: the first call builds the graph communicator (collective over the
@@ -284,16 +289,7 @@ void HaloStep::post_neighbor(char* sb, char* rb) {
     std::vector<int> src, dst;
     for (const HaloMessage& m : g.recvs) src.push_back(m.peer);
     for (const HaloMessage& m : g.sends) dst.push_back(m.peer);
-    // built on a copy without the mesh's Cartesian topology (same ranks): Open MPI 5.0
-    // fails neighbourhood collectives on a graph made from a Cartesian communicator
-    // (MPI_ERR_ARG, or a crash in its argument checks)
-    MPI_Comm plain = MPI_COMM_NULL;
-    check_mpi(MPI_Comm_split(comm_->get(), 0, comm_->rank(), &plain), "MPI_Comm_split");
-    const int err = MPI_Dist_graph_create_adjacent(
-        plain, static_cast<int>(src.size()), src.data(), MPI_UNWEIGHTED,
-        static_cast<int>(dst.size()), dst.data(), MPI_UNWEIGHTED, MPI_INFO_NULL, 0, &graph_);
-    MPI_Comm_free(&plain);
-    check_mpi(err, "MPI_Dist_graph_create_adjacent");
+    graph_ = mpi::dist_graph(comm_->get(), comm_->rank(), src, dst);
   }
   // kept as members: a nonblocking call reads them until it completes
   mpi::Counts& sc = ncounts_[0];
@@ -324,7 +320,7 @@ void HaloStep::post_neighbor(char* sb, char* rb) {
       bound_[1] = sb;
       bound_[2] = rb;
     }
-    check_mpi(MPI_Start(&reqs_[0]), "MPI_Start");
+    mpi::start(&reqs_[0]);
   } else {
     free_requests();  // one bound while the library took the persistent path (a test's limit)
     reqs_.assign(1, MPI_REQUEST_NULL);
@@ -349,20 +345,18 @@ void HaloStep::post_typed(char* arr) {
       if (g.reverse)  // a fold's receives land in the buffer (they combine at wait())
         mpi::recv_init(work_ + m.off, m.bytes, m.peer, tag_, c, &reqs_[i]);
       else
-        check_mpi(MPI_Recv_init(arr, m.bytes ? 1 : 0, types_[i], m.peer, tag_, c, &reqs_[i]),
-                  "MPI_Recv_init");
+        mpi::recv_init_typed(arr, m.bytes ? 1 : 0, types_[i], m.peer, tag_, c, &reqs_[i]);
       ++i;
     }
     for (const HaloMessage& m : g.sends) {
-      check_mpi(MPI_Send_init(arr, m.bytes ? 1 : 0, types_[i], m.peer, tag_, c, &reqs_[i]),
-                "MPI_Send_init");
+      mpi::send_init_typed(arr, m.bytes ? 1 : 0, types_[i], m.peer, tag_, c, &reqs_[i]);
       ++i;
     }
     bound_[0] = arr;
     bound_[2] = g.reverse ? work_ : nullptr;
   }
   if (!reqs_.empty())
-    check_mpi(MPI_Startall(static_cast<int>(reqs_.size()), reqs_.data()), "MPI_Startall");
+    mpi::startall(reqs_.size(), reqs_.data());
 }
 
 void HaloStep::start(char* arr, Packer& pk, Transport tr) {
@@ -457,8 +451,7 @@ void HaloStep::wait(char* arr, Packer& pk, Transport tr, FoldOp op, FoldKind kin
 
 void HaloStep::waitall() {
   if (!reqs_.empty())
-    check_mpi(MPI_Waitall(static_cast<int>(reqs_.size()), reqs_.data(), MPI_STATUSES_IGNORE),
-              "MPI_Waitall");
+    mpi::waitall(reqs_.size(), reqs_.data());
 }
 
 }  // namespace pyshard

@@ -98,56 +98,22 @@ ResultPool& ResultPool::get() {
   return p;
 }
 
+void ResultPool::Unmap::operator()(char* p, i64 cap) const { unmap_pages(p, cap); }
+
 char* ResultPool::take(i64 n, i64* cap) {
-  size_t best = free_.size();
-  for (size_t i = 0; i < free_.size(); ++i) {
-    const i64 c = free_[i].second;
-    if (c >= n && c <= 2 * n && (best == free_.size() || c < free_[best].second)) best = i;
-  }
-  if (best < free_.size()) {
-    char* p = free_[best].first;
-    *cap = free_[best].second;
-    held_ -= *cap;
-    free_.erase(free_.begin() + static_cast<std::ptrdiff_t>(best));
-    return p;
-  }
-  // a miss: buffers smaller than this request are likely left behind by a growing pattern
-  for (size_t i = 0; i < free_.size();) {
-    if (free_[i].second < n) {
-      unmap_pages(free_[i].first, free_[i].second);
-      held_ -= free_[i].second;
-      free_.erase(free_.begin() + static_cast<std::ptrdiff_t>(i));
-    } else {
-      ++i;
-    }
-  }
+  char* p = nullptr;
+  if (pool_.take(n, &p, cap)) return p;
   *cap = align_up(n);
   return map_pages(*cap);
 }
 
-void ResultPool::give(char* p, i64 cap) {
-  free_.emplace_back(p, cap);
-  held_ += cap;
-  shrink();
-}
+void ResultPool::give(char* p, i64 cap) { pool_.give(p, cap); }
 
-void ResultPool::shrink() {
-  while (!free_.empty() && (held_ > limit_ || free_.size() > 8)) {
-    unmap_pages(free_.front().first, free_.front().second);
-    held_ -= free_.front().second;
-    free_.erase(free_.begin());
-  }
-}
-
-void ResultPool::clear() {
-  for (auto& f : free_) unmap_pages(f.first, f.second);
-  free_.clear();
-  held_ = 0;
-}
+void ResultPool::clear() { pool_.clear(); }
 
 void ResultPool::set_limit(i64 bytes) {
-  limit_ = bytes < 0 ? 0 : bytes;
-  shrink();
+  pool_.set_limit(bytes < 0 ? 0 : bytes);
+  pool_.shrink();
 }
 
 #ifndef PYSHARD_WITH_CUDA

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "geometry.h"
+#include "pool.h"
 
 namespace pyshard {
 
@@ -86,8 +87,8 @@ class Workspace {
 
 // Host memory for results: a buffer given back (its array freed) is kept, already faulted in,
 // for the next result of about its size, so a loop of redistributes without `out=` stops
-// paying page faults. Bounded in bytes (set_limit; 0 keeps nothing) and in count; a request
-// that fits no kept buffer releases the kept ones smaller than it (a growing pattern).
+// paying page faults. A BestFitPool (pool.h) of at most 8 buffers and 1 GiB (set_limit; 0
+// keeps nothing).
 class ResultPool {
  public:
   static ResultPool& get();
@@ -95,14 +96,14 @@ class ResultPool {
   void give(char* p, i64 cap);
   void clear();
   void set_limit(i64 bytes);
-  i64 limit() const { return limit_; }
-  i64 held() const { return held_; }
+  i64 limit() const { return pool_.limit(); }
+  i64 held() const { return pool_.held(); }
 
  private:
-  void shrink();
-  std::vector<std::pair<char*, i64>> free_;  // the most recently given back last
-  i64 held_ = 0;
-  i64 limit_ = i64(1) << 30;
+  struct Unmap {
+    void operator()(char* p, i64 cap) const;
+  };
+  BestFitPool<char*, Unmap> pool_{8, i64(1) << 30};
 };
 
 }  // namespace pyshard

@@ -1,5 +1,13 @@
 #include "mpi_calls.h"
 
+#include <dlfcn.h>
+
+#if defined(OPEN_MPI) && defined(__has_include)
+#if __has_include(<mpi-ext.h>)
+#include <mpi-ext.h>  // Open MPI's MPIX_Query_cuda_support
+#endif
+#endif
+
 #include <algorithm>
 #include <mutex>
 #include <numeric>
@@ -590,6 +598,99 @@ MPI_Datatype subarrays(const std::vector<i64>& shape, const std::vector<std::vec
   for (auto& p : parts) MPI_Type_free(&p);
   check_mpi(MPI_Type_commit(&t), "MPI_Type_commit");
   return t;
+}
+
+// ---------------------------------------------------------------- communicators, the library
+
+MPI_Comm comm_dup(i64 fhandle, int* size, int* rank) {
+  MPI_Comm base = MPI_Comm_f2c(static_cast<MPI_Fint>(fhandle));
+  MPI_Comm c = MPI_COMM_NULL;
+  check_mpi(MPI_Comm_dup(base, &c), "MPI_Comm_dup");
+  MPI_Comm_set_errhandler(c, MPI_ERRORS_RETURN);
+  MPI_Comm_size(c, size);
+  MPI_Comm_rank(c, rank);
+  return c;
+}
+
+MPI_Comm dist_graph(MPI_Comm comm, int rank, const std::vector<int>& sources,
+                    const std::vector<int>& destinations) {
+  // built on a copy without the mesh's Cartesian topology (same ranks): Open MPI 5.0 fails
+  // neighbourhood collectives on a graph made from a Cartesian communicator (MPI_ERR_ARG, or
+  // a crash in its argument checks)
+  MPI_Comm plain = MPI_COMM_NULL, graph = MPI_COMM_NULL;
+  check_mpi(MPI_Comm_split(comm, 0, rank, &plain), "MPI_Comm_split");
+  const int err = MPI_Dist_graph_create_adjacent(
+      plain, static_cast<int>(sources.size()), sources.data(), MPI_UNWEIGHTED,
+      static_cast<int>(destinations.size()), destinations.data(), MPI_UNWEIGHTED, MPI_INFO_NULL,
+      0, &graph);
+  MPI_Comm_free(&plain);
+  check_mpi(err, "MPI_Dist_graph_create_adjacent");
+  return graph;
+}
+
+void send_init_typed(const void* p, int count, MPI_Datatype t, int peer, int tag, MPI_Comm comm,
+                     MPI_Request* req) {
+  check_mpi(MPI_Send_init(p, count, t, peer, tag, comm, req), "MPI_Send_init");
+}
+
+void recv_init_typed(void* p, int count, MPI_Datatype t, int peer, int tag, MPI_Comm comm,
+                     MPI_Request* req) {
+  check_mpi(MPI_Recv_init(p, count, t, peer, tag, comm, req), "MPI_Recv_init");
+}
+
+MPI_Datatype reduce_type(char k, i64 n) {
+  if (k == 'b') return MPI_C_BOOL;
+  if (k == 'i') return n == 1 ? MPI_INT8_T : n == 2 ? MPI_INT16_T : n == 4 ? MPI_INT32_T : MPI_INT64_T;
+  if (k == 'u')
+    return n == 1 ? MPI_UINT8_T : n == 2 ? MPI_UINT16_T : n == 4 ? MPI_UINT32_T : MPI_UINT64_T;
+  if (k == 'f' && n == 4) return MPI_FLOAT;
+  if (k == 'f' && n == 8) return MPI_DOUBLE;
+  if (k == 'c' && n == 8) return MPI_C_FLOAT_COMPLEX;
+  if (k == 'c' && n == 16) return MPI_C_DOUBLE_COMPLEX;
+  return MPI_DATATYPE_NULL;
+}
+
+std::vector<i64> allgather_i64(MPI_Comm comm, int size, const std::vector<i64>& mine) {
+  std::vector<i64> all(mine.size() * static_cast<size_t>(size));
+  check_mpi(MPI_Allgather(mine.data(), static_cast<int>(mine.size()), MPI_INT64_T, all.data(),
+                          static_cast<int>(mine.size()), MPI_INT64_T, comm),
+            "MPI_Allgather");
+  return all;
+}
+
+std::string library_version() {
+  char v[MPI_MAX_LIBRARY_VERSION_STRING];
+  int len = 0;
+  MPI_Get_library_version(v, &len);
+  std::string s(v, static_cast<size_t>(len));
+  const size_t nul = s.find('\0');
+  if (nul != std::string::npos) s.erase(nul);
+  return s;
+}
+
+std::pair<int, int> library_standard() {
+  int major = 0, minor = 0;
+  MPI_Get_version(&major, &minor);
+  return {major, minor};
+}
+
+std::string library_path() {
+  Dl_info info;
+  if (dladdr(reinterpret_cast<void*>(&MPI_Get_library_version), &info) && info.dli_fname)
+    return info.dli_fname;
+  return "";
+}
+
+int cuda_aware() {
+#if defined(MPIX_CUDA_AWARE_SUPPORT) && MPIX_CUDA_AWARE_SUPPORT
+  return MPIX_Query_cuda_support() ? 1 : 0;
+#elif defined(MPIX_GPU_SUPPORT_CUDA)
+  int v = 0;
+  if (MPIX_GPU_query_support(MPIX_GPU_SUPPORT_CUDA, &v) != MPI_SUCCESS) return -1;
+  return v ? 1 : 0;
+#else
+  return -1;
+#endif
 }
 
 }  // namespace mpi

@@ -32,6 +32,7 @@
 #include <memory>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "box.h"
@@ -141,6 +142,70 @@ MPI_Datatype subarray(const std::vector<i64>& shape, const std::vector<i64>& sta
 // subarray type spans the whole array and places its box itself). The caller frees it.
 MPI_Datatype subarrays(const std::vector<i64>& shape, const std::vector<std::vector<i64>>& starts,
                        const std::vector<std::vector<i64>>& exts, i64 item);
+
+// ---------------------------------------------------------------- requests, communicators,
+// datatypes and the library: thin wrappers, so that every MPI call of the core is made here.
+// The checked ones throw as the others do; *_unchecked ones (destructors, error paths, where
+// the first error is already on its way) ignore MPI's answer.
+inline void wait(MPI_Request* r) { check_mpi(MPI_Wait(r, MPI_STATUS_IGNORE), "MPI_Wait"); }
+inline bool test(MPI_Request* r) {  // drives progress; unchecked (the wait that follows is)
+  int done = 0;
+  MPI_Test(r, &done, MPI_STATUS_IGNORE);
+  return done != 0;
+}
+inline void waitall(size_t n, MPI_Request* r) {
+  check_mpi(MPI_Waitall(static_cast<int>(n), r, MPI_STATUSES_IGNORE), "MPI_Waitall");
+}
+inline void waitall_unchecked(size_t n, MPI_Request* r) {
+  MPI_Waitall(static_cast<int>(n), r, MPI_STATUSES_IGNORE);
+}
+// The index of a request that completed (now MPI_REQUEST_NULL), or MPI_UNDEFINED (none active).
+inline int waitany(size_t n, MPI_Request* r) {
+  int idx = MPI_UNDEFINED;
+  check_mpi(MPI_Waitany(static_cast<int>(n), r, &idx, MPI_STATUS_IGNORE), "MPI_Waitany");
+  return idx;
+}
+inline void start(MPI_Request* r) { check_mpi(MPI_Start(r), "MPI_Start"); }
+inline void startall(size_t n, MPI_Request* r) {
+  check_mpi(MPI_Startall(static_cast<int>(n), r), "MPI_Startall");
+}
+inline void request_free(MPI_Request* r) { MPI_Request_free(r); }
+inline void type_free(MPI_Datatype* t) { MPI_Type_free(t); }
+// Has MPI been finalized (a destructor then frees nothing)?
+inline bool finalized() {
+  int f = 0;
+  MPI_Finalized(&f);
+  return f != 0;
+}
+
+// A duplicate of the communicator of Fortran handle `fhandle` (mpi4py's py2f), returning
+// errors instead of aborting; its size and rank.
+MPI_Comm comm_dup(i64 fhandle, int* size, int* rank);
+inline void comm_free(MPI_Comm* c) { MPI_Comm_free(c); }
+// A distributed-graph communicator over the ranks of `comm` with these in- and out-neighbours
+// (the halo's neighbor method; the caller frees it).
+MPI_Comm dist_graph(MPI_Comm comm, int rank, const std::vector<int>& sources,
+                    const std::vector<int>& destinations);
+// Persistent requests of `count` elements of datatype `t` (the halo's datatype method).
+void send_init_typed(const void* p, int count, MPI_Datatype t, int peer, int tag, MPI_Comm comm,
+                     MPI_Request* req);
+void recv_init_typed(void* p, int count, MPI_Datatype t, int peer, int tag, MPI_Comm comm,
+                     MPI_Request* req);
+
+// The predefined type of a reduction over numpy kind `kind` ('b' bool, 'i', 'u', 'f', 'c')
+// of `item` bytes, or MPI_DATATYPE_NULL (none).
+MPI_Datatype reduce_type(char kind, i64 item);
+
+// One Allgather of a few int64 per rank: the only place pyshard learns shapes over the wire.
+std::vector<i64> allgather_i64(MPI_Comm comm, int size, const std::vector<i64>& mine);
+
+// The library: MPI_Get_library_version's text (without the NUL some libraries count in its
+// length), the standard it implements (MPI_Get_version), the file it was loaded from, and
+// whether it takes CUDA device pointers (1 yes, 0 no, -1 it has no way to say).
+std::string library_version();
+std::pair<int, int> library_standard();
+std::string library_path();
+int cuda_aware();
 
 }  // namespace mpi
 }  // namespace pyshard

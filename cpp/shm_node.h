@@ -1,0 +1,150 @@
+// The node-local transport of one communicator (shm.h has the overview): its node peers'
+// control slots, this rank's pool of result segments, the peers' segments mapped here, and
+// the handshake of one call (exchange_all: publish, wait for the peers, copy, arrive).
+#pragma once
+
+#include <atomic>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "comm.h"
+#include "pool.h"
+#include "shm_segment.h"
+
+namespace pyshard {
+
+class NodeShm {
+ public:
+  // The transport of `comm` (no MPI call): `node_ranks` are the comm ranks of this rank's
+  // node (in order; the mesh's node map says which, pyshard/_shm.py) and `mesh_ranks` their
+  // ranks in the mesh, whose control segments `ctl` has mapped; this communicator uses slot
+  // page `slot` of each. `nodes`: how many nodes the communicator spans; `oversubscribed`:
+  // some node has more of its ranks than cores; `spin_long`: this node has a core per rank
+  // (waits spin longer before they sleep). Where some rank of this node could not map its
+  // peers' segments (NodeCtl::healthy, the same answer on every rank of the node), the
+  // transport is not usable if the communicator is this one node (every rank takes MPI), and
+  // otherwise this node's ranks reach each other through MPI messages within it.
+  NodeShm(std::shared_ptr<Comm> comm, std::shared_ptr<NodeCtl> ctl, int slot,
+          std::vector<int> node_ranks, const std::vector<int>& mesh_ranks, int nodes,
+          bool oversubscribed, bool spin_long);
+  ~NodeShm();
+  NodeShm(const NodeShm&) = delete;
+  NodeShm& operator=(const NodeShm&) = delete;
+
+  bool usable() const { return usable_; }
+  const std::string& why_not() const { return why_; }
+  int node_size() const { return static_cast<int>(node_ranks_.size()); }
+  int nodes() const { return nodes_; }
+  // some node of the communicator has more of its ranks than cores (the same on every rank)
+  bool oversubscribed() const { return oversubscribed_; }
+  // the node index of comm rank r among this rank's node peers, or -1 (another node)
+  int local_index(int r) const { return local_of_[r]; }
+  const std::vector<int>& node_ranks() const { return node_ranks_; }
+  int self() const { return me_; }  // this rank's node index
+
+  // A result buffer of at least n bytes in this rank's shared memory.
+  std::shared_ptr<ShmSegment> take(i64 n);
+  void give(std::shared_ptr<ShmSegment> s);
+  // The live segment of this rank that holds [p, p + n), or null; *off: p's offset in it.
+  ShmSegment* find(const char* p, i64 n, i64* off);
+  // Cached free segments' bytes and count; the pool's limit
+  i64 held() const;
+  void set_limit(i64 bytes);
+  void release();  // free the cached segments and the control mappings (Mesh.free)
+
+  // One call: publish this rank's destination; once every on-node peer has published its
+  // own, `copy(bases)` (bases[idx]: node peer idx's destination, mapped here; this rank's
+  // entry null) writes all of this rank's blocks, walking the source once for all of them
+  // (copy_interleaved in shm_copy.cpp); then mark each peer arrived and wait for every peer to
+  // have arrived here. A rank that cannot map a peer's destination copies the rest, says so
+  // in its slot, and every rank of the node throws std::runtime_error once the handshake is
+  // done (no rank is left waiting; a step's MPI requests are completed by its caller).
+  template <class F>
+  void exchange_all(ShmSegment* mine, i64 off, F&& copy);
+
+  i64 mapped_bytes() const;
+
+ private:
+  struct PeerMap {
+    std::uint64_t id = 0;
+    char* ptr = nullptr;
+    i64 cap = 0;
+    std::uint64_t used = 0;
+  };
+  char* map_peer(int idx, const ShmSlot& s);  // null where it cannot be mapped (why_ says)
+  void check_failed();  // after a handshake: throws on every rank where one rank failed
+  ShmSlot& slot(int idx) { return *reinterpret_cast<ShmSlot*>(ctl_[idx]); }
+  void wait_epoch(int idx, std::uint64_t e);
+  void publish(ShmSegment* mine, i64 off);
+  void wait_arrivals();
+  void arrive(int idx);
+  template <class C>
+  void wait_for(ShmSlot& s, C done);
+  void signal(ShmSlot& s);
+
+  std::shared_ptr<Comm> comm_;
+  std::shared_ptr<NodeCtl> ctl_owner_;
+  bool usable_ = false;
+  std::string why_;
+  int nodes_ = 1;
+  int me_ = 0;  // my index among node_ranks_
+  std::vector<int> node_ranks_;  // comm ranks of my node, in node order
+  std::vector<int> local_of_;    // comm rank -> node index or -1
+  std::vector<char*> ctl_;       // control page of each node peer (mine included)
+  std::vector<std::vector<PeerMap>> maps_;  // per node peer: its segments mapped here
+  std::vector<char*> bases_;                // exchange_all's destinations
+  std::uint64_t epoch_ = 0, clock_ = 0, next_id_ = 1;
+  mutable std::mutex mu_;
+  struct Unref {  // a kept segment goes with its last reference
+    void operator()(std::shared_ptr<ShmSegment>&, i64) const {}
+  };
+  // freed results kept for reuse (a loop over many arrays): 256 of them, 512 MiB
+  BestFitPool<std::shared_ptr<ShmSegment>, Unref> free_{256, i64(512) << 20};
+  std::vector<std::weak_ptr<ShmSegment>> live_;  // handed out (find())
+  void publish_ids();  // the slot's ids table from live_ and free_ (mu_ held)
+  int spin_ = 64;
+  bool oversubscribed_ = false;  // spins before sleeping: long when every rank of the node has a core
+};
+
+// Wait until done(): spin a little, then sleep on the slot's futex word until it changes.
+template <class C>
+void NodeShm::wait_for(ShmSlot& s, C done) {
+  for (int i = 0; i < spin_; ++i) {
+    if (done()) return;
+    shm_pause();
+  }
+  while (true) {
+    const std::uint32_t q = s.seq.load(std::memory_order_acquire);
+    if (done()) return;
+    s.sleepers.fetch_add(1, std::memory_order_seq_cst);
+    if (!done()) futex_wait(&s.seq, q);
+    s.sleepers.fetch_sub(1, std::memory_order_seq_cst);
+  }
+}
+
+template <class F>
+void NodeShm::exchange_all(ShmSegment* mine, i64 off, F&& copy) {
+  ++epoch_;
+  publish(mine, off);
+  const int n = node_size();
+  bases_.assign(n, nullptr);
+  for (int k = 1; k < n; ++k) {
+    const int idx = (me_ + k) % n;
+    wait_epoch(idx, epoch_);
+    ShmSlot& s = slot(idx);
+    char* p = map_peer(idx, s);
+    if (p) {
+      bases_[idx] = p + s.dst_off;
+    } else {  // told to the node in this call's handshake: every rank raises below
+      slot(me_).failed.store(epoch_, std::memory_order_relaxed);
+    }
+  }
+  copy(static_cast<const std::vector<char*>&>(bases_));
+  for (int k = 1; k < n; ++k) arrive((me_ + k) % n);
+  wait_arrivals();
+  check_failed();
+}
+
+}  // namespace pyshard

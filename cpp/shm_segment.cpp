@@ -1,0 +1,196 @@
+#include "shm_segment.h"
+
+#include <fcntl.h>
+#include <linux/futex.h>
+#include <sys/mman.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <climits>
+#include <cstdio>
+#include <cstring>
+#include <ctime>
+#include <new>
+#include <stdexcept>
+
+namespace pyshard {
+
+namespace shm {
+
+std::string errno_text(const char* what) { return std::string(what) + ": " + std::strerror(errno); }
+
+char* map_foreign(std::int64_t pid, std::int64_t fd, i64 cap) {
+  char path[64];
+  std::snprintf(path, sizeof path, "/proc/%lld/fd/%lld", static_cast<long long>(pid),
+                static_cast<long long>(fd));
+  const int f = ::open(path, O_RDWR | O_CLOEXEC);
+  if (f < 0) return nullptr;
+  void* p = ::mmap(nullptr, static_cast<size_t>(cap), PROT_READ | PROT_WRITE,
+                   MAP_SHARED | MAP_POPULATE, f, 0);
+  const int e = errno;
+  ::close(f);
+  errno = e;
+  return p == MAP_FAILED ? nullptr : static_cast<char*>(p);
+}
+
+}  // namespace shm
+
+using shm::errno_text;
+using shm::kPage;
+using shm::map_foreign;
+using shm::page_up;
+
+void shm_pause() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#endif
+}
+
+void futex_wait(std::atomic<std::uint32_t>* w, std::uint32_t v) {
+  timespec t{0, 10 * 1000 * 1000};  // 10 ms: a safety net, not the wake-up path
+  ::syscall(SYS_futex, reinterpret_cast<std::uint32_t*>(w), FUTEX_WAIT, v, &t, nullptr, 0);
+}
+
+void futex_wake(std::atomic<std::uint32_t>* w) {
+  ::syscall(SYS_futex, reinterpret_cast<std::uint32_t*>(w), FUTEX_WAKE, INT_MAX, nullptr, nullptr,
+            0);
+}
+
+static_assert(sizeof(ShmSlot) <= kPage, "a rank's slot fits its control page");
+
+ShmSegment::ShmSegment(i64 bytes, std::uint64_t seg_id) : cap(page_up(bytes)), id(seg_id) {
+  fd = ::memfd_create("pyshard", MFD_CLOEXEC);
+  if (fd < 0) throw std::runtime_error(errno_text("memfd_create"));
+  if (::ftruncate(fd, cap) != 0) {
+    const std::string e = errno_text("ftruncate");
+    ::close(fd);
+    throw std::runtime_error(e);
+  }
+  void* p = ::mmap(nullptr, static_cast<size_t>(cap), PROT_READ | PROT_WRITE,
+                   MAP_SHARED | MAP_POPULATE, fd, 0);
+  if (p == MAP_FAILED) {
+    const std::string e = errno_text("mmap");
+    ::close(fd);
+    throw std::runtime_error(e);
+  }
+  ptr = static_cast<char*>(p);
+}
+
+ShmSegment::~ShmSegment() {
+  if (ptr) ::munmap(ptr, static_cast<size_t>(cap));
+  if (fd >= 0) ::close(fd);
+}
+
+// ----------------------------------------------------------------------------- setup
+
+NodeCtl::NodeCtl(int slots, bool fail) : slots_(slots) {
+  try {
+    if (fail)  // tests: this rank cannot set up (the others follow)
+      throw std::runtime_error("the test hook PYSHARD_TEST_SHM_FAIL is set on this rank");
+    mine_ = std::make_shared<ShmSegment>((1 + static_cast<i64>(slots)) * kPage, 0);
+    bytes_ = mine_->cap;
+    for (int k = 0; k < slots; ++k) {
+      auto* s = new (mine_->ptr + (1 + k) * kPage) ShmSlot();
+      s->epoch.store(0);
+      s->failed.store(0);
+      s->arrived.store(0);
+      s->seq.store(0);
+      s->sleepers.store(0);
+      s->nids.store(0);
+      s->pid = static_cast<std::int64_t>(::getpid());
+    }
+    // a peer opens it through /proc/<pid>/fd/<fd>: check that this works here at all
+    char* probe = map_foreign(::getpid(), mine_->fd, kPage);
+    if (!probe) throw std::runtime_error(errno_text("opening node-shared memory through /proc/<pid>/fd"));
+    ::munmap(probe, kPage);
+    ok_ = true;
+  } catch (const std::exception& e) {
+    mine_.reset();
+    why_ = e.what();
+  }
+}
+
+NodeCtl::~NodeCtl() { release(); }
+
+namespace {
+// the header: the owner's state, and how many of its peers have tried to map it
+std::atomic<std::uint32_t>& ctl_state(char* segment) {
+  return *reinterpret_cast<std::atomic<std::uint32_t>*>(segment);
+}
+std::atomic<std::uint32_t>& ctl_tried(char* segment) {
+  return *reinterpret_cast<std::atomic<std::uint32_t>*>(segment + 64);
+}
+}  // namespace
+
+void NodeCtl::release() {
+  if (mine_ && expect_ > 0) {
+    // a peer opens this segment through /proc/<pid>/fd after the mesh's Allgather: keep it
+    // open until every peer has tried (a rank may free its mesh, or exit, at once). Bounded:
+    // a peer that died never tries.
+    auto& tried = ctl_tried(mine_->ptr);
+    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+    std::uint32_t v;
+    while ((v = tried.load(std::memory_order_acquire)) < static_cast<std::uint32_t>(expect_) &&
+           std::chrono::steady_clock::now() < until)
+      futex_wait(&tried, v);
+  }
+  expect_ = 0;
+  for (auto& [r, p] : peers_) ::munmap(p, static_cast<size_t>(bytes_));
+  peers_.clear();
+  mine_.reset();
+}
+
+bool NodeCtl::connect(int me, const std::vector<int>& ranks,
+                      const std::vector<std::int64_t>& pids, const std::vector<std::int64_t>& fds,
+                      bool fail) {
+  me_ = me;
+  if (!mine_) return false;
+  expect_ = 0;
+  for (int r : ranks) expect_ += r != me;
+  bool all = !fail;
+  if (fail) why_ = "the test hook PYSHARD_TEST_SHM_FAIL=map is set on this rank";
+  for (size_t i = 0; i < ranks.size(); ++i) {
+    if (ranks[i] == me) continue;
+    char* p = fds[i] >= 0 ? map_foreign(pids[i], fds[i], bytes_) : nullptr;
+    if (!p) {
+      all = false;
+      why_ = errno_text("opening a node peer's memory through /proc/<pid>/fd");
+      continue;
+    }
+    peers_.emplace_back(ranks[i], p);
+    ctl_tried(p).fetch_add(1, std::memory_order_acq_rel);  // it may close its segment now
+    futex_wake(&ctl_tried(p));
+  }
+  ctl_state(mine_->ptr).store(all ? 1 : 2, std::memory_order_release);
+  futex_wake(&ctl_state(mine_->ptr));
+  return all;
+}
+
+char* NodeCtl::page(int r, int slot) const {
+  if (slot < 0 || slot >= slots_) return nullptr;
+  if (r == me_) return mine_ ? mine_->ptr + (1 + slot) * kPage : nullptr;
+  for (const auto& [q, p] : peers_)
+    if (q == r) return p + (1 + slot) * kPage;
+  return nullptr;
+}
+
+bool NodeCtl::healthy(const std::vector<int>& ranks) const {
+  if (!mine_ || ctl_state(mine_->ptr).load(std::memory_order_acquire) != 1) return false;
+  for (int r : ranks) {
+    if (r == me_) continue;
+    char* p = nullptr;
+    for (const auto& [q, m] : peers_)
+      if (q == r) p = m;
+    if (!p) return false;
+    auto& st = ctl_state(p);
+    std::uint32_t v;
+    while ((v = st.load(std::memory_order_acquire)) == 0) futex_wait(&st, 0);
+    if (v != 1) return false;
+  }
+  return true;
+}
+
+}  // namespace pyshard

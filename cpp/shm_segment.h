@@ -1,0 +1,104 @@
+// The node-local transport's memory (shm.h has the overview): memfd segments of this process,
+// a peer's mapped through /proc/<pid>/fd/<fd>, the control segments (NodeCtl) whose pages
+// hold each rank's ShmSlot, and the futex words ranks wait on.
+#pragma once
+
+#include <algorithm>
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "box.h"
+
+namespace pyshard {
+
+namespace shm {
+constexpr i64 kPage = 4096;
+inline i64 page_up(i64 n) { return (std::max<i64>(n, 1) + kPage - 1) / kPage * kPage; }
+std::string errno_text(const char* what);  // what: strerror(errno)
+// Map `cap` bytes of another process's memfd, or null (errno set).
+char* map_foreign(std::int64_t pid, std::int64_t fd, i64 cap);
+}  // namespace shm
+
+// One memfd segment of this process, mapped read-write; unmapped and closed with the last
+// reference (a result array may outlive the transport that made it).
+struct ShmSegment {
+  ShmSegment(i64 bytes, std::uint64_t id);
+  ~ShmSegment();
+  ShmSegment(const ShmSegment&) = delete;
+  ShmSegment& operator=(const ShmSegment&) = delete;
+  int fd = -1;
+  char* ptr = nullptr;
+  i64 cap = 0;
+  std::uint64_t id = 0;
+};
+
+// What a rank publishes, in its control segment (one page, mapped by every node peer).
+struct alignas(64) ShmSlot {
+  std::atomic<std::uint64_t> epoch;    // calls published by the owner
+  std::uint64_t dst_id;                // the segment holding this call's result
+  std::int64_t dst_fd, dst_cap, dst_off;
+  std::int64_t pid;
+  // the last call in which the owner could not map a node peer's result (0: none): every
+  // rank of the node raises after that call's handshake
+  std::atomic<std::uint64_t> failed;
+  alignas(64) std::atomic<std::uint64_t> arrived;  // senders done, summed over all calls
+  // bumped after every change of this slot; ranks waiting for a change sleep on it (futex)
+  // once a short spin has not seen it, so that ranks outnumbering the cores yield the CPU
+  std::atomic<std::uint32_t> seq;
+  std::atomic<std::uint32_t> sleepers;
+  // the owner's segments that exist (handed out or kept for reuse), so that a peer can unmap
+  // the ones gone; nids > kMaxIds: too many to list (peers keep their mappings, LRU-bounded)
+  static constexpr std::uint32_t kMaxIds = 240;
+  std::atomic<std::uint32_t> nids;
+  std::atomic<std::uint64_t> ids[kMaxIds];
+};
+
+// This rank's control segment, made when a Mesh is built, and its node peers' (mapped once
+// their pids and fds are known from the mesh's one Allgather; pyshard/_shm.py). Page 0 is the
+// header (state: 0 while setting up, 1 once every node peer's segment is mapped here, 2 where
+// one could not be); page 1 + k is the ShmSlot of the mesh's k-th communicator. No MPI call.
+class NodeCtl {
+ public:
+  // Makes the segment and checks that it can be opened again through /proc/<pid>/fd (as a
+  // peer will). Never throws: ok() and why() say how it went; `fail` (a test hook) fails it.
+  NodeCtl(int slots, bool fail);
+  ~NodeCtl();
+  NodeCtl(const NodeCtl&) = delete;
+  NodeCtl& operator=(const NodeCtl&) = delete;
+  bool ok() const { return ok_; }
+  const std::string& why() const { return why_; }
+  std::int64_t fd() const { return mine_ ? mine_->fd : -1; }
+  int slots() const { return slots_; }
+  // Map the segments of the node peers (mesh ranks `ranks`, with their pids and fds; this
+  // rank's own entry is skipped), then publish the header state. False where one could not
+  // be mapped (`fail`, a test hook, pretends so).
+  bool connect(int me, const std::vector<int>& ranks, const std::vector<std::int64_t>& pids,
+               const std::vector<std::int64_t>& fds, bool fail);
+  // Slot page `slot` of mesh rank r (this rank's or a connected peer's), or null.
+  char* page(int r, int slot) const;
+  // Has every one of `ranks` (connected peers, this rank included) mapped all its node
+  // peers? Waits until each has published its state (they are in or past Mesh()).
+  bool healthy(const std::vector<int>& ranks) const;
+  // Unmap the peers' segments, and close this one once every peer has tried to map it.
+  void release();
+
+ private:
+  int slots_ = 0, me_ = -1, expect_ = 0;  // expect_: peers that will map this segment
+  bool ok_ = false;
+  std::string why_;
+  std::shared_ptr<ShmSegment> mine_;
+  std::vector<std::pair<int, char*>> peers_;  // mesh rank, its segment mapped here
+  i64 bytes_ = 0;
+};
+
+// Waiting: a pause between spins, and sleeping on a futex word until it is not `v` (10 ms at
+// most: a safety net, not the wake-up path) / waking every sleeper on it.
+void shm_pause();
+void futex_wait(std::atomic<std::uint32_t>* w, std::uint32_t v);
+void futex_wake(std::atomic<std::uint32_t>* w);
+
+}  // namespace pyshard

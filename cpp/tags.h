@@ -1,0 +1,23 @@
+// The MPI tags of pyshard's point-to-point messages, in one table. Each kind of message has
+// its own, so that messages of steps that may be in flight at once on one communicator are
+// never matched with each other (every communicator is the core's own duplicate, so no
+// other library's messages meet these).
+#pragma once
+
+namespace pyshard::tags {
+
+// An exchange's point-to-point messages (the p2p algorithm, ExchangeStep::run).
+constexpr int kExchange = 7;
+// A halo exchange's messages. The halo step takes its tag from Python: pyshard/halo.py's
+// HALO_TAG, which is _core.HALO_TAG, this value.
+constexpr int kHalo = 8;
+// An exchange in flight (redistribute(..., wait=False): ExchangeStep::start/complete):
+// never matched with a blocking step's messages.
+constexpr int kPending = 9;
+// A halo fold's messages (the reverse exchange, HaloArray.fold): pyshard/halo.py's FOLD_TAG,
+// which is _core.FOLD_TAG, this value (a fold and a pending exchange may be in flight at once).
+constexpr int kFold = 10;
+// The node-local transport's messages to peers on other nodes (ShmExchangeStep).
+constexpr int kShmOffNode = 7301;
+
+}  // namespace pyshard::tags
