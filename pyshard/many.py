@@ -22,7 +22,7 @@ from . import _core, _shm, _validate, config
 from . import executor as _executor
 from ._cache import LRU, memoize
 from .array import ShardedArray
-from .executor import NONBLOCKING_MIN_BLOCK, POOL_MIN_BYTES, pooled_empty
+from .executor import NONBLOCKING_MIN_BLOCK, allocate
 from .layout import PlacementsArg, placements_str
 from .mesh import Mesh
 from .plan import Plan, geometry, plan, push_specs
@@ -271,24 +271,16 @@ class _Fused:
         self.need = int(g.send_bytes + g.recv_bytes)
         self.out_shapes = [s.dst.local_shape(coords) for s in steps]
         self.dtypes = [s.dst.dtype for s in steps]
-        self.pooled = [
-            not dev and prod(sh) * dt.itemsize >= POOL_MIN_BYTES
-            for sh, dt in zip(self.out_shapes, self.dtypes)
-        ]
 
     def run(self, locals_: List[Any], dev: bool) -> List[Any]:
+        like = locals_[0]
+        outs = [allocate(sh, dt, like) for sh, dt in zip(self.out_shapes, self.dtypes)]
         if dev:
-            xp = bk.xp_of(locals_[0])
-            outs = [xp.empty(sh, dt) for sh, dt in zip(self.out_shapes, self.dtypes)]
             self.core.run_device(
                 [a.data.ptr for a in locals_], [o.data.ptr for o in outs], bk.stream_ptr()
             )
-            return outs
-        outs = [
-            pooled_empty(sh, dt) if pool else np.empty(sh, dt)
-            for sh, dt, pool in zip(self.out_shapes, self.dtypes, self.pooled)
-        ]
-        self.core.run(locals_, outs)
+        else:
+            self.core.run(locals_, outs)
         return outs
 
 
