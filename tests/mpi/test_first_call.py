@@ -36,6 +36,7 @@ JOBS = [
     (4, {"PYSHARD_TRANSPORT": "auto"}),
     (5, {"PYSHARD_TRANSPORT": "mpi"}),
     (6, {**ALL_SHM, "PYSHARD_NODE_SIZE": "3"}),
+    (7, {"PYSHARD_TRANSPORT": "auto", "PYSHARD_SHM_MIN_BYTES": "4096"}),
     (8, ALL_SHM),
 ]
 
