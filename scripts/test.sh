@@ -32,7 +32,7 @@ cd "$(dirname "$0")/.."
 VENV=${PYSHARD_VENV:-.venv}
 PY="$VENV/bin/python"
 MPIEXEC="$VENV/bin/mpiexec"
-T=${PYSHARD_TEST_TIMEOUT:-300}
+T=${PYSHARD_TEST_TIMEOUT:-600}  # a stage's hard limit (tests/mpi at 8 ranks on 2 cores: about 4 minutes)
 fail=0
 # shellcheck source=scripts/mpi-runs.sh
 . scripts/mpi-runs.sh
