@@ -51,7 +51,11 @@ def shim(tmp_path_factory):
     out = str(tmp_path_factory.mktemp("pmpi") / "pmpi_count.so")
     src = os.path.join(HERE, "pmpi_count.c")
     cmd = [mpicc, "-shared", "-fPIC", "-O1", "-o", out, src]
-    r = subprocess.run(cmd, capture_output=True, text=True)
+    env = dict(os.environ)
+    prefix = os.path.dirname(os.path.dirname(os.path.abspath(mpicc)))
+    if not env.get("I_MPI_ROOT") and os.path.exists(os.path.join(prefix, "include", "mpi.h")):
+        env["I_MPI_ROOT"] = prefix  # pip's Intel MPI: its mpicc needs it (ignored by the others)
+    r = subprocess.run(cmd, capture_output=True, text=True, env=env)
     if r.returncode != 0:
         pytest.skip(f"{mpicc} could not build the PMPI shim: {r.stderr.strip()[-400:]}")
     return out
