@@ -162,6 +162,12 @@ def _from_dlpack(obj: Any, name: str, consume: Callable[[Any], Any], module: str
         ) from None
 
 
+def cupy_from_dlpack(obj: Any, name: str) -> Any:
+    """A CUDA array or tensor as a cupy array through DLPack, without a copy; one of a dtype
+    cupy cannot take (bfloat16, float8) is retagged and viewed as its ml_dtypes dtype."""
+    return _from_dlpack(obj, name, _need_cupy(name).from_dlpack, "cupy")
+
+
 def to_dlpack(array: Any) -> Any:
     """``array`` (numpy or cupy) as a DLPack producer any consumer takes, without a copy:
     ``torch.from_dlpack(pyshard.to_dlpack(y.local))``. numpy and cupy refuse to export

@@ -73,7 +73,7 @@ def _as_array(t: torch.Tensor) -> Any:
     if t.device.type == "cuda" and t.dtype in _ML_TORCH:
         # DLPack (retagged), not the __cuda_array_interface__ that as_array prefers: torch
         # describes a bfloat16 tensor there as raw void words ("<V2"), a float8 one not at all
-        return bk._from_dlpack(t, "tensor", bk._need_cupy("tensor").from_dlpack, "cupy")
+        return bk.cupy_from_dlpack(t, "tensor")
     return bk.as_array(t, "tensor")  # DLPack: bfloat16, float8 on the host; CUDA tensors
 
 
