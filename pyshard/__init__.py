@@ -19,7 +19,7 @@ def _check_same_mpi() -> None:
 
 _check_same_mpi()
 
-from . import _backend, _cache, config  # noqa: E402
+from . import _backend, _cache, config, route  # noqa: E402
 from ._backend import build_info, cuda_available, to_dlpack  # noqa: E402
 from ._cache import cache_limit, clear_caches, set_cache_limit  # noqa: E402
 from ._validate import set_validation, validation  # noqa: E402
@@ -83,6 +83,7 @@ __all__ = [
     "plan",
     "plan_many",
     "redistribute_many",
+    "route",
     "reset_comm_stats",
     "save",
     "set_cache_limit",
