@@ -99,7 +99,23 @@ def halo_expected(g, lo, hi, width, periodic, corners, fill):
     holds ``g`` there (wrapped on periodic dims) when it lies inside on every non-periodic
     dim and, for a star stencil (``corners=False``), outside the box on exactly one dim;
     every other cell keeps ``fill``."""
-    nd = g.ndim
+    idx, ghost, outside = halo_cells(g.shape, lo, hi, width, periodic, corners)
+    shape = ghost.shape
+    out = np.full(shape, fill, dtype=g.dtype)
+    if not all(shape) or not g.size:
+        return out
+    vals = g[np.ix_(*[np.mod(i, g.shape[d]) for d, i in enumerate(idx)])]
+    write = ghost | (outside == 0)
+    out[write] = vals[write]
+    return out
+
+
+def halo_cells(gshape, lo, hi, width, periodic, corners):
+    """The padded block of the box [lo, hi) of a global array of shape ``gshape``: its global
+    (unwrapped) indices per dim, the mask of the ghost cells an update writes (inside on every
+    non-periodic dim; with a star stencil, outside the box on exactly one dim), and how many
+    dims each cell lies outside the box on (0: the interior)."""
+    nd = len(gshape)
     idx = [np.arange(lo[d] - width[d], hi[d] + width[d]) for d in range(nd)]
     shape = tuple(len(i) for i in idx)
     valid = np.ones(shape, bool)
@@ -108,17 +124,10 @@ def halo_expected(g, lo, hi, width, periodic, corners, fill):
         view = [1] * nd
         view[d] = shape[d]
         i = idx[d]
-        ok = ((i >= 0) & (i < g.shape[d])) | bool(periodic[d])
+        ok = ((i >= 0) & (i < gshape[d])) | bool(periodic[d])
         valid &= ok.reshape(view)
         outside += ((i < lo[d]) | (i >= hi[d])).reshape(view)
-    out = np.full(shape, fill, dtype=g.dtype)
-    if not all(shape) or not g.size:
-        return out
-    vals = g[np.ix_(*[np.mod(i, g.shape[d]) for d, i in enumerate(idx)])]
-    write = valid & ((outside >= 1) if corners else (outside == 1))
-    write |= outside == 0
-    out[write] = vals[write]
-    return out
+    return idx, valid & ((outside >= 1) if corners else (outside == 1)), outside
 
 
 EXCHANGE_NAMES = ("alltoallv", "p2p", "allgather", "allgatherv")

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from oracle import ML_DTYPES, halo_expected
+from oracle import ML_DTYPES, halo_cells, halo_expected
 from test_count_limit import limited, ran  # noqa: F401 - the fixture
 from test_halo import cases
 from test_redistribute_nd import counts_since
@@ -56,19 +56,7 @@ def written(layout, width, periodic, corners, coords):
     at ``coords``: halo_expected's rule."""
     box = layout.box(coords)
     lo, hi = [b.start for b in box], [b.stop for b in box]
-    nd = len(lo)
-    idx = [np.arange(lo[d] - width[d], hi[d] + width[d]) for d in range(nd)]
-    shape = tuple(len(i) for i in idx)
-    valid = np.ones(shape, bool)
-    outside = np.zeros(shape, np.int64)
-    for d in range(nd):
-        view = [1] * nd
-        view[d] = shape[d]
-        i = idx[d]
-        ok = ((i >= 0) & (i < layout.shape[d])) | bool(periodic[d])
-        valid &= ok.reshape(view)
-        outside += ((i < lo[d]) | (i >= hi[d])).reshape(view)
-    mask = valid & ((outside >= 1) if corners else (outside == 1))
+    idx, mask, _ = halo_cells(layout.shape, lo, hi, width, periodic, corners)
     gidx = [np.mod(i, layout.shape[d]) if layout.shape[d] else i for d, i in enumerate(idx)]
     return gidx, mask
 

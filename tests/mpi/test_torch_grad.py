@@ -17,6 +17,7 @@ from math import prod
 
 import numpy as np
 import pytest
+from oracle import halo_cells
 from test_redistribute_nd import MESHES
 
 import pyshard as ps
@@ -348,20 +349,9 @@ def test_import_error_without_torch(monkeypatch):
 def padded_reference(X, lo, hi, width, periodic, corners):
     """The padded block [lo, hi) of the global torch tensor X as halo_pad fills it, by the
     semantics (pyshard.halo_plan; tests/mpi/oracle.halo_expected), differentiable in X."""
-    nd = X.dim()
-    idx = [np.arange(lo[d] - width[d], hi[d] + width[d]) for d in range(nd)]
-    shape = tuple(len(i) for i in idx)
-    valid = np.ones(shape, bool)
-    outside = np.zeros(shape, np.int64)
-    for d in range(nd):
-        view = [1] * nd
-        view[d] = shape[d]
-        i = idx[d]
-        ok = ((i >= 0) & (i < X.shape[d])) | bool(periodic[d])
-        valid &= ok.reshape(view)
-        outside += ((i < lo[d]) | (i >= hi[d])).reshape(view)
-    write = valid & ((outside >= 1) if corners else (outside == 1))
-    write |= outside == 0
+    idx, ghost, outside = halo_cells(tuple(X.shape), lo, hi, width, periodic, corners)
+    shape = ghost.shape
+    write = ghost | (outside == 0)
     if not all(shape) or not X.numel():
         return torch.zeros(shape, dtype=X.dtype)
     ix = np.ix_(*[np.mod(i, X.shape[d]) for d, i in enumerate(idx)])
