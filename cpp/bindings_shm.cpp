@@ -12,8 +12,20 @@
 #include "bindings_common.h"
 #include "buffers.h"
 #include "shm.h"
+#include "shm_halo.h"
 
 namespace pyshard::bind {
+
+namespace {
+// A step through node-shared memory runs on the padded array of its own buffer only.
+void check_padded(const ShmHaloStep& s, py::array& a) {
+  Buf b = get_buf(a, true, "the padded array");
+  check_shape(b, s.shape(), "the padded array");
+  if (b.ptr != s.data())
+    throw std::invalid_argument(
+        "pyshard: a halo step through node-shared memory runs on its own padded array");
+}
+}  // namespace
 
 void bind_node_shared(py::module_& m) {
   py::class_<NodeCtl, std::shared_ptr<NodeCtl>>(m, "NodeCtl")
@@ -52,6 +64,63 @@ void bind_node_shared(py::module_& m) {
         return py::buffer_info(b.seg->ptr, 1, py::format_descriptor<std::uint8_t>::format(), 1,
                                {b.n}, {1}, false);
       });
+
+  py::class_<HaloBuffer, std::shared_ptr<HaloBuffer>>(m, "HaloBuffer", py::buffer_protocol())
+      .def(py::init<std::shared_ptr<NodeShm>, i64>(), py::arg("node"), py::arg("nbytes"),
+           "A halo array's padded block in node-shared memory (a segment of its own).")
+      .def_property_readonly("nbytes", &HaloBuffer::bytes)
+      .def_buffer([](HaloBuffer& b) {
+        return py::buffer_info(b.data(), 1, py::format_descriptor<std::uint8_t>::format(), 1,
+                               {b.bytes()}, {1}, false);
+      });
+
+  py::class_<ShmHaloStep>(m, "ShmHaloStep")
+      .def(py::init<std::shared_ptr<Comm>, std::shared_ptr<HaloBuffer>,
+                    std::shared_ptr<HaloGeometry>, int, const std::vector<HaloPeer>&, int, bool,
+                    std::vector<FoldEntry>, const std::vector<LocalSpec>&>(),
+           py::arg("comm"), py::arg("buffer"), py::arg("mpi"), py::arg("tag"), py::arg("peers"),
+           py::arg("waiters"), py::arg("reverse") = false,
+           py::arg("order") = std::vector<FoldEntry>{},
+           py::arg("wraps") = std::vector<LocalSpec>{})
+      .def("start",
+           [](ShmHaloStep& s, py::array& a) {
+             check_padded(s, a);
+             py::gil_scoped_release nogil;
+             s.start();
+           })
+      .def("wait",
+           [](ShmHaloStep& s, py::array& a) {
+             check_padded(s, a);
+             py::gil_scoped_release nogil;
+             s.wait();
+           })
+      .def("update",
+           [](ShmHaloStep& s, py::array& a) {
+             check_padded(s, a);
+             py::gil_scoped_release nogil;
+             s.start();
+             s.wait();
+           })
+      .def("fold_wait",
+           [](ShmHaloStep& s, py::array& a, int op, int kind) {
+             check_padded(s, a);
+             py::gil_scoped_release nogil;
+             s.wait(static_cast<FoldOp>(op), static_cast<FoldKind>(kind));
+           },
+           py::arg("padded"), py::arg("op"), py::arg("kind"))
+      .def("fold",
+           [](ShmHaloStep& s, py::array& a, int op, int kind) {
+             check_padded(s, a);
+             py::gil_scoped_release nogil;
+             s.start();
+             s.wait(static_cast<FoldOp>(op), static_cast<FoldKind>(kind));
+           },
+           py::arg("padded"), py::arg("op"), py::arg("kind"))
+      .def_property_readonly("active", &ShmHaloStep::active)
+      .def_property_readonly("node_peers", &ShmHaloStep::node_peers)
+      .def_property_readonly("waiters", &ShmHaloStep::waiters)
+      .def_property_readonly("mpi_peers", &ShmHaloStep::mpi_peers)
+      .def_property_readonly("node_bytes", &ShmHaloStep::node_bytes);
 
   py::class_<ShmExchangeStep, std::shared_ptr<ShmExchangeStep>>(m, "ShmExchangeStep")
       .def(py::init<std::shared_ptr<Comm>, std::shared_ptr<NodeShm>, i64, Shape, Shape,

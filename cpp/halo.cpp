@@ -135,8 +135,10 @@ void combine_typed(FoldOp op, const DescTable& t, size_t b0, size_t b1, const ch
   }
 }
 
-void combine(FoldKind kind, FoldOp op, const DescTable& t, size_t b0, size_t b1,
-             const char* src, char* dst) {
+}  // namespace
+
+void fold_combine(FoldKind kind, FoldOp op, const DescTable& t, size_t b0, size_t b1,
+                  const char* src, char* dst) {
   switch (kind) {
     case FoldKind::f32: return combine_typed<float>(op, t, b0, b1, src, dst);
     case FoldKind::f64: return combine_typed<double>(op, t, b0, b1, src, dst);
@@ -154,6 +156,8 @@ void combine(FoldKind kind, FoldOp op, const DescTable& t, size_t b0, size_t b1,
   }
   throw std::invalid_argument("pyshard: unknown fold element kind");
 }
+
+namespace {
 
 i64 kind_size(FoldKind k) {
   switch (k) {
@@ -420,18 +424,18 @@ void HaloStep::wait(char* arr, Packer& pk, Transport tr, FoldOp op, FoldKind kin
     if (kind != FoldKind::none) {
       // the fixed order: messages by peer rank, this rank's own copies at its rank's place
       const size_t at = static_cast<size_t>(g.local_at);
-      combine(kind, op, g.unpack, 0, at, work + S, arr);
-      combine(kind, op, g.local_unpack, 0, 1, arr, arr);
-      combine(kind, op, g.unpack, at, g.unpack.blocks(), work + S, arr);
+      fold_combine(kind, op, g.unpack, 0, at, work + S, arr);
+      fold_combine(kind, op, g.local_unpack, 0, 1, arr, arr);
+      fold_combine(kind, op, g.unpack, at, g.unpack.blocks(), work + S, arr);
     }
-    count_call("halo_fold", pk, tr);
+    if (counted_) count_call("halo_fold", pk, tr);
     pk.finish();
     return;
   }
   active_ = false;
   if (method_ == HaloMethod::datatype) {
     waitall();
-    count_call("halo", pk, tr);
+    if (counted_) count_call("halo", pk, tr);
     return;
   }
   const i64 S = g.send_bytes, R = g.recv_bytes;
@@ -445,7 +449,7 @@ void HaloStep::wait(char* arr, Packer& pk, Transport tr, FoldOp op, FoldKind kin
   } else {
     pk.copy_all(g.unpack_packed, work + S, arr);  // contiguous messages landed in place
   }
-  count_call("halo", pk, tr);
+  if (counted_) count_call("halo", pk, tr);
   pk.finish();
 }
 

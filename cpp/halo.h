@@ -81,6 +81,11 @@ struct HaloGeometry {
   i64 local_bytes = 0;
 };
 
+// dst = op(dst, src) over blocks [b0, b1) of table `t`, element by element in table order
+// (serial: two contributions to one cell always combine in the same order); host memory.
+void fold_combine(FoldKind kind, FoldOp op, const DescTable& t, size_t b0, size_t b1,
+                  const char* src, char* dst);
+
 class HaloStep {
  public:
   HaloStep(std::shared_ptr<Comm> comm, std::shared_ptr<HaloGeometry> g, HaloMethod method,
@@ -99,6 +104,8 @@ class HaloStep {
   const HaloGeometry& geometry() const { return *g_; }
   HaloMethod method() const { return method_; }
   i64 buffer_bytes() const { return ws_.held(); }
+  // Count each exchange in stats() (a step inside another, ShmHaloStep, leaves it to that one)
+  void set_counted(bool c) { counted_ = c; }
 
  private:
   void bind(char* arr, char* sb, char* rb, bool in_place);
@@ -122,6 +129,7 @@ class HaloStep {
   char* bound_[3] = {nullptr, nullptr, nullptr};  // array, send and receive buffers bound
   bool bound_in_place_ = false;
   bool active_ = false;
+  bool counted_ = true;
   char* work_ = nullptr;  // the packed buffer of the last start()
   Transport started_tr_ = Transport::direct;
 };

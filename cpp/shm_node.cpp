@@ -81,6 +81,11 @@ std::shared_ptr<ShmSegment> NodeShm::take(i64 n) {
   return s;
 }
 
+std::shared_ptr<ShmSegment> NodeShm::make_segment(i64 n) {
+  std::lock_guard<std::mutex> lock(mu_);
+  return std::make_shared<ShmSegment>(page_up(n), next_id_++);
+}
+
 void NodeShm::publish_ids() {
   if (ctl_.empty()) return;
   ShmSlot& me = slot(me_);

@@ -6,6 +6,7 @@
 #include <atomic>
 #include <memory>
 #include <mutex>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -63,6 +64,20 @@ class NodeShm {
   // done (no rank is left waiting; a step's MPI requests are completed by its caller).
   template <class F>
   void exchange_all(ShmSegment* mine, i64 off, F&& copy);
+
+  // One call that only trades where each rank's segment lies (a halo array's padded block,
+  // shm_halo.h): publish `mine` at `off`; once every node peer has published its own,
+  // f(idx, pid, fd, cap, off) for each (false: it could not be used, told to the node as in
+  // exchange_all); then arrive and wait as exchange_all does, and throw on every rank of
+  // the node where one rank failed.
+  template <class F>
+  void trade(ShmSegment* mine, i64 off, F&& f);
+
+  // A new segment of this rank's that is not the pool's (its owner frees it), with an id
+  // no other segment of this rank's has.
+  std::shared_ptr<ShmSegment> make_segment(i64 n);
+  // How long waits spin before they sleep (long where every rank of the node has a core).
+  int spin() const { return spin_; }
 
   i64 mapped_bytes() const;
 
@@ -142,6 +157,24 @@ void NodeShm::exchange_all(ShmSegment* mine, i64 off, F&& copy) {
     }
   }
   copy(static_cast<const std::vector<char*>&>(bases_));
+  for (int k = 1; k < n; ++k) arrive((me_ + k) % n);
+  wait_arrivals();
+  check_failed();
+}
+
+template <class F>
+void NodeShm::trade(ShmSegment* mine, i64 off, F&& f) {
+  if (!usable_) throw std::runtime_error("pyshard: node-shared memory was released");
+  ++epoch_;
+  publish(mine, off);
+  const int n = node_size();
+  for (int k = 1; k < n; ++k) {
+    const int idx = (me_ + k) % n;
+    wait_epoch(idx, epoch_);
+    ShmSlot& s = slot(idx);
+    if (!f(idx, s.pid, s.dst_fd, s.dst_cap, s.dst_off))
+      slot(me_).failed.store(epoch_, std::memory_order_relaxed);
+  }
   for (int k = 1; k < n; ++k) arrive((me_ + k) % n);
   wait_arrivals();
   check_failed();

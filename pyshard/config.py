@@ -78,7 +78,7 @@ def _text(raw: str) -> str:
 
 _BOOL = "0/1, false/true, no/yes or off/on"
 _ALGORITHMS = ("auto", "tune", "alltoallv", "alltoall", "p2p", "alltoallw", "shm")
-_HALO = ("persistent", "p2p", "datatype", "neighbor", "tune")
+_HALO = ("auto", "shm", "persistent", "p2p", "datatype", "neighbor", "tune")
 
 SETTINGS: Dict[str, Setting] = {s.name: s for s in (
     Setting("PYSHARD_ALGORITHM", "one of " + ", ".join(_ALGORITHMS), "auto",
@@ -103,8 +103,10 @@ SETTINGS: Dict[str, Setting] = {s.name: s for s in (
     Setting("PYSHARD_VALIDATE", _BOOL, False,
             "check with one small Allgather per call that every rank passed the same layouts "
             "and arguments", _bool),
-    Setting("PYSHARD_HALO_METHOD", "one of " + ", ".join(_HALO), "persistent",
-            "how halo updates move their messages when HaloArray gets no method",
+    Setting("PYSHARD_HALO_METHOD", "one of " + ", ".join(_HALO), "auto",
+            "how halo updates and folds move their ghost cells when HaloArray gets no method "
+            "(auto: node-shared memory between ranks of a node for faces of at least "
+            "PYSHARD_SHM_MIN_BYTES, else persistent requests)",
             _choice(*_HALO)),
     Setting("PYSHARD_CACHE_LIMIT", "an integer >= 1", 256,
             "entries kept per plan and executor cache", _int(1)),

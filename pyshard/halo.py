@@ -2,8 +2,12 @@
 :class:`HaloArray`, a shard with ghost layers around it, runs this rank's
 :class:`~pyshard.HaloPlan` (:mod:`pyshard.halo_plan`): one message per peer each way, packed
 by the core's packers (CPU or CUDA, the same descriptor tables as ``redistribute``), moved
-by one of four methods (persistent point-to-point requests by default), split into
-``start()`` and ``wait()``. The semantics are :mod:`pyshard.halo_plan`'s.
+by one of four MPI methods (persistent point-to-point requests by default), or through
+node-shared memory where ranks share a node (``method="shm"``, and ``"auto"`` for faces
+of at least ``PYSHARD_SHM_MIN_BYTES``: the padded arrays live in node-shared memory and each
+ghost cell is copied once, straight from its owner's interior, ``cpp/shm_halo.h``), split
+into ``start()`` and ``wait()``. :func:`pyshard.route.halo_route` decides the path. The
+semantics are :mod:`pyshard.halo_plan`'s.
 
 :meth:`HaloArray.fold` (and :meth:`~HaloArray.start_fold` / ``wait()``) is the reverse
 exchange, the adjoint of an update: every ghost cell an update writes is combined (sum, max
@@ -27,6 +31,7 @@ from . import _core, _dtypes, _validate, config
 from .halo_plan import HaloPlan, PeriodicArg, WidthArg, halo_plan, halo_spec
 from .layout import Layout
 from .mesh import Mesh
+from .route import HALO_METHODS, halo_route
 
 if TYPE_CHECKING:  # no runtime import: array.py imports this module
     from .array import ShardedArray
@@ -35,7 +40,7 @@ __all__ = ["FOLD_OPS", "METHODS", "HaloArray"]
 
 log = logging.getLogger("pyshard")
 
-METHODS = ("persistent", "p2p", "datatype", "neighbor")
+METHODS = HALO_METHODS  # the MPI methods, then "shm" (node-shared memory)
 TUNE_REPS = 5  # updates per method when method="tune"
 HALO_TAG = _core.HALO_TAG  # the core's table of MPI tags (cpp/tags.h)
 FOLD_TAG = _core.FOLD_TAG  # the reverse exchange (fold), its own tag there
@@ -85,6 +90,61 @@ def _fold_geometry(p: HaloPlan) -> Any:
     )
 
 
+def _boxes(msgs: Any) -> list:
+    return [(r, [(list(s), list(e)) for s, e in boxes]) for r, _, boxes in msgs]
+
+
+def _node_peers(p: HaloPlan, on: set) -> list:
+    """Per node peer this rank sends to (``on``: the other ranks of its node): its rank, its
+    padded shape, and per box (start here, start in the peer's padded array, extent), from
+    the peer's own plan (the same boxes in message order on both sides)."""
+    out = []
+    for r, qc, boxes in p.sends:
+        if r not in on:
+            continue
+        q = halo_plan(p.layout, p.spec, qc)
+        theirs = next(b for rr, _, b in q.recvs if rr == p.rank)
+        if len(theirs) != len(boxes) or any(e != f for (_, e), (_, f) in zip(boxes, theirs)):
+            raise RuntimeError(f"pyshard: halo plans of ranks {p.rank} and {r} disagree")
+        out.append((r, list(q.padded_shape),
+                    [(list(s), list(t), list(e)) for (s, e), (t, _) in zip(boxes, theirs)]))
+    return out
+
+
+def _shm_step(p: HaloPlan, comm: Any, node: Any, buf: Any, reverse: bool) -> Any:
+    """The exchange through node-shared memory (``cpp/shm_halo.h``): node peers by copies
+    between the padded arrays, peers on other nodes by persistent requests (an inner step of
+    just their messages); for a fold, the combine order of the MPI path."""
+    on = set(node.node_ranks) - {p.rank}
+    off_sends = [m for m in p.sends if m[0] not in on]
+    off_recvs = [m for m in p.recvs if m[0] not in on]
+    peers = _node_peers(p, on)
+    waiters = sum(1 for r, _, _ in p.recvs if r in on)
+    if not reverse:
+        geom = _core.HaloGeometry(
+            p.itemsize, list(p.padded_shape), _boxes(off_sends), _boxes(off_recvs),
+            [(list(s), list(t), list(e)) for s, t, e in p.local],
+        )
+        return _core.ShmHaloStep(comm, buf, geom, HALO_TAG, peers, waiters)
+    geom = _core.HaloGeometry(
+        p.itemsize, list(p.padded_shape), _boxes(off_recvs), _boxes(off_sends), [], True, 0
+    )
+    order, m, n = [], 0, 0  # by peer rank (the update's sends), this rank at its place
+    for r, _, _ in p.sends:
+        if r > p.rank and (2, 0) not in order:
+            order.append((2, 0))
+        if r in on:
+            order.append((1, n))
+            n += 1
+        else:
+            order.append((0, m))
+            m += 1
+    if (2, 0) not in order:
+        order.append((2, 0))
+    wraps = [(list(t), list(s), list(e)) for s, t, e in p.local]
+    return _core.ShmHaloStep(comm, buf, geom, FOLD_TAG, peers, waiters, True, order, wraps)
+
+
 def _bytes_at(ptr: int, n: int, xp: Any, owner: Any) -> Any:
     """A uint8 array over ``n`` bytes at ``ptr`` (host memory, or device memory for cupy)."""
     if xp is np:
@@ -118,15 +178,17 @@ class HaloArray:
         "padded", "interior", "width", "periodic", "corners", "layout", "mesh", "method",
         "chosen", "fold_chosen",
         "_spec", "_cls", "_step", "_dev", "_active", "_array", "_fstep", "_fgeom", "_folding",
+        "_route", "_buf",
     )
 
     def __init__(self, x: ShardedArray, width: WidthArg, periodic: PeriodicArg = False,
                  corners: bool = True, method: Optional[str] = None) -> None:
         spec = halo_spec(x.layout, width, periodic, corners)
         method = _default_method() if method is None else method
-        if method not in METHODS + ("tune",):
+        if method not in ("auto",) + METHODS + ("tune",):
             raise ValueError(
-                f"with_halo: method must be one of {METHODS + ('tune',)}, got {method!r}"
+                f"with_halo: method must be one of {('auto',) + METHODS + ('tune',)}, got "
+                f"{method!r}"
             )
         if method == "datatype" and bk.is_device(x.local):
             raise ValueError(
@@ -145,7 +207,15 @@ class HaloArray:
         local = x.local
         xp = bk.xp_of(local)
         shape = tuple(s + 2 * w for s, w in zip(local.shape, spec.width))
-        self.padded = xp.zeros(shape, dtype=local.dtype)
+        self._route = halo_route(x.layout, spec, x.mesh, method, bk.is_device(local))
+        self._buf: Any = None
+        if self._route.node is not None and self._route.path in ("shm", "tune"):
+            # in node-shared memory (a segment of its own, zeroed), for node peers to reach
+            self._buf = _core.HaloBuffer(self._route.node, prod(shape) * local.dtype.itemsize)
+            self.padded = np.frombuffer(self._buf, dtype=local.dtype, count=prod(shape))
+            self.padded = self.padded.reshape(shape)
+        else:
+            self.padded = xp.zeros(shape, dtype=local.dtype)
         # (a 0-d array's interior is the whole 0-d array: index it with `...`, not `()`)
         self.interior = self.padded[
             tuple(slice(w, w + s) for w, s in zip(spec.width, local.shape)) or ...
@@ -182,28 +252,32 @@ class HaloArray:
                 })
             p = self.plan
             comm = self.mesh.core_comm(tuple(range(self.mesh.ndim)))
-            geom = _geometry(p)
-            if self.method == "tune":
-                self.chosen, self._step = self._tune(comm, geom)
+            if self._route.path == "tune":
+                self.chosen, self._step = self._tune(comm, p)
             else:
-                self.chosen = self.method
-                self._step = _core.HaloStep(
-                    comm, geom, getattr(_core.HaloMethod, self.method), HALO_TAG
-                )
+                self.chosen = self._route.algorithm
+                self._step = self._make(self.chosen, comm, p, False)
             if self._dev:
                 bk.announce()
             log.debug("pyshard: halo exchange built for rank %d: %r (%s)", self.mesh.rank, p,
                       self.chosen)
         return self._step
 
-    def _tune(self, comm: Any, geom: Any) -> Tuple[str, Any]:
-        """Time every method on this array (a few full updates each, the slowest rank's
+    def _make(self, method: str, comm: Any, p: HaloPlan, reverse: bool) -> Any:
+        """The core's step of ``method`` for an update (or, ``reverse``, a fold)."""
+        if method == "shm":
+            return _shm_step(p, comm, self._route.node, self._buf, reverse)
+        geom = _fold_geometry(p) if reverse else _geometry(p)
+        return _core.HaloStep(
+            comm, geom, getattr(_core.HaloMethod, method), FOLD_TAG if reverse else HALO_TAG
+        )
+
+    def _tune(self, comm: Any, p: HaloPlan) -> Tuple[str, Any]:
+        """Time every candidate on this array (a few full updates each, the slowest rank's
         median) and keep the fastest: the same choice on every rank (one allreduce)."""
-        staged = _core.transport(_core.Mem.host).name == "staged"
-        candidates = [m for m in METHODS if not ((self._dev or staged) and m == "datatype")]
         best: Tuple[float, str, Any] = (float("inf"), "", None)
-        for m in candidates:
-            step = _core.HaloStep(comm, geom, getattr(_core.HaloMethod, m), HALO_TAG)
+        for m in self._route.candidates:
+            step = self._make(m, comm, p, False)
             times = []
             for _ in range(TUNE_REPS):
                 t0 = time.perf_counter()
@@ -280,38 +354,46 @@ class HaloArray:
         if self._fstep is None:
             p = self.plan
             comm = self.mesh.core_comm(tuple(range(self.mesh.ndim)))
-            self._fgeom = geom = _fold_geometry(p)
-            if self.method == "tune":
-                self.fold_chosen, self._fstep = self._tune_fold(comm, geom)
+            self._fgeom = _fold_geometry(p)  # (the Python combine's offsets: MPI methods)
+            if self._route.path == "tune":
+                self.fold_chosen, self._fstep = self._tune_fold(comm, p)
             else:
-                self.fold_chosen = self.method
-                self._fstep = _core.HaloStep(
-                    comm, geom, getattr(_core.HaloMethod, self.method), FOLD_TAG
-                )
+                m = self._route.algorithm
+                if m == "shm" and not self._shm_folds():
+                    m = "persistent"
+                self.fold_chosen = m
+                self._fstep = self._make(m, comm, p, True)
             log.debug("pyshard: halo fold built for rank %d: %r (%s)", self.mesh.rank, p,
                       self.fold_chosen)
         return self._fstep
 
-    def _tune_fold(self, comm: Any, geom: Any) -> Tuple[str, Any]:
-        """As :meth:`_tune`, timing folds of a scratch array (a fold changes the interior)."""
-        staged = _core.transport(_core.Mem.host).name == "staged"
-        candidates = [m for m in METHODS if not ((self._dev or staged) and m == "datatype")]
-        scratch = bk.xp_of(self.padded).zeros_like(self.padded)
+    def _shm_folds(self) -> bool:
+        """Can a fold of this array run through node-shared memory? Where its dtype is one the
+        core combines (the others combine here, from an MPI step's buffer)."""
+        return self._buf is not None and self.padded.dtype in _KIND_CODE
+
+    def _tune_fold(self, comm: Any, p: HaloPlan) -> Tuple[str, Any]:
+        """As :meth:`_tune`, timing folds of this array, put back as it was afterwards (a
+        fold changes the interior)."""
+        keep = self.padded.copy()
         best: Tuple[float, str, Any] = (float("inf"), "", None)
-        for m in candidates:
-            step = _core.HaloStep(comm, geom, getattr(_core.HaloMethod, m), FOLD_TAG)
+        for m in self._route.candidates:
+            if m == "shm" and not self._shm_folds():
+                continue
+            step = self._make(m, comm, p, True)
             self.fold_chosen = m  # _fold_wait reads it (the datatype method's buffer)
             times = []
             for _ in range(TUNE_REPS):
                 t0 = time.perf_counter()
-                self._fold_start(step, scratch)
-                self._fold_wait(step, "sum", scratch)
+                self._fold_start(step, self.padded)
+                self._fold_wait(step, "sum", self.padded)
                 if self._dev:
-                    bk.xp_of(scratch).cuda.get_current_stream().synchronize()
+                    bk.xp_of(self.padded).cuda.get_current_stream().synchronize()
                 times.append(time.perf_counter() - t0)
             t = self.mesh.comm.allreduce(sorted(times)[len(times) // 2], op=MPI.MAX)
             if t < best[0]:
                 best = (t, m, step)
+        self.padded[...] = keep
         log.info("pyshard: halo fold method tuned for %r: %s (%.1f us)", self._spec, best[1],
                  best[0] * 1e6)
         return best[1], best[2]
@@ -439,6 +521,9 @@ class HaloArray:
             "neighbor": "one neighbourhood all-to-all on a distributed-graph communicator of "
             "the peers (MPI_Neighbor_alltoallv_init where MPI-4, else MPI_Ineighbor_alltoallw) "
             "on packed buffers",
+            "shm": "node-shared memory: the padded arrays live in it, each ghost cell is copied "
+            "once from its owner's interior straight into it (a handshake of counters per "
+            "update, no messages); peers on other nodes by persistent requests",
         }
         m = self.chosen or self.method
         if m == "tune":
@@ -458,6 +543,18 @@ class HaloArray:
             "in message order)"
             + (f"; runs as {self.fold_chosen}" if self.fold_chosen else "")
         )
+        node = self._route.node
+        if node is not None:
+            on = set(node.node_ranks) - {p.rank}
+            mine = [r for r in p.peers if r in on]
+            text += (
+                f"\n  route: {self._route.path} ({self.method}); node-shared memory reaches "
+                f"{len(mine)} of its {len(p.peers)} peer(s) (ranks {mine}), MPI the others"
+            )
+        else:
+            text += (
+                f"\n  route: {self._route.path} ({self.method}); no peer by node-shared memory"
+            )
         if self._dev:
             text += "\n  GPU arrays: " + (
                 "pack kernel, MPI on device memory"

@@ -33,12 +33,16 @@ from . import _shm
 if TYPE_CHECKING:  # plan.py's explain() asks describe(): no import at run time
     from .plan import Step
 
-__all__ = ["ALGORITHMS", "Route", "choose_algorithm", "describe", "route"]
+__all__ = ["ALGORITHMS", "HALO_METHODS", "Route", "choose_algorithm", "describe", "halo_route",
+           "route"]
 
 ALGORITHMS = ("alltoallv", "alltoall", "p2p", "alltoallw", "shm")
 MPI_KINDS = ("alltoallv", "allgatherv", "reduce_scatter", "allreduce")
 HOST_CANDIDATES = ("alltoallv", "alltoall", "p2p", "alltoallw")  # what "tune" measures
 DEVICE_CANDIDATES = ("alltoallv", "alltoall", "p2p")
+# halo exchanges: node-shared memory ("shm") and the MPI methods (cpp/halo.h HaloMethod)
+HALO_MPI = ("persistent", "p2p", "datatype", "neighbor")
+HALO_METHODS = HALO_MPI + ("shm",)
 
 
 @dataclass(frozen=True)
@@ -137,6 +141,45 @@ def route(step: Step, mesh: Any, algorithm: str, device: bool = False) -> Route:
         return Route(_mpi_path(device))
     a = "auto" if algorithm in ("shm", "tune") else algorithm
     return Route(_mpi_path(device), choose_algorithm(step, a, device))
+
+
+def halo_face_bytes(layout: Any, spec: Any) -> int:
+    """The largest face a halo exchange of ``layout`` with ``spec`` moves between two ranks,
+    from the shard table alone (the same on every rank): per sharded dim with a width, the
+    width times the largest shard's extents of the other dims."""
+    ext = [max(t[1]) if t[0] else n for t, n in zip(layout.table, layout.shape)]
+    faces = [
+        w * prod(e for k, e in enumerate(ext) if k != d)
+        for d, (w, t) in enumerate(zip(spec.width, layout.table))
+        if w and t[0]
+    ]
+    return max(faces, default=0) * layout.dtype.itemsize
+
+
+def halo_route(layout: Any, spec: Any, mesh: Any, method: str, device: bool = False) -> Route:
+    """Where a halo exchange (update or fold) of ``layout`` on ``mesh`` goes, called with
+    ``method`` (``auto``, ``tune``, ``shm`` or an MPI method of :data:`HALO_MPI`): no MPI call,
+    the same on every rank.
+
+    ``auto``: node-shared memory (``shm``: each ghost cell copied once, straight between the
+    padded arrays; peers on other nodes by persistent requests in the same exchange) where
+    ranks of the mesh share a node and the largest face (:func:`halo_face_bytes`) has at least
+    the node's ``min_block`` bytes (``PYSHARD_SHM_MIN_BYTES``), else MPI persistent requests;
+    ``shm`` takes node-shared memory wherever it is usable; ``tune`` measures the MPI methods
+    and, where usable, ``shm``. GPU arrays, ``PYSHARD_TRANSPORT=mpi`` and forced staging take
+    MPI."""
+    node = None
+    if not device and method in ("auto", "tune", "shm"):
+        node = _shm.node(mesh, tuple(range(mesh.ndim)))
+    if method == "tune":
+        staged = _mpi_path(device) == "staged"
+        mpi = tuple(m for m in HALO_MPI if not ((device or staged) and m == "datatype"))
+        return Route("tune", "tune", node, mpi + (() if node is None else ("shm",)))
+    if node is not None and (
+        method == "shm" or halo_face_bytes(layout, spec) >= _shm.min_block(node)
+    ):
+        return Route("shm", "shm", node)
+    return Route(_mpi_path(device), "persistent" if method in ("auto", "shm") else method)
 
 
 def describe(step: Step) -> Optional[str]:

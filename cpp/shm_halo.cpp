@@ -1,0 +1,232 @@
+#include "shm_halo.h"
+
+#include <sys/mman.h>
+
+#include <stdexcept>
+#include <string>
+
+#include "shm_copy.h"
+#include "comm.h"
+
+namespace pyshard {
+
+using shm::kPage;
+using shm::page_up;
+
+// ----------------------------------------------------------------------------- HaloBuffer
+
+HaloBuffer::HaloBuffer(std::shared_ptr<NodeShm> node, i64 bytes)
+    : node_(std::move(node)), bytes_(bytes) {
+  if (!node_ || !node_->usable())
+    throw std::invalid_argument("pyshard: node-shared memory is not usable");
+  if (bytes < 0) throw std::invalid_argument("pyshard: a halo buffer of negative size");
+  // the counters on a page of their own after the padded array: a peer finds them from the
+  // segment's size alone
+  seg_ = node_->make_segment(page_up(bytes) + kPage);
+  ctl_off_ = seg_->cap - kPage;
+}
+
+HaloBuffer::~HaloBuffer() {
+  for (auto& [p, cap] : peers_)
+    if (p) ::munmap(p, static_cast<size_t>(cap));
+}
+
+void HaloBuffer::connect() {
+  if (connected_) return;
+  const int n = node_->node_size();
+  std::vector<std::pair<char*, i64>> maps(n, {nullptr, 0});
+  std::vector<i64> offs(n, 0);
+  try {
+    node_->trade(seg_.get(), 0, [&](int idx, std::int64_t pid, std::int64_t fd, i64 cap, i64) {
+      char* p = shm::map_foreign(pid, fd, cap);
+      if (!p) return false;
+      maps[idx] = {p, cap};
+      offs[idx] = cap - kPage;
+      return true;
+    });
+  } catch (...) {
+    for (auto& [p, cap] : maps)
+      if (p) ::munmap(p, static_cast<size_t>(cap));
+    throw;
+  }
+  peers_ = std::move(maps);
+  ctl_off_of_ = std::move(offs);
+  connected_ = true;
+}
+
+void HaloBuffer::signal(HaloCtl& c) {
+  c.seq.fetch_add(1, std::memory_order_seq_cst);
+  if (c.sleepers.load(std::memory_order_seq_cst) != 0) futex_wake(&c.seq);
+}
+
+// ----------------------------------------------------------------------------- ShmHaloStep
+
+ShmHaloStep::ShmHaloStep(std::shared_ptr<Comm> comm, std::shared_ptr<HaloBuffer> buf,
+                         std::shared_ptr<HaloGeometry> mpi, int tag,
+                         const std::vector<HaloPeer>& peers, int waiters, bool reverse,
+                         std::vector<FoldEntry> order, const std::vector<LocalSpec>& wraps)
+    : buf_(std::move(buf)), g_(std::move(mpi)), reverse_(reverse), shape_(g_->shape),
+      waiters_(waiters), order_(std::move(order)) {
+  if (g_->reverse != reverse)
+    throw std::invalid_argument("pyshard: a halo step's MPI part runs the other way");
+  if (volume(shape_) * g_->item > buf_->bytes())
+    throw std::invalid_argument("pyshard: the padded array is larger than its halo buffer");
+  NodeShm& node = buf_->node();
+  if (waiters < 0 || waiters >= node.node_size())
+    throw std::invalid_argument("pyshard: more node peers than the node has");
+  mpi_ = std::make_unique<HaloStep>(comm, g_, HaloMethod::persistent, tag);
+  mpi_->set_counted(false);
+  const i64 item = g_->item;
+  for (const auto& [peer, pshape, boxes] : peers) {
+    const int idx = peer >= 0 && peer < comm->size() ? node.local_index(peer) : -1;
+    if (idx < 0 || idx == node.self())
+      throw std::invalid_argument("pyshard: a halo peer that is not another rank of this node");
+    Peer p{idx, {}};
+    p.t.begin_block();
+    for (const auto& [here, there, ext] : boxes) {
+      for (size_t d = 0; d < ext.size(); ++d)
+        if (ext.size() != shape_.size() || pshape.size() != shape_.size() || ext[d] < 0 ||
+            here[d] < 0 || there[d] < 0 || here[d] + ext[d] > shape_[d] ||
+            there[d] + ext[d] > pshape[d])
+          throw std::out_of_range("pyshard: a halo box lies outside a padded array");
+      if (reverse)
+        describe_copy(pshape, there, shape_, here, ext, item, 0, 0, &p.t.host);
+      else
+        describe_copy(shape_, here, pshape, there, ext, item, 0, 0, &p.t.host);
+      node_bytes_ += volume(ext) * item;
+    }
+    p.t.end_block();
+    peers_.push_back(std::move(p));
+  }
+  wraps_.begin_block();
+  for (const auto& [ghost, inner, ext] : wraps)
+    describe_copy(shape_, ghost, shape_, inner, ext, item, 0, 0, &wraps_.host);
+  wraps_.end_block();
+  if (reverse) {  // every message, node peer and the wraps exactly once
+    size_t msgs = 0, nodes = 0, self = 0;
+    for (const auto& [kind, i] : order_) {
+      if (kind == 0 && i >= 0 && static_cast<size_t>(i) < g_->recvs.size()) ++msgs;
+      else if (kind == 1 && i >= 0 && static_cast<size_t>(i) < peers_.size()) ++nodes;
+      else if (kind == 2) ++self;
+      else throw std::invalid_argument("pyshard: a fold's combine order names nothing");
+    }
+    if (msgs != g_->recvs.size() || nodes != peers_.size() || self != 1 ||
+        order_.size() != msgs + nodes + 1)
+      throw std::invalid_argument("pyshard: a fold's combine order is not one of each");
+  }
+}
+
+// Started and dropped: finish the handshake without combining, so that no node peer is left
+// waiting for this rank (the inner step completes its own requests).
+ShmHaloStep::~ShmHaloStep() {
+  if (!active_) return;
+  HaloBuffer& b = *buf_;
+  HaloCtl& mine = b.ctl();
+  const std::uint64_t want = k_ * static_cast<std::uint64_t>(waiters_);
+  if (reverse_) {
+    for (const Peer& p : peers_) {
+      HaloCtl& c = b.peer_ctl(p.idx);
+      b.wait_for(c, [&] { return c.fentered.load(std::memory_order_acquire) >= k_; });
+      c.pulled.fetch_add(1, std::memory_order_acq_rel);
+      HaloBuffer::signal(c);
+    }
+    b.wait_for(mine, [&] { return mine.pulled.load(std::memory_order_acquire) >= want; });
+  } else {
+    b.wait_for(mine, [&] { return mine.pushed.load(std::memory_order_acquire) >= want; });
+  }
+}
+
+int ShmHaloStep::mpi_peers() const {
+  return static_cast<int>(g_->sends.size() + g_->recvs.size());
+}
+
+// An update's copies: every node peer as soon as it has entered this update (those already
+// there first, then the others in turn, sleeping on each one's word).
+void ShmHaloStep::push_all(std::uint64_t k) {
+  HaloBuffer& b = *buf_;
+  char* arr = b.data();
+  todo_.clear();
+  for (size_t i = 0; i < peers_.size(); ++i) todo_.push_back(static_cast<int>(i));
+  auto push = [&](const Peer& p) {
+    std::vector<shm::Cursor> cs;
+    shm::add_cursors(cs, p.t, arr, b.peer(p.idx));
+    shm::copy_interleaved(cs, arr);  // (fenced: the stores are visible before the count)
+    HaloCtl& c = b.peer_ctl(p.idx);
+    c.pushed.fetch_add(1, std::memory_order_acq_rel);
+    HaloBuffer::signal(c);
+  };
+  size_t left = todo_.size();
+  for (int& i : todo_)
+    if (b.peer_ctl(peers_[i].idx).entered.load(std::memory_order_acquire) >= k) {
+      push(peers_[i]);
+      i = -1;
+      --left;
+    }
+  if (left == 0) return;
+  for (int i : todo_) {
+    if (i < 0) continue;
+    HaloCtl& c = b.peer_ctl(peers_[i].idx);
+    b.wait_for(c, [&] { return c.entered.load(std::memory_order_acquire) >= k; });
+    push(peers_[i]);
+  }
+}
+
+void ShmHaloStep::start() {
+  if (active_) throw std::logic_error("pyshard: halo start() called again before wait()");
+  HaloBuffer& b = *buf_;
+  b.connect();
+  HaloCtl& mine = b.ctl();
+  Packer& pk = host_packer();
+  char* arr = b.data();
+  if (reverse_) {
+    k_ = ++b.folds;
+    mine.fentered.store(k_, std::memory_order_release);
+    HaloBuffer::signal(mine);
+    mpi_->start(arr, pk, Transport::direct);  // the ghosts for other nodes, packed and sent
+  } else {
+    k_ = ++b.updates;
+    mine.entered.store(k_, std::memory_order_release);
+    HaloBuffer::signal(mine);
+    mpi_->start(arr, pk, Transport::direct);  // other nodes' messages, and the wraps
+    push_all(k_);
+  }
+  active_ = true;
+}
+
+void ShmHaloStep::wait(FoldOp op, FoldKind kind) {
+  if (!active_) throw std::logic_error("pyshard: halo wait() called without start()");
+  active_ = false;
+  HaloBuffer& b = *buf_;
+  HaloCtl& mine = b.ctl();
+  Packer& pk = host_packer();
+  char* arr = b.data();
+  const std::uint64_t want = k_ * static_cast<std::uint64_t>(waiters_);
+  if (!reverse_) {
+    b.wait_for(mine, [&] { return mine.pushed.load(std::memory_order_acquire) >= want; });
+    mpi_->wait(arr, pk, Transport::direct);
+    count_call("halo_shm", pk, Transport::direct);
+    return;
+  }
+  if (kind == FoldKind::none)
+    throw std::invalid_argument("pyshard: a fold through node-shared memory combines in the core");
+  mpi_->wait(arr, pk, Transport::direct, op, FoldKind::none);  // received into its buffer
+  const char* got = mpi_->buffer() + g_->send_bytes;
+  for (const auto& [what, i] : order_) {
+    if (what == 0) {
+      fold_combine(kind, op, g_->unpack, i, i + 1, got, arr);
+    } else if (what == 1) {
+      const Peer& p = peers_[i];
+      HaloCtl& c = b.peer_ctl(p.idx);
+      b.wait_for(c, [&] { return c.fentered.load(std::memory_order_acquire) >= k_; });
+      fold_combine(kind, op, p.t, 0, 1, b.peer(p.idx), arr);
+      c.pulled.fetch_add(1, std::memory_order_acq_rel);
+      HaloBuffer::signal(c);
+    } else {
+      fold_combine(kind, op, wraps_, 0, 1, arr, arr);
+    }
+  }
+  b.wait_for(mine, [&] { return mine.pulled.load(std::memory_order_acquire) >= want; });
+  count_call("halo_fold_shm", pk, Transport::direct);
+}
+
+}  // namespace pyshard
