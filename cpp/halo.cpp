@@ -1,6 +1,7 @@
 #include "halo.h"
 
 #include <climits>
+#include <cstdint>
 #include <complex>
 #include <cstring>
 #include <stdexcept>
@@ -97,6 +98,41 @@ struct MinOp {
   }
 };
 
+// One run: n elements of `s` combined into `o` (never overlapping: a ghost box and an
+// interior box, or a buffer and the array). Aligned runs go through typed restrict pointers,
+// which the compiler vectorizes (a fold of 4096^2 float64 wraps took 1.75x the update's copy
+// element by element through memcpy); others element by element.
+template <class T, class F>
+inline void combine_run(char* o, const char* s, i64 n, F f) {
+  if (reinterpret_cast<std::uintptr_t>(o) % alignof(T) == 0 &&
+      reinterpret_cast<std::uintptr_t>(s) % alignof(T) == 0) {
+    T* __restrict po = reinterpret_cast<T*>(o);
+    const T* __restrict ps = reinterpret_cast<const T*>(s);
+    for (i64 k = 0; k < n; ++k) po[k] = f(po[k], ps[k]);
+    return;
+  }
+  for (i64 k = 0; k < n; ++k) {
+    T a, v;
+    std::memcpy(&a, o + k * sizeof(T), sizeof(T));
+    std::memcpy(&v, s + k * sizeof(T), sizeof(T));
+    a = f(a, v);
+    std::memcpy(o + k * sizeof(T), &a, sizeof(T));
+  }
+}
+
+// Short runs of a fixed length (the periodic wrap of a thin face: a few elements per run)
+// with a constant trip count, as copy_host's fixed-size copies (box.h).
+template <class T, i64 N, class F>
+inline void combine_runs_of(const CopyDesc& d, const char* src, char* dst, F f) {
+  for_each_run(d, [&](i64 so, i64 to) {
+    T a[N], v[N];
+    std::memcpy(a, dst + to, sizeof a);
+    std::memcpy(v, src + so, sizeof v);
+    for (i64 k = 0; k < N; ++k) a[k] = f(a[k], v[k]);
+    std::memcpy(dst + to, a, sizeof a);
+  });
+}
+
 template <class T, class F>
 void combine_blocks(const DescTable& t, size_t b0, size_t b1, const char* src, char* dst,
                     F f) {
@@ -104,17 +140,14 @@ void combine_blocks(const DescTable& t, size_t b0, size_t b1, const char* src, c
     for (size_t i = t.first[b]; i < t.first[b + 1]; ++i) {
       const CopyDesc& d = t.host[i];
       const i64 n = d.run / static_cast<i64>(sizeof(T));
-      for_each_run(d, [&](i64 so, i64 to) {
-        const char* s = src + so;
-        char* o = dst + to;
-        for (i64 k = 0; k < n; ++k) {
-          T a, v;
-          std::memcpy(&a, o + k * sizeof(T), sizeof(T));
-          std::memcpy(&v, s + k * sizeof(T), sizeof(T));
-          a = f(a, v);
-          std::memcpy(o + k * sizeof(T), &a, sizeof(T));
-        }
-      });
+      switch (n) {
+        case 1: combine_runs_of<T, 1>(d, src, dst, f); continue;
+        case 2: combine_runs_of<T, 2>(d, src, dst, f); continue;
+        case 4: combine_runs_of<T, 4>(d, src, dst, f); continue;
+        case 8: combine_runs_of<T, 8>(d, src, dst, f); continue;
+        default: break;
+      }
+      for_each_run(d, [&](i64 so, i64 to) { combine_run<T>(dst + to, src + so, n, f); });
     }
 }
 

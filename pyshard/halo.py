@@ -525,7 +525,7 @@ class HaloArray:
             "once from its owner's interior straight into it (a handshake of counters per "
             "update, no messages); peers on other nodes by persistent requests",
         }
-        m = self.chosen or self.method
+        m = self.chosen or self._route.algorithm
         if m == "tune":
             text = self.plan.explain() + "\n  method: tune (measured at the first update)"
         else:

@@ -3,24 +3,33 @@
 ``halo``: one ghost-cell update of a 2-D or 3-D grid, in the same run and on the same ranks:
 
 - ``pyshard``: ``HaloArray.update()`` with each method (``persistent`` requests on packed
-  buffers, the default; ``p2p``; ``datatype``: MPI subarray datatypes; ``neighbor``: a
-  neighbourhood collective);
+  buffers; ``p2p``; ``datatype``: MPI subarray datatypes; ``neighbor``: a neighbourhood
+  collective; ``shm``: node-shared memory, each ghost cell copied once from its owner), and
+  ``auto`` (the default: what :func:`pyshard.route.halo_route` picks);
 - ``floor``: raw mpi4py point-to-point of exactly the same bytes, already packed in
   contiguous buffers, to the same peers (one ``Irecv``/``Isend`` per peer each way, then
-  ``Waitall``): the communication floor of this exchange;
+  ``Waitall``): the MPI floor of this exchange;
+- ``copy`` (the copy floor): one strided copy of every ghost cell an update receives from
+  its peers (the same boxes and bytes as ``floor``, from a source array of the same shape),
+  by the core's host packer, within each process, every rank at once: no exchange of these
+  cells can go below it on this machine; ``wraps``: the same for the periodic wraps onto the
+  rank itself, which every method copies locally besides its messages (neither floor
+  includes them);
 - ``mpi4py``: what an expert writes by hand: ``Create_cart``, ``Shift``, numpy slicing into
   contiguous buffers, ``Sendrecv`` per dim and direction, corners by exchanging dim by dim
   with the ghost layers of earlier dims included;
 - ``petsc``: PETSc's DMDA ``globalToLocal`` on the same grid and ownership ranges, where
   ``petsc4py`` imports (on the MPI pyshard was built with).
 
-Each time is the median over reps of the slowest rank, each rep a loop of ``--halo-loop``
-updates divided by its length.
+Every column is timed interleaved with the others rep by rep (drift on a shared machine hits
+all alike); each time is the median over reps of the slowest rank, each rep a loop of
+``--halo-loop`` updates divided by its length, after one untimed loop of each.
 
 ``fold`` (every halo row): ``HaloArray.fold()`` (the reverse exchange: the ghost cells summed
-into their owners' interiors) against ``update()`` on the same halo array (the default
-method), interleaved rep by rep; the same peers and bytes with the directions swapped, plus
-the combine (an add per received element instead of a copy). The target: fold <= 1.1x update.
+into their owners' interiors) against ``update()`` on the same halo array, for the default
+method and for ``persistent``, in the same interleaved loop; the same peers and bytes with
+the directions swapped, plus the combine (an add per received element instead of a copy).
+The target: fold <= 1.1x update.
 
 ``stencil``: the heat example (:mod:`pyshard.apps.heat`) per step, blocking (update, then
 every cell) against overlapped (start, inner cells, wait, the shell), with the update and the
@@ -43,7 +52,7 @@ from ..halo import METHODS
 from ..halo_plan import HaloPlan, halo_spec
 from ..layout import Layout, Shard
 from ..mesh import Mesh
-from .timing import median_s
+from .timing import median_s, timed
 
 __all__ = [
     "HALO_CASES", "bench_halo", "bench_stencil", "format_halo", "format_stencil", "halo_setup",
@@ -164,6 +173,46 @@ def halo_setup(sizes: Sequence[int] = (16, 64, 256), n: int = 8192) -> List[Dict
     return out
 
 
+def _copy_floor(h: Any, wraps: bool = False) -> Callable[[], None]:
+    """One strided copy of every ghost cell ``h``'s update receives from its peers (the same
+    bytes as the MPI floor; ``wraps``: of its periodic wraps onto itself instead, which every
+    method copies locally too), from a source array of the same shape at the same boxes, by
+    the core's host packer."""
+    from .. import _core
+
+    p = h.plan
+    if wraps:
+        boxes = [(list(t), list(t), list(e)) for _, t, e in p.local]
+    else:
+        boxes = [(list(s), list(s), list(e)) for _, _, bs in p.recvs for s, e in bs]
+    geom = _core.HaloGeometry(p.itemsize, list(p.padded_shape), [], [], boxes)
+    src = np.ones(p.padded_shape, h.padded.dtype)
+    dst = np.zeros_like(src)
+    return lambda: _core.copy_kernel_on_host(geom, "local", src, dst, kernel=False)
+
+
+def _interleaved(comm: MPI.Comm, fns: Dict[str, Callable[[], object]], reps: int,
+                 loop: int) -> Dict[str, float]:
+    """Seconds per call of each of ``fns`` (the slowest rank, median over ``reps``), timed
+    round-robin rep by rep after one untimed loop of each."""
+
+    def looped(fn: Callable[[], object]) -> Callable[[], None]:
+        def run() -> None:
+            for _ in range(loop):
+                fn()
+
+        return run
+
+    runs = {k: looped(f) for k, f in fns.items()}
+    for r in runs.values():
+        r()
+    t: Dict[str, List[float]] = {k: [] for k in runs}
+    for _ in range(reps):
+        for k, r in runs.items():
+            t[k] += timed(r, comm, 1, 0)
+    return {k: float(np.median(v)) / loop for k, v in t.items()}
+
+
 def bench_halo(comm: MPI.Comm, scale: int = 1, reps: int = 5, loop: int = 20,
                cases: Optional[Sequence[str]] = None,
                shape: Optional[Sequence[int]] = None) -> Dict[str, Any]:
@@ -185,50 +234,57 @@ def bench_halo(comm: MPI.Comm, scale: int = 1, reps: int = 5, loop: int = 20,
         x = from_local(local, mesh, placements, global_shape=shape)
         even = all(n % m == 0 for n, m in zip(shape[:2], mesh_shape))
         corners = stencil == "box"
-        times: Dict[str, float] = {}
         notes: Dict[str, str] = {}
-        for method in METHODS:
-            h = x.with_halo(width, periodic=True, corners=corners, method=method)
-            times[f"pyshard-{method}"] = _slowest(comm, h.update, reps, loop)
-        times["floor"] = _slowest(comm, _floor(comm, h.plan), reps, loop)
+        fns: Dict[str, Callable[[], object]] = {}
+        halos = {}
+        for method in METHODS + ("auto",):
+            h = halos[method] = x.with_halo(width, periodic=True, corners=corners, method=method)
+            fns[f"pyshard-{method}"] = h.update
+        h = halos["auto"]
+        fns["floor"] = _floor(comm, h.plan)
+        fns["copy"] = _copy_floor(h)
+        fns["wraps"] = _copy_floor(h, wraps=True)
         if even:
-            hw = _hand_written(comm, mesh_shape, h.padded.copy(), width, True)
-            times["mpi4py"] = _slowest(comm, hw, reps, loop)
+            fns["mpi4py"] = _hand_written(comm, mesh_shape, h.padded.copy(), width, True)
         else:
             notes["mpi4py"] = "uneven blocks: the hand-written version assumes even ones"
         fn, why = _petsc(comm, shape, mesh_shape, x.layout, width, True, dtype)
         if fn is not None:
-            times["petsc"] = _slowest(comm, fn, reps, loop)
+            fns["petsc"] = fn
         notes["petsc"] = why
-        # fold against update on the same array, interleaved (drift hits both alike)
-        hf = x.with_halo(width, periodic=True, corners=corners)
-        upd: List[float] = []
-        fold: List[float] = []
-        for _ in range(reps):
-            upd.append(_slowest(comm, hf.update, 1, loop))
-            fold.append(_slowest(comm, hf.fold, 1, loop))
-        times["update"] = float(np.median(upd))
-        times["fold"] = float(np.median(fold))
+        # fold against update on the same arrays (the default method's and persistent's)
+        fns["fold"] = halos["auto"].fold
+        fns["fold-persistent"] = halos["persistent"].fold
+        times = _interleaved(comm, fns, reps, loop)
+        times["update"] = times["pyshard-auto"]
+        times["update-persistent"] = times["pyshard-persistent"]
         best = min(times[f"pyshard-{m}"] for m in METHODS)
+        auto = times["pyshard-auto"]
         rows.append({
             "name": name, "shape": list(shape), "dtype": dtype, "width": width,
             "stencil": stencil, "mesh": list(mesh_shape), "times_s": times, "notes": notes,
             "peers": len(h.plan.peers), "bytes_per_rank": h.plan.recv_bytes,
+            "auto_method": halos["auto"].chosen,
             "vs_floor": best / times["floor"],
+            "auto_vs_floor": auto / times["floor"],
+            "auto_vs_copy": auto / times["copy"],
             "vs_mpi4py": best / times["mpi4py"] if "mpi4py" in times else None,
             "vs_petsc": best / times["petsc"] if "petsc" in times else None,
-            "fold_method": hf.fold_chosen,
+            "fold_method": halos["auto"].fold_chosen,
             "fold_vs_update": times["fold"] / times["update"],
+            "fold_vs_update_persistent": times["fold-persistent"] / times["update-persistent"],
         })
+        del halos, h, fns
         mesh.free()
     return {"case": "halo", "ranks": comm.size,
             "mpi": library_line(), "rows": rows,
             "setup": halo_setup()}
 
 
-def _time_steps(comm: MPI.Comm, x: Any, stencil: str, steps: int, reps: int) -> Dict[str, float]:
-    a = x.with_halo(1, periodic=True, corners=stencil == "box")
-    b = x.with_halo(1, periodic=True, corners=stencil == "box")
+def _time_steps(comm: MPI.Comm, x: Any, stencil: str, steps: int, reps: int,
+                method: Optional[str] = None) -> Dict[str, Any]:
+    a = x.with_halo(1, periodic=True, corners=stencil == "box", method=method)
+    b = x.with_halo(1, periodic=True, corners=stencil == "box", method=method)
     alpha = alpha_for(x.layout.ndim, stencil)
     inner, shell = inner_and_shell(a.interior.shape)
     whole = [slice(0, k) for k in a.interior.shape]
@@ -246,7 +302,8 @@ def _time_steps(comm: MPI.Comm, x: Any, stencil: str, steps: int, reps: int) -> 
     med = {k: float(np.median(v)) for k, v in t.items()}
     return {"blocking_s": med["blocking"], "overlapped_s": med["overlapped"],
             "update_s": med["update"], "cells_s": med["cells"],
-            "ratio": med["overlapped"] / med["blocking"]}
+            "ratio": med["overlapped"] / med["blocking"],
+            "halo_share": med["update"] / med["blocking"], "method": a.chosen}
 
 
 def bench_stencil(comm: MPI.Comm, n: int = 2048, steps: int = 20, reps: int = 3,
@@ -261,33 +318,36 @@ def bench_stencil(comm: MPI.Comm, n: int = 2048, steps: int = 20, reps: int = 3,
     out: Dict[str, Any] = {"case": "stencil", "ranks": comm.size, "shape": list(shape),
                            "mesh": list(mesh.shape), "steps": steps}
     x = distribute(initial(shape), mesh, [Shard(d) for d in range(mesh.ndim)])
-    for stencil in ("star", "box"):
+    for stencil in ("star", "box"):  # the default (auto) path, and MPI's persistent requests
         out[stencil] = _time_steps(comm, x, stencil, steps, reps)
+        out[f"{stencil}-persistent"] = _time_steps(comm, x, stencil, steps, reps, "persistent")
     mesh.free()
     return out
 
 
 def format_halo(r: Dict[str, Any]) -> str:
     lines = [f"halo updates, {r['ranks']} ranks ({r['mpi']}); us per update, slowest rank"]
-    cols = [f"pyshard-{m}" for m in METHODS] + ["floor", "mpi4py", "petsc"]
-    names = list(METHODS) + ["floor", "mpi4py", "petsc"]
+    names = list(METHODS) + ["auto", "floor", "copy", "wraps", "mpi4py", "petsc"]
+    cols = [f"pyshard-{m}" for m in METHODS + ("auto",)] + names[len(METHODS) + 1:]
     lines.append(f"{'case':<8}{'shape':<16}{'w':>3}" + "".join(f"{c:>11}" for c in names)
-                 + f"{'vs floor':>10}{'vs mpi4py':>11}")
+                 + f"{'auto/floor':>11}{'auto/copy':>10}{'best/mpi4py':>12}")
     for row in r["rows"]:
         t = row["times_s"]
         cells = "".join(f"{t[c] * 1e6:>11.1f}" if c in t else f"{'-':>11}" for c in cols)
         mp = f"{row['vs_mpi4py']:.2f}x" if row["vs_mpi4py"] else "-"
         lines.append(
             f"{row['name']:<8}{'x'.join(map(str, row['shape'])):<16}{row['width']:>3}{cells}"
-            f"{row['vs_floor']:>9.2f}x{mp:>11}"
+            f"{row['auto_vs_floor']:>10.2f}x{row['auto_vs_copy']:>9.2f}x{mp:>12}"
         )
+        lines.append(f"        auto took {row.get('auto_method')}")
         if "petsc" not in t:
             lines.append(f"        petsc: {row['notes'].get('petsc', '')}")
         if "fold" in t:
             lines.append(
                 f"        fold {t['fold'] * 1e6:.1f} us vs update {t['update'] * 1e6:.1f} us "
                 f"on the same array ({row.get('fold_method')}): "
-                f"{row['fold_vs_update']:.2f}x"
+                f"{row['fold_vs_update']:.2f}x; persistent: "
+                f"{row['fold_vs_update_persistent']:.2f}x"
             )
     lines.append("one rank's halo plan on simulated meshes (no MPI): " + ", ".join(
         f"{s['ranks']} ranks {s['setup_s'] * 1e3:.2f} ms ({s['peers']} peers)"
@@ -298,9 +358,13 @@ def format_halo(r: Dict[str, Any]) -> str:
 def format_stencil(r: Dict[str, Any]) -> str:
     lines = [f"heat stencil {'x'.join(map(str, r['shape']))} on mesh "
              f"{'x'.join(map(str, r['mesh']))}, {r['steps']} steps; ms per step"]
-    for s in ("star", "box"):
-        v = r[s]
-        lines.append(f"  {s:<5} blocking {v['blocking_s'] * 1e3:8.3f}  overlapped "
+    for s in ("star", "box", "star-persistent", "box-persistent"):
+        v = r.get(s)
+        if v is None:
+            continue
+        lines.append(f"  {s:<16} blocking {v['blocking_s'] * 1e3:8.3f}  overlapped "
                      f"{v['overlapped_s'] * 1e3:8.3f}  ratio {v['ratio']:.3f}  (update alone "
-                     f"{v['update_s'] * 1e3:.3f}, cells alone {v['cells_s'] * 1e3:.3f})")
+                     f"{v['update_s'] * 1e3:.3f}, cells alone {v['cells_s'] * 1e3:.3f}; "
+                     f"halo {v.get('halo_share', 0) * 100:.0f}% of a blocking step, "
+                     f"{v.get('method')})")
     return "\n".join(lines)
