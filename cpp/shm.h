@@ -18,10 +18,13 @@
 // By role: shm_segment.h (memfd segments, the control segments and slots, futex waits),
 // shm_node.h (NodeShm: a communicator's node peers, its pool, the handshake), shm_copy.h (the
 // copy loops), shm_exchange.h (ShmExchangeStep, ShmFusedStep), shm_reduce.h
-// (ShmReduceScatterStep, ShmAllreduceStep). This header includes them all.
+// (ShmReduceScatterStep, ShmAllreduceStep), shm_halo.h (HaloBuffer, ShmHaloStep: halo
+// updates and folds between padded arrays in node-shared memory). This header includes them
+// all.
 #pragma once
 
 #include "shm_exchange.h"
+#include "shm_halo.h"
 #include "shm_node.h"
 #include "shm_reduce.h"
 #include "shm_segment.h"

@@ -65,6 +65,22 @@ def min_block(node: Optional[Any] = None, oversubscribed: bool = False) -> int:
     return MIN_BLOCK_OVERSUBSCRIBED if over else MIN_BLOCK_CORES
 
 
+# Halo updates (pyshard/route.py halo_route): measured here at 2 ranks with a core each
+# (bench --cases halo --halo-scale 16, MPICH), node-shared memory took 3.9 us where
+# persistent requests took 30 (512^2 float64, width 1: 4 KiB faces), so every face takes it
+# where each rank has a core; where ranks outnumber cores a wait may sleep (~100 us), so
+# only faces of at least MIN_HALO_OVERSUBSCRIBED bytes.
+MIN_HALO_OVERSUBSCRIBED = 256 << 10
+
+
+def halo_min_bytes(node: Any) -> int:
+    """The smallest face ``auto`` sends through node-shared memory on ``node``."""
+    forced = config.get("PYSHARD_SHM_MIN_BYTES")
+    if forced is not None:
+        return forced
+    return MIN_HALO_OVERSUBSCRIBED if node.oversubscribed else 0
+
+
 def block_bytes(step: Any) -> int:
     """The largest block of ``step`` in bytes, from the layouts (the same on every rank): of
     an exchange or a gather, its largest block; of a Reduce_scatter, the largest piece a rank

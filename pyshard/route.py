@@ -164,7 +164,8 @@ def halo_route(layout: Any, spec: Any, mesh: Any, method: str, device: bool = Fa
     ``auto``: node-shared memory (``shm``: each ghost cell copied once, straight between the
     padded arrays; peers on other nodes by persistent requests in the same exchange) where
     ranks of the mesh share a node and the largest face (:func:`halo_face_bytes`) has at least
-    the node's ``min_block`` bytes (``PYSHARD_SHM_MIN_BYTES``), else MPI persistent requests;
+    ``_shm.halo_min_bytes`` (``PYSHARD_SHM_MIN_BYTES``; 0 where every rank has a core), else
+    MPI persistent requests;
     ``shm`` takes node-shared memory wherever it is usable; ``tune`` measures the MPI methods
     and, where usable, ``shm``. GPU arrays, ``PYSHARD_TRANSPORT=mpi`` and forced staging take
     MPI."""
@@ -176,7 +177,7 @@ def halo_route(layout: Any, spec: Any, mesh: Any, method: str, device: bool = Fa
         mpi = tuple(m for m in HALO_MPI if not ((device or staged) and m == "datatype"))
         return Route("tune", "tune", node, mpi + (() if node is None else ("shm",)))
     if node is not None and (
-        method == "shm" or halo_face_bytes(layout, spec) >= _shm.min_block(node)
+        method == "shm" or halo_face_bytes(layout, spec) >= _shm.halo_min_bytes(node)
     ):
         return Route("shm", "shm", node)
     return Route(_mpi_path(device), "persistent" if method in ("auto", "shm") else method)
