@@ -54,10 +54,7 @@ void HaloBuffer::connect() {
   connected_ = true;
 }
 
-void HaloBuffer::signal(HaloCtl& c) {
-  c.seq.fetch_add(1, std::memory_order_seq_cst);
-  if (c.sleepers.load(std::memory_order_seq_cst) != 0) futex_wake(&c.seq);
-}
+void HaloBuffer::signal(HaloCtl& c) { bump_and_wake(c.seq, c.sleepers); }
 
 // ----------------------------------------------------------------------------- ShmHaloStep
 

@@ -140,18 +140,7 @@ class ShmHaloStep {
 
 template <class C>
 void HaloBuffer::wait_for(HaloCtl& c, C done) const {
-  const int spin = node_->spin();
-  for (int i = 0; i < spin; ++i) {
-    if (done()) return;
-    shm_pause();
-  }
-  while (true) {
-    const std::uint32_t q = c.seq.load(std::memory_order_acquire);
-    if (done()) return;
-    c.sleepers.fetch_add(1, std::memory_order_seq_cst);
-    if (!done()) futex_wait(&c.seq, q);
-    c.sleepers.fetch_sub(1, std::memory_order_seq_cst);
-  }
+  spin_then_sleep(c.seq, c.sleepers, node_->spin(), done);
 }
 
 }  // namespace pyshard

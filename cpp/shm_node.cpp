@@ -141,10 +141,7 @@ i64 NodeShm::mapped_bytes() const {
   return b;
 }
 
-void NodeShm::signal(ShmSlot& s) {
-  s.seq.fetch_add(1, std::memory_order_seq_cst);
-  if (s.sleepers.load(std::memory_order_seq_cst) != 0) futex_wake(&s.seq);
-}
+void NodeShm::signal(ShmSlot& s) { bump_and_wake(s.seq, s.sleepers); }
 
 void NodeShm::publish(ShmSegment* mine, i64 off) {
   ShmSlot& s = slot(me_);

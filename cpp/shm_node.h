@@ -126,17 +126,7 @@ class NodeShm {
 // Wait until done(): spin a little, then sleep on the slot's futex word until it changes.
 template <class C>
 void NodeShm::wait_for(ShmSlot& s, C done) {
-  for (int i = 0; i < spin_; ++i) {
-    if (done()) return;
-    shm_pause();
-  }
-  while (true) {
-    const std::uint32_t q = s.seq.load(std::memory_order_acquire);
-    if (done()) return;
-    s.sleepers.fetch_add(1, std::memory_order_seq_cst);
-    if (!done()) futex_wait(&s.seq, q);
-    s.sleepers.fetch_sub(1, std::memory_order_seq_cst);
-  }
+  spin_then_sleep(s.seq, s.sleepers, spin_, done);
 }
 
 template <class F>

@@ -101,4 +101,27 @@ void shm_pause();
 void futex_wait(std::atomic<std::uint32_t>* w, std::uint32_t v);
 void futex_wake(std::atomic<std::uint32_t>* w);
 
+// Wait until done(): `spin` short pauses, then sleep on the word `seq` (bumped by whoever
+// changes what done() reads: bump_and_wake) until it changes; `sleepers` counts the sleepers.
+template <class C>
+void spin_then_sleep(std::atomic<std::uint32_t>& seq, std::atomic<std::uint32_t>& sleepers,
+                     int spin, C done) {
+  for (int i = 0; i < spin; ++i) {
+    if (done()) return;
+    shm_pause();
+  }
+  while (true) {
+    const std::uint32_t q = seq.load(std::memory_order_acquire);
+    if (done()) return;
+    sleepers.fetch_add(1, std::memory_order_seq_cst);
+    if (!done()) futex_wait(&seq, q);
+    sleepers.fetch_sub(1, std::memory_order_seq_cst);
+  }
+}
+
+inline void bump_and_wake(std::atomic<std::uint32_t>& seq, std::atomic<std::uint32_t>& sleepers) {
+  seq.fetch_add(1, std::memory_order_seq_cst);
+  if (sleepers.load(std::memory_order_seq_cst) != 0) futex_wake(&seq);
+}
+
 }  // namespace pyshard
