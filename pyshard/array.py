@@ -49,7 +49,34 @@ def _check_array(a: object, name: str) -> Any:
     return a
 
 
-class ShardedArray:
+class Placed:
+    """Where a rank's ``local`` block of a global array lies: the properties that
+    :class:`ShardedArray` and :class:`pyshard.torch.ShardedTensor` share, read from their
+    ``layout`` and ``mesh``."""
+
+    __slots__ = ()
+    layout: Layout
+    mesh: Mesh
+
+    @property
+    def global_shape(self) -> Tuple[int, ...]:
+        return self.layout.shape
+
+    @property
+    def shape(self) -> Tuple[int, ...]:
+        return self.layout.shape
+
+    @property
+    def placements(self) -> Tuple:
+        return self.layout.placements
+
+    @property
+    def box(self) -> Tuple[slice, ...]:
+        """The global region this rank holds."""
+        return self.layout.box(self.mesh.coords)
+
+
+class ShardedArray(Placed):
     """This rank's shard ``local`` of a global array laid out as ``layout`` on ``mesh``.
 
     ``global_array[x.box]`` equals ``x.local`` when no mesh dim is Partial. ``local`` is
@@ -72,25 +99,8 @@ class ShardedArray:
         self.mesh = mesh
 
     @property
-    def global_shape(self) -> Tuple[int, ...]:
-        return self.layout.shape
-
-    @property
-    def shape(self) -> Tuple[int, ...]:
-        return self.layout.shape
-
-    @property
     def dtype(self) -> np.dtype:
         return self.layout.dtype
-
-    @property
-    def placements(self) -> Tuple:
-        return self.layout.placements
-
-    @property
-    def box(self) -> Tuple[slice, ...]:
-        """The global region this rank holds."""
-        return self.layout.box(self.mesh.coords)
 
     def __repr__(self) -> str:
         return f"ShardedArray({self.layout!r}, local {self.local.shape} at {self.mesh.coords})"

@@ -41,7 +41,7 @@ import numpy as np
 from . import _backend as bk
 from . import array as _array
 from ._cache import memoize
-from .array import ShardedArray
+from .array import Placed, ShardedArray
 from .halo_plan import PeriodicArg, WidthArg
 from .layout import Layout, Partial, Placement, PlacementsArg, Replicate, Shard, SizesArg
 from .many import redistribute_many as _redistribute_many
@@ -97,7 +97,7 @@ _ML_TORCH = tuple(
 # ----------------------------------------------------------------------------- the class
 
 
-class ShardedTensor:
+class ShardedTensor(Placed):
     """This rank's torch tensor ``local`` of a global array laid out as ``layout`` on ``mesh``.
 
     ``local`` is an ordinary torch tensor in the caller's autograd graph; the rest describes
@@ -120,25 +120,8 @@ class ShardedTensor:
         self.mesh = mesh
 
     @property
-    def global_shape(self) -> Tuple[int, ...]:
-        return self.layout.shape
-
-    @property
-    def shape(self) -> Tuple[int, ...]:
-        return self.layout.shape
-
-    @property
     def dtype(self) -> torch.dtype:
         return self.local.dtype
-
-    @property
-    def placements(self) -> Tuple[Placement, ...]:
-        return self.layout.placements
-
-    @property
-    def box(self) -> Tuple[slice, ...]:
-        """The global region this rank holds."""
-        return self.layout.box(self.mesh.coords)
 
     def __repr__(self) -> str:
         shape = tuple(self.local.shape)
