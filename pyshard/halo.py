@@ -31,7 +31,7 @@ from . import _core, _dtypes, _validate, config
 from .halo_plan import HaloPlan, PeriodicArg, WidthArg, halo_plan, halo_spec
 from .layout import Layout
 from .mesh import Mesh
-from .route import HALO_METHODS, halo_route
+from .route import HALO_METHODS, halo_reason, halo_route
 
 if TYPE_CHECKING:  # no runtime import: array.py imports this module
     from .array import ShardedArray
@@ -543,17 +543,15 @@ class HaloArray:
             "in message order)"
             + (f"; runs as {self.fold_chosen}" if self.fold_chosen else "")
         )
+        why = halo_reason(self._route, self.layout, self._spec, self.mesh, self.method)
+        text += f"\n  route ({self.method}): {why}"
         node = self._route.node
         if node is not None:
             on = set(node.node_ranks) - {p.rank}
             mine = [r for r in p.peers if r in on]
             text += (
-                f"\n  route: {self._route.path} ({self.method}); node-shared memory reaches "
-                f"{len(mine)} of its {len(p.peers)} peer(s) (ranks {mine}), MPI the others"
-            )
-        else:
-            text += (
-                f"\n  route: {self._route.path} ({self.method}); no peer by node-shared memory"
+                f"; it reaches {len(mine)} of this rank's {len(p.peers)} peer(s) (ranks "
+                f"{mine}), MPI the others"
             )
         if self._dev:
             text += "\n  GPU arrays: " + (

@@ -33,8 +33,8 @@ from . import _shm
 if TYPE_CHECKING:  # plan.py's explain() asks describe(): no import at run time
     from .plan import Step
 
-__all__ = ["ALGORITHMS", "HALO_METHODS", "Route", "choose_algorithm", "describe", "halo_route",
-           "route"]
+__all__ = ["ALGORITHMS", "HALO_METHODS", "Route", "choose_algorithm", "describe", "halo_reason",
+           "halo_route", "route"]
 
 ALGORITHMS = ("alltoallv", "alltoall", "p2p", "alltoallw", "shm")
 MPI_KINDS = ("alltoallv", "allgatherv", "reduce_scatter", "allreduce")
@@ -181,6 +181,26 @@ def halo_route(layout: Any, spec: Any, mesh: Any, method: str, device: bool = Fa
     ):
         return Route("shm", "shm", node)
     return Route(_mpi_path(device), "persistent" if method in ("auto", "shm") else method)
+
+
+def halo_reason(r: Route, layout: Any, spec: Any, mesh: Any, method: str) -> str:
+    """Why :func:`halo_route` took ``r``, in words (``HaloArray.explain()``)."""
+    if r.path == "shm":
+        return "node-shared memory between ranks of a node" + (
+            "" if method == "shm" else
+            f" (largest face {halo_face_bytes(layout, spec)} B >= "
+            f"{_shm.halo_min_bytes(r.node)} B)"
+        )
+    if r.path == "tune":
+        return "measured at the first update among " + ", ".join(r.candidates)
+    if method not in ("auto", "shm"):
+        return f"MPI, as asked ({method})"
+    node = _shm.node(mesh, tuple(range(mesh.ndim)))
+    if node is None:
+        return ("MPI: no other rank of the mesh shares this rank's node memory (or "
+                "PYSHARD_TRANSPORT turns node-shared memory off)")
+    return (f"MPI: largest face {halo_face_bytes(layout, spec)} B < "
+            f"{_shm.halo_min_bytes(node)} B (PYSHARD_SHM_MIN_BYTES)")
 
 
 def describe(step: Step) -> Optional[str]:
