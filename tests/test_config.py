@@ -38,7 +38,8 @@ def test_defaults_and_environment(monkeypatch):
         ("PYSHARD_VALIDATE", "maybe", "0/1, false/true, no/yes or off/on"),
         ("PYSHARD_CUDA_AWARE", "2", "0/1, false/true, no/yes or off/on"),
         ("PYSHARD_TRANSPORT", "fast", "auto, shm, mpi, direct or staged"),
-        ("PYSHARD_HALO_METHOD", "mail", "one of auto, shm, persistent, p2p, datatype, neighbor, tune"),
+        ("PYSHARD_HALO_METHOD", "mail",
+         "one of auto, shm, persistent, p2p, datatype, neighbor, tune"),
         ("PYSHARD_TEST_SHM_FAIL", "yes", "1 or map"),
     ],
 )

@@ -4,17 +4,33 @@ its interior must hold after the fold (its own values combined with every ghost 
 replica that an update writes, at the cell's global index), and compares bitwise; on the
 1-D to 3-D meshes of test_halo.py's cases (uneven, empty, nested, replicated shards), box
 and star stencils, periodic or not, widths 1, 2 and wider than a neighbour's block, every
-method, ops sum/max/min. Plus: the dot-product test that fold is update's adjoint, the same
-bits with every method, start_fold/wait with the interior written in flight, refresh=True,
-bad input raised on every rank before any communication."""
+method (node-shared memory, "shm", among them), ops sum/max/min. Plus: the dot-product test
+that fold is update's adjoint, the same bits with every method (shm's folds bit for bit those
+of persistent requests, also on simulated nodes: the mixed path), start_fold/wait with the
+interior written in flight, dtypes the core does not combine (float16, bfloat16) folding
+through persistent requests on an array whose updates go through shm, many folds and updates
+with ranks at different paces, refresh=True, bad input raised on every rank before any
+communication."""
 
 from __future__ import annotations
+
+import time
 
 import numpy as np
 import pytest
 from oracle import ML_DTYPES, halo_cells, halo_expected
 from test_count_limit import limited, ran  # noqa: F401 - the fixture
-from test_halo import cases
+from test_halo import (
+    HALO_MPI,
+    all_agree,
+    cases,
+    check_split,
+    counted,
+    expected_method,
+    mixed_cases,
+    padded_mismatch,
+    sharded_case,
+)
 from test_redistribute_nd import counts_since
 from test_staged import staged  # noqa: F401 - the fixture
 
@@ -23,7 +39,17 @@ from pyshard import Replicate
 
 pytestmark = pytest.mark.mpi  # run under mpiexec with --with-mpi (pytest-mpi)
 
-METHODS = ["persistent", "p2p", "datatype", "neighbor"]
+METHODS = [*HALO_MPI, "shm"]
+# the dtypes the core combines (cpp/halo.h FoldKind): their folds take node-shared memory where
+# updates do; the others (float16, bool, the ml_dtypes floats) fold through persistent requests
+NATIVE = {np.dtype(t) for t in ("float32", "float64", "int8", "int16", "int32", "int64", "uint8",
+                                "uint16", "uint32", "uint64", "complex64", "complex128")}
+
+
+def expected_fold_method(x, method, dtype, width=1, periodic=False, corners=True):
+    """h.fold_chosen after the first fold of a halo array of ``x`` built now with ``method``."""
+    m = expected_method(x, method, width, periodic, corners)
+    return "persistent" if m == "shm" and np.dtype(dtype) not in NATIVE else m
 
 
 def widths_for(shape):
@@ -119,7 +145,10 @@ def run_case(comm, shape, mshape, placements, sizes, width, periodic, corners, m
         h.fold(op)
     counts = counts_since(before)
     counts.pop("staged", None)  # under the staged fixture
-    assert counts == {"halo_fold": 1}
+    assert h.fold_chosen == expected_fold_method(x, method, dtype, width, periodic, corners)
+    assert counts == {counted(h, fold=True): 1}
+    if h.fold_chosen == "shm":
+        check_split(h, fold=True)
     want = fold_expected(lay, h.width, h.periodic, h.corners, mesh.coords, op, gen)
     what = (f"{shape} {mshape} {placements} w={width} p={periodic} c={corners} {method} {op} "
             f"{dtype} rank {comm.rank}")
@@ -151,7 +180,7 @@ def test_fold_dtypes(comm, dtype):
         for width in widths_for(shape)[:2]:
             for periodic in (False, True):
                 for op in ops:
-                    for method in ("persistent", "datatype"):
+                    for method in ("persistent", "datatype", "shm"):
                         run_case(comm, shape, mshape, placements, sizes, width, periodic,
                                  True, method, op, dtype, seed=3)
 
@@ -264,11 +293,12 @@ def test_start_fold_wait_interior_written_in_flight(comm):
         mesh.free()
 
 
-def test_two_folds_in_flight(comm):
+@pytest.mark.parametrize("method", ["persistent", "shm"])
+def test_two_folds_in_flight(comm, method):
     mesh = ps.Mesh(comm, (comm.size,))
     lay = ps.Layout((3 * comm.size + 1, 4), "float64", (comm.size,), [ps.Shard(0)])
     x = ps.ShardedArray(np.zeros(lay.local_shape(mesh.coords)), lay, mesh)
-    hs = [x.with_halo((2, 1), periodic=p) for p in (True, (True, False))]
+    hs = [x.with_halo((2, 1), periodic=p, method=method) for p in (True, (True, False))]
     wants = []
     for k, h in enumerate(hs):
         def gen(q, h=h, k=k):
@@ -277,16 +307,21 @@ def test_two_folds_in_flight(comm):
         h.padded[...] = gen(mesh.coords)
         wants.append(fold_expected(lay, h.width, h.periodic, h.corners, mesh.coords, "sum",
                                    gen))
-    hs[0].start_fold()
-    hs[1].start_fold("sum")
-    hs[1].wait()
-    hs[0].wait()
-    for h, want in zip(hs, wants):
-        np.testing.assert_array_equal(h.interior, want)
+    keep = [h.padded.copy() for h in hs]
+    for order in ((1, 0), (0, 1)):  # waited in the other order than started, then in it
+        for h, k in zip(hs, keep):
+            h.padded[...] = k
+        hs[0].start_fold()
+        hs[1].start_fold("sum")
+        for i in order:
+            hs[i].wait()
+        for h, want in zip(hs, wants):
+            np.testing.assert_array_equal(h.interior, want, err_msg=f"{method} {order}")
+            assert h.fold_chosen == expected_fold_method(x, method, "float64")
     mesh.free()
 
 
-@pytest.mark.parametrize("method", ["persistent", "neighbor"])
+@pytest.mark.parametrize("method", ["persistent", "neighbor", "shm"])
 def test_refresh_fills_the_ghosts_with_the_new_values(comm, method):
     for shape, mshape, placements, sizes in cases(comm.size):
         mesh = ps.Mesh(comm, mshape)
@@ -301,7 +336,7 @@ def test_refresh_fills_the_ghosts_with_the_new_values(comm, method):
         want = fold_expected(lay, h.width, h.periodic, h.corners, mesh.coords, "sum", gen)
         before = ps.comm_stats()
         h.fold(refresh=True)
-        assert counts_since(before) == {"halo_fold": 1, "halo": 1}
+        assert counts_since(before) == {counted(h, fold=True): 1, counted(h): 1}
         np.testing.assert_array_equal(h.interior, want)
         g = h.array.full()
         box = lay.box(mesh.coords)
@@ -315,13 +350,13 @@ def test_refresh_fills_the_ghosts_with_the_new_values(comm, method):
 @pytest.mark.usefixtures("staged")
 def test_staged_transport(comm):
     for shape, mshape, placements, sizes in cases(comm.size):
-        for method in ("persistent", "p2p", "neighbor"):
+        for method in ("persistent", "p2p", "neighbor", "shm"):  # (shm: persistent here)
             run_case(comm, shape, mshape, placements, sizes, 2, True, True, method, "sum",
                      "float64", seed=9)
 
 
 @pytest.mark.usefixtures("limited")
-@pytest.mark.parametrize("method", METHODS)
+@pytest.mark.parametrize("method", HALO_MPI)
 def test_large_counts(comm, method):
     """Fold messages over the core's lowered count limit (the path of libraries without
     large-count calls: derived datatypes), as test_count_limit.py runs the update."""
@@ -374,7 +409,7 @@ def test_bad_input_raises_on_every_rank_before_communication(comm):
     with pytest.raises(RuntimeError, match="already started"):
         h.start()
     h.wait()
-    assert counts_since(before) == {"halo": 1, "halo_fold": 1}
+    assert counts_since(before) == {counted(h): 1, counted(h, fold=True): 1}
     mesh.free()
 
 
@@ -387,4 +422,203 @@ def test_explain_names_the_fold(comm):
     assert (f"fold (the reverse, HaloArray.fold): the same {len(p.peers)} peer(s) and bytes "
             f"with the directions swapped: sends {p.recv_bytes} B") in text
     assert f"receives {p.send_bytes} B" in text
+    mesh.free()
+
+
+# ----------------------------------------------------------------------------- node-shared memory
+
+
+def random_fold(x, width, periodic, corners, method, op, dtype, seed):
+    """A fold of random non-integer data (its rounding depends on the combine order) on a
+    halo array of ``x`` built with ``method``: (the interior after it, the array)."""
+    h = x.with_halo(width, periodic=periodic, corners=corners, method=method)
+    rng = np.random.default_rng([seed, *x.mesh.coords])
+    v = rng.standard_normal(h.padded.shape) * 1e3
+    dt = np.dtype(dtype)
+    if dt.kind == "c":
+        v = v + 1j * rng.standard_normal(h.padded.shape) * 1e3
+    elif dt.kind in "iu":
+        v = rng.integers(-1000, 1000, size=h.padded.shape)
+    h.padded[...] = v.astype(dt)
+    h.fold(op)
+    return h.interior.copy(), h
+
+
+def bits_equal_shm_persistent(comm, what_nodes):
+    bad = []
+    for shape, mshape, placements, sizes in cases(comm.size):
+        mesh = ps.Mesh(comm, mshape)
+        for dtype in ("float64", "float32", "int32", "complex128"):
+            lay = layout_of(shape, dtype, mesh, placements, sizes)
+            x = ps.ShardedArray(np.zeros(lay.local_shape(mesh.coords), dtype), lay, mesh)
+            ops = ("sum",) if dtype == "complex128" else ("sum", "max", "min")
+            for width in widths_for(shape)[1:]:  # 2 (and wider than a block), 3 on odd dims
+                for periodic in (True, False):
+                    corners = periodic  # box where periodic, star where not
+                    for op in ops:
+                        if dtype == "float32" and op != "sum":
+                            continue
+                        ref, _ = random_fold(x, width, periodic, corners, "persistent", op,
+                                             dtype, 17)
+                        got, h = random_fold(x, width, periodic, corners, "shm", op, dtype, 17)
+                        case = (f"{what_nodes}: {shape} {mshape} {placements} {dtype} w={width} "
+                                f"p={periodic} {op} rank {comm.rank}")
+                        if h.fold_chosen != expected_fold_method(x, "shm", dtype):
+                            bad.append(f"{case}: ran {h.fold_chosen}")
+                        if got.view(np.uint8).tobytes() != ref.view(np.uint8).tobytes():
+                            bad.append(f"{case}: not the bits of persistent")
+        mesh.free()
+    assert not bad, "\n".join(bad[:10])
+
+
+def test_shm_folds_bit_for_bit_those_of_persistent(comm):
+    """The fold's combine order is fixed: through node-shared memory (node peers read from
+    their ghost regions, this rank's own wraps at its own place) the same bits as persistent
+    requests, for sum/max/min, float64, float32, int32 and complex128 (sum), widths wider
+    than a neighbour's block, periodic and not, box and star."""
+    bits_equal_shm_persistent(comm, "one node")
+
+
+def test_shm_folds_bit_for_bit_on_simulated_nodes(comm):
+    """As above on simulated nodes (PYSHARD_NODE_SIZE, set before the meshes are built): the
+    combine order mixes MPI messages and node peers."""
+    if comm.size < 3:
+        pytest.skip("nodes of 2 with a rank on another node need 3 ranks")
+    with ps.config.override(PYSHARD_NODE_SIZE=2, PYSHARD_TRANSPORT="auto"):
+        bits_equal_shm_persistent(comm, "nodes of 2")
+
+
+def test_fold_simulated_nodes_matches_oracle(comm):
+    """PYSHARD_NODE_SIZE=k before the mesh is built: folds through shm (node peers) and MPI
+    (the others) in one step against the oracle; the split as the plan says; some ranks'
+    peers by MPI where the mesh spans nodes."""
+    if comm.size < 2:
+        pytest.skip("one rank: no peers")
+    for k in mixed_cases(comm.size):
+        with ps.config.override(PYSHARD_NODE_SIZE=k, PYSHARD_TRANSPORT="auto"):
+            for shape, mshape, placements, sizes in cases(comm.size):
+                for width in widths_for(shape)[:2]:
+                    for periodic in (False, True):
+                        for op in ("sum", "max"):
+                            run_case(comm, shape, mshape, placements, sizes, width, periodic,
+                                     not periodic, "shm", op, "float64", seed=k,
+                                     split=op == "max")
+
+
+@pytest.mark.parametrize("dtype", ["float16", *ML_DTYPES[:1]])
+def test_low_precision_fold_on_a_shm_array_takes_persistent(comm, dtype):
+    """float16 (and bfloat16) fold in Python from an MPI step's buffer: on an array whose
+    updates go through node-shared memory, its folds take persistent requests (fold_chosen),
+    counted as "halo_fold", with the oracle's values; updates stay on shm."""
+    for shape, mshape, placements, sizes in cases(comm.size)[:3] + cases(comm.size)[-1:]:
+        mesh = ps.Mesh(comm, mshape)
+        lay = layout_of(shape, dtype, mesh, placements, sizes)
+        x = ps.ShardedArray(np.zeros(lay.local_shape(mesh.coords), dtype), lay, mesh)
+        h = x.with_halo(2, periodic=True, method="shm")
+
+        def gen(q, h=h, lay=lay):
+            return padded_of(lay, h.width, q, dtype, 41)
+
+        before = ps.comm_stats()
+        h.update()
+        assert h.chosen == expected_method(x, "shm")
+        h.padded[...] = gen(mesh.coords)
+        h.start_fold("sum")
+        h.wait()
+        assert h.fold_chosen == "persistent"
+        want = fold_expected(lay, h.width, h.periodic, h.corners, mesh.coords, "sum", gen)
+        np.testing.assert_array_equal(h.interior.view(np.uint8), want.view(np.uint8),
+                                      err_msg=f"{shape} {mshape} {dtype} rank {comm.rank}")
+        h.update()
+        assert counts_since(before) == {counted(h): 2, "halo_fold": 1}
+        mesh.free()
+
+
+@pytest.mark.parametrize("method", ["persistent", "shm"])
+def test_start_fold_interior_written_ghosts_rewritten_after_wait(comm, method):
+    """start_fold(), the interior written in flight (the contributions combine into what it
+    holds at wait()), the ranks at different paces: even ranks wait at once and then write
+    their ghost cells (allowed once wait() returns: the node peers that read them are done),
+    odd ranks sleep before wait(); every rank's interior is the oracle's."""
+    for shape, mshape, placements, sizes in cases(comm.size)[:1] + cases(comm.size)[-1:]:
+        mesh = ps.Mesh(comm, mshape)
+        lay = layout_of(shape, "float64", mesh, placements, sizes)
+        x = ps.ShardedArray(np.zeros(lay.local_shape(mesh.coords)), lay, mesh)
+        h = x.with_halo(2, periodic=True, method=method)
+
+        def gen(q, h=h, lay=lay):
+            return padded_of(lay, h.width, q, "float64", 13)
+
+        h.padded[...] = gen(mesh.coords)
+        want = fold_expected(lay, h.width, h.periodic, h.corners, mesh.coords, "sum", gen)
+        h.start_fold()
+        h.interior[...] += 0.5
+        if comm.rank % 2:
+            time.sleep(0.01)
+        h.wait()
+        inner = tuple(slice(w, w + n) for w, n in zip(h.width, h.interior.shape))
+        got = h.interior.copy()
+        keep = h.padded[inner].copy()
+        h.padded[...] = -1e9  # the ghosts (and interior) overwritten at once
+        h.padded[inner] = keep
+        np.testing.assert_array_equal(got, want + 0.5, err_msg=f"{method} rank {comm.rank}")
+        assert h.fold_chosen == expected_fold_method(x, method, "float64")
+        comm.Barrier()
+        mesh.free()
+
+
+def updated(lay, h, gen, mshape):
+    """Every rank's padded array after an update of the padded arrays ``gen(q)``: the
+    written ghost cells hold the global array the interiors make up (halo_expected)."""
+    g = np.zeros(lay.shape)
+    for q in np.ndindex(*mshape):
+        box = lay.box(q)
+        g[tuple(box)] = gen(q)[tuple(slice(w, w + b.stop - b.start)
+                                     for w, b in zip(h.width, box))]
+    out = {}
+    for q in np.ndindex(*mshape):
+        box = lay.box(q)
+        exp = halo_expected(g, [b.start for b in box], [b.stop for b in box], h.width,
+                            h.periodic, h.corners, 0)
+        _, mask = written(lay, h.width, h.periodic, h.corners, q)
+        out[q] = gen(q).copy()
+        out[q][mask] = exp[mask]
+    return out
+
+
+@pytest.mark.parametrize("method", ["persistent", "shm"])
+def test_many_folds_and_updates(comm, method):
+    """Rounds of update, fold (split or not) and fold(refresh=True) on one array, the ranks
+    at different paces (seeded sleeps), the ghost cells rewritten right after each wait():
+    every round's interior is the oracle's (the handshake's update and fold counters apart)."""
+    shape, mshape, placements, sizes = sharded_case(comm.size)
+    mesh = ps.Mesh(comm, mshape)
+    lay = layout_of(shape, "float64", mesh, placements, sizes)
+    x = ps.ShardedArray(np.zeros(lay.local_shape(mesh.coords)), lay, mesh)
+    h = x.with_halo(tuple(min(2, n) for n in shape), periodic=True, method=method)
+    rng = np.random.default_rng(100 + comm.rank)
+    for k in range(12):
+        def gen(q, h=h, k=k):
+            return padded_of(lay, h.width, q, "float64", 50 + k)
+
+        if rng.random() < 0.5:
+            time.sleep(rng.random() * 0.002)
+        h.padded[...] = gen(mesh.coords)
+        h.update()  # the ghosts now hold the owners' values of round k
+        after = updated(lay, h, gen, mshape)
+        want = fold_expected(lay, h.width, h.periodic, h.corners, mesh.coords, "sum",
+                             after.__getitem__)
+        if k % 3 == 0:
+            h.fold()
+        elif k % 3 == 1:
+            h.start_fold()
+            if rng.random() < 0.5:
+                time.sleep(rng.random() * 0.002)
+            h.wait()
+        else:
+            h.fold(refresh=True)
+        all_agree(comm, padded_mismatch(h.interior, want, f"round {k} rank {comm.rank}"))
+        h.padded[tuple(slice(0, w) for w in h.width)] = np.nan  # a ghost corner, at once
+    assert h.chosen == expected_method(x, method)
+    assert h.fold_chosen == expected_fold_method(x, method, "float64")
     mesh.free()
