@@ -116,4 +116,51 @@ inline void copy_host(const CopyDesc& d, const char* src, char* dst) {
   for_each_run(d, [&](i64 s, i64 t) { std::memcpy(dst + t, src + s, n); });
 }
 
+// Descriptors of one shape (the same looped dims, extents, strides and run) walked by one
+// odometer, a run of each in turn. The periodic wraps of a thin face onto a rank itself (the
+// low ghosts from the high interior and the high ghosts from the low) touch the same rows,
+// far apart (a row each, of a large array): walked together each row's pages and lines are
+// fetched once instead of once per box.
+inline bool same_walk(const CopyDesc& a, const CopyDesc& b) {
+  if (a.nd != b.nd || a.run != b.run || a.runs != b.runs) return false;
+  for (i64 k = 0; k < a.nd; ++k)
+    if (a.ext[k] != b.ext[k] || a.sstr[k] != b.sstr[k] || a.dstr[k] != b.dstr[k]) return false;
+  return true;
+}
+
+template <size_t N, class G>
+inline void copy_together_of(const CopyDesc& d, const G& delta, size_t k, const char* src,
+                             char* dst) {
+  for_each_run(d, [&](i64 s, i64 t) {
+    for (size_t j = 0; j < k; ++j) std::memcpy(dst + t + delta[j][1], src + s + delta[j][0], N);
+  });
+}
+
+// The k descriptors ds[0..k) (same_walk of each other), from src to dst.
+inline void copy_host_together(const CopyDesc* const* ds, size_t k, const char* src,
+                               char* dst) {
+  constexpr size_t kMax = 8;
+  if (k == 1 || k > kMax) {
+    for (size_t j = 0; j < k; ++j) copy_host(*ds[j], src, dst);
+    return;
+  }
+  const CopyDesc& d = *ds[0];
+  i64 delta[kMax][2];
+  for (size_t j = 0; j < k; ++j) {
+    delta[j][0] = ds[j]->src_off - d.src_off;
+    delta[j][1] = ds[j]->dst_off - d.dst_off;
+  }
+  switch (d.run) {
+    case 4: return copy_together_of<4>(d, delta, k, src, dst);
+    case 8: return copy_together_of<8>(d, delta, k, src, dst);
+    case 16: return copy_together_of<16>(d, delta, k, src, dst);
+    case 32: return copy_together_of<32>(d, delta, k, src, dst);
+    default: break;
+  }
+  const size_t n = static_cast<size_t>(d.run);
+  for_each_run(d, [&](i64 s, i64 t) {
+    for (size_t j = 0; j < k; ++j) std::memcpy(dst + t + delta[j][1], src + s + delta[j][0], n);
+  });
+}
+
 }  // namespace pyshard

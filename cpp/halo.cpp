@@ -1,5 +1,6 @@
 #include "halo.h"
 
+#include <algorithm>
 #include <climits>
 #include <cstdint>
 #include <complex>
@@ -236,6 +237,28 @@ HaloGeometry::HaloGeometry(i64 item_, Shape shape_, const std::vector<PeerBoxes>
     local_bytes += volume(std::get<2>(t)) * item;
   }
   local.begin_block();
+  for (size_t i = 0; i < local.host.size(); ++i) {
+    auto g = std::find_if(local_groups.begin(), local_groups.end(), [&](const auto& grp) {
+      return same_walk(local.host[grp[0]], local.host[i]);
+    });
+    if (g == local_groups.end())
+      local_groups.push_back({i});
+    else
+      g->push_back(i);
+  }
+}
+
+void HaloGeometry::copy_local(Packer& pk, char* arr) const {
+  if (pk.kind() != Mem::host) {
+    pk.copy_all(local, arr, arr);
+    return;
+  }
+  std::vector<const CopyDesc*> ds;
+  for (const auto& grp : local_groups) {
+    ds.clear();
+    for (size_t i : grp) ds.push_back(&local.host[i]);
+    copy_host_together(ds.data(), ds.size(), arr, arr);
+  }
 }
 
 HaloStep::HaloStep(std::shared_ptr<Comm> comm, std::shared_ptr<HaloGeometry> g,
@@ -412,7 +435,7 @@ void HaloStep::start(char* arr, Packer& pk, Transport tr) {
       return;
     }
     post_typed(arr);  // receives and sends first: the wrap copies overlap them
-    pk.copy_all(g.local, arr, arr);
+    g.copy_local(pk, arr);
     active_ = true;
     started_tr_ = tr;
     return;
@@ -428,7 +451,7 @@ void HaloStep::start(char* arr, Packer& pk, Transport tr) {
   char* bounce = staged ? ws_.bounce(pk, S + R) : nullptr;
   pk.copy_all(g.pack, arr, work);
   if (!g.reverse)  // (a fold combines its own wraps at wait())
-    pk.copy_all(g.local, arr, arr);  // periodic wrap onto this rank: interior -> ghosts
+    g.copy_local(pk, arr);  // periodic wrap onto this rank: interior -> ghosts
   if (staged) pk.to_host(bounce, work, S);
   pk.sync();  // MPI reads the packed bytes next
   if (method_ == HaloMethod::neighbor) {

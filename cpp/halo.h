@@ -77,6 +77,11 @@ struct HaloGeometry {
   // unpack_packed: the same with the contiguous messages left out (they land in place);
   // local: array -> array (periodic wrap onto this rank itself)
   DescTable pack, unpack, unpack_packed, local;
+  // the descriptors of `local` by shape (same_walk, box.h): the host copies each group in one
+  // walk (copy_local)
+  std::vector<std::vector<size_t>> local_groups;  // indices into local.host
+  // The wraps onto this rank (`local`) in `arr`: on the host group by group, else by `pk`.
+  void copy_local(Packer& pk, char* arr) const;
   i64 send_bytes = 0, recv_bytes = 0;
   i64 local_bytes = 0;
 };
