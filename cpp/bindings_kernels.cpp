@@ -152,6 +152,7 @@ void def_geometry(py::module_& m) {
 
 using bind::Buf;
 using bind::get_buf;
+using bind::check_shape;
 
 // Copy a box with the host packer through descriptors (`offsets`: through run_offsets, the
 // index math of the CUDA kernels), for local steps and tests.
@@ -193,6 +194,19 @@ void bind_kernels_on_host(py::module_& m) {
   def_geometry<GatherGeometry>(m);
   def_geometry<ScatterGeometry>(m);
   def_geometry<HaloGeometry>(m);
+  m.def(
+      "halo_copy_local",
+      [](const HaloGeometry& g, const py::array& src, py::array& dst) {
+        Buf s = get_buf(src, false, "source");
+        Buf d = get_buf(dst, true, "destination");
+        check_shape(s, g.shape, "the source");
+        check_shape(d, g.shape, "the destination");
+        py::gil_scoped_release nogil;
+        g.copy_local(host_packer(), s.ptr, d.ptr);
+      },
+      py::arg("geometry"), py::arg("src"), py::arg("dst"),
+      "Copy a halo geometry's local boxes from src to dst (padded arrays of its shape) as an "
+      "update copies its wraps; for the bench's copy floor.");
   m.def(
       "copy_kernel_on_host",
       [](const py::sequence& blocks, i64 itemsize, const py::array& src, py::array& dst,

@@ -248,16 +248,16 @@ HaloGeometry::HaloGeometry(i64 item_, Shape shape_, const std::vector<PeerBoxes>
   }
 }
 
-void HaloGeometry::copy_local(Packer& pk, char* arr) const {
+void HaloGeometry::copy_local(Packer& pk, const char* src, char* dst) const {
   if (pk.kind() != Mem::host) {
-    pk.copy_all(local, arr, arr);
+    pk.copy_all(local, src, dst);
     return;
   }
   std::vector<const CopyDesc*> ds;
   for (const auto& grp : local_groups) {
     ds.clear();
     for (size_t i : grp) ds.push_back(&local.host[i]);
-    copy_host_together(ds.data(), ds.size(), arr, arr);
+    copy_host_together(ds.data(), ds.size(), src, dst);
   }
 }
 
@@ -435,7 +435,7 @@ void HaloStep::start(char* arr, Packer& pk, Transport tr) {
       return;
     }
     post_typed(arr);  // receives and sends first: the wrap copies overlap them
-    g.copy_local(pk, arr);
+    g.copy_local(pk, arr, arr);
     active_ = true;
     started_tr_ = tr;
     return;
@@ -451,7 +451,7 @@ void HaloStep::start(char* arr, Packer& pk, Transport tr) {
   char* bounce = staged ? ws_.bounce(pk, S + R) : nullptr;
   pk.copy_all(g.pack, arr, work);
   if (!g.reverse)  // (a fold combines its own wraps at wait())
-    g.copy_local(pk, arr);  // periodic wrap onto this rank: interior -> ghosts
+    g.copy_local(pk, arr, arr);  // periodic wrap onto this rank: interior -> ghosts
   if (staged) pk.to_host(bounce, work, S);
   pk.sync();  // MPI reads the packed bytes next
   if (method_ == HaloMethod::neighbor) {

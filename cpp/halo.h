@@ -80,8 +80,9 @@ struct HaloGeometry {
   // the descriptors of `local` by shape (same_walk, box.h): the host copies each group in one
   // walk (copy_local)
   std::vector<std::vector<size_t>> local_groups;  // indices into local.host
-  // The wraps onto this rank (`local`) in `arr`: on the host group by group, else by `pk`.
-  void copy_local(Packer& pk, char* arr) const;
+  // The wraps onto this rank (`local`), from `src` to `dst` (the same padded array, or one
+  // of its shape): on the host group by group, else by `pk`.
+  void copy_local(Packer& pk, const char* src, char* dst) const;
   i64 send_bytes = 0, recv_bytes = 0;
   i64 local_bytes = 0;
 };

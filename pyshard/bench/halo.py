@@ -9,12 +9,11 @@
 - ``floor``: raw mpi4py point-to-point of exactly the same bytes, already packed in
   contiguous buffers, to the same peers (one ``Irecv``/``Isend`` per peer each way, then
   ``Waitall``): the MPI floor of this exchange;
-- ``copy`` (the copy floor): one strided copy of every ghost cell an update receives from
-  its peers (the same boxes and bytes as ``floor``, from a source array of the same shape),
-  by the core's host packer, within each process, every rank at once: no exchange of these
-  cells can go below it on this machine; ``wraps``: the same for the periodic wraps onto the
-  rank itself, which every method copies locally besides its messages (neither floor
-  includes them);
+- ``copy`` (the copy floor): one strided copy of every ghost cell an update writes (the
+  cells its peers send, and its periodic wraps onto itself), from a source array of the same
+  shape at the same boxes, as the core copies, within each process, every rank at once: no
+  update can go below it on this machine; ``wraps``: the wraps alone, which every method
+  copies locally besides its messages (the MPI floor moves only the messages);
 - ``mpi4py``: what an expert writes by hand: ``Create_cart``, ``Shift``, numpy slicing into
   contiguous buffers, ``Sendrecv`` per dim and direction, corners by exchanging dim by dim
   with the ghost layers of earlier dims included;
@@ -173,22 +172,21 @@ def halo_setup(sizes: Sequence[int] = (16, 64, 256), n: int = 8192) -> List[Dict
     return out
 
 
-def _copy_floor(h: Any, wraps: bool = False) -> Callable[[], None]:
-    """One strided copy of every ghost cell ``h``'s update receives from its peers (the same
-    bytes as the MPI floor; ``wraps``: of its periodic wraps onto itself instead, which every
-    method copies locally too), from a source array of the same shape at the same boxes, by
-    the core's host packer."""
+def _copy_floor(h: Any, wraps_only: bool = False) -> Callable[[], None]:
+    """The copy floor: one strided copy of every ghost cell ``h``'s update writes (the cells
+    its peers send and its periodic wraps onto itself; ``wraps_only``: the wraps alone), from
+    a source array of the same shape at the same boxes, in one walk per group of boxes of one
+    shape, as the core copies wraps."""
     from .. import _core
 
     p = h.plan
-    if wraps:
-        boxes = [(list(t), list(t), list(e)) for _, t, e in p.local]
-    else:
-        boxes = [(list(s), list(s), list(e)) for _, _, bs in p.recvs for s, e in bs]
+    boxes = [(list(t), list(t), list(e)) for _, t, e in p.local]
+    if not wraps_only:
+        boxes += [(list(s), list(s), list(e)) for _, _, bs in p.recvs for s, e in bs]
     geom = _core.HaloGeometry(p.itemsize, list(p.padded_shape), [], [], boxes)
     src = np.ones(p.padded_shape, h.padded.dtype)
     dst = np.zeros_like(src)
-    return lambda: _core.copy_kernel_on_host(geom, "local", src, dst, kernel=False)
+    return lambda: _core.halo_copy_local(geom, src, dst)
 
 
 def _interleaved(comm: MPI.Comm, fns: Dict[str, Callable[[], object]], reps: int,
@@ -243,7 +241,7 @@ def bench_halo(comm: MPI.Comm, scale: int = 1, reps: int = 5, loop: int = 20,
         h = halos["auto"]
         fns["floor"] = _floor(comm, h.plan)
         fns["copy"] = _copy_floor(h)
-        fns["wraps"] = _copy_floor(h, wraps=True)
+        fns["wraps"] = _copy_floor(h, wraps_only=True)
         if even:
             fns["mpi4py"] = _hand_written(comm, mesh_shape, h.padded.copy(), width, True)
         else:
