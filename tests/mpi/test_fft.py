@@ -459,3 +459,86 @@ def test_bench_row(comm):
     assert all(c["round_trip_ok"] and c["forward"]["total"] > 0 for c in row["cases"])
     assert row["batched"]["transposes"] == 0
     assert "per transform" in format_fft(row)
+
+
+def _pyfftw_or_skip(backend):
+    if backend.startswith("pyfftw"):
+        pytest.importorskip("pyfftw")
+
+
+@pytest.mark.parametrize("backend", ["scipy", "numpy", "pyfftw", "pyfftw-measure"])
+def test_backends(comm, backend):
+    """Every local-transform backend (PYSHARD_FFT_BACKEND) against numpy.fft/scipy.fft on
+    the gathered global array: random c2c/r2c/c2r (and DCT/DST: scipy under every backend)
+    cases on every mesh, the input left alone, out=, and plan.backward round trips."""
+    _pyfftw_or_skip(backend)
+    rng = np.random.default_rng(4321)
+    with ps.config.override(PYSHARD_FFT_BACKEND=backend):
+        assert pf.backend() == backend
+        for ms in meshes(comm):
+            mesh = ps.Mesh(comm, ms)
+            for case in range(8):
+                shape, kind, axes, s, norm, type_, dtype = random_case(rng, ms)
+                if case < 6 and kind in ("dctn", "idctn", "dstn", "idstn"):
+                    kind, type_ = ("rfftn", None) if "f" in dtype else ("irfftn", None)
+                    if kind == "rfftn" and dtype not in ("float32", "float64"):
+                        dtype = "float64"
+                g = make_global(shape, dtype, seed=case)
+                pl, sizes = random_layout(rng, ms, shape)
+                ref = oracle(kind, g, s, axes, norm, type_)
+                x = ps.distribute(g, mesh, pl, sizes)
+                kw = {} if type_ is None else {"type": type_}
+                where = f"{backend} mesh {ms}: {kind} {shape} {dtype} {pl} {axes} s {s} {norm}"
+                p = pf.plan(x.layout, kind, axes=axes, s=s, norm=norm, placements="any", **kw)
+                y = p.forward(x)
+                assert y.dtype == expect_dtype(kind, dtype), where
+                check(y, ref, dtype, where, comm)
+                np.testing.assert_array_equal(x.local, g[x.box])  # the input is left alone
+                out = np.empty_like(y.local)
+                assert p.forward(x, out=out).local is out
+                check(ShardedArray_of(out, y), ref, dtype, where + " out=", comm)
+                if s is None:  # the inverse of a transform that keeps every length
+                    z = p.backward(y)
+                    want = g.astype(z.dtype) if z.dtype.kind == "c" else g
+                    if kind == "irfftn":  # what rfftn keeps of the spectrum
+                        want = np.fft.rfftn(ref, axes=axes, norm=norm)
+                    check(z, want, dtype, where + " backward", comm)
+            mesh.free()
+
+
+def ShardedArray_of(local, like):
+    return ps.ShardedArray(local, like.layout, like.mesh)
+
+
+def test_backend_setting(comm, monkeypatch):
+    """auto takes pyFFTW where it imports, else scipy; a backend that does not import
+    raises ImportError on every rank before any communication; a bad value ValueError."""
+    with ps.config.override(PYSHARD_FFT_BACKEND="auto"):
+        try:
+            import pyfftw  # noqa: F401
+
+            assert pf.backend() == "pyfftw"
+        except ImportError:
+            assert pf.backend() == "scipy"
+        monkeypatch.setattr(pf, "_PYFFTW", False)  # as where pyfftw does not import
+        assert pf.backend() == "scipy"
+    mesh = ps.Mesh(comm, (comm.size,))
+    x = ps.distribute(make_global((6, 4), np.complex128), mesh, [Shard(0)])
+    before = ps.comm_stats()
+    for name in ("pyfftw", "pyfftw-measure"):
+        with ps.config.override(PYSHARD_FFT_BACKEND=name):
+            with pytest.raises(ImportError, match="pyfftw"):
+                pf.fftn(x, axes=(0,))  # a transpose first: raised before it, on every rank
+    assert collectives_since(before) == 0
+    with pytest.raises(ValueError, match="PYSHARD_FFT_BACKEND"):
+        ps.config.set("PYSHARD_FFT_BACKEND", "mkl")
+    with ps.config.override(PYSHARD_FFT_BACKEND="numpy"):  # numpy.fft has no DCT: scipy's
+        y = pf.dctn(x, axes=(1,))
+        check(
+            y,
+            sf.dctn(make_global((6, 4), np.complex128), axes=(1,)),
+            np.complex128,
+            "dct under numpy",
+            comm,
+        )
+    mesh.free()
