@@ -446,19 +446,37 @@ def test_tune_mesh(comm, tmp_path, monkeypatch):
         tune_mesh(comm, 1, work, candidates=[(comm.size + 1,)])
 
 
-def test_bench_row(comm):
+def test_bench_row(comm, monkeypatch):
+    """The fft bench row: every pyshard backend and, where mpi4py_fft imports, PFFT's FFTW
+    and numpy backends in the same run, each round trip checked; PFFT skipped cleanly
+    (with the reason) where it does not import."""
     import json
 
-    from pyshard.bench.fft import bench_fft, format_fft
+    from pyshard.bench import fft as bf
 
-    row = bench_fft(comm, n=8, reps=1, warmup=0, batch=comm.size + 1, batch_n=8)
+    row = bf.bench_fft(comm, n=8, reps=1, warmup=0, batch=comm.size + 1, batch_n=8)
     json.dumps(row)
     assert row["case"] == "fft" and row["check"]
     assert {(c["kind"], c["decomp"]) for c in row["cases"]} == {
-        (k, d) for k in ("c2c", "r2c") for d in ("slab", "pencil")}
+        (k, d) for k in ("c2c", "r2c") for d in ("slab", "pencil")
+    }
     assert all(c["round_trip_ok"] and c["forward"]["total"] > 0 for c in row["cases"])
     assert row["batched"]["transposes"] == 0
-    assert "per transform" in format_fft(row)
+    assert "per transform" in bf.format_fft(row)
+    have_pfft = bf._import_pfft()[0] is not None
+    for c in row["cases"]:
+        assert set(c["impls"]) >= {f"pyshard-{b}" for b in bf.pyshard_backends()}
+        assert all(v < 1e-9 for v in c["errors"].values())
+        assert c["mpi_floor_ms"]["forward"] >= 0
+        if have_pfft:
+            assert {"pfft-fftw", "pfft-numpy"} <= set(c["impls"]), c["notes"]
+            assert c["vs_pfft-fftw"]["per_transform"] > 0
+    monkeypatch.setattr(bf, "_import_pfft", lambda: (None, "mpi4py_fft does not import (test)"))
+    row = bf.bench_fft(comm, n=8, reps=1, warmup=0, batch=0, decomps=("pencil",), kinds=("r2c",))
+    (c,) = row["cases"]
+    assert not any(k.startswith("pfft") for k in c["impls"]) and row["check"]
+    assert c["notes"]["pfft-fftw"] == "mpi4py_fft does not import (test)"
+    assert "pfft-fftw: mpi4py_fft does not import (test)" in bf.format_fft(row)
 
 
 def _pyfftw_or_skip(backend):
