@@ -27,7 +27,8 @@ along every axis whose length does not change (rfftn's last axis, ``s=`` axes ar
 
 Repeated axes raise ``ValueError`` (as scipy.fft does; numpy transforms twice).
 Local transforms: scipy.fft where scipy is installed (``workers=`` passed through), else
-numpy.fft (DCT/DST then raise ImportError); cupy arrays go through cupyx.scipy.fft.
+numpy.fft (DCT/DST then raise ImportError); pyFFTW for the c2c and r2c/c2r passes where
+``PYSHARD_FFT_BACKEND`` names it (:func:`backend`); cupy arrays go through cupyx.scipy.fft.
 """
 
 from __future__ import annotations
@@ -169,13 +170,14 @@ def _pyfftw() -> Any:
 
 def backend() -> str:
     """The local-transform backend of numpy arrays that ``PYSHARD_FFT_BACKEND`` selects now:
-    ``"pyfftw"`` or ``"pyfftw-measure"`` (pyFFTW; the c2c and r2c/c2r passes in float32 and
-    float64, the others through scipy.fft), ``"scipy"`` or ``"numpy"``. ``auto``: pyfftw
-    where it imports, else scipy where it imports, else numpy. Naming a backend that does
-    not import raises ImportError."""
+    ``"scipy"`` or ``"numpy"`` (pocketfft), ``"pyfftw"`` or ``"pyfftw-measure"`` (pyFFTW; the
+    c2c and r2c/c2r passes in float32 and float64, the others through scipy.fft). ``auto``:
+    scipy where it imports, else numpy; pyFFTW only when named (measured: faster at 128^3 on
+    2 ranks, slower at 256^3 on 2 and 4 ranks, docs/fft.md). Naming a backend that does not
+    import raises ImportError."""
     v = config.get("PYSHARD_FFT_BACKEND")
     if v == "auto":
-        return "pyfftw" if _pyfftw() is not None else "scipy" if _sfft is not None else "numpy"
+        return "scipy" if _sfft is not None else "numpy"
     if v.startswith("pyfftw") and _pyfftw() is None:
         raise ImportError(
             f"PYSHARD_FFT_BACKEND={v} needs pyFFTW (pip install 'pyshard[pyfftw]' or pip "
@@ -311,8 +313,10 @@ def _fftw(
     measure: bool,
 ) -> Optional[np.ndarray]:
     """One host pass through pyFFTW (c2c in place where this plan owns ``a``, else into
-    pooled memory; r2c/c2r into pooled memory), scaled as ``norm`` says; None where it
-    does not apply (other dtypes, zero-padding or truncation: then scipy/numpy run it)."""
+    pooled memory; r2c/c2r into pooled memory), scaled as ``norm`` says (FFTW does not
+    scale: one more sweep over the array, which :func:`run_passes` saves by running every
+    pass unscaled and scaling once at the end); None where it does not apply (other
+    dtypes, zero-padding or truncation: then scipy/numpy run it)."""
     if a.dtype not in _FFTW_DTYPES or out_dtype not in _FFTW_DTYPES:
         return None
     if not a.flags.c_contiguous:
@@ -351,12 +355,28 @@ def _fftw(
         measure,
     )
     obj.execute()
+    f = _norm_factor(func, ns, norm)
+    if f != 1.0:
+        out *= f
+    return out
+
+
+_SCALED = ("fftn", "ifftn", "rfft", "irfft")  # passes whose norm is a plain factor
+
+
+def _norm_factor(func: str, ns: Tuple[int, ...], norm: Optional[str]) -> float:
+    """The factor ``norm`` applies to the unnormalised ``func`` (one of :data:`_SCALED`)."""
     n = prod(ns)
     if norm == "ortho":
-        out *= 1.0 / np.sqrt(n)
-    elif (norm == "forward") != inverse:  # backward (default): the inverse scales
-        out *= 1.0 / n
-    return out
+        return 1.0 / float(np.sqrt(n))
+    if (norm == "forward") != (func in ("ifftn", "irfft")):  # backward: the inverse scales
+        return 1.0 / n
+    return 1.0
+
+
+def _unscaled(func: str) -> str:
+    """The norm under which ``func`` (one of :data:`_SCALED`) does not scale."""
+    return "forward" if func in ("ifftn", "irfft") else "backward"
 
 
 def _local(
@@ -788,8 +808,11 @@ def run_passes(passes: Sequence[Any], x: ShardedArray, out: Optional[Any],
     mesh = x.mesh
     alg = algorithm or executor.default_algorithm()
     local = x.local
-    if not bk.is_device(local):
-        backend()  # a backend that does not import raises here, on every rank alike
+    # pyFFTW does not scale: every c2c/r2c/c2r pass runs unscaled and the product of their
+    # factors (from the plan: the same on every rank, empty shards included) is applied
+    # once at the end, one sweep instead of one per pass (the moves between are linear)
+    defer = not bk.is_device(local) and backend().startswith("pyfftw")
+    scale = 1.0
     owned = False
     last = len(passes) - 1
     # out= and a last pass that transforms in place after a transpose: the transpose writes
@@ -805,8 +828,12 @@ def run_passes(passes: Sequence[Any], x: ShardedArray, out: Optional[Any],
         o = out if i == into else None
         t0 = time.perf_counter() if times is not None else 0.0
         if isinstance(p, _Local):
-            local = _local(local, p.func, p.axes, p.ns, p.outs, norm, type_, p.dst.dtype, owned,
-                           workers)
+            pnorm = norm
+            if defer and p.func in _SCALED:
+                scale *= _norm_factor(p.func, p.ns, norm)
+                pnorm = _unscaled(p.func)
+            local = _local(local, p.func, p.axes, p.ns, p.outs, pnorm, type_, p.dst.dtype,
+                           owned, workers)
             if out is not None and i == last and local is not out:
                 if local.shape == out.shape and _ptr(local) == _ptr(out):
                     local = out  # transformed in place
@@ -821,6 +848,11 @@ def run_passes(passes: Sequence[Any], x: ShardedArray, out: Optional[Any],
         if times is not None:
             times[isinstance(p, _Move)] += time.perf_counter() - t0
         owned = True
+    if scale != 1.0:
+        t0 = time.perf_counter() if times is not None else 0.0
+        local *= scale  # owned: a scaled pass ran, and wrote a result of this plan's
+        if times is not None:
+            times[0] += time.perf_counter() - t0
     return ShardedArray(local, passes[-1].dst, mesh)
 
 
