@@ -118,6 +118,11 @@ SETTINGS: Dict[str, Setting] = {s.name: s for s in (
             "bytes per rank of one fused MPI exchange of redistribute_many", _int(1)),
     Setting("PYSHARD_MANY_SHM_BATCH_BYTES", "an integer >= 1", 64 << 20,
             "bytes per rank of one node-shared-memory batch of redistribute_many", _int(1)),
+    Setting("PYSHARD_FFT_BACKEND", "auto, scipy, numpy, pyfftw or pyfftw-measure", "auto",
+            "pyshard.fft's local transforms of numpy arrays: auto is scipy.fft where it "
+            "imports, else numpy.fft; pyfftw (FFTW_ESTIMATE plans) and pyfftw-measure "
+            "(FFTW_MEASURE: seconds per new shape, then cached) take pyFFTW",
+            _choice("auto", "scipy", "numpy", "pyfftw", "pyfftw-measure")),
     Setting("PYSHARD_TUNE_FILE", "a file path", "",
             "where algorithm='tune' keeps its choices between jobs (empty: nowhere)", _text),
 )}  # fmt: skip

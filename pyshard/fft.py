@@ -27,7 +27,8 @@ along every axis whose length does not change (rfftn's last axis, ``s=`` axes ar
 
 Repeated axes raise ``ValueError`` (as scipy.fft does; numpy transforms twice).
 Local transforms: scipy.fft where scipy is installed (``workers=`` passed through), else
-numpy.fft (DCT/DST then raise ImportError); cupy arrays go through cupyx.scipy.fft.
+numpy.fft (DCT/DST then raise ImportError); pyFFTW for the c2c and r2c/c2r passes where
+``PYSHARD_FFT_BACKEND`` names it (:func:`backend`); cupy arrays go through cupyx.scipy.fft.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from __future__ import annotations
 import inspect
 import logging
 import numbers
+import os
 import time
 from math import prod
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
@@ -42,10 +44,10 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 import numpy as np
 
 from . import _backend as bk
-from . import _dtypes, _validate
+from . import _dtypes, _validate, config
 from ._cache import memoize
 from .array import ShardedArray
-from .executor import POOL_MIN_BYTES, executors, pooled_empty, run_steps
+from .executor import POOL_MIN_BYTES, allocate, executors, pooled_empty, run_steps
 from .layout import Layout, Partial, Placement, Replicate, Shard, check_placements
 from .plan import Plan
 from .plan import plan as _rplan
@@ -65,6 +67,7 @@ except ImportError:  # pragma: no cover - numpy < 1.25
 
 __all__ = [
     "FFTPlan",
+    "backend",
     "dct",
     "dctn",
     "dst",
@@ -148,20 +151,232 @@ def _in_dtype(func: str, dt: np.dtype) -> np.dtype:
 # ----------------------------------------------------------------------------- backends
 
 
-def _module(a: Any, func: str) -> Tuple[Any, bool]:
-    """(the module whose ``func`` transforms ``a``, whether it takes workers/overwrite_x)."""
+_PYFFTW: Any = None  # the pyfftw module once imported; False where it does not import
+
+
+def _pyfftw() -> Any:
+    """pyfftw, or None where it does not import (imported once, on first use)."""
+    global _PYFFTW
+    if _PYFFTW is None:
+        try:
+            import pyfftw
+
+            _PYFFTW = pyfftw
+        except Exception as e:  # ImportError, or a broken build
+            log.debug("pyshard.fft: pyfftw does not import (%s: %s)", type(e).__name__, e)
+            _PYFFTW = False
+    return _PYFFTW or None
+
+
+def backend() -> str:
+    """The local-transform backend of numpy arrays that ``PYSHARD_FFT_BACKEND`` selects now:
+    ``"scipy"`` or ``"numpy"`` (pocketfft), ``"pyfftw"`` or ``"pyfftw-measure"`` (pyFFTW; the
+    c2c and r2c/c2r passes in float32 and float64, the others through scipy.fft). ``auto``:
+    scipy where it imports, else numpy; pyFFTW only when named (measured: faster at 128^3 on
+    2 ranks, slower at 256^3 on 2 and 4 ranks, docs/fft.md). Naming a backend that does not
+    import raises ImportError."""
+    v = config.get("PYSHARD_FFT_BACKEND")
+    if v == "auto":
+        return "scipy" if _sfft is not None else "numpy"
+    if v.startswith("pyfftw") and _pyfftw() is None:
+        raise ImportError(
+            f"PYSHARD_FFT_BACKEND={v} needs pyFFTW (pip install 'pyshard[pyfftw]' or pip "
+            "install pyfftw)"
+        )
+    if v == "scipy" and _sfft is None:
+        raise ImportError("PYSHARD_FFT_BACKEND=scipy needs scipy (pip install 'pyshard[fft]')")
+    return v
+
+
+def _module(a: Any, func: str, sfft: Any = _sfft) -> Tuple[Any, bool]:
+    """(the module whose ``func`` transforms ``a``, whether it takes workers/overwrite_x);
+    ``sfft``: scipy.fft, or None to take numpy.fft (the DCT/DST take scipy.fft anyway)."""
     if bk.is_device(a):
         import cupyx.scipy.fft as cfft
 
         return cfft, False
-    if _sfft is not None:
-        return _sfft, True
-    if func in ("dctn", "idctn", "dstn", "idstn"):
+    if sfft is not None:
+        return sfft, True
+    if func in _R2R:
+        if _sfft is not None:
+            return _sfft, True
         raise ImportError(
             f"pyshard.fft.{func} needs scipy (pip install 'pyshard[fft]' or pip install scipy); "
             "numpy.fft has no DCT/DST"
         )
     return np.fft, False
+
+
+_FFTW_DTYPES = tuple(np.dtype(t) for t in (np.float32, np.float64, np.complex64, np.complex128))
+_FFTW_PLANNED: Dict[tuple, bool] = {}  # FFTW_MEASURE problems planned (wisdom kept) -> ok
+
+
+def _threads(workers: Optional[int]) -> int:
+    if not workers:
+        return 1
+    if workers < 0:  # scipy's convention: -1 is every core
+        return max(1, (os.cpu_count() or 1) + 1 + workers)
+    return int(workers)
+
+
+def _scratch(like: np.ndarray) -> np.ndarray:
+    """An array of ``like``'s shape and dtype at the same address alignment (mod 64)."""
+    pyfftw = _pyfftw()
+    raw = pyfftw.empty_aligned(like.nbytes + 64, np.uint8, n=64)
+    off = like.ctypes.data % 64
+    return raw[off : off + like.nbytes].view(like.dtype).reshape(like.shape)
+
+
+def _fftw_object(
+    a: np.ndarray,
+    out: np.ndarray,
+    axes: Tuple[int, ...],
+    direction: str,
+    flags: Tuple[str, ...],
+    threads: int,
+    measure: bool,
+) -> Any:
+    """A pyfftw.FFTW over ``a`` -> ``out``. FFTW_ESTIMATE plans directly (it touches no
+    data); FFTW_MEASURE plans once per problem on scratch arrays of the same geometry and
+    alignment (measuring overwrites them), then builds from the wisdom it left
+    (FFTW_WISDOM_ONLY, ~0.1 ms; the object holds no array past the call)."""
+    pyfftw = _pyfftw()
+    if not measure:
+        return pyfftw.FFTW(
+            a,
+            out,
+            axes=axes,
+            direction=direction,
+            flags=("FFTW_ESTIMATE",) + flags,
+            threads=threads,
+        )
+    inplace = _ptr(a) == _ptr(out)
+    key = (
+        a.shape,
+        a.dtype.str,
+        out.shape,
+        out.dtype.str,
+        axes,
+        direction,
+        flags,
+        threads,
+        inplace,
+        _ptr(a) % 64,
+        _ptr(out) % 64,
+    )
+    if key not in _FFTW_PLANNED:
+        t0 = time.perf_counter()
+        sa = _scratch(a)
+        so = sa if inplace else _scratch(out)
+        pyfftw.FFTW(
+            sa, so, axes=axes, direction=direction, flags=("FFTW_MEASURE",) + flags, threads=threads
+        )
+        _FFTW_PLANNED[key] = True
+        log.debug(
+            "pyshard.fft: FFTW_MEASURE planned %s %s axes %s in %.2f s",
+            a.shape,
+            a.dtype,
+            axes,
+            time.perf_counter() - t0,
+        )
+    try:
+        return pyfftw.FFTW(
+            a,
+            out,
+            axes=axes,
+            direction=direction,
+            flags=("FFTW_MEASURE", "FFTW_WISDOM_ONLY") + flags,
+            threads=threads,
+        )
+    except RuntimeError:  # no wisdom for this exact problem: FFTW_ESTIMATE instead
+        log.debug("pyshard.fft: no FFTW wisdom for %s, planning FFTW_ESTIMATE", key)
+        return pyfftw.FFTW(
+            a,
+            out,
+            axes=axes,
+            direction=direction,
+            flags=("FFTW_ESTIMATE",) + flags,
+            threads=threads,
+        )
+
+
+def _fftw(
+    a: np.ndarray,
+    func: str,
+    axes: Tuple[int, ...],
+    ns: Tuple[int, ...],
+    shape: List[int],
+    norm: Optional[str],
+    out_dtype: np.dtype,
+    owned: bool,
+    workers: Optional[int],
+    measure: bool,
+) -> Optional[np.ndarray]:
+    """One host pass through pyFFTW (c2c in place where this plan owns ``a``, else into
+    pooled memory; r2c/c2r into pooled memory), scaled as ``norm`` says (FFTW does not
+    scale: one more sweep over the array, which :func:`run_passes` saves by running every
+    pass unscaled and scaling once at the end); None where it does not apply (other
+    dtypes, zero-padding or truncation: then scipy/numpy run it)."""
+    if a.dtype not in _FFTW_DTYPES or out_dtype not in _FFTW_DTYPES:
+        return None
+    if not a.flags.c_contiguous:
+        return None
+    if func in ("fftn", "ifftn"):
+        if tuple(shape) != a.shape or any(a.shape[x] != n for x, n in zip(axes, ns)):
+            return None
+    elif func == "rfft":
+        if a.shape[axes[0]] != ns[0] or shape[axes[0]] != ns[0] // 2 + 1:
+            return None
+    elif func == "irfft":
+        if shape[axes[0]] != ns[0] or a.shape[axes[0]] != ns[0] // 2 + 1:
+            return None
+    else:
+        return None
+    if func in ("fftn", "ifftn") and a.dtype.kind != "c":  # real input: complex, in place
+        buf = allocate(a.shape, out_dtype)
+        np.copyto(buf, a)
+        a, owned = buf, True
+    inverse = func in ("ifftn", "irfft")
+    out = a if (owned and func in ("fftn", "ifftn")) else allocate(tuple(shape), out_dtype)
+    flags: Tuple[str, ...] = ()
+    if func == "irfft":  # FFTW's c2r overwrites its input: a copy where it is the caller's
+        if not owned:
+            buf = allocate(a.shape, a.dtype)
+            np.copyto(buf, a)
+            a = buf
+        flags = ("FFTW_DESTROY_INPUT",)
+    obj = _fftw_object(
+        a,
+        out,
+        axes,
+        "FFTW_BACKWARD" if inverse else "FFTW_FORWARD",
+        flags,
+        _threads(workers),
+        measure,
+    )
+    obj.execute()
+    f = _norm_factor(func, ns, norm)
+    if f != 1.0:
+        out *= f
+    return out
+
+
+_SCALED = ("fftn", "ifftn", "rfft", "irfft")  # passes whose norm is a plain factor
+
+
+def _norm_factor(func: str, ns: Tuple[int, ...], norm: Optional[str]) -> float:
+    """The factor ``norm`` applies to the unnormalised ``func`` (one of :data:`_SCALED`)."""
+    n = prod(ns)
+    if norm == "ortho":
+        return 1.0 / float(np.sqrt(n))
+    if (norm == "forward") != (func in ("ifftn", "irfft")):  # backward: the inverse scales
+        return 1.0 / n
+    return 1.0
+
+
+def _unscaled(func: str) -> str:
+    """The norm under which ``func`` (one of :data:`_SCALED`) does not scale."""
+    return "forward" if func in ("ifftn", "irfft") else "backward"
 
 
 def _local(
@@ -188,11 +403,22 @@ def _local(
         shape[ax] = o
     if a.size == 0 or prod(shape) == 0:  # an empty shard: nothing to compute
         return xp.zeros(shape, out_dtype)
+    sfft = _sfft
+    if not bk.is_device(a):
+        be = backend()
+        if be.startswith("pyfftw") and func in ("fftn", "ifftn", "rfft", "irfft"):
+            r = _fftw(
+                a, func, axes, ns, shape, norm, out_dtype, owned, workers, be == "pyfftw-measure"
+            )
+            if r is not None:
+                return r
+        if be == "numpy":
+            sfft = None
     if not bk.is_device(a) and prod(shape) * out_dtype.itemsize >= POOL_MIN_BYTES:
-        r = _pooled(a, func, axes, ns, shape, norm, out_dtype, owned, workers)
+        r = _pooled(a, func, axes, ns, shape, norm, out_dtype, owned, workers, sfft)
         if r is not None:
             return r
-    mod, full = _module(a, func)
+    mod, full = _module(a, func, sfft)
     kw: Dict[str, Any] = {"norm": norm}
     if full:
         kw["overwrite_x"] = owned
@@ -222,7 +448,7 @@ def _ptr(a: Any) -> int:
 
 def _pooled(a: np.ndarray, func: str, axes: Tuple[int, ...], ns: Tuple[int, ...],
             shape: List[int], norm: Optional[str], out_dtype: np.dtype, owned: bool,
-            workers: Optional[int]) -> Optional[np.ndarray]:
+            workers: Optional[int], sfft: Any = _sfft) -> Optional[np.ndarray]:
     """A host pass into memory from pyshard's result pool (no fresh pages to fault in on
     every call): c2c in place (in ``a`` when this plan owns it, else in a pooled copy), and
     rfft/irfft with numpy's ``out=``; None where neither applies (then scipy allocates)."""
@@ -232,7 +458,7 @@ def _pooled(a: np.ndarray, func: str, axes: Tuple[int, ...], ns: Tuple[int, ...]
         buf = pooled_empty(tuple(shape), out_dtype)
         getattr(np.fft, func[:-1])(a, n=ns[0], axis=axes[0], norm=norm, out=buf)
         return buf
-    if func in ("fftn", "ifftn") and tuple(shape) == a.shape and _sfft is not None:
+    if func in ("fftn", "ifftn") and tuple(shape) == a.shape and sfft is not None:
         if not owned or a.dtype != out_dtype:
             buf = pooled_empty(tuple(shape), out_dtype)
             np.copyto(buf, a)
@@ -240,7 +466,7 @@ def _pooled(a: np.ndarray, func: str, axes: Tuple[int, ...], ns: Tuple[int, ...]
         kw: Dict[str, Any] = {"norm": norm, "overwrite_x": True}
         if workers is not None:
             kw["workers"] = workers
-        r = getattr(_sfft, func)(a, s=ns, axes=axes, **kw)
+        r = getattr(sfft, func)(a, s=ns, axes=axes, **kw)
         if r.dtype == out_dtype and _ptr(r) == _ptr(a) and r.flags.c_contiguous:
             return a
         np.copyto(a, r)
@@ -582,6 +808,11 @@ def run_passes(passes: Sequence[Any], x: ShardedArray, out: Optional[Any],
     mesh = x.mesh
     alg = algorithm or executor.default_algorithm()
     local = x.local
+    # pyFFTW does not scale: every c2c/r2c/c2r pass runs unscaled and the product of their
+    # factors (from the plan: the same on every rank, empty shards included) is applied
+    # once at the end, one sweep instead of one per pass (the moves between are linear)
+    defer = not bk.is_device(local) and backend().startswith("pyfftw")
+    scale = 1.0
     owned = False
     last = len(passes) - 1
     # out= and a last pass that transforms in place after a transpose: the transpose writes
@@ -597,8 +828,12 @@ def run_passes(passes: Sequence[Any], x: ShardedArray, out: Optional[Any],
         o = out if i == into else None
         t0 = time.perf_counter() if times is not None else 0.0
         if isinstance(p, _Local):
-            local = _local(local, p.func, p.axes, p.ns, p.outs, norm, type_, p.dst.dtype, owned,
-                           workers)
+            pnorm = norm
+            if defer and p.func in _SCALED:
+                scale *= _norm_factor(p.func, p.ns, norm)
+                pnorm = _unscaled(p.func)
+            local = _local(local, p.func, p.axes, p.ns, p.outs, pnorm, type_, p.dst.dtype,
+                           owned, workers)
             if out is not None and i == last and local is not out:
                 if local.shape == out.shape and _ptr(local) == _ptr(out):
                     local = out  # transformed in place
@@ -613,6 +848,11 @@ def run_passes(passes: Sequence[Any], x: ShardedArray, out: Optional[Any],
         if times is not None:
             times[isinstance(p, _Move)] += time.perf_counter() - t0
         owned = True
+    if scale != 1.0:
+        t0 = time.perf_counter() if times is not None else 0.0
+        local *= scale  # owned: a scaled pass ran, and wrote a result of this plan's
+        if times is not None:
+            times[0] += time.perf_counter() - t0
     return ShardedArray(local, passes[-1].dst, mesh)
 
 

@@ -54,6 +54,15 @@ def _library() -> str:
     return " ".join(MPI.Get_library_version().strip().splitlines()[0].split())
 
 
+def _ranks_per_node(comm: MPI.Comm) -> int:
+    """The most ranks of ``comm`` on one node (collective): the same on every rank."""
+    node = comm.Split_type(MPI.COMM_TYPE_SHARED)
+    try:
+        return int(comm.allreduce(node.Get_size(), op=MPI.MAX))
+    finally:
+        node.Free()
+
+
 def _load(comm: MPI.Comm, key: str) -> Optional[Tuple[int, ...]]:
     path = config.get("PYSHARD_TUNE_FILE")
     found = None
@@ -108,7 +117,9 @@ def tune_mesh(
     for s in shapes:
         if int(np.prod(s)) != comm.size:
             raise ValueError(f"tune_mesh: candidate mesh {s} does not have {comm.size} ranks")
-    full = None if key is None else f"mesh|{_library()}|{comm.size}|{key}"
+    full = None
+    if key is not None:  # the MPI library, ranks and ranks per node, then the caller's key
+        full = f"mesh|{_library()}|{comm.size}|{_ranks_per_node(comm)}|{key}"
     if full is not None:
         hit = _load(comm, full)
         if hit is not None and hit in shapes:

@@ -1,7 +1,10 @@
 # shellcheck shell=bash
 # Shared by strong_scaling.sbatch and weak_scaling.sbatch (sourced, not run).
 #
-# scaling_run strong|weak|stencil
+# scaling_run strong|weak|stencil|fft
+#   fft: strong scaling of pyshard.fft: `pyshard bench --cases fft --fft-n FFT_N` (default 512:
+#   c2c and r2c FFT_N^3, slab and pencil, every installed pyshard.fft backend beside
+#   mpi4py-fft's PFFT where it imports, and the batched 2-D FFT_BATCH, default 64x1024).
 #   stencil: weak scaling of halo updates and heat steps: a PER_RANK block (default
 #   1024x1024) per rank on the 2-D mesh MPI.Compute_dims(r, 2) = a x b, so the grid is
 #   (a*rows)x(b*cols); runs `pyshard bench --cases halo,stencil --halo-shape G --stencil-shape G`.
@@ -106,6 +109,12 @@ scaling_run() {
         shape_spec=${SHAPE:-8192x8192}
     elif [ "$kind" = stencil ]; then
         shape_spec=${PER_RANK:-1024x1024}
+    elif [ "$kind" = fft ]; then
+        shape_spec=${FFT_N:-512}
+        case $shape_spec in
+            '' | *[!0-9]*) scaling_die "FFT_N '$shape_spec' is not a number" ;;
+        esac
+        shape_spec="${shape_spec}x${shape_spec}"
     else
         shape_spec=${PER_RANK:-2048x4096}
     fi
@@ -178,6 +187,8 @@ scaling_run() {
         [ "$nodes" -le "$nnodes" ] || nodes=$nnodes
         if [ "$kind" = strong ]; then
             shape=$shape_spec
+        elif [ "$kind" = fft ]; then
+            shape="${shape_spec}x${shape_spec%%x*}"
         elif [ "$kind" = stencil ]; then
             # the 2-D mesh a x b of MPI.Compute_dims(r, 2): b the largest divisor <= sqrt(r)
             local b=1 d=1
@@ -199,6 +210,8 @@ scaling_run() {
         local args=(--shape "$shape" --dtype "$dtype")
         [ "$kind" = stencil ] &&
             args=(--cases halo,stencil --halo-shape "$shape" --stencil-shape "$shape" --reps 6)
+        [ "$kind" = fft ] &&
+            args=(--cases fft --fft-n "${shape_spec%%x*}" --fft-batch "${FFT_BATCH:-64x1024}" --reps 3 --warmup 1)
         [ "$mode" = json ] && args+=(--json "$part")
         echo
         echo "== ${kind}: ${r} rank(s) on ${nodes} node(s), global shape ${shape} ${dtype}"

@@ -55,6 +55,20 @@ def _parser() -> argparse.ArgumentParser:
         help="fft case: the batched 2-D transform BxM (B x M x M complex128; 0 skips it)",
     )
     ap.add_argument(
+        "--fft-backends",
+        default="auto",
+        help="fft case: pyshard.fft backends to run (comma list of scipy, numpy, pyfftw, "
+        "pyfftw-measure; auto: every one installed but numpy)",
+    )
+    ap.add_argument(
+        "--fft-pfft",
+        default="fftw,numpy",
+        help="fft case: mpi4py-fft PFFT backends run beside it ('' none; skipped where "
+        "mpi4py_fft does not import)",
+    )
+    ap.add_argument("--fft-decomps", default="slab,pencil", help="fft case: slab,pencil")
+    ap.add_argument("--fft-kinds", default="c2c,r2c", help="fft case: c2c,r2c")
+    ap.add_argument(
         "--halo-scale", type=int, default=1, help="halo case: divide the grid extents by this"
     )
     ap.add_argument(
@@ -124,8 +138,14 @@ def _run_extra(name: str, comm: MPI.Comm, args: argparse.Namespace) -> Dict:
             print(format_stencil(r), flush=True)
     elif name == "fft":
         b, _, m = args.fft_batch.partition("x")
+        be = None if args.fft_backends == "auto" else [v for v in args.fft_backends.split(",") if v]
         r = bench_fft(comm, n=args.fft_n, reps=args.reps, warmup=args.warmup, batch=int(b),
-                      batch_n=int(m or 1024))
+                      batch_n=int(m or 1024), backends=be,
+                      pfft_backends=[v for v in args.fft_pfft.split(",") if v],
+                      decomps=tuple(args.fft_decomps.split(",")),
+                      kinds=tuple(args.fft_kinds.split(",")),
+                      progress=lambda row: comm.Get_rank() == 0 and print(
+                          format_fft(row), file=sys.stderr, flush=True))
         if comm.Get_rank() == 0:
             print(format_fft(r), flush=True)
     elif name == "fft3d":

@@ -446,16 +446,116 @@ def test_tune_mesh(comm, tmp_path, monkeypatch):
         tune_mesh(comm, 1, work, candidates=[(comm.size + 1,)])
 
 
-def test_bench_row(comm):
+def test_bench_row(comm, monkeypatch):
+    """The fft bench row: every pyshard backend and, where mpi4py_fft imports, PFFT's FFTW
+    and numpy backends in the same run, each round trip checked; PFFT skipped cleanly
+    (with the reason) where it does not import."""
     import json
 
-    from pyshard.bench.fft import bench_fft, format_fft
+    from pyshard.bench import fft as bf
 
-    row = bench_fft(comm, n=8, reps=1, warmup=0, batch=comm.size + 1, batch_n=8)
+    row = bf.bench_fft(comm, n=8, reps=1, warmup=0, batch=comm.size + 1, batch_n=8)
     json.dumps(row)
     assert row["case"] == "fft" and row["check"]
     assert {(c["kind"], c["decomp"]) for c in row["cases"]} == {
-        (k, d) for k in ("c2c", "r2c") for d in ("slab", "pencil")}
+        (k, d) for k in ("c2c", "r2c") for d in ("slab", "pencil")
+    }
     assert all(c["round_trip_ok"] and c["forward"]["total"] > 0 for c in row["cases"])
     assert row["batched"]["transposes"] == 0
-    assert "per transform" in format_fft(row)
+    assert "per transform" in bf.format_fft(row)
+    have_pfft = bf._import_pfft()[0] is not None
+    for c in row["cases"]:
+        assert set(c["impls"]) >= {f"pyshard-{b}" for b in bf.pyshard_backends()}
+        assert all(v < 1e-9 for v in c["errors"].values())
+        assert c["mpi_floor_ms"]["forward"] >= 0
+        if have_pfft:
+            assert {"pfft-fftw", "pfft-numpy"} <= set(c["impls"]), c["notes"]
+            assert c["vs_pfft-fftw"]["per_transform"] > 0
+    monkeypatch.setattr(bf, "_import_pfft", lambda: (None, "mpi4py_fft does not import (test)"))
+    row = bf.bench_fft(comm, n=8, reps=1, warmup=0, batch=0, decomps=("pencil",), kinds=("r2c",))
+    (c,) = row["cases"]
+    assert not any(k.startswith("pfft") for k in c["impls"]) and row["check"]
+    assert c["notes"]["pfft-fftw"] == "mpi4py_fft does not import (test)"
+    assert "pfft-fftw: mpi4py_fft does not import (test)" in bf.format_fft(row)
+
+
+def _pyfftw_or_skip(backend):
+    if backend.startswith("pyfftw"):
+        pytest.importorskip("pyfftw")
+
+
+@pytest.mark.parametrize("backend", ["scipy", "numpy", "pyfftw", "pyfftw-measure"])
+def test_backends(comm, backend):
+    """Every local-transform backend (PYSHARD_FFT_BACKEND) against numpy.fft/scipy.fft on
+    the gathered global array: random c2c/r2c/c2r (and DCT/DST: scipy under every backend)
+    cases on every mesh, the input left alone, out=, and plan.backward round trips."""
+    _pyfftw_or_skip(backend)
+    rng = np.random.default_rng(4321)
+    with ps.config.override(PYSHARD_FFT_BACKEND=backend):
+        assert pf.backend() == backend
+        for ms in meshes(comm):
+            mesh = ps.Mesh(comm, ms)
+            for case in range(8):
+                shape, kind, axes, s, norm, type_, dtype = random_case(rng, ms)
+                if case < 6 and kind in ("dctn", "idctn", "dstn", "idstn"):
+                    kind, type_ = ("rfftn", None) if "f" in dtype else ("irfftn", None)
+                    if kind == "rfftn" and dtype not in ("float32", "float64"):
+                        dtype = "float64"
+                g = make_global(shape, dtype, seed=case)
+                pl, sizes = random_layout(rng, ms, shape)
+                ref = oracle(kind, g, s, axes, norm, type_)
+                x = ps.distribute(g, mesh, pl, sizes)
+                kw = {} if type_ is None else {"type": type_}
+                where = f"{backend} mesh {ms}: {kind} {shape} {dtype} {pl} {axes} s {s} {norm}"
+                p = pf.plan(x.layout, kind, axes=axes, s=s, norm=norm, placements="any", **kw)
+                y = p.forward(x)
+                assert y.dtype == expect_dtype(kind, dtype), where
+                check(y, ref, dtype, where, comm)
+                np.testing.assert_array_equal(x.local, g[x.box])  # the input is left alone
+                out = np.empty_like(y.local)
+                assert p.forward(x, out=out).local is out
+                check(ShardedArray_of(out, y), ref, dtype, where + " out=", comm)
+                if s is None:  # the inverse of a transform that keeps every length
+                    z = p.backward(y)
+                    want = g.astype(z.dtype) if z.dtype.kind == "c" else g
+                    if kind == "irfftn":  # what rfftn keeps of the spectrum
+                        want = np.fft.rfftn(ref, axes=axes, norm=norm)
+                    check(z, want, dtype, where + " backward", comm)
+            mesh.free()
+
+
+def ShardedArray_of(local, like):
+    return ps.ShardedArray(local, like.layout, like.mesh)
+
+
+def test_backend_setting(comm, monkeypatch):
+    """auto is scipy (pocketfft: faster than pyFFTW at 256^3 here, docs/fft.md), numpy
+    without scipy; a backend that does not import raises ImportError on every rank before
+    any communication; a bad value ValueError."""
+    with ps.config.override(PYSHARD_FFT_BACKEND="auto"):
+        assert pf.backend() == "scipy"
+        monkeypatch.setattr(pf, "_sfft", None)  # as where scipy does not import
+        assert pf.backend() == "numpy"
+        monkeypatch.undo()
+        monkeypatch.setattr(pf, "_PYFFTW", False)  # as where pyfftw does not import
+        assert pf.backend() == "scipy"
+    mesh = ps.Mesh(comm, (comm.size,))
+    x = ps.distribute(make_global((6, 4), np.complex128), mesh, [Shard(0)])
+    before = ps.comm_stats()
+    for name in ("pyfftw", "pyfftw-measure"):
+        with ps.config.override(PYSHARD_FFT_BACKEND=name):
+            with pytest.raises(ImportError, match="pyfftw"):
+                pf.fftn(x, axes=(0,))  # a transpose first: raised before it, on every rank
+    assert collectives_since(before) == 0
+    with pytest.raises(ValueError, match="PYSHARD_FFT_BACKEND"):
+        ps.config.set("PYSHARD_FFT_BACKEND", "mkl")
+    with ps.config.override(PYSHARD_FFT_BACKEND="numpy"):  # numpy.fft has no DCT: scipy's
+        y = pf.dctn(x, axes=(1,))
+        check(
+            y,
+            sf.dctn(make_global((6, 4), np.complex128), axes=(1,)),
+            np.complex128,
+            "dct under numpy",
+            comm,
+        )
+    mesh.free()
