@@ -193,6 +193,126 @@ void fold_combine(FoldKind kind, FoldOp op, const DescTable& t, size_t b0, size_
 
 namespace {
 
+// The runs of descriptors ds[0..k) of one shape, walked together: each combined with f; N
+// elements a run where N > 0 (a thin face's wrap: constant-size loads the compiler inlines),
+// else the descriptor's run.
+template <class T, i64 N, class F>
+void combine_together_n(const CopyDesc* const* ds, size_t k, const char* src, char* dst, F f) {
+  constexpr size_t kMax = 8;
+  const CopyDesc& d = *ds[0];
+  i64 delta[kMax][2];
+  for (size_t j = 0; j < k; ++j) {
+    delta[j][0] = ds[j]->src_off - d.src_off;
+    delta[j][1] = ds[j]->dst_off - d.dst_off;
+  }
+  const i64 n = d.run / static_cast<i64>(sizeof(T));
+  for_each_run(d, [&](i64 so, i64 to) {
+    for (size_t j = 0; j < k; ++j) {
+      char* o = dst + to + delta[j][1];
+      const char* s = src + so + delta[j][0];
+      if constexpr (N > 0) {
+        T a[N], v[N];
+        std::memcpy(a, o, sizeof a);
+        std::memcpy(v, s, sizeof v);
+        for (i64 e = 0; e < N; ++e) a[e] = f(a[e], v[e]);
+        std::memcpy(o, a, sizeof a);
+      } else {
+        combine_run<T>(o, s, n, f);
+      }
+    }
+  });
+}
+
+template <class T, class F>
+void combine_together(const CopyDesc* const* ds, size_t k, const char* src, char* dst, F f) {
+  switch (ds[0]->run / static_cast<i64>(sizeof(T))) {
+    case 1: return combine_together_n<T, 1>(ds, k, src, dst, f);
+    case 2: return combine_together_n<T, 2>(ds, k, src, dst, f);
+    case 4: return combine_together_n<T, 4>(ds, k, src, dst, f);
+    case 8: return combine_together_n<T, 8>(ds, k, src, dst, f);
+    default: return combine_together_n<T, 0>(ds, k, src, dst, f);
+  }
+}
+
+template <class T>
+void combine_wraps_typed(FoldOp op, const DescTable& t,
+                         const std::vector<std::vector<size_t>>& groups, char* arr) {
+  std::vector<const CopyDesc*> ds;
+  for (const auto& grp : groups) {
+    ds.clear();
+    for (size_t i : grp) ds.push_back(&t.host[i]);
+    for (size_t at = 0; at < ds.size(); at += 8) {
+      const size_t k = std::min<size_t>(8, ds.size() - at);
+      if (op == FoldOp::sum) {
+        combine_together<T>(ds.data() + at, k, arr, arr, SumOp<T>{});
+      } else if constexpr (std::is_arithmetic_v<T>) {
+        if (op == FoldOp::max)
+          combine_together<T>(ds.data() + at, k, arr, arr, MaxOp<T>{});
+        else
+          combine_together<T>(ds.data() + at, k, arr, arr, MinOp<T>{});
+      } else {
+        throw std::invalid_argument("pyshard: fold max/min on complex data");
+      }
+    }
+  }
+}
+
+bool boxes_meet(const std::pair<Shape, Shape>& a, const std::pair<Shape, Shape>& b) {
+  for (size_t k = 0; k < a.first.size(); ++k)
+    if (a.first[k] >= b.first[k] + b.second[k] || b.first[k] >= a.first[k] + a.second[k])
+      return false;
+  return true;
+}
+
+}  // namespace
+
+std::vector<std::vector<size_t>> wrap_groups(const DescTable& t,
+                                             const std::vector<std::pair<Shape, Shape>>& dsts) {
+  std::vector<std::vector<size_t>> out;
+  bool apart = true;
+  for (size_t i = 0; i < dsts.size() && apart; ++i)
+    for (size_t j = i + 1; j < dsts.size() && apart; ++j)
+      if (boxes_meet(dsts[i], dsts[j])) apart = false;
+  for (size_t i = 0; i < t.host.size(); ++i) {
+    auto g = apart ? std::find_if(out.begin(), out.end(),
+                                  [&](const auto& grp) {
+                                    return same_walk(t.host[grp[0]], t.host[i]);
+                                  })
+                   : out.end();
+    if (g == out.end())
+      out.push_back({i});
+    else
+      g->push_back(i);
+  }
+  return out;
+}
+
+void fold_combine_wraps(FoldKind kind, FoldOp op, const DescTable& t,
+                        const std::vector<std::vector<size_t>>& groups, char* arr) {
+  if (groups.size() == t.host.size()) {  // nothing to walk together: the blocks in order
+    fold_combine(kind, op, t, 0, t.blocks(), arr, arr);
+    return;
+  }
+  switch (kind) {
+    case FoldKind::f32: return combine_wraps_typed<float>(op, t, groups, arr);
+    case FoldKind::f64: return combine_wraps_typed<double>(op, t, groups, arr);
+    case FoldKind::i8: return combine_wraps_typed<std::int8_t>(op, t, groups, arr);
+    case FoldKind::i16: return combine_wraps_typed<std::int16_t>(op, t, groups, arr);
+    case FoldKind::i32: return combine_wraps_typed<std::int32_t>(op, t, groups, arr);
+    case FoldKind::i64: return combine_wraps_typed<std::int64_t>(op, t, groups, arr);
+    case FoldKind::u8: return combine_wraps_typed<std::uint8_t>(op, t, groups, arr);
+    case FoldKind::u16: return combine_wraps_typed<std::uint16_t>(op, t, groups, arr);
+    case FoldKind::u32: return combine_wraps_typed<std::uint32_t>(op, t, groups, arr);
+    case FoldKind::u64: return combine_wraps_typed<std::uint64_t>(op, t, groups, arr);
+    case FoldKind::c64: return combine_wraps_typed<std::complex<float>>(op, t, groups, arr);
+    case FoldKind::c128: return combine_wraps_typed<std::complex<double>>(op, t, groups, arr);
+    case FoldKind::none: return;
+  }
+  throw std::invalid_argument("pyshard: unknown fold element kind");
+}
+
+namespace {
+
 i64 kind_size(FoldKind k) {
   switch (k) {
     case FoldKind::i8: case FoldKind::u8: return 1;
@@ -227,6 +347,9 @@ HaloGeometry::HaloGeometry(i64 item_, Shape shape_, const std::vector<PeerBoxes>
     }
     local.end_block();
     local_unpack.end_block();
+    std::vector<std::pair<Shape, Shape>> dsts;
+    for (const auto& t : local_) dsts.emplace_back(std::get<1>(t), std::get<2>(t));
+    local_unpack_groups = wrap_groups(local_unpack, dsts);
     return;
   }
   for (const auto& t : local_) {
@@ -481,7 +604,7 @@ void HaloStep::wait(char* arr, Packer& pk, Transport tr, FoldOp op, FoldKind kin
       // the fixed order: messages by peer rank, this rank's own copies at its rank's place
       const size_t at = static_cast<size_t>(g.local_at);
       fold_combine(kind, op, g.unpack, 0, at, work + S, arr);
-      fold_combine(kind, op, g.local_unpack, 0, 1, arr, arr);
+      fold_combine_wraps(kind, op, g.local_unpack, g.local_unpack_groups, arr);
       fold_combine(kind, op, g.unpack, at, g.unpack.blocks(), work + S, arr);
     }
     if (counted_) count_call("halo_fold", pk, tr);

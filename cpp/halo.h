@@ -70,6 +70,7 @@ struct HaloGeometry {
   bool reverse = false;
   int local_at = 0;
   DescTable local_unpack;  // fold only: ghost boxes -> interior, in the array
+  std::vector<std::vector<size_t>> local_unpack_groups;  // (wrap_groups)
   i64 item;
   Shape shape;  // the padded local array
   std::vector<HaloMessage> sends, recvs;
@@ -91,6 +92,16 @@ struct HaloGeometry {
 // (serial: two contributions to one cell always combine in the same order); host memory.
 void fold_combine(FoldKind kind, FoldOp op, const DescTable& t, size_t b0, size_t b1,
                   const char* src, char* dst);
+
+// The periodic wraps of a fold (`t`: one block, ghost -> interior, as HaloGeometry's
+// local_unpack) combined into `arr` with `op`, descriptors of one shape walked together
+// (`groups`, from wrap_groups) as an update's wraps are copied.
+void fold_combine_wraps(FoldKind kind, FoldOp op, const DescTable& t,
+                        const std::vector<std::vector<size_t>>& groups, char* arr);
+// Groups of the descriptors of `t` of one shape (same_walk); where `dsts` (the destination
+// boxes, start and extent) overlap, one descriptor a group, in order (the fixed combine order).
+std::vector<std::vector<size_t>> wrap_groups(const DescTable& t,
+                                             const std::vector<std::pair<Shape, Shape>>& dsts);
 
 class HaloStep {
  public:

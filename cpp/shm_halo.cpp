@@ -96,9 +96,13 @@ ShmHaloStep::ShmHaloStep(std::shared_ptr<Comm> comm, std::shared_ptr<HaloBuffer>
     peers_.push_back(std::move(p));
   }
   wraps_.begin_block();
-  for (const auto& [ghost, inner, ext] : wraps)
+  std::vector<std::pair<Shape, Shape>> dsts;
+  for (const auto& [ghost, inner, ext] : wraps) {
     describe_copy(shape_, ghost, shape_, inner, ext, item, 0, 0, &wraps_.host);
+    dsts.emplace_back(inner, ext);
+  }
   wraps_.end_block();
+  wrap_groups_ = wrap_groups(wraps_, dsts);
   if (reverse) {  // every message, node peer and the wraps exactly once
     size_t msgs = 0, nodes = 0, self = 0;
     for (const auto& [kind, i] : order_) {
@@ -219,7 +223,7 @@ void ShmHaloStep::wait(FoldOp op, FoldKind kind) {
       c.pulled.fetch_add(1, std::memory_order_acq_rel);
       HaloBuffer::signal(c);
     } else {
-      fold_combine(kind, op, wraps_, 0, 1, arr, arr);
+      fold_combine_wraps(kind, op, wraps_, wrap_groups_, arr);
     }
   }
   b.wait_for(mine, [&] { return mine.pulled.load(std::memory_order_acquire) >= want; });

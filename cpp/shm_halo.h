@@ -132,6 +132,7 @@ class ShmHaloStep {
   int waiters_;
   std::vector<FoldEntry> order_;
   DescTable wraps_;  // fold: ghost -> interior of this rank's own block
+  std::vector<std::vector<size_t>> wrap_groups_;
   i64 node_bytes_ = 0;
   std::uint64_t k_ = 0;  // the exchange in flight
   bool active_ = false;
