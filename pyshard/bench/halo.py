@@ -173,20 +173,30 @@ def halo_setup(sizes: Sequence[int] = (16, 64, 256), n: int = 8192) -> List[Dict
 
 
 def _copy_floor(h: Any, wraps_only: bool = False) -> Callable[[], None]:
-    """The copy floor: one strided copy of every ghost cell ``h``'s update writes (the cells
-    its peers send and its periodic wraps onto itself; ``wraps_only``: the wraps alone), from
-    a source array of the same shape at the same boxes, in one walk per group of boxes of one
-    shape, as the core copies wraps."""
+    """The copy floor: one strided copy of every ghost cell ``h``'s update writes: the cells
+    its peers send, from a source array of the same shape at the same boxes (another
+    process's array, in the exchange), and its periodic wraps onto itself within one array
+    (as every method copies them); ``wraps_only``: the wraps alone. Copied as the core copies
+    wraps: boxes of one shape in one walk."""
     from .. import _core
 
     p = h.plan
-    boxes = [(list(t), list(t), list(e)) for _, t, e in p.local]
-    if not wraps_only:
-        boxes += [(list(s), list(s), list(e)) for _, _, bs in p.recvs for s, e in bs]
-    geom = _core.HaloGeometry(p.itemsize, list(p.padded_shape), [], [], boxes)
+    shape = list(p.padded_shape)
+    wraps = _core.HaloGeometry(p.itemsize, shape, [], [],
+                               [(list(s), list(t), list(e)) for s, t, e in p.local])
+    recv = _core.HaloGeometry(p.itemsize, shape, [], [], [
+        (list(s), list(s), list(e)) for _, _, bs in p.recvs for s, e in bs
+    ])
     src = np.ones(p.padded_shape, h.padded.dtype)
     dst = np.zeros_like(src)
-    return lambda: _core.halo_copy_local(geom, src, dst)
+    if wraps_only:
+        return lambda: _core.halo_copy_local(wraps, dst, dst)
+
+    def run() -> None:
+        _core.halo_copy_local(recv, src, dst)
+        _core.halo_copy_local(wraps, dst, dst)
+
+    return run
 
 
 def _interleaved(comm: MPI.Comm, fns: Dict[str, Callable[[], object]], reps: int,
