@@ -163,9 +163,10 @@ class HaloArray:
     interiors; :meth:`start` / :meth:`wait` do the same in two halves so that the caller
     computes in between. Every rank of the mesh must call them, in the same order for all
     the halo arrays of a mesh. While an exchange is in flight (after :meth:`start`, before
-    :meth:`wait`) the interior may be read and written (the sends were packed when
-    :meth:`start` returned), the ghost cells may not be touched (they are written by
-    :meth:`wait`, or land by MPI at any time).
+    :meth:`wait`) the interior may be read and written (the sends were packed, or copied
+    into the node peers, when :meth:`start` returned; not with ``method="datatype"``, whose
+    MPI datatypes read it until :meth:`wait`), the ghost cells may not be touched (they are
+    written by :meth:`wait`, or land by MPI at any time).
 
     :meth:`fold` is the reverse (the adjoint of :meth:`update` for ``op="sum"``): each ghost
     cell an update would write is combined into the interior cell of its owner;
