@@ -26,7 +26,7 @@ from ._validate import set_validation, validation  # noqa: E402
 from .array import ShardedArray, distribute, from_local  # noqa: E402
 from .checkpoint import checkpoint_info, load, save  # noqa: E402
 from .executor import Pending  # noqa: E402
-from .fft_tune import tune_mesh as tune_mesh  # noqa: E402 - not in __all__ (api.rst) yet
+from .fft_tune import tune_mesh as tune_mesh  # noqa: E402
 from .halo import HaloArray  # noqa: E402
 from .halo_plan import HaloPlan, halo_plan, halo_spec  # noqa: E402
 from .layout import Layout, Partial, Placement, Replicate, Shard, split_sizes  # noqa: E402
@@ -90,5 +90,6 @@ __all__ = [
     "set_validation",
     "split_sizes",
     "to_dlpack",
+    "tune_mesh",
     "validation",
 ]
