@@ -241,15 +241,14 @@ def _fftw_object(
     alignment (measuring overwrites them), then builds from the wisdom it left
     (FFTW_WISDOM_ONLY, ~0.1 ms; the object holds no array past the call)."""
     pyfftw = _pyfftw()
-    if not measure:
+
+    def make(x: Any, y: Any, how: Tuple[str, ...]) -> Any:
         return pyfftw.FFTW(
-            a,
-            out,
-            axes=axes,
-            direction=direction,
-            flags=("FFTW_ESTIMATE",) + flags,
-            threads=threads,
+            x, y, axes=axes, direction=direction, flags=how + flags, threads=threads
         )
+
+    if not measure:
+        return make(a, out, ("FFTW_ESTIMATE",))
     inplace = _ptr(a) == _ptr(out)
     key = (
         a.shape,
@@ -267,10 +266,7 @@ def _fftw_object(
     if key not in _FFTW_PLANNED:
         t0 = time.perf_counter()
         sa = _scratch(a)
-        so = sa if inplace else _scratch(out)
-        pyfftw.FFTW(
-            sa, so, axes=axes, direction=direction, flags=("FFTW_MEASURE",) + flags, threads=threads
-        )
+        make(sa, sa if inplace else _scratch(out), ("FFTW_MEASURE",))
         _FFTW_PLANNED[key] = True
         log.debug(
             "pyshard.fft: FFTW_MEASURE planned %s %s axes %s in %.2f s",
@@ -280,24 +276,10 @@ def _fftw_object(
             time.perf_counter() - t0,
         )
     try:
-        return pyfftw.FFTW(
-            a,
-            out,
-            axes=axes,
-            direction=direction,
-            flags=("FFTW_MEASURE", "FFTW_WISDOM_ONLY") + flags,
-            threads=threads,
-        )
+        return make(a, out, ("FFTW_MEASURE", "FFTW_WISDOM_ONLY"))
     except RuntimeError:  # no wisdom for this exact problem: FFTW_ESTIMATE instead
         log.debug("pyshard.fft: no FFTW wisdom for %s, planning FFTW_ESTIMATE", key)
-        return pyfftw.FFTW(
-            a,
-            out,
-            axes=axes,
-            direction=direction,
-            flags=("FFTW_ESTIMATE",) + flags,
-            threads=threads,
-        )
+        return make(a, out, ("FFTW_ESTIMATE",))
 
 
 def _fftw(
