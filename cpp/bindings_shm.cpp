@@ -66,9 +66,15 @@ void bind_node_shared(py::module_& m) {
       });
 
   py::class_<HaloBuffer, std::shared_ptr<HaloBuffer>>(m, "HaloBuffer", py::buffer_protocol())
-      .def(py::init<std::shared_ptr<NodeShm>, i64>(), py::arg("node"), py::arg("nbytes"),
-           "A halo array's padded block in node-shared memory (a segment of its own).")
+      .def(py::init<std::shared_ptr<NodeShm>, i64, const Shape&, i64,
+                    const std::vector<std::pair<Shape, Shape>>&>(),
+           py::arg("node"), py::arg("nbytes"), py::arg("shape") = Shape{}, py::arg("item") = 0,
+           py::arg("shared") = std::vector<std::pair<Shape, Shape>>{},
+           "A halo array's padded block in node-shared memory (a segment of its own); with "
+           "its shape, item size and the boxes node peers reach (start, extent), only their "
+           "pages where they are at most half of it.")
       .def_property_readonly("nbytes", &HaloBuffer::bytes)
+      .def_property_readonly("shared_bytes", &HaloBuffer::shared_bytes)
       .def_buffer([](HaloBuffer& b) {
         return py::buffer_info(b.data(), 1, py::format_descriptor<std::uint8_t>::format(), 1,
                                {b.bytes()}, {1}, false);

@@ -15,14 +15,86 @@ using shm::page_up;
 
 // ----------------------------------------------------------------------------- HaloBuffer
 
-HaloBuffer::HaloBuffer(std::shared_ptr<NodeShm> node, i64 bytes)
+namespace {
+
+// The page ranges (offset, length) of an array of `shape` and `item`-byte elements that the
+// boxes touch, merged, in order; *many set (and nothing returned) where there are more than
+// `most` of them.
+std::vector<std::pair<i64, i64>> box_pages(const Shape& shape, i64 item,
+                                           const std::vector<std::pair<Shape, Shape>>& boxes,
+                                           size_t most, bool* many) {
+  *many = false;
+  const size_t nd = shape.size();
+  const i64 pages = page_up(volume(shape) * item) / kPage;
+  std::vector<bool> on(static_cast<size_t>(pages), false);
+  Shape stride(nd, item);
+  for (size_t d = nd; d-- > 1;) stride[d - 1] = stride[d] * shape[d];
+  for (const auto& [start, ext] : boxes) {
+    if (start.size() != nd || ext.size() != nd)
+      throw std::invalid_argument("pyshard: a shared box of another rank count of dims");
+    bool empty = false;
+    for (size_t d = 0; d < nd; ++d) {
+      if (start[d] < 0 || ext[d] < 0 || start[d] + ext[d] > shape[d])
+        throw std::out_of_range("pyshard: a shared box lies outside the padded array");
+      empty |= ext[d] == 0;
+    }
+    if (empty) continue;
+    if (nd == 0) {
+      on[0] = true;
+      continue;
+    }
+    const i64 run = ext[nd - 1] * item;
+    Shape at(nd - 1, 0);  // odometer over the outer dims
+    for (;;) {
+      i64 off = start[nd - 1] * item;
+      for (size_t d = 0; d + 1 < nd; ++d) off += (start[d] + at[d]) * stride[d];
+      for (i64 p = off / kPage; p <= (off + run - 1) / kPage; ++p) on[static_cast<size_t>(p)] = true;
+      size_t d = nd - 1;
+      while (d > 0 && ++at[d - 1] == ext[d - 1]) at[--d] = 0;
+      if (d == 0) break;
+    }
+  }
+  std::vector<std::pair<i64, i64>> out;
+  for (i64 p = 0; p < pages; ++p) {
+    if (!on[static_cast<size_t>(p)]) continue;
+    if (!out.empty() && out.back().first + out.back().second == p * kPage)
+      out.back().second += kPage;
+    else if (out.size() == most)
+      return *many = true, std::vector<std::pair<i64, i64>>{};
+    else
+      out.emplace_back(p * kPage, kPage);
+  }
+  return out;
+}
+
+}  // namespace
+
+HaloBuffer::HaloBuffer(std::shared_ptr<NodeShm> node, i64 bytes, const Shape& shape, i64 item,
+                       const std::vector<std::pair<Shape, Shape>>& shared)
     : node_(std::move(node)), bytes_(bytes) {
   if (!node_ || !node_->usable())
     throw std::invalid_argument("pyshard: node-shared memory is not usable");
   if (bytes < 0) throw std::invalid_argument("pyshard: a halo buffer of negative size");
+  if (!shape.empty() && volume(shape) * item != bytes)
+    throw std::invalid_argument("pyshard: a halo buffer's shape does not hold its bytes");
   // the counters on a page of their own after the padded array: a peer finds them from the
   // segment's size alone
-  seg_ = node_->make_segment(page_up(bytes) + kPage);
+  const i64 cap = page_up(bytes) + kPage;
+  std::vector<std::pair<i64, i64>> ranges;
+  i64 on = 0;
+  bool many = true;
+  if (!shape.empty()) {
+    ranges = box_pages(shape, item, shared, 1024, &many);  // (a range costs two mappings)
+    for (const auto& r : ranges) on += r.second;
+  }
+  if (!many && 2 * on <= cap - kPage) {
+    ranges.emplace_back(cap - kPage, kPage);
+    seg_ = node_->make_segment(cap, ranges);
+    shared_bytes_ = std::min(on, bytes);
+  } else {
+    seg_ = node_->make_segment(cap);
+    shared_bytes_ = bytes;
+  }
   ctl_off_ = seg_->cap - kPage;
 }
 
@@ -38,7 +110,7 @@ void HaloBuffer::connect() {
   std::vector<i64> offs(n, 0);
   try {
     node_->trade(seg_.get(), 0, [&](int idx, std::int64_t pid, std::int64_t fd, i64 cap, i64) {
-      char* p = shm::map_foreign(pid, fd, cap);
+      char* p = shm::map_foreign(pid, fd, cap, false);  // (sparse: holes stay holes)
       if (!p) return false;
       maps[idx] = {p, cap};
       offs[idx] = cap - kPage;

@@ -51,7 +51,15 @@ struct HaloCtl {
 // exchange). Python views it through the buffer protocol (bindings_shm.cpp).
 class HaloBuffer {
  public:
-  HaloBuffer(std::shared_ptr<NodeShm> node, i64 bytes);
+  // `bytes` of padded array (`shape` of `item`-byte elements); `shared`: the boxes (start,
+  // extent) node peers write or read, its ghost boxes of node peers' messages. Where they
+  // touch at most half its pages, only those pages are node-shared memory and the rest is
+  // private (huge pages where the kernel gives them: the wraps' strided copies walk every
+  // row); else (or with no shape) the whole array is.
+  HaloBuffer(std::shared_ptr<NodeShm> node, i64 bytes, const Shape& shape = {}, i64 item = 0,
+             const std::vector<std::pair<Shape, Shape>>& shared = {});
+  // The node-shared bytes of the padded array (its size where all of it is).
+  i64 shared_bytes() const { return shared_bytes_; }
   ~HaloBuffer();
   HaloBuffer(const HaloBuffer&) = delete;
   HaloBuffer& operator=(const HaloBuffer&) = delete;
@@ -76,7 +84,7 @@ class HaloBuffer {
  private:
   std::shared_ptr<NodeShm> node_;
   std::shared_ptr<ShmSegment> seg_;
-  i64 bytes_ = 0, ctl_off_ = 0;
+  i64 bytes_ = 0, ctl_off_ = 0, shared_bytes_ = 0;
   bool connected_ = false;
   std::vector<std::pair<char*, i64>> peers_;  // per node peer: its segment mapped here, cap
   std::vector<i64> ctl_off_of_;               // where its counters lie in it

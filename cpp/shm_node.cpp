@@ -86,6 +86,12 @@ std::shared_ptr<ShmSegment> NodeShm::make_segment(i64 n) {
   return std::make_shared<ShmSegment>(page_up(n), next_id_++);
 }
 
+std::shared_ptr<ShmSegment> NodeShm::make_segment(i64 n,
+                                                  const std::vector<std::pair<i64, i64>>& shared) {
+  std::lock_guard<std::mutex> lock(mu_);
+  return std::make_shared<ShmSegment>(page_up(n), next_id_++, shared);
+}
+
 void NodeShm::publish_ids() {
   if (ctl_.empty()) return;
   ShmSlot& me = slot(me_);

@@ -76,6 +76,8 @@ class NodeShm {
   // A new segment of this rank's that is not the pool's (its owner frees it), with an id
   // no other segment of this rank's has.
   std::shared_ptr<ShmSegment> make_segment(i64 n);
+  // The same, sparse: shared with node peers only at `shared` (ShmSegment's sparse form).
+  std::shared_ptr<ShmSegment> make_segment(i64 n, const std::vector<std::pair<i64, i64>>& shared);
   // How long waits spin before they sleep (long where every rank of the node has a core).
   int spin() const { return spin_; }
 

@@ -22,14 +22,14 @@ namespace shm {
 
 std::string errno_text(const char* what) { return std::string(what) + ": " + std::strerror(errno); }
 
-char* map_foreign(std::int64_t pid, std::int64_t fd, i64 cap) {
+char* map_foreign(std::int64_t pid, std::int64_t fd, i64 cap, bool populate) {
   char path[64];
   std::snprintf(path, sizeof path, "/proc/%lld/fd/%lld", static_cast<long long>(pid),
                 static_cast<long long>(fd));
   const int f = ::open(path, O_RDWR | O_CLOEXEC);
   if (f < 0) return nullptr;
   void* p = ::mmap(nullptr, static_cast<size_t>(cap), PROT_READ | PROT_WRITE,
-                   MAP_SHARED | MAP_POPULATE, f, 0);
+                   MAP_SHARED | (populate ? MAP_POPULATE : 0), f, 0);
   const int e = errno;
   ::close(f);
   errno = e;
@@ -77,6 +77,48 @@ ShmSegment::ShmSegment(i64 bytes, std::uint64_t seg_id) : cap(page_up(bytes)), i
     throw std::runtime_error(e);
   }
   ptr = static_cast<char*>(p);
+}
+
+ShmSegment::ShmSegment(i64 bytes, std::uint64_t seg_id,
+                       const std::vector<std::pair<i64, i64>>& shared)
+    : cap(page_up(bytes)), id(seg_id) {
+  for (const auto& [off, len] : shared)
+    if (off < 0 || len <= 0 || off % kPage || len % kPage || off + len > cap)
+      throw std::invalid_argument("pyshard: a shared range outside its segment's pages");
+  fd = ::memfd_create("pyshard", MFD_CLOEXEC);
+  if (fd < 0) throw std::runtime_error(errno_text("memfd_create"));
+  // the private view, at a 2 MiB boundary (where huge pages can back it)
+  constexpr i64 kHuge = i64(2) << 20;
+  const size_t span = static_cast<size_t>(cap + kHuge);
+  void* a = MAP_FAILED;
+  if (::ftruncate(fd, cap) == 0)
+    a = ::mmap(nullptr, span, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
+               -1, 0);
+  if (a == MAP_FAILED) {
+    const std::string e = errno_text("mmap");
+    ::close(fd);
+    throw std::runtime_error(e);
+  }
+  char* base = static_cast<char*>(a);
+  char* at = reinterpret_cast<char*>((reinterpret_cast<std::uintptr_t>(base) + kHuge - 1) /
+                                     kHuge * kHuge);
+  if (at > base) ::munmap(base, static_cast<size_t>(at - base));
+  char* end = at + cap;
+  if (end < base + span) ::munmap(end, static_cast<size_t>(base + span - end));
+#ifdef MADV_HUGEPAGE
+  ::madvise(at, static_cast<size_t>(cap), MADV_HUGEPAGE);  // a hint: no error if refused
+#endif
+  for (const auto& [off, len] : shared) {
+    void* q = ::mmap(at + off, static_cast<size_t>(len), PROT_READ | PROT_WRITE,
+                     MAP_SHARED | MAP_FIXED | MAP_POPULATE, fd, off);
+    if (q == MAP_FAILED) {
+      const std::string e = errno_text("mmap");
+      ::munmap(at, static_cast<size_t>(cap));
+      ::close(fd);
+      throw std::runtime_error(e);
+    }
+  }
+  ptr = at;
 }
 
 ShmSegment::~ShmSegment() {

@@ -19,14 +19,21 @@ namespace shm {
 constexpr i64 kPage = 4096;
 inline i64 page_up(i64 n) { return (std::max<i64>(n, 1) + kPage - 1) / kPage * kPage; }
 std::string errno_text(const char* what);  // what: strerror(errno)
-// Map `cap` bytes of another process's memfd, or null (errno set).
-char* map_foreign(std::int64_t pid, std::int64_t fd, i64 cap);
+// Map `cap` bytes of another process's memfd, or null (errno set); `populate`: fault every
+// page in now (false for a sparse segment, whose holes must stay unallocated).
+char* map_foreign(std::int64_t pid, std::int64_t fd, i64 cap, bool populate = true);
 }  // namespace shm
 
 // One memfd segment of this process, mapped read-write; unmapped and closed with the last
 // reference (a result array may outlive the transport that made it).
 struct ShmSegment {
   ShmSegment(i64 bytes, std::uint64_t id);
+  // A sparse segment (a halo array's, shm_halo.h): this process's view is private anonymous
+  // memory (transparent huge pages where the kernel gives them to anonymous memory but not
+  // to shared memory, as Debian's defaults do) except at `shared`, page-aligned (offset,
+  // length) ranges mapped from the memfd at the same offsets; node peers map the whole memfd
+  // (map_foreign, populate false) and touch only those ranges, so its holes stay unallocated.
+  ShmSegment(i64 bytes, std::uint64_t id, const std::vector<std::pair<i64, i64>>& shared);
   ~ShmSegment();
   ShmSegment(const ShmSegment&) = delete;
   ShmSegment& operator=(const ShmSegment&) = delete;

@@ -211,8 +211,14 @@ class HaloArray:
         self._route = halo_route(x.layout, spec, x.mesh, method, bk.is_device(local))
         self._buf: Any = None
         if self._route.node is not None and self._route.path in ("shm", "tune"):
-            # in node-shared memory (a segment of its own, zeroed), for node peers to reach
-            self._buf = _core.HaloBuffer(self._route.node, prod(shape) * local.dtype.itemsize)
+            # in node-shared memory (a segment of its own, zeroed), for node peers to reach:
+            # the pages of its ghost boxes that node peers write (and a fold reads), the rest
+            # private where that is most of it (cpp/shm_halo.h)
+            p = halo_plan(x.layout, spec, x.mesh.coords)
+            on = set(self._route.node.node_ranks) - {p.rank}
+            reach = [(list(s), list(e)) for r, _, bs in p.recvs if r in on for s, e in bs]
+            self._buf = _core.HaloBuffer(self._route.node, prod(shape) * local.dtype.itemsize,
+                                         list(shape), local.dtype.itemsize, reach)
             self.padded = np.frombuffer(self._buf, dtype=local.dtype, count=prod(shape))
             self.padded = self.padded.reshape(shape)
         else:
