@@ -23,11 +23,14 @@ def _peak_rss_mib(comm):
 def test_400_shapes_level_off(comm):
     """Issue 8's loop: a (1000 + 7 i) x 2048 float32 shard per rank, Shard(0) -> Shard(1)
     once per shape, results dropped. Peak RSS after 400 shapes is within 64 MiB of the
-    peak after 40 (it grew by 3.6 GiB when every shape kept its executor and buffers)."""
+    peak after 300 (it grew by 3.6 GiB when every shape kept its executor and buffers): the
+    cache holds cache_limit() = 256 executors, so it is full by then, and the shapes grow by
+    some 20 MiB of arrays and buffers in those 100 (measured against shape 40 instead, their
+    growth of 60 MiB left the bound to the peak earlier tests of the process had left)."""
     if comm.size != 2:
         pytest.skip("runs at 2 ranks (memory and time)")
     mesh = ps.Mesh(comm, (2,))
-    peak40 = None
+    peak300 = None
     for i in range(400):
         rows = 1000 + 7 * i
         local = np.ones((rows, 2048), np.float32)
@@ -35,12 +38,12 @@ def test_400_shapes_level_off(comm):
         y = x.redistribute([Shard(1)])
         assert y.local.shape == (2 * rows, 1024)
         del x, y, local
-        if i == 39:
-            peak40 = _peak_rss_mib(comm)
+        if i == 299:
+            peak300 = _peak_rss_mib(comm)
     peak400 = _peak_rss_mib(comm)
     assert len(mesh.cache.execs) <= ps.cache_limit()
-    msg = f"peak RSS {peak40:.1f} MiB after 40 shapes, {peak400:.1f} after 400"
-    assert peak400 - peak40 <= 64, msg
+    msg = f"peak RSS {peak300:.1f} MiB after 300 shapes, {peak400:.1f} after 400"
+    assert peak400 - peak300 <= 64, msg
     mesh.free()
 
 
