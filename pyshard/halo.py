@@ -528,7 +528,8 @@ class HaloArray:
             "neighbor": "one neighbourhood all-to-all on a distributed-graph communicator of "
             "the peers (MPI_Neighbor_alltoallv_init where MPI-4, else MPI_Ineighbor_alltoallw) "
             "on packed buffers",
-            "shm": "node-shared memory: the padded arrays live in it, each ghost cell is copied "
+            "shm": "node-shared memory: the padded arrays live in it (the pages node peers reach: "
+            "below), each ghost cell is copied "
             "once from its owner's interior straight into it (a handshake of counters per "
             "update, no messages); peers on other nodes by persistent requests",
         }
@@ -559,6 +560,13 @@ class HaloArray:
             text += (
                 f"; it reaches {len(mine)} of this rank's {len(p.peers)} peer(s) (ranks "
                 f"{mine}), MPI the others"
+            )
+        if self._buf is not None:
+            sb, nb = self._buf.shared_bytes, self._buf.nbytes
+            text += (
+                f"\n  padded array: {sb} of its {nb} B in node-shared memory"
+                + (" (all of it)" if sb >= nb else
+                   " (the pages of the ghost boxes node peers reach; the rest private)")
             )
         if self._dev:
             text += "\n  GPU arrays: " + (

@@ -56,6 +56,8 @@ def run_sparse(comm, node_size):
                         bad.append(f"{what}: no node-shared buffer")
                     continue
                 nbytes, shared = h._buf.nbytes, h._buf.shared_bytes
+                if f"padded array: {shared} of its {nbytes} B" not in h.explain():
+                    bad.append(f"{what}: explain() does not say what is node-shared")
                 if sparse and x.local.size and not 0 <= shared <= nbytes // 2:
                     bad.append(f"{what}: {shared} of {nbytes} bytes node-shared")
                 if not sparse and has_peers and x.local.size and shared != nbytes:
