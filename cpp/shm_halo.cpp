@@ -24,36 +24,22 @@ std::vector<std::pair<i64, i64>> box_pages(const Shape& shape, i64 item,
                                            const std::vector<std::pair<Shape, Shape>>& boxes,
                                            size_t most, bool* many) {
   *many = false;
-  const size_t nd = shape.size();
   const i64 pages = page_up(volume(shape) * item) / kPage;
   std::vector<bool> on(static_cast<size_t>(pages), false);
-  Shape stride(nd, item);
-  for (size_t d = nd; d-- > 1;) stride[d - 1] = stride[d] * shape[d];
+  std::vector<CopyDesc> ds;  // each box's runs, walked as the copies walk them
   for (const auto& [start, ext] : boxes) {
-    if (start.size() != nd || ext.size() != nd)
+    if (start.size() != shape.size() || ext.size() != shape.size())
       throw std::invalid_argument("pyshard: a shared box of another rank count of dims");
-    bool empty = false;
-    for (size_t d = 0; d < nd; ++d) {
+    for (size_t d = 0; d < shape.size(); ++d)
       if (start[d] < 0 || ext[d] < 0 || start[d] + ext[d] > shape[d])
         throw std::out_of_range("pyshard: a shared box lies outside the padded array");
-      empty |= ext[d] == 0;
-    }
-    if (empty) continue;
-    if (nd == 0) {
-      on[0] = true;
-      continue;
-    }
-    const i64 run = ext[nd - 1] * item;
-    Shape at(nd - 1, 0);  // odometer over the outer dims
-    for (;;) {
-      i64 off = start[nd - 1] * item;
-      for (size_t d = 0; d + 1 < nd; ++d) off += (start[d] + at[d]) * stride[d];
-      for (i64 p = off / kPage; p <= (off + run - 1) / kPage; ++p) on[static_cast<size_t>(p)] = true;
-      size_t d = nd - 1;
-      while (d > 0 && ++at[d - 1] == ext[d - 1]) at[--d] = 0;
-      if (d == 0) break;
-    }
+    describe_copy(shape, start, shape, start, ext, item, 0, 0, &ds);
   }
+  for (const CopyDesc& d : ds)
+    for_each_run(d, [&](i64 off, i64) {
+      for (i64 p = off / kPage; p <= (off + d.run - 1) / kPage; ++p)
+        on[static_cast<size_t>(p)] = true;
+    });
   std::vector<std::pair<i64, i64>> out;
   for (i64 p = 0; p < pages; ++p) {
     if (!on[static_cast<size_t>(p)]) continue;
