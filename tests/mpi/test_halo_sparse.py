@@ -9,6 +9,7 @@ every page."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 from mpi4py import MPI
 from oracle import make_global
@@ -135,3 +136,49 @@ def test_fill_stays_where_nothing_is_written(comm):
     all_agree(comm, bad)
     mesh.free()
     MPI.COMM_WORLD.Barrier()
+
+
+def expected_shared(h, on):
+    """The node-shared bytes of ``h``'s padded array by the rule of cpp/shm_halo.h, computed
+    here cell by cell: the 4 KiB pages holding any cell of a ghost box a node peer (``on``)
+    writes; those alone where they are at most half the array's pages (in at most 1024
+    ranges: these cases have far fewer), else all of it."""
+    p, item = h.plan, h.padded.dtype.itemsize
+    shape = p.padded_shape
+    pages = set()
+    for r, _, boxes in p.recvs:
+        if r not in on:
+            continue
+        for start, ext in boxes:
+            if not all(ext):
+                continue
+            idx = np.indices(ext).reshape(len(ext), -1) + np.array(start)[:, None]
+            off = np.ravel_multi_index(tuple(idx), shape) * item
+            pages |= set((off // 4096).tolist()) | set(((off + item - 1) // 4096).tolist())
+    nbytes = int(np.prod(shape)) * item
+    total = -(-max(nbytes, 1) // 4096)
+    return min(len(pages) * 4096, nbytes) if 2 * len(pages) <= total else nbytes
+
+
+def test_shared_pages_are_those_node_peers_reach(comm):
+    """shared_bytes against the rule computed cell by cell, on every case above and on 2-D
+    and 3-D meshes (their sharded inner dims share every page)."""
+    if comm.size < 2:
+        pytest.skip("one rank: no node peers")
+    bad = []
+    more = [((9 * comm.size, 300, 20), (comm.size, 1, 1), [S0, R, R], None, "float64", 1)]
+    if comm.size == 4:
+        more.append(((40, 40, 200), (2, 2, 1), [S0, S1, R], None, "float32", 2))
+    for shape, mshape, placements, sizes, dtype, width, *_ in sparse_cases(comm.size) + more:
+        mesh = ps.Mesh(comm, mshape)
+        x = ps.distribute(make_global(shape, dtype, seed=1), mesh, placements, sizes)
+        for periodic in (True, False):
+            h = x.with_halo(width, periodic=periodic, method="shm")
+            if h._buf is None:
+                continue
+            want = expected_shared(h, node_peers(mesh))
+            if h._buf.shared_bytes != want:
+                bad.append(f"{shape} {placements} p={periodic} rank {comm.rank}: "
+                           f"{h._buf.shared_bytes} B shared, the rule says {want}")
+        mesh.free()
+    all_agree(comm, bad)
