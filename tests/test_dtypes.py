@@ -1,7 +1,7 @@
 """bfloat16 and float8 (ml_dtypes) without MPI: which dtypes are taken, the casts the CUDA path
 uses (checked against ml_dtypes' own on the host), DLPack in and out, the errors without
 ml_dtypes, the .npy header, and how far a step-by-step bfloat16 sum drifts from pyshard's
-float32 accumulation rounded once (issue 18)."""
+float32 accumulation rounded once."""
 
 from __future__ import annotations
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pyshard as ps
 
-# the dtypes the GPU tests sweep (issue 9), and bfloat16 where cupy can hold it (cupy >= 14
-# with ml_dtypes; no cupy holds float8 yet: issue 18)
+# the dtypes the GPU tests sweep, and bfloat16 where cupy can hold it (cupy >= 14 with
+# ml_dtypes; no cupy release holds float8: docs/site/dtypes.md)
 DTYPES = ["float16", "float32", "float64", "complex64", "int32", "bool"]
 
 

@@ -1,4 +1,4 @@
-"""The fast path of a repeated redistribute (issue 19): the second call with the same source
+"""The fast path of a repeated redistribute : the second call with the same source
 layout, target, algorithm and array type is one lookup and one call of a binding
 (pyshard.executor.bind), gives the numpy oracle's result, and never reuses a binding for a
 call that differs."""

@@ -1,5 +1,5 @@
 """The first redistribute on a new mesh runs no collective beyond those its plan names
-(DESIGN.md: no collective is spent on setup inside a data call): every MPI call counted by a
+(docs/architecture.md: no collective is spent on setup in a data call): every MPI call counted by a
 PMPI shim (pmpi_count.c, built here with the MPI library's mpicc and preloaded into the ranks
 of a job of its own, count_worker.py), for random layout pairs at 1 to 8 ranks, on one node,
 with every step on node-shared memory, on simulated nodes and with MPI only.

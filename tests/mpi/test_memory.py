@@ -21,12 +21,13 @@ def _peak_rss_mib(comm):
 
 
 def test_400_shapes_level_off(comm):
-    """Issue 8's loop: a (1000 + 7 i) x 2048 float32 shard per rank, Shard(0) -> Shard(1)
-    once per shape, results dropped. Peak RSS after 400 shapes is within 64 MiB of the
-    peak after 300 (it grew by 3.6 GiB when every shape kept its executor and buffers): the
-    cache holds cache_limit() = 256 executors, so it is full by then, and the shapes grow by
-    some 20 MiB of arrays and buffers in those 100 (measured against shape 40 instead, their
-    growth of 60 MiB left the bound to the peak earlier tests of the process had left)."""
+    """The loop of ``bench --cases memory``: a (1000 + 7 i) x 2048 float32 shard per rank,
+    Shard(0) -> Shard(1) once per shape, results dropped. Peak RSS after 400 shapes is within
+    64 MiB of the peak after 300 (with unbounded caches, every shape keeping its executor and
+    buffers, it grows by 3.6 GiB: docs/performance.md): the cache holds cache_limit() = 256
+    executors, so it is full by then, and the shapes grow by some 20 MiB of arrays and buffers
+    in those 100 (measured against shape 40, their growth of 60 MiB would leave the bound to
+    the peak that earlier tests of the same process set)."""
     if comm.size != 2:
         pytest.skip("runs at 2 ranks (memory and time)")
     mesh = ps.Mesh(comm, (2,))

@@ -1,4 +1,4 @@
-"""bfloat16 and float8 across ranks (issue 18): every Partial reduction equals float32
+"""bfloat16 and float8 across ranks: every Partial reduction equals float32
 accumulation rounded once, bit for bit, and a step-by-step bfloat16 sum of the same data
 drifts; checkpoints save, load into another layout, name the dtype, and stay numpy-readable.
 

@@ -29,7 +29,7 @@ def shapes_for(p):
 
 
 def expected_counts(src, dst, p, shape, algorithm="auto"):
-    """Collectives the issues specify for a 1-D mesh of size p: regular collectives
+    """Collectives the planner runs for a 1-D mesh of size p: regular collectives
     (Allgather, Reduce_scatter_block) where every block has the same size (the dims involved
     divide evenly), the v-variants where they do not; exchanges as choose_algorithm says."""
 
@@ -250,7 +250,7 @@ def test_physicsnemo_anchor_uneven_to_empty_shards(comm):
     before = ps.comm_stats()
     y = x.redistribute([Shard(2)])
     # every rank sends to the (at most 2) ranks of a non-empty target shard: point-to-point
-    # once that is at most a quarter of the ranks (issue 10)
+    # once that is at most a quarter of the ranks (pyshard.route.choose_algorithm)
     want = {} if p == 1 else {"p2p" if 4 * min(2, p - 1) <= p else "alltoallv": 1}
     assert counts_since(before) == auto_exchange(mesh, want)
     np.testing.assert_array_equal(y.local, g[y.box])

@@ -151,7 +151,7 @@ def test_issue_counts(comm):
     """One collective for the transposes DTensor needs two for."""
     cases = {
         (2, 2): [
-            # a permutation: each rank sends to one peer, point-to-point (issue 10)
+            # a permutation: each rank sends to one peer, point-to-point (choose_algorithm)
             ([S(0), S(1)], [S(1), S(0)], {"p2p": 1}),
             ([S(0), S(0)], [S(1), S(1)], {"alltoallv": 1}),
             ([S(0), R], [S(1), R], {"alltoallv": 1}),

@@ -1,4 +1,4 @@
-"""torch bfloat16 and float8 tensors in and out through DLPack (issue 18), at any size: the
+"""torch bfloat16 and float8 tensors in and out through DLPack, at any size: the
 steps of examples/torch_bf16.py (distribute, transpose, gather, reduce from Partial("sum"),
 save and load into other layouts), each checked against torch on rank 0; and float8 tensors
 in and out without a copy.
