@@ -48,6 +48,29 @@ def make_global(shape, dtype, seed=0):
     return np.asarray(out).astype(dtype).reshape(shape)
 
 
+def make_global_box(shape, dtype, box, seed=0):
+    """``make_global(shape, dtype, seed)[box]`` (``box``: one slice per dim, steps of 1),
+    computed from the flat indices of the box alone: a rank checks its shard of a large
+    array without building the whole of it."""
+    dtype = as_dtype(dtype)
+    strides = [prod(shape[d + 1:]) for d in range(len(shape))]
+    idx = np.zeros([b.stop - b.start for b in box], dtype=np.int64)
+    for d, b in enumerate(box):
+        sh = [1] * len(shape)
+        sh[d] = b.stop - b.start
+        idx += (np.arange(b.start, b.stop, dtype=np.int64) * strides[d]).reshape(sh)
+    base = (idx * 7919 + 31 * seed) % 251
+    if dtype.kind == "b":
+        out = base % 3 == 0
+    elif dtype.kind == "c":
+        out = (base - 125) + 1j * ((base * 13) % 17)
+    elif is_floating(dtype):
+        out = (base - 125) / 4.0
+    else:
+        out = base - 125
+    return np.asarray(out).astype(dtype).reshape(idx.shape)
+
+
 def reduce_once(stack, op, dtype):
     """pyshard's rule for bfloat16 and float8: accumulate in float32 (sum; avg scales the
     sum by float32(1/n)), round once to ``dtype``, to nearest even."""

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from oracle import contributions, halo_expected, make_global
+from oracle import contributions, halo_expected, make_global, make_global_box
 
 import pyshard as ps
 from pyshard import Partial, Replicate, Shard, _core
@@ -85,12 +85,17 @@ def test_overlapped_exchange(comm, limited):
     as MPI_Ialltoallw with a datatype per peer block."""
     P = comm.size
     mesh = ps.Mesh(comm, (P,))
+    small = (5, 7)  # the box generator is make_global's slice
+    box = (slice(1, 4), slice(2, 7))
+    np.testing.assert_array_equal(make_global_box(small, "uint8", box, 3),
+                                  make_global(small, "uint8", seed=3)[box])
     for dtype, n in [("float32", 560), ("uint8", 1100)]:
-        shape = (P * n, P * n + 1)
-        g = make_global(shape, dtype, seed=3)
-        x = ps.distribute(g, mesh, [S0])
+        shape = (P * n, P * n + 1)  # each rank builds its own blocks, not the whole array
+        lay = ps.Layout(shape, dtype, mesh.shape, [S0])
+        mine = make_global_box(shape, dtype, lay.box(mesh.coords), seed=3)
+        x = ps.from_local(mine, mesh, [S0], global_shape=shape)
         y = x.redistribute([S1], algorithm="alltoallv")
-        np.testing.assert_array_equal(y.local, g[y.box])
+        np.testing.assert_array_equal(y.local, make_global_box(shape, dtype, y.box, seed=3))
     if P > 1:
         assert {"alltoallw", "per_peer"} <= ran(comm)
 

@@ -126,8 +126,15 @@ def fold_expected(layout, width, periodic, corners, coords, op, gen):
 
 
 def run_case(comm, shape, mshape, placements, sizes, width, periodic, corners, method, op,
-             dtype, seed=0, split=False):
-    mesh = ps.Mesh(comm, mshape)
+             dtype, seed=0, split=False, mesh=None):
+    """One fold of a fresh halo array against the oracle. ``mesh``: a mesh of ``mshape`` the
+    caller built (and frees) for several cases; building one is a collective with the node
+    setup, the larger part of a case's time at 7 ranks on 2 cores. Without it, one is built
+    and freed here."""
+    own = mesh is None
+    if own:
+        mesh = ps.Mesh(comm, mshape)
+    assert mesh.shape == tuple(mshape)
     lay = layout_of(shape, dtype, mesh, placements, sizes)
     x = ps.ShardedArray(np.zeros(lay.local_shape(mesh.coords), dtype), lay, mesh)
     h = x.with_halo(width, periodic=periodic, corners=corners, method=method)
@@ -158,18 +165,22 @@ def run_case(comm, shape, mshape, placements, sizes, width, periodic, corners, m
     inner = tuple(slice(w, w + n) for w, n in zip(h.width, h.interior.shape))
     h.padded[inner] = ghosts[inner]
     np.testing.assert_array_equal(h.padded.view(np.uint8), ghosts.view(np.uint8), err_msg=what)
-    mesh.free()
+    if own:
+        mesh.free()
 
 
 @pytest.mark.parametrize("method", METHODS)
 @pytest.mark.parametrize("corners", [True, False])
 def test_fold_matches_oracle(comm, method, corners):
     for shape, mshape, placements, sizes in cases(comm.size):
+        mesh = ps.Mesh(comm, mshape)  # one mesh for the case's halo arrays
         for width in widths_for(shape):
             for periodic in periodics(len(shape)):
                 for op in ("sum", "max", "min"):
                     run_case(comm, shape, mshape, placements, sizes, width, periodic, corners,
-                             method, op, "float64", seed=len(shape), split=op == "max")
+                             method, op, "float64", seed=len(shape), split=op == "max",
+                             mesh=mesh)
+        mesh.free()
 
 
 @pytest.mark.parametrize("dtype", ["int64", "float32", "float16", "int8", "complex128",
@@ -177,12 +188,14 @@ def test_fold_matches_oracle(comm, method, corners):
 def test_fold_dtypes(comm, dtype):
     ops = ("sum",) if np.dtype(dtype).kind == "c" else ("sum", "max", "min")
     for shape, mshape, placements, sizes in cases(comm.size):
+        mesh = ps.Mesh(comm, mshape)
         for width in widths_for(shape)[:2]:
             for periodic in (False, True):
                 for op in ops:
                     for method in ("persistent", "datatype", "shm"):
                         run_case(comm, shape, mshape, placements, sizes, width, periodic,
-                                 True, method, op, dtype, seed=3)
+                                 True, method, op, dtype, seed=3, mesh=mesh)
+        mesh.free()
 
 
 @pytest.mark.skipif(not ML_DTYPES, reason="ml_dtypes not installed")
@@ -350,9 +363,11 @@ def test_refresh_fills_the_ghosts_with_the_new_values(comm, method):
 @pytest.mark.usefixtures("staged")
 def test_staged_transport(comm):
     for shape, mshape, placements, sizes in cases(comm.size):
+        mesh = ps.Mesh(comm, mshape)
         for method in ("persistent", "p2p", "neighbor", "shm"):  # (shm: persistent here)
             run_case(comm, shape, mshape, placements, sizes, 2, True, True, method, "sum",
-                     "float64", seed=9)
+                     "float64", seed=9, mesh=mesh)
+        mesh.free()
 
 
 @pytest.mark.usefixtures("limited")
@@ -498,11 +513,14 @@ def test_fold_simulated_nodes_matches_oracle(comm):
         with ps.config.override(PYSHARD_NODE_SIZE=k, PYSHARD_TRANSPORT="auto"):
             # (nodes of 1: no node peers, shm falls back to persistent; one case is enough)
             for shape, mshape, placements, sizes in cases(comm.size)[: None if k > 1 else 1]:
+                mesh = ps.Mesh(comm, mshape)  # built under the override: its nodes are k
                 for width in widths_for(shape)[:2]:
                     for periodic in (False, True):  # star where not periodic
                         op = "max" if periodic and width == 1 else "sum"
                         run_case(comm, shape, mshape, placements, sizes, width, periodic,
-                                 not periodic, "shm", op, "float64", seed=k, split=periodic)
+                                 not periodic, "shm", op, "float64", seed=k, split=periodic,
+                                 mesh=mesh)
+                mesh.free()
 
 
 @pytest.mark.parametrize("dtype", ["float16", *ML_DTYPES[:1]])
