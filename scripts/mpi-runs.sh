@@ -1,12 +1,19 @@
-# Sourced by scripts/test.sh and scripts/test-mpi.sh: run pytest under mpiexec and keep one row
-# per run (library, version, ranks, passed, skipped, failed, seconds) for the matrix table.
+# Sourced by scripts/test.sh, scripts/test-matrix.sh and scripts/test-mpi.sh: run pytest under
+# mpiexec and keep one row per run (library, version, ranks, passed, skipped, failed, seconds)
+# for the matrix table; time stages and print their table.
 #
 #   MATRIX_FILE    where the rows go (tab-separated; created if missing)
 #   mpi_run LIB VERSION LABEL TIMEOUT MPIEXEC... -- PYTEST_ARGS...
-#       runs `timeout TIMEOUT MPIEXEC... python -m pytest PYTEST_ARGS -q --color=no` (MPIEXEC
-#       names the launcher, its flags, -n N and the python), prints its output, appends a
-#       row and returns pytest's status (124: the timeout ended it)
+#       runs `timeout TIMEOUT MPIEXEC... python -m pytest PYTEST_ARGS -q --color=no
+#       --durations=10` (MPIEXEC names the launcher, its flags, -n N and the python), prints
+#       its output, appends a row and returns pytest's status (124: the timeout ended it)
 #   matrix_table [FIRST]   prints the rows (from row FIRST on) as a table
+#   stage NAME COMMAND...  runs COMMAND, records its wall time and result (FAILS counts)
+#   stage_table            prints every stage's time and result, and the total since sourcing
+#
+# Bytecode is written (PYTHONDONTWRITEBYTECODE unset): every rank of every run would otherwise
+# compile pyshard and rewrite the test modules' asserts again (about 2 s of CPU a rank).
+unset PYTHONDONTWRITEBYTECODE
 
 MATRIX_FILE=${MATRIX_FILE:-$(mktemp "${TMPDIR:-/tmp}/pyshard-matrix.XXXXXX")}
 
@@ -26,7 +33,8 @@ mpi_run() {
   local log t0 rc
   log=$(mktemp "${TMPDIR:-/tmp}/pyshard-run.XXXXXX")
   t0=$EPOCHREALTIME
-  timeout "$limit" "${launch[@]}" -m pytest "$@" -q -p no:cacheprovider --color=no 2>&1 |
+  timeout "$limit" "${launch[@]}" -m pytest "$@" -q -p no:cacheprovider --color=no \
+    --durations=10 2>&1 |
     tr -d '\000' | tee "$log"
   rc=${PIPESTATUS[0]}
   local secs count
@@ -61,4 +69,41 @@ matrix_table() {
     printf '%-18s %-10s %-26s %7s %8s %8s %9s\n' "$lib" "$version" "$label" "$passed" \
       "$skipped" "$failed" "$secs"
   done < <(tail -n "+${1:-1}" "$MATRIX_FILE")
+}
+
+STAGE_NAMES=()
+STAGE_SECS=()
+STAGE_RESULTS=()
+FAILS=0
+STAGES_START=$EPOCHREALTIME
+
+stage() { # NAME COMMAND...: run it, record its time and result
+  local name=$1
+  shift
+  echo
+  echo "=== $name: $*"
+  local t0=$EPOCHREALTIME
+  "$@"
+  local rc=$?
+  STAGE_NAMES+=("$name")
+  STAGE_SECS+=("$(_mpi_runs_elapsed "$t0")")
+  if [ $rc -eq 0 ]; then
+    STAGE_RESULTS+=("pass")
+  else
+    STAGE_RESULTS+=("FAIL (exit $rc)")
+    echo "=== FAILED (exit $rc): $name: $*"
+    FAILS=$((FAILS + 1))
+  fi
+  return $rc
+}
+
+stage_table() {
+  echo
+  echo "=== stage times"
+  printf '%-40s %9s  %s\n' "stage" "seconds" "result"
+  local i
+  for i in "${!STAGE_NAMES[@]}"; do
+    printf '%-40s %9s  %s\n' "${STAGE_NAMES[$i]}" "${STAGE_SECS[$i]}" "${STAGE_RESULTS[$i]}"
+  done
+  printf '%-40s %9s\n' "total" "$(_mpi_runs_elapsed "$STAGES_START")"
 }

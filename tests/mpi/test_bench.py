@@ -14,7 +14,7 @@ import pytest
 from pyshard.bench import CASES
 from pyshard.bench import main as bench_main
 
-pytestmark = pytest.mark.mpi  # run under mpiexec with --with-mpi (pytest-mpi)
+pytestmark = [pytest.mark.mpi, pytest.mark.numerics]  # numerics: not rerun per MPI library
 
 KEYS = {
     "case", "shape", "dtype", "ranks", "mesh", "algorithm", "median_s", "min_s",

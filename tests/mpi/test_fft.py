@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-import scipy.fft as sf
 from oracle import contributions, make_global
 from test_redistribute_nd import MESHES
 
@@ -18,7 +17,9 @@ import pyshard as ps
 from pyshard import Partial, Replicate, Shard
 from pyshard import fft as pf
 
-pytestmark = pytest.mark.mpi  # run under mpiexec with --with-mpi (pytest-mpi)
+sf = pytest.importorskip("scipy.fft")  # pyshard[fft]
+
+pytestmark = [pytest.mark.mpi, pytest.mark.numerics]  # numerics: not rerun per MPI library
 
 NOT_COLLECTIVES = {"staged", "device_direct"}
 PRIMES = (1, 2, 3, 5, 7, 13)
@@ -484,7 +485,8 @@ def _pyfftw_or_skip(backend):
         pytest.importorskip("pyfftw")
 
 
-@pytest.mark.parametrize("backend", ["scipy", "numpy", "pyfftw", "pyfftw-measure"])
+@pytest.mark.parametrize("backend", ["scipy", "numpy", "pyfftw",
+                                     pytest.param("pyfftw-measure", marks=pytest.mark.slow)])
 def test_backends(comm, backend):
     """Every local-transform backend (PYSHARD_FFT_BACKEND) against numpy.fft/scipy.fft on
     the gathered global array: random c2c/r2c/c2r (and DCT/DST: scipy under every backend)

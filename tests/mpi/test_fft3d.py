@@ -23,7 +23,7 @@ from pyshard.apps.fft3d import (
 )
 from pyshard.bench.fft3d import bench_fft3d
 
-pytestmark = pytest.mark.mpi  # run under mpiexec with --with-mpi (pytest-mpi)
+pytestmark = [pytest.mark.mpi, pytest.mark.numerics]  # numerics: not rerun per MPI library
 
 NOT_COLLECTIVES = {"staged", "device_direct"}
 TOL = {np.complex64: 1e-4, np.complex128: 1e-10}

@@ -8,7 +8,7 @@ import os
 
 import pytest
 
-pytestmark = pytest.mark.mpi  # run under mpiexec with --with-mpi (pytest-mpi)
+pytestmark = [pytest.mark.mpi, pytest.mark.numerics]  # numerics: not rerun per MPI library
 
 _EXAMPLES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "examples")
 
@@ -30,7 +30,7 @@ def test_poisson_matches_analytic(comm, n):
             assert v < 1e-10, (ms, k, v)
 
 
-@pytest.mark.parametrize("n", [32, 64])
+@pytest.mark.parametrize("n", [32, pytest.param(64, marks=pytest.mark.slow)])
 def test_navier_stokes_equals_serial(comm, n):
     """The Taylor-Green vortex at 32^3 and 64^3: kinetic energy and dissipation after each of
     2 RK4 steps equal a serial numpy.fft run of the same code to 1e-12 (relative)."""

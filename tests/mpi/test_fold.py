@@ -183,6 +183,7 @@ def test_fold_matches_oracle(comm, method, corners):
         mesh.free()
 
 
+@pytest.mark.numerics  # the combine of each dtype: the core's own code, whatever the MPI
 @pytest.mark.parametrize("dtype", ["int64", "float32", "float16", "int8", "complex128",
                                    *ML_DTYPES])
 def test_fold_dtypes(comm, dtype):

@@ -11,7 +11,7 @@ from mpi4py import MPI
 import pyshard as ps
 from pyshard.apps.heat import initial, run, serial
 
-pytestmark = pytest.mark.mpi  # run under mpiexec with --with-mpi (pytest-mpi)
+pytestmark = [pytest.mark.mpi, pytest.mark.numerics]  # numerics: not rerun per MPI library
 
 
 @pytest.mark.parametrize("dim", [2, 3])

@@ -13,7 +13,7 @@ import pyshard as ps
 from pyshard import Shard
 from pyshard.plan import geometry
 
-pytestmark = pytest.mark.mpi  # run under mpiexec with --with-mpi (pytest-mpi)
+pytestmark = [pytest.mark.mpi, pytest.mark.numerics]  # numerics: not rerun per MPI library
 
 
 def _peak_rss_mib(comm):

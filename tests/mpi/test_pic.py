@@ -14,7 +14,7 @@ from mpi4py import MPI
 
 import pyshard as ps
 
-pytestmark = pytest.mark.mpi  # run under mpiexec with --with-mpi (pytest-mpi)
+pytestmark = [pytest.mark.mpi, pytest.mark.numerics]  # numerics: not rerun per MPI library
 
 _spec = importlib.util.spec_from_file_location(
     "pic_example", Path(__file__).resolve().parents[2] / "examples" / "pic.py"

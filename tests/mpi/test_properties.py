@@ -26,7 +26,7 @@ from pyshard import Partial, Replicate, Shard
 hypothesis = pytest.importorskip("hypothesis")
 st = hypothesis.strategies
 
-pytestmark = pytest.mark.mpi
+pytestmark = [pytest.mark.mpi, pytest.mark.numerics]  # numerics: not rerun per MPI library
 
 COMM = MPI.COMM_WORLD
 SEED = COMM.bcast(

@@ -26,7 +26,7 @@ torch = pytest.importorskip(
     "torch", reason="torch is not installed (requirements/dev.txt pins its CPU build for CI)"
 )
 
-pytestmark = pytest.mark.mpi
+pytestmark = [pytest.mark.mpi, pytest.mark.numerics]  # numerics: not rerun per MPI library
 
 EXAMPLE = os.path.join(os.path.dirname(__file__), "..", "..", "examples", "torch_bf16.py")
 

@@ -12,7 +12,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-pytestmark = pytest.mark.mpi
+pytestmark = [pytest.mark.mpi, pytest.mark.numerics]  # numerics: not rerun per MPI library
 
 EXAMPLE = os.path.join(os.path.dirname(__file__), "..", "..", "examples",
                        "torch_domain_parallel.py")  # fmt: skip

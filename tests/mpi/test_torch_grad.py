@@ -27,7 +27,7 @@ from pyshard.layout import ravel
 torch = pytest.importorskip("torch")
 pst = pytest.importorskip("pyshard.torch")
 
-pytestmark = pytest.mark.mpi
+pytestmark = [pytest.mark.mpi, pytest.mark.numerics]  # numerics: not rerun per MPI library
 
 R, P = Replicate(), Partial("sum")
 

@@ -14,7 +14,7 @@ import pyshard as ps
 from pyshard import Replicate, Shard, _core
 from pyshard import executor as psarray
 
-pytestmark = pytest.mark.mpi  # run under mpiexec with --with-mpi (pytest-mpi)
+pytestmark = [pytest.mark.mpi, pytest.mark.numerics]  # numerics: not rerun per MPI library
 
 EXCHANGES = {"alltoallv", "alltoall", "p2p", "alltoallw", "shm"}  # shm: pyshard/_shm.py
 
