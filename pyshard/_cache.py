@@ -10,96 +10,16 @@ need whenever an executor is evicted, and released by ``Mesh.free()`` or :func:`
 
 from __future__ import annotations
 
-import functools
 import weakref
-from collections import OrderedDict
-from typing import Any, Callable, Dict, List, NamedTuple, Optional
+from typing import Any, Callable, Dict, NamedTuple, Optional
 
-from . import config
+from . import _lru, config
+from ._lru import DEFAULT_LIMIT, LRU, Fifo, memoize
 
-__all__ = ["cache_limit", "clear_caches", "set_cache_limit"]
+__all__ = ["DEFAULT_LIMIT", "LRU", "Fifo", "cache_limit", "clear_caches", "memoize",
+           "set_cache_limit"]
 
-DEFAULT_LIMIT = 256
-
-
-_limit: int = config.get("PYSHARD_CACHE_LIMIT")  # at import; set_cache_limit() changes it
-_caches: weakref.WeakSet[LRU] = weakref.WeakSet()
-_fifos: weakref.WeakSet[Fifo] = weakref.WeakSet()
-
-
-class LRU:
-    """A dict with at most ``cache_limit()`` entries; the least recently used go first.
-
-    ``on_evict(value)`` is called for each entry pushed out (not for :meth:`clear`).
-    """
-
-    __slots__ = ("_d", "_on_evict", "__weakref__")
-
-    def __init__(self, on_evict: Optional[Callable[[Any], None]] = None) -> None:
-        self._d: OrderedDict[Any, Any] = OrderedDict()
-        self._on_evict = on_evict
-        _caches.add(self)
-
-    def get(self, key: Any) -> Any:
-        v = self._d.get(key)
-        if v is not None:
-            self._d.move_to_end(key)
-        return v
-
-    def put(self, key: Any, value: Any) -> None:
-        self._d[key] = value
-        self._d.move_to_end(key)
-        self.shrink(_limit)
-
-    def shrink(self, n: int) -> None:
-        while len(self._d) > n:
-            _, v = self._d.popitem(last=False)
-            if self._on_evict is not None:
-                self._on_evict(v)
-
-    def values(self) -> List[Any]:
-        return list(self._d.values())
-
-    def clear(self) -> None:
-        self._d.clear()
-
-    def __len__(self) -> int:
-        return len(self._d)
-
-
-class Fifo(dict):
-    """A dict of at most ``cache_limit()`` entries, the oldest out first: ``get`` is the plain
-    dict lookup (one hash, no bookkeeping), for the one-lookup fast path."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        _fifos.add(self)
-
-    def put(self, key: Any, value: Any) -> None:
-        self[key] = value
-        self.shrink(_limit)
-
-    def shrink(self, n: int) -> None:
-        while len(self) > n:
-            del self[next(iter(self))]
-
-    __hash__ = object.__hash__  # weak-referencable and hashable like any object
-
-
-def memoize(fn: Callable) -> Callable:
-    """Like ``functools.lru_cache``, bounded by :func:`cache_limit` (hashable arguments)."""
-    cache = LRU()
-
-    @functools.wraps(fn)
-    def wrapper(*args: Any) -> Any:
-        v = cache.get(args)
-        if v is None:
-            v = fn(*args)
-            cache.put(args, v)
-        return v
-
-    wrapper.cache = cache  # type: ignore[attr-defined]
-    return wrapper
+_lru.set_limit(config.get("PYSHARD_CACHE_LIMIT"))  # at import; set_cache_limit() changes it
 
 
 class FastEntry(NamedTuple):
@@ -171,7 +91,7 @@ def register(c: ExecCache) -> ExecCache:
 
 def cache_limit() -> int:
     """The most entries each of pyshard's caches keeps (layouts, plans, executors per mesh)."""
-    return _limit
+    return _lru.limit()
 
 
 def set_cache_limit(n: int) -> None:
@@ -181,12 +101,9 @@ def set_cache_limit(n: int) -> None:
     distinct shapes keeps at most ``n`` plans and executors per mesh, and the workspace pool
     shrinks to what those need.
     """
-    global _limit
     if isinstance(n, bool) or not isinstance(n, int) or n < 1:
         raise ValueError(f"set_cache_limit: n must be an int >= 1, got {n!r}")
-    _limit = n
-    for c in list(_caches) + list(_fifos):
-        c.shrink(n)
+    _lru.set_limit(n)
 
 
 def clear_caches() -> None:
@@ -197,7 +114,7 @@ def clear_caches() -> None:
     """
     from . import _core
 
-    for c in list(_caches):
+    for c in _lru.lrus():
         c.clear()
     for e in list(_exec_caches):
         e.clear()
@@ -215,7 +132,7 @@ def configure_result_pool() -> None:
 def stats() -> Dict[str, int]:
     """Entries per kind of cache and workspace bytes held (for tests and the bench)."""
     return {
-        "caches": len(_caches),
-        "entries": sum(len(c) for c in _caches),
+        "caches": len(_lru.lrus()),
+        "entries": sum(len(c) for c in _lru.lrus()),
         "workspace_bytes": sum(int(e.workspace.held) for e in _exec_caches),
     }

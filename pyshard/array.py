@@ -16,9 +16,10 @@ from ._cache import FastEntry, memoize
 from .executor import Pending, bind, executors, run_steps, start
 from .halo import HaloArray
 from .halo_plan import PeriodicArg, WidthArg
-from .layout import (
+from .layout import (  # Placed: re-exported (pyshard.torch's ShardedTensor is one too)
     Layout,
     Partial,
+    Placed,
     PlacementsArg,
     Replicate,
     Shard,
@@ -47,33 +48,6 @@ def _check_array(a: object, name: str) -> Any:
     a = bk.as_array(a, name)
     check_dtype(a.dtype, f"{name}.dtype")
     return a
-
-
-class Placed:
-    """Where a rank's ``local`` block of a global array lies: the properties that
-    :class:`ShardedArray` and :class:`pyshard.torch.ShardedTensor` share, read from their
-    ``layout`` and ``mesh``."""
-
-    __slots__ = ()
-    layout: Layout
-    mesh: Mesh
-
-    @property
-    def global_shape(self) -> Tuple[int, ...]:
-        return self.layout.shape
-
-    @property
-    def shape(self) -> Tuple[int, ...]:
-        return self.layout.shape
-
-    @property
-    def placements(self) -> Tuple:
-        return self.layout.placements
-
-    @property
-    def box(self) -> Tuple[slice, ...]:
-        """The global region this rank holds."""
-        return self.layout.box(self.mesh.coords)
 
 
 class ShardedArray(Placed):

@@ -14,9 +14,10 @@ from . import _backend as bk
 from . import _core, _shm, _tune, config
 from ._dtypes import accumulator, is_ml_float
 from ._dtypes import identity as ml_identity
+from .geometry import gather_push_specs, geometry, push_specs
 from .layout import Layout, Shard
 from .mesh import Mesh
-from .plan import Plan, Step, gather_push_specs, geometry, push_specs
+from .plan import Plan, Step
 from .route import ALGORITHMS, Route, check_algorithm, choose_algorithm, route
 
 __all__ = ["ALGORITHMS", "Pending", "allocate", "choose_algorithm", "executors", "start"]

@@ -21,7 +21,7 @@ import ctypes
 import logging
 import time
 from math import prod
-from typing import TYPE_CHECKING, Any, Optional, Tuple
+from typing import Any, Optional, Tuple
 
 import numpy as np
 from mpi4py import MPI
@@ -29,12 +29,9 @@ from mpi4py import MPI
 from . import _backend as bk
 from . import _core, _dtypes, _validate, config
 from .halo_plan import HaloPlan, PeriodicArg, WidthArg, halo_plan, halo_spec
-from .layout import Layout
+from .layout import Layout, Placed
 from .mesh import Mesh
 from .route import HALO_METHODS, halo_reason, halo_route
-
-if TYPE_CHECKING:  # no runtime import: array.py imports this module
-    from .array import ShardedArray
 
 __all__ = ["FOLD_OPS", "METHODS", "HaloArray"]
 
@@ -182,7 +179,7 @@ class HaloArray:
         "_route", "_buf",
     )
 
-    def __init__(self, x: ShardedArray, width: WidthArg, periodic: PeriodicArg = False,
+    def __init__(self, x: Placed, width: WidthArg, periodic: PeriodicArg = False,
                  corners: bool = True, method: Optional[str] = None) -> None:
         spec = halo_spec(x.layout, width, periodic, corners)
         method = _default_method() if method is None else method
@@ -231,14 +228,14 @@ class HaloArray:
         self._dev = bk.is_device(local)
         self._step: Any = None
         self._active = False
-        self._array: Optional[ShardedArray] = None
+        self._array: Optional[Placed] = None
         self.fold_chosen: Optional[str] = None
         self._fstep: Any = None
         self._fgeom: Any = None
         self._folding: Optional[str] = None  # the op of the fold in flight
 
     @property
-    def array(self) -> ShardedArray:
+    def array(self) -> Placed:
         """The owned values as a :class:`~pyshard.ShardedArray` (its local array is
         ``interior``, a view: no copy)."""
         if self._array is None:

@@ -28,7 +28,7 @@ from typing import Dict, List, Sequence, Tuple, Union
 
 import numpy as np
 
-from ._cache import memoize
+from ._lru import memoize
 from .layout import Layout, Partial, placements_str, ravel, unravel
 
 __all__ = ["HaloPlan", "HaloSpec", "PeriodicArg", "WidthArg", "halo_plan", "halo_spec"]

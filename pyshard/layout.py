@@ -10,7 +10,7 @@ from __future__ import annotations
 import numbers
 from dataclasses import dataclass
 from math import prod
-from typing import Dict, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
@@ -23,6 +23,7 @@ __all__ = [
     "Partial",
     "Layout",
     "split_sizes",
+    "Placed",
     "REDUCE_OPS",
 ]
 
@@ -414,3 +415,30 @@ def placements_str(placements: Sequence[Placement]) -> str:
 
 
 PlacementsArg = Sequence[Union[Shard, Replicate, Partial]]
+
+
+class Placed:
+    """Where a rank's ``local`` block of a global array lies: the properties that
+    :class:`ShardedArray` and :class:`pyshard.torch.ShardedTensor` share, read from their
+    ``layout`` and ``mesh``."""
+
+    __slots__ = ()
+    layout: Layout
+    mesh: Any  # a pyshard.Mesh (its coords)
+
+    @property
+    def global_shape(self) -> Tuple[int, ...]:
+        return self.layout.shape
+
+    @property
+    def shape(self) -> Tuple[int, ...]:
+        return self.layout.shape
+
+    @property
+    def placements(self) -> Tuple:
+        return self.layout.placements
+
+    @property
+    def box(self) -> Tuple[slice, ...]:
+        """The global region this rank holds."""
+        return self.layout.box(self.mesh.coords)

@@ -23,9 +23,10 @@ from . import executor as _executor
 from ._cache import LRU, memoize
 from .array import ShardedArray
 from .executor import NONBLOCKING_MIN_BLOCK, allocate
+from .geometry import geometry, push_specs
 from .layout import PlacementsArg, placements_str
 from .mesh import Mesh
-from .plan import Plan, geometry, plan, push_specs
+from .plan import Plan, plan
 from .route import shm_for
 
 __all__ = ["ManyPlan", "plan_many", "redistribute_many"]

@@ -26,12 +26,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from math import prod
-from typing import TYPE_CHECKING, Any, Optional, Tuple
+from typing import Any, Optional, Tuple
 
 from . import _shm
-
-if TYPE_CHECKING:  # plan.py's explain() asks describe(): no import at run time
-    from .plan import Step
+from .plan import Step
 
 __all__ = ["ALGORITHMS", "HALO_METHODS", "Route", "choose_algorithm", "describe", "halo_reason",
            "halo_route", "route"]

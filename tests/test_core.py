@@ -8,7 +8,8 @@ import pytest
 
 import pyshard as ps
 from pyshard import Replicate, Shard, _core
-from pyshard.plan import geometry, plan
+from pyshard.geometry import geometry
+from pyshard.plan import plan
 
 RNG = np.random.default_rng(20261130)
 

@@ -13,10 +13,14 @@ compiled ``pyshard._core``. Checked:
   not a module (private modules such as ``_core`` or ``_backend`` may be imported; promote
   the helper or move it where it is used);
 - no private attribute crosses one either: ``obj._name`` where the module never defines
-  ``_name`` itself (``mesh._cache`` in the executor, ``x._target``, ``module._helper``).
+  ``_name`` itself (``mesh._cache`` in the executor, ``x._target``, ``module._helper``);
+- the planner is pure: ``pyshard.layout`` and ``pyshard.plan`` (and ``halo_plan``), with
+  everything they import, import nothing that touches MPI, the core or the settings
+  (``_core``, ``_shm``, ``_backend``, ``_mpi``, ``route``, ``config``, ``mesh``, ``executor``).
 
-Imports under ``if TYPE_CHECKING:`` are not edges: they never run (a type annotation may name
-a class of a module that imports this one, e.g. ``HaloArray.array -> ShardedArray``). A
+Imports under ``if TYPE_CHECKING:`` are edges too: they never run, but a type annotation
+naming a class of a module that imports this one is a circle all the same (halo -> array ->
+halo was one), so the scan counts them and pyshard has none. A
 package's ``__init__`` running before its submodules is not an edge (every package that
 re-exports its submodules would be a circle). The checks run on tiny synthetic packages too,
 so that they are seen to fail.
@@ -61,13 +65,6 @@ def _base(module: str, is_pkg: bool, level: int, target: str) -> str:
     return ".".join(parts + ([target] if target else []))
 
 
-def _is_type_checking(test: ast.expr) -> bool:
-    """``TYPE_CHECKING`` or ``typing.TYPE_CHECKING``."""
-    if isinstance(test, ast.Name):
-        return test.id == "TYPE_CHECKING"
-    return isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
-
-
 def imports(module: str, path: Path, known: Set[str]) -> List[Tuple[str, str, int]]:
     """(imported module, imported name or "", line) of every import in ``module``'s source
     that points into ``known``; ``name`` is set for ``from X import name`` where ``name`` is
@@ -75,16 +72,7 @@ def imports(module: str, path: Path, known: Set[str]) -> List[Tuple[str, str, in
     tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
     is_pkg = path.stem == "__init__"  # a package's own module: its relative imports start here
     out: List[Tuple[str, str, int]] = []
-    typing_only = {
-        id(n)
-        for guard in ast.walk(tree)
-        if isinstance(guard, ast.If) and _is_type_checking(guard.test)
-        for stmt in guard.body
-        for n in ast.walk(stmt)
-    }
-    for node in ast.walk(tree):  # every node: imports inside functions and branches too
-        if id(node) in typing_only:
-            continue
+    for node in ast.walk(tree):  # every node: inside functions, branches, TYPE_CHECKING too
         if isinstance(node, ast.Import):
             for a in node.names:
                 parts = a.name.split(".")
@@ -194,6 +182,30 @@ def test_no_private_helper_crosses_a_module_line():
     assert private == []
 
 
+PURE = ("pyshard.layout", "pyshard.plan", "pyshard.halo_plan")
+IMPURE = {"pyshard._core", "pyshard._shm", "pyshard._backend", "pyshard._mpi", "pyshard.route",
+          "pyshard.config", "pyshard.mesh", "pyshard.executor", "pyshard.geometry"}
+
+
+def reach(graph: Graph, start: Tuple[str, ...]) -> Set[str]:
+    """Every module ``start`` imports, directly or through others (``start`` included)."""
+    seen, todo = set(), list(start)
+    while todo:
+        m = todo.pop()
+        if m not in seen:
+            seen.add(m)
+            todo.extend(graph.get(m, ()))
+    return seen
+
+
+def test_the_planner_imports_nothing_that_touches_mpi():
+    graph, _ = scan(PKG_DIR, "pyshard")
+    assert all(m in graph for m in PURE) and IMPURE <= set(graph)  # the scan saw them
+    assert sorted(reach(graph, PURE) & IMPURE) == []
+    # and it would see one: the executor side does reach the core
+    assert "pyshard._core" in reach(graph, ("pyshard.geometry",))
+
+
 # ----------------------------------------------------------------------------- the checks fail
 
 
@@ -230,8 +242,10 @@ def test_checks_catch_a_function_level_cycle_an_upward_import_and_a_private_name
     assert graph["pkg.core"] == {"pkg.tools.run"}  # found inside a function
     assert graph["pkg.tools.run"] == {"pkg.core", "pkg.mid"}  # absolute and relative
     assert graph["pkg.mid"] == {"pkg._low"}
-    assert graph["pkg.typed"] == {"pkg.mid"}  # the TYPE_CHECKING import never runs
+    assert graph["pkg.typed"] == {"pkg.core", "pkg.mid"}  # a TYPE_CHECKING import counts
     assert cycles(graph) == [["pkg.core", "pkg.tools.run"]]
+    assert sorted(reach(graph, ("pkg.mid",))) == ["pkg._low", "pkg.mid"]
+    assert "pkg.tools.run" in reach(graph, ("pkg.typed",))
     assert upward(graph, ("pkg.tools",)) == ["pkg.core -> pkg.tools.run"]
     assert private == ["pkg.mid:2 imports pkg._low._helper"]  # the module _low itself is fine
 

@@ -18,9 +18,10 @@ from mpi4py import MPI
 
 from .. import _backend, _core, _mpi
 from ..array import from_local
+from ..geometry import exchange_specs, geometry
 from ..layout import Layout, Shard
 from ..mesh import Mesh
-from ..plan import Step, exchange_specs, geometry
+from ..plan import Step
 from ..plan import plan as make_plan
 from .cases import CASES, Case, make_cases
 from .floors import aligned_displs, exchange_blocks, flat_offset, is_contiguous, member_box

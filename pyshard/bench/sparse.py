@@ -10,8 +10,8 @@ from typing import Any, Dict, Sequence
 import numpy as np
 
 from .. import _core
+from ..geometry import exchange_specs, geometry
 from ..layout import Layout, Shard
-from ..plan import exchange_specs, geometry
 from ..plan import plan as make_plan
 
 

@@ -11,7 +11,7 @@ from oracle import make_global
 
 import pyshard as ps
 from pyshard import Shard
-from pyshard.plan import geometry
+from pyshard.geometry import geometry
 
 pytestmark = [pytest.mark.mpi, pytest.mark.numerics]  # numerics: not rerun per MPI library
 
