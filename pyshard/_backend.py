@@ -18,26 +18,14 @@ from typing import Any, Callable, Dict, Optional, Tuple
 import numpy as np
 
 from . import _core, _dtypes, _mpi, config
+from ._optional import OptionalModule
 
 log = logging.getLogger("pyshard")
 
 _DLPACK_CPU, _DLPACK_CUDA, _DLPACK_CUDA_HOST, _DLPACK_CUDA_MANAGED = 1, 2, 3, 13
-_cupy: Any = None
-_cupy_tried = False
-
-
-def cupy() -> Any:
-    """The cupy module, or None when it does not import."""
-    global _cupy, _cupy_tried
-    if not _cupy_tried:
-        _cupy_tried = True
-        try:
-            import cupy as cp  # type: ignore[import-not-found]
-
-            _cupy = cp
-        except Exception:  # noqa: BLE001 - any failure means "no cupy"
-            _cupy = None
-    return _cupy
+# any failure to import cupy (a missing CUDA library too) means "no cupy"
+cupy = OptionalModule("cupy", catch=(Exception,))
+"""The cupy module, or None when it does not import."""
 
 
 def _need_cupy(what: str) -> Any:
@@ -52,7 +40,7 @@ def _need_cupy(what: str) -> Any:
 
 def is_device(a: Any) -> bool:
     """Is ``a`` a cupy array (device memory)?"""
-    cp = _cupy
+    cp = cupy.module
     return cp is not None and isinstance(a, cp.ndarray)
 
 
@@ -210,7 +198,7 @@ def astype(a: Any, dtype: np.dtype) -> Any:
     dtype = np.dtype(dtype)
     if not is_device(a) or not (_dtypes.is_ml_float(a.dtype) or _dtypes.is_ml_float(dtype)):
         return a.astype(dtype)
-    xp = _cupy
+    xp = cupy.module
     if _dtypes.is_ml_float(a.dtype):
         f = _dtypes.widen(a.view(_dtypes.word(a.dtype)), a.dtype, xp)
         return f if dtype == np.float32 else astype(f, dtype)
@@ -232,7 +220,7 @@ def kind(a: Any) -> str:
 
 def xp_of(a: Any) -> Any:
     """numpy or cupy, whichever ``a`` belongs to."""
-    return _cupy if is_device(a) else np
+    return cupy.module if is_device(a) else np
 
 
 def same_kind(a: Any, b: Any, what_a: str, what_b: str) -> None:
@@ -250,13 +238,13 @@ def _desc(a: Any) -> str:
 
 def stream_ptr() -> int:
     """cupy's current stream as an integer (0: the legacy default stream)."""
-    return int(_cupy.cuda.get_current_stream().ptr)
+    return int(cupy.module.cuda.get_current_stream().ptr)
 
 
 def to_host(a: Any) -> np.ndarray:
     """A C-contiguous host copy of a device array; a host array as it is (made C-contiguous
     if it is a strided view, e.g. a HaloArray's interior)."""
-    return _cupy.asnumpy(a, order="C") if is_device(a) else np.ascontiguousarray(a)
+    return cupy.module.asnumpy(a, order="C") if is_device(a) else np.ascontiguousarray(a)
 
 
 # ----------------------------------------------------------------------------- transports

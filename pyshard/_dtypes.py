@@ -17,6 +17,8 @@ from typing import Any, Dict, Optional, Tuple
 
 import numpy as np
 
+from ._optional import OptionalModule
+
 # ml_dtypes' floating formats pyshard takes (its sub-byte integers int2/int4/uint2/uint4 are
 # refused: a float32 accumulator would not give their wrap-around sums)
 ML_FLOATS = (
@@ -51,22 +53,8 @@ DLPACK_CODES: Dict[int, str] = {
 }
 DLPACK_UINT = 1
 
-_ml: Any = None
-_ml_tried = False
-
-
-def ml_dtypes() -> Any:
-    """The ml_dtypes module, or None when it is not installed."""
-    global _ml, _ml_tried
-    if not _ml_tried:
-        _ml_tried = True
-        try:
-            import ml_dtypes as md  # type: ignore[import-not-found]
-
-            _ml = md
-        except ImportError:
-            _ml = None
-    return _ml
+ml_dtypes = OptionalModule("ml_dtypes")
+"""The ml_dtypes module, or None when it is not installed."""
 
 
 class NeedsMLDtypes(TypeError):

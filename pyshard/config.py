@@ -24,7 +24,8 @@ import os
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, Iterator, Optional, Tuple
 
-__all__ = ["SETTINGS", "TEST_HOOKS", "get", "override", "reset", "set", "table"]
+__all__ = ["ALGORITHMS", "HALO_METHODS", "HALO_MPI", "SETTINGS", "TEST_HOOKS", "get", "override",
+           "reset", "set", "table"]
 
 
 @dataclass(frozen=True)
@@ -77,8 +78,13 @@ def _text(raw: str) -> str:
 
 
 _BOOL = "0/1, false/true, no/yes or off/on"
-_ALGORITHMS = ("auto", "tune", "alltoallv", "alltoall", "p2p", "alltoallw", "shm")
-_HALO = ("auto", "shm", "persistent", "p2p", "datatype", "neighbor", "tune")
+# The names the settings accept, and the one list of them: pyshard.route takes these
+# exchange algorithms and halo methods from here.
+ALGORITHMS = ("alltoallv", "alltoall", "p2p", "alltoallw", "shm")  # redistribute(algorithm=)
+HALO_MPI = ("persistent", "p2p", "datatype", "neighbor")  # halo methods by MPI (cpp/halo.h)
+HALO_METHODS = HALO_MPI + ("shm",)  # ... and by node-shared memory
+_ALGORITHMS = ("auto", "tune", *ALGORITHMS)
+_HALO = ("auto", "shm", *HALO_MPI, "tune")
 
 SETTINGS: Dict[str, Setting] = {s.name: s for s in (
     Setting("PYSHARD_ALGORITHM", "one of " + ", ".join(_ALGORITHMS), "auto",

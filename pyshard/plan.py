@@ -241,34 +241,6 @@ class Step:
             self._cache["max_peers"] = v
         return v
 
-    def uniform_block(self, coords: Sequence[int]) -> Optional[int]:
-        """Elements of every block when each member of the exchange group of ``coords``
-        sends one block of the same size to every member, itself included (a regular
-        Alltoall moves it); else None. The same on every member of that group: it is a
-        property of the group, computed from the layouts (O(group size))."""
-        key = ("uniform", tuple(coords[m] for m in range(len(coords)) if m not in self.mesh_dims))
-        if key in self._cache:
-            return self._cache[key]
-        g = prod(self.group_shape)
-        lengths: List[Optional[int]] = [None] * self.src.ndim
-        out: Optional[int] = None
-        # this rank first: a sparse exchange fails at once
-        members = itertools.chain([tuple(coords)], (self.member(coords, r) for r in range(g)))
-        seen = set()  # the memoised per-dim lists are shared between members: check once
-        for c in members:
-            per_dim, free = self._send_lists(c)
-            count = prod(len(keep) for keep, _ in per_dim) * prod(
-                self.src.mesh_shape[m] for m in free
-            )
-            if count != g:
-                break
-            if not all(_same_lengths(d, k, lengths, seen) for d, (k, _) in enumerate(per_dim)):
-                break
-        else:
-            out = prod(n or 0 for n in lengths)
-        self._cache[key] = out
-        return out
-
     def send_volume(self, coords: Sequence[int]) -> int:
         """Elements the rank at ``coords`` sends, itself included (no pair enumeration)."""
         per_dim, free = self._send_lists(coords)
@@ -294,20 +266,6 @@ class Step:
                     recv[m] = c
                 out.append((tuple(recv), box))
         return out
-
-
-def _same_lengths(d: int, keep: list, lengths: list, seen: set) -> bool:
-    """Do the overlaps in ``keep`` (array dim ``d``) all have the length ``lengths[d]``
-    (set by the first one seen)?"""
-    if id(keep) in seen:
-        return True
-    seen.add(id(keep))
-    for _, lo, hi in keep:
-        if lengths[d] is None:
-            lengths[d] = hi - lo
-        elif hi - lo != lengths[d]:
-            return False
-    return True
 
 
 def _exchange_dims(src: Layout, dst: Layout) -> Tuple[int, ...]:

@@ -29,18 +29,15 @@ from math import prod
 from typing import Any, Optional, Tuple
 
 from . import _shm
+from .config import ALGORITHMS, HALO_METHODS, HALO_MPI  # the one list of the names
 from .plan import Step
 
 __all__ = ["ALGORITHMS", "HALO_METHODS", "Route", "choose_algorithm", "describe", "halo_reason",
            "halo_route", "route"]
 
-ALGORITHMS = ("alltoallv", "alltoall", "p2p", "alltoallw", "shm")
 MPI_KINDS = ("alltoallv", "allgatherv", "reduce_scatter", "allreduce")
 HOST_CANDIDATES = ("alltoallv", "alltoall", "p2p", "alltoallw")  # what "tune" measures
 DEVICE_CANDIDATES = ("alltoallv", "alltoall", "p2p")
-# halo exchanges: node-shared memory ("shm") and the MPI methods (cpp/halo.h HaloMethod)
-HALO_MPI = ("persistent", "p2p", "datatype", "neighbor")
-HALO_METHODS = HALO_MPI + ("shm",)
 
 
 @dataclass(frozen=True)

@@ -193,4 +193,3 @@ def test_sparse_swap_at_65536_ranks_touches_one_peer():
     dst = ps.Layout((4096, 4096), "float32", (256, 256), [Shard(1), Shard(0)])
     step = plan(src, dst).steps[0]
     assert step.max_peers() == 1
-    assert step.uniform_block((3, 5)) is None

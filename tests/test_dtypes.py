@@ -41,8 +41,8 @@ class Producer:
 @pytest.fixture
 def without_ml_dtypes(monkeypatch):
     """pyshard as it behaves where ml_dtypes is not installed."""
-    monkeypatch.setattr(_dtypes, "_ml", None)
-    monkeypatch.setattr(_dtypes, "_ml_tried", True)
+    monkeypatch.setattr(_dtypes.ml_dtypes, "module", None)
+    monkeypatch.setattr(_dtypes.ml_dtypes, "tried", True)
 
 
 # ----------------------------------------------------------------------------- which dtypes
