@@ -93,19 +93,6 @@ def block_bytes(step: Any) -> int:
     return step.max_block_volume() * step.src.dtype.itemsize
 
 
-def reduces(node: Optional[Any]) -> bool:
-    """Can ``node`` run a Reduce_scatter or an Allreduce? Only where every rank of the
-    communicator shares one node (no mixed path for reductions: other nodes need MPI's)."""
-    return node is not None and node.nodes == 1
-
-
-def wanted(step: Any, node: Optional[Any]) -> bool:
-    """Should ``auto`` run ``step`` through ``node`` (the step's node transport, or None)?"""
-    if node is None or (step.kind in ("reduce_scatter", "allreduce") and not reduces(node)):
-        return False
-    return block_bytes(step) >= min_block(node)
-
-
 def enabled() -> bool:
     """Does ``PYSHARD_TRANSPORT`` leave the node-local transport on for host exchanges (and
     is host memory not forced through the staging path, as the staging tests do)?"""

@@ -31,7 +31,7 @@ from . import _core, _dtypes, _validate, config
 from .halo_plan import HaloPlan, PeriodicArg, WidthArg, halo_plan, halo_spec
 from .layout import Layout, Placed
 from .mesh import Mesh
-from .route import HALO_METHODS, halo_reason, halo_route
+from .route import FOLD_DTYPES, HALO_METHODS, halo_reason, halo_route
 
 __all__ = ["FOLD_OPS", "METHODS", "HaloArray"]
 
@@ -45,13 +45,7 @@ FOLD_OPS = ("sum", "max", "min")
 _OP_CODE = {"sum": 0, "max": 1, "min": 2}  # cpp/halo.h FoldOp
 # cpp/halo.h FoldKind: the dtypes the core's host combine runs in; every other dtype (float16
 # and the ml_dtypes floats, accumulated in float32; bool; device arrays) combines here
-_KIND_CODE = {
-    np.dtype(t): k
-    for k, t in enumerate(
-        (np.float32, np.float64, np.int8, np.int16, np.int32, np.int64, np.uint8, np.uint16,
-         np.uint32, np.uint64, np.complex64, np.complex128)
-    )
-}
+_KIND_CODE = {np.dtype(t): k for k, t in enumerate(FOLD_DTYPES)}
 
 
 # ----------------------------------------------------------------------------- execution
@@ -176,7 +170,7 @@ class HaloArray:
         "padded", "interior", "width", "periodic", "corners", "layout", "mesh", "method",
         "chosen", "fold_chosen",
         "_spec", "_cls", "_step", "_dev", "_active", "_array", "_fstep", "_fgeom", "_folding",
-        "_route", "_buf",
+        "_route", "_froute", "_buf",
     )
 
     def __init__(self, x: Placed, width: WidthArg, periodic: PeriodicArg = False,
@@ -206,6 +200,7 @@ class HaloArray:
         xp = bk.xp_of(local)
         shape = tuple(s + 2 * w for s, w in zip(local.shape, spec.width))
         self._route = halo_route(x.layout, spec, x.mesh, method, bk.is_device(local))
+        self._froute = halo_route(x.layout, spec, x.mesh, method, bk.is_device(local), fold=True)
         self._buf: Any = None
         if self._route.node is not None and self._route.path in ("shm", "tune"):
             # in node-shared memory (a segment of its own, zeroed), for node peers to reach:
@@ -359,31 +354,22 @@ class HaloArray:
             p = self.plan
             comm = self.mesh.core_comm(tuple(range(self.mesh.ndim)))
             self._fgeom = _fold_geometry(p)  # (the Python combine's offsets: MPI methods)
-            if self._route.path == "tune":
+            if self._froute.path == "tune":
                 self.fold_chosen, self._fstep = self._tune_fold(comm, p)
             else:
-                m = self._route.algorithm
-                if m == "shm" and not self._shm_folds():
-                    m = "persistent"
+                m = self._froute.algorithm
                 self.fold_chosen = m
                 self._fstep = self._make(m, comm, p, True)
             log.debug("pyshard: halo fold built for rank %d: %r (%s)", self.mesh.rank, p,
                       self.fold_chosen)
         return self._fstep
 
-    def _shm_folds(self) -> bool:
-        """Can a fold of this array run through node-shared memory? Where its dtype is one the
-        core combines (the others combine here, from an MPI step's buffer)."""
-        return self._buf is not None and self.padded.dtype in _KIND_CODE
-
     def _tune_fold(self, comm: Any, p: HaloPlan) -> Tuple[str, Any]:
         """As :meth:`_tune`, timing folds of this array, put back as it was afterwards (a
         fold changes the interior)."""
         keep = self.padded.copy()
         best: Tuple[float, str, Any] = (float("inf"), "", None)
-        for m in self._route.candidates:
-            if m == "shm" and not self._shm_folds():
-                continue
+        for m in self._froute.candidates:
             step = self._make(m, comm, p, True)
             self.fold_chosen = m  # _fold_wait reads it (the datatype method's buffer)
             times = []

@@ -18,7 +18,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 import numpy as np
 
 from . import _backend as bk
-from . import _core, _shm, _validate, config
+from . import _core, _validate, config
 from . import executor as _executor
 from ._cache import LRU, memoize
 from .array import ShardedArray
@@ -27,7 +27,7 @@ from .geometry import geometry, push_specs
 from .layout import PlacementsArg, placements_str
 from .mesh import Mesh
 from .plan import Plan, plan
-from .route import shm_for
+from .route import batch_route
 
 __all__ = ["ManyPlan", "plan_many", "redistribute_many"]
 
@@ -126,7 +126,7 @@ class ManyPlan:
 
     def block_bytes(self, dims: Tuple[int, ...]) -> int:
         """The blocks for one peer of the single exchanges on ``dims``, added up: what
-        :func:`pyshard.route.shm_for` weighs for them (a batch is one handshake, as a single
+        :func:`pyshard.route.batch_route` weighs for them (a batch is one handshake, as a single
         exchange is)."""
         return self._block_bytes.get(dims, 0)
 
@@ -421,11 +421,10 @@ def redistribute_many(
     # (set up collectively on first use; decided from the layouts: the same on every rank)
     alg = algorithm or _executor.default_algorithm()
     shm: Dict[Tuple[int, ...], Any] = {}
-    if not dev and alg in ("auto", "tune", "shm"):
-        for dims, _ix in mp.exchanges:
-            node = _shm.node(mesh, dims)
-            if shm_for("alltoallv", mp.block_bytes(dims), node, alg):
-                shm[dims] = node
+    for dims, _ix in mp.exchanges:
+        r = batch_route("alltoallv", dims, mp.block_bytes(dims), mesh, alg, dev)
+        if r.path == "shm":
+            shm[dims] = r.node
     # executors keyed by the (memoized) ManyPlan itself and the batch: an identity hash,
     # where a tuple of hundreds of plans took a millisecond to hash
     for b, (dims, ix) in enumerate(mp.shm_batches):

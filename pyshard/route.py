@@ -32,8 +32,8 @@ from . import _shm
 from .config import ALGORITHMS, HALO_METHODS, HALO_MPI  # the one list of the names
 from .plan import Step
 
-__all__ = ["ALGORITHMS", "HALO_METHODS", "Route", "choose_algorithm", "describe", "halo_reason",
-           "halo_route", "route"]
+__all__ = ["ALGORITHMS", "FOLD_DTYPES", "HALO_METHODS", "Route", "batch_route", "choose_algorithm",
+           "describe", "halo_reason", "halo_route", "route"]
 
 MPI_KINDS = ("alltoallv", "allgatherv", "reduce_scatter", "allreduce")
 HOST_CANDIDATES = ("alltoallv", "alltoall", "p2p", "alltoallw")  # what "tune" measures
@@ -108,6 +108,20 @@ def shm_for(kind: str, block: int, node: Any, algorithm: str) -> bool:
     return algorithm == "shm" or block >= _shm.min_block(node)
 
 
+def batch_route(kind: str, mesh_dims: Tuple[int, ...], block: int, mesh: Any, algorithm: str,
+                device: bool = False) -> Route:
+    """Where a batch of steps of ``kind`` on ``mesh_dims`` goes when they run fused as one
+    (``redistribute_many``), its largest block ``block`` bytes: the rule of :func:`route` for
+    one such step (a batch is one handshake, as one step is), except that ``tune`` measures
+    nothing here (the batch runs as ``auto`` would). No MPI call."""
+    node = None
+    if not device and algorithm in ("auto", "tune", "shm"):
+        node = _shm.node(mesh, mesh_dims)
+    if shm_for(kind, block, node, algorithm):
+        return Route("shm", "shm", node)
+    return Route(_mpi_path(device), kind if kind != "alltoallv" else "alltoallv")
+
+
 def _mpi_path(device: bool) -> str:
     from . import _core
 
@@ -151,10 +165,18 @@ def halo_face_bytes(layout: Any, spec: Any) -> int:
     return max(faces, default=0) * layout.dtype.itemsize
 
 
-def halo_route(layout: Any, spec: Any, mesh: Any, method: str, device: bool = False) -> Route:
-    """Where a halo exchange (update or fold) of ``layout`` on ``mesh`` goes, called with
-    ``method`` (``auto``, ``tune``, ``shm`` or an MPI method of :data:`HALO_MPI`): no MPI call,
-    the same on every rank.
+# cpp/halo.h FoldKind: the dtypes the core's host combine of a fold runs in; a fold of any
+# other dtype (float16 and the ml_dtypes floats, accumulated in float32; bool) combines in
+# Python from an MPI step's buffer, so it never takes node-shared memory
+FOLD_DTYPES = ("float32", "float64", "int8", "int16", "int32", "int64", "uint8", "uint16",
+               "uint32", "uint64", "complex64", "complex128")
+
+
+def halo_route(layout: Any, spec: Any, mesh: Any, method: str, device: bool = False,
+               fold: bool = False) -> Route:
+    """Where a halo exchange (update, or with ``fold=True`` a fold) of ``layout`` on ``mesh``
+    goes, called with ``method`` (``auto``, ``tune``, ``shm`` or an MPI method of
+    :data:`HALO_MPI`): no MPI call, the same on every rank.
 
     ``auto``: node-shared memory (``shm``: each ghost cell copied once, straight between the
     padded arrays; peers on other nodes by persistent requests in the same exchange) where
@@ -163,7 +185,16 @@ def halo_route(layout: Any, spec: Any, mesh: Any, method: str, device: bool = Fa
     MPI persistent requests;
     ``shm`` takes node-shared memory wherever it is usable; ``tune`` measures the MPI methods
     and, where usable, ``shm``. GPU arrays, ``PYSHARD_TRANSPORT=mpi`` and forced staging take
-    MPI."""
+    MPI. A fold whose dtype the core does not combine (not in :data:`FOLD_DTYPES`) takes
+    persistent requests where the update takes node-shared memory, and ``tune`` leaves
+    ``shm`` out of its candidates."""
+    if fold and layout.dtype.name not in FOLD_DTYPES and not device:
+        r = halo_route(layout, spec, mesh, method, device)
+        if r.path == "shm":
+            return Route(_mpi_path(device), "persistent", r.node)
+        if r.path == "tune":
+            return Route("tune", "tune", r.node, tuple(m for m in r.candidates if m != "shm"))
+        return r
     node = None
     if not device and method in ("auto", "tune", "shm"):
         node = _shm.node(mesh, tuple(range(mesh.ndim)))
