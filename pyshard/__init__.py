@@ -26,7 +26,6 @@ from ._validate import set_validation, validation  # noqa: E402
 from .array import ShardedArray, distribute, from_local  # noqa: E402
 from .checkpoint import checkpoint_info, load, save  # noqa: E402
 from .executor import Pending  # noqa: E402
-from .fft_tune import tune_mesh as tune_mesh  # noqa: E402
 from .halo import HaloArray  # noqa: E402
 from .halo_plan import HaloPlan, halo_plan, halo_spec  # noqa: E402
 from .layout import Layout, Partial, Placement, Replicate, Shard, split_sizes  # noqa: E402
@@ -36,6 +35,18 @@ from .plan import Plan, Step, StepKind, plan  # noqa: E402
 
 _backend.configure()
 _cache.configure_result_pool()
+
+
+def __getattr__(name: str) -> object:
+    """``pyshard.tune_mesh``, imported on first use: it lives in :mod:`pyshard.fft.tune`,
+    and importing that runs the ``pyshard.fft`` package (which imports scipy.fft), so
+    ``import pyshard`` itself leaves it for later."""
+    if name == "tune_mesh":
+        from .fft.tune import tune_mesh
+
+        globals()["tune_mesh"] = tune_mesh
+        return tune_mesh
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def comm_stats() -> dict:

@@ -69,7 +69,7 @@ def _save(mesh: Any, choices: Dict[str, str]) -> None:
         return
     try:
         out = {}
-        if os.path.exists(path):  # keep tune_mesh's "mesh|..." entries (pyshard/fft_tune.py)
+        if os.path.exists(path):  # keep tune_mesh's "mesh|..." entries (pyshard/fft/tune.py)
             with open(path) as f:
                 out = {k: v for k, v in json.load(f).items() if str(k).startswith("mesh|")}
         out.update(choices)

@@ -7,9 +7,11 @@ every rank (the times are combined with one Allreduce, so every rank picks the s
 ``key`` and ``PYSHARD_TUNE_FILE`` set the choice is kept in that file (the wisdom
 :mod:`pyshard._tune` keeps its algorithm choices in, under ``"mesh|..."`` keys), read by rank
 0 and broadcast, so the next job skips the timing.
-``pyshard.fft.tune_mesh`` does this for a transform of ``pyshard.fft``: candidates are the
-slab and pencil meshes sharding the leading axes, timed on the forward and backward of a
-cached plan with ``placements="any"``.
+``pyshard.fft.tune_mesh`` (:mod:`pyshard.fft.api`) does this for a transform of
+``pyshard.fft``: candidates are the slab and pencil meshes sharding the leading axes, timed
+on the forward and backward of a cached plan with ``placements="any"``. This module imports
+nothing else of :mod:`pyshard.fft` (``import pyshard`` takes :func:`tune_mesh` from here
+without loading scipy).
 """
 
 from __future__ import annotations
@@ -25,8 +27,8 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 import numpy as np
 from mpi4py import MPI
 
-from . import config
-from .mesh import Mesh
+from .. import config
+from ..mesh import Mesh
 
 __all__ = ["mesh_shapes", "tune_mesh"]
 

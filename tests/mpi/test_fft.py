@@ -16,6 +16,7 @@ from test_redistribute_nd import MESHES
 import pyshard as ps
 from pyshard import Partial, Replicate, Shard
 from pyshard import fft as pf
+from pyshard.fft import engine, planner
 
 sf = pytest.importorskip("scipy.fft")  # pyshard[fft]
 
@@ -214,7 +215,7 @@ def test_pencil_and_slab_transposes(comm):
         moved = sum(m > 1 for m in ms)
         assert p.transposes == moved, p.explain()
         for q in p.passes:
-            if isinstance(q, pf._Move):
+            if isinstance(q, planner.Move):
                 assert len(q.plan.steps) == 1 and len(q.plan.steps[0].mesh_dims) == 1
         before = ps.comm_stats()
         y = p.forward(x)
@@ -390,7 +391,7 @@ def test_any_then_inverse_with_placements(comm):
 def test_pooled_paths(comm, seed, monkeypatch):
     """Every pass through pyshard's result pool (in-place c2c, numpy's out=), as large
     arrays take it."""
-    monkeypatch.setattr(pf, "POOL_MIN_BYTES", 0)
+    monkeypatch.setattr(engine, "POOL_MIN_BYTES", 0)
     rng = np.random.default_rng(99 + seed)
     for ms in meshes(comm):
         mesh = ps.Mesh(comm, ms)
@@ -416,7 +417,7 @@ def test_tune_mesh(comm, tmp_path, monkeypatch):
     second call with the same key times nothing."""
     import json
 
-    from pyshard.fft_tune import mesh_shapes, tune_mesh
+    from pyshard.fft.tune import mesh_shapes, tune_mesh
 
     path = comm.bcast(str(tmp_path / "tune.json"), root=0)  # rank 0 reads and writes it
     monkeypatch.setenv("PYSHARD_TUNE_FILE", path)
@@ -536,10 +537,10 @@ def test_backend_setting(comm, monkeypatch):
     any communication; a bad value ValueError."""
     with ps.config.override(PYSHARD_FFT_BACKEND="auto"):
         assert pf.backend() == "scipy"
-        monkeypatch.setattr(pf, "_sfft", None)  # as where scipy does not import
+        monkeypatch.setattr(engine, "_sfft", None)  # as where scipy does not import
         assert pf.backend() == "numpy"
         monkeypatch.undo()
-        monkeypatch.setattr(pf, "_PYFFTW", False)  # as where pyfftw does not import
+        monkeypatch.setattr(engine, "_PYFFTW", False)  # as where pyfftw does not import
         assert pf.backend() == "scipy"
     mesh = ps.Mesh(comm, (comm.size,))
     x = ps.distribute(make_global((6, 4), np.complex128), mesh, [Shard(0)])

@@ -1,0 +1,197 @@
+""":class:`FFTPlan` and running its passes (:func:`run_passes`).
+
+A plan holds the passes :mod:`~pyshard.fft.planner` chose for one transform of one layout,
+forward and (built on first use) backward; running them alternates the local engine
+(:func:`pyshard.fft.engine.local_pass`) with pyshard's executors for the transposes. The
+module is not named ``plan``: :func:`pyshard.fft.plan` is the function that builds (and
+caches) these objects.
+"""
+
+from __future__ import annotations
+
+import time
+from math import prod
+from typing import Any, List, Optional, Sequence, Tuple
+
+from .. import _backend as bk
+from .. import executor
+from ..array import ShardedArray
+from ..layout import Layout
+from .engine import backend, local_pass, ptr
+from .kinds import INVERSE, R2R, SCALED, norm_factor, unscaled
+from .planner import Local, Move, build_passes, invert_passes
+
+__all__ = ["FFTPlan", "run_passes"]
+
+
+class FFTPlan:
+    """A distributed transform of arrays laid out as ``src``: ``forward(x)`` gives the
+    transform laid out as ``dst``, ``backward(y)`` the inverse transform of a ``dst`` array
+    laid out as ``src`` again (the same placements, extents and shape; the dtype is the
+    inverse's: complex for fftn, real for rfftn and the DCT/DST of real input). Pure
+    Python and cached (:func:`plan`); :meth:`explain` shows the passes."""
+
+    def __init__(self, src: Layout, kind: str, axes: Tuple[int, ...], ns: Tuple[int, ...],
+                 norm: Optional[str], type_: int, target: Optional[Tuple]) -> None:
+        self.src = src
+        self.kind = kind
+        self.axes = axes
+        self.s = ns
+        self.norm = norm
+        self.type = type_
+        self.passes: Tuple[Any, ...] = tuple(build_passes(src, kind, axes, ns, target))
+        self.dst = self.passes[-1].dst if self.passes else src
+        self._back: Optional[Tuple[Any, ...]] = None
+
+    @property
+    def backward_passes(self) -> Tuple[Any, ...]:
+        if self._back is None:
+            self._back = tuple(invert_passes(self.passes, self.dst, self.kind))
+        return self._back
+
+    @property
+    def transposes(self) -> int:
+        """Redistributions that communicate, in one forward call."""
+        return sum(1 for p in self.passes if isinstance(p, Move) and p.plan.collectives)
+
+    @property
+    def collectives(self) -> int:
+        return sum(p.plan.collectives for p in self.passes if isinstance(p, Move))
+
+    def __repr__(self) -> str:
+        return (
+            f"FFTPlan({self.kind}, axes {self.axes}, {self.src} -> {self.dst}, "
+            f"{self.transposes} transpose(s))"
+        )
+
+    def forward(self, x: ShardedArray, out: Optional[Any] = None, workers: Optional[int] = None,
+                algorithm: Optional[str] = None) -> ShardedArray:
+        """The transform of ``x`` (laid out as :attr:`src`), laid out as :attr:`dst`;
+        collective. ``out``: an array of the result's local shape and dtype to write into."""
+        if not isinstance(x, ShardedArray) or x.layout != self.src:
+            got = x.layout if isinstance(x, ShardedArray) else type(x).__name__
+            raise ValueError(
+                f"FFTPlan.forward: expected an array laid out as {self.src}, got {got}"
+            )
+        _check_out(out, self.dst, x)
+        return run_passes(self.passes, x, out, self.norm, self.type, workers, algorithm)
+
+    def backward(self, y: ShardedArray, out: Optional[Any] = None,
+                 workers: Optional[int] = None, algorithm: Optional[str] = None) -> ShardedArray:
+        """The inverse transform of ``y`` (laid out as :attr:`dst`), laid out as the input
+        (:attr:`src`'s placements, extents and shape); collective."""
+        back = self.backward_passes
+        start = back[0].src if back else self.dst
+        if not isinstance(y, ShardedArray) or y.layout != start:
+            got = y.layout if isinstance(y, ShardedArray) else type(y).__name__
+            raise ValueError(f"FFTPlan.backward: expected an array laid out as {start}, got {got}")
+        _check_out(out, back[-1].dst, y)
+        return run_passes(back, y, out, self.norm, self.type, workers, algorithm)
+
+    def explain(self, coords: Optional[Sequence[int]] = None, backward: bool = False) -> str:
+        """Readable text: every pass (local transforms and their axes; each transpose with
+        pyshard's :meth:`Plan.explain`: collective, communicator, bytes) and the peak memory
+        of the rank at ``coords`` (default mesh coords 0)."""
+        passes = self.backward_passes if backward else self.passes
+        coords = tuple(coords) if coords is not None else (0,) * len(self.src.mesh_shape)
+        name = INVERSE[self.kind] if backward else self.kind
+        src = passes[0].src if passes else self.src
+        dst = passes[-1].dst if passes else self.src
+        nt = sum(1 for p in passes if isinstance(p, Move) and p.plan.collectives)
+        lines = [
+            f"fft plan {name} axes {self.axes} norm={self.norm or 'backward'}"
+            + (f" type={self.type}" if self.kind in R2R else "")
+            + f" on mesh {'x'.join(map(str, self.src.mesh_shape))}",
+            f"  from {src}",
+            f"  to   {dst}",
+            f"  {len(passes)} pass(es), {nt} transpose(s), "
+            f"{sum(p.plan.collectives for p in passes if isinstance(p, Move))} collective(s)",
+        ]
+        peak = 0
+        for i, p in enumerate(passes):
+            inb = prod(p.src.local_shape(coords)) * p.src.dtype.itemsize
+            outb = prod(p.dst.local_shape(coords)) * p.dst.dtype.itemsize
+            if isinstance(p, Local):
+                lines.append(f"  pass {i}: {p.describe()}")
+                lines.append(f"    rank {coords}: {p.src.local_shape(coords)} -> "
+                             f"{p.dst.local_shape(coords)}, no communication")
+                peak = max(peak, inb + outb)
+            else:
+                sub = p.plan.explain(coords).splitlines()
+                lines.append(f"  pass {i}: transpose " + sub[0])
+                lines.extend("    " + s for s in sub[1:])
+                peak = max(peak, inb + p.plan.peak_extra_bytes(coords))
+        lines.append(f"  peak memory: rank {coords} {peak} B (a pass's input and what it "
+                     f"allocates)")
+        return "\n".join(lines)
+
+
+def _check_out(out: Optional[Any], dst: Layout, x: ShardedArray) -> None:
+    """``out`` fits the result's local shard (checked on this rank before communicating)."""
+    if out is None:
+        return
+    want = dst.local_shape(x.mesh.coords)
+    if (tuple(getattr(out, "shape", ())) != want or getattr(out, "dtype", None) != dst.dtype
+            or bk.is_device(out) != bk.is_device(x.local)
+            or not out.flags.c_contiguous):
+        raise ValueError(
+            f"out must be a C-contiguous {'device' if bk.is_device(x.local) else 'host'} array "
+            f"of shape {want} and dtype {dst.dtype} (this rank's shard of {dst}), got "
+            f"{getattr(out, 'shape', type(out).__name__)} {getattr(out, 'dtype', '')}"
+        )
+
+
+def run_passes(passes: Sequence[Any], x: ShardedArray, out: Optional[Any],
+               norm: Optional[str], type_: int, workers: Optional[int],
+               algorithm: Optional[str], times: Optional[List[float]] = None) -> ShardedArray:
+    """Run a plan's ``passes`` on ``x`` (what ``FFTPlan.forward``/``backward`` do); ``times``:
+    [local transform s, transpose s] accumulated (the benchmark's split)."""
+    mesh = x.mesh
+    alg = algorithm or executor.default_algorithm()
+    local = x.local
+    # pyFFTW does not scale: every c2c/r2c/c2r pass runs unscaled and the product of their
+    # factors (from the plan: the same on every rank, empty shards included) is applied
+    # once at the end, one sweep instead of one per pass (the moves between are linear)
+    defer = not bk.is_device(local) and backend().startswith("pyfftw")
+    scale = 1.0
+    owned = False
+    last = len(passes) - 1
+    # out= and a last pass that transforms in place after a transpose: the transpose writes
+    # into out and the transform runs there (no copy)
+    into = last
+    if out is not None and last >= 1:
+        lp, mv = passes[last], passes[last - 1]
+        if (isinstance(lp, Local) and isinstance(mv, Move) and mv.plan.steps
+                and lp.func in ("fftn", "ifftn") and lp.src.dtype == lp.dst.dtype
+                and lp.src.shape == lp.dst.shape and not bk.is_device(local)):
+            into = last - 1
+    for i, p in enumerate(passes):
+        o = out if i == into else None
+        t0 = time.perf_counter() if times is not None else 0.0
+        if isinstance(p, Local):
+            pnorm = norm
+            if defer and p.func in SCALED:
+                scale *= norm_factor(p.func, p.ns, norm)
+                pnorm = unscaled(p.func)
+            local = local_pass(local, p.func, p.axes, p.ns, p.outs, pnorm, type_, p.dst.dtype,
+                               owned, workers)
+            if out is not None and i == last and local is not out:
+                if local.shape == out.shape and ptr(local) == ptr(out):
+                    local = out  # transformed in place
+                else:
+                    bk.xp_of(local).copyto(out, local)
+                    local = out
+        elif p.plan.steps:
+            execs = executor.executors(p.plan, mesh, alg, local)
+            local = executor.run_steps(execs, p.plan, mesh, local, o)
+        else:
+            continue
+        if times is not None:
+            times[isinstance(p, Move)] += time.perf_counter() - t0
+        owned = True
+    if scale != 1.0:
+        t0 = time.perf_counter() if times is not None else 0.0
+        local *= scale  # owned: a scaled pass ran, and wrote a result of this plan's
+        if times is not None:
+            times[0] += time.perf_counter() - t0
+    return ShardedArray(local, passes[-1].dst, mesh)
