@@ -22,6 +22,7 @@ from ._optional import OptionalModule
 
 log = logging.getLogger("pyshard")
 
+MAX_COUNT = (1 << 31) - 1  # the core's count limit unless PYSHARD_COUNT_LIMIT lowers it
 _DLPACK_CPU, _DLPACK_CUDA, _DLPACK_CUDA_HOST, _DLPACK_CUDA_MANAGED = 1, 2, 3, 13
 # any failure to import cupy (a missing CUDA library too) means "no cupy"
 cupy = OptionalModule("cupy", catch=(Exception,))
@@ -268,17 +269,27 @@ def cuda_aware() -> Optional[bool]:
     return None if v < 0 else bool(v)
 
 
+_applied: Dict[str, Any] = {}  # what configure() last gave the core
+
+
 def configure() -> None:
-    """Set the core's transport per memory kind from the environment and the MPI library,
-    and the count limit (``PYSHARD_COUNT_LIMIT``, for tests: see :func:`build_info`)."""
+    """Set the core's transport per memory kind from the settings and the MPI library, and
+    the count limit (``PYSHARD_COUNT_LIMIT``, for tests: see :func:`build_info`): at import,
+    and again after a setting changed (``pyshard._cache.settings_changed``), each only where
+    its settings changed since (a test that sets the core's own state directly keeps it)."""
     limit = config.get("PYSHARD_COUNT_LIMIT")
-    if limit is not None:
-        _core.set_count_limit(limit)
-    forced = _env_transport()
-    host = forced or "direct"
-    cuda = forced or ("direct" if cuda_aware() else "staged")
-    _core.set_transport(_core.Mem.host, getattr(_core.Transport, host))
-    _core.set_transport(_core.Mem.cuda, getattr(_core.Transport, cuda))
+    if limit is not None or "limit" in _applied:
+        if _applied.get("limit", -1) != limit:
+            _core.set_count_limit(MAX_COUNT if limit is None else limit)
+        _applied["limit"] = limit
+    want = (_env_transport(), config.get("PYSHARD_CUDA_AWARE"))
+    if _applied.get("transport") != want:
+        forced = want[0]
+        host = forced or "direct"
+        cuda = forced or ("direct" if cuda_aware() else "staged")
+        _core.set_transport(_core.Mem.host, getattr(_core.Transport, host))
+        _core.set_transport(_core.Mem.cuda, getattr(_core.Transport, cuda))
+        _applied["transport"] = want
 
 
 def transports() -> Dict[str, str]:
@@ -320,6 +331,7 @@ def build_info() -> Dict[str, Any]:
     calls, e.g. Open MPI 4 and 5); ``large_count_reduce``: reductions, ``"native"`` or
     ``"split"`` (in rounds: a reduction needs its element type). ``PYSHARD_COUNT_LIMIT=N``
     (tests) lowers the limit to N so that the non-native path runs on small arrays."""
+    configure()  # the transports as the settings give them now
     v = _core.cuda_build_version()
     text = _mpi.clean(_core.library_version())
     major, minor = _core.library_standard()

@@ -38,10 +38,11 @@ class ExecCache:
     binding, target, executors)`` (``pyshard.executor.bind``), both bounded, plus the
     workspace pool their core steps share."""
 
-    __slots__ = ("execs", "fast", "workspace", "tuned", "_keep", "__weakref__")
+    __slots__ = ("execs", "fast", "workspace", "tuned", "gen", "_keep", "__weakref__")
 
     def __init__(self, workspace: Any) -> None:
         self.workspace = workspace
+        self.gen = config.generation()  # the settings its executors and bindings were built under
         # algorithm="tune" decisions (pyshard._tune): never evicted, so that a rebuilt
         # executor finds its choice without communicating
         self.tuned: Optional[Dict[str, str]] = None
@@ -57,6 +58,19 @@ class ExecCache:
                 del self.fast[k]
         if any(_need(e) >= self._keep for e in execs):
             self.trim()
+
+    def current(self) -> ExecCache:
+        """This cache, emptied first of the executors and bindings built under other settings
+        (:func:`pyshard.config.generation` moved on: a setting changed), after the settings
+        the core holds process-wide are applied again (:func:`settings_changed`)."""
+        g = config.generation()
+        if g != self.gen:
+            settings_changed()
+            self.gen = g
+            self.execs.clear()
+            self.fast.clear()
+            self.trim()
+        return self
 
     def need(self) -> int:
         """The largest workspace any live executor needs (bytes)."""
@@ -119,6 +133,27 @@ def clear_caches() -> None:
     for e in list(_exec_caches):
         e.clear()
     _core.result_pool_clear()
+
+
+_applied: Dict[str, Any] = {}  # the settings below as last applied
+
+
+def settings_changed() -> None:
+    """Apply again what the process holds from the settings, where a setting changed since
+    it was applied: the core's transports and count limit (``pyshard._backend.configure``),
+    the cache limit and the result pool's bound. (``set_cache_limit`` from Python stays until
+    ``PYSHARD_CACHE_LIMIT`` itself changes.)"""
+    from . import _backend
+
+    _backend.configure()
+    limit = config.get("PYSHARD_CACHE_LIMIT")
+    if _applied.get("PYSHARD_CACHE_LIMIT", limit) != limit:
+        _lru.set_limit(limit)
+    _applied["PYSHARD_CACHE_LIMIT"] = limit
+    pool = config.get("PYSHARD_RESULT_POOL_BYTES")
+    if _applied.get("PYSHARD_RESULT_POOL_BYTES", pool) != pool:
+        configure_result_pool()
+    _applied["PYSHARD_RESULT_POOL_BYTES"] = pool
 
 
 def configure_result_pool() -> None:

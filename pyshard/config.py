@@ -2,7 +2,12 @@
 and one error style (naming the variable, the value and what it accepts).
 
 A setting's value is the environment variable's (read when first needed, and again whenever
-the variable changes), unless Python set it::
+the variable changes), unless Python set it. A change takes effect at the next call: every
+change made here (set, reset, override) and every changed variable :func:`get` or
+:func:`refresh` reads moves :func:`generation` on, and the caches built under the old
+settings (executors and bindings per mesh, the transports and count limit the core holds)
+are rebuilt at the next call that finds them. Variables changed in ``os.environ`` after a
+mesh's first call reach its repeated calls once :func:`refresh` reads them::
 
     import pyshard as ps
 
@@ -24,8 +29,8 @@ import os
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, Iterator, Optional, Tuple
 
-__all__ = ["ALGORITHMS", "HALO_METHODS", "HALO_MPI", "SETTINGS", "TEST_HOOKS", "get", "override",
-           "reset", "set", "table"]
+__all__ = ["ALGORITHMS", "HALO_METHODS", "HALO_MPI", "SETTINGS", "TEST_HOOKS", "generation", "get",
+           "override", "refresh", "reset", "set", "table"]
 
 
 @dataclass(frozen=True)
@@ -143,6 +148,28 @@ TEST_HOOKS: Dict[str, Setting] = {s.name: s for s in (
 
 _set: Dict[str, Any] = {}  # values set from Python
 _parsed: Dict[str, Tuple[Optional[str], Any]] = {}  # name -> (raw value, parsed)
+_generation = 0  # moves on at every change of a setting: cache keys compare it
+
+
+def generation() -> int:
+    """A number that changes whenever a setting may have changed (set, reset, override, a
+    changed environment variable read by :func:`get` or :func:`refresh`); whatever was built
+    under the settings of another generation is rebuilt at its next use."""
+    return _generation
+
+
+def _changed() -> None:
+    global _generation
+    _generation += 1
+
+
+def refresh() -> None:
+    """Read every setting's environment variable again (after ``os.environ`` changed in this
+    process): a changed one takes effect at the next call, cached paths included."""
+    for name, (raw, _) in list(_parsed.items()):
+        if os.environ.get(name) != raw:
+            del _parsed[name]
+            _changed()
 
 
 def _setting(name: str) -> Setting:
@@ -172,6 +199,8 @@ def get(name: str) -> Any:
         return hit[1]
     s = _setting(name)
     v = s.default if raw is None or not raw.strip() else _parse(s, raw)
+    if hit is not None:  # the variable changed since it was read: so may the paths
+        _changed()
     _parsed[name] = (raw, v)
     return v
 
@@ -182,12 +211,14 @@ def set(name: str, value: Any) -> None:  # noqa: A001 - the module's verb
     s = _setting(name)
     _set[name] = _parse(s, value) if isinstance(value, str) else (
         s.default if value is None else value)  # fmt: skip
+    _changed()
 
 
 def reset(name: str) -> None:
     """Back to the environment's value."""
     _setting(name)
     _set.pop(name, None)
+    _changed()
 
 
 @contextlib.contextmanager
@@ -202,6 +233,7 @@ def override(**values: Any) -> Iterator[None]:
         for k in values:
             _set.pop(k, None)
         _set.update(before)
+        _changed()
 
 
 def table() -> str:

@@ -72,9 +72,15 @@ class Mesh:
             _shm.NodeMap(self.comm, self.shape, self.coords) if self.size > 1 else None
         )
         # executors, the one-lookup fast path and the workspace pool their steps share
-        self.cache = register(ExecCache(_core.Workspace()))
+        self._cache = register(ExecCache(_core.Workspace()))
         # redistributes in flight (redistribute(wait=False)), oldest first
         self.pending: List[Any] = []
+
+    @property
+    def cache(self) -> ExecCache:
+        """This mesh's executors, fast-path bindings and workspace pool, as the current
+        settings build them (emptied first where a setting changed since: ExecCache.current)."""
+        return self._cache.current()
 
     @property
     def ndim(self) -> int:
@@ -132,7 +138,7 @@ class Mesh:
         dropped keep their communicators until MPI finalizes; long-running codes that make
         many meshes should free them.
         """
-        self.cache.clear()  # executors, and the workspace pool back to the OS
+        self._cache.clear()  # executors, and the workspace pool back to the OS
         if self._node_map is not None:  # node-shared memory: the pools and mappings
             self._node_map.release()
             self._node_map = None
