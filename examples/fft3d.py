@@ -1,4 +1,4 @@
-"""A distributed 3-D FFT with pencil decomposition, on pyshard redistributions.
+"""A distributed 3-D FFT with pencil decomposition: pyshard.fft on a 2-D mesh.
 
     mpiexec -n 4 python examples/fft3d.py --n 64 [--order zxy] [--mesh 2x2]
 
@@ -15,8 +15,9 @@ order they are transformed (x, y, z = axes 0, 1, 2). For order ``abc``:
 
 ``xyz`` is the textbook scheme, ``[Shard(1), Shard(2)] -> [Shard(0), Shard(2)] ->
 [Shard(0), Shard(1)]``; the default ``zxy``, ``[Shard(0), Shard(1)] -> [Shard(2), Shard(1)]
--> [Shard(2), Shard(0)]``, copies on only one side of each exchange (see pyshard/apps/fft3d.py).
-The result, ``numpy.fft.fftn`` of the global array (unnormalised), stays in the last pencil.
+-> [Shard(2), Shard(0)]``, copies on only one side of each exchange (pyshard/bench/fft3d.py).
+``pyshard.fft.fftn(x, placements=<last pencil>)`` plans exactly these two transposes; the
+result, ``numpy.fft.fftn`` of the global array (unnormalised), stays in the last pencil.
 Every rank checks its box against ``numpy.fft.fftn`` of the global array; the script prints
 the time of the whole transform and of its two transposes alone (median, slowest rank),
 next to mpi4py-fft's PFFT (numpy backend) on the same array when mpi4py_fft is installed.
@@ -32,8 +33,8 @@ import numpy as np
 from mpi4py import MPI
 
 import pyshard as ps
-from pyshard.apps.fft3d import DEFAULT_ORDER, ORDERS, fft3d, pencils, sample_array
-from pyshard.bench.fft3d import time_fft3d, time_pfft
+from pyshard import fft as pf
+from pyshard.bench.fft3d import DEFAULT_ORDER, ORDERS, pencils, sample_array, time_fft3d, time_pfft
 
 
 def main(argv: Optional[List[str]] = None) -> int:
@@ -57,7 +58,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     mesh = ps.Mesh(comm, mesh_shape)
     g = sample_array(shape, dtype)  # deterministic: the same global array on every rank
     x = ps.distribute(g, mesh, list(steps[0]))  # this rank's first pencil, g[x.box]
-    y = fft3d(x)  # the order that starts from x's pencil: args.order
+    y = pf.fftn(x, placements=list(steps[2]))  # from the first pencil to the last
     lays = [ps.Layout(shape, dtype, mesh_shape, q) for q in steps]
     transposes = [ps.plan(a, b) for a, b in zip(lays, lays[1:])]
 

@@ -55,7 +55,7 @@ top = names[0].split("/")[0]
 rel = sorted(n[len(top) + 1:] for n in names if n.startswith(top + "/"))
 need = ["pyproject.toml", "CMakeLists.txt", "README.md", "PKG-INFO", "pyshard/__init__.py",
         "pyshard/_core.pyi", "pyshard/py.typed", "pyshard/checkpoint/__init__.py",
-        "pyshard/bench/cli.py", "pyshard/apps/fft3d.py", "cpp/bindings.cpp",
+        "pyshard/bench/cli.py", "pyshard/fft/__init__.py", "cpp/bindings.cpp",
         "cpp/cuda_packer.cu"]
 missing = [n for n in need if n not in rel]
 banned = (".venv/", "build/", "dist/", ".whl/", "docs/", "tests/", ".git/", "__pycache__/")
@@ -82,7 +82,7 @@ import sys, zipfile
 
 names = set(zipfile.ZipFile(sys.argv[1]).namelist())
 need = ["pyshard/__init__.py", "pyshard/checkpoint/reader.py", "pyshard/bench/cli.py",
-        "pyshard/bench/gpu.py", "pyshard/apps/fft3d.py", "pyshard/py.typed"]
+        "pyshard/bench/gpu.py", "pyshard/fft/__init__.py", "pyshard/py.typed"]
 missing = [n for n in need if n not in names]
 pkgs = sorted({n.rsplit("/", 1)[0] for n in names if n.startswith("pyshard/") and n.endswith(".py")})
 print(f"  wheel: {len(names)} files; packages {' '.join(pkgs)}")

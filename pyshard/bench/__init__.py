@@ -24,8 +24,8 @@ More cases, each a JSON row of its own fields, run only when named in ``--cases`
   a few hundred MiB per rank and tens of seconds, hence not in the default list.
 - ``sparse``: :func:`bench_sparse_setup`, one rank's setup of the 2-D swap simulated on
   meshes of 256, 4096 and 65,536 ranks (no MPI): it grows with the peers, not the ranks.
-- ``fft3d``: :func:`bench_fft3d`, a distributed 3-D FFT on a 2-D mesh (``--fft-n``, default
-  256^3 complex128; :mod:`pyshard.apps.fft3d`, ``examples/fft3d.py``), total and transposes
+- ``fft3d``: :func:`bench_fft3d`, a pencil 3-D FFT with :mod:`pyshard.fft` on a 2-D mesh
+  (``--fft-n``, default 256^3 complex128; ``examples/fft3d.py``), total and transposes
   alone, next to mpi4py-fft's PFFT with the numpy backend when it is installed
   (``pip install .[bench-fft]``, which needs FFTW: ``apt-get install libfftw3-dev``).
 - ``fft``: :func:`pyshard.bench.fft.bench_fft`, :mod:`pyshard.fft` on ``--fft-n``^3 (c2c

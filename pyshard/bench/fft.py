@@ -29,10 +29,10 @@ from mpi4py import MPI
 
 from .. import config
 from .. import fft as pf
-from ..apps.fft3d import sample_array
 from ..array import ShardedArray
 from ..layout import Layout, Shard
 from ..mesh import Mesh
+from .fft3d import sample_array
 from .floors import HostReference
 
 __all__ = ["bench_fft", "format_fft", "pyshard_backends"]

@@ -1,26 +1,106 @@
-"""The ``fft3d`` bench case: the pencil 3-D FFT of :mod:`pyshard.apps.fft3d` timed (the
-whole transform and its two transposes alone) next to mpi4py-fft's ``PFFT`` with
-``backend="numpy"`` (so both use the same serial FFT) on the same global array, both checked
-against ``numpy.fft.fftn``.
+"""The ``fft3d`` bench case: a pencil 3-D FFT with :mod:`pyshard.fft`, timed (the whole
+transform and its two transposes alone) next to mpi4py-fft's ``PFFT`` with
+``backend="numpy"`` (the same serial FFT) on the same global array, both checked against
+``numpy.fft.fftn``.
 
-:func:`time_fft3d` and :func:`time_pfft` time one side each (``examples/fft3d.py``);
-:func:`bench_fft3d` makes the bench row and :func:`format_fft3d` prints it. mpi4py-fft is
-optional (``pip install .[bench-fft]``, which needs FFTW: ``apt-get install libfftw3-dev``).
+A *pencil* holds one axis whole on every rank; the two mesh dims of a 2-D mesh split the
+other two. ``order`` names the axes in the order they are transformed (x, y, z: axes 0, 1,
+2), from its first pencil to its last (:func:`pencils`): ``"xyz"`` goes ``[Shard(1),
+Shard(2)] -> [Shard(0), Shard(2)] -> [Shard(0), Shard(1)]``, ``"zxy"`` (the default: one
+copy per exchange, docs/performance.md) ``[Shard(0), Shard(1)] -> [Shard(2), Shard(1)] ->
+[Shard(2), Shard(0)]``; every ordered pair of sharded axes starts one order
+(:func:`order_of`). The transform is ``pyshard.fft.plan(layout, "fftn", placements=<last
+pencil>)`` (one transpose per mesh dim of size > 1, each one collective on that mesh dim),
+run with ``out=`` one buffer every rep reuses.
+
+:func:`time_fft3d` and :func:`time_pfft` time one side each (``examples/fft3d.py``),
+:func:`bench_fft3d` makes the row and :func:`format_fft3d` prints it; :func:`sample_array`
+builds any rank's box of the test array (the ``fft`` case's too). mpi4py-fft is optional
+(``pip install .[bench-fft]``, which needs FFTW: ``apt-get install libfftw3-dev``).
 """
 
 from __future__ import annotations
 
+from itertools import permutations
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 from mpi4py import MPI
 
-from ..apps.fft3d import DEFAULT_ORDER, PencilFFT3D, order_of, pencils, sample_array
+from .. import fft as pf
 from ..array import ShardedArray
+from ..fft.planner import Move
+from ..layout import Layout, Shard
 from ..mesh import Mesh
 from .timing import timed
 
-__all__ = ["bench_fft3d", "format_fft3d", "time_fft3d", "time_pfft"]
+__all__ = [
+    "DEFAULT_ORDER",
+    "ORDERS",
+    "bench_fft3d",
+    "format_fft3d",
+    "order_of",
+    "pencils",
+    "sample_array",
+    "time_fft3d",
+    "time_pfft",
+]
+
+ORDERS = tuple("".join(p) for p in permutations("xyz"))
+DEFAULT_ORDER = "zxy"
+_AXIS = {"x": 0, "y": 1, "z": 2}
+
+Pencil = Tuple[Shard, Shard]
+
+
+def pencils(order: str = DEFAULT_ORDER) -> Tuple[Pencil, Pencil, Pencil]:
+    """The placements of the three pencils of ``order`` (mesh dim 0, mesh dim 1)."""
+    if order not in ORDERS:
+        raise ValueError(f"order must be one of {ORDERS}, got {order!r}")
+    a, b, c = (_AXIS[ch] for ch in order)
+    return (Shard(b), Shard(c)), (Shard(a), Shard(c)), (Shard(a), Shard(b))
+
+
+def order_of(placements: Sequence[object]) -> Optional[str]:
+    """The order whose first pencil is ``placements``, if any."""
+    for order in ORDERS:
+        if tuple(placements) == pencils(order)[0]:
+            return order
+    return None
+
+
+class _Pencils:
+    """The FFT from the first pencil of ``order`` to its last: pyshard.fft's cached plan with
+    ``out=`` one buffer (overwritten by the next call); ``transposes``: the plan's
+    transposes alone, on work buffers of their own."""
+
+    def __init__(self, mesh: Mesh, shape: Sequence[int], dtype: Any, algorithm: str,
+                 order: str) -> None:
+        if mesh.ndim != 2:
+            raise ValueError(f"fft3d: needs a 2-D pyshard.Mesh, got {mesh!r}")
+        shape = tuple(int(n) for n in shape)
+        if len(shape) != 3:
+            raise ValueError(f"fft3d: needs a 3-D shape, got {shape}")
+        first, _, last = pencils(order)
+        self.src = Layout(shape, np.dtype(dtype), mesh.shape, first)
+        self.plan = pf.plan(self.src, "fftn", placements=list(last))
+        self.algorithm = algorithm
+        coords = mesh.coords
+        self.out = np.empty(self.plan.dst.local_shape(coords), self.plan.dst.dtype)
+        self.moves = [p for p in self.plan.passes if isinstance(p, Move) and p.plan.collectives]
+        self._work = [
+            (ShardedArray(np.zeros(p.src.local_shape(coords), p.src.dtype), p.src, mesh),
+             p.dst, np.empty(p.dst.local_shape(coords), p.dst.dtype))
+            for p in self.moves
+        ]
+
+    def __call__(self, x: ShardedArray) -> ShardedArray:
+        return self.plan.forward(x, out=self.out, algorithm=self.algorithm)
+
+    def transposes(self) -> None:
+        for a, dst, buf in self._work:
+            a.redistribute(list(dst.placements), dst.sizes or None, algorithm=self.algorithm,
+                           out=buf)
 
 
 def _tolerance(dtype: np.dtype) -> float:
@@ -88,14 +168,15 @@ def time_fft3d(
 ) -> Dict[str, float]:
     """Median wall times (ms, slowest rank, a barrier before each rep) of the whole
     transform of ``x`` and of its two transposes alone, after ``warmup`` untimed runs of
-    each, the two timed in turn; one :class:`PencilFFT3D` whose buffers every rep reuses.
-    ``order`` as :func:`fft3d` (an ``x`` in another layout is redistributed first, untimed).
+    each, the two timed in turn; one result buffer that every rep reuses. ``order=None``:
+    the order that starts from ``x``'s pencil (:func:`order_of`), else
+    :data:`DEFAULT_ORDER`; an ``x`` in another layout is redistributed first, untimed.
     Collective."""
     if order is None:
         order = order_of(x.placements) or DEFAULT_ORDER
-    f = PencilFFT3D(x.mesh, x.shape, x.dtype, algorithm, order)
-    if x.layout != f.layouts[0]:
-        x = x.redistribute(f.input_placements, algorithm=algorithm)
+    f = _Pencils(x.mesh, x.shape, x.dtype, algorithm, order)
+    if x.layout != f.src:
+        x = x.redistribute(list(f.src.placements), algorithm=algorithm)
     t = _interleaved({"total": lambda: f(x), "transposes": f.transposes}, x.mesh.comm, reps, warmup)
     return {"total_ms": t["total"], "transposes_ms": t["transposes"]}
 
@@ -244,8 +325,8 @@ def bench_fft3d(
     mesh = Mesh(comm, mesh_shape)
     p: Optional[_Pfft] = None
     try:
-        f = PencilFFT3D(mesh, shape, dtype, algorithm, order)
-        lay = f.layouts[0]
+        f = _Pencils(mesh, shape, dtype, algorithm, order)
+        lay = f.src
         x = ShardedArray(sample_array(shape, dtype, lay.box(mesh.coords)), lay, mesh)
         fns: Dict[str, Callable[[], object]] = {
             "pyshard_total": lambda: f(x),
@@ -299,3 +380,33 @@ def format_fft3d(row: Dict[str, Any]) -> str:
             f"transposes {row['transposes_vs_pfft']:.2f}x"
         )
     return "\n".join(lines)
+
+
+# ----------------------------------------------------------------------------- test data
+
+
+def sample_array(
+    shape: Sequence[int], dtype: object = np.complex128, box: Optional[Sequence[slice]] = None
+) -> np.ndarray:
+    """A deterministic pseudo-random complex array of global ``shape`` (values in
+    [-0.5, 0.5) + i[-0.5, 0.5)), or only its region ``box``: every rank can build its own
+    shard without the global array. Values hash the global flat index."""
+    shape = tuple(int(n) for n in shape)
+    if box is None:
+        box = tuple(slice(0, n) for n in shape)
+    idx = [np.arange(s.start, s.stop, dtype=np.uint64) for s in box]
+    flat = np.zeros([len(i) for i in idx], dtype=np.uint64)
+    stride = 1
+    for d in reversed(range(len(shape))):
+        view = [1] * len(shape)
+        view[d] = len(idx[d])
+        flat += idx[d].reshape(view) * np.uint64(stride)
+        stride *= shape[d]
+    out = np.empty(flat.shape, np.dtype(dtype))
+    scale = 1.0 / (1 << 24)
+    h = (flat * np.uint64(0x9E3779B97F4A7C15)) >> np.uint64(40)
+    out.real = h * scale - 0.5
+    flat += np.uint64(0x632BE59BD9B4E019)
+    h = (flat * np.uint64(0xC2B2AE3D27D4EB4F)) >> np.uint64(40)
+    out.imag = h * scale - 0.5
+    return out

@@ -1,6 +1,8 @@
-"""The pencil 3-D FFT (pyshard.apps.fft3d) against numpy.fft.fftn on every 2-D mesh of the
-communicator (1xP, Px1 and the square-ish one), even and uneven shapes, complex64 and
-complex128, every pencil order; each transpose is one collective on one mesh dim.
+"""The pencil 3-D FFT with pyshard.fft (the fft3d bench case, examples/fft3d.py) against
+numpy.fft.fftn on every 2-D mesh of the communicator (1xP, Px1 and the square-ish one), even
+and uneven shapes, complex64 and complex128, every pencil order: ``pf.fftn(x,
+placements=<last pencil>)`` takes one transpose per mesh dim of size > 1, each one collective
+on that mesh dim alone, in mesh-dim order; the plan's ``out=`` buffer is reused.
 """
 
 from __future__ import annotations
@@ -13,15 +15,17 @@ from mpi4py import MPI
 
 import pyshard as ps
 from pyshard import Replicate, Shard
-from pyshard.apps.fft3d import (
+from pyshard import fft as pf
+from pyshard.bench.fft3d import (
     DEFAULT_ORDER,
     ORDERS,
-    PencilFFT3D,
-    fft3d,
+    bench_fft3d,
+    order_of,
     pencils,
     sample_array,
+    time_fft3d,
 )
-from pyshard.bench.fft3d import bench_fft3d
+from pyshard.fft.planner import Move
 
 pytestmark = [pytest.mark.mpi, pytest.mark.numerics]  # numerics: not rerun per MPI library
 
@@ -57,10 +61,11 @@ def test_fft3d_matches_numpy(comm, shape, dtype):
         for order in ORDERS:
             where = f"mesh {ms}, order {order}, rank {comm.rank}"
             src = list(pencils(order)[0])
+            assert order_of(src) == order
             box = ps.Layout(shape, dtype, ms, src).box(mesh.coords)
             x = ps.from_local(np.ascontiguousarray(g[box]), mesh, src, global_shape=shape)
             before = ps.comm_stats()
-            y = fft3d(x)  # picks the order that starts from x's pencil
+            y = pf.fftn(x, placements=list(pencils(order)[2]))
             moved = sum(m > 1 for m in ms)  # a transpose along a size-1 mesh dim moves nothing
             assert collectives_since(before) == moved, where
             assert_fft(y, shape, dtype, where, order)
@@ -71,61 +76,69 @@ def test_fft3d_matches_numpy(comm, shape, dtype):
 @pytest.mark.parametrize("order", ORDERS)
 def test_each_transpose_is_one_collective_on_one_mesh_dim(comm, order):
     shape = (8, 6, 10)
+    first, _, last = pencils(order)
     for ms in meshes(comm.size):
-        mesh = ps.Mesh(comm, ms)
-        f = PencilFFT3D(mesh, shape, np.complex128, order=order)
-        assert f.input_placements == pencils(order)[0]
-        for k, p in enumerate(f.plans):  # transpose k runs on mesh dim k
-            if ms[k] > 1:
-                assert p.collectives == 1, p
-                assert len(p.steps) == 1 and p.steps[0].mesh_dims == (k,), p
-            else:
-                assert p.collectives == 0, p
-        for k in range(2):
-            before = ps.comm_stats()
-            f._transpose(k)
-            assert collectives_since(before) == (ms[k] > 1), (ms, k)
-        before = ps.comm_stats()
-        f.transposes()
-        assert collectives_since(before) == sum(m > 1 for m in ms)
-        mesh.free()
+        lay = ps.Layout(shape, np.complex128, ms, first)
+        p = pf.plan(lay, "fftn", placements=list(last))
+        assert p.dst.placements == last
+        moves = [q.plan for q in p.passes if isinstance(q, Move) and q.plan.collectives]
+        # transpose k runs on mesh dim k, none where that dim has size 1
+        assert [q.steps[0].mesh_dims for q in moves] == [(k,) for k in range(2) if ms[k] > 1]
+        assert all(q.collectives == 1 and len(q.steps) == 1 for q in moves), p.explain()
+        assert p.transposes == len(moves) == sum(m > 1 for m in ms)
 
 
-def test_plan_object_reuses_its_buffers(comm):
+def test_plan_reuses_its_out_buffer(comm):
     shape = (9, 7, 5)
     ms = meshes(comm.size)[-1]
     mesh = ps.Mesh(comm, ms)
-    f = PencilFFT3D(mesh, shape, np.complex128)
-    lay = f.layouts[0]
-    x = ps.from_local(
-        sample_array(shape, box=lay.box(mesh.coords)),
-        mesh,
-        list(lay.placements),
-        global_shape=shape,
-    )
-    y1 = f(x)
-    first = y1.local
+    first, _, last = pencils(DEFAULT_ORDER)
+    lay = ps.Layout(shape, np.complex128, ms, first)
+    p = pf.plan(lay, "fftn", placements=list(last))
+    assert pf.plan(lay, "fftn", placements=list(last)) is p  # cached
+    x = ps.from_local(sample_array(shape, box=lay.box(mesh.coords)), mesh, list(first),
+                      global_shape=shape)
+    out = np.empty(p.dst.local_shape(mesh.coords), p.dst.dtype)
+    y1 = p.forward(x, out=out)
+    assert y1.local is out
     assert_fft(y1, shape, np.complex128, f"mesh {ms}")
-    y2 = f(x)  # same buffers, same answer
-    assert y2.local is first
+    y2 = p.forward(x, out=out)  # same buffer, same answer
+    assert y2.local is out
     assert_fft(y2, shape, np.complex128, f"mesh {ms}, second call")
-    with pytest.raises(ValueError, match="PencilFFT3D: expected"):
-        f(y2)  # its output pencil is not its input layout
+    with pytest.raises(ValueError, match="FFTPlan.forward: expected"):
+        p.forward(y2)  # its output pencil is not its input layout
+    with pytest.raises(ValueError, match="out must be"):
+        p.forward(x, out=np.empty(out.shape, np.complex64))
     mesh.free()
 
 
-def test_other_input_layouts_are_redistributed_first(comm):
+def test_other_input_layouts(comm):
     shape = (6, 5, 7)
     g = sample_array(shape)
     ms = meshes(comm.size)[-1]
     mesh = ps.Mesh(comm, ms)
     for src in ([Replicate(), Replicate()], [Shard(0), Replicate()], [Shard(2), Shard(2)]):
         x = ps.distribute(g, mesh, src)
-        y = fft3d(x)
-        assert_fft(y, shape, np.complex128, f"mesh {ms}, input {src}")
-        y = fft3d(x, order="xyz")
-        assert_fft(y, shape, np.complex128, f"mesh {ms}, input {src}, xyz", "xyz")
+        for order in (DEFAULT_ORDER, "xyz"):
+            y = pf.fftn(x, placements=list(pencils(order)[2]))
+            assert_fft(y, shape, np.complex128, f"mesh {ms}, input {src}, {order}", order)
     mesh.free()
+
+
+def test_time_fft3d(comm):
+    """The bench's timing helper on a pencil and on another layout (redistributed first)."""
+    shape = (6, 5, 7)
+    ms = meshes(comm.size)[-1]
+    mesh = ps.Mesh(comm, ms)
+    for src in (list(pencils("xyz")[0]), [Shard(0), Replicate()]):
+        x = ps.distribute(sample_array(shape), mesh, src)
+        t = time_fft3d(x, reps=1, warmup=0)
+        assert t["total_ms"] > 0 and t["transposes_ms"] >= 0
+    mesh.free()
+    mesh1 = ps.Mesh(comm, (comm.size,))
+    with pytest.raises(ValueError, match="2-D"):
+        time_fft3d(ps.distribute(sample_array(shape), mesh1, [Shard(0)]), reps=1, warmup=0)
+    mesh1.free()
 
 
 def test_pencils():
@@ -133,21 +146,9 @@ def test_pencils():
     assert pencils("zxy") == ((Shard(0), Shard(1)), (Shard(2), Shard(1)), (Shard(2), Shard(0)))
     firsts = {pencils(o)[0] for o in ORDERS}
     assert len(firsts) == len(ORDERS) == 6  # every ordered pair of axes starts one order
+    assert order_of([Shard(0), Shard(0)]) is None
     with pytest.raises(ValueError, match="order"):
         pencils("xxy")
-
-
-def test_errors(comm):
-    mesh1 = ps.Mesh(comm, (comm.size,))
-    with pytest.raises(ValueError, match="2-D"):
-        PencilFFT3D(mesh1, (4, 4, 4))
-    mesh1.free()
-    mesh = ps.Mesh(comm, meshes(comm.size)[-1])
-    with pytest.raises(TypeError, match="complex"):
-        PencilFFT3D(mesh, (4, 4, 4), np.float64)
-    with pytest.raises(ValueError, match="3-D"):
-        PencilFFT3D(mesh, (4, 4))
-    mesh.free()
 
 
 def test_sample_array_boxes_agree():
