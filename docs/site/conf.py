@@ -62,8 +62,9 @@ def _check_api_page() -> None:
     docs build until it is added there)."""
     with open(os.path.join(HERE, "api.rst")) as f:
         text = f.read()
-    documented = set(re.findall(r"^\.\. auto\w+:: pyshard\.(\w+)", text, flags=re.M))
-    documented |= set(re.findall(r"^```\{auto\w+\} pyshard\.(\w+)", text, flags=re.M))
+    # automodule entries (the modules of pyshard.fft) document a module, not a name
+    documented = set(re.findall(r"^\.\. auto(?!module)\w+:: pyshard\.(\w+)", text, flags=re.M))
+    documented |= set(re.findall(r"^```\{auto(?!module)\w+\} pyshard\.(\w+)", text, flags=re.M))
     missing = sorted(set(pyshard.__all__) - documented)
     extra = sorted(documented - set(pyshard.__all__))
     if missing or extra:
