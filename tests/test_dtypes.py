@@ -172,7 +172,8 @@ def test_word_casts_equal_ml_dtypes(name):
 
 def test_device_astype_path_on_the_host(monkeypatch):
     """_backend.astype's GPU branch, with numpy standing in for cupy."""
-    monkeypatch.setattr(bk, "_cupy", np)
+    monkeypatch.setattr(bk.cupy, "module", np)
+    monkeypatch.setattr(bk.cupy, "tried", True)
     for name in ("bfloat16", "float8_e4m3fn", "float8_e5m2"):
         dt = np.dtype(getattr(md, name))
         x = np.random.default_rng(3).standard_normal((5, 7)).astype(np.float32) * 30
