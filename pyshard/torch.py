@@ -483,21 +483,18 @@ def halo_pad(
     Differentiable: the backward folds the gradient of the padded tensor
     (:meth:`pyshard.HaloArray.fold`, ``op="sum"``: every ghost cell's gradient is added to
     the cell of its owner's interior it was copied from) and returns the interior. The
-    layout must have no Partial mesh dim (as for any halo) and, for a gradient, no
-    Replicate mesh dim of more than one rank (the replicas of a block would share its ghost
-    cells' gradients unevenly). Each call sets up its exchange anew (persistent
-    point-to-point requests).
+    layout must have no Partial mesh dim (as for any halo). On ``Replicate`` mesh dims the
+    update and so the fold stay within each replica group (the ranks with the same coords on
+    the Replicate mesh dims): the padded gradient is taken to be the same on every replica of
+    a block, counted once (the convention, docs/adjoints.md), and every replica gets the
+    same, whole gradient of its block; nothing is summed across replicas (where replicas
+    compute different losses, say so upstream with ``redistribute(...,
+    grad_placements=[Partial(), ...])``, or sum the gradients). Each call sets up its
+    exchange anew (persistent point-to-point requests).
     """
     x = _check_sharded(x, "halo_pad")
     spec = (width, periodic, corners)
     if torch.is_grad_enabled() and x.local.requires_grad:
-        rep = [m for m, p in enumerate(x.placements)
-               if isinstance(p, Replicate) and x.mesh.shape[m] > 1]  # fmt: skip
-        if rep:
-            raise NotImplementedError(
-                f"halo_pad: no gradient on a layout with Replicate mesh dims {rep} of more than "
-                f"one rank; shard those mesh dims (or pad outside the graph)"
-            )
         return _HaloPad.apply(x.local, (x.layout, x.mesh, spec))
     h = _halo(_as_array(x.local), x.layout, x.mesh, spec)
     h.update()

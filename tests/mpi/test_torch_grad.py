@@ -364,9 +364,8 @@ def halo_cases(rng, mesh_shape, n):
     for k in range(n):
         shape = [(6, 5), (4, 7), (5,), (3, 4, 3)][k % 4]
         nd = len(shape)
-        # every mesh dim of more than one rank shards (a gradient needs no replicas)
-        pl = [Shard(rng.randrange(nd)) if s > 1 else rng.choice([R, Shard(rng.randrange(nd))])
-              for s in mesh_shape]  # fmt: skip
+        # Replicate on about a third of the mesh dims, of any size (data parallel x domain)
+        pl = [R if rng.random() < 0.35 else Shard(rng.randrange(nd)) for _ in mesh_shape]
         sizes = random_sizes(rng, shape, mesh_shape, pl)
         width = tuple(rng.randint(0, min(2, shape[d])) for d in range(nd))
         periodic = tuple(rng.random() < 0.5 for _ in range(nd))
@@ -374,11 +373,49 @@ def halo_cases(rng, mesh_shape, n):
     return out
 
 
+def pad_loss(p, dtype, seed):
+    """A halo_pad case's loss on one padded block ``p``: ``(w * p * p).sum()``, ``w`` from
+    ``seed``."""
+    return (global_tensor(tuple(p.shape), dtype, seed) * p * p).sum()
+
+
+def block_seed(placements, mesh_shape, coords):
+    """The loss's seed of the block the rank at ``coords`` holds: 200 plus the index of its
+    coords on the mesh dims that are not Replicate (the same on every replica of a block;
+    without Replicate dims, 200 plus the rank)."""
+    keep = [m for m, p in enumerate(placements) if not isinstance(p, Replicate)]
+    return 200 + ravel([coords[m] for m in keep], [mesh_shape[m] for m in keep])
+
+
+def halo_loss(X, layout, width, periodic, corners, dtype, per_rank=False):
+    """The global loss of a halo_pad case, on the global tensor ``X``: every block's
+    ``pad_loss`` counted once, as the replicas of a block compute it (the convention on
+    Replicate dims: the replica at coords 0 on those dims stands for all); ``per_rank``:
+    every rank's, seeded by its rank (replicas computing different losses)."""
+    rep = [m for m, p in enumerate(layout.placements) if isinstance(p, Replicate)]
+    total = 0
+    for c in np.ndindex(*layout.mesh_shape):
+        if not per_rank and any(c[m] for m in rep):
+            continue  # a replica of a block counted already
+        iv = [layout.interval(d, c) for d in range(layout.ndim)]
+        p = padded_reference(X, [a for a, _ in iv], [b for _, b in iv], width, periodic, corners)
+        seed = 200 + ravel(c, layout.mesh_shape) if per_rank else block_seed(
+            layout.placements, layout.mesh_shape, c)  # fmt: skip
+        total = total + pad_loss(p, dtype, seed)
+    return total
+
+
+def interior_of(t, width):
+    return t[tuple(slice(w, t.shape[d] - w) for d, w in enumerate(width))]
+
+
 @pytest.mark.parametrize("dtype", ["float64", "float32"])
 def test_halo_pad_gradient(comm, dtype):
     """halo_pad's values are update()'s (zeros where update never writes) and its backward
     (a fold of the gradient) is torch's gradient of the same padding done globally, over
-    uneven and empty shards, periodic dims, box and star stencils."""
+    uneven and empty shards, periodic dims, box and star stencils, and Replicate mesh dims
+    (every replica computes its block's loss, counted once; each replica group's ghosts and
+    folds stay in the group, and every replica gets the block's whole gradient)."""
     failures = []
     for mesh_shape in all_meshes(comm.size):
         mesh = ps.Mesh(comm, mesh_shape)
@@ -390,18 +427,9 @@ def test_halo_pad_gradient(comm, dtype):
             lo = [b.start for b in x.box]
             hi = [b.stop for b in x.box]
             want_pad = padded_reference(g, lo, hi, width, periodic, corners)
-            wr = global_tensor(tuple(pad.shape), dtype, 200 + comm.rank)
-            (wr * pad * pad).sum().backward()
+            pad_loss(pad, dtype, block_seed(pl, mesh_shape, mesh.coords)).backward()
             X = g.clone().requires_grad_()
-            total = 0
-            layout = x.layout
-            for r in range(comm.size):
-                c = tuple(ps.layout.unravel(r, mesh_shape))
-                rlo = [layout.interval(d, c)[0] for d in range(len(shape))]
-                rhi = [layout.interval(d, c)[1] for d in range(len(shape))]
-                p = padded_reference(X, rlo, rhi, width, periodic, corners)
-                total = total + (global_tensor(tuple(p.shape), dtype, 200 + r) * p * p).sum()
-            total.backward()
+            halo_loss(X, x.layout, width, periodic, corners, dtype).backward()
             case = f"{mesh_shape} {shape} {pl} {sizes} w{width} p{periodic} c{corners}"
             if not torch.equal(pad.detach(), want_pad):
                 failures.append(f"values {case}")
@@ -410,12 +438,85 @@ def test_halo_pad_gradient(comm, dtype):
     assert not failures, f"{len(failures)} failures:\n" + "\n".join(failures[:5])
 
 
-def test_halo_pad_refuses_replicas_for_gradients(comm):
-    if comm.size == 1:
-        pytest.skip("a replica needs two ranks")
-    mesh = ps.Mesh(comm, (comm.size,))
-    x = pst.from_local(torch.ones(4, 3, requires_grad=True), mesh, [R], global_shape=(4, 3))
-    with pytest.raises(NotImplementedError, match="Replicate"):
-        pst.halo_pad(x, 1)
-    with torch.no_grad():
-        assert pst.halo_pad(x, 1).shape == (6, 5)
+def replicated_meshes(n):
+    """(mesh shape, placements) with Replicate mesh dims: all replicas on a 1-D mesh, and data
+    parallel x domain parallel on 2-D and 3-D meshes."""
+    out = [((n,), [R])]
+    a = next((a for a in range(2, n + 1) if n % a == 0), None)  # the smallest factor
+    if a is not None:
+        out += [((a, n // a), [R, Shard(0)]), ((n // a, a), [Shard(1), R])]
+    if n % 2 == 0 and n > 2:
+        out.append(((2, n // 2, 1), [R, Shard(0), Shard(1)]))
+    return out
+
+
+def test_halo_pad_gradient_on_replicas(comm):
+    """Named data-parallel x domain-parallel layouts: the gradient of the same loss on every
+    replica is the gradient of the block, counted once, on every replica; it differs from the
+    padded gradient's interior (no fold) and from the replicas' sum. With
+    ``grad_placements=[Partial(), ...]`` on the Replicate dims before halo_pad, replicas
+    computing different losses get the sum of their gradients."""
+    shape, width, periodic = (2 * comm.size + 1, 5), (1, 2), (True, False)
+    failures = []  # asserted at the end: a rank failing early would leave the others waiting
+    for mesh_shape, pl in replicated_meshes(comm.size):
+        mesh = ps.Mesh(comm, mesh_shape)
+        nrep = prod(s for s, p in zip(mesh_shape, pl) if isinstance(p, Replicate))
+        g = global_tensor(shape, "float64", 3)
+        for corners in (True, False):
+            case = f"{mesh_shape} {pl} c{corners}"
+            x, leaf, _ = source(g[None], "sum", mesh, pl, None, "float64")
+            pad = pst.halo_pad(x, width, periodic, corners)
+            pad.retain_grad()
+            pad_loss(pad, "float64", block_seed(pl, mesh_shape, mesh.coords)).backward()
+            X = g.clone().requires_grad_()
+            halo_loss(X, x.layout, width, periodic, corners, "float64").backward()
+            want = X.grad[x.box]
+            if not torch.equal(leaf.grad, want):
+                failures.append(f"grad {case}: {leaf.grad} vs {want}")
+            # the case tells the fold from no fold (periodic: even one rank wraps onto itself)
+            # and from a sum over the replicas (a gradient not zero somewhere)
+            unfolded = comm.allreduce(int(not torch.equal(interior_of(pad.grad, width), want)))
+            nonzero = comm.allreduce(int(bool(want.any())))
+            if not unfolded or (nrep > 1 and not nonzero):
+                failures.append(f"the case does not tell the wrong gradients apart: {case}")
+            # replicas computing different losses: grad_placements says so, the gradients add
+            x, leaf, _ = source(g[None], "sum", mesh, pl, None, "float64")
+            gp = [P if isinstance(p, Replicate) else p for p in pl]
+            y = pst.redistribute(x, pl, grad_placements=gp)
+            pad = pst.halo_pad(y, width, periodic, corners)
+            pad_loss(pad, "float64", 200 + comm.rank).backward()
+            X = g.clone().requires_grad_()
+            halo_loss(X, x.layout, width, periodic, corners, "float64", per_rank=True).backward()
+            if not torch.equal(leaf.grad, X.grad[x.box]):
+                failures.append(f"grad_placements {case}: {leaf.grad} vs {X.grad[x.box]}")
+        mesh.free()
+    assert not failures, f"{len(failures)} failures:\n" + "\n".join(failures[:5])
+
+
+def test_redistribute_then_halo_pad(comm):
+    """Random chains: a random source (Shard, Replicate, Partial(sum), uneven and empty
+    shards) redistributed to a random layout with Replicate mesh dims, halo_pad on it, a loss
+    each block counts once: the source's gradient is single-process torch's."""
+    failures = []
+    for mesh_shape in all_meshes(comm.size):
+        mesh = ps.Mesh(comm, mesh_shape)
+        rng = random.Random(17 + len(mesh_shape))
+        for shape, pl, sizes, width, periodic, corners in halo_cases(rng, mesh_shape, 4):
+            pl0 = random_placements(rng, len(shape), mesh_shape)
+            sz0 = random_sizes(rng, shape, mesh_shape, pl0)
+            pdims = [m for m, p in enumerate(pl0) if isinstance(p, Partial)]
+            nq = prod(mesh_shape[m] for m in pdims) if pdims else 1
+            parts = torch.stack([global_tensor(shape, "float64", 5 * k) for k in range(nq)])
+            x, leaf, q = source(parts, "sum", mesh, pl0, sz0, "float64")
+            y = pst.redistribute(x, pl, sizes)
+            pad = pst.halo_pad(pst.ShardedTensor(local_op(y.local), y.layout, mesh), width,
+                               periodic, corners)  # fmt: skip
+            pad_loss(pad, "float64", block_seed(pl, mesh_shape, mesh.coords)).backward()
+            ref = parts.detach().clone().requires_grad_()
+            halo_loss(local_op(ref.sum(0)), y.layout, width, periodic, corners,
+                      "float64").backward()  # fmt: skip
+            if not torch.equal(leaf.grad, ref.grad[q][x.box]):
+                failures.append(f"{mesh_shape} {shape} {pl0} {sz0} -> {pl} {sizes} w{width} "
+                                f"p{periodic} c{corners}: {leaf.grad} vs {ref.grad[q][x.box]}")
+        mesh.free()
+    assert not failures, f"{len(failures)} failures:\n" + "\n".join(failures[:5])
