@@ -1,7 +1,10 @@
 """pyshard.route's halo rule without MPI (no mesh, no node map): halo_face_bytes from the
 shard table, and halo_route's decisions on a stand-in mesh whose node transport is given
 (none, a node with a core per rank, an oversubscribed one), under the settings that move
-them (PYSHARD_SHM_MIN_BYTES, PYSHARD_TRANSPORT), for every method and for device arrays."""
+them (PYSHARD_SHM_MIN_BYTES, PYSHARD_TRANSPORT), for every method and for device arrays.
+Every expectation is written here from the docs (docs/halo.md): the face bytes from the
+shapes, widths and itemsizes; the thresholds as numbers (every face where each rank has a
+core, 256 KiB where ranks outnumber cores); the methods by name."""
 
 from __future__ import annotations
 
@@ -12,7 +15,11 @@ import pytest
 import pyshard as ps
 from pyshard import Replicate, Shard
 from pyshard.halo_plan import halo_spec
-from pyshard.route import HALO_METHODS, HALO_MPI, halo_face_bytes, halo_route
+from pyshard.route import halo_face_bytes, halo_reason, halo_route
+
+# docs/halo.md: the MPI methods, and "shm" on top where ranks of the mesh share a node
+MPI_METHODS = ("persistent", "p2p", "datatype", "neighbor")
+OVERSUBSCRIBED = 262144  # 256 KiB: the smallest face auto sends through shm there
 
 
 class FakeMesh:
@@ -58,7 +65,7 @@ def test_halo_face_bytes(shape, dtype, mesh_shape, placements, width, sizes, wan
 
 
 def small():
-    return face((8, 4), "float64", (2,), [Shard(0)], 1)  # a 32 B face
+    return face((8, 4), "float64", (2,), [Shard(0)], 1)  # a 32 B face (1 x 4 x 8 B)
 
 
 def big(n):
@@ -68,14 +75,15 @@ def big(n):
 
 def test_no_node_peer_takes_mpi():
     lay, spec = small()
+    assert halo_face_bytes(lay, spec) == 32
     for method in ("auto", "shm"):
         r = halo_route(lay, spec, FakeMesh(1, None), method)
         assert (r.path, r.algorithm, r.node) == ("mpi", "persistent", None)
-    for method in HALO_MPI:
+    for method in MPI_METHODS:
         r = halo_route(lay, spec, FakeMesh(1, None), method)
         assert (r.path, r.algorithm) == ("mpi", method)
     r = halo_route(lay, spec, FakeMesh(1, None), "tune")
-    assert (r.path, r.candidates) == ("tune", HALO_MPI)
+    assert r.path == "tune" and sorted(r.candidates) == sorted(MPI_METHODS)
 
 
 def test_auto_by_the_largest_face():
@@ -86,13 +94,23 @@ def test_auto_by_the_largest_face():
         r = halo_route(lay, spec, m, "auto")
         assert (r.path, r.algorithm, r.node) == ("shm", "shm", CORES)
         assert m.asked == [(0,)]  # the node transport over every mesh dim
+        assert "(largest face 32 B >= 0 B)" in halo_reason(r, lay, spec, m, "auto")
+        # ... of any size: no face at all, and faces around the transposes' 16 KiB and 256 KiB
+        lay, spec = face((8, 4), "float64", (2,), [Shard(0)], (0, 1))  # 0 B
+        assert halo_route(lay, spec, FakeMesh(1, CORES), "auto").path == "shm"
+        for n in 8, 16384 - 8, 16384, OVERSUBSCRIBED - 8:
+            lay, spec = big(n)
+            assert halo_route(lay, spec, FakeMesh(1, CORES), "auto").path == "shm", n
         # ranks outnumber cores: 256 KiB faces and larger
-        for n, path in ((256 << 10) - 8, "mpi"), (256 << 10, "shm"), (1 << 20, "shm"):
+        for n, path in (OVERSUBSCRIBED - 8, "mpi"), (OVERSUBSCRIBED, "shm"), (1 << 20, "shm"):
             lay, spec = big(n)
             assert halo_face_bytes(lay, spec) == n
-            r = halo_route(lay, spec, FakeMesh(1, OVER), "auto")
+            m = FakeMesh(1, OVER)
+            r = halo_route(lay, spec, m, "auto")
             assert r.path == path, n
             assert r.algorithm == ("shm" if path == "shm" else "persistent")
+            why = halo_reason(r, lay, spec, m, "auto")
+            assert f"largest face {n} B {'>=' if path == 'shm' else '<'} 262144 B" in why, why
     with ps.config.override(PYSHARD_SHM_MIN_BYTES=1000):
         for n, path in (992, "mpi"), (1000, "shm"):
             lay, spec = big(n)
@@ -110,8 +128,8 @@ def test_shm_tune_and_mpi_methods_with_a_node():
         assert (r.path, r.algorithm) == ("shm", "shm")
         r = halo_route(lay, spec, FakeMesh(1, OVER), "tune")
         assert (r.path, r.algorithm, r.node) == ("tune", "tune", OVER)
-        assert r.candidates == HALO_MPI + ("shm",) == HALO_METHODS
-        for method in HALO_MPI:  # an MPI method by name takes MPI, node or not
+        assert sorted(r.candidates) == sorted(MPI_METHODS + ("shm",))
+        for method in MPI_METHODS:  # an MPI method by name takes MPI, node or not
             m = FakeMesh(1, CORES)
             r = halo_route(lay, spec, m, method)
             assert (r.path, r.algorithm, r.node) == ("mpi", method, None)
@@ -127,6 +145,7 @@ def test_transport_setting_turns_it_off(transport):
             assert (r.path, r.algorithm, r.node) == ("mpi", "persistent", None)
         r = halo_route(lay, spec, FakeMesh(1, CORES), "tune")
         assert "shm" not in r.candidates and r.node is None
+        assert sorted(r.candidates) == sorted(MPI_METHODS)
 
 
 def test_device_arrays_never_take_node_shared_memory():
@@ -138,4 +157,4 @@ def test_device_arrays_never_take_node_shared_memory():
             assert r.path in ("device", "staged") and r.algorithm == "persistent"
             assert m.asked == []
         r = halo_route(lay, spec, FakeMesh(1, CORES), "tune", device=True)
-        assert "shm" not in r.candidates and "datatype" not in r.candidates
+        assert sorted(r.candidates) == ["neighbor", "p2p", "persistent"]  # host only: datatype
