@@ -236,7 +236,6 @@ PYBIND11_MODULE(_core, m) {
       .def(py::init<const std::vector<std::shared_ptr<ExchangeGeometry>>&>(), py::arg("parts"))
       .def_readonly("send_bytes", &FusedGeometry::send_ws)
       .def_readonly("recv_bytes", &FusedGeometry::recv_ws)
-      .def_readonly("max_block", &FusedGeometry::max_block)
       .def_property_readonly("arrays", [](const FusedGeometry& g) { return g.parts.size(); });
   py::class_<FusedExchangeStep>(m, "FusedExchangeStep")
       .def(py::init<std::shared_ptr<Comm>, std::shared_ptr<FusedGeometry>,
@@ -302,12 +301,6 @@ PYBIND11_MODULE(_core, m) {
       .def_readonly("send_bytes", &HaloGeometry::send_bytes)
       .def_readonly("recv_bytes", &HaloGeometry::recv_bytes)
       .def_readonly("local_bytes", &HaloGeometry::local_bytes)
-      .def_property_readonly("in_place",
-                             [](const HaloGeometry& g) {
-                               int n = 0;
-                               for (const HaloMessage& m : g.recvs) n += m.contiguous;
-                               return n;
-                             })
       .def_property_readonly("descriptors", [](const HaloGeometry& g) {
         return g.pack.host.size() + g.unpack.host.size() + g.local.host.size();
       });
@@ -376,8 +369,7 @@ PYBIND11_MODULE(_core, m) {
              s.wait(reinterpret_cast<char*>(p), pk, transport_of(Mem::cuda));
            })
       .def_property_readonly("active", &HaloStep::active)
-      .def_property_readonly("method", &HaloStep::method)
-      .def_property_readonly("buffer_bytes", &HaloStep::buffer_bytes);
+      .def_property_readonly("method", &HaloStep::method);
 
   bind_node_shared(m);
 

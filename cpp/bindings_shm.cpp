@@ -125,8 +125,7 @@ void bind_node_shared(py::module_& m) {
       .def_property_readonly("active", &ShmHaloStep::active)
       .def_property_readonly("node_peers", &ShmHaloStep::node_peers)
       .def_property_readonly("waiters", &ShmHaloStep::waiters)
-      .def_property_readonly("mpi_peers", &ShmHaloStep::mpi_peers)
-      .def_property_readonly("node_bytes", &ShmHaloStep::node_bytes);
+      .def_property_readonly("mpi_peers", &ShmHaloStep::mpi_peers);
 
   py::class_<ShmExchangeStep, std::shared_ptr<ShmExchangeStep>>(m, "ShmExchangeStep")
       .def(py::init<std::shared_ptr<Comm>, std::shared_ptr<NodeShm>, i64, Shape, Shape,
