@@ -12,7 +12,7 @@ import numpy as np
 
 from . import _backend as bk
 from . import _core, _dtypes, _validate, executor
-from ._cache import FastEntry, memoize
+from ._cache import FastEntry
 from .executor import Pending, bind, executors, run_steps, start
 from .halo import HaloArray
 from .halo_plan import PeriodicArg, WidthArg
@@ -27,6 +27,7 @@ from .layout import (  # Placed: re-exported (pyshard.torch's ShardedTensor is o
     check_dtype,
     check_placements,
     ravel,
+    relaid,
     unravel,
 )
 from .mesh import Mesh
@@ -85,7 +86,7 @@ class ShardedArray(Placed):
 
     def target_layout(self, placements: PlacementsArg, sizes: SizesArg = None) -> Layout:
         """The layout :meth:`redistribute` with these arguments would give (no communication)."""
-        return _layout(self.layout, self.mesh.shape, placements, sizes)
+        return relaid(self.layout, placements, sizes)
 
     def redistribute(
         self,
@@ -230,28 +231,6 @@ class ShardedArray(Placed):
         """The whole global array on every rank (reduced where the layout is Partial), on the
         same side (host or GPU) as ``local``."""
         return self.redistribute([Replicate()] * self.mesh.ndim).local
-
-
-@memoize
-def _layout_cached(
-    shape: tuple, dtype: np.dtype, mesh_shape: tuple, placements: tuple, sizes: tuple
-) -> Layout:
-    return Layout(shape, dtype, mesh_shape, placements, dict(sizes) if sizes is not None else None)
-
-
-def _layout(like: Layout, mesh_shape: tuple, placements: PlacementsArg, sizes: SizesArg) -> Layout:
-    """Layout of ``like``'s array as ``placements``, cached so that a repeated redistribute
-    does no work that grows with the number of ranks."""
-    try:
-        key_sizes = (
-            None
-            if sizes is None
-            else tuple(sorted((int(d), tuple(int(e) for e in v)) for d, v in sizes.items()))
-        )
-        return _layout_cached(like.shape, like.dtype, mesh_shape, tuple(placements), key_sizes)
-    except (TypeError, ValueError, AttributeError):
-        # not hashable or not well formed: build it uncached for the precise error
-        return Layout(like.shape, like.dtype, mesh_shape, placements, sizes)
 
 
 def distribute(

@@ -15,6 +15,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 import numpy as np
 
 from . import _dtypes
+from ._lru import memoize
 
 __all__ = [
     "Placement",
@@ -24,6 +25,8 @@ __all__ = [
     "Layout",
     "split_sizes",
     "Placed",
+    "relaid",
+    "sizes_key",
     "REDUCE_OPS",
 ]
 
@@ -442,3 +445,29 @@ class Placed:
     def box(self) -> Tuple[slice, ...]:
         """The global region this rank holds."""
         return self.layout.box(self.mesh.coords)
+
+
+def sizes_key(sizes: Any) -> Optional[tuple]:
+    """``sizes`` ({array dim: extents}) as a hashable, sorted tuple (a cache key); None for
+    None. A value that is not such a dict raises TypeError or ValueError."""
+    if sizes is None:
+        return None
+    if not isinstance(sizes, Mapping):
+        raise TypeError(f"sizes must be a dict {{array_dim: extents}}, got {sizes!r}")
+    return tuple(sorted((int(d), tuple(int(e) for e in v)) for d, v in sizes.items()))
+
+
+@memoize
+def _relaid(like: Layout, placements: tuple, sizes: Optional[tuple]) -> Layout:
+    return Layout(like.shape, like.dtype, like.mesh_shape, placements,
+                  dict(sizes) if sizes is not None else None)
+
+
+def relaid(like: Layout, placements: Any, sizes: Any = None) -> Layout:
+    """``like``'s array (shape, dtype, mesh shape) laid out as ``placements`` (and ``sizes``):
+    cached, so that a repeated redistribute does no work that grows with the number of ranks.
+    Arguments that cannot be a cache key build it uncached, for the precise error."""
+    try:
+        return _relaid(like, tuple(placements), sizes_key(sizes))
+    except (TypeError, ValueError, AttributeError):
+        return Layout(like.shape, like.dtype, like.mesh_shape, placements, sizes)

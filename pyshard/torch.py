@@ -43,7 +43,7 @@ from . import array as _array
 from ._cache import memoize
 from .array import Placed, ShardedArray
 from .halo_plan import PeriodicArg, WidthArg
-from .layout import Layout, Partial, Placement, PlacementsArg, Replicate, Shard, SizesArg
+from .layout import Layout, Partial, Placement, PlacementsArg, Replicate, Shard, SizesArg, relaid
 from .many import redistribute_many as _redistribute_many
 from .mesh import Mesh
 
@@ -206,24 +206,9 @@ def distribute(
 # ----------------------------------------------------------------------------- the adjoint rule
 
 
-@memoize
-def _layout_cached(like: Layout, placements: tuple, sizes: Optional[tuple]) -> Layout:
-    return Layout(like.shape, like.dtype, like.mesh_shape, placements,
-                  dict(sizes) if sizes is not None else None)
-
-
 def _target(like: Layout, placements: PlacementsArg, sizes: SizesArg) -> Layout:
-    """``like``'s array as ``placements`` (and ``sizes``); cached, so that a repeated call
-    does no work that grows with the number of ranks."""
-    try:
-        key = (
-            None
-            if sizes is None
-            else tuple(sorted((int(d), tuple(int(e) for e in v)) for d, v in sizes.items()))
-        )
-        return _layout_cached(like, tuple(placements), key)
-    except (TypeError, ValueError, AttributeError):  # not hashable: uncached, precise error
-        return Layout(like.shape, like.dtype, like.mesh_shape, placements, sizes)
+    """``like``'s array as ``placements`` (and ``sizes``): the cached layout (layout.relaid)."""
+    return relaid(like, placements, sizes)
 
 
 def _kept_sizes(layout: Layout, placements: Sequence[Placement]) -> SizesArg:

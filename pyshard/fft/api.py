@@ -14,10 +14,10 @@ import numpy as np
 from .. import _validate
 from .._cache import memoize
 from ..array import ShardedArray
-from ..layout import Layout, Partial, Placement, Replicate, Shard, check_placements
+from ..layout import Layout, Partial, Placement, Replicate, Shard, check_placements, sizes_key
 from .engine import have_scipy
 from .fftplan import FFTPlan
-from .kinds import R2R, check_args, out_lengths, result_dtype, sizes_key
+from .kinds import R2R, check_args, out_lengths, result_dtype
 from .tune import mesh_shapes
 from .tune import tune_mesh as _tune
 

@@ -36,7 +36,6 @@ __all__ = [
     "pass_out_dtype",
     "real_dtype",
     "result_dtype",
-    "sizes_key",
     "unscaled",
 ]
 
@@ -203,12 +202,3 @@ def out_lengths(kind: str, shape: Tuple[int, ...], axes: Tuple[int, ...],
     if kind == "rfftn":
         out[axes[-1]] = ns[-1] // 2 + 1
     return tuple(out)
-
-
-def sizes_key(sizes: object) -> Optional[tuple]:
-    """``sizes`` ({array dim: extents}) as a hashable, sorted tuple (a plan cache key)."""
-    if sizes is None:
-        return None
-    if not isinstance(sizes, dict):
-        raise TypeError(f"sizes must be a dict {{array_dim: extents}}, got {sizes!r}")
-    return tuple(sorted((int(d), tuple(int(e) for e in v)) for d, v in sizes.items()))
