@@ -139,8 +139,6 @@ SETTINGS: Dict[str, Setting] = {s.name: s for s in (
 )}  # fmt: skip
 
 TEST_HOOKS: Dict[str, Setting] = {s.name: s for s in (
-    Setting("PYSHARD_TEST_FAULT", "point:rank[,point:rank...]", "",
-            "tests: the rank exits the whole job at that point of a checkpoint save", _text),
     Setting("PYSHARD_TEST_SHM_FAIL", "1 or map", "",
             "tests: this rank cannot set up node-shared memory (1) or map its peers' (map)",
             _choice("", "1", "map")),

@@ -22,7 +22,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 from mpi4py import MPI
 
 from .. import _backend as bk
-from .. import _validate, config
+from .. import _validate
 from ..array import ShardedArray
 from ..layout import Layout, Partial, Replicate, Shard
 from .errors import Error, Failure, PathArg, error, norm_path, on_root
@@ -34,21 +34,6 @@ __all__ = ["save"]
 log = logging.getLogger("pyshard")
 
 Block = Tuple[List[int], List[int], int]  # (start, shape, crc32) of a block one rank wrote
-
-
-def _fault(point: str, rank: int) -> None:
-    """Fault injection for tests: ``PYSHARD_TEST_FAULT=point:rank[,point:rank...]`` (a test
-    hook of pyshard.config) ends the job at that point."""
-    spec = config.get("PYSHARD_TEST_FAULT")
-    for item in spec.split(","):
-        name, _, who = item.strip().partition(":")
-        if name == point and who.strip().isdigit() and int(who) == rank:
-            log.warning("pyshard: PYSHARD_TEST_FAULT=%s: rank %d exits now", item.strip(), rank)
-            # MPI_Abort ends the whole job at once: with a bare os._exit the launcher had to
-            # notice the dead rank, and under a nested mpiexec it sometimes never did (the
-            # other ranks then waited in their next collective until the test's timeout)
-            MPI.COMM_WORLD.Abort(3)
-            os._exit(3)
 
 
 def _is_writer(layout: Layout, coords: Sequence[int]) -> bool:
@@ -143,7 +128,7 @@ def _prepare(path: str, headers: List[Tuple[str, bytes]]) -> Tuple[str, str, str
 
 
 def _commit(
-    path: str, tmp: str, parent: str, token: str, manifest: dict, sync: bool, rank: int
+    path: str, tmp: str, parent: str, token: str, manifest: dict, sync: bool
 ) -> None:
     """Rank 0: write the manifest last, then swap the new directory in for the old one."""
     mpath = os.path.join(tmp, MANIFEST)
@@ -156,12 +141,10 @@ def _commit(
     os.replace(mpath + ".part", mpath)
     if sync:
         _fsync_dir(tmp)
-    _fault("save-before-rename", rank)
     old = None
     if os.path.lexists(path):
         old = f"{path}.old-{token}"
         os.rename(path, old)
-    _fault("save-mid-rename", rank)
     try:
         os.rename(tmp, path)
     except OSError:
@@ -239,13 +222,13 @@ def _finish(
     """Every rank has closed its files: rank 0 gathers the checksums, writes the manifest and
     renames (a gather and a bcast on every rank); a failure removes the temporary directory."""
     tmp, parent, token = prep
-    rank, size = comm.Get_rank(), comm.Get_size()
+    size = comm.Get_size()
     gathered = comm.gather(blocks, root=0)
 
     def commit() -> None:
         try:
             manifest = build_manifest(entries, gathered, size, meta_json)
-            _commit(path, tmp, parent, token, manifest, sync, rank)
+            _commit(path, tmp, parent, token, manifest, sync)
         except Exception:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
@@ -297,7 +280,6 @@ def save(
         lambda e: error("ValueError", f"save({path!r}): cannot prepare {path!r}: {e}"),
     )
     blocks = _write_data(comm, items, entries, headers, prep[0], sync)
-    _fault("save-after-data", rank)
     _finish(comm, path, prep, entries, blocks, meta_json, sync)
     if rank == 0:
         log.info(

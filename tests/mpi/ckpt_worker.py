@@ -12,6 +12,7 @@ job succeeded on every rank; rank 0 prints ``OK`` or the failures.
 from __future__ import annotations
 
 import json
+import os
 import re
 import sys
 from math import prod
@@ -121,8 +122,50 @@ def run_job(comm, job):
     return [b for b in bad if b]
 
 
+def _die(what, rank):
+    sys.stderr.write(f"ckpt_worker: CKPT_FAULT={what}: rank {rank} exits now\n")
+    sys.stderr.flush()
+    # MPI_Abort ends the whole job at once (a bare exit left the launcher to notice the dead
+    # rank, and under a nested mpiexec it sometimes never did)
+    MPI.COMM_WORLD.Abort(3)
+    os._exit(3)
+
+
+def inject_faults(spec, rank):
+    """CKPT_FAULT=point:rank[,point:rank...]: the rank dies at that point of ps.save, through
+    the functions the writer calls there (the library has no fault hook of its own):
+    save-after-data (the data written, before the manifest and the renames), save-before-rename
+    (the manifest written, before the first rename), save-mid-rename (between the renames of
+    the old checkpoint away and the new one in)."""
+    from pyshard.checkpoint import writer
+
+    points = {p.strip().partition(":")[0] for p in spec.split(",")
+              if p.strip().partition(":")[2].strip() == str(rank)}
+    if "save-after-data" in points:
+        finish = writer._finish
+
+        def dying_finish(*a, **k):
+            _die("save-after-data", rank)
+            return finish(*a, **k)
+
+        writer._finish = dying_finish
+    renames = [0]
+    die_at = 1 if "save-before-rename" in points else 2 if "save-mid-rename" in points else 0
+    if die_at:
+        rename = os.rename
+
+        def dying_rename(*a, **k):
+            renames[0] += 1
+            if renames[0] == die_at:
+                _die("save-before-rename" if die_at == 1 else "save-mid-rename", rank)
+            return rename(*a, **k)
+
+        os.rename = dying_rename
+
+
 def main(argv):
     comm = MPI.COMM_WORLD
+    inject_faults(os.environ.get("CKPT_FAULT", ""), comm.rank)
     jobs = json.loads(argv[0])
     failures = []
     for job in jobs:

@@ -486,7 +486,7 @@ def test_partial_reduced_once(comm, shared_dir):
 def mpirun(n, jobs, env=None, expect_ok=True):
     """Run the worker on ``n`` ranks (tests/mpi/launch.py); the completed process."""
     extra = dict(env or {})
-    extra.setdefault("PYSHARD_TEST_FAULT", "")
+    extra.setdefault("CKPT_FAULT", "")
     try:
         r = launch.run(n, [sys.executable, WORKER, json.dumps(jobs)], env=extra, cwd=HERE)
     except subprocess.TimeoutExpired as e:
@@ -556,7 +556,7 @@ def test_killed_save_keeps_previous(comm, shared_dir):
     new = {"x": spec((10, 3), "float64", 2, ["S(0)"]), "y": spec((4,), "int32", 3, ["R"])}
     job = {"op": "save", "path": path, "mesh": [2], "arrays": new, "metadata": {"gen": 2}}
     for fault in ("save-after-data:1", "save-before-rename:0"):
-        r = mpirun(2, [job], env={"PYSHARD_TEST_FAULT": fault}, expect_ok=False)
+        r = mpirun(2, [job], env={"CKPT_FAULT": fault}, expect_ok=False)
         assert r.returncode != 0, f"{fault}: the save should have died\n{r.stdout}\n{r.stderr}"
         assert os.path.isfile(os.path.join(path, "manifest.json"))
         info = ps.checkpoint_info(path)
@@ -567,7 +567,7 @@ def test_killed_save_keeps_previous(comm, shared_dir):
         for t in leftovers:
             shutil.rmtree(t)
     # the only unprotected window: rank 0 dies between its two renames; load says where
-    r = mpirun(2, [job], env={"PYSHARD_TEST_FAULT": "save-mid-rename:0"}, expect_ok=False)
+    r = mpirun(2, [job], env={"CKPT_FAULT": "save-mid-rename:0"}, expect_ok=False)
     assert r.returncode != 0
     with pytest.raises(FileNotFoundError, match=r"\.old-"):
         ps.load(path, mesh1, {"x": [Replicate()]})
