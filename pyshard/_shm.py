@@ -153,7 +153,7 @@ class NodeMap:
         self.sim = sim_node_size()
         self._nodes: Dict[Tuple[int, ...], Optional[Any]] = {}
         slots = (1 << len(shape)) - 1
-        self.ctl = _core.NodeCtl(slots, _test_hook_fail() == "1")
+        self.ctl = _core.NodeCtl(slots)
         mine = np.array(
             [_machine_key(), os.getpid(), os.cpu_count() or 0, int(self.ctl.ok), self.ctl.fd,
              MPI.COMM_WORLD.Get_rank()], dtype=np.int64,
@@ -165,7 +165,7 @@ class NodeMap:
         if self.ctl.ok:
             self.ctl.connect(
                 self.rank, peers, [int(self.info[r, _PID]) for r in peers],
-                [int(self.info[r, _FD]) for r in peers], _test_hook_fail() == "map",
+                [int(self.info[r, _FD]) for r in peers],
             )  # fmt: skip
 
     def members(self, dims: Tuple[int, ...]) -> List[int]:
@@ -231,12 +231,6 @@ class NodeMap:
                 n.release()
         self._nodes.clear()
         self.ctl.release()
-
-
-def _test_hook_fail() -> str:
-    """The test hook PYSHARD_TEST_SHM_FAIL: "1" this rank cannot set up node-shared memory
-    (the others follow), "map": it cannot map its peers' (its node takes MPI)."""
-    return config.get("PYSHARD_TEST_SHM_FAIL")
 
 
 def node(mesh: Any, dims: Tuple[int, ...]) -> Optional[Any]:

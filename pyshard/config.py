@@ -17,9 +17,9 @@ mesh's first call reach its repeated calls once :func:`refresh` reads them::
         ...
     ps.config.reset("PYSHARD_SHM_MIN_BYTES")         # back to the environment
 
-Every rank must see the same settings (they choose collectives). Settings that only tests
-use (fault injection) are listed apart, in :data:`TEST_HOOKS`, and are never set by users.
-``docs/configuration.md`` is generated from this table (:func:`table`).
+Every rank must see the same settings (they choose collectives). There are no test hooks
+among them: pyshard's tests inject their faults themselves (monkeypatch, or by wrapping the
+core). ``docs/configuration.md`` is generated from this table (:func:`table`).
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ import os
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, Iterator, Optional, Tuple
 
-__all__ = ["ALGORITHMS", "HALO_METHODS", "HALO_MPI", "SETTINGS", "TEST_HOOKS", "generation", "get",
+__all__ = ["ALGORITHMS", "HALO_METHODS", "HALO_MPI", "SETTINGS", "generation", "get",
            "override", "refresh", "reset", "set", "table"]
 
 
@@ -138,12 +138,6 @@ SETTINGS: Dict[str, Setting] = {s.name: s for s in (
             "where algorithm='tune' keeps its choices between jobs (empty: nowhere)", _text),
 )}  # fmt: skip
 
-TEST_HOOKS: Dict[str, Setting] = {s.name: s for s in (
-    Setting("PYSHARD_TEST_SHM_FAIL", "1 or map", "",
-            "tests: this rank cannot set up node-shared memory (1) or map its peers' (map)",
-            _choice("", "1", "map")),
-)}  # fmt: skip
-
 _set: Dict[str, Any] = {}  # values set from Python
 _parsed: Dict[str, Tuple[Optional[str], Any]] = {}  # name -> (raw value, parsed)
 _generation = 0  # moves on at every change of a setting: cache keys compare it
@@ -171,7 +165,7 @@ def refresh() -> None:
 
 
 def _setting(name: str) -> Setting:
-    s = SETTINGS.get(name) or TEST_HOOKS.get(name)
+    s = SETTINGS.get(name)
     if s is None:
         raise KeyError(f"pyshard.config: no setting named {name!r}; the settings are "
                        f"{', '.join(SETTINGS)}")  # fmt: skip
@@ -244,5 +238,4 @@ def table() -> str:
             out.append(f"| `{s.name}` | {s.kind} | {d} | {s.effect} |")
         return "\n".join(out)
 
-    return (rows(SETTINGS) + "\n\nTest hooks (for pyshard's own tests; never set them in a "
-            "job):\n\n" + rows(TEST_HOOKS) + "\n")  # fmt: skip
+    return rows(SETTINGS) + "\n"

@@ -15,7 +15,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def test_defaults_and_environment(monkeypatch):
-    for name, s in {**config.SETTINGS, **config.TEST_HOOKS}.items():
+    for name, s in config.SETTINGS.items():
         monkeypatch.delenv(name, raising=False)
         assert config.get(name) == s.default, name
     monkeypatch.setenv("PYSHARD_SHM_MIN_BYTES", " 4096 ")
@@ -40,7 +40,6 @@ def test_defaults_and_environment(monkeypatch):
         ("PYSHARD_TRANSPORT", "fast", "auto, shm, mpi, direct or staged"),
         ("PYSHARD_HALO_METHOD", "mail",
          "one of auto, shm, persistent, p2p, datatype, neighbor, tune"),
-        ("PYSHARD_TEST_SHM_FAIL", "yes", "1 or map"),
     ],
 )
 def test_one_error_style(monkeypatch, name, raw, accepts):

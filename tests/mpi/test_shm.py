@@ -247,9 +247,25 @@ def test_results_return_to_the_pool_and_outlive_free(comm):
     np.testing.assert_array_equal(keep, want)  # a live result outlives Mesh.free()
 
 
+def cannot_share(monkeypatch, how):
+    """This rank's node-shared memory fails, injected by wrapping the core's control segment
+    (the library has no test hook): "1", it cannot make its segment; "map", it cannot map its
+    peers' (the core's own failure paths, asked for through their ``fail`` arguments)."""
+    real = _core.NodeCtl
+
+    class Failing(real):
+        def __init__(self, slots, fail=False):
+            super().__init__(slots, fail or how == "1")
+
+        def connect(self, me, ranks, pids, fds, fail=False):
+            return super().connect(me, ranks, pids, fds, fail or how == "map")
+
+    monkeypatch.setattr(_core, "NodeCtl", Failing)
+
+
 @pytest.mark.parametrize("hook", ["1", "map"])
 def test_a_rank_that_cannot_share_makes_every_rank_use_mpi(comm, monkeypatch, caplog, hook):
-    """One rank fails its setup (the test hook PYSHARD_TEST_SHM_FAIL): "1", it cannot make
+    """One rank fails its setup (cannot_share, wrapping the core): "1", it cannot make
     its segment (the mesh's Allgather tells every rank); "map", it cannot map its peers' (its
     node learns it from the control segments, with no MPI call). Every rank takes MPI, the
     same choice everywhere, logged once as a warning; results stay exact."""
@@ -257,7 +273,7 @@ def test_a_rank_that_cannot_share_makes_every_rank_use_mpi(comm, monkeypatch, ca
     if p == 1:
         pytest.skip("needs two ranks")
     if comm.rank == 1:
-        monkeypatch.setenv("PYSHARD_TEST_SHM_FAIL", hook)
+        cannot_share(monkeypatch, hook)
     monkeypatch.setattr(_shm, "_warned", False)
     mesh = ps.Mesh(comm, (p,))
     g = make_global((5 * p, 3 * p), "int32")
@@ -283,7 +299,7 @@ def test_a_node_that_cannot_share_reaches_its_ranks_by_mpi(comm, monkeypatch):
         pytest.skip("needs two simulated nodes of two ranks")
     monkeypatch.setenv("PYSHARD_NODE_SIZE", "2")
     if comm.rank == 1:
-        monkeypatch.setenv("PYSHARD_TEST_SHM_FAIL", "map")
+        cannot_share(monkeypatch, "map")
     mesh = ps.Mesh(comm, (p,))
     node = _shm.node(mesh, (0,))
     assert node is not None
