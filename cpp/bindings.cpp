@@ -13,6 +13,7 @@
 #include "buffers.h"
 #include "fused.h"
 #include "halo.h"
+#include "shm_segment.h"
 #include "steps.h"
 #include "tags.h"
 
@@ -413,6 +414,9 @@ PYBIND11_MODULE(_core, m) {
   m.def("count_limit", &mpi::count_limit);
   m.def("large_count_stats", []() { return mpi::large_count_stats(); });
   m.def("reset_large_count_stats", []() { mpi::large_count_stats().clear(); });
+  m.def("peer_timeout", &peer_timeout, "seconds a wait for a node peer may take (then RuntimeError)");
+  m.def("set_peer_timeout", &set_peer_timeout, py::arg("seconds"),
+        "bound every wait for a node peer (PYSHARD_PEER_TIMEOUT)");
   m.def("set_count_limit", &mpi::set_count_limit, py::arg("n"),
         "Tests only: counts and displacements above n (>= 8) take the datatype/split path "
         "that MPI libraries without large-count calls take past 2^31-1.");

@@ -179,19 +179,25 @@ ShmHaloStep::ShmHaloStep(std::shared_ptr<Comm> comm, std::shared_ptr<HaloBuffer>
 // waiting for this rank (the inner step completes its own requests).
 ShmHaloStep::~ShmHaloStep() {
   if (!active_) return;
-  HaloBuffer& b = *buf_;
-  HaloCtl& mine = b.ctl();
-  const std::uint64_t want = k_ * static_cast<std::uint64_t>(waiters_);
-  if (reverse_) {
-    for (const Peer& p : peers_) {
-      HaloCtl& c = b.peer_ctl(p.idx);
-      b.wait_for(c, [&] { return c.fentered.load(std::memory_order_acquire) >= k_; });
-      c.pulled.fetch_add(1, std::memory_order_acq_rel);
-      HaloBuffer::signal(c);
+  try {  // a destructor must not throw: a peer gone past the timeout is given up on
+    HaloBuffer& b = *buf_;
+    HaloCtl& mine = b.ctl();
+    const std::uint64_t want = k_ * static_cast<std::uint64_t>(waiters_);
+    if (reverse_) {
+      for (const Peer& p : peers_) {
+        HaloCtl& c = b.peer_ctl(p.idx);
+        b.wait_for(c, [&] { return c.fentered.load(std::memory_order_acquire) >= k_; },
+                   [&] { return b.peer_what(p.idx, "enter its halo fold"); });
+        c.pulled.fetch_add(1, std::memory_order_acq_rel);
+        HaloBuffer::signal(c);
+      }
+      b.wait_for(mine, [&] { return mine.pulled.load(std::memory_order_acquire) >= want; },
+                 [&] { return std::string("this node's halo peers to read its ghosts (fold)"); });
+    } else {
+      b.wait_for(mine, [&] { return mine.pushed.load(std::memory_order_acquire) >= want; },
+                 [&] { return std::string("this node's halo peers to write its ghosts"); });
     }
-    b.wait_for(mine, [&] { return mine.pulled.load(std::memory_order_acquire) >= want; });
-  } else {
-    b.wait_for(mine, [&] { return mine.pushed.load(std::memory_order_acquire) >= want; });
+  } catch (const std::exception&) {
   }
 }
 
@@ -225,7 +231,8 @@ void ShmHaloStep::push_all(std::uint64_t k) {
   for (int i : todo_) {
     if (i < 0) continue;
     HaloCtl& c = b.peer_ctl(peers_[i].idx);
-    b.wait_for(c, [&] { return c.entered.load(std::memory_order_acquire) >= k; });
+    b.wait_for(c, [&] { return c.entered.load(std::memory_order_acquire) >= k; },
+               [&] { return b.peer_what(peers_[i].idx, "enter its halo update"); });
     push(peers_[i]);
   }
 }
@@ -261,7 +268,8 @@ void ShmHaloStep::wait(FoldOp op, FoldKind kind) {
   char* arr = b.data();
   const std::uint64_t want = k_ * static_cast<std::uint64_t>(waiters_);
   if (!reverse_) {
-    b.wait_for(mine, [&] { return mine.pushed.load(std::memory_order_acquire) >= want; });
+    b.wait_for(mine, [&] { return mine.pushed.load(std::memory_order_acquire) >= want; },
+               [&] { return std::string("this node's halo peers to write its ghosts"); });
     mpi_->wait(arr, pk, Transport::direct);
     count_call("halo_shm", pk, Transport::direct);
     return;
@@ -276,7 +284,8 @@ void ShmHaloStep::wait(FoldOp op, FoldKind kind) {
     } else if (what == 1) {
       const Peer& p = peers_[i];
       HaloCtl& c = b.peer_ctl(p.idx);
-      b.wait_for(c, [&] { return c.fentered.load(std::memory_order_acquire) >= k_; });
+      b.wait_for(c, [&] { return c.fentered.load(std::memory_order_acquire) >= k_; },
+                 [&] { return b.peer_what(p.idx, "enter its halo fold"); });
       fold_combine(kind, op, p.t, 0, 1, b.peer(p.idx), arr);
       c.pulled.fetch_add(1, std::memory_order_acq_rel);
       HaloBuffer::signal(c);
@@ -284,7 +293,8 @@ void ShmHaloStep::wait(FoldOp op, FoldKind kind) {
       fold_combine_wraps(kind, op, wraps_, wrap_groups_, arr);
     }
   }
-  b.wait_for(mine, [&] { return mine.pulled.load(std::memory_order_acquire) >= want; });
+  b.wait_for(mine, [&] { return mine.pulled.load(std::memory_order_acquire) >= want; },
+               [&] { return std::string("this node's halo peers to read its ghosts (fold)"); });
   count_call("halo_fold_shm", pk, Transport::direct);
 }
 

@@ -29,6 +29,7 @@
 #include <memory>
 #include <tuple>
 #include <utility>
+#include <string>
 #include <vector>
 
 #include "halo.h"
@@ -74,10 +75,14 @@ class HaloBuffer {
   HaloCtl& peer_ctl(int idx) const {
     return *reinterpret_cast<HaloCtl*>(peers_[idx].first + ctl_off_of_[idx]);
   }
+  // "rank R of the node to <doing>" for node peer `idx`: what a timed-out wait names
+  std::string peer_what(int idx, const char* doing) const {
+    return "rank " + std::to_string(node_->node_ranks()[idx]) + " of this mesh's node to " + doing;
+  }
   // Wait until done(), sleeping on `c`'s futex word after a short spin; bump `c` and wake its
   // sleepers.
-  template <class C>
-  void wait_for(HaloCtl& c, C done) const;
+  template <class C, class W>
+  void wait_for(HaloCtl& c, C done, W what) const;  // what(): the waited-for (timeout)
   static void signal(HaloCtl& c);
   std::uint64_t updates = 0, folds = 0;  // exchanges of this buffer so far (the k above)
 
@@ -147,9 +152,9 @@ class ShmHaloStep {
   std::vector<int> todo_;
 };
 
-template <class C>
-void HaloBuffer::wait_for(HaloCtl& c, C done) const {
-  spin_then_sleep(c.seq, c.sleepers, node_->spin(), done);
+template <class C, class W>
+void HaloBuffer::wait_for(HaloCtl& c, C done, W what) const {
+  spin_then_sleep(c.seq, c.sleepers, node_->spin(), done, what);
 }
 
 }  // namespace pyshard

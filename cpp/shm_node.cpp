@@ -161,7 +161,10 @@ void NodeShm::publish(ShmSegment* mine, i64 off) {
 
 void NodeShm::wait_epoch(int idx, std::uint64_t e) {
   ShmSlot& s = slot(idx);
-  wait_for(s, [&] { return s.epoch.load(std::memory_order_acquire) >= e; });
+  wait_for(s, [&] { return s.epoch.load(std::memory_order_acquire) >= e; }, [&] {
+    return "rank " + std::to_string(node_ranks_[idx]) +
+           " of this communicator to publish its side of a node-shared exchange";
+  });
 }
 
 void NodeShm::arrive(int idx) {
@@ -181,7 +184,9 @@ void NodeShm::check_failed() {
 void NodeShm::wait_arrivals() {
   const std::uint64_t want = epoch_ * static_cast<std::uint64_t>(node_size() - 1);
   ShmSlot& s = slot(me_);
-  wait_for(s, [&] { return s.arrived.load(std::memory_order_acquire) >= want; });
+  wait_for(s, [&] { return s.arrived.load(std::memory_order_acquire) >= want; }, [&] {
+    return std::string("the other ranks of this node to finish a node-shared exchange");
+  });
 }
 
 char* NodeShm::map_peer(int idx, const ShmSlot& s) {

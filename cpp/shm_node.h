@@ -97,8 +97,8 @@ class NodeShm {
   void publish(ShmSegment* mine, i64 off);
   void wait_arrivals();
   void arrive(int idx);
-  template <class C>
-  void wait_for(ShmSlot& s, C done);
+  template <class C, class W>
+  void wait_for(ShmSlot& s, C done, W what);  // what(): the waited-for, for the timeout
   void signal(ShmSlot& s);
 
   std::shared_ptr<Comm> comm_;
@@ -126,9 +126,9 @@ class NodeShm {
 };
 
 // Wait until done(): spin a little, then sleep on the slot's futex word until it changes.
-template <class C>
-void NodeShm::wait_for(ShmSlot& s, C done) {
-  spin_then_sleep(s.seq, s.sleepers, spin_, done);
+template <class C, class W>
+void NodeShm::wait_for(ShmSlot& s, C done, W what) {
+  spin_then_sleep(s.seq, s.sleepers, spin_, done, what);
 }
 
 template <class F>

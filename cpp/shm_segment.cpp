@@ -54,6 +54,23 @@ void futex_wait(std::atomic<std::uint32_t>* w, std::uint32_t v) {
   ::syscall(SYS_futex, reinterpret_cast<std::uint32_t*>(w), FUTEX_WAIT, v, &t, nullptr, 0);
 }
 
+static std::atomic<double> g_peer_timeout{300.0};
+
+double peer_timeout() { return g_peer_timeout.load(std::memory_order_relaxed); }
+
+void set_peer_timeout(double seconds) {
+  if (!(seconds > 0)) throw std::invalid_argument("pyshard: the peer timeout must be > 0 s");
+  g_peer_timeout.store(seconds, std::memory_order_relaxed);
+}
+
+void peer_timed_out(const std::string& what) {
+  char t[32];
+  std::snprintf(t, sizeof t, "%g", peer_timeout());
+  throw std::runtime_error(std::string("pyshard: waited ") + t + " s for " + what +
+                           " (PYSHARD_PEER_TIMEOUT): that rank died or stopped; the job "
+                           "cannot go on");
+}
+
 void futex_wake(std::atomic<std::uint32_t>* w) {
   ::syscall(SYS_futex, reinterpret_cast<std::uint32_t*>(w), FUTEX_WAKE, INT_MAX, nullptr, nullptr,
             0);
@@ -229,7 +246,15 @@ bool NodeCtl::healthy(const std::vector<int>& ranks) const {
     if (!p) return false;
     auto& st = ctl_state(p);
     std::uint32_t v;
-    while ((v = st.load(std::memory_order_acquire)) == 0) futex_wait(&st, 0);
+    const auto t0 = std::chrono::steady_clock::now();
+    while ((v = st.load(std::memory_order_acquire)) == 0) {
+      futex_wait(&st, 0);
+      if (std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() >
+              peer_timeout() &&
+          st.load(std::memory_order_acquire) == 0)
+        peer_timed_out("mesh rank " + std::to_string(r) +
+                       " to set up its node-shared memory (after the mesh's Allgather)");
+    }
     if (v != 1) return false;
   }
   return true;

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -108,21 +109,35 @@ void shm_pause();
 void futex_wait(std::atomic<std::uint32_t>* w, std::uint32_t v);
 void futex_wake(std::atomic<std::uint32_t>* w);
 
+// The bound on every wait for a node peer (PYSHARD_PEER_TIMEOUT, seconds; set from Python):
+// a peer that died or stopped between two steps makes the waiting ranks raise instead of
+// hanging. peer_timed_out throws std::runtime_error (RuntimeError in Python) naming what the
+// rank waited for.
+double peer_timeout();
+void set_peer_timeout(double seconds);
+[[noreturn]] void peer_timed_out(const std::string& what);
+
 // Wait until done(): `spin` short pauses, then sleep on the word `seq` (bumped by whoever
 // changes what done() reads: bump_and_wake) until it changes; `sleepers` counts the sleepers.
-template <class C>
+// Past peer_timeout() seconds of sleeping: peer_timed_out(what()).
+template <class C, class W>
 void spin_then_sleep(std::atomic<std::uint32_t>& seq, std::atomic<std::uint32_t>& sleepers,
-                     int spin, C done) {
+                     int spin, C done, W what) {
   for (int i = 0; i < spin; ++i) {
     if (done()) return;
     shm_pause();
   }
+  const auto t0 = std::chrono::steady_clock::now();
+  const double bound = peer_timeout();
   while (true) {
     const std::uint32_t q = seq.load(std::memory_order_acquire);
     if (done()) return;
     sleepers.fetch_add(1, std::memory_order_seq_cst);
     if (!done()) futex_wait(&seq, q);
     sleepers.fetch_sub(1, std::memory_order_seq_cst);
+    if (std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() > bound &&
+        !done())
+      peer_timed_out(what());
   }
 }
 

@@ -282,6 +282,10 @@ def configure() -> None:
         if _applied.get("limit", -1) != limit:
             _core.set_count_limit(MAX_COUNT if limit is None else limit)
         _applied["limit"] = limit
+    timeout = config.get("PYSHARD_PEER_TIMEOUT")
+    if _applied.get("timeout") != timeout:
+        _core.set_peer_timeout(timeout)
+        _applied["timeout"] = timeout
     want = (_env_transport(), config.get("PYSHARD_CUDA_AWARE"))
     if _applied.get("transport") != want:
         forced = want[0]

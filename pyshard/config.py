@@ -82,6 +82,16 @@ def _text(raw: str) -> str:
     return raw
 
 
+def _seconds(raw: str) -> float:
+    try:
+        v = float(raw)
+    except ValueError:
+        raise _Bad from None
+    if not v > 0 or v == float("inf"):
+        raise _Bad
+    return v
+
+
 _BOOL = "0/1, false/true, no/yes or off/on"
 # The names the settings accept, and the one list of them: pyshard.route takes these
 # exchange algorithms and halo methods from here.
@@ -134,6 +144,10 @@ SETTINGS: Dict[str, Setting] = {s.name: s for s in (
             "imports, else numpy.fft; pyfftw (FFTW_ESTIMATE plans) and pyfftw-measure "
             "(FFTW_MEASURE: seconds per new shape, then cached) take pyFFTW",
             _choice("auto", "scipy", "numpy", "pyfftw", "pyfftw-measure")),
+    Setting("PYSHARD_PEER_TIMEOUT", "a number of seconds > 0", 300.0,
+            "the longest a rank waits for a node peer in node-shared memory (mesh setup, an "
+            "exchange, a halo update or fold); past it every waiting rank raises RuntimeError "
+            "naming the rank and what it waited for, instead of hanging", _seconds),
     Setting("PYSHARD_TUNE_FILE", "a file path", "",
             "where algorithm='tune' keeps its choices between jobs (empty: nowhere)", _text),
 )}  # fmt: skip

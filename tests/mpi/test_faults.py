@@ -1,6 +1,8 @@
 """A rank that raises between two redistributes ends the whole job with its message when the
 job runs under `python -m mpi4py` (MPI_Abort on an unhandled exception), as the demo, the
-bench and the Slurm scripts do: mpiexec exits non-zero within seconds, no rank left waiting."""
+bench and the Slurm scripts do: mpiexec exits non-zero within seconds, no rank left waiting.
+A rank that stops where a node peer waits for it in node-shared memory makes that peer raise
+at PYSHARD_PEER_TIMEOUT."""
 
 from __future__ import annotations
 
@@ -26,3 +28,43 @@ def test_a_raising_rank_aborts_the_job(comm):
     assert "rank 1 gave up between two redistributes" in out, out
     assert "unreachable" not in out, out
     assert took < 60, f"the job took {took:.0f} s to end"
+    assert left_running("peer_worker.py") == [], "a rank of the job is still running"
+
+
+def left_running(script):
+    """Pids of processes whose command line names ``script`` (Linux /proc)."""
+    out = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                if script.encode() in f.read():
+                    out.append(int(pid))
+        except OSError:
+            pass
+    return out
+
+
+@pytest.mark.parametrize("where", ["setup", "exchange", "halo"])
+def test_a_stopped_node_peer_makes_the_waiting_rank_raise(comm, where):
+    """Rank 1 stops at mesh setup, before a node-shared exchange or before a halo update;
+    rank 0's wait for it ends at PYSHARD_PEER_TIMEOUT with a RuntimeError naming the rank and
+    what it waited for (instead of hanging), and the job is torn down: no process is left
+    (launch.run waits for the job's session to empty and removes MPI's segments)."""
+    launch.require(comm)
+    bound = 2.0
+    t0 = time.monotonic()
+    r = launch.run(2, [sys.executable, os.path.join(HERE, "peer_worker.py"), where],
+                   env={"PYSHARD_PEER_TIMEOUT": str(bound)}, timeout=90)
+    took = time.monotonic() - t0
+    out = r.stdout + r.stderr
+    assert r.returncode != 0, out
+    assert "finished" not in out, out
+    raised = [line for line in r.stdout.splitlines() if line.startswith("RAISED")]
+    assert raised and "on rank 0" in raised[0], out
+    msg = raised[0]
+    assert "PYSHARD_PEER_TIMEOUT" in msg and "rank 1" in msg, msg
+    waited = float(msg.split("after ")[1].split(" s")[0])
+    assert bound <= waited < bound + 10, msg  # within the bound, not the sleep's 120 s
+    assert took < 60, f"the job took {took:.0f} s to end"
+    assert left_running("peer_worker.py") == [], "a rank of the job is still running"
+

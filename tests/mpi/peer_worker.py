@@ -1,0 +1,60 @@
+"""Run under `mpiexec -n 2 python peer_worker.py WHERE`: rank 1 stops (sleeps) at WHERE while
+rank 0 goes on into a wait for it in node-shared memory; rank 0 must raise RuntimeError
+within PYSHARD_PEER_TIMEOUT, print it, and end the job (MPI_Abort).
+
+WHERE: "setup" (rank 1 stops inside the mesh's node setup, after its Allgather: rank 0 waits
+for its control segment at its first exchange), "exchange" (rank 1 stops before the second
+of two node-shared exchanges), "halo" (before the second of two halo updates)."""
+
+import sys
+import time
+
+import numpy as np
+from mpi4py import MPI
+
+import pyshard as ps
+from pyshard import Shard, _core
+
+where = sys.argv[1]
+comm = MPI.COMM_WORLD
+ps.config.set("PYSHARD_SHM_MIN_BYTES", 0)  # every exchange through node-shared memory
+ps.config.set("PYSHARD_TRANSPORT", "auto")
+
+
+def stop():
+    sys.stdout.flush()
+    time.sleep(120)  # a rank that stopped: the others must not wait for it this long
+    sys.exit(0)
+
+
+if where == "setup" and comm.rank == 1:
+    real = _core.NodeCtl
+
+    class Stopping(real):
+        def connect(self, *args):
+            stop()
+
+    _core.NodeCtl = Stopping
+t0 = None
+try:
+    mesh = ps.Mesh(comm, (comm.size,))
+    x = ps.distribute(np.arange(64.0 * comm.size).reshape(8 * comm.size, 8), mesh, [Shard(0)])
+    if where == "halo":
+        h = x.with_halo(1, method="shm")
+        h.update()
+        if comm.rank == 1:
+            stop()
+        t0 = time.monotonic()
+        h.update()
+    else:
+        if where == "exchange":
+            x.redistribute([Shard(1)])
+            if comm.rank == 1:
+                stop()
+        t0 = time.monotonic()
+        x.redistribute([Shard(1)])
+    print(f"rank {comm.rank}: finished ({where})", flush=True)
+except RuntimeError as e:
+    took = time.monotonic() - (t0 if t0 is not None else 0)
+    print(f"RAISED after {took:.1f} s on rank {comm.rank}: {e}", flush=True)
+    comm.Abort(7)
