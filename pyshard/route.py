@@ -119,7 +119,7 @@ def batch_route(kind: str, mesh_dims: Tuple[int, ...], block: int, mesh: Any, al
         node = _shm.node(mesh, mesh_dims)
     if shm_for(kind, block, node, algorithm):
         return Route("shm", "shm", node)
-    return Route(_mpi_path(device), kind if kind != "alltoallv" else "alltoallv")
+    return Route(_mpi_path(device), "alltoallv" if kind == "alltoallv" else "")
 
 
 def _mpi_path(device: bool) -> str:
