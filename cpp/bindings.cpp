@@ -373,6 +373,7 @@ PYBIND11_MODULE(_core, m) {
       .def_property_readonly("method", &HaloStep::method);
 
   bind_node_shared(m);
+  bind_migrate(m);
 
   py::class_<PooledBuffer>(m, "PooledBuffer", py::buffer_protocol())
       .def(py::init<i64>(), py::arg("nbytes"))

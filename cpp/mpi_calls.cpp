@@ -525,6 +525,42 @@ void recv_init(void* p, i64 n, int peer, int tag, MPI_Comm comm, MPI_Request* re
 
 #undef PYSHARD_P2P
 
+void issend_bytes(const void* p, int n, int peer, int tag, MPI_Comm comm, MPI_Request* req) {
+  check_mpi(MPI_Issend(p, n, MPI_BYTE, peer, tag, comm, req), "MPI_Issend");
+}
+
+bool iprobe_recv(void* p, int n, int tag, MPI_Comm comm, int* source) {
+  int flag = 0;
+  MPI_Status st;
+  check_mpi(MPI_Iprobe(MPI_ANY_SOURCE, tag, comm, &flag, &st), "MPI_Iprobe");
+  if (!flag) return false;
+  *source = st.MPI_SOURCE;
+  check_mpi(MPI_Recv(p, n, MPI_BYTE, st.MPI_SOURCE, tag, comm, MPI_STATUS_IGNORE), "MPI_Recv");
+  return true;
+}
+
+void drain(int source, int tag, MPI_Comm comm) {
+  MPI_Status st;
+  check_mpi(MPI_Probe(source, tag, comm, &st), "MPI_Probe");
+  MPI_Count n = 0;
+  check_mpi(MPI_Get_elements_x(&st, MPI_BYTE, &n), "MPI_Get_elements_x");
+  std::vector<char> sink(static_cast<size_t>(n) + 1);
+  if (n <= g_limit) {
+    check_mpi(MPI_Recv(sink.data(), static_cast<int>(n), MPI_BYTE, source, tag, comm,
+                       MPI_STATUS_IGNORE),
+              "MPI_Recv");
+  } else {
+    check_mpi(MPI_Recv(sink.data(), 1, bytes_type(static_cast<i64>(n)), source, tag, comm,
+                       MPI_STATUS_IGNORE),
+              "MPI_Recv");
+  }
+}
+
+void iallreduce_min_i64(i64* inout, int n, MPI_Comm comm, MPI_Request* req) {
+  check_mpi(MPI_Iallreduce(MPI_IN_PLACE, inout, n, MPI_INT64_T, MPI_MIN, comm, req),
+            "MPI_Iallreduce");
+}
+
 MPI_Datatype subarray(const std::vector<i64>& shape, const std::vector<i64>& start,
                       const std::vector<i64>& ext, i64 item) {
   const int nd = static_cast<int>(shape.size());

@@ -132,6 +132,16 @@ void irecv(void* p, i64 n, int peer, int tag, MPI_Comm comm, MPI_Request* req);
 void send_init(const void* p, i64 n, int peer, int tag, MPI_Comm comm, MPI_Request* req);
 void recv_init(void* p, i64 n, int peer, int tag, MPI_Comm comm, MPI_Request* req);
 
+// The sparse exchange's calls (migrate, cpp/migrate.cpp: Hoefler et al.'s NBX): a synchronous
+// send of small fixed-size messages, a probe for any sender's message of `tag`, and the
+// nonblocking reduction that stands in for NBX's MPI_Ibarrier (it carries an error flag).
+void issend_bytes(const void* p, int n, int peer, int tag, MPI_Comm comm, MPI_Request* req);
+// Is a message of `tag` from any rank waiting? Then its source, and it is received (n bytes).
+bool iprobe_recv(void* p, int n, int tag, MPI_Comm comm, int* source);
+void iallreduce_min_i64(i64* inout, int n, MPI_Comm comm, MPI_Request* req);
+// Receive and drop the next message of `tag` from `source`, whatever its size (blocking).
+void drain(int source, int tag, MPI_Comm comm);
+
 // A committed subarray datatype of `ext` at `start` in a C-contiguous `shape` of `item`-byte
 // elements, spanning the whole array as MPI_Type_create_subarray's does (the caller frees it).
 MPI_Datatype subarray(const std::vector<i64>& shape, const std::vector<i64>& start,

@@ -17,6 +17,14 @@ constexpr int kPending = 9;
 // A halo fold's messages (the reverse exchange, HaloArray.fold): pyshard/halo.py's FOLD_TAG,
 // which is _core.FOLD_TAG, this value (a fold and a pending exchange may be in flight at once).
 constexpr int kFold = 10;
+// migrate's messages (cpp/migrate.cpp): the counts (NBX or to the given peers), the rows,
+// and the rows going back (Migrated.back), each its own so a pending migration's messages
+// never meet the next call's.
+constexpr int kMigrateCount = 11;
+constexpr int kMigrateRows = 12;
+constexpr int kMigrateBack = 13;
+// NBX rounds alternate their count tag (cpp/migrate.cpp)
+constexpr int kMigrateCountOdd = 14;
 // The node-local transport's messages to peers on other nodes (ShmExchangeStep).
 constexpr int kShmOffNode = 7301;
 

@@ -31,6 +31,7 @@ from .halo_plan import HaloPlan, halo_plan, halo_spec  # noqa: E402
 from .layout import Layout, Partial, Placement, Replicate, Shard, split_sizes  # noqa: E402
 from .many import ManyPlan, plan_many, redistribute_many  # noqa: E402
 from .mesh import Mesh  # noqa: E402
+from .migrate import Migrated, PendingMigration, migrate, owner  # noqa: E402
 from .plan import Plan, Step, StepKind, plan  # noqa: E402
 
 _backend.configure()
@@ -70,8 +71,10 @@ __all__ = [
     "Layout",
     "ManyPlan",
     "Mesh",
+    "Migrated",
     "Partial",
     "Pending",
+    "PendingMigration",
     "Placement",
     "Plan",
     "Replicate",
@@ -91,6 +94,8 @@ __all__ = [
     "halo_plan",
     "halo_spec",
     "load",
+    "migrate",
+    "owner",
     "plan",
     "plan_many",
     "redistribute_many",

@@ -32,8 +32,9 @@ from . import _shm
 from .config import ALGORITHMS, HALO_METHODS, HALO_MPI  # the one list of the names
 from .plan import Step
 
-__all__ = ["ALGORITHMS", "FOLD_DTYPES", "HALO_METHODS", "Route", "batch_route", "choose_algorithm",
-           "describe", "halo_reason", "halo_route", "route"]
+__all__ = ["ALGORITHMS", "FOLD_DTYPES", "HALO_METHODS", "MIGRATE_ALGORITHMS", "MIGRATE_DENSE_MAX",
+           "MigrateRoute", "Route", "batch_route", "choose_algorithm", "describe", "halo_reason",
+           "halo_route", "migrate_route", "route"]
 
 MPI_KINDS = ("alltoallv", "allgatherv", "reduce_scatter", "allreduce")
 HOST_CANDIDATES = ("alltoallv", "alltoall", "p2p", "alltoallw")  # what "tune" measures
@@ -253,3 +254,60 @@ def describe(step: Step) -> Optional[str]:
         "node-shared memory between ranks of one node where each has a core "
         f"(else {mpi}: largest block {block} B < {high} B), {mpi} between nodes"
     )
+
+
+# ----------------------------------------------------------------------------- migrate
+
+MIGRATE_ALGORITHMS = ("alltoall", "nbx", "peers")
+# auto's dense count exchange up to this many ranks, NBX past it: an MPI_Alltoall of the counts
+# costs every rank O(P) however few peers it has, NBX O(peers) plus a reduction's log P
+MIGRATE_DENSE_MAX = 64
+
+
+@dataclass(frozen=True)
+class MigrateRoute:
+    """Where a migration (:func:`pyshard.migrate`) goes: ``path`` ``"local"`` (one rank) or
+    ``"mpi"``; ``algorithm``: the count exchange, ``"alltoall"`` (one ``MPI_Alltoall``, then
+    the rows in one ``MPI_Alltoallv``), ``"nbx"`` (synchronous sends and a nonblocking
+    reduction, then point-to-point messages to the ranks that get rows) or ``"peers"``
+    (messages to and from ``peers`` only, no collective); ``why``, in words."""
+
+    path: str
+    algorithm: str
+    why: str
+    peers: Tuple[int, ...] = ()
+
+
+def migrate_route(mesh: Any, algorithm: str, peers: Any = None) -> MigrateRoute:
+    """The rule for :func:`pyshard.migrate`, from what every rank holds alike (the mesh size,
+    the arguments): ``peers`` given -> ``peers``; ``auto`` -> ``alltoall`` up to
+    :data:`MIGRATE_DENSE_MAX` ranks, ``nbx`` past it; a name -> that one. No MPI call; bad
+    arguments raise ``ValueError`` before any communication."""
+    P = mesh.size
+    if algorithm not in ("auto",) + MIGRATE_ALGORITHMS:
+        raise ValueError(f"pyshard.migrate: algorithm must be 'auto' or one of "
+                         f"{MIGRATE_ALGORITHMS}, got {algorithm!r}")
+    ps: Tuple[int, ...] = ()
+    if peers is not None:
+        try:
+            ps = tuple(sorted({int(q) for q in peers}))
+        except (TypeError, ValueError):
+            raise ValueError(f"pyshard.migrate: peers must be ranks, got {peers!r}") from None
+        if any(not 0 <= q < P for q in ps):
+            raise ValueError(f"pyshard.migrate: peers must be ranks in [0, {P}), got {ps}")
+        ps = tuple(q for q in ps if q != mesh.rank)
+        if algorithm not in ("auto", "peers"):
+            raise ValueError(f"pyshard.migrate: peers= goes with algorithm 'auto' or 'peers', "
+                             f"got {algorithm!r}")
+        return MigrateRoute("mpi" if P > 1 else "local", "peers",
+                            f"peers given: counts to {len(ps)} ranks, no collective", ps)
+    if algorithm == "peers":
+        raise ValueError("pyshard.migrate: algorithm 'peers' needs peers=")
+    path = "mpi" if P > 1 else "local"
+    if algorithm != "auto":
+        return MigrateRoute(path, algorithm, f"as asked ({algorithm})")
+    if P <= MIGRATE_DENSE_MAX:
+        return MigrateRoute(path, "alltoall", f"{P} ranks <= {MIGRATE_DENSE_MAX}: the counts in "
+                            "one MPI_Alltoall")
+    return MigrateRoute(path, "nbx", f"{P} ranks > {MIGRATE_DENSE_MAX}: NBX, messages only to "
+                        "the ranks that get rows")

@@ -48,10 +48,12 @@ from .many import redistribute_many as _redistribute_many
 from .mesh import Mesh
 
 __all__ = [
+    "Migrated",
     "ShardedTensor",
     "distribute",
     "from_local",
     "halo_pad",
+    "migrate",
     "redistribute",
     "redistribute_many",
 ]
@@ -507,3 +509,113 @@ class _HaloPad(torch.autograd.Function):
         h.padded[...] = _as_array(g)
         h.fold("sum")
         return _to_torch(bk.xp_of(h.interior).ascontiguousarray(h.interior)), None
+
+
+# ----------------------------------------------------------------------------- migrate
+
+
+class Migrated:
+    """The result of :func:`migrate` on torch tensors: ``rows`` (the same structure as the
+    input: a tensor, a tuple, list or dict of tensors), ``counts`` (rows from each rank) and
+    :meth:`back`, each differentiable."""
+
+    def __init__(self, r: Any, rows: Any) -> None:
+        self._r, self.rows, self.counts = r, rows, r.counts
+
+    def back(self, values: Any) -> Any:
+        """:meth:`pyshard.Migrated.back` of tensors: each received row back to its source, in
+        its original order; differentiable (the backward migrates the gradient forward)."""
+        keys, vals = _columns(values)
+        out = _MigrateBack.apply(self._r, keys, *vals)
+        return _rebuild(values, keys, out)
+
+    def explain(self) -> str:
+        return self._r.explain()
+
+
+def _columns(rows: Any) -> Tuple[Any, List[torch.Tensor]]:
+    if isinstance(rows, dict):
+        return ("dict", tuple(rows)), list(rows.values())
+    if isinstance(rows, (tuple, list)):
+        return (type(rows).__name__, len(rows)), list(rows)
+    return ("tensor", 1), [rows]
+
+
+def _rebuild(like: Any, keys: Any, out: Tuple[torch.Tensor, ...]) -> Any:
+    kind = keys[0]
+    if kind == "dict":
+        return dict(zip(keys[1], out))
+    if kind == "tensor":
+        return out[0]
+    return tuple(out) if kind == "tuple" else list(out)
+
+
+def _grads(gs: Sequence[Optional[torch.Tensor]], like: Sequence[Any]) -> List[Any]:
+    """The numpy (or cupy) arrays of the incoming gradients; zeros where torch gives None."""
+    out = []
+    for g, a in zip(gs, like):
+        if g is None:
+            out.append(np.zeros(a.shape, a.dtype) if isinstance(a, np.ndarray)
+                       else bk.xp_of(a).zeros(a.shape, a.dtype))
+        else:
+            out.append(_as_array(g))
+    return out
+
+
+def migrate(rows: Any, dest: Any, mesh: Mesh, algorithm: str = "auto") -> Migrated:
+    """:func:`pyshard.migrate` of torch tensors (the columns: a tensor, a tuple, list or dict
+    of tensors with the same first dim), differentiable in ``rows``: the backward is
+    :meth:`~pyshard.Migrated.back` of the gradient; ``dest`` (a tensor or array) has none.
+    Collective, as is every backward (each rank runs the same backwards in the same order).
+    Returns a :class:`Migrated` whose ``rows`` are tensors of the same structure."""
+    keys, cols = _columns(rows)
+    d = dest.detach().cpu().numpy() if isinstance(dest, torch.Tensor) else dest
+    holder: List[Any] = []
+    out = _Migrate.apply(d, mesh, algorithm, holder, *cols)
+    return Migrated(holder[0], _rebuild(rows, keys, out))
+
+
+class _Migrate(torch.autograd.Function):
+    """Forward: the rows to their dests; backward: the gradient's rows back."""
+
+    @staticmethod
+    def forward(ctx: Any, dest: Any, mesh: Mesh, algorithm: str, holder: List[Any],  # type: ignore[override]
+                *cols: torch.Tensor) -> Tuple[torch.Tensor, ...]:
+        from .migrate import migrate as _np_migrate
+
+        r = _np_migrate([_as_array(c) for c in cols], dest, mesh, algorithm)
+        holder.append(r)
+        ctx.r, ctx.dtypes = r, [c.dtype for c in cols]
+        return tuple(_to_torch(a) for a in r.rows)
+
+    @staticmethod
+    def backward(ctx: Any, *gs: Optional[torch.Tensor]) -> Tuple[Any, ...]:  # type: ignore[override]
+        r = ctx.r
+        gs = tuple(g if g is None or g.dtype == dt else g.to(dt) for g, dt in zip(gs, ctx.dtypes))
+        back = r.back(_grads(gs, r.rows))
+        return (None, None, None, None) + tuple(_to_torch(b) for b in back)
+
+
+class _MigrateBack(torch.autograd.Function):
+    """Forward: each received row back to its source; backward: the gradient's rows forward
+    again (the same dests)."""
+
+    @staticmethod
+    def forward(ctx: Any, r: Any, keys: Any, *vals: torch.Tensor) -> Tuple[torch.Tensor, ...]:  # type: ignore[override]
+        arrays = [_as_array(v) for v in vals]
+        ctx.r, ctx.dtypes, ctx.like = r, [v.dtype for v in vals], arrays
+        out = r.back(list(arrays))
+        return tuple(_to_torch(a) for a in out)
+
+    @staticmethod
+    def backward(ctx: Any, *gs: Optional[torch.Tensor]) -> Tuple[Any, ...]:  # type: ignore[override]
+        from .migrate import migrate as _np_migrate
+
+        r = ctx.r
+        gs = tuple(g if g is None or g.dtype == dt else g.to(dt) for g, dt in zip(gs, ctx.dtypes))
+        shapes = [(r.n,) + a.shape[1:] for a in ctx.like]
+        gz = [np.zeros(s, a.dtype) if g is None else _as_array(g)
+              for g, s, a in zip(gs, shapes, ctx.like)]
+        fwd = _np_migrate(gz, r.dest, r.mesh, r.route.algorithm if not r.route.peers else "auto",
+                          peers=r.route.peers or None)
+        return (None, None) + tuple(_to_torch(a) for a in fwd.rows)

@@ -1,0 +1,142 @@
+// pyshard._core's bindings of the row migration (cpp/migrate.h): host arrays only; the Python
+// layer (pyshard/migrate.py) checks shapes, lengths and dtypes before it calls these.
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "bindings_common.h"
+#include "migrate.h"
+
+namespace pyshard::bind {
+
+namespace {
+
+using I64Array = py::array_t<i64, py::array::c_style | py::array::forcecast>;
+
+Cols cols_of(const py::list& arrays, bool writable, const char* name) {
+  Cols c;
+  for (const auto& h : arrays) {
+    auto a = py::reinterpret_borrow<py::array>(h);
+    Buf b = get_buf(a, writable, name);
+    i64 rb = b.item;
+    for (size_t k = 1; k < b.shape.size(); ++k) rb *= b.shape[k];
+    c.ptr.push_back(b.ptr);
+    c.rb.push_back(rb);
+  }
+  return c;
+}
+
+const void* dest_ptr(const py::array& dest, int* item) {
+  if (!(dest.flags() & py::array::c_style) || (dest.itemsize() != 4 && dest.itemsize() != 8) ||
+      dest.dtype().kind() != 'i')
+    throw std::invalid_argument("pyshard: dest must be a C-contiguous int32 or int64 array");
+  *item = static_cast<int>(dest.itemsize());
+  return dest.data();
+}
+
+const i64* checked(const I64Array& a, i64 n, const char* name) {
+  if (a.size() != n)
+    throw std::invalid_argument(std::string("pyshard: ") + name + " must have one entry per rank");
+  return a.data();
+}
+
+char* bytes_of(py::array& a, const char* name) {
+  return get_buf(a, true, name).ptr;
+}
+
+}  // namespace
+
+void bind_migrate(py::module_& m) {
+  m.def(
+      "migrate_count",
+      [](const py::array& dest, int P) {
+        int item = 8;
+        const void* p = dest_ptr(dest, &item);
+        I64Array counts(P);
+        i64 bad;
+        {
+          py::gil_scoped_release nogil;
+          bad = migrate_count(p, item, dest.size(), P, counts.mutable_data());
+        }
+        return py::make_tuple(counts, bad);
+      },
+      py::arg("dest"), py::arg("P"),
+      "Rows per rank of dest (int32 or int64) and the index of its first entry outside "
+      "[0, P), or -1. No MPI call.");
+
+  m.def(
+      "migrate_counts",
+      [](std::shared_ptr<Comm> comm, int algorithm, const I64Array& counts, i64 code, i64 sig,
+         const std::vector<int>& peers) {
+        const i64* c = checked(counts, comm->size(), "counts");
+        CountResult r;
+        {
+          py::gil_scoped_release nogil;
+          r = migrate_counts(*comm, algorithm, c, code, sig, peers);
+        }
+        I64Array rc(static_cast<py::ssize_t>(r.rcounts.size()));
+        std::copy(r.rcounts.begin(), r.rcounts.end(), rc.mutable_data());
+        return py::make_tuple(rc, r.bad, r.sig_mismatch, r.sig_rank);
+      },
+      py::arg("comm"), py::arg("algorithm"), py::arg("counts"), py::arg("code"), py::arg("sig"),
+      py::arg("peers"),
+      "The count exchange of a migration (algorithm 0: MPI_Alltoall, 1: NBX, 2: the given "
+      "peers), carrying this rank's error code and column signature: (rows from each rank, "
+      "rank * 256 + code of the first rank at fault or -1, signature mismatch, a rank whose "
+      "signature differs or -1).");
+
+  py::class_<MigrateExchange, std::shared_ptr<MigrateExchange>>(m, "MigrateExchange")
+      .def(py::init<std::shared_ptr<Comm>, bool>(), py::arg("comm"), py::arg("dense"))
+      .def(
+          "start_forward",
+          [](MigrateExchange& x, const py::array& dest, const I64Array& cnt,
+             const I64Array& rcnt, const py::list& src, const py::list& dst,
+             const I64Array& row_off, py::array& send, py::array& recv) {
+            int item = 8;
+            const void* d = dest_ptr(dest, &item);
+            const i64 P = cnt.size();
+            Cols s = cols_of(src, false, "a column"), t = cols_of(dst, true, "a result column");
+            const i64 *c = checked(cnt, P, "cnt"), *rc = checked(rcnt, P, "rcnt"),
+                      *ro = checked(row_off, P, "row_off");
+            char *sb = bytes_of(send, "send"), *rb = bytes_of(recv, "recv");
+            py::gil_scoped_release nogil;
+            x.start_forward(d, item, dest.size(), c, rc, s, t, ro, sb, rb);
+          },
+          py::arg("dest"), py::arg("cnt"), py::arg("rcnt"), py::arg("src"), py::arg("dst"),
+          py::arg("row_off"), py::arg("send"), py::arg("recv"))
+      .def(
+          "start_back",
+          [](MigrateExchange& x, const py::array& dest, const I64Array& cnt,
+             const I64Array& rcnt, const py::list& src, const py::list& dst,
+             const I64Array& row_off, py::array& send, py::array& recv, i64 sig) {
+            int item = 8;
+            const void* d = dest_ptr(dest, &item);
+            const i64 P = cnt.size();
+            Cols s = cols_of(src, false, "a column"), t = cols_of(dst, true, "a result column");
+            const i64 *c = checked(cnt, P, "cnt"), *rc = checked(rcnt, P, "rcnt"),
+                      *ro = checked(row_off, P, "row_off");
+            char *sb = bytes_of(send, "send"), *rb = bytes_of(recv, "recv");
+            py::gil_scoped_release nogil;
+            x.start_back(d, item, dest.size(), c, rc, s, t, ro, sb, rb, sig);
+          },
+          py::arg("dest"), py::arg("cnt"), py::arg("rcnt"), py::arg("src"), py::arg("dst"),
+          py::arg("row_off"), py::arg("send"), py::arg("recv"), py::arg("sig"))
+      .def(
+          "back_error",
+          [](MigrateExchange& x, const I64Array& cnt, const I64Array& rcnt, i64 sig, i64 code) {
+            const i64 P = cnt.size();
+            const i64 *c = checked(cnt, P, "cnt"), *rc = checked(rcnt, P, "rcnt");
+            py::gil_scoped_release nogil;
+            x.back_error(c, rc, sig, code);
+          },
+          py::arg("cnt"), py::arg("rcnt"), py::arg("sig"), py::arg("code"))
+      .def("wait", &MigrateExchange::wait, py::call_guard<py::gil_scoped_release>())
+      .def_property_readonly("active", &MigrateExchange::active);
+}
+
+}  // namespace pyshard::bind

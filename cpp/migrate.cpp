@@ -1,0 +1,436 @@
+#include "migrate.h"
+
+#include <cstdint>
+#include <cstring>
+#include <map>
+#include <stdexcept>
+#include <string>
+
+#include "tags.h"
+
+namespace pyshard {
+
+namespace {
+
+constexpr i64 kBackHeader = 2 * sizeof(i64);
+
+// One row of `rb` bytes: the common sizes as fixed-size copies (the compiler inlines them).
+inline void copy_row(char* d, const char* s, i64 rb) {
+  switch (rb) {
+    case 1: *d = *s; return;
+    case 2: std::memcpy(d, s, 2); return;
+    case 4: std::memcpy(d, s, 4); return;
+    case 8: std::memcpy(d, s, 8); return;
+    case 12: std::memcpy(d, s, 12); return;
+    case 16: std::memcpy(d, s, 16); return;
+    case 24: std::memcpy(d, s, 24); return;
+    case 32: std::memcpy(d, s, 32); return;
+    default: std::memcpy(d, s, static_cast<size_t>(rb));
+  }
+}
+
+template <class T>
+i64 count_t(const T* dest, i64 n, int P, i64* counts) {
+  for (int p = 0; p < P; ++p) counts[p] = 0;
+  const auto up = static_cast<std::uint64_t>(P);
+  for (i64 i = 0; i < n; ++i) {
+    const auto d = static_cast<std::uint64_t>(static_cast<std::int64_t>(dest[i]));
+    if (d >= up) return i;
+    ++counts[d];
+  }
+  return -1;
+}
+
+// Section c of peer p's block of a message buffer: off[p] + cnt[p] * (row bytes before c).
+std::vector<i64> bases(const i64* off, const i64* cnt, int P, const Cols& c) {
+  const size_t C = c.rb.size();
+  std::vector<i64> b(static_cast<size_t>(P) * C);
+  for (int p = 0; p < P; ++p) {
+    i64 at = off[p];
+    for (size_t k = 0; k < C; ++k) {
+      b[p * C + k] = at;
+      at += cnt[p] * c.rb[k];
+    }
+  }
+  return b;
+}
+
+// Forward in one pass over the rows: runs of staying rows copied into dst from row `k0` on,
+// moving rows into their peer's section of `send`.
+template <class T>
+void pack_t(const T* dest, i64 n, int rank, const std::vector<i64>& base, const Cols& src,
+            const Cols& dst, i64 k0, char* send, int P) {
+  const size_t C = src.rb.size();
+  std::vector<i64> cur(static_cast<size_t>(P), 0);
+  i64 k = k0;
+  i64 i = 0;
+  while (i < n) {
+    if (static_cast<int>(dest[i]) == rank) {
+      i64 j = i + 1;
+      while (j < n && static_cast<int>(dest[j]) == rank) ++j;
+      for (size_t c = 0; c < C; ++c) {
+        const i64 rb = src.rb[c];
+        std::memcpy(dst.ptr[c] + k * rb, src.ptr[c] + i * rb, static_cast<size_t>((j - i) * rb));
+      }
+      k += j - i;
+      i = j;
+      continue;
+    }
+    const auto d = static_cast<size_t>(dest[i]);
+    const i64 at = cur[d]++;
+    const i64* b = &base[d * C];
+    for (size_t c = 0; c < C; ++c) {
+      const i64 rb = src.rb[c];
+      copy_row(send + b[c] + at * rb, src.ptr[c] + i * rb, rb);
+    }
+    ++i;
+  }
+}
+
+// Back in one pass over the rows: row i gets the next row of its dest's group (this rank's own
+// group from `src` at row k0, the others' from `recv`). False when a group's count does not
+// match (dest changed since the forward exchange).
+template <class T>
+bool scatter_t(const T* dest, i64 n, int rank, const i64* cnt, const std::vector<i64>& base,
+               const Cols& src, i64 k0, const Cols& dst, const char* recv, int P) {
+  const size_t C = dst.rb.size();
+  std::vector<i64> cur(static_cast<size_t>(P), 0);
+  i64 k = k0;
+  i64 i = 0;
+  const auto up = static_cast<std::uint64_t>(P);
+  while (i < n) {
+    const auto d64 = static_cast<std::uint64_t>(static_cast<std::int64_t>(dest[i]));
+    if (d64 >= up) return false;
+    const auto d = static_cast<int>(d64);
+    if (d == rank) {
+      i64 j = i + 1;
+      while (j < n && static_cast<int>(dest[j]) == rank) ++j;
+      if (k + (j - i) > k0 + cnt[rank]) return false;
+      for (size_t c = 0; c < C; ++c) {
+        const i64 rb = dst.rb[c];
+        std::memcpy(dst.ptr[c] + i * rb, src.ptr[c] + k * rb, static_cast<size_t>((j - i) * rb));
+      }
+      k += j - i;
+      i = j;
+      continue;
+    }
+    const i64 at = cur[d]++;
+    if (at >= cnt[d]) return false;
+    const i64* b = &base[static_cast<size_t>(d) * C];
+    for (size_t c = 0; c < C; ++c) {
+      const i64 rb = dst.rb[c];
+      copy_row(dst.ptr[c] + i * rb, recv + b[c] + at * rb, rb);
+    }
+    ++i;
+  }
+  for (int p = 0; p < P; ++p)
+    if (p != rank && cur[p] != cnt[p]) return false;
+  return k - k0 == cnt[rank];
+}
+
+std::vector<i64> exclusive_scan(const i64* v, int P, i64 scale) {
+  std::vector<i64> o(static_cast<size_t>(P) + 1, 0);
+  for (int p = 0; p < P; ++p) o[p + 1] = o[p] + v[p] * scale;
+  return o;
+}
+
+}  // namespace
+
+i64 migrate_count(const void* dest, int item, i64 n, int P, i64* counts) {
+  if (item == 4) return count_t(static_cast<const std::int32_t*>(dest), n, P, counts);
+  return count_t(static_cast<const std::int64_t*>(dest), n, P, counts);
+}
+
+CountResult migrate_counts(const Comm& comm, int algorithm, const i64* counts, i64 code,
+                           i64 sig, const std::vector<int>& peers) {
+  const int P = comm.size(), me = comm.rank();
+  CountResult r;
+  r.rcounts.assign(static_cast<size_t>(P), 0);
+  const i64 flag = code ? static_cast<i64>(me) * 256 + code : -1;
+  if (algorithm == 0) {  // dense: every rank's [count, sig] in one MPI_Alltoall
+    std::vector<i64> sb(2 * static_cast<size_t>(P)), rb(2 * static_cast<size_t>(P));
+    for (int p = 0; p < P; ++p) {
+      sb[2 * p] = code ? -code : counts[p];
+      sb[2 * p + 1] = sig;
+    }
+    mpi::alltoall(sb.data(), rb.data(), 2 * sizeof(i64), comm.get());
+    stats()["migrate_alltoall"] += 1;
+    for (int p = 0; p < P; ++p) {
+      if (rb[2 * p] < 0 && r.bad < 0) r.bad = static_cast<i64>(p) * 256 + (-rb[2 * p]);
+      if (rb[2 * p + 1] != sig && r.sig_rank < 0) {
+        r.sig_mismatch = true;
+        r.sig_rank = p;
+      }
+      r.rcounts[p] = rb[2 * p] < 0 ? 0 : rb[2 * p];
+    }
+    return r;
+  }
+  if (algorithm == 2) {  // the given peers: [count, sig] to and from each, no collective
+    const size_t K = peers.size();
+    std::vector<i64> sb(2 * K), rb(2 * K);
+    std::vector<MPI_Request> req(2 * K, MPI_REQUEST_NULL);
+    for (size_t k = 0; k < K; ++k) {
+      sb[2 * k] = code ? -code : counts[peers[k]];
+      sb[2 * k + 1] = sig;
+      mpi::irecv(&rb[2 * k], 2 * sizeof(i64), peers[k], tags::kMigrateCount, comm.get(),
+                 &req[2 * k]);
+    }
+    for (size_t k = 0; k < K; ++k)
+      mpi::isend(&sb[2 * k], 2 * sizeof(i64), peers[k], tags::kMigrateCount, comm.get(),
+                 &req[2 * k + 1]);
+    mpi::waitall(req.size(), req.data());
+    stats()["migrate_peers"] += 1;
+    if (code) r.bad = flag;
+    for (size_t k = 0; k < K; ++k) {
+      const int p = peers[k];
+      if (rb[2 * k] < 0 && (r.bad < 0 || p * 256 < r.bad))
+        r.bad = static_cast<i64>(p) * 256 + (-rb[2 * k]);
+      if (rb[2 * k + 1] != sig && r.sig_rank < 0) {
+        r.sig_mismatch = true;
+        r.sig_rank = p;
+      }
+      r.rcounts[p] = rb[2 * k] < 0 ? 0 : rb[2 * k];
+    }
+    r.rcounts[me] = code ? 0 : counts[me];
+    return r;
+  }
+  // NBX (Hoefler, Siebert, Lumsdaine 2010): synchronous sends to the ranks that get rows; a
+  // rank probes for its senders until its own sends are matched, then joins a nonblocking
+  // reduction (an error flag and the signature's range: a barrier that also says whether every
+  // rank's input was good); done when that reduction completes.
+  static std::map<MPI_Comm, i64> rounds;
+  const int tag = rounds[comm.get()]++ % 2 ? tags::kMigrateCountOdd : tags::kMigrateCount;
+  std::vector<i64> sb;
+  std::vector<int> to;
+  if (!code)
+    for (int p = 0; p < P; ++p)
+      if (p != me && counts[p] > 0) to.push_back(p);
+  sb.resize(2 * to.size());
+  std::vector<MPI_Request> sends(to.size(), MPI_REQUEST_NULL);
+  for (size_t k = 0; k < to.size(); ++k) {
+    sb[2 * k] = counts[to[k]];
+    sb[2 * k + 1] = sig;
+    mpi::issend_bytes(&sb[2 * k], 2 * sizeof(i64), to[k], tag, comm.get(), &sends[k]);
+  }
+  i64 red[3] = {code ? flag : INT64_MAX, sig, -sig};
+  MPI_Request barrier = MPI_REQUEST_NULL;
+  bool joined = false;
+  i64 msg[2];
+  for (;;) {
+    int src = -1;
+    while (mpi::iprobe_recv(msg, 2 * sizeof(i64), tag, comm.get(), &src)) {
+      r.rcounts[src] = msg[0];
+      if (msg[1] != sig && r.sig_rank < 0) r.sig_rank = src;
+    }
+    if (!joined) {
+      int done = 1;
+      if (!sends.empty())
+        check_mpi(MPI_Testall(static_cast<int>(sends.size()), sends.data(), &done,
+                                   MPI_STATUSES_IGNORE),
+                       "MPI_Testall");
+      if (done) {
+        mpi::iallreduce_min_i64(red, 3, comm.get(), &barrier);
+        joined = true;
+      }
+    } else if (mpi::test(&barrier)) {
+      break;
+    }
+  }
+  stats()["migrate_nbx"] += 1;
+  r.rcounts[me] = code ? 0 : counts[me];
+  if (red[0] != INT64_MAX) r.bad = red[0];
+  if (red[1] != -red[2]) r.sig_mismatch = true;
+  return r;
+}
+
+MigrateExchange::MigrateExchange(std::shared_ptr<Comm> comm, bool dense)
+    : comm_(std::move(comm)), dense_(dense) {
+  P_ = comm_->size();
+  rank_ = comm_->rank();
+}
+
+MigrateExchange::~MigrateExchange() {
+  if (active_ && !mpi::finalized()) mpi::waitall_unchecked(reqs_.size(), reqs_.data());
+}
+
+void MigrateExchange::post(const i64* sbytes, const i64* rbytes, char* send, char* recv,
+                           int tag) {
+  const int P = P_;
+  reqs_.clear();
+  std::vector<i64> so = exclusive_scan(sbytes, P, 1), ro = exclusive_scan(rbytes, P, 1);
+  if (dense_ && !back_) {
+    sc_.assign(P, 0);
+    rc_.assign(P, 0);
+    sd_.assign(P, 0);
+    rd_.assign(P, 0);
+    for (int p = 0; p < P; ++p) {
+      if (p == rank_) continue;  // this rank's own rows never enter the buffers
+      sc_[p] = static_cast<CountT>(sbytes[p]);
+      rc_[p] = static_cast<CountT>(rbytes[p]);
+      sd_[p] = static_cast<DisplT>(so[p]);
+      rd_[p] = static_cast<DisplT>(ro[p]);
+    }
+    reqs_.assign(1, MPI_REQUEST_NULL);
+    mpi::ialltoallv(send, sc_, sd_, recv, rc_, rd_, comm_->get(), &reqs_[0]);
+    stats()[back_ ? "migrate_back_alltoallv" : "migrate_alltoallv"] += 1;
+  } else {
+    for (int p = 0; p < P; ++p)
+      if (p != rank_ && rbytes[p] > 0) {
+        reqs_.push_back(MPI_REQUEST_NULL);
+        mpi::irecv(recv + ro[p], rbytes[p], p, tag, comm_->get(), &reqs_.back());
+      }
+    for (int p = 0; p < P; ++p)
+      if (p != rank_ && sbytes[p] > 0) {
+        reqs_.push_back(MPI_REQUEST_NULL);
+        mpi::isend(send + so[p], sbytes[p], p, tag, comm_->get(), &reqs_.back());
+        stats()["migrate_messages"] += 1;
+      }
+    stats()[back_ ? "migrate_back_p2p" : "migrate_p2p"] += 1;
+  }
+  active_ = true;
+}
+
+void MigrateExchange::start_forward(const void* dest, int item, i64 n, const i64* cnt,
+                                    const i64* rcnt, const Cols& src, const Cols& dst,
+                                    const i64* row_off, char* send, char* recv) {
+  if (active_) throw std::runtime_error("pyshard: a migration is already in flight here");
+  back_ = false;
+  const int P = P_;
+  const i64 R = src.row_bytes();
+  cnt_.assign(cnt, cnt + P);
+  rcnt_.assign(rcnt, rcnt + P);
+  row_off_.assign(row_off, row_off + P);
+  src_ = src;
+  dst_ = dst;
+  recv_ = recv;
+  std::vector<i64> sbytes(P), rbytes(P);
+  for (int p = 0; p < P; ++p) {
+    sbytes[p] = p == rank_ ? 0 : cnt[p] * R;
+    rbytes[p] = p == rank_ ? 0 : rcnt[p] * R;
+  }
+  std::vector<i64> so = exclusive_scan(sbytes.data(), P, 1);
+  roff_ = exclusive_scan(rbytes.data(), P, 1);
+  std::vector<i64> base = bases(so.data(), cnt, P, src);
+  if (item == 4)
+    pack_t(static_cast<const std::int32_t*>(dest), n, rank_, base, src, dst, row_off[rank_],
+           send, P);
+  else
+    pack_t(static_cast<const std::int64_t*>(dest), n, rank_, base, src, dst, row_off[rank_],
+           send, P);
+  post(sbytes.data(), rbytes.data(), send, recv, tags::kMigrateRows);
+}
+
+void MigrateExchange::start_back(const void* dest, int item, i64 n, const i64* cnt,
+                                 const i64* rcnt, const Cols& src, const Cols& dst,
+                                 const i64* row_off, char* send, char* recv, i64 sig) {
+  if (active_) throw std::runtime_error("pyshard: a migration is already in flight here");
+  back_ = true;
+  const int P = P_;
+  const i64 R = src.row_bytes();
+  dest_ = dest;
+  item_ = item;
+  n_ = n;
+  sig_ = sig;
+  cnt_.assign(cnt, cnt + P);
+  rcnt_.assign(rcnt, rcnt + P);
+  row_off_.assign(row_off, row_off + P);
+  src_ = src;
+  dst_ = dst;
+  recv_ = recv;
+  std::vector<i64> sbytes(P), rbytes(P);
+  for (int p = 0; p < P; ++p) {  // a header [signature, error code] leads each message
+    sbytes[p] = p == rank_ || rcnt[p] == 0 ? 0 : kBackHeader + rcnt[p] * R;
+    rbytes[p] = p == rank_ || cnt[p] == 0 ? 0 : kBackHeader + cnt[p] * dst.row_bytes();
+  }
+  std::vector<i64> so = exclusive_scan(sbytes.data(), P, 1);
+  roff_ = exclusive_scan(rbytes.data(), P, 1);
+  // each group is contiguous per column in src: one memcpy per column and peer
+  const size_t C = src.rb.size();
+  for (int p = 0; p < P; ++p) {
+    if (sbytes[p] == 0) continue;
+    const i64 head[2] = {sig, 0};
+    std::memcpy(send + so[p], head, kBackHeader);
+    i64 at = so[p] + kBackHeader;
+    for (size_t c = 0; c < C; ++c) {
+      const i64 bytes = rcnt[p] * src.rb[c];
+      std::memcpy(send + at, src.ptr[c] + row_off[p] * src.rb[c], static_cast<size_t>(bytes));
+      at += bytes;
+    }
+  }
+  post(sbytes.data(), rbytes.data(), send, recv, tags::kMigrateBack);
+}
+
+void MigrateExchange::back_error(const i64* cnt, const i64* rcnt, i64 sig, i64 code) {
+  if (active_) throw std::runtime_error("pyshard: a migration is already in flight here");
+  // this rank's values are bad: each rank it owes rows gets a header with the error code, and
+  // what the others send back is received and dropped, so that no rank waits for it
+  const int P = P_;
+  const i64 head[2] = {sig, code};
+  std::vector<MPI_Request> req;
+  for (int p = 0; p < P; ++p)
+    if (p != rank_ && rcnt[p] > 0) {
+      req.push_back(MPI_REQUEST_NULL);
+      mpi::isend(head, kBackHeader, p, tags::kMigrateBack, comm_->get(), &req.back());
+    }
+  for (int p = 0; p < P; ++p)
+    if (p != rank_ && cnt[p] > 0) mpi::drain(p, tags::kMigrateBack, comm_->get());
+  mpi::waitall(req.size(), req.data());
+}
+
+void MigrateExchange::wait() {
+  if (!active_) return;
+  mpi::waitall(reqs_.size(), reqs_.data());
+  active_ = false;
+  const int P = P_;
+  if (!back_) {
+    const size_t C = dst_.rb.size();
+    for (int p = 0; p < P; ++p) {
+      if (p == rank_ || rcnt_[p] == 0) continue;
+      i64 at = roff_[p];
+      for (size_t c = 0; c < C; ++c) {
+        const i64 bytes = rcnt_[p] * dst_.rb[c];
+        std::memcpy(dst_.ptr[c] + row_off_[p] * dst_.rb[c], recv_ + at,
+                    static_cast<size_t>(bytes));
+        at += bytes;
+      }
+    }
+    return;
+  }
+  // every header first: a peer whose values were bad, or whose columns differ
+  int bad_peer = -1, sig_peer = -1;
+  i64 bad_code = 0;
+  for (int p = 0; p < P; ++p) {
+    if (p == rank_ || cnt_[p] == 0) continue;
+    i64 head[2];
+    std::memcpy(head, recv_ + roff_[p], kBackHeader);
+    if (head[1] != 0 && bad_peer < 0) {
+      bad_peer = p;
+      bad_code = head[1];
+    }
+    if (head[1] == 0 && head[0] != sig_ && sig_peer < 0) sig_peer = p;
+  }
+  if (bad_peer >= 0)
+    throw std::invalid_argument("pyshard: back(): rank " + std::to_string(bad_peer) +
+                                "'s values were bad (code " + std::to_string(bad_code) +
+                                "; its own error names them)");
+  if (sig_peer >= 0)
+    throw std::invalid_argument("pyshard: back(): rank " + std::to_string(sig_peer) +
+                                "'s values have other columns (keys, dtypes or trailing "
+                                "shapes) than this rank's");
+  std::vector<i64> cnt_others(cnt_), off(roff_);
+  cnt_others[rank_] = 0;
+  for (int p = 0; p < P; ++p) off[p] += kBackHeader;
+  std::vector<i64> base = bases(off.data(), cnt_others.data(), P, dst_);
+  const bool ok =
+      item_ == 4
+          ? scatter_t(static_cast<const std::int32_t*>(dest_), n_, rank_, cnt_.data(), base,
+                      src_, row_off_[rank_], dst_, recv_, P)
+          : scatter_t(static_cast<const std::int64_t*>(dest_), n_, rank_, cnt_.data(), base,
+                      src_, row_off_[rank_], dst_, recv_, P);
+  if (!ok)
+    throw std::runtime_error(
+        "pyshard: back(): dest changed since the migration (its counts per rank differ); "
+        "keep dest unchanged until back() returns");
+}
+
+}  // namespace pyshard

@@ -1,0 +1,102 @@
+// Rows that move between ranks (pyshard.migrate): each row of a set of columns goes to the rank
+// its `dest` names. The counts first (one MPI_Alltoall, Hoefler et al.'s NBX, or messages to
+// a known set of peers), then one message per peer that holds every column's rows of it.
+//
+// A message's layout: the rows it carries, column after column (column c's rows contiguous at
+// count * (row bytes of the columns before c)), so that a receiver copies each column's rows
+// into place with one memcpy.
+#pragma once
+
+#include <mpi.h>
+
+#include <memory>
+#include <vector>
+
+#include "comm.h"
+#include "mpi_calls.h"
+
+namespace pyshard {
+
+// The columns of one side: a base pointer and the bytes of one row, per column.
+struct Cols {
+  std::vector<char*> ptr;
+  std::vector<i64> rb;
+  i64 row_bytes() const {
+    i64 r = 0;
+    for (i64 b : rb) r += b;
+    return r;
+  }
+};
+
+// The rows of `dest` (int32 or int64, `item` bytes) per rank in counts[0..P); the index of the
+// first entry outside [0, P), or -1. No MPI call.
+i64 migrate_count(const void* dest, int item, i64 n, int P, i64* counts);
+
+// The counts' error flag and column signature travel with them: a rank whose input is bad
+// sends -code as its count. What every rank learns from the count exchange.
+struct CountResult {
+  std::vector<i64> rcounts;  // rows from each rank (P)
+  i64 bad = -1;              // rank * 256 + code of the first rank at fault, or -1
+  bool sig_mismatch = false;  // some rank's columns differ from this rank's
+  i64 sig_rank = -1;          // a rank whose signature differs (where known), or -1
+};
+
+// The count exchange. `counts` per rank (ignored where code != 0), `code` this rank's error
+// (0: none), `sig` its columns' signature. algorithm: 0 dense (MPI_Alltoall of [count, sig]
+// per rank), 1 NBX (MPI_Issend of [count, sig] to each rank it sends rows to, probes, and an
+// MPI_Iallreduce of [error, sig, -sig] in place of the MPI_Ibarrier), 2 peers (messages of
+// [count, sig] to and from each of `peers`, no collective).
+CountResult migrate_counts(const Comm& comm, int algorithm, const i64* counts, i64 code,
+                           i64 sig, const std::vector<int>& peers);
+
+// One exchange of rows, forward (each row to its dest) or back (each received row to where it
+// came from). Holds the requests and the per-peer arrays a nonblocking exchange needs.
+class MigrateExchange {
+ public:
+  // dense: one MPI_Ialltoallv; else point-to-point messages to and from the ranks that have
+  // rows for each other.
+  MigrateExchange(std::shared_ptr<Comm> comm, bool dense);
+  ~MigrateExchange();
+  MigrateExchange(const MigrateExchange&) = delete;
+  MigrateExchange& operator=(const MigrateExchange&) = delete;
+
+  // Forward: the rows of `src` (n rows) whose dest is another rank packed into `send` and
+  // sent; those that stay copied into `dst` at row row_off[rank]; receives of the others'
+  // rows into `recv` posted. cnt: rows to each rank; rcnt: rows from each rank.
+  void start_forward(const void* dest, int item, i64 n, const i64* cnt, const i64* rcnt,
+                     const Cols& src, const Cols& dst, const i64* row_off, char* send,
+                     char* recv);
+  // Back (always point-to-point: the counts are known, no collective): `src` holds rcnt[s] rows from each rank s at row_off[s] (what forward gave); each
+  // group goes back to its rank, and `dst` (n rows) gets every row at its original index.
+  void start_back(const void* dest, int item, i64 n, const i64* cnt, const i64* rcnt,
+                  const Cols& src, const Cols& dst, const i64* row_off, char* send, char* recv,
+                  i64 sig);
+  // Back where this rank's values are bad: headers carrying `code` to the ranks it owes rows,
+  // and the rows they send back received and dropped (blocking), so no rank waits for it.
+  void back_error(const i64* cnt, const i64* rcnt, i64 sig, i64 code);
+  // Completes the messages and copies the received rows into place. Throws if `dest` changed
+  // between forward and back.
+  void wait();
+  bool active() const { return active_; }
+
+ private:
+  void post(const i64* sbytes, const i64* rbytes, char* send, char* recv, int tag);
+  std::shared_ptr<Comm> comm_;
+  bool dense_;
+  bool active_ = false;
+  bool back_ = false;
+  int P_ = 0, rank_ = 0;
+  // what wait() needs
+  const void* dest_ = nullptr;
+  int item_ = 8;
+  i64 n_ = 0;
+  i64 sig_ = 0;
+  std::vector<i64> cnt_, rcnt_, row_off_, roff_;
+  Cols src_, dst_;
+  char* recv_ = nullptr;
+  mpi::Counts sc_, rc_;
+  mpi::Displs sd_, rd_;
+  std::vector<MPI_Request> reqs_;
+};
+
+}  // namespace pyshard

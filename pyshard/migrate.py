@@ -1,0 +1,446 @@
+"""Rows that move between ranks: particles, mixture-of-experts tokens, point clouds.
+
+:func:`migrate` sends each row of a set of columns to the rank its ``dest`` names, in one
+message per peer that carries every column (the counts first: one ``MPI_Alltoall``, or
+Hoefler et al.'s NBX sparse exchange, or messages to a known set of peers). The result keeps a
+fixed order: rows grouped by source rank, increasing, each group in its source's order, so it
+is deterministic and equals what an oracle that gathered everything would compute.
+:meth:`Migrated.back` is the exact reverse (MoE's combine step, and the adjoint).
+:func:`owner` computes ``dest`` for positions on a grid laid out like a sharded array.
+
+The path comes from one rule (:func:`pyshard.route.migrate_route`), the same on every rank:
+the count exchange ``alltoall`` (dense) up to :data:`pyshard.route.MIGRATE_DENSE_MAX` ranks,
+``nbx`` (sparse: no collective that carries a count per rank) past it, ``peers`` when the
+caller names a superset of the ranks each row can go to. Docs: docs/particles.md.
+"""
+
+from __future__ import annotations
+
+import logging
+import zlib
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
+
+import numpy as np
+
+from . import _backend, _core, _dtypes
+from .layout import Layout, Partial, Replicate
+from .route import migrate_route
+
+__all__ = ["Migrated", "PendingMigration", "migrate", "owner"]
+
+log = logging.getLogger("pyshard")
+
+Rows = Union[Any, Sequence[Any], Dict[str, Any]]
+
+# error codes carried by the count exchange (a negative count, or NBX's reduction)
+_ERRORS = {
+    1: "a dest outside [0, P)",
+    2: "dest is not an integer array",
+    3: "dest has another length than the rows",
+    4: "columns of different lengths",
+    5: "a column of a dtype pyshard cannot move (object, or not an array)",
+    6: "no columns",
+}
+
+
+class _Structure:
+    """The structure of ``rows``: one array, a tuple or list, or a dict (its keys in order)."""
+
+    __slots__ = ("kind", "keys")
+
+    def __init__(self, kind: str, keys: Tuple[Any, ...]) -> None:
+        self.kind, self.keys = kind, keys
+
+    def build(self, cols: List[Any]) -> Rows:
+        if self.kind == "array":
+            return cols[0]
+        if self.kind == "dict":
+            return dict(zip(self.keys, cols))
+        return tuple(cols) if self.kind == "tuple" else list(cols)
+
+
+def _split(rows: Rows, what: str) -> Tuple[_Structure, List[Any], int, str]:
+    """(structure, columns as C-contiguous host arrays, error code, its detail)."""
+    if isinstance(rows, dict):
+        st, items = _Structure("dict", tuple(rows)), list(rows.values())
+    elif isinstance(rows, (tuple, list)):
+        st = _Structure("tuple" if isinstance(rows, tuple) else "list", tuple(range(len(rows))))
+        items = list(rows)
+    else:
+        st, items = _Structure("array", (0,)), [rows]
+    if not items:
+        return st, [], 6, f"{what} holds no columns"
+    cols = []
+    for k, obj in zip(st.keys, items):
+        try:
+            a = _backend.as_array(obj, f"{what}[{k!r}]")
+        except TypeError as e:
+            return st, [], 5, str(e)
+        if _backend.is_device(a):
+            a = _backend.to_host(a)
+        if a.dtype.hasobject or a.ndim == 0:
+            return st, [], 5, (f"{what}[{k!r}] has dtype {a.dtype} and shape {a.shape}: "
+                               "columns are arrays of a fixed-size dtype with a first (row) axis")
+        cols.append(np.ascontiguousarray(a))
+    n = cols[0].shape[0]
+    for k, a in zip(st.keys, cols):
+        if a.shape[0] != n:
+            return st, [], 4, (f"{what}[{k!r}] has {a.shape[0]} rows where "
+                               f"{what}[{st.keys[0]!r}] has {n}")
+    return st, cols, 0, ""
+
+
+def _signature(st: _Structure, cols: List[np.ndarray]) -> int:
+    """A number that differs where two ranks' columns differ (keys, dtypes, trailing shapes)."""
+    text = repr((st.kind, st.keys, [(_dtypes.name(a.dtype), a.dtype.str, a.shape[1:])
+                                    for a in cols]))
+    return zlib.crc32(text.encode())
+
+
+def _dest(dest: Any, n: int) -> Tuple[Optional[np.ndarray], int, str]:
+    try:
+        d = _backend.as_array(dest, "dest")
+    except TypeError as e:
+        return None, 2, str(e)
+    if _backend.is_device(d):
+        d = _backend.to_host(d)
+    if d.dtype.kind not in "iu" or d.ndim != 1:
+        return None, 2, f"dest must be a 1-D integer array, got dtype {d.dtype}, shape {d.shape}"
+    if d.shape[0] != n:
+        return None, 3, f"dest has {d.shape[0]} entries for {n} rows"
+    if d.dtype not in (np.dtype(np.int64), np.dtype(np.int32)):
+        d = d.astype(np.int64)  # uint64 past 2^63 turns negative: out of range, as it should
+    return np.ascontiguousarray(d), 0, ""
+
+
+class _Buffers:
+    """Send and receive buffers reused from call to call on one mesh: a buffer given back is
+    kept for the next call of about its size; at most ``keep`` of them, so the memory stays
+    bounded when the row count changes every step."""
+
+    def __init__(self, keep: int = 4) -> None:
+        self.free: List[np.ndarray] = []
+        self.keep = keep
+
+    def take(self, nbytes: int) -> np.ndarray:
+        best = None
+        for i, b in enumerate(self.free):
+            if nbytes <= b.nbytes <= 2 * nbytes + (1 << 20) and (
+                best is None or b.nbytes < self.free[best].nbytes
+            ):
+                best = i
+        if best is not None:
+            return self.free.pop(best)[:nbytes]
+        return np.empty(max(nbytes, 1), np.uint8)[:nbytes]
+
+    def give(self, b: np.ndarray) -> None:
+        base = b.base if isinstance(b.base, np.ndarray) else b
+        self.free.append(base)
+        if len(self.free) > self.keep:
+            self.free.sort(key=lambda a: a.nbytes)
+            self.free.pop(0)
+
+
+def _state(mesh: Any) -> Dict[str, Any]:
+    st = getattr(mesh, "_migrate_state", None)
+    if st is None:
+        st = {"buffers": _Buffers()}
+        mesh._migrate_state = st
+    return st
+
+
+class Migrated:
+    """The result of :func:`migrate`.
+
+    ``rows``: the same structure as the input (one array, a tuple, list or dict), rows grouped
+    by source rank in increasing order, each group in its source's order. ``counts``: rows
+    received from each rank (int64, length P). ``sent``: rows sent to each rank. ``route``:
+    the path taken."""
+
+    def __init__(self, mesh: Any, rows: Rows, counts: np.ndarray, sent: np.ndarray,
+                 dest: np.ndarray, route: Any, sig: int, device: bool) -> None:
+        self.mesh, self.rows, self.counts, self.sent = mesh, rows, counts, sent
+        self._dest, self.route, self._sig, self._device = dest, route, sig, device
+        self._row_off = np.concatenate(([0], np.cumsum(counts)[:-1])).astype(np.int64)
+
+    @property
+    def dest(self) -> np.ndarray:
+        """The ``dest`` of the migration (as int32 or int64); ``back`` reads it again, so it
+        must stay unchanged until then."""
+        return self._dest
+
+    @property
+    def n(self) -> int:
+        """Rows this rank held before the migration."""
+        return int(self._dest.shape[0])
+
+    @property
+    def m(self) -> int:
+        """Rows this rank holds after it."""
+        return int(self.counts.sum())
+
+    def back(self, values: Rows, wait: bool = True) -> Any:
+        """Send every received row back where it came from: ``values`` (an array, or a tuple,
+        list or dict of arrays, each with first dim :attr:`m`, any trailing dims and dtype)
+        returns, on each source rank, the same structure with its original :attr:`n` rows in
+        their original order. ``r.back(r.rows)`` returns the input. Point-to-point messages to
+        the ranks that sent rows only (no collective). Every rank calls it; bad values raise
+        ``ValueError`` here and on the ranks this rank exchanges rows with.
+        ``wait=False`` returns a handle whose ``wait()`` gives the result."""
+        st, cols, code, detail = _split(values, "values")
+        if not code:
+            for k, a in zip(st.keys, cols):
+                if a.shape[0] != self.m:
+                    code, detail = 4, (f"values[{k!r}] has {a.shape[0]} rows; back() takes the "
+                                       f"{self.m} rows this rank received")
+                    break
+        sig = _signature(st, cols) if not code else 0
+        x = _core.MigrateExchange(self.mesh.core_comm(tuple(range(self.mesh.ndim))), False)
+        if code:
+            x.back_error(self.sent, self.counts, sig, code)
+            raise ValueError(f"pyshard.Migrated.back: {detail}")
+        outs = [np.empty((self.n,) + a.shape[1:], a.dtype) for a in cols]
+        R = sum(a.dtype.itemsize * int(np.prod(a.shape[1:], dtype=np.int64)) for a in cols)
+        others = np.arange(self.mesh.size) != self.mesh.rank
+        sbytes = int(((self.counts * R + 16) * (others & (self.counts > 0))).sum())
+        rbytes = int(((self.sent * R + 16) * (others & (self.sent > 0))).sum())
+        bufs = _state(self.mesh)["buffers"]
+        send, recv = bufs.take(sbytes), bufs.take(rbytes)
+        x.start_back(self._dest, self.sent, self.counts, cols, outs, self._row_off, send, recv,
+                     sig)
+        pend = _PendingBack(x, bufs, send, recv, st, outs, cols, self._device)
+        return pend.wait() if wait else pend
+
+    def explain(self) -> str:
+        """The peers, messages, bytes, path and why, for this rank."""
+        P, me = self.mesh.size, self.mesh.rank
+        to = [p for p in range(P) if p != me and self.sent[p]]
+        frm = [p for p in range(P) if p != me and self.counts[p]]
+        cols = self.rows if isinstance(self.rows, (tuple, list, dict)) else [self.rows]
+        vals = list(cols.values()) if isinstance(cols, dict) else list(cols)
+        R = sum(np.asarray(a).dtype.itemsize * int(np.prod(np.shape(a)[1:], dtype=np.int64))
+                for a in vals)
+        lines = [
+            f"migrate on {P} ranks, rank {me}: path {self.route.path}, count exchange "
+            f"{self.route.algorithm} ({self.route.why})",
+            f"  rows: {self.n} held, {int(self.sent[me])} stay, "
+            f"{int(self.sent.sum() - self.sent[me])} leave to {len(to)} ranks {to}, "
+            f"{int(self.counts.sum() - self.counts[me])} arrive from {len(frm)} ranks {frm}",
+            f"  messages: {len(to)} out, {len(frm)} in, one per peer holding all "
+            f"{len(vals)} columns ({R} B a row); "
+            f"{int((self.sent.sum() - self.sent[me]) * R)} B out, "
+            f"{int((self.counts.sum() - self.counts[me]) * R)} B in",
+            "  back(): the same messages reversed (point-to-point, no collective)",
+        ]
+        return "\n".join(lines)
+
+
+class _PendingBack:
+    def __init__(self, x: Any, bufs: _Buffers, send: np.ndarray, recv: np.ndarray,
+                 st: _Structure, outs: List[np.ndarray], cols: List[np.ndarray],
+                 device: bool) -> None:
+        self.x, self.bufs, self.send, self.recv = x, bufs, send, recv
+        self.st, self.outs, self.cols, self.device = st, outs, cols, device
+        self.result: Any = None
+
+    def wait(self) -> Rows:
+        if self.result is None:
+            try:
+                self.x.wait()
+            finally:
+                self.bufs.give(self.send)
+                self.bufs.give(self.recv)
+            self.result = self.st.build(_to_device(self.outs) if self.device else self.outs)
+        return self.result
+
+
+class PendingMigration:
+    """A migration in flight (``migrate(..., wait=False)``): the rows are packed and the
+    messages posted; :meth:`wait` completes them and returns the :class:`Migrated`. The input
+    arrays and ``dest`` must not be written until then (and ``dest`` not until every
+    :meth:`Migrated.back` of the result has returned)."""
+
+    def __init__(self, x: Any, bufs: _Buffers, send: np.ndarray, recv: np.ndarray,
+                 result: Migrated, outs: List[np.ndarray], st: _Structure) -> None:
+        self.x, self.bufs, self.send, self.recv = x, bufs, send, recv
+        self._result, self.outs, self.st = result, outs, st
+        self.done = False
+
+    def wait(self) -> Migrated:
+        if not self.done:
+            try:
+                self.x.wait()
+            finally:
+                self.bufs.give(self.send)
+                self.bufs.give(self.recv)
+            self.done = True
+            r = self._result
+            r.rows = self.st.build(_to_device(self.outs) if r._device else self.outs)
+        return self._result
+
+
+def _to_device(cols: List[np.ndarray]) -> List[Any]:
+    cp = _backend.cupy()
+    return [cp.asarray(a) for a in cols]
+
+
+def migrate(rows: Rows, dest: Any, mesh: Any, algorithm: str = "auto", wait: bool = True,
+            peers: Optional[Sequence[int]] = None) -> Union[Migrated, PendingMigration]:
+    """Send each row of ``rows`` to the rank ``dest`` names (a rank of ``mesh.comm``).
+
+    ``rows``: an array, or a tuple, list or dict of arrays (the columns), each with the same
+    first-axis length ``n`` on this rank (``n`` may differ between ranks, and be 0); trailing
+    dims and any fixed-size dtype (bfloat16 and float8 included); numpy, or cupy (staged
+    through host memory). ``dest``: an integer array of length ``n``.
+
+    ``algorithm``: ``"auto"`` (the rule in :func:`pyshard.route.migrate_route`), ``"alltoall"``
+    (the counts in one ``MPI_Alltoall``, the rows in one ``MPI_Alltoallv``), ``"nbx"``
+    (sparse: synchronous sends of the counts to the ranks that get rows, and a nonblocking
+    reduction; the rows by point-to-point messages to those ranks only) or ``"peers"`` (needs
+    ``peers``). ``peers``: a superset of the ranks this rank exchanges rows with, the same
+    relation on every rank (``q`` in ``peers`` of ``p`` iff ``p`` in ``peers`` of ``q``): the
+    counts go only to them, with no collective at all.
+
+    Returns a :class:`Migrated` (``rows``, ``counts``, ``back``, ``explain``), or with
+    ``wait=False`` a :class:`PendingMigration` whose ``wait()`` gives it; the inputs must not
+    be written until then.
+
+    Bad input (a ``dest`` out of range or not integer, columns of different lengths, a ``dest``
+    of the wrong length, an object dtype, or columns that differ between ranks) raises
+    ``ValueError`` on every rank in this call, naming the first rank at fault; the error
+    travels with the counts, so no collective is added."""
+    P, me = mesh.size, mesh.rank
+    r = migrate_route(mesh, algorithm, peers)
+    device = _any_device(rows)
+    st, cols, code, detail = _split(rows, "rows")
+    d: Optional[np.ndarray] = None
+    n = cols[0].shape[0] if cols else 0
+    if not code:
+        d, code, detail = _dest(dest, n)
+    counts = np.zeros(P, np.int64)
+    if not code:
+        counts, bad = _core.migrate_count(d, P)
+        if bad >= 0:
+            code = 1
+            detail = f"dest[{bad}] = {int(d[bad])} is outside [0, {P})"
+    sig = _signature(st, cols) if not code else 0
+    comm = mesh.core_comm(tuple(range(mesh.ndim)))
+    alg = {"alltoall": 0, "nbx": 1, "peers": 2}[r.algorithm]
+    rcounts, bad, mismatch, sig_rank = _core.migrate_counts(
+        comm, alg, counts, code, sig, list(r.peers)
+    )
+    if bad >= 0:
+        rank, c = divmod(int(bad), 256)
+        own = f": {detail}" if rank == me else ""
+        raise ValueError(f"pyshard.migrate: rank {rank}'s input is bad ({_ERRORS.get(c, c)})"
+                         f"{own}")
+    if code:  # this rank's error travelled where no other rank learns it (peers)
+        raise ValueError(f"pyshard.migrate: {detail}")
+    if mismatch:
+        who = f"rank {sig_rank}" if sig_rank >= 0 else "some rank"
+        raise ValueError(
+            f"pyshard.migrate: the columns differ between ranks: {who}'s keys, dtypes or "
+            f"trailing shapes are not this rank's ({_describe(st, cols)})"
+        )
+    assert d is not None
+    m = int(rcounts.sum())
+    outs = [np.empty((m,) + a.shape[1:], a.dtype) for a in cols]
+    row_off = np.concatenate(([0], np.cumsum(rcounts)[:-1])).astype(np.int64)
+    R = sum(a.dtype.itemsize * int(np.prod(a.shape[1:], dtype=np.int64)) for a in cols)
+    sbytes = int((counts.sum() - counts[me]) * R)
+    rbytes = int((rcounts.sum() - rcounts[me]) * R)
+    bufs = _state(mesh)["buffers"]
+    send, recv = bufs.take(sbytes), bufs.take(rbytes)
+    x = _core.MigrateExchange(comm, r.algorithm == "alltoall")
+    x.start_forward(d, counts, rcounts, cols, outs, row_off, send, recv)
+    result = Migrated(mesh, None, rcounts, counts, d, r, sig, device)
+    pend = PendingMigration(x, bufs, send, recv, result, outs, st)
+    if log.isEnabledFor(logging.DEBUG):
+        log.debug("migrate: %d rows, %d stay, path %s", n, int(counts[me]), r.algorithm)
+    return pend.wait() if wait else pend
+
+
+def _any_device(rows: Rows) -> bool:
+    items = rows.values() if isinstance(rows, dict) else (
+        rows if isinstance(rows, (tuple, list)) else [rows])
+    return any(_backend.is_device(a) for a in items)
+
+
+def _describe(st: _Structure, cols: List[np.ndarray]) -> str:
+    return ", ".join(f"{k!r}: {_dtypes.name(a.dtype)}{list(a.shape[1:])}"
+                     for k, a in zip(st.keys, cols))
+
+
+def owner(positions: Any, like: Any, origin: Any = 0.0, spacing: Any = 1.0,
+          periodic: Any = False, mesh: Any = None) -> np.ndarray:
+    """The ``dest`` that sends each position to the rank whose box holds its cell.
+
+    ``positions``: ``(n, d)`` floating point; ``like``: a ``ShardedArray`` (or a ``Layout``,
+    with ``mesh=``) of ``d`` dims. The cell along axis ``k`` is
+    ``floor((x[k] - origin[k]) / spacing[k])`` in float64; ``origin``, ``spacing`` and
+    ``periodic`` are scalars or one per axis. Periodic axes wrap the cell modulo the shape;
+    a position outside a non-periodic axis, or a NaN, raises ``ValueError`` with the count of
+    such rows and the first one (on this rank: no communication). Uneven and empty shards come
+    from the shard table. On a ``Replicate`` mesh dim the destination shares this rank's
+    coordinate, so each replica group migrates within itself; a ``Partial`` mesh dim raises.
+    Returns int32 ranks of ``mesh.comm``."""
+    layout: Layout = like if isinstance(like, Layout) else like.layout
+    mesh = mesh if mesh is not None else getattr(like, "mesh", None)
+    if mesh is None:
+        raise ValueError("pyshard.owner: like is a Layout; pass mesh= as well")
+    if tuple(mesh.shape) != tuple(layout.mesh_shape):
+        raise ValueError(f"pyshard.owner: the layout is for a {layout.mesh_shape} mesh, the mesh "
+                         f"is {tuple(mesh.shape)}")
+    for m, p in enumerate(layout.placements):
+        if isinstance(p, Partial):
+            raise ValueError(f"pyshard.owner: mesh dim {m} is {p}: a Partial layout has no "
+                             "owner for a cell")
+    x = _backend.as_array(positions, "positions")
+    if _backend.is_device(x):
+        x = _backend.to_host(x)
+    nd = layout.ndim
+    if x.ndim != 2 or x.shape[1] != nd or x.dtype.kind != "f":
+        raise ValueError(f"pyshard.owner: positions must be (n, {nd}) floating point, got "
+                         f"{x.dtype} {x.shape}")
+    origin = np.broadcast_to(np.asarray(origin, np.float64), (nd,))
+    spacing = np.broadcast_to(np.asarray(spacing, np.float64), (nd,))
+    periodic = np.broadcast_to(np.asarray(periodic, bool), (nd,))
+    n = x.shape[0]
+    coords = np.empty((n, len(layout.mesh_shape)), np.int64)
+    for m, p in enumerate(layout.placements):
+        if isinstance(p, Replicate) or not any(m in t[0] for t in layout.table):
+            coords[:, m] = mesh.coords[m]
+    bad = np.zeros(n, bool)
+    cells = []
+    for k in range(nd):
+        c = np.floor((x[:, k].astype(np.float64) - origin[k]) / spacing[k])
+        bad |= np.isnan(c)
+        c = np.nan_to_num(c, nan=0.0, posinf=0.0, neginf=0.0)
+        size = layout.shape[k]
+        if periodic[k]:
+            c = np.mod(c, size)
+        else:
+            bad |= (c < 0) | (c >= size)
+        cells.append(c.astype(np.int64))
+    if bad.any():
+        i = int(np.flatnonzero(bad)[0])
+        raise ValueError(
+            f"pyshard.owner: {int(bad.sum())} of {n} positions lie outside the grid of shape "
+            f"{layout.shape} on a non-periodic axis or are NaN; the first is row {i}: "
+            f"{x[i].tolist()}"
+        )
+    for k in range(nd):
+        mdims, ext, off = layout.table[k]
+        if not mdims:
+            continue
+        ends = np.asarray(off, np.int64) + np.asarray(ext, np.int64)
+        shard = np.searchsorted(ends, cells[k], side="right")
+        sub = [layout.mesh_shape[m] for m in mdims]
+        for j, m in enumerate(mdims):
+            stride = int(np.prod(sub[j + 1:], dtype=np.int64))
+            coords[:, m] = (shard // stride) % sub[j]
+    strides = [int(np.prod(layout.mesh_shape[m + 1:], dtype=np.int64))
+               for m in range(len(layout.mesh_shape))]
+    dest = coords @ np.asarray(strides, np.int64)
+    return dest.astype(np.int32)
+

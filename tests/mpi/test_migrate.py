@@ -1,0 +1,395 @@
+"""pyshard.migrate: every rank's rows and dests are generated from (seed, rank), so each rank
+computes the oracle (what it must receive, in the documented order: grouped by source rank,
+each group in its source's order) for itself, with no gather. Patterns: all stay, all to one
+rank, uniform random, neighbours only, one rank sending to all; random row counts (0
+included); 1-4 columns of mixed dtypes (bfloat16 and float8 where ml_dtypes is installed) and
+trailing dims; every count exchange forced; back() round trips; wait=False; bad input raised
+on every rank; pyshard.owner against a cell-by-cell oracle."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from mpi4py import MPI
+from oracle import ML_DTYPES, as_dtype
+
+import pyshard as ps
+from pyshard import Replicate, Shard, _core
+
+pytestmark = pytest.mark.mpi  # run under mpiexec with --with-mpi (pytest-mpi)
+
+PATTERNS = ["stay", "one", "uniform", "neighbours", "fan_out"]
+ALGORITHMS = ["alltoall", "nbx", "auto"]
+DTYPES = ["float64", "int64", "float32", "int16", "uint8", "complex64", "bool"] + ML_DTYPES
+
+
+@pytest.fixture(scope="module")
+def mesh():
+    m = ps.Mesh(MPI.COMM_WORLD, (MPI.COMM_WORLD.size,))
+    yield m
+    m.free()
+
+
+def columns_spec(seed):
+    """1-4 columns: (key, dtype, trailing shape), the same on every rank."""
+    rng = np.random.default_rng([seed, 99])
+    k = int(rng.integers(1, 5))
+    spec = []
+    for j in range(k):
+        dt = DTYPES[int(rng.integers(len(DTYPES)))]
+        trail = [(), (3,), (2, 2), (1,)][int(rng.integers(4))]
+        spec.append((f"c{j}", dt, trail))
+    return spec
+
+
+def rows_of(seed, rank, P, pattern, spec, nmax=40):
+    """Rank ``rank``'s columns (a dict) and dest."""
+    rng = np.random.default_rng([seed, rank])
+    n = int(rng.integers(0, nmax)) if rank % 3 != 2 else 0 if seed % 2 else int(rng.integers(nmax))
+    cols = {}
+    for key, dt, trail in spec:
+        v = rng.integers(-100, 100, size=(n,) + trail)
+        if dt == "bool":
+            cols[key] = (v > 0)
+        elif dt == "complex64":
+            cols[key] = (v + 1j * v[::-1] if n else v).astype(np.complex64)
+        else:
+            cols[key] = (v / 4 if ML_DTYPES and dt in ML_DTYPES else v).astype(as_dtype(dt))
+    if pattern == "stay":
+        dest = np.full(n, rank)
+    elif pattern == "one":
+        dest = np.full(n, (seed + 1) % P)
+    elif pattern == "uniform":
+        dest = rng.integers(0, P, size=n)
+    elif pattern == "neighbours":
+        dest = (rank + rng.integers(-1, 2, size=n)) % P
+    else:  # fan_out: rank 0 sends to every rank, the others keep theirs
+        dest = rng.integers(0, P, size=n) if rank == 0 else np.full(n, rank)
+    return cols, dest.astype([np.int64, np.int32][seed % 2])
+
+
+def expected(seed, me, P, pattern, spec, nmax=40):
+    parts = {key: [] for key, _, _ in spec}
+    counts = np.zeros(P, np.int64)
+    for s in range(P):
+        cols, dest = rows_of(seed, s, P, pattern, spec, nmax)
+        sel = dest == me
+        counts[s] = sel.sum()
+        for key in parts:
+            parts[key].append(cols[key][sel])
+    return {k: np.concatenate(v) for k, v in parts.items()}, counts
+
+
+def same(a, b):
+    """Bit for bit (NaN-safe, ml_dtypes-safe)."""
+    assert a.dtype == b.dtype and a.shape == b.shape
+    assert a.tobytes() == b.tobytes()
+
+
+@pytest.mark.parametrize("pattern", PATTERNS)
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
+@pytest.mark.parametrize("seed", [0, 1])
+def test_migrate_equals_oracle(mesh, pattern, algorithm, seed):
+    P, me = mesh.size, mesh.rank
+    spec = columns_spec(seed + 10 * PATTERNS.index(pattern))
+    cols, dest = rows_of(seed, me, P, pattern, spec)
+    r = ps.migrate(cols, dest, mesh, algorithm=algorithm)
+    want, counts = expected(seed, me, P, pattern, spec)
+    assert isinstance(r.rows, dict) and list(r.rows) == list(want)
+    for k in want:
+        same(r.rows[k], want[k])
+    np.testing.assert_array_equal(r.counts, counts)
+    np.testing.assert_array_equal(r.sent, np.bincount(dest, minlength=P))
+    # back() is the exact reverse: the input, bit for bit, in its order
+    b = r.back(r.rows)
+    assert list(b) == list(cols)
+    for k in cols:
+        same(b[k], cols[k])
+    assert "migrate on" in r.explain()
+
+
+@pytest.mark.parametrize("structure", ["array", "tuple", "list"])
+def test_structures_and_back_with_other_columns(mesh, structure):
+    """One array, a tuple or a list in, the same out; back() of values with another dtype
+    and trailing shape than the rows (an MoE expert's output) lands at the original rows."""
+    P, me = mesh.size, mesh.rank
+    rng = np.random.default_rng([7, me])
+    n = int(rng.integers(0, 30))
+    x = rng.standard_normal((n, 3))
+    ids = np.arange(n) + 1000 * me
+    dest = rng.integers(0, P, size=n)
+    rows = {"array": x, "tuple": (x, ids), "list": [x, ids]}[structure]
+    r = ps.migrate(rows, dest, mesh)
+    got = r.rows if structure != "array" else (r.rows,)
+    assert type(r.rows) is type(rows)
+    # the received ids say where each row came from; check against the order rule
+    if structure != "array":
+        src = got[1] // 1000
+        assert (np.diff(src) >= 0).all()
+        for s in range(P):
+            rs = np.random.default_rng([7, s])
+            ns = int(rs.integers(0, 30))
+            rs.standard_normal((ns, 3))
+            ds = rs.integers(0, P, size=ns)
+            np.testing.assert_array_equal(got[1][src == s], (np.arange(ns) + 1000 * s)[ds == me])
+    # values of another dtype and shape: y = f(row) computed on the receiving rank
+    y = (got[0].sum(axis=1, keepdims=True) * np.arange(1, 5)).astype(np.float32)
+    back = r.back(y)
+    np.testing.assert_array_equal(back, (x.sum(axis=1, keepdims=True) * np.arange(1, 5))
+                                  .astype(np.float32))
+    t = r.back((y, got[0]))
+    assert isinstance(t, tuple)
+    np.testing.assert_array_equal(t[1], x)
+
+
+@pytest.mark.parametrize("algorithm", ["alltoall", "nbx"])
+def test_wait_false(mesh, algorithm):
+    P, me = mesh.size, mesh.rank
+    spec = [("x", "float64", (3,)), ("id", "int64", ())]
+    cols, dest = rows_of(3, me, P, "uniform", spec)
+    pend = ps.migrate(cols, dest, mesh, algorithm=algorithm, wait=False)
+    assert isinstance(pend, ps.PendingMigration)
+    staying = cols["x"][dest == me].sum()  # work while the rows fly
+    r = pend.wait()
+    assert r is pend.wait()
+    want, _ = expected(3, me, P, "uniform", spec)
+    for k in want:
+        same(r.rows[k], want[k])
+    assert np.isclose(r.rows["x"][r.counts[:me].sum():][: r.counts[me]].sum(), staying)
+    pb = r.back(r.rows, wait=False)
+    b = pb.wait()
+    for k in cols:
+        same(b[k], cols[k])
+
+
+def test_peers(mesh):
+    """Neighbours only, with the neighbour set given: counts go to those ranks only."""
+    P, me = mesh.size, mesh.rank
+    spec = [("x", "float32", (2,))]
+    cols, dest = rows_of(5, me, P, "neighbours", spec)
+    ps.reset_comm_stats()
+    r = ps.migrate(cols, dest, mesh, peers=[(me - 1) % P, (me + 1) % P])
+    want, _ = expected(5, me, P, "neighbours", spec)
+    same(r.rows["x"], want["x"])
+    st = ps.comm_stats()
+    if P > 1:
+        assert st.get("migrate_peers") == 1
+        assert "migrate_alltoall" not in st and "migrate_nbx" not in st
+    assert r.route.algorithm == "peers"
+
+
+def test_nbx_sends_only_to_receivers(mesh):
+    """The sparse path: no Alltoall, and one message per rank that gets rows."""
+    P, me = mesh.size, mesh.rank
+    spec = [("x", "float64", ())]
+    cols, dest = rows_of(2, me, P, "neighbours", spec)
+    ps.reset_comm_stats()
+    ps.migrate(cols, dest, mesh, algorithm="nbx")
+    st = ps.comm_stats()
+    receivers = len(set(dest.tolist()) - {me})
+    assert st.get("migrate_messages", 0) == receivers
+    assert "migrate_alltoall" not in st and "migrate_alltoallv" not in st
+    assert st.get("migrate_nbx") == 1
+
+
+def test_count_limit(mesh):
+    """Messages past the core's count limit (lowered here) travel as derived datatypes."""
+    P, me = mesh.size, mesh.rank
+    spec = [("x", "float64", (4,)), ("y", "int8", (3,))]
+    old = _core.count_limit()
+    _core.set_count_limit(200)
+    try:
+        for alg in ("alltoall", "nbx"):
+            cols, dest = rows_of(4, me, P, "uniform", spec, nmax=60)
+            r = ps.migrate(cols, dest, mesh, algorithm=alg)
+            want, _ = expected(4, me, P, "uniform", spec, nmax=60)
+            for k in want:
+                same(r.rows[k], want[k])
+            b = r.back(r.rows)
+            for k in cols:
+                same(b[k], cols[k])
+    finally:
+        _core.set_count_limit(old)
+
+
+def test_buffers_stay_bounded(mesh):
+    """n changes every call: the reused buffers stay few."""
+    P, me = mesh.size, mesh.rank
+    for step in range(12):
+        rng = np.random.default_rng([step, me])
+        n = int(rng.integers(0, 200))
+        x = rng.standard_normal((n, 3))
+        r = ps.migrate(x, rng.integers(0, P, size=n), mesh)
+        r.back(r.rows)
+    held = mesh._migrate_state["buffers"].free
+    assert len(held) <= 4
+
+
+BAD = ["range", "negative", "float_dest", "length", "columns", "object", "mismatch"]
+
+
+def bad_input(kind, me, P, culprit):
+    x = np.arange(12.0).reshape(6, 2)
+    dest = np.arange(6) % P
+    if me != culprit:
+        return ((x, np.arange(6)) if kind == "columns" else x, dest), None
+    if kind == "range":
+        dest = dest.copy()
+        dest[3] = P
+        return (x, dest), "dest[3]"
+    if kind == "negative":
+        return (x, -np.ones(6, np.int32)), "dest[0] = -1"
+    if kind == "float_dest":
+        return (x, dest.astype(float)), "integer"
+    if kind == "length":
+        return (x, dest[:5]), "5 entries for 6 rows"
+    if kind == "columns":
+        return ((x, np.arange(5)), dest), "5 rows"
+    if kind == "object":
+        return (np.array([None] * 6, dtype=object), dest), "dtype object"
+    return (x.astype(np.float32), dest), None  # mismatch
+
+
+@pytest.mark.parametrize("algorithm", ["alltoall", "nbx"])
+@pytest.mark.parametrize("kind", BAD)
+def test_bad_input_raises_on_every_rank(mesh, kind, algorithm):
+    P, me = mesh.size, mesh.rank
+    culprit = P - 1
+    (rows, dest), detail = bad_input(kind, me, P, culprit)
+    if kind == "mismatch" and P == 1:
+        pytest.skip("a mismatch between ranks needs two ranks")
+    with pytest.raises(ValueError) as e:
+        ps.migrate(rows, dest, mesh, algorithm=algorithm)
+    msg = str(e.value)
+    if kind == "mismatch":
+        assert "columns differ between ranks" in msg
+    else:
+        assert f"rank {culprit}'s input is bad" in msg
+        if me == culprit:
+            assert detail in msg, msg
+    # the mesh works after the error, on every rank
+    x = np.arange(4.0) + me
+    r = ps.migrate(x, np.full(4, (me + 1) % P), mesh, algorithm=algorithm)
+    np.testing.assert_array_equal(r.rows, np.arange(4.0) + (me - 1) % P)
+
+
+def test_bad_algorithm_and_peers(mesh):
+    x, dest = np.zeros(2), np.zeros(2, int)
+    with pytest.raises(ValueError, match="algorithm must be"):
+        ps.migrate(x, dest, mesh, algorithm="fast")
+    with pytest.raises(ValueError, match="peers must be ranks"):
+        ps.migrate(x, dest, mesh, peers=[mesh.size])
+    with pytest.raises(ValueError, match="needs peers"):
+        ps.migrate(x, dest, mesh, algorithm="peers")
+
+
+def test_back_bad_values_and_changed_dest(mesh):
+    P, me = mesh.size, mesh.rank
+    x = np.arange(8.0).reshape(4, 2) + 10 * me
+    dest = (np.arange(4) + me) % P
+    r = ps.migrate(x, dest, mesh)
+    with pytest.raises(ValueError, match="rows"):
+        r.back(np.zeros((r.m + 1, 2)))  # every rank: its values have the wrong length
+    if P > 1:
+        # one rank's values are bad: it raises, and so does every rank it owes rows to
+        bad = me == 0
+        owes = r.counts[0] > 0 and me != 0
+        try:
+            r.back(np.zeros((r.m + 1, 2)) if bad else r.rows)
+            raised = False
+        except ValueError:
+            raised = True
+        assert raised == (bad or bool(owes))
+    dest[:] = me  # changed since the migration
+    if P > 1 and r.sent[me] != 4:
+        with pytest.raises(RuntimeError, match="dest changed"):
+            r.back(r.rows)
+    else:
+        r.back(r.rows)
+
+
+# ----------------------------------------------------------------------------- owner
+
+
+def owner_oracle(x, layout, coords_me, origin, spacing, periodic):
+    """Cell by cell: the rank whose box holds each position's cell."""
+    nd = layout.ndim
+    out = np.empty(len(x), np.int64)
+    for i, p in enumerate(x):
+        cell = []
+        for k in range(nd):
+            c = int(np.floor((p[k] - origin[k]) / spacing[k]))
+            if periodic[k]:
+                c %= layout.shape[k]
+            cell.append(c)
+        found = []
+        for rank in range(int(np.prod(layout.mesh_shape))):
+            coords = np.unravel_index(rank, layout.mesh_shape)
+            if any(isinstance(pl, Replicate) and coords[m] != coords_me[m]
+                   for m, pl in enumerate(layout.placements)):
+                continue
+            box = layout.box(coords)
+            if all(b.start <= c < b.stop for b, c in zip(box, cell)):
+                found.append(rank)
+        assert len(found) == 1, (p, cell, found)
+        out[i] = found[0]
+    return out
+
+
+def layouts_for(P):
+    dims = MPI.Compute_dims(P, 2)
+    out = [((13, 7), dims, [Shard(0), Shard(1)], None)]
+    # uneven and empty shards
+    out.append(((11, 5), dims, [Shard(0), Shard(1)],
+                {0: [0] * (dims[0] - 1) + [11] if dims[0] > 1 else [11]}))
+    out.append(((9, 6), dims, [Shard(1), Replicate()], None))
+    ext = [0 if i % 2 else 2 for i in range(P - 1)]
+    out.append(((10,), (P,), [Shard(0)], {0: ext + [10 - sum(ext)]}))
+    out.append(((4, 6, 5), MPI.Compute_dims(P, 3), [Shard(0), Shard(1), Shard(2)], None))
+    return out
+
+
+@pytest.mark.parametrize("case", range(5))
+@pytest.mark.parametrize("periodic", [False, True])
+def test_owner_equals_cell_oracle(case, periodic):
+    comm = MPI.COMM_WORLD
+    shape, mshape, placements, sizes = layouts_for(comm.size)[case]
+    m = ps.Mesh(comm, mshape)
+    try:
+        layout = ps.Layout(shape, np.float64, mshape, placements, sizes)
+        nd = len(shape)
+        grid = np.random.default_rng([case, 1000])  # the grid: the same on every rank
+        origin = grid.uniform(-1, 1, nd)
+        spacing = grid.uniform(0.5, 2, nd)
+        rng = np.random.default_rng([case, comm.rank])
+        lo, hi = origin, origin + spacing * np.asarray(shape)
+        if periodic:
+            lo, hi = lo - 3 * spacing * np.asarray(shape), hi + 2 * spacing * np.asarray(shape)
+        x = rng.uniform(lo, hi, size=(60, nd))
+        if not periodic:  # exactly on cell faces too
+            x[:5] = origin + spacing * rng.integers(0, np.asarray(shape), size=(5, nd))
+        dest = ps.owner(x, layout, origin=origin, spacing=spacing, periodic=periodic, mesh=m)
+        np.testing.assert_array_equal(
+            dest, owner_oracle(x, layout, m.coords, origin, spacing, [periodic] * nd))
+        # the positions then migrate to their owners, which hold their cells
+        r = ps.migrate(x, dest, m)
+        got = ps.owner(r.rows, layout, origin=origin, spacing=spacing, periodic=periodic, mesh=m)
+        assert (got == m.rank).all()
+    finally:
+        m.free()
+
+
+def test_owner_errors(mesh):
+    layout = ps.Layout((8,), np.float64, (mesh.size,), [Shard(0)])
+    x = np.array([[0.5], [9.0], [np.nan], [3.0]])
+    with pytest.raises(ValueError, match=r"2 of 4 positions .* first is row 1"):
+        ps.owner(x, layout, mesh=mesh)
+    np.testing.assert_array_equal(
+        ps.owner(x[[0, 1, 3]], layout, periodic=True, mesh=mesh),
+        ps.owner(np.array([[0.5], [1.0], [3.0]]), layout, mesh=mesh))
+    with pytest.raises(ValueError, match="pass mesh="):
+        ps.owner(x, layout)
+    with pytest.raises(ValueError, match=r"\(n, 1\) floating point"):
+        ps.owner(np.zeros((3, 2)), layout, mesh=mesh)
+    with pytest.raises(ValueError, match="Partial"):
+        ps.owner(x[:1], ps.Layout((8,), np.float64, (mesh.size,), [ps.Partial()]), mesh=mesh)
