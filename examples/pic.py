@@ -1,21 +1,53 @@
-"""Charge deposition of a particle-in-cell code on a sharded 2-D or 3-D grid, with a halo fold.
+"""An electrostatic particle-in-cell code on a sharded periodic 2-D or 3-D grid: cloud-in-cell
+deposit and halo fold, a Poisson solve through pyshard.fft, the field with a halo update,
+a leapfrog push, and ``pyshard.migrate`` of the particles that crossed into another box.
 
-    mpiexec -n 4 python examples/pic.py --n 64 --dim 2 --particles 100000 [--overlap]
+    mpiexec -n 4 python examples/pic.py --dim 2 --n 16 --ppc 8 --steps 5 [--overlap]
 
-A periodic grid of n^dim cells (unit spacing, cell i at [i, i+1)) is split over a mesh of the
-ranks (``--mesh``, default ``MPI.Compute_dims``). A global particle set comes from a fixed
-seed (``--seed``): positions uniform in [0, n)^dim, charges in [0.5, 1.5). Each rank keeps
-the particles whose cell ``floor(x)`` lies in its own box and deposits their charge by
-cloud-in-cell: particle x gives ``prod((1 - f) or f)`` of its charge to each of the 2^dim
-cells ``floor(x) + {0, 1}`` (``f = x - floor(x)``), so a particle in the last cell of a box
-deposits partly into the ghost layer (width 1, periodic). ``HaloArray.fold()`` then adds
-every ghost cell into the cell of its owner. The total charge is conserved to round-off, and
-the grid equals a serial numpy deposit of the same particles (a different summation order:
-equal to about 1e-12 relative).
+The grid: n^dim cells of unit size, periodic, cell i at [i, i+1), split over a mesh of the
+ranks (``--mesh``, default ``MPI.Compute_dims(P, dim)``) as ``[Shard(0), ..., Shard(k-1)]`` on a
+mesh of k <= dim dims (``--mesh 4`` on a 3-D grid: slabs).
 
-``--overlap`` deposits the particles that touch a ghost cell first, starts the fold
-(``start_fold()``), deposits the others (whose cells all lie in the interior) while it
-flies, then ``wait()``: the interior may be written while a fold is in flight.
+The particles (an electron plasma on a neutralising background; units with eps0 = 1,
+q/m = -1 and the plasma frequency 1): ``--ppc`` particles per cell, particle ``id = cell *
+ppc + j`` for the cells in C order, so the set does not depend on the rank count. Every
+random number of a particle is a counter-based hash (splitmix64) of ``(seed, id, stream)``,
+vectorised: its offset in its cell (uniform in [0, 1)^dim), its weight w (uniform in
+[0.5, 1.5)), its velocity (Maxwellian, ``--vth`` per component, by Box-Muller). Charge
+``q = -w / ppc`` and mass ``-q``. Each rank creates only the ids of the cells in its own
+box. Each holds the columns ``(x, v, q, ids)``.
+
+One step (dt = ``--dt``):
+
+1. deposit: cloud-in-cell (particle x gives ``prod((1 - f) or f)`` of its charge to each of
+   the 2^dim cells ``floor(x) + {0, 1}``, ``f = x - floor(x)``) into a HaloArray of width 1,
+   periodic (a particle in the last cell of a box reaches the ghost layer), then
+   ``fold("sum")`` adds the ghosts into their owners' cells;
+2. Poisson: ``-lap(phi) = rho - mean(rho)`` with the finite-difference Green's function:
+   ``phi_hat = rho_hat / K2``, ``K2 = sum_d (2 sin(pi m_d / n))^2`` (the eigenvalues of the
+   second-order 2^dim+1-point Laplacian), ``phi_hat[0] = 0`` (drops the mean), through
+   ``pyshard.fft.plan(layout, "rfftn", placements="any")``: forward, multiply by ``1/K2`` at
+   the spectral array's box, backward (two or three transposes each way);
+3. field: ``E_d = -(phi[i + e_d] - phi[i - e_d]) / 2`` on phi with a halo update (width 1,
+   periodic), into one array of shape ``(n,)*dim + (dim,)`` whose halo (width 1 on the grid
+   axes) is updated in turn;
+4. gather: E at each particle with the same cloud-in-cell weights (the cells ``floor(x)``
+   and ``floor(x) + 1``: the interior and the upper ghost layer);
+5. leapfrog push: ``v += (q/m) E dt``, ``x += v dt``, x wrapped into [0, n) per dim;
+6. migrate: ``ps.migrate((x, v, q, ids), ps.owner(x, rho, periodic=True), mesh)``: each
+   particle goes to the rank whose box holds its cell; then the next step's deposit.
+
+The deposit of step 1 happens before the loop and at the end of each step, after the
+migration. ``--overlap`` starts the migration with ``wait=False``, deposits the particles
+that stay while the messages fly, then ``wait()`` and deposits the arrivals.
+
+A serial numpy run of the same steps (the whole grid, all particles, numpy.fft) is the
+reference: after ``--steps`` steps the positions (periodic distance) and velocities, sorted by
+id, agree within 1e-9 of their largest magnitude (n, max |v|): the summation orders differ;
+every id is held by exactly one rank; the charge deposited each step equals the particles'
+total (1e-12 relative). Prints per step the particles that crossed to another rank (summed
+over ranks) and the energy (field ``sum |E|^2 / 2`` plus kinetic ``sum m v^2 / 2``, the
+velocities at the half step); exits non-zero when a check fails.
 """
 
 from __future__ import annotations
@@ -24,21 +56,77 @@ import argparse
 import itertools
 import sys
 import time
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 from mpi4py import MPI
 
 import pyshard as ps
+from pyshard import fft as pf
+
+QM = -1.0  # charge / mass of every particle
+TOL = 1e-9  # positions and velocities against the serial run, relative to n and max |v|
+CHARGE_TOL = 1e-12  # the deposited charge against the particles' total, relative
+
+_M64 = np.uint64(0xFFFFFFFFFFFFFFFF)
 
 
-def particles(n: int, dim: int, count: int, seed: int) -> Tuple[np.ndarray, np.ndarray]:
-    """The global particle set: positions (count, dim) in [0, n) and charges (count,)."""
-    rng = np.random.default_rng(seed)
-    x = rng.uniform(0.0, n, size=(count, dim))
-    x = np.minimum(x, np.nextafter(float(n), 0.0))  # [0, n): floor(x) < n
-    q = rng.uniform(0.5, 1.5, size=count)
-    return x, q
+def _mix(z: np.ndarray) -> np.ndarray:
+    """splitmix64's finaliser on uint64 (wraps modulo 2^64, as intended)."""
+    z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return z ^ (z >> np.uint64(31))
+
+
+def _uniform(seed: int, ids: np.ndarray, stream: int) -> np.ndarray:
+    """Uniform [0, 1) doubles, one per id: a counter-based hash of (seed, id, stream)."""
+    key = ids.astype(np.uint64) * np.uint64(64) + np.uint64(stream)
+    z = _mix(key + _mix(np.full(1, seed, np.uint64) * np.uint64(0x9E3779B97F4A7C15)))
+    return (_mix(z) >> np.uint64(11)).astype(np.float64) * 2.0**-53
+
+
+def particles(n: int, dim: int, ppc: int, seed: int = 0, vth: float = 1.0,
+              box: Optional[Sequence[slice]] = None
+              ) -> Tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """The particles of the cells in ``box`` (all cells by default): positions ``(m, dim)``
+    in [0, n), velocities ``(m, dim)``, charges ``(m,)`` and ids ``(m,)`` (int64), ids
+    increasing. Particle ``id`` lies in cell ``id // ppc`` (C order); its values depend on
+    ``(seed, id)`` only."""
+    box = tuple(box) if box is not None else (slice(0, n),) * dim
+    cells = np.stack(np.meshgrid(*[np.arange(b.start, b.stop) for b in box], indexing="ij"),
+                     axis=-1).reshape(-1, dim)
+    lin = np.ravel_multi_index(tuple(cells.T), (n,) * dim) if len(cells) else np.zeros(0, int)
+    ids = (lin[:, None] * ppc + np.arange(ppc)).reshape(-1).astype(np.int64)
+    cell = np.repeat(cells, ppc, axis=0).astype(np.float64)
+    x = np.empty((len(ids), dim))
+    v = np.empty((len(ids), dim))
+    for d in range(dim):
+        x[:, d] = cell[:, d] + _uniform(seed, ids, d)
+        u1 = 1.0 - _uniform(seed, ids, 8 + 2 * d)  # (0, 1]
+        u2 = _uniform(seed, ids, 9 + 2 * d)
+        v[:, d] = vth * np.sqrt(-2.0 * np.log(u1)) * np.cos(2.0 * np.pi * u2)
+    x = np.minimum(x, np.nextafter(cell + 1.0, 0.0))  # stays in its cell
+    q = -(0.5 + _uniform(seed, ids, 7)) / ppc
+    return x, v, q, ids
+
+
+def _corners(x: np.ndarray, origin: Sequence[int], wrap: Optional[Sequence[int]]
+             ) -> Iterator[Tuple[Tuple[np.ndarray, ...], np.ndarray]]:
+    """Cloud-in-cell: for each of the 2^dim corners, the index tuple of its cell (``cell -
+    origin``, modulo ``wrap`` per dim when given) and each particle's weight there."""
+    dim = x.shape[1]
+    base = np.floor(x).astype(np.int64)
+    frac = x - base
+    for corner in itertools.product((0, 1), repeat=dim):
+        w = np.ones(len(x))
+        idx = []
+        for d, c in enumerate(corner):
+            w *= frac[:, d] if c else 1.0 - frac[:, d]
+            i = base[:, d] + c
+            if wrap is not None:
+                i = np.mod(i, wrap[d])
+            idx.append(i - origin[d])
+        yield tuple(idx), w
 
 
 def deposit(grid: np.ndarray, x: np.ndarray, q: np.ndarray, origin: Sequence[int],
@@ -47,101 +135,271 @@ def deposit(grid: np.ndarray, x: np.ndarray, q: np.ndarray, origin: Sequence[int
     ``c`` at ``grid[c - origin]`` (modulo ``wrap`` per dim when given)."""
     if not len(q):
         return
-    dim = x.shape[1]
-    base = np.floor(x).astype(np.int64)
-    frac = x - base
-    for corner in itertools.product((0, 1), repeat=dim):
-        w = q.copy()
-        idx = []
-        for d, c in enumerate(corner):
-            w *= frac[:, d] if c else 1.0 - frac[:, d]
-            i = base[:, d] + c
-            if wrap is not None:
-                i = np.mod(i, wrap[d])
-            idx.append(i - origin[d])
-        np.add.at(grid, tuple(idx), w)
+    for idx, w in _corners(x, origin, wrap):
+        np.add.at(grid, idx, q * w)
 
 
-def serial(n: int, dim: int, x: np.ndarray, q: np.ndarray) -> np.ndarray:
-    """The same deposit on the whole periodic grid, serially."""
-    grid = np.zeros((n,) * dim)
-    deposit(grid, x, q, (0,) * dim, wrap=(n,) * dim)
-    return grid
+def gather(field: np.ndarray, x: np.ndarray, origin: Sequence[int],
+           wrap: Optional[Sequence[int]] = None) -> np.ndarray:
+    """Cloud-in-cell interpolation of ``field`` (grid dims, then a component axis) at the
+    particles, with :func:`deposit`'s weights: ``(m, components)``."""
+    out = np.zeros((len(x), field.shape[-1]))
+    if len(x):
+        for idx, w in _corners(x, origin, wrap):
+            out += w[:, None] * field[idx]
+    return out
 
 
-def run(mesh: ps.Mesh, n: int, dim: int, count: int, overlap: bool = False, seed: int = 0,
-        method: Optional[str] = None) -> Tuple[ps.ShardedArray, Dict[str, float]]:
-    """Deposit the global particle set's charge on the sharded grid (periodic, one ghost
-    layer) and fold the ghosts; returns the grid and the times (deposit, fold) of this
-    rank."""
+def wrap_positions(x: np.ndarray, n: int) -> np.ndarray:
+    """x modulo n into [0, n) (``np.mod`` of a tiny negative gives n itself: that is 0)."""
+    x = np.mod(x, n)
+    x[x >= n] = 0.0
+    return x
+
+
+def green(n: int, dim: int, box: Sequence[slice]) -> np.ndarray:
+    """``1 / K2`` at the rfftn array's ``box`` (0 at the zero mode), ``K2 = sum_d (2
+    sin(pi m_d / n))^2``: the periodic finite-difference Laplacian's eigenvalues (even in
+    m_d, so the index serves for the signed wavenumber)."""
+    k2 = 0.0
+    for d, b in enumerate(box):
+        s = (2.0 * np.sin(np.pi * np.arange(b.start, b.stop) / n)) ** 2
+        k2 = k2 + s.reshape([-1 if i == d else 1 for i in range(dim)])
+    k2 = np.broadcast_to(k2, tuple(b.stop - b.start for b in box))
+    with np.errstate(divide="ignore"):
+        return np.where(k2 == 0.0, 0.0, 1.0 / np.where(k2 == 0.0, 1.0, k2))
+
+
+def _grad(p: np.ndarray, dim: int, interior: Optional[Tuple[slice, ...]], out: np.ndarray
+          ) -> None:
+    """``out[..., d] = -(p[i + e_d] - p[i - e_d]) / 2`` on ``interior`` of the padded ``p``
+    (width 1), or, with ``interior=None``, on the whole periodic ``p``."""
+    for d in range(dim):
+        if interior is None:
+            out[..., d] = -(np.roll(p, -1, axis=d) - np.roll(p, 1, axis=d)) / 2.0
+        else:
+            hi = list(interior)
+            lo = list(interior)
+            hi[d] = slice(interior[d].start + 1, interior[d].stop + 1)
+            lo[d] = slice(interior[d].start - 1, interior[d].stop - 1)
+            out[..., d] = -(p[tuple(hi)] - p[tuple(lo)]) / 2.0
+
+
+def _energy(e: np.ndarray, v: np.ndarray, q: np.ndarray) -> Tuple[float, float]:
+    """(field, kinetic) energy of this part: sum |E|^2 / 2 and sum m |v|^2 / 2 (m = q/QM)."""
+    return 0.5 * float(np.sum(e * e)), 0.5 * float(np.sum((q / QM) * np.sum(v * v, axis=1)))
+
+
+def serial(n: int, dim: int, ppc: int, steps: int, dt: float = 0.25, vth: float = 1.0,
+           seed: int = 0) -> Dict[str, Any]:
+    """The same k steps on the whole periodic grid with all particles, serially (numpy,
+    numpy.fft): the final ``x, v, q, ids`` (ids increasing), ``rho`` (the last deposit),
+    ``energy`` (field, kinetic) and ``charge`` (deposited) per step."""
     shape = (n,) * dim
-    rho = ps.distribute(np.zeros(shape), mesh, [ps.Shard(d) for d in range(dim)])
-    h = rho.with_halo(1, periodic=True, method=method)
-    box = rho.box
+    zero = (0,) * dim
+    x, v, q, ids = particles(n, dim, ppc, seed, vth)
+    g = green(n, dim, [slice(0, m) for m in shape[:-1] + (n // 2 + 1,)])
+
+    def dep(x: np.ndarray) -> np.ndarray:
+        rho = np.zeros(shape)
+        deposit(rho, x, q, zero, wrap=shape)
+        return rho
+
+    rho = dep(x)
+    e = np.empty(shape + (dim,))
+    energy, charge = [], [float(rho.sum())]
+    for _ in range(steps):
+        phi = np.fft.irfftn(np.fft.rfftn(rho) * g, s=shape, axes=tuple(range(dim)))
+        _grad(phi, dim, None, e)
+        energy.append(_energy(e, v, q))
+        v += QM * dt * gather(e, x, zero, wrap=shape)
+        x = wrap_positions(x + dt * v, n)
+        rho = dep(x)
+        charge.append(float(rho.sum()))
+    return {"x": x, "v": v, "q": q, "ids": ids, "rho": rho, "energy": energy,
+            "charge": charge}
+
+
+def run(mesh: ps.Mesh, n: int, dim: int, ppc: int, steps: int, dt: float = 0.25,
+        vth: float = 1.0, seed: int = 0, overlap: bool = False, method: Optional[str] = None
+        ) -> Dict[str, Any]:
+    """The k steps on the sharded grid. Returns this rank's final ``x, v, q, ids`` (in the
+    migrations' order), ``rho`` (the last deposit, a ShardedArray), and the global
+    ``crossed`` (particles that changed rank, per step), ``energy`` (field, kinetic per
+    step), ``charge`` (deposited, per deposit) and ``total`` (the particles' charge); and
+    this rank's ``times`` (seconds per phase, summed over the steps)."""
+    comm = mesh.comm
+    shape = (n,) * dim
+    if len(mesh.shape) > dim:
+        raise ValueError(f"pic: a {dim}-D grid takes a mesh of at most {dim} dims, got "
+                         f"{tuple(mesh.shape)}")
+    placements = [ps.Shard(d) for d in range(len(mesh.shape))]  # the first axes
+    lay = ps.Layout(shape, np.float64, tuple(mesh.shape), placements)
+    box = lay.box(mesh.coords)
     lo = np.array([b.start for b in box])
-    hi = np.array([b.stop for b in box])
-    x, q = particles(n, dim, count, seed)
-    cell = np.floor(x).astype(np.int64)
-    mine = np.all((cell >= lo) & (cell < hi), axis=1)
-    x, q, cell = x[mine], q[mine], cell[mine]
-    origin = lo - 1  # the padded array's first cell (width 1)
+    origin = lo - 1  # the padded arrays' first cell (width 1)
+    rho_h = ps.ShardedArray(np.zeros(lay.local_shape(mesh.coords)), lay, mesh).with_halo(
+        1, periodic=True, method=method)
+    phi_h = ps.ShardedArray(np.zeros(lay.local_shape(mesh.coords)), lay, mesh).with_halo(
+        1, periodic=True, method=method)
+    elay = ps.Layout(shape + (dim,), np.float64, tuple(mesh.shape), placements)
+    e_h = ps.ShardedArray(np.zeros(elay.local_shape(mesh.coords)), elay, mesh).with_halo(
+        (1,) * dim + (0,), periodic=True, method=method)
+    fplan = pf.plan(lay, "rfftn", placements="any")
+    g = green(n, dim, fplan.dst.box(mesh.coords))
+    inner = tuple(slice(1, 1 + b.stop - b.start) for b in box)
+
+    x, v, q, ids = particles(n, dim, ppc, seed, vth, box)
+    total = comm.allreduce(float(q.sum()))
+    t = dict.fromkeys(("deposit", "fold", "poisson", "field", "push", "migrate"), 0.0)
+
+    def clock(key: str, t0: float) -> float:
+        t1 = time.perf_counter()
+        t[key] += t1 - t0
+        return t1
+
+    def fold(t0: float) -> float:
+        t0 = clock("deposit", t0)
+        rho_h.fold("sum")
+        return clock("fold", t0)
+
     t0 = time.perf_counter()
-    if overlap:
-        edge = np.any(cell == hi - 1, axis=1)  # its cloud reaches a ghost cell
-        deposit(h.padded, x[edge], q[edge], origin)
-        t1 = time.perf_counter()
-        h.start_fold("sum")
-        deposit(h.padded, x[~edge], q[~edge], origin)  # interior only, while it flies
-        h.wait()
-        t2 = time.perf_counter()
-        times = {"deposit": t1 - t0, "fold": t2 - t1}
-    else:
-        deposit(h.padded, x, q, origin)
-        t1 = time.perf_counter()
-        h.fold("sum")
-        t2 = time.perf_counter()
-        times = {"deposit": t1 - t0, "fold": t2 - t1}
-    return h.array, times
+    rho_h.padded.fill(0.0)
+    deposit(rho_h.padded, x, q, origin)
+    t0 = fold(t0)
+    charge = [comm.allreduce(float(rho_h.interior.sum()))]
+    energy: List[Tuple[float, float]] = []
+    crossed: List[int] = []
+    me = comm.rank
+    for _ in range(steps):
+        t0 = time.perf_counter()
+        rho = ps.ShardedArray(np.ascontiguousarray(rho_h.interior), lay, mesh)
+        rh = fplan.forward(rho)
+        ph = ps.ShardedArray(np.ascontiguousarray(rh.local * g), rh.layout, rh.mesh)
+        phi_h.interior[...] = fplan.backward(ph).local
+        t0 = clock("poisson", t0)
+        phi_h.update()
+        _grad(phi_h.padded, dim, inner, e_h.interior)
+        e_h.update()
+        t0 = clock("field", t0)
+        fe, ke = _energy(e_h.interior, v, q)
+        energy.append((comm.allreduce(fe), comm.allreduce(ke)))
+        v = v + QM * dt * gather(e_h.padded, x, origin)
+        x = wrap_positions(x + dt * v, n)
+        t0 = clock("push", t0)
+        dest = ps.owner(x, rho_h.array, periodic=True)
+        rho_h.padded.fill(0.0)
+        if overlap:
+            pend = ps.migrate((x, v, q, ids), dest, mesh, wait=False)
+            t0 = clock("migrate", t0)
+            stay = dest == me
+            deposit(rho_h.padded, x[stay], q[stay], origin)  # while the rows fly
+            t0 = clock("deposit", t0)
+            r = pend.wait()
+            t0 = clock("migrate", t0)
+            x, v, q, ids = r.rows
+            off = int(r.counts[:me].sum())
+            new = np.ones(len(q), bool)
+            new[off:off + int(r.counts[me])] = False  # this rank's own rows: deposited
+            deposit(rho_h.padded, x[new], q[new], origin)
+        else:
+            r = ps.migrate((x, v, q, ids), dest, mesh)
+            t0 = clock("migrate", t0)
+            x, v, q, ids = r.rows
+            deposit(rho_h.padded, x, q, origin)
+        t0 = fold(t0)
+        crossed.append(comm.allreduce(int(r.n - r.sent[me])))
+        charge.append(comm.allreduce(float(rho_h.interior.sum())))
+    return {"x": x, "v": v, "q": q, "ids": ids, "rho": rho_h.array, "crossed": crossed,
+            "energy": energy, "charge": charge, "total": total, "times": t}
+
+
+def check(comm: MPI.Comm, res: Dict[str, Any], ref: Dict[str, Any], n: int
+          ) -> Dict[str, Any]:
+    """The parallel result against the serial one (the same on every rank): ``ids_ok`` (each
+    id on exactly one rank), ``in_box`` (every particle on the rank that owns its cell),
+    ``x_err`` (max periodic distance / n), ``v_err`` (max |dv| / max |v|), ``rho_err`` (the
+    last deposit, max |d| / max |rho|), ``charge_err`` (max over the deposits of |deposited -
+    total| / |total|), ``ok``."""
+    rho = res["rho"]
+    dest = ps.owner(res["x"], rho, periodic=True)
+    in_box = comm.allreduce(bool(np.all(dest == comm.rank)), op=MPI.LAND)
+    parts = comm.allgather((res["ids"], res["x"], res["v"]))
+    ids = np.concatenate([p[0] for p in parts])
+    order = np.argsort(ids, kind="stable")
+    ids = ids[order]
+    ids_ok = bool(len(ids) == len(ref["ids"]) and np.array_equal(ids, ref["ids"]))
+    x_err = v_err = float("inf")
+    if ids_ok:
+        x = np.concatenate([p[1] for p in parts])[order]
+        v = np.concatenate([p[2] for p in parts])[order]
+        dx = np.abs(x - ref["x"])
+        dx = np.minimum(dx, n - dx)  # periodic: 1e-17 and n - 1e-17 are neighbours
+        x_err = float(dx.max(initial=0.0)) / n
+        vmax = max(float(np.abs(ref["v"]).max(initial=0.0)), 1e-300)
+        v_err = float(np.abs(v - ref["v"]).max(initial=0.0)) / vmax
+    rmax = max(float(np.abs(ref["rho"]).max()), 1e-300)
+    rho_err = comm.allreduce(
+        float(np.abs(rho.local - ref["rho"][rho.box]).max(initial=0.0)) / rmax, op=MPI.MAX)
+    tot = abs(res["total"])
+    charge_err = max(abs(c - res["total"]) / tot for c in res["charge"])
+    charge_err = max(charge_err, abs(res["total"] - float(ref["q"].sum())) / tot)
+    ok = (ids_ok and in_box and x_err <= TOL and v_err <= TOL and rho_err <= TOL
+          and charge_err <= CHARGE_TOL)
+    return {"ids_ok": ids_ok, "in_box": in_box, "x_err": x_err, "v_err": v_err,
+            "rho_err": rho_err, "charge_err": charge_err, "ok": ok}
 
 
 def main(argv: Optional[List[str]] = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--n", type=int, default=64, help="cells per grid dim (default 64)")
+    ap.add_argument("--n", type=int, default=16, help="cells per grid dim (default 16)")
     ap.add_argument("--dim", type=int, default=2, choices=[2, 3])
-    ap.add_argument("--particles", type=int, default=100_000)
+    ap.add_argument("--ppc", type=int, default=None,
+                    help="particles per cell (default 8 in 2-D, 1 in 3-D)")
+    ap.add_argument("--steps", type=int, default=5)
+    ap.add_argument("--dt", type=float, default=0.25)
+    ap.add_argument("--vth", type=float, default=1.0, help="thermal velocity (cells / time)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--overlap", action="store_true")
     ap.add_argument("--mesh", default=None, help="e.g. 2x2 (default: MPI.Compute_dims)")
+    ap.add_argument("--method", default=None, help="halo method (default: PYSHARD_HALO_METHOD)")
     ap.add_argument("--check", default="yes", choices=["yes", "no"])
     args = ap.parse_args(argv)
+    ppc = args.ppc if args.ppc is not None else (8 if args.dim == 2 else 1)
     comm = MPI.COMM_WORLD
     if args.mesh:
         mesh_shape = tuple(int(m) for m in args.mesh.lower().split("x"))
     else:
         mesh_shape = tuple(MPI.Compute_dims(comm.size, args.dim))
     mesh = ps.Mesh(comm, mesh_shape)
-    rho, t = run(mesh, args.n, args.dim, args.particles, args.overlap, args.seed)
-    total = comm.allreduce(float(rho.local.sum()))
-    _, q = particles(args.n, args.dim, args.particles, args.seed)
-    fold_t = comm.allreduce(t["fold"], op=MPI.MAX)
-    ok = None
-    err = float("nan")
-    if args.check == "yes":
-        full = rho.full()
-        x, q = particles(args.n, args.dim, args.particles, args.seed)
-        ref = serial(args.n, args.dim, x, q)
-        err = float(np.max(np.abs(full - ref)) / max(np.max(np.abs(ref)), 1e-300))
-        ok = err <= 1e-12
+    t0 = time.perf_counter()
+    res = run(mesh, args.n, args.dim, ppc, args.steps, args.dt, args.vth, args.seed,
+              args.overlap, args.method)
+    elapsed = comm.allreduce(time.perf_counter() - t0, op=MPI.MAX)
+    times = {k: comm.allreduce(s, op=MPI.MAX) for k, s in res["times"].items()}
+    count = ppc * args.n**args.dim
     if comm.rank == 0:
-        print(
-            f"pic {args.dim}-D {args.n}^{args.dim} grid, {args.particles} particles on mesh "
-            f"{'x'.join(map(str, mesh_shape))} ({'overlapped' if args.overlap else 'blocking'}"
-            f" fold): fold {fold_t * 1e3:.3f} ms; total charge {total:.12g} (particles "
-            f"{float(q.sum()):.12g}, relative difference "
-            f"{abs(total - float(q.sum())) / float(q.sum()):.1e})"
-        )
-        if ok is not None:
-            print(f"equal to the serial numpy deposit within 1e-12 relative: {ok} ({err:.1e})")
+        print(f"pic {args.dim}-D, {args.n}^{args.dim} grid, {count} particles, mesh "
+              f"{'x'.join(map(str, mesh_shape))}, {args.steps} steps of dt {args.dt} "
+              f"({'overlapped' if args.overlap else 'blocking'} migration): {elapsed:.3f} s")
+        print("  step  crossed  field energy  kinetic energy  total energy")
+        for s, (c, (fe, ke)) in enumerate(zip(res["crossed"], res["energy"])):
+            print(f"  {s:4d}  {c:7d}  {fe:12.6e}  {ke:14.6e}  {fe + ke:12.6e}")
+        print("  slowest rank's seconds: " + ", ".join(f"{k} {v:.4f}" for k, v in
+                                                       times.items()))
+    ok = None
+    if args.check == "yes":
+        ref = serial(args.n, args.dim, ppc, args.steps, args.dt, args.vth, args.seed)
+        c = check(comm, res, ref, args.n)
+        ok = c["ok"]
+        if comm.rank == 0:
+            print(f"  serial numpy run: x {c['x_err']:.1e} (of n), v {c['v_err']:.1e} (of max "
+                  f"|v|), rho {c['rho_err']:.1e} (tolerance {TOL:g}); every id on one rank: "
+                  f"{c['ids_ok']}; every particle in its owner's box: {c['in_box']}; charge "
+                  f"{res['total']:.12g} conserved to {c['charge_err']:.1e} "
+                  f"(tolerance {CHARGE_TOL:g})")
+            fe, ke = ref["energy"][-1] if ref["energy"] else (0.0, 0.0)
+            print(f"  serial final energy {fe + ke:.6e}; checks pass: {ok}")
     mesh.free()
     return 0 if ok is not False else 1
 

@@ -1,7 +1,12 @@
-"""examples/pic.py (cloud-in-cell charge deposition, then a halo fold) at small sizes: the
-total charge is conserved to round-off and the grid equals the serial numpy deposit of the
-same particles within 1e-12 relative (another summation order), blocking and overlapped
-(the interior deposit runs while the fold is in flight), 2-D and 3-D, every method."""
+"""examples/pic.py (an electrostatic particle-in-cell code: cloud-in-cell deposit and halo fold,
+a Poisson solve through pyshard.fft, the field with halo updates, a leapfrog push and
+pyshard.migrate) at small sizes, at whatever rank count the suite runs: after k steps the
+particles, sorted by id, equal a serial numpy run of the same steps within 1e-9 (other
+summation orders), every particle is held by exactly one rank and lies in its owner's box,
+particles crossed boxes every step where P > 1, and the charge deposited each step equals the
+particles' total to round-off; blocking and overlapped migration (the staying particles
+deposited while the rows fly), 2-D and 3-D, a slab mesh; and the deposit + fold alone (k = 0)
+with every halo method."""
 
 from __future__ import annotations
 
@@ -22,31 +27,95 @@ _spec = importlib.util.spec_from_file_location(
 pic = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(pic)
 
-TOL = 1e-12  # relative to the largest cell charge
+# (dim, n, ppc): 256 and 216 particles; 3 steps of dt 0.25 at thermal velocity 1
+SIZES = {2: (8, 4), 3: (6, 1)}
+STEPS = 3
+
+_serial_cache: dict = {}
 
 
-@pytest.mark.parametrize("dim,n", [(2, 9), (3, 5)])
+def _serial(dim: int, steps: int, seed: int) -> dict:
+    key = (dim, steps, seed)
+    if key not in _serial_cache:
+        n, ppc = SIZES[dim]
+        _serial_cache[key] = pic.serial(n, dim, ppc, steps, seed=seed)
+    return _serial_cache[key]
+
+
+def _assert_equal_to_serial(comm, res, ref, n, steps):
+    c = pic.check(comm, res, ref, n)
+    assert c["ids_ok"], "the ids held, gathered, are not each id once"
+    assert c["in_box"], "a particle is not on the rank that owns its cell"
+    assert c["x_err"] <= pic.TOL, c
+    assert c["v_err"] <= pic.TOL, c
+    assert c["rho_err"] <= pic.TOL, c
+    assert c["charge_err"] <= pic.CHARGE_TOL, c
+    assert c["ok"]
+    assert len(res["charge"]) == steps + 1 and len(res["crossed"]) == steps
+    # the energy per step is the serial run's (field and kinetic)
+    np.testing.assert_allclose(res["energy"], ref["energy"], rtol=1e-9, atol=0)
+
+
+@pytest.mark.parametrize("dim", [2, 3])
 @pytest.mark.parametrize("overlap", [False, True])
-@pytest.mark.parametrize("method", ["persistent", "neighbor", "datatype"])
-def test_deposit_equals_serial_and_conserves_charge(comm, dim, n, overlap, method):
+def test_k_steps_equal_serial(comm, dim, overlap):
+    n, ppc = SIZES[dim]
     mesh = ps.Mesh(comm, MPI.Compute_dims(comm.size, dim))
-    count = 400
-    rho, _ = pic.run(mesh, n, dim, count, overlap=overlap, seed=4, method=method)
-    x, q = pic.particles(n, dim, count, 4)
-    total = comm.allreduce(float(rho.local.sum()))
-    assert abs(total - q.sum()) <= 1e-12 * q.sum()
-    ref = pic.serial(n, dim, x, q)
-    np.testing.assert_allclose(rho.local, ref[rho.box], rtol=0, atol=TOL * ref.max())
+    res = pic.run(mesh, n, dim, ppc, STEPS, seed=3, overlap=overlap)
+    _assert_equal_to_serial(comm, res, _serial(dim, STEPS, 3), n, STEPS)
+    if comm.size > 1:  # every mesh dim here splits the grid: particles cross every step
+        assert all(c > 0 for c in res["crossed"]), res["crossed"]
+    else:
+        assert res["crossed"] == [0] * STEPS
     mesh.free()
 
 
-def test_overlapped_equals_blocking(comm):
-    mesh = ps.Mesh(comm, MPI.Compute_dims(comm.size, 2))
-    a, _ = pic.run(mesh, 10, 2, 300, overlap=False, seed=1)
-    b, _ = pic.run(mesh, 10, 2, 300, overlap=True, seed=1)
-    np.testing.assert_allclose(a.local, b.local, rtol=0, atol=TOL * max(a.local.max(), 1))
+def test_slab_mesh_3d(comm):
+    """A 1-D mesh on a 3-D grid: only axis 0 is sharded (owner() along the others: this
+    rank's coordinate)."""
+    n, ppc = SIZES[3]
+    mesh = ps.Mesh(comm, (comm.size,))
+    res = pic.run(mesh, n, 3, ppc, 2, seed=3, overlap=True)
+    _assert_equal_to_serial(comm, res, _serial(3, 2, 3), n, 2)
+    assert (sum(res["crossed"]) > 0) == (comm.size > 1)
     mesh.free()
+
+
+@pytest.mark.parametrize("dim", [2, 3])
+@pytest.mark.parametrize("method", ["persistent", "neighbor", "datatype"])
+def test_deposit_fold_equals_serial(comm, dim, method):
+    """k = 0: the cloud-in-cell deposit and fold of the initial particles, each halo method."""
+    n, ppc = SIZES[dim]
+    mesh = ps.Mesh(comm, MPI.Compute_dims(comm.size, dim))
+    res = pic.run(mesh, n, dim, ppc, 0, seed=5, method=method)
+    ref = _serial(dim, 0, 5)
+    rho = res["rho"]
+    np.testing.assert_allclose(rho.local, ref["rho"][rho.box], rtol=0,
+                               atol=1e-12 * np.abs(ref["rho"]).max())
+    assert abs(res["charge"][0] - ref["q"].sum()) <= 1e-12 * abs(ref["q"].sum())
+    assert comm.allreduce(len(res["ids"])) == n**dim * ppc
+    mesh.free()
+
+
+def test_particles_do_not_depend_on_the_split():
+    """The particles of a box are the global set's rows of the cells in it, and in them."""
+    n, dim, ppc = 6, 3, 2
+    x, v, q, ids = pic.particles(n, dim, ppc, seed=9)
+    box = (slice(2, 5), slice(0, 6), slice(1, 3))
+    bx, bv, bq, bids = pic.particles(n, dim, ppc, seed=9, box=box)
+    cell = np.floor(x).astype(int)
+    inside = np.all([(cell[:, d] >= b.start) & (cell[:, d] < b.stop)
+                     for d, b in enumerate(box)], axis=0)
+    assert np.array_equal(bids, ids[inside])
+    assert np.array_equal(bx, x[inside]) and np.array_equal(bv, v[inside])
+    assert np.array_equal(bq, q[inside])
+    assert np.array_equal(ids, np.arange(n**dim * ppc))
+    assert np.all(np.floor(x).astype(int) == np.repeat(
+        np.stack(np.unravel_index(np.arange(n**dim), (n,) * dim), axis=1), ppc, axis=0))
+    assert np.all((q < 0) & (q >= -1.5 / ppc))
+    assert abs(float(np.std(v)) - 1.0) < 0.1  # Maxwellian, vth = 1
 
 
 def test_main_checks(comm):
-    assert pic.main(["--n", "8", "--dim", "2", "--particles", "200", "--overlap"]) == 0
+    assert pic.main(["--n", "8", "--dim", "2", "--ppc", "2", "--steps", "2",
+                     "--overlap"]) == 0
