@@ -38,8 +38,10 @@ One step (dt = ``--dt``):
    particle goes to the rank whose box holds its cell; then the next step's deposit.
 
 The deposit of step 1 happens before the loop and at the end of each step, after the
-migration. ``--overlap`` starts the migration with ``wait=False``, deposits the particles
-that stay while the messages fly, then ``wait()`` and deposits the arrivals.
+migration. ``--overlap`` starts the migration with ``wait=False`` and deposits the particles
+that stay while the rows fly; after ``wait()`` it deposits the arrivals whose cloud reaches a
+ghost cell, starts the fold (``start_fold()``) and deposits the other arrivals (interior
+cells only) while the fold flies: deposit = staying + arrivals, as without ``--overlap``.
 
 A serial numpy run of the same steps (the whole grid, all particles, numpy.fft) is the
 reference: after ``--steps`` steps the positions (periodic distance) and velocities, sorted by
@@ -237,6 +239,7 @@ def run(mesh: ps.Mesh, n: int, dim: int, ppc: int, steps: int, dt: float = 0.25,
     lay = ps.Layout(shape, np.float64, tuple(mesh.shape), placements)
     box = lay.box(mesh.coords)
     lo = np.array([b.start for b in box])
+    hi = np.array([b.stop for b in box])
     origin = lo - 1  # the padded arrays' first cell (width 1)
     rho_h = ps.ShardedArray(np.zeros(lay.local_shape(mesh.coords)), lay, mesh).with_halo(
         1, periodic=True, method=method)
@@ -301,13 +304,22 @@ def run(mesh: ps.Mesh, n: int, dim: int, ppc: int, steps: int, dt: float = 0.25,
             off = int(r.counts[:me].sum())
             new = np.ones(len(q), bool)
             new[off:off + int(r.counts[me])] = False  # this rank's own rows: deposited
+            # the arrivals whose cloud reaches a ghost cell, then the fold, and the others
+            # (interior cells only) while the fold flies
+            edge = new & np.any(np.floor(x).astype(np.int64) == hi - 1, axis=1)
+            deposit(rho_h.padded, x[edge], q[edge], origin)
+            t0 = clock("deposit", t0)
+            rho_h.start_fold("sum")
+            new &= ~edge
             deposit(rho_h.padded, x[new], q[new], origin)
+            rho_h.wait()
+            t0 = clock("fold", t0)
         else:
             r = ps.migrate((x, v, q, ids), dest, mesh)
             t0 = clock("migrate", t0)
             x, v, q, ids = r.rows
             deposit(rho_h.padded, x, q, origin)
-        t0 = fold(t0)
+            t0 = fold(t0)
         crossed.append(comm.allreduce(int(r.n - r.sent[me])))
         charge.append(comm.allreduce(float(rho_h.interior.sum())))
     return {"x": x, "v": v, "q": q, "ids": ids, "rho": rho_h.array, "crossed": crossed,
