@@ -192,6 +192,13 @@ def _energy(e: np.ndarray, v: np.ndarray, q: np.ndarray) -> Tuple[float, float]:
     return 0.5 * float(np.sum(e * e)), 0.5 * float(np.sum((q / QM) * np.sum(v * v, axis=1)))
 
 
+def _sum(comm: MPI.Comm, values: List[float]) -> np.ndarray:
+    """The sums over the ranks of a few numbers, in one ``MPI_Allreduce``."""
+    out = np.empty(len(values))
+    comm.Allreduce(np.asarray(values, np.float64), out, op=MPI.SUM)
+    return out
+
+
 def serial(n: int, dim: int, ppc: int, steps: int, dt: float = 0.25, vth: float = 1.0,
            seed: int = 0) -> Dict[str, Any]:
     """The same k steps on the whole periodic grid with all particles, serially (numpy,
@@ -274,7 +281,7 @@ def run(mesh: ps.Mesh, n: int, dim: int, ppc: int, steps: int, dt: float = 0.25,
     energy: List[Tuple[float, float]] = []
     crossed: List[int] = []
     me = comm.rank
-    for _ in range(steps):
+    for step in range(steps):
         t0 = time.perf_counter()
         rho = ps.ShardedArray(np.ascontiguousarray(rho_h.interior), lay, mesh)
         rh = fplan.forward(rho)
@@ -286,9 +293,15 @@ def run(mesh: ps.Mesh, n: int, dim: int, ppc: int, steps: int, dt: float = 0.25,
         e_h.update()
         t0 = clock("field", t0)
         fe, ke = _energy(e_h.interior, v, q)
-        energy.append((comm.allreduce(fe), comm.allreduce(ke)))
         v = v + QM * dt * gather(e_h.padded, x, origin)
         x = wrap_positions(x + dt * v, n)
+        # (field, kinetic, ranks with a non-finite position): owner() would raise on those
+        # ranks only, and the others would wait in migrate() for them
+        sums = _sum(comm, [fe, ke, float(not np.isfinite(x).all())])
+        energy.append((float(sums[0]), float(sums[1])))
+        if sums[2]:
+            raise FloatingPointError(f"pic: non-finite positions on {int(sums[2])} rank(s) "
+                                     f"after step {step} (dt {dt} too large?)")
         t0 = clock("push", t0)
         dest = ps.owner(x, rho_h.array, periodic=True)
         rho_h.padded.fill(0.0)
@@ -320,8 +333,9 @@ def run(mesh: ps.Mesh, n: int, dim: int, ppc: int, steps: int, dt: float = 0.25,
             x, v, q, ids = r.rows
             deposit(rho_h.padded, x, q, origin)
             t0 = fold(t0)
-        crossed.append(comm.allreduce(int(r.n - r.sent[me])))
-        charge.append(comm.allreduce(float(rho_h.interior.sum())))
+        sums = _sum(comm, [float(r.n - r.sent[me]), float(rho_h.interior.sum())])
+        crossed.append(int(sums[0]))
+        charge.append(float(sums[1]))
     return {"x": x, "v": v, "q": q, "ids": ids, "rho": rho_h.array, "crossed": crossed,
             "energy": energy, "charge": charge, "total": total, "times": t}
 

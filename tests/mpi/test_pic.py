@@ -115,6 +115,24 @@ def test_particles_do_not_depend_on_the_split():
     assert abs(float(np.std(v)) - 1.0) < 0.1  # Maxwellian, vth = 1
 
 
+def test_non_finite_position_raises_on_every_rank(comm, monkeypatch):
+    """A NaN velocity on rank 0 only: every rank raises after the push, before owner() and
+    migrate() (owner() alone would raise on rank 0 and leave the others in migrate())."""
+    made = pic.particles
+
+    def particles(*args, **kw):
+        x, v, q, ids = made(*args, **kw)
+        if comm.rank == 0 and len(v):
+            v[0, 0] = np.nan
+        return x, v, q, ids
+
+    monkeypatch.setattr(pic, "particles", particles)
+    mesh = ps.Mesh(comm, MPI.Compute_dims(comm.size, 2))
+    with pytest.raises(FloatingPointError, match="non-finite positions on 1 rank"):
+        pic.run(mesh, 8, 2, 1, 2, seed=3)
+    mesh.free()
+
+
 def test_main_checks(comm):
-    assert pic.main(["--n", "8", "--dim", "2", "--ppc", "2", "--steps", "2",
+    assert pic.main(["--n", "6", "--dim", "2", "--ppc", "2", "--steps", "1",
                      "--overlap"]) == 0
