@@ -25,9 +25,9 @@ One step (dt = ``--dt``):
    ``fold("sum")`` adds the ghosts into their owners' cells;
 2. Poisson: ``-lap(phi) = rho - mean(rho)`` with the finite-difference Green's function:
    ``phi_hat = rho_hat / K2``, ``K2 = sum_d (2 sin(pi m_d / n))^2`` (the eigenvalues of the
-   second-order 2^dim+1-point Laplacian), ``phi_hat[0] = 0`` (drops the mean), through
+   second-order (2 dim + 1)-point Laplacian), ``phi_hat[0] = 0`` (drops the mean), through
    ``pyshard.fft.plan(layout, "rfftn", placements="any")``: forward, multiply by ``1/K2`` at
-   the spectral array's box, backward (two or three transposes each way);
+   the spectral array's box, backward (a transpose per mesh dim of size > 1 each way);
 3. field: ``E_d = -(phi[i + e_d] - phi[i - e_d]) / 2`` on phi with a halo update (width 1,
    periodic), into one array of shape ``(n,)*dim + (dim,)`` whose halo (width 1 on the grid
    axes) is updated in turn;
