@@ -18,11 +18,12 @@ from __future__ import annotations
 
 import logging
 import zlib
-from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, List, Literal, Optional, Sequence, Tuple, Union, overload
 
 import numpy as np
 
 from . import _backend, _core, _dtypes
+from .executor import allocate
 from .layout import Layout, Partial, Replicate
 from .route import migrate_route
 
@@ -158,8 +159,10 @@ class Migrated:
     the path taken."""
 
     def __init__(self, mesh: Any, rows: Rows, counts: np.ndarray, sent: np.ndarray,
-                 dest: np.ndarray, route: Any, sig: int, device: bool) -> None:
+                 dest: np.ndarray, route: Any, sig: int, device: bool,
+                 row_bytes: Tuple[int, int] = (0, 0)) -> None:
         self.mesh, self.rows, self.counts, self.sent = mesh, rows, counts, sent
+        self._row_bytes = row_bytes
         self._dest, self.route, self._sig, self._device = dest, route, sig, device
         self._row_off = np.concatenate(([0], np.cumsum(counts)[:-1])).astype(np.int64)
 
@@ -168,6 +171,12 @@ class Migrated:
         """The ``dest`` of the migration (as int32 or int64); ``back`` reads it again, so it
         must stay unchanged until then."""
         return self._dest
+
+    @property
+    def offsets(self) -> np.ndarray:
+        """The first row of each source rank's group in :attr:`rows` (int64, length P): this
+        rank's own (staying) rows are ``offsets[rank] : offsets[rank] + counts[rank]``."""
+        return self._row_off
 
     @property
     def n(self) -> int:
@@ -199,7 +208,7 @@ class Migrated:
         if code:
             x.back_error(self.sent, self.counts, sig, code)
             raise ValueError(f"pyshard.Migrated.back: {detail}")
-        outs = [np.empty((self.n,) + a.shape[1:], a.dtype) for a in cols]
+        outs = [allocate((self.n,) + a.shape[1:], a.dtype) for a in cols]
         R = sum(a.dtype.itemsize * int(np.prod(a.shape[1:], dtype=np.int64)) for a in cols)
         others = np.arange(self.mesh.size) != self.mesh.rank
         sbytes = int(((self.counts * R + 16) * (others & (self.counts > 0))).sum())
@@ -216,10 +225,7 @@ class Migrated:
         P, me = self.mesh.size, self.mesh.rank
         to = [p for p in range(P) if p != me and self.sent[p]]
         frm = [p for p in range(P) if p != me and self.counts[p]]
-        cols = self.rows if isinstance(self.rows, (tuple, list, dict)) else [self.rows]
-        vals = list(cols.values()) if isinstance(cols, dict) else list(cols)
-        R = sum(np.asarray(a).dtype.itemsize * int(np.prod(np.shape(a)[1:], dtype=np.int64))
-                for a in vals)
+        R, ncols = self._row_bytes
         lines = [
             f"migrate on {P} ranks, rank {me}: path {self.route.path}, count exchange "
             f"{self.route.algorithm} ({self.route.why})",
@@ -227,7 +233,7 @@ class Migrated:
             f"{int(self.sent.sum() - self.sent[me])} leave to {len(to)} ranks {to}, "
             f"{int(self.counts.sum() - self.counts[me])} arrive from {len(frm)} ranks {frm}",
             f"  messages: {len(to)} out, {len(frm)} in, one per peer holding all "
-            f"{len(vals)} columns ({R} B a row); "
+            f"{ncols} columns ({R} B a row); "
             f"{int((self.sent.sum() - self.sent[me]) * R)} B out, "
             f"{int((self.counts.sum() - self.counts[me]) * R)} B in",
             "  back(): the same messages reversed (point-to-point, no collective)",
@@ -245,18 +251,24 @@ class _PendingBack:
 
     def wait(self) -> Rows:
         if self.result is None:
+            if self.send is None:
+                raise RuntimeError("pyshard: this back() failed in an earlier wait()")
             try:
                 self.x.wait()
             finally:
                 self.bufs.give(self.send)
                 self.bufs.give(self.recv)
+                self.send = self.recv = None
             self.result = self.st.build(_to_device(self.outs) if self.device else self.outs)
         return self.result
 
 
 class PendingMigration:
-    """A migration in flight (``migrate(..., wait=False)``): the rows are packed and the
-    messages posted; :meth:`wait` completes them and returns the :class:`Migrated`. The input
+    """A migration in flight (``migrate(..., wait=False)``): the counts are exchanged (the
+    count exchange is blocking: with ``alltoall`` an ``MPI_Alltoall``), the rows packed and
+    their messages posted; only the rows' flight overlaps the caller's work. ``counts`` and
+    ``sent`` are known already. :meth:`wait` completes the messages and returns the
+    :class:`Migrated`. The input
     arrays and ``dest`` must not be written until then (and ``dest`` not until every
     :meth:`Migrated.back` of the result has returned)."""
 
@@ -266,13 +278,26 @@ class PendingMigration:
         self._result, self.outs, self.st = result, outs, st
         self.done = False
 
+    @property
+    def counts(self) -> np.ndarray:
+        """Rows from each rank (known when :func:`migrate` returns)."""
+        return self._result.counts
+
+    @property
+    def sent(self) -> np.ndarray:
+        """Rows to each rank."""
+        return self._result.sent
+
     def wait(self) -> Migrated:
         if not self.done:
+            if self.send is None:
+                raise RuntimeError("pyshard: this migration failed in an earlier wait()")
             try:
                 self.x.wait()
             finally:
                 self.bufs.give(self.send)
                 self.bufs.give(self.recv)
+                self.send = self.recv = None
             self.done = True
             r = self._result
             r.rows = self.st.build(_to_device(self.outs) if r._device else self.outs)
@@ -282,6 +307,16 @@ class PendingMigration:
 def _to_device(cols: List[np.ndarray]) -> List[Any]:
     cp = _backend.cupy()
     return [cp.asarray(a) for a in cols]
+
+
+@overload
+def migrate(rows: Rows, dest: Any, mesh: Any, algorithm: str = ...,
+            wait: Literal[True] = ..., peers: Optional[Sequence[int]] = ...) -> Migrated: ...
+
+
+@overload
+def migrate(rows: Rows, dest: Any, mesh: Any, algorithm: str = ..., *,
+            wait: Literal[False], peers: Optional[Sequence[int]] = ...) -> PendingMigration: ...
 
 
 def migrate(rows: Rows, dest: Any, mesh: Any, algorithm: str = "auto", wait: bool = True,
@@ -344,7 +379,7 @@ def migrate(rows: Rows, dest: Any, mesh: Any, algorithm: str = "auto", wait: boo
         )
     assert d is not None
     m = int(rcounts.sum())
-    outs = [np.empty((m,) + a.shape[1:], a.dtype) for a in cols]
+    outs = [allocate((m,) + a.shape[1:], a.dtype) for a in cols]
     row_off = np.concatenate(([0], np.cumsum(rcounts)[:-1])).astype(np.int64)
     R = sum(a.dtype.itemsize * int(np.prod(a.shape[1:], dtype=np.int64)) for a in cols)
     sbytes = int((counts.sum() - counts[me]) * R)
@@ -353,7 +388,7 @@ def migrate(rows: Rows, dest: Any, mesh: Any, algorithm: str = "auto", wait: boo
     send, recv = bufs.take(sbytes), bufs.take(rbytes)
     x = _core.MigrateExchange(comm, r.algorithm == "alltoall")
     x.start_forward(d, counts, rcounts, cols, outs, row_off, send, recv)
-    result = Migrated(mesh, None, rcounts, counts, d, r, sig, device)
+    result = Migrated(mesh, None, rcounts, counts, d, r, sig, device, (R, len(cols)))
     pend = PendingMigration(x, bufs, send, recv, result, outs, st)
     if log.isEnabledFor(logging.DEBUG):
         log.debug("migrate: %d rows, %d stay, path %s", n, int(counts[me]), r.algorithm)
@@ -372,7 +407,7 @@ def _describe(st: _Structure, cols: List[np.ndarray]) -> str:
 
 
 def owner(positions: Any, like: Any, origin: Any = 0.0, spacing: Any = 1.0,
-          periodic: Any = False, mesh: Any = None) -> np.ndarray:
+          periodic: Any = False, mesh: Any = None, invalid: str = "raise") -> np.ndarray:
     """The ``dest`` that sends each position to the rank whose box holds its cell.
 
     ``positions``: ``(n, d)`` floating point; ``like``: a ``ShardedArray`` (or a ``Layout``,
@@ -380,7 +415,11 @@ def owner(positions: Any, like: Any, origin: Any = 0.0, spacing: Any = 1.0,
     ``floor((x[k] - origin[k]) / spacing[k])`` in float64; ``origin``, ``spacing`` and
     ``periodic`` are scalars or one per axis. Periodic axes wrap the cell modulo the shape;
     a position outside a non-periodic axis, or a NaN, raises ``ValueError`` with the count of
-    such rows and the first one (on this rank: no communication). Uneven and empty shards come
+    such rows and the first one. That error is this rank's alone (``owner`` communicates
+    nothing): where the next call is a collective :func:`migrate`, pass ``invalid="dest"``
+    instead, and such rows get dest ``-1``, which :func:`migrate` then reports on every rank
+    (``rank k's input is bad``) instead of leaving the other ranks waiting. Uneven and empty
+    shards come
     from the shard table. On a ``Replicate`` mesh dim the destination shares this rank's
     coordinate, so each replica group migrates within itself; a ``Partial`` mesh dim raises.
     Returns int32 ranks of ``mesh.comm``."""
@@ -422,7 +461,9 @@ def owner(positions: Any, like: Any, origin: Any = 0.0, spacing: Any = 1.0,
         else:
             bad |= (c < 0) | (c >= size)
         cells.append(c.astype(np.int64))
-    if bad.any():
+    if invalid not in ("raise", "dest"):
+        raise ValueError(f"pyshard.owner: invalid must be 'raise' or 'dest', got {invalid!r}")
+    if bad.any() and invalid == "raise":
         i = int(np.flatnonzero(bad)[0])
         raise ValueError(
             f"pyshard.owner: {int(bad.sum())} of {n} positions lie outside the grid of shape "
@@ -441,6 +482,7 @@ def owner(positions: Any, like: Any, origin: Any = 0.0, spacing: Any = 1.0,
             coords[:, m] = (shard // stride) % sub[j]
     strides = [int(np.prod(layout.mesh_shape[m + 1:], dtype=np.int64))
                for m in range(len(layout.mesh_shape))]
-    dest = coords @ np.asarray(strides, np.int64)
-    return dest.astype(np.int32)
+    dest = (coords @ np.asarray(strides, np.int64)).astype(np.int32)
+    dest[bad] = -1
+    return dest
 

@@ -24,7 +24,8 @@ CASES = (
 )
 """The redistribution cases, run by default."""
 
-EXTRA_CASES = ("checkpoint", "memory", "sparse", "fft3d", "fft", "halo", "stencil", "many")
+EXTRA_CASES = ("checkpoint", "memory", "sparse", "fft3d", "fft", "halo", "stencil", "many",
+               "migrate")
 """Benchmarks with rows of their own fields, run only when named."""
 
 

@@ -24,6 +24,7 @@ from .halo import bench_halo, bench_stencil, format_halo, format_stencil
 from .host import run_case
 from .many import bench_many, format_many
 from .memory import MEMORY_LIMIT_MIB, bench_memory, format_memory
+from .migrate import bench_migrate, format_migrate
 from .report import append_json, format_table
 from .sparse import bench_sparse_setup, format_sparse
 
@@ -84,6 +85,8 @@ def _parser() -> argparse.ArgumentParser:
     )
     ap.add_argument("--stencil-steps", type=int, default=20)
     ap.add_argument("--many-count", type=int, default=200, help="many case: how many arrays")
+    ap.add_argument("--migrate-rows", type=int, default=1_000_000,
+                    help="migrate case: rows a rank (64 B each; default 10^6)")
     ap.add_argument("--many-scale", type=int, default=1, help="many case: divide the shapes")
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--reps", type=int, default=10)
@@ -148,6 +151,10 @@ def _run_extra(name: str, comm: MPI.Comm, args: argparse.Namespace) -> Dict:
                           format_fft(row), file=sys.stderr, flush=True))
         if comm.Get_rank() == 0:
             print(format_fft(r), flush=True)
+    elif name == "migrate":
+        r = bench_migrate(comm, rows=args.migrate_rows, reps=args.reps, warmup=args.warmup)
+        if comm.Get_rank() == 0:
+            print(format_migrate(r), flush=True)
     elif name == "fft3d":
         n = args.fft_n
         r = bench_fft3d(comm, n=n, reps=args.reps, warmup=args.warmup)

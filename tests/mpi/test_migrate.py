@@ -291,9 +291,10 @@ def test_back_bad_values_and_changed_dest(mesh):
     with pytest.raises(ValueError, match="rows"):
         r.back(np.zeros((r.m + 1, 2)))  # every rank: its values have the wrong length
     if P > 1:
-        # one rank's values are bad: it raises, and so does every rank it owes rows to
+        # one rank's values are bad: it raises, and so does every rank it owes rows to (the
+        # ranks that sent it rows wait for them back)
         bad = me == 0
-        owes = r.counts[0] > 0 and me != 0
+        owes = r.sent[0] > 0 and me != 0
         try:
             r.back(np.zeros((r.m + 1, 2)) if bad else r.rows)
             raised = False
@@ -387,6 +388,11 @@ def test_owner_errors(mesh):
     np.testing.assert_array_equal(
         ps.owner(x[[0, 1, 3]], layout, periodic=True, mesh=mesh),
         ps.owner(np.array([[0.5], [1.0], [3.0]]), layout, mesh=mesh))
+    # invalid="dest": such rows get -1, and migrate reports them on every rank
+    d = ps.owner(x if mesh.rank == 0 else x[[0, 3]], layout, mesh=mesh, invalid="dest")
+    assert (d[[1, 2]] == -1).all() if mesh.rank == 0 else (d >= 0).all()
+    with pytest.raises(ValueError, match="rank 0's input is bad"):
+        ps.migrate(x if mesh.rank == 0 else x[[0, 3]], d, mesh)
     with pytest.raises(ValueError, match="pass mesh="):
         ps.owner(x, layout)
     with pytest.raises(ValueError, match=r"\(n, 1\) floating point"):
