@@ -1,4 +1,4 @@
-/* A PMPI shim for tests/mpi/test_first_call.py: counts every MPI collective (data movement,
+/* A PMPI shim for tests/mpi/test_first_call.py and test_migrate_pmpi.py: counts every MPI collective (data movement,
  * barriers and communicator constructors) and point-to-point call of the process, by name.
  * Built by the test with the MPI library's own mpicc and loaded into the ranks with
  * LD_PRELOAD, so that it counts the calls of mpi4py and of pyshard's core alike.
@@ -100,6 +100,9 @@ W(Recv, (void* b, int n, T t, int s, int tag, MPI_Comm c, MPI_Status* st), (b, n
 W(Isend, (CV b, int n, T t, int d, int tag, MPI_Comm c, MPI_Request* r), (b, n, t, d, tag, c, r))
 W(Irecv, (void* b, int n, T t, int s, int tag, MPI_Comm c, MPI_Request* r),
   (b, n, t, s, tag, c, r))
+W(Issend, (CV b, int n, T t, int d, int tag, MPI_Comm c, MPI_Request* r), (b, n, t, d, tag, c, r))
+W(Iprobe, (int s, int tag, MPI_Comm c, int* f, MPI_Status* st), (s, tag, c, f, st))
+W(Probe, (int s, int tag, MPI_Comm c, MPI_Status* st), (s, tag, c, st))
 W(Start, (MPI_Request* r), (r))
 W(Startall, (int n, MPI_Request* r), (n, r))
 
@@ -120,6 +123,9 @@ W(Reduce_scatter_c, (CV s, void* r, const MPI_Count* n, T t, MPI_Op o, MPI_Comm 
   (s, r, n, t, o, c))
 W(Reduce_scatter_block_c, (CV s, void* r, MPI_Count n, T t, MPI_Op o, MPI_Comm c),
   (s, r, n, t, o, c))
+W(Ialltoallv_c, (CV s, const MPI_Count* sn, const MPI_Aint* sd, T st, void* r,
+                 const MPI_Count* rn, const MPI_Aint* rd, T rt, MPI_Comm c, MPI_Request* q),
+  (s, sn, sd, st, r, rn, rd, rt, c, q))
 W(Isend_c, (CV b, MPI_Count n, T t, int d, int tag, MPI_Comm c, MPI_Request* r),
   (b, n, t, d, tag, c, r))
 W(Irecv_c, (void* b, MPI_Count n, T t, int s, int tag, MPI_Comm c, MPI_Request* r),
