@@ -1,5 +1,5 @@
 """migrate's MPI calls, counted by a PMPI shim (pmpi_count.c) preloaded into a job of 8 ranks
-on a 2x4 mesh, particles moving to neighbouring boxes: the sparse path (NBX) runs no
+on a 4x2 mesh, particles moving to neighbouring boxes: the sparse path (NBX) runs no
 Alltoall or Alltoallv, one nonblocking reduction, and sends its count and its rows only to
 the ranks that get rows (one synchronous send and one send each), receiving from exactly the
 ranks that send to it; the dense path's collectives are one Alltoall and one Ialltoallv."""
@@ -36,8 +36,8 @@ def test_nbx_messages_only_to_receivers(comm, shim):  # noqa: F811
         coll = {k: v for k, v in c.items() if k in COLL}
         assert coll == {"Iallreduce": 1}, (me, c)
         to, frm = nbx["to"], nbx["from"]
-        cy, cx = divmod(me, 4)  # the 2x4 mesh: the neighbouring boxes, periodic
-        near = {((cy + dy) % 2) * 4 + (cx + dx) % 4 for dy in (-1, 0, 1) for dx in (-1, 0, 1)}
+        cy, cx = divmod(me, 2)  # the 4x2 mesh (Compute_dims): the neighbouring boxes, periodic
+        near = {((cy + dy) % 4) * 2 + (cx + dx) % 2 for dy in (-1, 0, 1) for dx in (-1, 0, 1)}
         assert set(to) == near - {me}, (me, to)
         assert c.get("Issend", 0) == len(to), (me, c, to)  # the counts
         sends = c.get("Isend", 0) + c.get("Isend_c", 0)
