@@ -91,7 +91,7 @@ void bind_migrate(py::module_& m) {
       "signature differs or -1).");
 
   py::class_<MigrateExchange, std::shared_ptr<MigrateExchange>>(m, "MigrateExchange")
-      .def(py::init<std::shared_ptr<Comm>, bool>(), py::arg("comm"), py::arg("dense"))
+      .def(py::init<std::shared_ptr<Comm>>(), py::arg("comm"))
       .def(
           "start_forward",
           [](MigrateExchange& x, const py::array& dest, const I64Array& cnt,

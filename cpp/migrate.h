@@ -53,9 +53,9 @@ CountResult migrate_counts(const Comm& comm, int algorithm, const i64* counts, i
 // came from). Holds the requests and the per-peer arrays a nonblocking exchange needs.
 class MigrateExchange {
  public:
-  // dense: one MPI_Ialltoallv; else point-to-point messages to and from the ranks that have
-  // rows for each other.
-  MigrateExchange(std::shared_ptr<Comm> comm, bool dense);
+  // Point-to-point messages to and from the ranks that have rows for each other; forward,
+  // each arriving message lands in the result's columns (one derived datatype a peer).
+  explicit MigrateExchange(std::shared_ptr<Comm> comm);
   ~MigrateExchange();
   MigrateExchange(const MigrateExchange&) = delete;
   MigrateExchange& operator=(const MigrateExchange&) = delete;
@@ -82,7 +82,6 @@ class MigrateExchange {
  private:
   void post(const i64* sbytes, const i64* rbytes, char* send, char* recv, int tag);
   std::shared_ptr<Comm> comm_;
-  bool dense_;
   bool active_ = false;
   bool back_ = false;
   int P_ = 0, rank_ = 0;
@@ -94,9 +93,9 @@ class MigrateExchange {
   std::vector<i64> cnt_, rcnt_, row_off_, roff_;
   Cols src_, dst_;
   char* recv_ = nullptr;
-  mpi::Counts sc_, rc_;
-  mpi::Displs sd_, rd_;
   std::vector<MPI_Request> reqs_;
+  std::vector<MPI_Datatype> types_;  // receives straight into the result's columns
+  std::vector<bool> direct_;         // per peer: received that way (no unpack)
 };
 
 }  // namespace pyshard

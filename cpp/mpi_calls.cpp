@@ -539,6 +539,29 @@ bool iprobe_recv(void* p, int n, int tag, MPI_Comm comm, int* source) {
   return true;
 }
 
+MPI_Datatype hindexed_bytes(const std::vector<char*>& ptrs, const std::vector<i64>& lens) {
+  std::vector<int> bl;
+  std::vector<MPI_Aint> at;
+  for (size_t k = 0; k < ptrs.size(); ++k) {
+    if (lens[k] > g_limit) return MPI_DATATYPE_NULL;
+    if (lens[k] == 0) continue;
+    MPI_Aint a;
+    check_mpi(MPI_Get_address(ptrs[k], &a), "MPI_Get_address");
+    bl.push_back(static_cast<int>(lens[k]));
+    at.push_back(a);
+  }
+  MPI_Datatype t;
+  check_mpi(MPI_Type_create_hindexed(static_cast<int>(bl.size()), bl.data(), at.data(), MPI_BYTE,
+                                     &t),
+            "MPI_Type_create_hindexed");
+  check_mpi(MPI_Type_commit(&t), "MPI_Type_commit");
+  return t;
+}
+
+void irecv_typed(MPI_Datatype t, int peer, int tag, MPI_Comm comm, MPI_Request* req) {
+  check_mpi(MPI_Irecv(MPI_BOTTOM, 1, t, peer, tag, comm, req), "MPI_Irecv");
+}
+
 void drain(int source, int tag, MPI_Comm comm) {
   MPI_Status st;
   check_mpi(MPI_Probe(source, tag, comm, &st), "MPI_Probe");

@@ -139,6 +139,11 @@ void issend_bytes(const void* p, int n, int peer, int tag, MPI_Comm comm, MPI_Re
 // Is a message of `tag` from any rank waiting? Then its source, and it is received (n bytes).
 bool iprobe_recv(void* p, int n, int tag, MPI_Comm comm, int* source);
 void iallreduce_min_i64(i64* inout, int n, MPI_Comm comm, MPI_Request* req);
+// One committed datatype of byte blocks at absolute addresses (MPI_BOTTOM-relative): a
+// message received with it lands in several arrays at once. MPI_DATATYPE_NULL where a block
+// is past the count limit (the caller receives into a buffer instead). The caller frees it.
+MPI_Datatype hindexed_bytes(const std::vector<char*>& ptrs, const std::vector<i64>& lens);
+void irecv_typed(MPI_Datatype t, int peer, int tag, MPI_Comm comm, MPI_Request* req);
 // Receive and drop the next message of `tag` from `source`, whatever its size (blocking).
 void drain(int source, int tag, MPI_Comm comm);
 

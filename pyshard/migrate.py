@@ -204,7 +204,7 @@ class Migrated:
                                        f"{self.m} rows this rank received")
                     break
         sig = _signature(st, cols) if not code else 0
-        x = _core.MigrateExchange(self.mesh.core_comm(tuple(range(self.mesh.ndim))), False)
+        x = _core.MigrateExchange(self.mesh.core_comm(tuple(range(self.mesh.ndim))))
         if code:
             x.back_error(self.sent, self.counts, sig, code)
             raise ValueError(f"pyshard.Migrated.back: {detail}")
@@ -329,10 +329,11 @@ def migrate(rows: Rows, dest: Any, mesh: Any, algorithm: str = "auto", wait: boo
     through host memory). ``dest``: an integer array of length ``n``.
 
     ``algorithm``: ``"auto"`` (the rule in :func:`pyshard.route.migrate_route`), ``"alltoall"``
-    (the counts in one ``MPI_Alltoall``, the rows in one ``MPI_Alltoallv``), ``"nbx"``
-    (sparse: synchronous sends of the counts to the ranks that get rows, and a nonblocking
-    reduction; the rows by point-to-point messages to those ranks only) or ``"peers"`` (needs
-    ``peers``). ``peers``: a superset of the ranks this rank exchanges rows with, the same
+    (the counts in one ``MPI_Alltoall``), ``"nbx"`` (sparse: synchronous sends of the counts
+    to the ranks that get rows, and a nonblocking reduction) or ``"peers"`` (needs
+    ``peers``). Whichever ran, the rows then go by point-to-point messages to the ranks that
+    get rows only, one a peer holding every column, each received straight into the
+    result's columns. ``peers``: a superset of the ranks this rank exchanges rows with, the same
     relation on every rank (``q`` in ``peers`` of ``p`` iff ``p`` in ``peers`` of ``q``): the
     counts go only to them, with no collective at all.
 
@@ -386,7 +387,7 @@ def migrate(rows: Rows, dest: Any, mesh: Any, algorithm: str = "auto", wait: boo
     rbytes = int((rcounts.sum() - rcounts[me]) * R)
     bufs = _state(mesh)["buffers"]
     send, recv = bufs.take(sbytes), bufs.take(rbytes)
-    x = _core.MigrateExchange(comm, r.algorithm == "alltoall")
+    x = _core.MigrateExchange(comm)
     x.start_forward(d, counts, rcounts, cols, outs, row_off, send, recv)
     result = Migrated(mesh, None, rcounts, counts, d, r, sig, device, (R, len(cols)))
     pend = PendingMigration(x, bufs, send, recv, result, outs, st)

@@ -267,10 +267,10 @@ MIGRATE_DENSE_MAX = 64
 @dataclass(frozen=True)
 class MigrateRoute:
     """Where a migration (:func:`pyshard.migrate`) goes: ``path`` ``"local"`` (one rank) or
-    ``"mpi"``; ``algorithm``: the count exchange, ``"alltoall"`` (one ``MPI_Alltoall``, then
-    the rows in one ``MPI_Alltoallv``), ``"nbx"`` (synchronous sends and a nonblocking
-    reduction, then point-to-point messages to the ranks that get rows) or ``"peers"``
-    (messages to and from ``peers`` only, no collective); ``why``, in words."""
+    ``"mpi"``; ``algorithm``: the count exchange, ``"alltoall"`` (one ``MPI_Alltoall``),
+    ``"nbx"`` (synchronous sends and a nonblocking reduction) or ``"peers"`` (messages to
+    and from ``peers`` only, no collective); the rows then go by point-to-point messages to
+    the ranks that get rows; ``why``, in words."""
 
     path: str
     algorithm: str
