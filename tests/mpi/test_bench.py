@@ -103,3 +103,15 @@ def test_bench_many_writes_json(comm):
     assert row["case"] == "many" and row["arrays"] == 12 and row["ranks"] == comm.size
     assert row["many_s"] > 0 and row["loop_s"] > 0 and row["floor_s"] > 0
     assert row["floor"] in ("Alltoall", "Alltoallv")
+
+
+def test_bench_migrate_writes_json(comm):
+    (row,) = bench_rows(comm, ["--cases", "migrate", "--migrate-rows", "3000", "--reps", "1",
+                               "--warmup", "0"])
+    assert row["case"] == "migrate" and row["ranks"] == comm.size and row["check"] is True
+    assert [o["pattern"] for o in row["rows"]] == ["1%", "10%", "50%", "uniform"]
+    for o in row["rows"]:
+        assert all(v > 0 for v in o["ms"].values())
+        # NBX sends to the ranks that get rows only: at most the other ranks, none on one rank
+        assert 0 <= o["max_messages_per_rank"] <= comm.size - 1
+    assert row["simulated"]["ranks"] == 65536 and 1 <= row["simulated"]["nbx_messages"] <= 8
