@@ -17,6 +17,7 @@ caller names a superset of the ranks each row can go to. Docs: docs/particles.md
 from __future__ import annotations
 
 import logging
+import time
 import zlib
 from typing import Any, Dict, List, Literal, Optional, Sequence, Tuple, Union, overload
 
@@ -25,7 +26,7 @@ import numpy as np
 from . import _backend, _core, _dtypes
 from .executor import allocate
 from .layout import Layout, Partial, Replicate
-from .route import migrate_route
+from .route import MigrateRoute, migrate_route
 
 __all__ = ["Migrated", "PendingMigration", "migrate", "owner"]
 
@@ -328,7 +329,8 @@ def migrate(rows: Rows, dest: Any, mesh: Any, algorithm: str = "auto", wait: boo
     dims and any fixed-size dtype (bfloat16 and float8 included); numpy, or cupy (staged
     through host memory). ``dest``: an integer array of length ``n``.
 
-    ``algorithm``: ``"auto"`` (the rule in :func:`pyshard.route.migrate_route`), ``"alltoall"``
+    ``algorithm``: ``"auto"`` (the rule in :func:`pyshard.route.migrate_route`), ``"tune"``
+    (measured at the first call on the mesh, then kept), ``"alltoall"``
     (the counts in one ``MPI_Alltoall``), ``"nbx"`` (sparse: synchronous sends of the counts
     to the ranks that get rows, and a nonblocking reduction) or ``"peers"`` (needs
     ``peers``). Whichever ran, the rows then go by point-to-point messages to the ranks that
@@ -347,6 +349,8 @@ def migrate(rows: Rows, dest: Any, mesh: Any, algorithm: str = "auto", wait: boo
     travels with the counts, so no collective is added."""
     P, me = mesh.size, mesh.rank
     r = migrate_route(mesh, algorithm, peers)
+    if r.algorithm == "tune":
+        return _tuned(rows, dest, mesh, wait)
     device = _any_device(rows)
     st, cols, code, detail = _split(rows, "rows")
     d: Optional[np.ndarray] = None
@@ -394,6 +398,33 @@ def migrate(rows: Rows, dest: Any, mesh: Any, algorithm: str = "auto", wait: boo
     if log.isEnabledFor(logging.DEBUG):
         log.debug("migrate: %d rows, %d stay, path %s", n, int(counts[me]), r.algorithm)
     return pend.wait() if wait else pend
+
+
+def _tuned(rows: Rows, dest: Any, mesh: Any, wait: bool) -> Union[Migrated, PendingMigration]:
+    """``algorithm="tune"``: the count exchange measured at the first call on ``mesh`` (each
+    candidate run twice on this call's rows, the slowest rank's best time deciding, so every
+    rank keeps the same), then kept for the mesh."""
+    st = _state(mesh)
+    if "tuned" not in st:
+        from mpi4py import MPI
+
+        times = {}
+        for alg in ("alltoall", "nbx"):
+            best = float("inf")
+            for _ in range(2):
+                mesh.comm.Barrier()
+                t0 = time.perf_counter()
+                migrate(rows, dest, mesh, alg)
+                best = min(best, time.perf_counter() - t0)
+            times[alg] = mesh.comm.allreduce(best, op=MPI.MAX)
+        pick = min(times, key=lambda a: (times[a], a))
+        st["tuned"] = (pick, ", ".join(f"{a} {1e3 * t:.3g} ms" for a, t in times.items()))
+        log.info("migrate tune: %s (%s)", pick, st["tuned"][1])
+    pick, why = st["tuned"]
+    out = migrate(rows, dest, mesh, pick, wait)
+    res = out if isinstance(out, Migrated) else out._result
+    res.route = MigrateRoute(res.route.path, pick, f"tuned at the first call: {why}")
+    return out
 
 
 def _any_device(rows: Rows) -> bool:

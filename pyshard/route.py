@@ -281,11 +281,12 @@ class MigrateRoute:
 def migrate_route(mesh: Any, algorithm: str, peers: Any = None) -> MigrateRoute:
     """The rule for :func:`pyshard.migrate`, from what every rank holds alike (the mesh size,
     the arguments): ``peers`` given -> ``peers``; ``auto`` -> ``alltoall`` up to
-    :data:`MIGRATE_DENSE_MAX` ranks, ``nbx`` past it; a name -> that one. No MPI call; bad
-    arguments raise ``ValueError`` before any communication."""
+    :data:`MIGRATE_DENSE_MAX` ranks, ``nbx`` past it; ``tune`` -> measured (``alltoall``
+    against ``nbx``, at the first call on the mesh, the slowest rank's time deciding); a name
+    -> that one. No MPI call; bad arguments raise ``ValueError`` before any communication."""
     P = mesh.size
-    if algorithm not in ("auto",) + MIGRATE_ALGORITHMS:
-        raise ValueError(f"pyshard.migrate: algorithm must be 'auto' or one of "
+    if algorithm not in ("auto", "tune") + MIGRATE_ALGORITHMS:
+        raise ValueError(f"pyshard.migrate: algorithm must be 'auto', 'tune' or one of "
                          f"{MIGRATE_ALGORITHMS}, got {algorithm!r}")
     ps: Tuple[int, ...] = ()
     if peers is not None:
@@ -304,6 +305,9 @@ def migrate_route(mesh: Any, algorithm: str, peers: Any = None) -> MigrateRoute:
     if algorithm == "peers":
         raise ValueError("pyshard.migrate: algorithm 'peers' needs peers=")
     path = "mpi" if P > 1 else "local"
+    if algorithm == "tune":
+        return MigrateRoute(path, "tune", "measured at the first call on this mesh: alltoall, "
+                            "nbx")
     if algorithm != "auto":
         return MigrateRoute(path, algorithm, f"as asked ({algorithm})")
     if P <= MIGRATE_DENSE_MAX:

@@ -273,6 +273,27 @@ def test_bad_input_raises_on_every_rank(mesh, kind, algorithm):
     np.testing.assert_array_equal(r.rows, np.arange(4.0) + (me - 1) % P)
 
 
+def test_tune_keeps_one_count_exchange(mesh):
+    """tune measures alltoall against nbx at the first call, every rank keeps the same, and
+    the result is the oracle's."""
+    P, me = mesh.size, mesh.rank
+    spec = [("x", "float64", (3,))]
+    getattr(mesh, "_migrate_state", {}).pop("tuned", None)
+    for seed in (8, 9):
+        cols, dest = rows_of(seed, me, P, "uniform", spec)
+        r = ps.migrate(cols, dest, mesh, algorithm="tune")
+        want, _ = expected(seed, me, P, "uniform", spec)
+        same(r.rows["x"], want["x"])
+        assert r.route.algorithm in ("alltoall", "nbx") and "tuned" in r.route.why
+        assert MPI.COMM_WORLD.allgather(r.route.algorithm) == [r.route.algorithm] * P
+    ps.reset_comm_stats()
+    ps.migrate(cols, dest, mesh, algorithm="tune")  # kept: one count exchange only
+    st = ps.comm_stats()
+    if P > 1:
+        assert st.get("migrate_" + r.route.algorithm) == 1 and len(
+            [k for k in st if k in ("migrate_alltoall", "migrate_nbx")]) == 1
+
+
 def test_bad_algorithm_and_peers(mesh):
     x, dest = np.zeros(2), np.zeros(2, int)
     with pytest.raises(ValueError, match="algorithm must be"):
