@@ -49,6 +49,27 @@ char* bytes_of(py::array& a, const char* name) {
   return get_buf(a, true, name).ptr;
 }
 
+// What start_forward and start_back take, checked and as pointers (while the GIL is held).
+struct Args {
+  Args(const py::array& dest, const I64Array& cnt, const I64Array& rcnt, const py::list& src,
+       const py::list& dst, const I64Array& row_off, py::array& send, py::array& recv)
+      : d(dest_ptr(dest, &item)), n(dest.size()), s(cols_of(src, false, "a column")),
+        t(cols_of(dst, true, "a result column")) {
+    const i64 P = cnt.size();
+    c = checked(cnt, P, "cnt");
+    rc = checked(rcnt, P, "rcnt");
+    ro = checked(row_off, P, "row_off");
+    sb = bytes_of(send, "send");
+    rb = bytes_of(recv, "recv");
+  }
+  int item = 8;
+  const void* d;
+  i64 n;
+  Cols s, t;
+  const i64 *c, *rc, *ro;
+  char *sb, *rb;
+};
+
 }  // namespace
 
 void bind_migrate(py::module_& m) {
@@ -97,15 +118,9 @@ void bind_migrate(py::module_& m) {
           [](MigrateExchange& x, const py::array& dest, const I64Array& cnt,
              const I64Array& rcnt, const py::list& src, const py::list& dst,
              const I64Array& row_off, py::array& send, py::array& recv) {
-            int item = 8;
-            const void* d = dest_ptr(dest, &item);
-            const i64 P = cnt.size();
-            Cols s = cols_of(src, false, "a column"), t = cols_of(dst, true, "a result column");
-            const i64 *c = checked(cnt, P, "cnt"), *rc = checked(rcnt, P, "rcnt"),
-                      *ro = checked(row_off, P, "row_off");
-            char *sb = bytes_of(send, "send"), *rb = bytes_of(recv, "recv");
+            Args a(dest, cnt, rcnt, src, dst, row_off, send, recv);
             py::gil_scoped_release nogil;
-            x.start_forward(d, item, dest.size(), c, rc, s, t, ro, sb, rb);
+            x.start_forward(a.d, a.item, a.n, a.c, a.rc, a.s, a.t, a.ro, a.sb, a.rb);
           },
           py::arg("dest"), py::arg("cnt"), py::arg("rcnt"), py::arg("src"), py::arg("dst"),
           py::arg("row_off"), py::arg("send"), py::arg("recv"))
@@ -114,15 +129,9 @@ void bind_migrate(py::module_& m) {
           [](MigrateExchange& x, const py::array& dest, const I64Array& cnt,
              const I64Array& rcnt, const py::list& src, const py::list& dst,
              const I64Array& row_off, py::array& send, py::array& recv, i64 sig) {
-            int item = 8;
-            const void* d = dest_ptr(dest, &item);
-            const i64 P = cnt.size();
-            Cols s = cols_of(src, false, "a column"), t = cols_of(dst, true, "a result column");
-            const i64 *c = checked(cnt, P, "cnt"), *rc = checked(rcnt, P, "rcnt"),
-                      *ro = checked(row_off, P, "row_off");
-            char *sb = bytes_of(send, "send"), *rb = bytes_of(recv, "recv");
+            Args a(dest, cnt, rcnt, src, dst, row_off, send, recv);
             py::gil_scoped_release nogil;
-            x.start_back(d, item, dest.size(), c, rc, s, t, ro, sb, rb, sig);
+            x.start_back(a.d, a.item, a.n, a.c, a.rc, a.s, a.t, a.ro, a.sb, a.rb, sig);
           },
           py::arg("dest"), py::arg("cnt"), py::arg("rcnt"), py::arg("src"), py::arg("dst"),
           py::arg("row_off"), py::arg("send"), py::arg("recv"), py::arg("sig"))

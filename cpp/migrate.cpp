@@ -41,6 +41,15 @@ i64 count_t(const T* dest, i64 n, int P, i64* counts) {
   return -1;
 }
 
+// Rows [from_row, from_row + rows) of every column of `from` into `to` at to_row.
+inline void copy_rows(const Cols& to, i64 to_row, const Cols& from, i64 from_row, i64 rows) {
+  for (size_t c = 0; c < to.rb.size(); ++c) {
+    const i64 rb = to.rb[c];
+    std::memcpy(to.ptr[c] + to_row * rb, from.ptr[c] + from_row * rb,
+                static_cast<size_t>(rows * rb));
+  }
+}
+
 // Section c of peer p's block of a message buffer: off[p] + cnt[p] * (row bytes before c).
 std::vector<i64> bases(const i64* off, const i64* cnt, int P, const Cols& c) {
   const size_t C = c.rb.size();
@@ -68,10 +77,7 @@ void pack_t(const T* dest, i64 n, int rank, const std::vector<i64>& base, const 
     if (static_cast<int>(dest[i]) == rank) {
       i64 j = i + 1;
       while (j < n && static_cast<int>(dest[j]) == rank) ++j;
-      for (size_t c = 0; c < C; ++c) {
-        const i64 rb = src.rb[c];
-        std::memcpy(dst.ptr[c] + k * rb, src.ptr[c] + i * rb, static_cast<size_t>((j - i) * rb));
-      }
+      copy_rows(dst, k, src, i, j - i);
       k += j - i;
       i = j;
       continue;
@@ -106,10 +112,7 @@ bool scatter_t(const T* dest, i64 n, int rank, const i64* cnt, const std::vector
       i64 j = i + 1;
       while (j < n && static_cast<int>(dest[j]) == rank) ++j;
       if (k + (j - i) > k0 + cnt[rank]) return false;
-      for (size_t c = 0; c < C; ++c) {
-        const i64 rb = dst.rb[c];
-        std::memcpy(dst.ptr[c] + i * rb, src.ptr[c] + k * rb, static_cast<size_t>((j - i) * rb));
-      }
+      copy_rows(dst, i, src, k, j - i);
       k += j - i;
       i = j;
       continue;
@@ -296,19 +299,29 @@ void MigrateExchange::post(const i64* sbytes, const i64* rbytes, char* send, cha
   active_ = true;
 }
 
-void MigrateExchange::start_forward(const void* dest, int item, i64 n, const i64* cnt,
-                                    const i64* rcnt, const Cols& src, const Cols& dst,
-                                    const i64* row_off, char* send, char* recv) {
+void MigrateExchange::keep(bool back, const void* dest, int item, i64 n, i64 sig,
+                           const i64* cnt, const i64* rcnt, const Cols& src, const Cols& dst,
+                           const i64* row_off, char* recv) {
   if (active_) throw std::runtime_error("pyshard: a migration is already in flight here");
-  back_ = false;
-  const int P = P_;
-  const i64 R = src.row_bytes();
-  cnt_.assign(cnt, cnt + P);
-  rcnt_.assign(rcnt, rcnt + P);
-  row_off_.assign(row_off, row_off + P);
+  back_ = back;
+  dest_ = dest;
+  item_ = item;
+  n_ = n;
+  sig_ = sig;
+  cnt_.assign(cnt, cnt + P_);
+  rcnt_.assign(rcnt, rcnt + P_);
+  row_off_.assign(row_off, row_off + P_);
   src_ = src;
   dst_ = dst;
   recv_ = recv;
+}
+
+void MigrateExchange::start_forward(const void* dest, int item, i64 n, const i64* cnt,
+                                    const i64* rcnt, const Cols& src, const Cols& dst,
+                                    const i64* row_off, char* send, char* recv) {
+  keep(false, dest, item, n, 0, cnt, rcnt, src, dst, row_off, recv);
+  const int P = P_;
+  const i64 R = src.row_bytes();
   std::vector<i64> sbytes(P), rbytes(P);
   for (int p = 0; p < P; ++p) {
     sbytes[p] = p == rank_ ? 0 : cnt[p] * R;
@@ -329,20 +342,9 @@ void MigrateExchange::start_forward(const void* dest, int item, i64 n, const i64
 void MigrateExchange::start_back(const void* dest, int item, i64 n, const i64* cnt,
                                  const i64* rcnt, const Cols& src, const Cols& dst,
                                  const i64* row_off, char* send, char* recv, i64 sig) {
-  if (active_) throw std::runtime_error("pyshard: a migration is already in flight here");
-  back_ = true;
+  keep(true, dest, item, n, sig, cnt, rcnt, src, dst, row_off, recv);
   const int P = P_;
   const i64 R = src.row_bytes();
-  dest_ = dest;
-  item_ = item;
-  n_ = n;
-  sig_ = sig;
-  cnt_.assign(cnt, cnt + P);
-  rcnt_.assign(rcnt, rcnt + P);
-  row_off_.assign(row_off, row_off + P);
-  src_ = src;
-  dst_ = dst;
-  recv_ = recv;
   std::vector<i64> sbytes(P), rbytes(P);
   for (int p = 0; p < P; ++p) {  // a header [signature, error code] leads each message
     sbytes[p] = p == rank_ || rcnt[p] == 0 ? 0 : kBackHeader + rcnt[p] * R;

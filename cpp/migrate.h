@@ -80,6 +80,9 @@ class MigrateExchange {
   bool active() const { return active_; }
 
  private:
+  // what wait() reads, for forward or back
+  void keep(bool back, const void* dest, int item, i64 n, i64 sig, const i64* cnt,
+            const i64* rcnt, const Cols& src, const Cols& dst, const i64* row_off, char* recv);
   void post(const i64* sbytes, const i64* rbytes, char* send, char* recv, int tag);
   std::shared_ptr<Comm> comm_;
   bool active_ = false;

@@ -242,40 +242,52 @@ class Migrated:
         return "\n".join(lines)
 
 
-class _PendingBack:
+class _InFlight:
+    """An exchange in flight: the core's exchange and the buffers it holds until done."""
+
+    def __init__(self, x: Any, bufs: _Buffers, send: np.ndarray, recv: np.ndarray) -> None:
+        self.x, self.bufs = x, bufs
+        self.send: Optional[np.ndarray] = send
+        self.recv: Optional[np.ndarray] = recv
+
+    def _complete(self) -> None:
+        """Complete the messages and give the buffers back (once, even when it raises)."""
+        if self.send is None or self.recv is None:
+            raise RuntimeError("pyshard: this exchange failed in an earlier wait()")
+        try:
+            self.x.wait()
+        finally:
+            self.bufs.give(self.send)
+            self.bufs.give(self.recv)
+            self.send = self.recv = None
+
+
+class _PendingBack(_InFlight):
     def __init__(self, x: Any, bufs: _Buffers, send: np.ndarray, recv: np.ndarray,
                  st: _Structure, outs: List[np.ndarray], cols: List[np.ndarray],
                  device: bool) -> None:
-        self.x, self.bufs, self.send, self.recv = x, bufs, send, recv
+        super().__init__(x, bufs, send, recv)
         self.st, self.outs, self.cols, self.device = st, outs, cols, device
         self.result: Any = None
 
     def wait(self) -> Rows:
         if self.result is None:
-            if self.send is None:
-                raise RuntimeError("pyshard: this back() failed in an earlier wait()")
-            try:
-                self.x.wait()
-            finally:
-                self.bufs.give(self.send)
-                self.bufs.give(self.recv)
-                self.send = self.recv = None
+            self._complete()
             self.result = self.st.build(_to_device(self.outs) if self.device else self.outs)
         return self.result
 
 
-class PendingMigration:
+class PendingMigration(_InFlight):
     """A migration in flight (``migrate(..., wait=False)``): the counts are exchanged (the
     count exchange is blocking: with ``alltoall`` an ``MPI_Alltoall``), the rows packed and
     their messages posted; only the rows' flight overlaps the caller's work. ``counts`` and
     ``sent`` are known already. :meth:`wait` completes the messages and returns the
-    :class:`Migrated`. The input
-    arrays and ``dest`` must not be written until then (and ``dest`` not until every
-    :meth:`Migrated.back` of the result has returned)."""
+    :class:`Migrated`. The input arrays and ``dest`` must not be written until then (and
+    ``dest`` not until every :meth:`Migrated.back` of the result has returned)."""
 
     def __init__(self, x: Any, bufs: _Buffers, send: np.ndarray, recv: np.ndarray,
                  result: Migrated, outs: List[np.ndarray], st: _Structure) -> None:
-        self.x, self.bufs, self.send, self.recv = x, bufs, send, recv
+        super().__init__(x, bufs, send, recv)
         self._result, self.outs, self.st = result, outs, st
         self.done = False
 
@@ -291,14 +303,7 @@ class PendingMigration:
 
     def wait(self) -> Migrated:
         if not self.done:
-            if self.send is None:
-                raise RuntimeError("pyshard: this migration failed in an earlier wait()")
-            try:
-                self.x.wait()
-            finally:
-                self.bufs.give(self.send)
-                self.bufs.give(self.recv)
-                self.send = self.recv = None
+            self._complete()
             self.done = True
             r = self._result
             r.rows = self.st.build(_to_device(self.outs) if r._device else self.outs)
