@@ -140,10 +140,12 @@ PYBIND11_MODULE(_core, m) {
       .def(py::init<>())
       .def_readonly("active", &PendingExchange::active);
 
+  // Every step is built with its transport (pyshard/route.py's Route.transport) and runs on
+  // it for its whole life: there is no process-wide transport.
   py::class_<ExchangeStep>(m, "ExchangeStep")
       .def(py::init<std::shared_ptr<Comm>, std::shared_ptr<ExchangeGeometry>,
-                    std::shared_ptr<Workspace>, bool>(),
-           py::arg("comm"), py::arg("geometry"), py::arg("workspace"),
+                    std::shared_ptr<Workspace>, Transport, bool>(),
+           py::arg("comm"), py::arg("geometry"), py::arg("workspace"), py::arg("transport"),
            py::arg("nonblocking") = false)
       .def("run",
            [](ExchangeStep& s, const py::array& a, py::array& b) {
@@ -157,7 +159,7 @@ PYBIND11_MODULE(_core, m) {
              check_shape(src, s.geometry().src_shape, "source");
              check_shape(dst, s.geometry().dst_shape, "destination");
              py::gil_scoped_release nogil;
-             s.start(src.ptr, dst.ptr, host_packer(), transport_of(Mem::host), p);
+             s.start(src.ptr, dst.ptr, host_packer(), p);
            })
       .def("complete",
            [](ExchangeStep& s, PendingExchange& p) {
@@ -170,8 +172,7 @@ PYBIND11_MODULE(_core, m) {
              Packer& pk = cuda_packer();
              py::gil_scoped_release nogil;
              pk.set_stream(stream);
-             s.start(reinterpret_cast<const char*>(src), reinterpret_cast<char*>(dst), pk,
-                     transport_of(Mem::cuda), p);
+             s.start(reinterpret_cast<const char*>(src), reinterpret_cast<char*>(dst), pk, p);
            })
       .def("complete_device",
            [](ExchangeStep& s, PendingExchange& p, std::uintptr_t stream) {
@@ -180,6 +181,7 @@ PYBIND11_MODULE(_core, m) {
              pk.set_stream(stream);
              s.complete(p, pk);
            })
+      .def_property_readonly("transport", &ExchangeStep::transport)
       .def_property_readonly("algorithm", [](ExchangeStep& s) { return s.geometry().algo; })
       .def_property_readonly("packs", [](ExchangeStep& s) { return s.geometry().pack_all; })
       .def_property_readonly("unpacks", [](ExchangeStep& s) { return s.geometry().unpack_all; })
@@ -191,12 +193,14 @@ PYBIND11_MODULE(_core, m) {
 
   py::class_<AllgathervStep>(m, "AllgathervStep")
       .def(py::init<std::shared_ptr<Comm>, std::shared_ptr<GatherGeometry>,
-                    std::shared_ptr<Workspace>>())
+                    std::shared_ptr<Workspace>, Transport>(),
+           py::arg("comm"), py::arg("geometry"), py::arg("workspace"), py::arg("transport"))
       .def("run",
            [](AllgathervStep& s, const py::array& a, py::array& b) {
              run_host(s, a, b, &s.geometry().src_shape, &s.geometry().dst_shape);
            })
       .def("run_device", &run_device<AllgathervStep>)
+      .def_property_readonly("transport", &AllgathervStep::transport)
       .def_property_readonly("unpacks", [](AllgathervStep& s) { return s.geometry().unpack_all; })
       .def_property_readonly("workspace_bytes",
                              [](AllgathervStep& s) { return s.geometry().workspace_bytes(); })
@@ -206,27 +210,34 @@ PYBIND11_MODULE(_core, m) {
 
   py::class_<AllreduceStep>(m, "AllreduceStep")
       .def(py::init([](std::shared_ptr<Comm> c, const py::dtype& dt, ReduceOp op, Shape shape,
-                       std::shared_ptr<Workspace> ws) {
-        return std::make_unique<AllreduceStep>(std::move(c), mpi_type(dt), dt.itemsize(), op,
-                                               std::move(shape), std::move(ws));
-      }))
+                       std::shared_ptr<Workspace> ws, Transport tr) {
+             return std::make_unique<AllreduceStep>(std::move(c), mpi_type(dt), dt.itemsize(),
+                                                    op, std::move(shape), std::move(ws), tr);
+           }),
+           py::arg("comm"), py::arg("dtype"), py::arg("op"), py::arg("shape"),
+           py::arg("workspace"), py::arg("transport"))
       .def("run", [](AllreduceStep& s, const py::array& a,
                      py::array& b) { run_host(s, a, b, nullptr, nullptr); })
       .def("run_device", &run_device<AllreduceStep>)
+      .def_property_readonly("transport", &AllreduceStep::transport)
       .def_property_readonly("workspace_bytes", [](AllreduceStep&) { return i64(0); })
       .def_property_readonly("staged_bytes", &AllreduceStep::staged_bytes);
 
   py::class_<ReduceScatterStep>(m, "ReduceScatterStep")
       .def(py::init([](std::shared_ptr<Comm> c, std::shared_ptr<ScatterGeometry> g,
-                       const py::dtype& dt, ReduceOp op, std::shared_ptr<Workspace> ws) {
-        return std::make_unique<ReduceScatterStep>(std::move(c), std::move(g), mpi_type(dt), op,
-                                                   std::move(ws));
-      }))
+                       const py::dtype& dt, ReduceOp op, std::shared_ptr<Workspace> ws,
+                       Transport tr) {
+             return std::make_unique<ReduceScatterStep>(std::move(c), std::move(g), mpi_type(dt),
+                                                        op, std::move(ws), tr);
+           }),
+           py::arg("comm"), py::arg("geometry"), py::arg("dtype"), py::arg("op"),
+           py::arg("workspace"), py::arg("transport"))
       .def("run",
            [](ReduceScatterStep& s, const py::array& a, py::array& b) {
              run_host(s, a, b, &s.geometry().src_shape, &s.geometry().dst_shape);
            })
       .def("run_device", &run_device<ReduceScatterStep>)
+      .def_property_readonly("transport", &ReduceScatterStep::transport)
       .def_property_readonly("packs", [](ReduceScatterStep& s) { return s.geometry().pack_all; })
       .def_property_readonly("workspace_bytes",
                              [](ReduceScatterStep& s) { return s.geometry().workspace_bytes(); })
@@ -240,8 +251,8 @@ PYBIND11_MODULE(_core, m) {
       .def_property_readonly("arrays", [](const FusedGeometry& g) { return g.parts.size(); });
   py::class_<FusedExchangeStep>(m, "FusedExchangeStep")
       .def(py::init<std::shared_ptr<Comm>, std::shared_ptr<FusedGeometry>,
-                    std::shared_ptr<Workspace>, bool>(),
-           py::arg("comm"), py::arg("geometry"), py::arg("workspace"),
+                    std::shared_ptr<Workspace>, Transport, bool>(),
+           py::arg("comm"), py::arg("geometry"), py::arg("workspace"), py::arg("transport"),
            py::arg("nonblocking") = false)
       .def("run",
            [](FusedExchangeStep& s, const std::vector<py::array>& srcs,
@@ -260,7 +271,7 @@ PYBIND11_MODULE(_core, m) {
                dp.push_back(d.ptr);
              }
              py::gil_scoped_release nogil;
-             s.run(sp, dp, host_packer(), transport_of(Mem::host));
+             s.run(sp, dp, host_packer());
            })
       .def("run_device",
            [](FusedExchangeStep& s, const std::vector<std::uintptr_t>& srcs,
@@ -272,8 +283,9 @@ PYBIND11_MODULE(_core, m) {
              Packer& pk = cuda_packer();
              py::gil_scoped_release nogil;
              pk.set_stream(stream);
-             s.run(sp, dp, pk, transport_of(Mem::cuda));
+             s.run(sp, dp, pk);
            })
+      .def_property_readonly("transport", &FusedExchangeStep::transport)
       .def_property_readonly("workspace_bytes", [](FusedExchangeStep& s) {
         return s.geometry().send_ws + s.geometry().recv_ws;
       })
@@ -306,28 +318,30 @@ PYBIND11_MODULE(_core, m) {
         return g.pack.host.size() + g.unpack.host.size() + g.local.host.size();
       });
   py::class_<HaloStep>(m, "HaloStep")
-      .def(py::init<std::shared_ptr<Comm>, std::shared_ptr<HaloGeometry>, HaloMethod, int>(),
-           py::arg("comm"), py::arg("geometry"), py::arg("method"), py::arg("tag"))
+      .def(py::init<std::shared_ptr<Comm>, std::shared_ptr<HaloGeometry>, HaloMethod, int,
+                    Transport>(),
+           py::arg("comm"), py::arg("geometry"), py::arg("method"), py::arg("tag"),
+           py::arg("transport"))
       .def("start",
            [](HaloStep& s, py::array& a) {
              Buf b = get_buf(a, true, "the padded array");
              check_shape(b, s.geometry().shape, "the padded array");
              py::gil_scoped_release nogil;
-             s.start(b.ptr, host_packer(), transport_of(Mem::host));
+             s.start(b.ptr, host_packer());
            })
       .def("wait",
            [](HaloStep& s, py::array& a) {
              Buf b = get_buf(a, true, "the padded array");
              check_shape(b, s.geometry().shape, "the padded array");
              py::gil_scoped_release nogil;
-             s.wait(b.ptr, host_packer(), transport_of(Mem::host));
+             s.wait(b.ptr, host_packer());
            })
       .def("fold_wait",
            [](HaloStep& s, py::array& a, int op, int kind) {
              Buf b = get_buf(a, true, "the padded array");
              check_shape(b, s.geometry().shape, "the padded array");
              py::gil_scoped_release nogil;
-             s.wait(b.ptr, host_packer(), transport_of(Mem::host), static_cast<FoldOp>(op),
+             s.wait(b.ptr, host_packer(), static_cast<FoldOp>(op),
                     static_cast<FoldKind>(kind));
            },
            py::arg("padded"), py::arg("op"), py::arg("kind"),
@@ -338,8 +352,8 @@ PYBIND11_MODULE(_core, m) {
              Buf b = get_buf(a, true, "the padded array");
              check_shape(b, s.geometry().shape, "the padded array");
              py::gil_scoped_release nogil;
-             s.start(b.ptr, host_packer(), transport_of(Mem::host));
-             s.wait(b.ptr, host_packer(), transport_of(Mem::host), static_cast<FoldOp>(op),
+             s.start(b.ptr, host_packer());
+             s.wait(b.ptr, host_packer(), static_cast<FoldOp>(op),
                     static_cast<FoldKind>(kind));
            },
            py::arg("padded"), py::arg("op"), py::arg("kind"))
@@ -352,25 +366,26 @@ PYBIND11_MODULE(_core, m) {
              Buf b = get_buf(a, true, "the padded array");
              check_shape(b, s.geometry().shape, "the padded array");
              py::gil_scoped_release nogil;
-             s.start(b.ptr, host_packer(), transport_of(Mem::host));
-             s.wait(b.ptr, host_packer(), transport_of(Mem::host));
+             s.start(b.ptr, host_packer());
+             s.wait(b.ptr, host_packer());
            })
       .def("start_device",
            [](HaloStep& s, std::uintptr_t p, std::uintptr_t stream) {
              Packer& pk = cuda_packer();
              py::gil_scoped_release nogil;
              pk.set_stream(stream);
-             s.start(reinterpret_cast<char*>(p), pk, transport_of(Mem::cuda));
+             s.start(reinterpret_cast<char*>(p), pk);
            })
       .def("wait_device",
            [](HaloStep& s, std::uintptr_t p, std::uintptr_t stream) {
              Packer& pk = cuda_packer();
              py::gil_scoped_release nogil;
              pk.set_stream(stream);
-             s.wait(reinterpret_cast<char*>(p), pk, transport_of(Mem::cuda));
+             s.wait(reinterpret_cast<char*>(p), pk);
            })
       .def_property_readonly("active", &HaloStep::active)
-      .def_property_readonly("method", &HaloStep::method);
+      .def_property_readonly("method", &HaloStep::method)
+      .def_property_readonly("transport", &HaloStep::transport);
 
   bind_node_shared(m);
   bind_migrate(m);
@@ -422,11 +437,6 @@ PYBIND11_MODULE(_core, m) {
         "Tests only: counts and displacements above n (>= 8) take the datatype/split path "
         "that MPI libraries without large-count calls take past 2^31-1.");
   m.def("library_path", &mpi::library_path);
-  m.def(
-      "set_transport", &set_transport,
-      py::arg("mem"), py::arg("transport"));
-  m.def(
-      "transport", &transport_of, py::arg("mem"));
   m.def("cuda_built", &cuda_built);
   m.def("cuda_build_version", &cuda_build_version);
   m.def("cuda_device_present", &cuda_device_present);

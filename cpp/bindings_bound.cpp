@@ -103,7 +103,7 @@ struct BoundStep : BoundBase {
     }
     {
       py::gil_scoped_release nogil;  // a collective: other threads run while it waits
-      step->run(sp, dp, host_packer(), transport_of(Mem::host));
+      step->run(sp, dp, host_packer());
     }
     ++calls;
     return res;

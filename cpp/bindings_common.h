@@ -49,7 +49,7 @@ void run_host(StepT& step, const py::array& src, py::array& dst, const Shape* ss
   if (sshape) check_shape(s, *sshape, "source");
   if (dshape) check_shape(d, *dshape, "destination");
   py::gil_scoped_release nogil;
-  step.run(s.ptr, d.ptr, host_packer(), transport_of(Mem::host));
+  step.run(s.ptr, d.ptr, host_packer());  // on the step's own transport
 }
 
 template <class StepT>
@@ -57,8 +57,7 @@ void run_device(StepT& step, std::uintptr_t src, std::uintptr_t dst, std::uintpt
   Packer& pk = cuda_packer();
   py::gil_scoped_release nogil;
   pk.set_stream(stream);
-  step.run(reinterpret_cast<const char*>(src), reinterpret_cast<char*>(dst), pk,
-           transport_of(Mem::cuda));
+  step.run(reinterpret_cast<const char*>(src), reinterpret_cast<char*>(dst), pk);
 }
 
 // The binding files: bindings.cpp (the module) calls the others.

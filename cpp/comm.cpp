@@ -4,13 +4,6 @@
 
 namespace pyshard {
 
-namespace {
-Transport g_transport[2] = {Transport::direct, Transport::staged};
-}  // namespace
-
-Transport transport_of(Mem mem) { return g_transport[static_cast<int>(mem)]; }
-void set_transport(Mem mem, Transport t) { g_transport[static_cast<int>(mem)] = t; }
-
 std::map<std::string, i64>& stats() {
   static std::map<std::string, i64> s;
   return s;

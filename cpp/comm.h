@@ -1,5 +1,6 @@
-// What every step shares: the communicator the core owns, how one call runs (packer,
-// transport, workspace pool), and the per-process count of the collectives that ran.
+// What every step shares: the communicator the core owns and the per-process count of the
+// collectives that ran. A step's transport is its own (a constructor argument: the one its
+// route chose in pyshard/route.py), not a setting of the process.
 #pragma once
 
 #include <mpi.h>
@@ -40,17 +41,5 @@ class Comm {
 // One Allgather of a few int64 per rank (counted as "allgather"): the only place pyshard
 // learns shapes over the wire.
 std::vector<i64> allgather_i64(const Comm& comm, const std::vector<i64>& mine);
-
-// The transport the steps of each memory kind take (set from Python, _backend.py: host
-// arrays direct; GPU arrays direct with a CUDA-aware MPI, else staged).
-Transport transport_of(Mem mem);
-void set_transport(Mem mem, Transport t);
-
-// How one call runs: the packer of the array's memory, the transport, the shared pool.
-struct Exec {
-  Packer& pk;
-  Transport tr;
-  Workspace& ws;
-};
 
 }  // namespace pyshard

@@ -113,8 +113,12 @@ i64 ExchangeGeometry::workspace_bytes() const {
 }
 
 ExchangeStep::ExchangeStep(std::shared_ptr<Comm> comm, std::shared_ptr<ExchangeGeometry> g,
-                           std::shared_ptr<Workspace> ws, bool nonblocking)
-    : comm_(std::move(comm)), g_(std::move(g)), ws_(std::move(ws)), nonblocking_(nonblocking) {
+                           std::shared_ptr<Workspace> ws, Transport tr, bool nonblocking)
+    : comm_(std::move(comm)),
+      g_(std::move(g)),
+      ws_(std::move(ws)),
+      tr_(tr),
+      nonblocking_(nonblocking) {
   const int P = comm_->size();
   if (g_->size != P) throw std::invalid_argument("pyshard: geometry for another communicator");
   if (g_->algo == Algorithm::p2p) {  // messages to the peers it has: nothing O(ranks)
@@ -174,14 +178,14 @@ void ExchangeStep::build_types() {
   }
 }
 
-void ExchangeStep::run(const char* src, char* dst, Packer& pk, Transport tr) {
-  if (tr == Transport::staged)
+void ExchangeStep::run(const char* src, char* dst, Packer& pk) {
+  if (tr_ == Transport::staged)
     staged(src, dst, pk);
   else
     direct(src, dst, pk);
   // a staged Alltoallw is an Alltoallv of packed blocks (MPI datatypes need MPI's memory)
-  const bool w_as_v = tr == Transport::staged && g_->algo == Algorithm::alltoallw;
-  count_call(algorithm_name(w_as_v ? Algorithm::alltoallv : g_->algo), pk, tr);
+  const bool w_as_v = tr_ == Transport::staged && g_->algo == Algorithm::alltoallw;
+  count_call(algorithm_name(w_as_v ? Algorithm::alltoallv : g_->algo), pk, tr_);
   pk.finish();
 }
 
@@ -325,20 +329,18 @@ void ExchangeStep::staged(const char* src, char* dst, Packer& pk) {
 }
 
 // ---------------------------------------------------------------- exchanges in flight
-void ExchangeStep::start(const char* src, char* dst, Packer& pk, Transport tr,
-                         PendingExchange& p) {
+void ExchangeStep::start(const char* src, char* dst, Packer& pk, PendingExchange& p) {
   if (p.active) throw std::logic_error("pyshard: this exchange is already in flight");
   const ExchangeGeometry& g = *g_;
   if (g.algo != Algorithm::p2p && g.algo != Algorithm::alltoallv)
     throw std::invalid_argument("pyshard: only alltoallv and p2p exchanges run in flight");
   MPI_Comm c = comm_->get();
-  const bool staged = tr == Transport::staged;
+  const bool staged = tr_ == Transport::staged;
   const i64 S = g.send_ws, R = g.recv_ws;
   char* work = p.ws.work(pk, S + R);
   char* bounce = staged ? p.ws.bounce(pk, S + R) : nullptr;
   p.src = src;
   p.dst = dst;
-  p.tr = tr;
   p.reqs.clear();
   if (g.algo == Algorithm::p2p) {
     p.reqs.assign(g.recvs.size() + g.sends.size(), MPI_REQUEST_NULL);
@@ -371,7 +373,7 @@ void ExchangeStep::complete(PendingExchange& p, Packer& pk) {
   if (!p.active) throw std::logic_error("pyshard: no exchange in flight");
   p.active = false;
   const ExchangeGeometry& g = *g_;
-  const bool staged = p.tr == Transport::staged;
+  const bool staged = tr_ == Transport::staged;
   const i64 S = g.send_ws, R = g.recv_ws;
   char* work = p.ws.work(pk, S + R);
   if (g.algo == Algorithm::p2p) {
@@ -389,7 +391,7 @@ void ExchangeStep::complete(PendingExchange& p, Packer& pk) {
     if (staged) pk.from_host(work + S, p.ws.bounce(pk, S + R) + S, R);
     if (staged || g.unpack_all) pk.copy_all(g.unpack, work + S, p.dst);
   }
-  count_call(algorithm_name(g.algo), pk, p.tr);
+  count_call(algorithm_name(g.algo), pk, tr_);
   pk.finish();
 }
 

@@ -46,24 +46,26 @@ struct PendingExchange {
   std::vector<MPI_Request> reqs;  // p2p: receives, then sends; otherwise one Ialltoallv
   const char* src = nullptr;
   char* dst = nullptr;
-  Transport tr = Transport::direct;
   bool active = false;
 };
 
+// Every step runs on the transport it was built with (`tr`: direct, or staged through host
+// bounce buffers), whichever memory kind's packer a call brings.
 class ExchangeStep {
  public:
   ExchangeStep(std::shared_ptr<Comm> comm, std::shared_ptr<ExchangeGeometry> g,
-               std::shared_ptr<Workspace> ws, bool nonblocking);
+               std::shared_ptr<Workspace> ws, Transport tr, bool nonblocking);
   ~ExchangeStep();
   ExchangeStep(const ExchangeStep&) = delete;
   ExchangeStep& operator=(const ExchangeStep&) = delete;
-  void run(const char* src, char* dst, Packer& pk, Transport tr);
+  void run(const char* src, char* dst, Packer& pk);
   // Split in two (alltoallv and p2p algorithms): start packs, copies this rank's own block
   // and posts the messages (MPI_Ialltoallv, or MPI_Irecv/MPI_Isend); complete waits and
   // unpacks. `src` and `dst` must stay alive and untouched in between.
-  void start(const char* src, char* dst, Packer& pk, Transport tr, PendingExchange& p);
+  void start(const char* src, char* dst, Packer& pk, PendingExchange& p);
   void complete(PendingExchange& p, Packer& pk);
   const ExchangeGeometry& geometry() const { return *g_; }
+  Transport transport() const { return tr_; }
 
  private:
   void direct(const char* src, char* dst, Packer& pk);
@@ -78,6 +80,7 @@ class ExchangeStep {
   std::shared_ptr<Comm> comm_;
   std::shared_ptr<ExchangeGeometry> g_;
   std::shared_ptr<Workspace> ws_;
+  Transport tr_;
   bool nonblocking_;
   mpi::Counts scounts_, rcounts_;
   mpi::Displs sdispls_, rdispls_;  // into the packed workspace

@@ -69,14 +69,19 @@ FusedGeometry::FusedGeometry(const std::vector<std::shared_ptr<ExchangeGeometry>
 
 FusedExchangeStep::FusedExchangeStep(std::shared_ptr<Comm> comm,
                                      std::shared_ptr<FusedGeometry> g,
-                                     std::shared_ptr<Workspace> ws, bool nonblocking)
-    : comm_(std::move(comm)), g_(std::move(g)), ws_(std::move(ws)), nonblocking_(nonblocking) {
+                                     std::shared_ptr<Workspace> ws, Transport tr,
+                                     bool nonblocking)
+    : comm_(std::move(comm)),
+      g_(std::move(g)),
+      ws_(std::move(ws)),
+      tr_(tr),
+      nonblocking_(nonblocking) {
   if (g_->size != comm_->size())
     throw std::invalid_argument("pyshard: geometry for another communicator");
 }
 
 void FusedExchangeStep::run(const std::vector<const char*>& srcs, const std::vector<char*>& dsts,
-                            Packer& pk, Transport tr) {
+                            Packer& pk) {
   const FusedGeometry& g = *g_;
   const size_t n = g.parts.size();
   if (srcs.size() != n || dsts.size() != n)
@@ -89,7 +94,7 @@ void FusedExchangeStep::run(const std::vector<const char*>& srcs, const std::vec
   auto local = [&]() {
     for (size_t a = 0; a < n; ++a) pk.copy_all(g.parts[a]->local, srcs[a], dsts[a]);
   };
-  if (tr == Transport::staged) {
+  if (tr_ == Transport::staged) {
     char* bounce = ws_->bounce(pk, S + R);
     local();
     pk.to_host(bounce, work, S);
@@ -107,7 +112,7 @@ void FusedExchangeStep::run(const std::vector<const char*>& srcs, const std::vec
     mpi::alltoallv(work, g.scounts, g.sdispls, work + S, g.rcounts, g.rdispls, c);
   }
   for (size_t a = 0; a < n; ++a) pk.copy_all(g.unpack[a], work + S, dsts[a]);
-  count_call("alltoallv", pk, tr);
+  count_call("alltoallv", pk, tr_);
   pk.finish();
 }
 

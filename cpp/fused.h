@@ -26,15 +26,17 @@ struct FusedGeometry {
 class FusedExchangeStep {
  public:
   FusedExchangeStep(std::shared_ptr<Comm> comm, std::shared_ptr<FusedGeometry> g,
-                    std::shared_ptr<Workspace> ws, bool nonblocking);
-  void run(const std::vector<const char*>& srcs, const std::vector<char*>& dsts, Packer& pk,
-           Transport tr);
+                    std::shared_ptr<Workspace> ws, Transport tr, bool nonblocking);
+  // on the transport it was built with
+  void run(const std::vector<const char*>& srcs, const std::vector<char*>& dsts, Packer& pk);
   const FusedGeometry& geometry() const { return *g_; }
+  Transport transport() const { return tr_; }
 
  private:
   std::shared_ptr<Comm> comm_;
   std::shared_ptr<FusedGeometry> g_;
   std::shared_ptr<Workspace> ws_;
+  Transport tr_;
   bool nonblocking_;
 };
 

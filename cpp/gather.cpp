@@ -35,8 +35,8 @@ GatherGeometry::GatherGeometry(int size_, int rank_, i64 item_, Shape src_shape_
 }
 
 AllgathervStep::AllgathervStep(std::shared_ptr<Comm> comm, std::shared_ptr<GatherGeometry> g,
-                               std::shared_ptr<Workspace> ws)
-    : comm_(std::move(comm)), g_(std::move(g)), ws_(std::move(ws)) {
+                               std::shared_ptr<Workspace> ws, Transport tr)
+    : comm_(std::move(comm)), g_(std::move(g)), ws_(std::move(ws)), tr_(tr) {
   if (g_->size != comm_->size() || g_->rank != comm_->rank())
     throw std::invalid_argument("pyshard: geometry for another communicator");
   for (const Block& b : g_->blocks) {
@@ -46,11 +46,11 @@ AllgathervStep::AllgathervStep(std::shared_ptr<Comm> comm, std::shared_ptr<Gathe
   }
 }
 
-void AllgathervStep::run(const char* src, char* dst, Packer& pk, Transport tr) {
+void AllgathervStep::run(const char* src, char* dst, Packer& pk) {
   const GatherGeometry& g = *g_;
   MPI_Comm c = comm_->get();
   const CountT mine = counts_[g.rank];
-  if (tr == Transport::staged) {
+  if (tr_ == Transport::staged) {
     char* bounce = ws_->bounce(pk, g.staged_bytes());
     char* work = ws_->work(pk, g.total);
     pk.to_host(bounce + g.total, src, g.blocks[g.rank].bytes);
@@ -71,7 +71,7 @@ void AllgathervStep::run(const char* src, char* dst, Packer& pk, Transport tr) {
                       g.unpack_all ? packed_ : direct_, c);
     if (g.unpack_all) pk.copy_all(g_->unpack, work, dst);
   }
-  count_call(g.regular ? "allgather" : "allgatherv", pk, tr);
+  count_call(g.regular ? "allgather" : "allgatherv", pk, tr_);
   pk.finish();
 }
 

@@ -31,14 +31,16 @@ struct GatherGeometry {
 class AllgathervStep {
  public:
   AllgathervStep(std::shared_ptr<Comm> comm, std::shared_ptr<GatherGeometry> g,
-                 std::shared_ptr<Workspace> ws);
-  void run(const char* src, char* dst, Packer& pk, Transport tr);
+                 std::shared_ptr<Workspace> ws, Transport tr);
+  void run(const char* src, char* dst, Packer& pk);  // on the transport it was built with
   const GatherGeometry& geometry() const { return *g_; }
+  Transport transport() const { return tr_; }
 
  private:
   std::shared_ptr<Comm> comm_;
   std::shared_ptr<GatherGeometry> g_;
   std::shared_ptr<Workspace> ws_;
+  Transport tr_;
   mpi::Counts counts_;
   mpi::Displs packed_, direct_;
 };

@@ -385,8 +385,11 @@ void HaloGeometry::copy_local(Packer& pk, const char* src, char* dst) const {
 }
 
 HaloStep::HaloStep(std::shared_ptr<Comm> comm, std::shared_ptr<HaloGeometry> g,
-                   HaloMethod method, int tag)
-    : comm_(std::move(comm)), g_(std::move(g)), method_(method), tag_(tag) {
+                   HaloMethod method, int tag, Transport tr)
+    : comm_(std::move(comm)), g_(std::move(g)), method_(method), tag_(tag), tr_(tr) {
+  if (method_ == HaloMethod::datatype && tr_ != Transport::direct)
+    throw std::invalid_argument(
+        "pyshard: the datatype halo method takes host arrays on the direct transport");
   for (const auto* v : {&g_->sends, &g_->recvs})
     for (const HaloMessage& m : *v)
       if (m.peer < 0 || m.peer >= comm_->size())
@@ -542,28 +545,26 @@ void HaloStep::post_typed(char* arr) {
     mpi::startall(reqs_.size(), reqs_.data());
 }
 
-void HaloStep::start(char* arr, Packer& pk, Transport tr) {
+void HaloStep::start(char* arr, Packer& pk) {
   if (active_)
     throw std::logic_error("pyshard: halo start() called again before wait()");
   const HaloGeometry& g = *g_;
   if (method_ == HaloMethod::datatype) {
-    if (pk.kind() != Mem::host || tr != Transport::direct)
+    if (pk.kind() != Mem::host)
       throw std::invalid_argument(
           "pyshard: the datatype halo method takes host arrays on the direct transport");
     if (g.reverse) {  // typed sends from the ghost boxes, receives into the buffer
       work_ = ws_.work(pk, g.recv_bytes);
       post_typed(arr);
       active_ = true;
-      started_tr_ = tr;
       return;
     }
     post_typed(arr);  // receives and sends first: the wrap copies overlap them
     g.copy_local(pk, arr, arr);
     active_ = true;
-    started_tr_ = tr;
     return;
   }
-  const bool staged = tr == Transport::staged;
+  const bool staged = tr_ == Transport::staged;
   const i64 S = g.send_bytes, R = g.recv_bytes;
   char* work = ws_.work(pk, S + R);  // in the array's memory
   work_ = work;
@@ -584,12 +585,10 @@ void HaloStep::start(char* arr, Packer& pk, Transport tr) {
     start_all();
   }
   active_ = true;
-  started_tr_ = tr;
 }
 
-void HaloStep::wait(char* arr, Packer& pk, Transport tr, FoldOp op, FoldKind kind) {
+void HaloStep::wait(char* arr, Packer& pk, FoldOp op, FoldKind kind) {
   if (!active_) throw std::logic_error("pyshard: halo wait() called without start()");
-  if (tr != started_tr_) throw std::logic_error("pyshard: halo wait() on another transport");
   const HaloGeometry& g = *g_;
   if (g.reverse) {
     if (kind != FoldKind::none && (pk.kind() != Mem::host || kind_size(kind) == 0 ||
@@ -599,7 +598,7 @@ void HaloStep::wait(char* arr, Packer& pk, Transport tr, FoldOp op, FoldKind kin
     const i64 S = method_ == HaloMethod::datatype ? 0 : g.send_bytes, R = g.recv_bytes;
     char* work = work_;
     waitall();
-    if (tr == Transport::staged) pk.from_host(work + S, ws_.bounce(pk, S + R) + S, R);
+    if (tr_ == Transport::staged) pk.from_host(work + S, ws_.bounce(pk, S + R) + S, R);
     if (kind != FoldKind::none) {
       // the fixed order: messages by peer rank, this rank's own copies at its rank's place
       const size_t at = static_cast<size_t>(g.local_at);
@@ -607,20 +606,20 @@ void HaloStep::wait(char* arr, Packer& pk, Transport tr, FoldOp op, FoldKind kin
       fold_combine_wraps(kind, op, g.local_unpack, g.local_unpack_groups, arr);
       fold_combine(kind, op, g.unpack, at, g.unpack.blocks(), work + S, arr);
     }
-    if (counted_) count_call("halo_fold", pk, tr);
+    if (counted_) count_call("halo_fold", pk, tr_);
     pk.finish();
     return;
   }
   active_ = false;
   if (method_ == HaloMethod::datatype) {
     waitall();
-    if (counted_) count_call("halo", pk, tr);
+    if (counted_) count_call("halo", pk, tr_);
     return;
   }
   const i64 S = g.send_bytes, R = g.recv_bytes;
   char* work = ws_.work(pk, S + R);
   waitall();
-  if (tr == Transport::staged) {
+  if (tr_ == Transport::staged) {
     pk.from_host(work + S, ws_.bounce(pk, S + R) + S, R);
     pk.copy_all(g.unpack, work + S, arr);
   } else if (method_ == HaloMethod::neighbor) {
@@ -628,7 +627,7 @@ void HaloStep::wait(char* arr, Packer& pk, Transport tr, FoldOp op, FoldKind kin
   } else {
     pk.copy_all(g.unpack_packed, work + S, arr);  // contiguous messages landed in place
   }
-  if (counted_) count_call("halo", pk, tr);
+  if (counted_) count_call("halo", pk, tr_);
   pk.finish();
 }
 

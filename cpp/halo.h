@@ -105,21 +105,23 @@ std::vector<std::vector<size_t>> wrap_groups(const DescTable& t,
 
 class HaloStep {
  public:
+  // `tr`: the transport every exchange of this step takes (direct, or staged through host
+  // bounce buffers; the datatype method takes direct only)
   HaloStep(std::shared_ptr<Comm> comm, std::shared_ptr<HaloGeometry> g, HaloMethod method,
-           int tag);
+           int tag, Transport tr);
   ~HaloStep();
   HaloStep(const HaloStep&) = delete;
   HaloStep& operator=(const HaloStep&) = delete;
-  void start(char* arr, Packer& pk, Transport tr);
+  void start(char* arr, Packer& pk);
   // A fold step's wait combines with `op` in the host packer's memory when `kind` is not
   // none; otherwise it leaves the received bytes at buffer() (at geometry().send_bytes,
   // or 0 for the datatype method) and the caller combines them and the local copies.
-  void wait(char* arr, Packer& pk, Transport tr, FoldOp op = FoldOp::sum,
-            FoldKind kind = FoldKind::none);
+  void wait(char* arr, Packer& pk, FoldOp op = FoldOp::sum, FoldKind kind = FoldKind::none);
   char* buffer() const { return work_; }
   bool active() const { return active_; }
   const HaloGeometry& geometry() const { return *g_; }
   HaloMethod method() const { return method_; }
+  Transport transport() const { return tr_; }
   i64 buffer_bytes() const { return ws_.held(); }
   // Count each exchange in stats() (a step inside another, ShmHaloStep, leaves it to that one)
   void set_counted(bool c) { counted_ = c; }
@@ -137,6 +139,7 @@ class HaloStep {
   std::shared_ptr<HaloGeometry> g_;
   HaloMethod method_;
   int tag_;
+  Transport tr_;
   Workspace ws_;                   // this step's own buffers: persistent requests bind them
   std::vector<MPI_Request> reqs_;  // receives, then sends
   std::vector<MPI_Datatype> types_;  // datatype method: one per message, receives first
@@ -148,7 +151,6 @@ class HaloStep {
   bool active_ = false;
   bool counted_ = true;
   char* work_ = nullptr;  // the packed buffer of the last start()
-  Transport started_tr_ = Transport::direct;
 };
 
 }  // namespace pyshard

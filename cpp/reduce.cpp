@@ -50,16 +50,18 @@ ScatterGeometry::ScatterGeometry(int size_, int rank_, i64 item_, Shape src_shap
 
 
 AllreduceStep::AllreduceStep(std::shared_ptr<Comm> comm, MPI_Datatype type, i64 item,
-                             ReduceOp op, Shape shape, std::shared_ptr<Workspace> ws)
+                             ReduceOp op, Shape shape, std::shared_ptr<Workspace> ws,
+                             Transport tr)
     : comm_(std::move(comm)),
       type_(type),
       item_(item),
       op_(mpi_op(op)),
       n_(volume(shape)),
-      ws_(std::move(ws)) {}
+      ws_(std::move(ws)),
+      tr_(tr) {}
 
-void AllreduceStep::run(const char* src, char* dst, Packer& pk, Transport tr) {
-  if (tr == Transport::staged) {
+void AllreduceStep::run(const char* src, char* dst, Packer& pk) {
+  if (tr_ == Transport::staged) {
     char* bounce = ws_->bounce(pk, n_ * item_);
     pk.to_host(bounce, src, n_ * item_);
     pk.sync();
@@ -69,14 +71,19 @@ void AllreduceStep::run(const char* src, char* dst, Packer& pk, Transport tr) {
     pk.sync();
     mpi::allreduce(src, dst, n_, type_, op_, comm_->get());
   }
-  count_call("allreduce", pk, tr);
+  count_call("allreduce", pk, tr_);
   pk.finish();
 }
 
 ReduceScatterStep::ReduceScatterStep(std::shared_ptr<Comm> comm,
                                      std::shared_ptr<ScatterGeometry> g, MPI_Datatype type,
-                                     ReduceOp op, std::shared_ptr<Workspace> ws)
-    : comm_(std::move(comm)), g_(std::move(g)), type_(type), op_(mpi_op(op)), ws_(std::move(ws)) {
+                                     ReduceOp op, std::shared_ptr<Workspace> ws, Transport tr)
+    : comm_(std::move(comm)),
+      g_(std::move(g)),
+      type_(type),
+      op_(mpi_op(op)),
+      ws_(std::move(ws)),
+      tr_(tr) {
   if (g_->size != comm_->size() || g_->rank != comm_->rank())
     throw std::invalid_argument("pyshard: geometry for another communicator");
   for (const Block& b : g_->pieces) counts_.push_back(to_count(b.bytes / g_->item, "a count"));
@@ -89,7 +96,7 @@ void ReduceScatterStep::scatter(const char* sb, char* rb) {
     mpi::reduce_scatter(sb, rb, counts_, type_, op_, comm_->get());
 }
 
-void ReduceScatterStep::run(const char* src, char* dst, Packer& pk, Transport tr) {
+void ReduceScatterStep::run(const char* src, char* dst, Packer& pk) {
   const ScatterGeometry& g = *g_;
   const char* from = src;
   if (g.pack_all) {
@@ -97,7 +104,7 @@ void ReduceScatterStep::run(const char* src, char* dst, Packer& pk, Transport tr
     pk.copy_all(g.pack, src, work);
     from = work;
   }
-  if (tr == Transport::staged) {
+  if (tr_ == Transport::staged) {
     char* bounce = ws_->bounce(pk, g.staged_bytes());
     pk.to_host(bounce, from, g.total);
     pk.sync();
@@ -107,7 +114,7 @@ void ReduceScatterStep::run(const char* src, char* dst, Packer& pk, Transport tr
     pk.sync();
     scatter(from, dst);
   }
-  count_call(g.regular ? "reduce_scatter_block" : "reduce_scatter", pk, tr);
+  count_call(g.regular ? "reduce_scatter_block" : "reduce_scatter", pk, tr_);
   pk.finish();
 }
 

@@ -37,9 +37,10 @@ struct ScatterGeometry {
 class AllreduceStep {
  public:
   AllreduceStep(std::shared_ptr<Comm> comm, MPI_Datatype type, i64 item, ReduceOp op,
-                Shape shape, std::shared_ptr<Workspace> ws);
-  void run(const char* src, char* dst, Packer& pk, Transport tr);
+                Shape shape, std::shared_ptr<Workspace> ws, Transport tr);
+  void run(const char* src, char* dst, Packer& pk);  // on the transport it was built with
   i64 staged_bytes() const { return n_ * item_; }
+  Transport transport() const { return tr_; }
 
  private:
   std::shared_ptr<Comm> comm_;
@@ -48,14 +49,17 @@ class AllreduceStep {
   MPI_Op op_;
   i64 n_;
   std::shared_ptr<Workspace> ws_;
+  Transport tr_;
 };
 
 class ReduceScatterStep {
  public:
   ReduceScatterStep(std::shared_ptr<Comm> comm, std::shared_ptr<ScatterGeometry> g,
-                    MPI_Datatype type, ReduceOp op, std::shared_ptr<Workspace> ws);
-  void run(const char* src, char* dst, Packer& pk, Transport tr);
+                    MPI_Datatype type, ReduceOp op, std::shared_ptr<Workspace> ws,
+                    Transport tr);
+  void run(const char* src, char* dst, Packer& pk);  // on the transport it was built with
   const ScatterGeometry& geometry() const { return *g_; }
+  Transport transport() const { return tr_; }
 
  private:
   void scatter(const char* sb, char* rb);
@@ -64,6 +68,7 @@ class ReduceScatterStep {
   MPI_Datatype type_;
   MPI_Op op_;
   std::shared_ptr<Workspace> ws_;
+  Transport tr_;
   mpi::Counts counts_;
 };
 

@@ -27,7 +27,7 @@ class ShmExchangeStep {
                   std::shared_ptr<Workspace> ws);
   void run(const char* src, char* dst);
   // as every step runs (host memory only: the node transport replaces MPI's)
-  void run(const char* src, char* dst, Packer&, Transport) { run(src, dst); }
+  void run(const char* src, char* dst, Packer&) { run(src, dst); }
 
   // The phases of run(), for a fused step (ShmFusedStep) that runs many in one handshake:
   // post: post the receives from peers on other nodes, pack and send the blocks for them

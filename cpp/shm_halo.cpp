@@ -129,7 +129,7 @@ ShmHaloStep::ShmHaloStep(std::shared_ptr<Comm> comm, std::shared_ptr<HaloBuffer>
   NodeShm& node = buf_->node();
   if (waiters < 0 || waiters >= node.node_size())
     throw std::invalid_argument("pyshard: more node peers than the node has");
-  mpi_ = std::make_unique<HaloStep>(comm, g_, HaloMethod::persistent, tag);
+  mpi_ = std::make_unique<HaloStep>(comm, g_, HaloMethod::persistent, tag, Transport::direct);
   mpi_->set_counted(false);
   const i64 item = g_->item;
   for (const auto& [peer, pshape, boxes] : peers) {
@@ -248,12 +248,12 @@ void ShmHaloStep::start() {
     k_ = ++b.folds;
     mine.fentered.store(k_, std::memory_order_release);
     HaloBuffer::signal(mine);
-    mpi_->start(arr, pk, Transport::direct);  // the ghosts for other nodes, packed and sent
+    mpi_->start(arr, pk);  // the ghosts for other nodes, packed and sent
   } else {
     k_ = ++b.updates;
     mine.entered.store(k_, std::memory_order_release);
     HaloBuffer::signal(mine);
-    mpi_->start(arr, pk, Transport::direct);  // other nodes' messages, and the wraps
+    mpi_->start(arr, pk);  // other nodes' messages, and the wraps
     push_all(k_);
   }
   active_ = true;
@@ -270,13 +270,13 @@ void ShmHaloStep::wait(FoldOp op, FoldKind kind) {
   if (!reverse_) {
     b.wait_for(mine, [&] { return mine.pushed.load(std::memory_order_acquire) >= want; },
                [&] { return std::string("this node's halo peers to write its ghosts"); });
-    mpi_->wait(arr, pk, Transport::direct);
+    mpi_->wait(arr, pk);
     count_call("halo_shm", pk, Transport::direct);
     return;
   }
   if (kind == FoldKind::none)
     throw std::invalid_argument("pyshard: a fold through node-shared memory combines in the core");
-  mpi_->wait(arr, pk, Transport::direct, op, FoldKind::none);  // received into its buffer
+  mpi_->wait(arr, pk, op, FoldKind::none);  // received into its buffer
   const char* got = mpi_->buffer() + g_->send_bytes;
   for (const auto& [what, i] : order_) {
     if (what == 0) {

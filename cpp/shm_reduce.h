@@ -23,7 +23,7 @@ class ShmReduceScatterStep {
   ShmReduceScatterStep(std::shared_ptr<NodeShm> node, std::shared_ptr<ScatterGeometry> g,
                        char kind, ReduceOp op);
   void run(const char* src, char* dst);
-  void run(const char* src, char* dst, Packer&, Transport) { run(src, dst); }
+  void run(const char* src, char* dst, Packer&) { run(src, dst); }
   const ScatterGeometry& geometry() const { return *g_; }
 
  private:
@@ -49,7 +49,7 @@ class ShmAllreduceStep {
  public:
   ShmAllreduceStep(std::shared_ptr<NodeShm> node, char kind, i64 item, ReduceOp op, Shape shape);
   void run(const char* src, char* dst);
-  void run(const char* src, char* dst, Packer&, Transport) { run(src, dst); }
+  void run(const char* src, char* dst, Packer&) { run(src, dst); }
   const Shape& shape() const { return shape_; }
 
  private:

@@ -1,4 +1,4 @@
-"""Array backends: numpy on the host, cupy on a GPU, and the transport a GPU step takes.
+"""Array backends: numpy on the host, cupy on a GPU, and the transport a step is built with.
 
 Arrays from other producers are viewed zero-copy: ``__cuda_array_interface__`` and
 ``__dlpack__`` on a CUDA device become cupy arrays, ``__dlpack__`` on the CPU (and numpy
@@ -258,6 +258,9 @@ def _env_transport() -> Optional[str]:
     return raw if raw in ("direct", "staged") else None
 
 
+_library_aware: Dict[str, int] = {}  # what the MPI library says, asked once
+
+
 def cuda_aware() -> Optional[bool]:
     """Does the MPI library take CUDA device pointers? ``PYSHARD_CUDA_AWARE=0|1`` overrides
     what the library says (``MPIX_Query_cuda_support`` on Open MPI, ``MPIX_GPU_query_support``
@@ -265,18 +268,40 @@ def cuda_aware() -> Optional[bool]:
     forced = config.get("PYSHARD_CUDA_AWARE")
     if forced is not None:
         return bool(forced)
-    v = _core.cuda_aware_mpi()
+    if "v" not in _library_aware:
+        _library_aware["v"] = int(_core.cuda_aware_mpi())
+    v = _library_aware["v"]
     return None if v < 0 else bool(v)
+
+
+def transport(device: bool) -> str:
+    """How a step built now hands arrays in host (``device=False``) or GPU memory to MPI:
+    ``"direct"`` (the array's own memory) or ``"staged"`` (through pinned host bounce
+    buffers), from the settings: ``PYSHARD_TRANSPORT=direct|staged`` names it for both;
+    otherwise host memory is direct, and GPU memory direct where the MPI library is
+    CUDA-aware (:func:`cuda_aware`, ``PYSHARD_CUDA_AWARE`` overriding), else staged.
+
+    Only :func:`pyshard.route.route` reads this, when a step is built: the route's
+    ``transport`` is a constructor argument of the core's step, which runs on it for its whole
+    life whatever the settings say later (a changed setting reaches the next call through the
+    executors built again under it, ``pyshard._cache``)."""
+    forced = _env_transport()
+    if forced is not None:
+        return forced
+    if not device:
+        return "direct"
+    return "direct" if cuda_aware() else "staged"
 
 
 _applied: Dict[str, Any] = {}  # what configure() last gave the core
 
 
 def configure() -> None:
-    """Set the core's transport per memory kind from the settings and the MPI library, and
-    the count limit (``PYSHARD_COUNT_LIMIT``, for tests: see :func:`build_info`): at import,
-    and again after a setting changed (``pyshard._cache.settings_changed``), each only where
-    its settings changed since (a test that sets the core's own state directly keeps it)."""
+    """Give the core the count limit (``PYSHARD_COUNT_LIMIT``, for tests: see
+    :func:`build_info`) and the peer timeout (``PYSHARD_PEER_TIMEOUT``): at import, and again
+    after a setting changed (``pyshard._cache.settings_changed``), each only where its
+    setting changed since (a test that sets the core's own state directly keeps it). The
+    transports are no state of the core: each step carries its own (:func:`transport`)."""
     limit = config.get("PYSHARD_COUNT_LIMIT")
     if limit is not None or "limit" in _applied:
         if _applied.get("limit", -1) != limit:
@@ -286,18 +311,11 @@ def configure() -> None:
     if _applied.get("timeout") != timeout:
         _core.set_peer_timeout(timeout)
         _applied["timeout"] = timeout
-    want = (_env_transport(), config.get("PYSHARD_CUDA_AWARE"))
-    if _applied.get("transport") != want:
-        forced = want[0]
-        host = forced or "direct"
-        cuda = forced or ("direct" if cuda_aware() else "staged")
-        _core.set_transport(_core.Mem.host, getattr(_core.Transport, host))
-        _core.set_transport(_core.Mem.cuda, getattr(_core.Transport, cuda))
-        _applied["transport"] = want
 
 
 def transports() -> Dict[str, str]:
-    return {m: _core.transport(getattr(_core.Mem, m)).name for m in ("host", "cuda")}
+    """The transport a step built now takes, per memory kind (:func:`transport`)."""
+    return {"host": transport(False), "cuda": transport(True)}
 
 
 def announce() -> None:
@@ -334,8 +352,9 @@ def build_info() -> Dict[str, Any]:
     datatypes that bring every count under the limit, where the library has no large-count
     calls, e.g. Open MPI 4 and 5); ``large_count_reduce``: reductions, ``"native"`` or
     ``"split"`` (in rounds: a reduction needs its element type). ``PYSHARD_COUNT_LIMIT=N``
-    (tests) lowers the limit to N so that the non-native path runs on small arrays."""
-    configure()  # the transports as the settings give them now
+    (tests) lowers the limit to N so that the non-native path runs on small arrays.
+    ``transport``: per memory kind (``host``, ``cuda``), the transport of the steps built now
+    (:func:`transport`: ``"direct"`` or ``"staged"``); a step built earlier keeps its own."""
     v = _core.cuda_build_version()
     text = _mpi.clean(_core.library_version())
     major, minor = _core.library_standard()

@@ -140,7 +140,7 @@ _applied: Dict[str, Any] = {}  # the settings below as last applied
 
 def settings_changed() -> None:
     """Apply again what the process holds from the settings, where a setting changed since
-    it was applied: the core's transports and count limit (``pyshard._backend.configure``),
+    it was applied: the core's count limit and peer timeout (``pyshard._backend.configure``),
     the cache limit and the result pool's bound. (``set_cache_limit`` from Python stays until
     ``PYSHARD_CACHE_LIMIT`` itself changes.)"""
     from . import _backend

@@ -5,9 +5,10 @@ A setting's value is the environment variable's (read when first needed, and aga
 the variable changes), unless Python set it. A change takes effect at the next call: every
 change made here (set, reset, override) and every changed variable :func:`get` or
 :func:`refresh` reads moves :func:`generation` on, and the caches built under the old
-settings (executors and bindings per mesh, the transports and count limit the core holds)
-are rebuilt at the next call that finds them. Variables changed in ``os.environ`` after a
-mesh's first call reach its repeated calls once :func:`refresh` reads them::
+settings (executors and bindings per mesh, whose core steps carry the transport they were
+built with; the count limit the core holds) are rebuilt at the next call that finds them.
+Variables changed in ``os.environ`` after a mesh's first call reach its repeated calls once
+:func:`refresh` reads them::
 
     import pyshard as ps
 

@@ -18,7 +18,7 @@ from .geometry import gather_push_specs, geometry, push_specs
 from .layout import Layout, Shard
 from .mesh import Mesh
 from .plan import Plan, Step
-from .route import ALGORITHMS, Route, check_algorithm, choose_algorithm, route
+from .route import ALGORITHMS, Route, check_algorithm, choose_algorithm, core_transport, route
 
 __all__ = ["ALGORITHMS", "Pending", "allocate", "choose_algorithm", "executors", "start"]
 
@@ -52,8 +52,9 @@ def allocate(shape: Tuple[int, ...], dtype: np.dtype, like: Any = None, node: An
 
 class _Step:
     """One step of a plan bound to this rank and memory kind: the core object (built once
-    from the step's geometry, on the path :func:`pyshard.route.route` chose) and how to run
-    it. ``direct``: the core writes the result straight into its output (the hot path)."""
+    from the step's geometry, on the path :func:`pyshard.route.route` chose, with the MPI
+    transport of that route, which it keeps) and how to run it. ``direct``: the core writes
+    the result straight into its output (the hot path)."""
 
     __slots__ = ("step", "route", "core", "out_shape", "dtype", "dev", "node", "pooled",
                  "direct", "upcast", "wide", "spares", "need")  # fmt: skip
@@ -111,7 +112,8 @@ class _Exchange(_Step):
         # Ialltoallv (local copy overlapped) for large blocks, Alltoallv for small ones:
         # decided from the layouts, so every rank calls the same collective
         g = geometry(step, coords, algo, pad)
-        self.core = _core.ExchangeStep(comm, g, ws, block >= NONBLOCKING_MIN_BLOCK)
+        self.core = _core.ExchangeStep(comm, g, ws, core_transport(self.route),
+                                       block >= NONBLOCKING_MIN_BLOCK)
 
 
 class _Gather(_Step):
@@ -126,7 +128,8 @@ class _Gather(_Step):
         if self.route.path == "shm":
             self.core = _shm_step(step, mesh.coords, comm, self.node, ws, gather_push_specs)
         else:
-            self.core = _core.AllgathervStep(comm, geometry(step, mesh.coords), ws)
+            self.core = _core.AllgathervStep(comm, geometry(step, mesh.coords), ws,
+                                             core_transport(self.route))
 
 
 def _shm_step(step: Step, coords: Tuple[int, ...], comm: Any, node: Any, ws: Any,
@@ -152,17 +155,17 @@ class _Reduction(_Step):
         self.scale = 1.0 / prod(step.group_shape) if step.op == "avg" else None
         self.direct = self.upcast is None and self.scale is None
         op = getattr(_core.ReduceOp, _reduce_op(step.src.dtype, step.op))
-        shm = self.route.path == "shm"
+        shm, tr = self.route.path == "shm", core_transport(self.route)
         if step.kind == "allreduce":
             shape = list(step.src.local_shape(coords))
             if shm:  # every rank of the communicator on one node
                 self.core = _core.ShmAllreduceStep(self.node, rdt, op, shape)
             else:
-                self.core = _core.AllreduceStep(comm, rdt, op, shape, ws)
+                self.core = _core.AllreduceStep(comm, rdt, op, shape, ws, tr)
         elif shm:
             self.core = _core.ShmReduceScatterStep(self.node, geometry(step, coords), rdt, op)
         else:
-            self.core = _core.ReduceScatterStep(comm, geometry(step, coords), rdt, op, ws)
+            self.core = _core.ReduceScatterStep(comm, geometry(step, coords), rdt, op, ws, tr)
 
     def run(self, local: Any, out: Optional[Any] = None) -> Any:
         if self.direct:  # into a private result (the node transport stages the pieces)

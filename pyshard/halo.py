@@ -31,7 +31,7 @@ from . import _core, _dtypes, _validate, config
 from .halo_plan import HaloPlan, PeriodicArg, WidthArg, halo_plan, halo_spec
 from .layout import Layout, Placed
 from .mesh import Mesh
-from .route import FOLD_DTYPES, HALO_METHODS, halo_reason, halo_route
+from .route import FOLD_DTYPES, HALO_METHODS, core_transport, halo_reason, halo_route
 
 __all__ = ["FOLD_OPS", "METHODS", "HaloArray"]
 
@@ -263,12 +263,15 @@ class HaloArray:
         return self._step
 
     def _make(self, method: str, comm: Any, p: HaloPlan, reverse: bool) -> Any:
-        """The core's step of ``method`` for an update (or, ``reverse``, a fold)."""
+        """The core's step of ``method`` for an update (or, ``reverse``, a fold), on the MPI
+        transport of the route chosen when this array was made (the step keeps it)."""
         if method == "shm":
             return _shm_step(p, comm, self._route.node, self._buf, reverse)
         geom = _fold_geometry(p) if reverse else _geometry(p)
+        r = self._froute if reverse else self._route
         return _core.HaloStep(
-            comm, geom, getattr(_core.HaloMethod, method), FOLD_TAG if reverse else HALO_TAG
+            comm, geom, getattr(_core.HaloMethod, method), FOLD_TAG if reverse else HALO_TAG,
+            core_transport(r),
         )
 
     def _tune(self, comm: Any, p: HaloPlan) -> Tuple[str, Any]:
@@ -554,7 +557,7 @@ class HaloArray:
         if self._dev:
             text += "\n  GPU arrays: " + (
                 "pack kernel, MPI on device memory"
-                if bk.transports()["cuda"] == "direct"
+                if self._route.transport == "direct"
                 else "pack kernel, staged through pinned host buffers"
             )
         return text

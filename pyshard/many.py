@@ -27,7 +27,7 @@ from .geometry import geometry, push_specs
 from .layout import PlacementsArg, placements_str
 from .mesh import Mesh
 from .plan import Plan, plan
-from .route import batch_route
+from .route import Route, batch_route, core_transport
 
 __all__ = ["ManyPlan", "plan_many", "redistribute_many"]
 
@@ -254,11 +254,12 @@ def plan_many(arrays: ArraysArg, placements: PlacementsLike, sizes: Any = None) 
 
 
 class _Fused:
-    """A fused exchange bound to this rank and memory kind (kept in the mesh's cache)."""
+    """A fused exchange bound to this rank and memory kind, on the MPI transport of its
+    batch's route (kept in the mesh's cache)."""
 
     __slots__ = ("core", "need", "out_shapes", "dtypes", "pooled")
 
-    def __init__(self, plans: Sequence[Plan], mesh: Mesh, dev: bool) -> None:
+    def __init__(self, plans: Sequence[Plan], mesh: Mesh, dev: bool, r: Route) -> None:
         coords = mesh.coords
         steps = [p.steps[0] for p in plans]
         parts = [geometry(s, coords, _core.Algorithm.alltoallv) for s in steps]
@@ -267,7 +268,7 @@ class _Fused:
         big = sum(s.max_block_volume() * s.src.dtype.itemsize for s in steps)
         comm = mesh.core_comm(steps[0].mesh_dims)
         self.core = _core.FusedExchangeStep(
-            comm, g, mesh.cache.workspace, big >= NONBLOCKING_MIN_BLOCK
+            comm, g, mesh.cache.workspace, core_transport(r), big >= NONBLOCKING_MIN_BLOCK
         )
         self.need = int(g.send_bytes + g.recv_bytes)
         self.out_shapes = [s.dst.local_shape(coords) for s in steps]
@@ -421,8 +422,9 @@ def redistribute_many(
     # (set up collectively on first use; decided from the layouts: the same on every rank)
     alg = algorithm or _executor.default_algorithm()
     shm: Dict[Tuple[int, ...], Any] = {}
+    routes: Dict[Tuple[int, ...], Route] = {}
     for dims, _ix in mp.exchanges:
-        r = batch_route("alltoallv", dims, mp.block_bytes(dims), mesh, alg, dev)
+        r = routes[dims] = batch_route("alltoallv", dims, mp.block_bytes(dims), mesh, alg, dev)
         if r.path == "shm":
             shm[dims] = r.node
     # executors keyed by the (memoized) ManyPlan itself and the batch: an identity hash,
@@ -445,7 +447,7 @@ def redistribute_many(
         key = ("many", mp, b, dev)
         fe = cache.execs.get(key)
         if fe is None:
-            fe = [_Fused([mp.plans[i] for i in ix], mesh, dev)]
+            fe = [_Fused([mp.plans[i] for i in ix], mesh, dev, routes[dims])]
             cache.execs.put(key, fe)
             cache.note(fe)
         outs = fe[0].run([locals_[i] for i in ix], dev)

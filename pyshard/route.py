@@ -1,6 +1,7 @@
 """The one routing rule: which path a planned step takes (a local copy, node-shared memory,
 MPI from host memory, MPI through pinned host buffers, MPI on device memory), with which MPI
-algorithm, and the transport object. The executor, ``redistribute_many``, ``Plan.explain``
+algorithm, the node-local transport object, and the MPI transport (direct or staged) that the
+core's step is built with and keeps. The executor, ``redistribute_many``, ``Plan.explain``
 and the tuner all ask :func:`route` (or, without a mesh, :func:`describe`), and nothing else
 decides; every answer depends only on what every rank holds alike (the layouts, the mesh's
 node map, the settings), so every rank takes the same path.
@@ -33,8 +34,8 @@ from .config import ALGORITHMS, HALO_METHODS, HALO_MPI  # the one list of the na
 from .plan import Step
 
 __all__ = ["ALGORITHMS", "FOLD_DTYPES", "HALO_METHODS", "MIGRATE_ALGORITHMS", "MIGRATE_DENSE_MAX",
-           "MigrateRoute", "Route", "batch_route", "choose_algorithm", "describe", "halo_reason",
-           "halo_route", "migrate_route", "route"]
+           "MigrateRoute", "Route", "batch_route", "choose_algorithm", "core_transport", "describe",
+           "halo_reason", "halo_route", "migrate_route", "route"]
 
 MPI_KINDS = ("alltoallv", "allgatherv", "reduce_scatter", "allreduce")
 HOST_CANDIDATES = ("alltoallv", "alltoall", "p2p", "alltoallw")  # what "tune" measures
@@ -48,12 +49,24 @@ class Route:
     through pinned host buffers), ``"device"`` (MPI on device memory) or ``"tune"`` (to be
     measured among ``candidates``). ``algorithm``: what the core runs: ``"shm"``; for an MPI
     exchange ``"alltoallv"``, ``"alltoall"``, ``"p2p"`` or ``"alltoallw"``; ``""`` for a
-    gather, a reduction or a local step."""
+    gather, a reduction or a local step. ``transport``: how the MPI steps of this route hand
+    their memory to MPI, ``"staged"`` (through pinned host buffers: exactly where ``path`` is
+    ``"staged"``, and for ``"tune"`` where its MPI candidates are) or ``"direct"``; the core's
+    step is built with it and keeps it (:func:`core_transport`), whatever the settings say
+    when it runs."""
 
     path: str
     algorithm: str = ""
     node: Any = field(default=None, compare=False)
     candidates: Tuple[str, ...] = ()
+    transport: str = "direct"
+
+
+def core_transport(r: Route) -> Any:
+    """The ``_core.Transport`` that a core step on route ``r`` is built with."""
+    from . import _core
+
+    return getattr(_core.Transport, r.transport)
 
 
 def choose_algorithm(
@@ -120,16 +133,18 @@ def batch_route(kind: str, mesh_dims: Tuple[int, ...], block: int, mesh: Any, al
         node = _shm.node(mesh, mesh_dims)
     if shm_for(kind, block, node, algorithm):
         return Route("shm", "shm", node)
-    return Route(_mpi_path(device), "alltoallv" if kind == "alltoallv" else "")
+    return _mpi_route(device, "alltoallv" if kind == "alltoallv" else "")
 
 
-def _mpi_path(device: bool) -> str:
-    from . import _core
+def _mpi_route(device: bool, algorithm: str = "", node: Any = None) -> Route:
+    """An MPI route for host (``device=False``) or GPU memory, on the transport the settings
+    give steps built now (``pyshard._backend.transport``): ``staged`` through pinned host
+    buffers, else MPI on the array's own memory (``mpi`` for host, ``device`` for GPU)."""
+    from ._backend import transport
 
-    name = _core.transport(_core.Mem.cuda if device else _core.Mem.host).name
-    if name == "staged":
-        return "staged"
-    return "device" if device else "mpi"
+    t = transport(device)
+    path = "staged" if t == "staged" else "device" if device else "mpi"
+    return Route(path, algorithm, node, transport=t)
 
 
 def route(step: Step, mesh: Any, algorithm: str, device: bool = False) -> Route:
@@ -144,13 +159,13 @@ def route(step: Step, mesh: Any, algorithm: str, device: bool = False) -> Route:
     if step.kind == "alltoallv" and algorithm == "tune":
         shm = () if node is None or not shm_allowed(step.kind, node) else ("shm",)
         cands = DEVICE_CANDIDATES if device else HOST_CANDIDATES + shm
-        return Route("tune", "tune", node, cands)
+        return Route("tune", "tune", node, cands, _mpi_route(device).transport)
     if shm_for(step.kind, _shm.block_bytes(step), node, algorithm):
         return Route("shm", "shm", node)
     if step.kind != "alltoallv":
-        return Route(_mpi_path(device))
+        return _mpi_route(device)
     a = "auto" if algorithm in ("shm", "tune") else algorithm
-    return Route(_mpi_path(device), choose_algorithm(step, a, device))
+    return _mpi_route(device, choose_algorithm(step, a, device))
 
 
 def halo_face_bytes(layout: Any, spec: Any) -> int:
@@ -192,22 +207,23 @@ def halo_route(layout: Any, spec: Any, mesh: Any, method: str, device: bool = Fa
     if fold and layout.dtype.name not in FOLD_DTYPES and not device:
         r = halo_route(layout, spec, mesh, method, device)
         if r.path == "shm":
-            return Route(_mpi_path(device), "persistent", r.node)
+            return _mpi_route(device, "persistent", r.node)
         if r.path == "tune":
-            return Route("tune", "tune", r.node, tuple(m for m in r.candidates if m != "shm"))
+            return Route("tune", "tune", r.node, tuple(m for m in r.candidates if m != "shm"),
+                         r.transport)
         return r
     node = None
     if not device and method in ("auto", "tune", "shm"):
         node = _shm.node(mesh, tuple(range(mesh.ndim)))
     if method == "tune":
-        staged = _mpi_path(device) == "staged"
-        mpi = tuple(m for m in HALO_MPI if not ((device or staged) and m == "datatype"))
-        return Route("tune", "tune", node, mpi + (() if node is None else ("shm",)))
+        t = _mpi_route(device).transport
+        mpi = tuple(m for m in HALO_MPI if not ((device or t == "staged") and m == "datatype"))
+        return Route("tune", "tune", node, mpi + (() if node is None else ("shm",)), t)
     if node is not None and (
         method == "shm" or halo_face_bytes(layout, spec) >= _shm.halo_min_bytes(node)
     ):
         return Route("shm", "shm", node)
-    return Route(_mpi_path(device), "persistent" if method in ("auto", "shm") else method)
+    return _mpi_route(device, "persistent" if method in ("auto", "shm") else method)
 
 
 def halo_reason(r: Route, layout: Any, spec: Any, mesh: Any, method: str) -> str:

@@ -308,7 +308,7 @@ def run_case_cuda(
         coll = [Step("local_copy", (), p.src, p.dst)]
     if len(coll) != 1:
         raise ValueError(f"bench case {case.name}: expected a one-step plan, plan is {p}")
-    direct = _core.transport(_core.Mem.cuda).name == "direct"
+    direct = _backend.transport(device=True) == "direct"  # what the steps built here take
     want = _cuda_pattern(cp, p.dst, mesh.coords)
     y = x.redistribute(case.dst, algorithm=algorithm)  # builds plan and core objects
     ref = _CudaReference(cp, coll[0], mesh, x.local, direct)

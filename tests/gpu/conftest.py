@@ -29,12 +29,10 @@ def transport(request):
     name = request.param
     if name == "direct" and ps.build_info()["cuda_aware_mpi"] is not True:
         pytest.skip("device-direct needs a CUDA-aware MPI (build_info()['cuda_aware_mpi'])")
-    core = ps._core
-    old = core.transport(core.Mem.cuda)
-    core.set_transport(core.Mem.cuda, getattr(core.Transport, name))
-    ps.clear_caches()  # executors pick their transport when built
-    try:
+    # PYSHARD_CUDA_AWARE names the GPU transport alone (host arrays keep theirs); the steps
+    # built under it keep it. PYSHARD_TRANSPORT=direct|staged would name both: MPI instead.
+    pins = {"PYSHARD_CUDA_AWARE": name == "direct"}
+    if ps.config.get("PYSHARD_TRANSPORT") in ("direct", "staged"):
+        pins["PYSHARD_TRANSPORT"] = "mpi"
+    with ps.config.override(**pins):
         yield name
-    finally:
-        core.set_transport(core.Mem.cuda, old)
-        ps.clear_caches()

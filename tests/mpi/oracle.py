@@ -162,7 +162,7 @@ def node_groups(mesh, dims):
     environment alone (never from pyshard's node map): every rank of these jobs runs on this
     one machine, split into nodes of ``PYSHARD_NODE_SIZE`` consecutive world ranks when it is
     set; a mesh over ``COMM_WORLD`` keeps the world ranks. None where node-shared memory is
-    off (``PYSHARD_TRANSPORT`` mpi, direct or staged, or host memory forced through staging
+    off (``PYSHARD_TRANSPORT`` mpi, direct or staged, from the environment or set from Python
     as tests/mpi/test_staged.py's fixture does)."""
     import itertools
     import os
@@ -170,11 +170,9 @@ def node_groups(mesh, dims):
     import numpy as np
     from mpi4py import MPI
 
-    if os.environ.get("PYSHARD_TRANSPORT", "").strip().lower() not in ("", "auto", "shm"):
-        return None
-    from pyshard import _core
+    from pyshard import config
 
-    if _core.transport(_core.Mem.host).name != "direct":  # the staging tests force their own
+    if config.get("PYSHARD_TRANSPORT") not in ("auto", "shm"):  # the setting, as given
         return None
     k = int(os.environ.get("PYSHARD_NODE_SIZE", "").strip() or 0)
     world = MPI.COMM_WORLD.Get_rank() - mesh.rank  # the mesh's rank 0 in the world

@@ -27,7 +27,7 @@ from test_redistribute_nd import MESHES, counts_since
 from test_staged import staged  # noqa: F401 - the fixture
 
 import pyshard as ps
-from pyshard import Partial, Replicate, Shard, _core
+from pyshard import Partial, Replicate, Shard
 from pyshard.halo_plan import halo_spec
 from pyshard.route import HALO_MPI, halo_face_bytes, halo_route
 
@@ -57,10 +57,8 @@ def sim_groups(mesh):
     pyshard's node map): one machine, split into nodes of ``PYSHARD_NODE_SIZE`` consecutive
     world ranks where it is set (read now: call it where the mesh was built, under the same
     ``ps.config.override``); None where node-shared memory is off (``PYSHARD_TRANSPORT`` mpi,
-    direct or staged, or host memory forced through staging as test_staged's fixture does)."""
+    direct or staged, as test_staged's fixture sets it)."""
     if ps.config.get("PYSHARD_TRANSPORT") not in ("auto", "shm"):
-        return None
-    if _core.transport(_core.Mem.host).name != "direct":
         return None
     k = ps.config.get("PYSHARD_NODE_SIZE") or 0
     world = MPI.COMM_WORLD.Get_rank() - mesh.rank  # the mesh's rank 0 in the world

@@ -20,6 +20,9 @@ from test_redistribute_nd import make_source as make_source_nd
 
 import pyshard as ps
 from pyshard import Partial, Replicate, _core
+from pyshard.executor import executors, run_steps
+from pyshard.many import _Fused
+from pyshard.route import route
 
 pytestmark = pytest.mark.mpi  # run under mpiexec with --with-mpi (pytest-mpi)
 
@@ -28,13 +31,10 @@ DTYPES = ["float16", "float64", "int32", "bool", "complex128", *ML_DTYPES[:1]]  
 
 @pytest.fixture
 def staged():
-    _core.set_transport(_core.Mem.host, _core.Transport.staged)
-    ps.clear_caches()
-    try:
+    """Host arrays through the staging path: steps built in the test take it (the setting
+    names it, the route gives it to each step as it is built, and node-shared memory is off)."""
+    with ps.config.override(PYSHARD_TRANSPORT="staged"):
         yield
-    finally:
-        _core.set_transport(_core.Mem.host, _core.Transport.direct)
-        ps.clear_caches()
 
 
 @pytest.mark.parametrize("algorithm", ["auto", "alltoall", "p2p", "alltoallw"])
@@ -103,3 +103,66 @@ def test_staged_uses_the_pool(comm, staged):
     np.testing.assert_array_equal(y.local, g[y.box])
     mesh.free()
     assert mesh.cache.workspace.held == 0
+
+
+@pytest.mark.mpi(min_size=2)
+def test_a_step_keeps_the_transport_it_was_built_with(comm):
+    """Steps of each kind built on one mesh under PYSHARD_TRANSPORT=staged and under =direct,
+    kept, then run under each setting in turn: each runs on the transport its route chose
+    when it was built (a "staged" count, or none), whatever the setting when it runs; a call
+    made under a setting builds its steps on that setting's transport. The kinds: the
+    exchange, the gather, both reductions (executor steps), a fused exchange
+    (redistribute_many's), a halo update and a fold (kept by their HaloArray)."""
+    mesh = ps.Mesh(comm, (comm.size,))
+    P = comm.size
+    g = make_global((6 * P, 4 * P), "int64", seed=3)
+    kinds = {  # source -> target: the one collective step of its plan
+        "alltoallv": ([S(0)], [S(1)]),
+        "allgatherv": ([S(0)], [Replicate()]),
+        "reduce_scatter": ([Partial("sum")], [S(0)]),
+        "allreduce": ([Partial("sum")], [Replicate()]),
+    }
+    built = {}
+    for t in ("staged", "direct"):
+        with ps.config.override(PYSHARD_TRANSPORT=t):
+            for name, (src, dst) in kinds.items():
+                x, _ = make_source_nd(g, mesh, src)
+                p = x.plan_to(dst)
+                execs = executors(p, mesh)
+                assert [e.step.kind for e in execs] == [name], str(p)
+                assert execs[0].route.transport == t
+                assert execs[0].core.transport == getattr(_core.Transport, t)
+                built[t, name] = lambda execs=execs, p=p, x=x: run_steps(execs, p, mesh,
+                                                                         x.local, None)
+            x = ps.distribute(g, mesh, [S(0)])
+            p = x.plan_to([S(1)])
+            fused = _Fused([p], mesh, False, route(p.steps[0], mesh, "auto"))
+            assert fused.core.transport == getattr(_core.Transport, t)
+            built[t, "fused"] = lambda fused=fused, x=x: fused.run([x.local], False)[0]
+            h = ps.distribute(g, mesh, [S(0)]).with_halo(1, periodic=True)
+            assert h._route.transport == t and h._froute.transport == t
+            built[t, "halo"] = lambda h=h: h.update()
+            built[t, "halo_fold"] = lambda h=h: h.fold("max")
+    def box(placements):
+        return g[ps.Layout(g.shape, g.dtype, mesh.shape, placements).box(mesh.coords)]
+
+    want = {"alltoallv": box([S(1)]), "fused": box([S(1)]), "allgatherv": g,
+            "reduce_scatter": box([S(0)]), "allreduce": g}  # fmt: skip
+    failures = []
+    for now in ("direct", "staged", "direct"):  # the setting when they run
+        with ps.config.override(PYSHARD_TRANSPORT=now):
+            before = ps.comm_stats()
+            y = ps.distribute(g, mesh, [S(0)]).redistribute([S(1)])  # built under `now`
+            assert counts_since(before).get("staged", 0) == (now == "staged")
+            np.testing.assert_array_equal(y.local, g[y.box])
+            for (t, name), run in built.items():
+                before = ps.comm_stats()
+                res = run()
+                got = counts_since(before)
+                if got.get("staged", 0) != (t == "staged") or sum(got.values()) != 1 + (
+                    t == "staged"
+                ):
+                    failures.append(f"built {t}, run under {now}: {name} counted {got}")
+                if name in want:
+                    np.testing.assert_array_equal(res, want[name], err_msg=name)
+    assert not failures, "\n".join(failures)
