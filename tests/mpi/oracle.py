@@ -215,3 +215,89 @@ def auto_exchange(mesh, counts, algorithm="auto", dims=None):
         out["shm"] = moved
     return out
 
+
+
+def _mesh_coord(layout, d, i, m):
+    """The coordinate along mesh dim ``m`` of the shard of ``layout`` that holds element ``i``
+    of array dim ``d`` (``m`` shards ``d``; nested shards row-major over their mesh dims)."""
+    mdims, ext, off = layout.table[d]
+    k = next(k for k, (o, e) in enumerate(zip(off, ext)) if o <= i < o + e)
+    return int(np.unravel_index(k, [layout.mesh_shape[x] for x in mdims])[mdims.index(m)])
+
+
+def exchanges(a, b):
+    """Does going from layout ``a`` to ``b`` (no Partial in either) cross ranks, by
+    docs/site/planning.md's N-D rule ("one exchange over the sub-communicator of the mesh
+    dims where data actually crosses ranks"): a mesh dim of more than one rank that shards
+    array dim ``d`` in ``a`` crosses unless ``b`` shards ``d`` on it too with every element of
+    ``d`` at the same coordinate along it. Read per mesh dim and element index, not per box:
+    a shard that moves is an exchange even where it, or the whole array, is empty (the
+    collective then carries no bytes). Replicated source dims never cross: each rank reads
+    what it needs from the replica at its own coordinates."""
+    from pyshard import Shard
+
+    for m, p in enumerate(a.placements):
+        if not isinstance(p, Shard) or a.mesh_shape[m] == 1:
+            continue
+        if b.placements[m] != p:
+            return True
+        d = p.dim
+        if any(_mesh_coord(a, d, i, m) != _mesh_coord(b, d, i, m) for i in range(a.shape[d])):
+            return True
+    return False
+
+
+def collectives_by_rule(src, dst):
+    """The collectives one redistribution from layout ``src`` to ``dst`` runs, from the
+    layouts alone by docs/site/planning.md's rules (its 1-D cost table and "N-D meshes"):
+
+    1. each Partial mesh dim of ``src`` that ``dst`` does not keep as the same Partial is
+       reduced (one rank: nothing to reduce): by one Reduce_scatter where ``dst`` shards it,
+       onto ``dst``'s array dim when no mesh dim shards that yet, else onto the largest array
+       dim none shards (with ``dst``'s extents where ``dst`` shards that dim by this mesh dim
+       alone: "Partial -> Shard, one Reduce_scatter with the uneven counts"); where ``dst``
+       does not shard it, or no array dim is free, by one Allreduce for all such dims of one
+       op;
+    2. ``dst``'s new Partial dims read as Replicate, except that a mesh dim that shards an
+       array dim alone, which ``dst`` does not shard, stays sharded when every new Partial
+       has one op among sum, max and min ("Shard(d) -> Partial on the same mesh dim needs no
+       communication");
+    3. then one exchange (an Alltoallv or an Allgatherv) where the reduced layout and that
+       target differ and some shard crosses ranks (:func:`exchanges`); making the Partial
+       dims is local."""
+    import pyshard as ps
+    from pyshard import Partial, Replicate, Shard
+
+    if src == dst:
+        return 0
+    pls, sizes = list(src.placements), dict(src.sizes)
+    n, ops = 0, set()
+    for m, p in enumerate(src.placements):
+        if not isinstance(p, Partial) or dst.placements[m] == p:
+            continue
+        pls[m], t = Replicate(), dst.placements[m]
+        if src.mesh_shape[m] == 1:
+            continue
+        free = [d for d in range(src.ndim) if Shard(d) not in pls]
+        if isinstance(t, Shard) and free:
+            d = t.dim if t.dim in free else max(free, key=lambda d: (src.shape[d], -d))
+            pls[m] = Shard(d)
+            if dst.table[d][0] == (m,):
+                sizes[d] = dst.table[d][1]
+            n += 1
+        else:
+            ops.add(p.op)
+    reduced = ps.Layout(src.shape, src.dtype, src.mesh_shape, pls, sizes)
+    new = [m for m, p in enumerate(dst.placements) if isinstance(p, Partial) and pls[m] != p]
+    one_op = {dst.placements[m].op for m in new}
+    spread = len(one_op) == 1 and one_op <= {"sum", "max", "min"}
+    eff, eff_sizes = list(dst.placements), dict(dst.sizes)
+    for m in new:
+        q = pls[m]
+        if spread and isinstance(q, Shard) and reduced.table[q.dim][0] == (m,) \
+                and not dst.table[q.dim][0]:  # fmt: skip
+            eff[m], eff_sizes[q.dim] = q, reduced.table[q.dim][1]
+        else:
+            eff[m] = Replicate()
+    target = ps.Layout(dst.shape, dst.dtype, dst.mesh_shape, eff, eff_sizes)
+    return n + len(ops) + int(reduced != target and exchanges(reduced, target))
