@@ -127,6 +127,12 @@ def route_note(s: Step, mesh: Any) -> Optional[str]:
     if mesh is not None:
         r = route(s, mesh, "auto")
         how = r.path + (f" ({r.algorithm})" if r.algorithm not in ("", r.path) else "")
+        if r.path == "shm" and r.node is not None and r.node.nodes > 1:  # the mixed path
+            n, k = prod(s.group_shape), r.node.node_size
+            how += (
+                f"; node-shared memory among the {k} ranks of this rank's node, MPI to the "
+                f"other {n - k} on {r.node.nodes - 1} other node(s)"
+            )
         return f"host arrays, algorithm auto, on this mesh: {how}"
     how = describe(s)
     return None if how is None else f"host arrays, algorithm auto: {how}"

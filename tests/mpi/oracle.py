@@ -157,13 +157,31 @@ EXCHANGE_NAMES = ("alltoallv", "p2p", "allgather", "allgatherv")
 REDUCE_NAMES = ("reduce_scatter", "reduce_scatter_block", "allreduce")
 
 
+_HOSTS = []
+
+
+def world_hosts():
+    """Every world rank's host, as an index into the job's host names in order of first
+    appearance (one ``allgather`` of ``socket.gethostname()`` over ``COMM_WORLD`` on the first
+    call: call it where every rank does, as the collective tests do). One host but for jobs
+    across hosts (scripts/two-nodes.sh)."""
+    if not _HOSTS:
+        import socket
+
+        from mpi4py import MPI
+
+        names = MPI.COMM_WORLD.allgather(socket.gethostname())
+        _HOSTS.append([list(dict.fromkeys(names)).index(n) for n in names])
+    return _HOSTS[0]
+
+
 def node_groups(mesh, dims):
-    """The (simulated) nodes of the ranks of ``mesh``'s communicator over ``dims``, from the
-    environment alone (never from pyshard's node map): every rank of these jobs runs on this
-    one machine, split into nodes of ``PYSHARD_NODE_SIZE`` consecutive world ranks when it is
-    set; a mesh over ``COMM_WORLD`` keeps the world ranks. None where node-shared memory is
-    off (``PYSHARD_TRANSPORT`` mpi, direct or staged, from the environment or set from Python
-    as tests/mpi/test_staged.py's fixture does)."""
+    """The nodes of the ranks of ``mesh``'s communicator over ``dims``, from the environment
+    alone (never from pyshard's node map): a node is a host (world_hosts: one machine but for
+    jobs across hosts, scripts/two-nodes.sh), split into nodes of ``PYSHARD_NODE_SIZE``
+    consecutive world ranks when it is set; a mesh over ``COMM_WORLD`` keeps the world ranks.
+    None where node-shared memory is off (``PYSHARD_TRANSPORT`` mpi, direct or staged, from
+    the environment or set from Python as tests/mpi/test_staged.py's fixture does)."""
     import itertools
     import os
 
@@ -179,7 +197,8 @@ def node_groups(mesh, dims):
     ranges = [range(n) if d in dims else (c,) for d, (n, c) in enumerate(zip(mesh.shape,
                                                                             mesh.coords))]
     members = [int(np.ravel_multi_index(c, mesh.shape)) for c in itertools.product(*ranges)]
-    return [(world + r) // k if k else 0 for r in members]
+    hosts = world_hosts()
+    return [(hosts[world + r], (world + r) // k if k else 0) for r in members]
 
 
 def shares_node(mesh, dims):

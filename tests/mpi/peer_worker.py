@@ -1,11 +1,15 @@
-"""Run under `mpiexec -n 2 python peer_worker.py WHERE`: rank 1 stops (sleeps) at WHERE while
-rank 0 goes on into a wait for it in node-shared memory; rank 0 must raise RuntimeError
-within PYSHARD_PEER_TIMEOUT, print it, and end the job (MPI_Abort).
+"""Run under `mpiexec -n 2 python peer_worker.py WHERE [RANK]`: rank RANK (default 1) stops
+(sleeps) at WHERE while its node peer goes on into a wait for it in node-shared memory; that
+peer must raise RuntimeError within PYSHARD_PEER_TIMEOUT, print it, and end the job
+(MPI_Abort). On two hosts (tests/mpi/test_two_hosts.py) RANK is on the second.
 
 WHERE: "setup" (rank 1 stops inside the mesh's node setup, after its Allgather: rank 0 waits
 for its control segment at its first exchange), "exchange" (rank 1 stops before the second
-of two node-shared exchanges), "halo" (before the second of two halo updates)."""
+of two node-shared exchanges), "halo" (before the second of two halo updates), "kill" (rank
+RANK kills itself with SIGKILL before the second of two exchanges)."""
 
+import os
+import signal
 import sys
 import time
 
@@ -16,6 +20,7 @@ import pyshard as ps
 from pyshard import Shard, _core
 
 where = sys.argv[1]
+stopping = int(sys.argv[2]) if len(sys.argv) > 2 else 1
 comm = MPI.COMM_WORLD
 ps.config.set("PYSHARD_SHM_MIN_BYTES", 0)  # every exchange through node-shared memory
 ps.config.set("PYSHARD_TRANSPORT", "auto")
@@ -27,7 +32,7 @@ def stop():
     sys.exit(0)
 
 
-if where == "setup" and comm.rank == 1:
+if where == "setup" and comm.rank == stopping:
     real = _core.NodeCtl
 
     class Stopping(real):
@@ -42,14 +47,17 @@ try:
     if where == "halo":
         h = x.with_halo(1, method="shm")
         h.update()
-        if comm.rank == 1:
+        if comm.rank == stopping:
             stop()
         t0 = time.monotonic()
         h.update()
     else:
-        if where == "exchange":
+        if where in ("exchange", "kill"):
             x.redistribute([Shard(1)])
-            if comm.rank == 1:
+            if comm.rank == stopping:
+                sys.stdout.flush()
+                if where == "kill":
+                    os.kill(os.getpid(), signal.SIGKILL)
                 stop()
         t0 = time.monotonic()
         x.redistribute([Shard(1)])

@@ -22,7 +22,7 @@ import time
 import numpy as np
 import pytest
 from mpi4py import MPI
-from oracle import ML_DTYPES, halo_expected, make_global
+from oracle import ML_DTYPES, halo_expected, make_global, world_hosts
 from test_redistribute_nd import MESHES, counts_since
 from test_staged import staged  # noqa: F401 - the fixture
 
@@ -53,16 +53,17 @@ def check_halo(g, x, h, what=""):
 
 
 def sim_groups(mesh):
-    """The (simulated) node of every rank of ``mesh``, from the settings alone (never from
-    pyshard's node map): one machine, split into nodes of ``PYSHARD_NODE_SIZE`` consecutive
-    world ranks where it is set (read now: call it where the mesh was built, under the same
-    ``ps.config.override``); None where node-shared memory is off (``PYSHARD_TRANSPORT`` mpi,
-    direct or staged, as test_staged's fixture sets it)."""
+    """The (simulated) node of every rank of ``mesh``, from the settings and the host names
+    alone (never from pyshard's node map): a host (oracle.world_hosts), split into nodes of
+    ``PYSHARD_NODE_SIZE`` consecutive world ranks where it is set (read now: call it where
+    the mesh was built, under the same ``ps.config.override``); None where node-shared memory
+    is off (``PYSHARD_TRANSPORT`` mpi, direct or staged, as test_staged's fixture sets it)."""
     if ps.config.get("PYSHARD_TRANSPORT") not in ("auto", "shm"):
         return None
     k = ps.config.get("PYSHARD_NODE_SIZE") or 0
     world = MPI.COMM_WORLD.Get_rank() - mesh.rank  # the mesh's rank 0 in the world
-    return [(world + r) // k if k else 0 for r in range(mesh.size)]
+    hosts = world_hosts()
+    return [(hosts[world + r], (world + r) // k if k else 0) for r in range(mesh.size)]
 
 
 def node_peers(mesh):
