@@ -15,9 +15,11 @@
 #   /dev/shm and its own boot id (a random file bind-mounted over
 #   /proc/sys/kernel/random/boot_id: with a shared one UCX takes the hosts for one and uses
 #   shared memory between them, and so would pyshard's machine key).
-# mpiexec (PYSHARD_MPIEXEC, default the venv's: pip's MPICH, Hydra) runs on pyshard-h0 and
-# starts the other host's proxy through `-launcher ssh -launcher-exec` this script's launcher,
-# which enters that host's namespaces instead of ssh.
+# mpiexec (PYSHARD_MPIEXEC, default the venv's: pip's MPICH, Hydra) runs on pyshard-h0's
+# network (in a pid namespace of its own) and starts each host's proxy through `-launcher ssh
+# -launcher-exec` this script's launcher, which makes that host's namespaces instead of ssh:
+# the two hosts' pid namespaces are siblings, each sees only its own processes, and the ranks'
+# pids repeat across hosts.
 #
 # Everything is torn down whatever happens (trap): the hosts' processes killed, the namespaces
 # and their /etc/netns files deleted, /run/netns unmounted when no namespace is left. Prints
@@ -182,9 +184,13 @@ bytes() { # the bytes host i's end of the veth sent and received
 read -r tx0 rx0 < <(bytes 0)
 
 echo "two-nodes: $N ranks, $PPN a host, on ${HOSTS[0]} (${ADDR[0]}) and ${HOSTS[1]} (${ADDR[1]})" >&2
-ip netns exec "${NS[0]}" unshare --uts --ipc --pid --fork --kill-child --mount-proc \
-  sh "$STATE/host.sh" "$STATE" "${HOSTS[0]}" \
-  "$MPIEXEC" -launcher ssh -launcher-exec "$STATE/launch.sh" \
+# mpiexec on the first host's network, in a pid namespace of its own (named as that host, for
+# the proxies dial back to it by name); HYDRA_LAUNCHER_AUTOFORK=0: it starts the proxy of its
+# own host through the launcher too, so that the two hosts' pid namespaces are siblings (no
+# host sees the other's processes) with the same process tree (the ranks' pids repeat)
+ip netns exec "${NS[0]}" unshare --uts --pid --fork --kill-child --mount-proc \
+  sh -c 'hostname "$0" && exec "$@"' "${HOSTS[0]}" \
+  env HYDRA_LAUNCHER_AUTOFORK=0 "$MPIEXEC" -launcher ssh -launcher-exec "$STATE/launch.sh" \
   -hosts "${HOSTS[0]},${HOSTS[1]}" -n "$N" -ppn "$PPN" "$@" &
 wait $!
 rc=$?
