@@ -13,8 +13,13 @@
 #                                 rank; also the `slow` tests and the 2^31-byte message
 #     3 ranks, all shared         PYSHARD_SHM_MIN_BYTES=0: every exchange, gather and reduction
 #                                 through node-shared memory however small (uneven, odd)
-#     4 ranks, nodes of 2         PYSHARD_NODE_SIZE=2 (and every size shared): shared memory
-#                                 within a simulated node, MPI between (2x2 meshes)
+#     4 ranks, two hosts          2 a host on two hosts of this machine (scripts/two-nodes.sh:
+#                                 network namespaces, MPI over TCP), every size shared: shared
+#                                 memory within a host, MPI between (2x2 meshes); where root
+#                                 cannot make the hosts, simulated nodes of 2 instead
+#                                 (PYSHARD_NODE_SIZE=2)
+#     6 ranks, two hosts          3 a host: the tests of the node map, the transport and halos
+#                                 (2x3 meshes: node peers along one dim, MPI along the other)
 #     6 ranks, MPI only           PYSHARD_TRANSPORT=mpi: every auto exchange through MPI (2x3)
 #     7 ranks                     a prime: auto, uneven and empty shards everywhere
 #     8 ranks                     auto on the 3-D 2x2x2 mesh
@@ -67,8 +72,29 @@ mpich_run() {
 mpich_run 1 "1 rank" "not slow"
 mpich_run 2 "2 ranks (+ slow)" ""
 mpich_run 3 "3 ranks, all shared" "not slow" PYSHARD_SHM_MIN_BYTES=0
-mpich_run 4 "4 ranks, nodes of 2" "not slow" PYSHARD_NODE_SIZE=2 PYSHARD_SHM_MIN_BYTES=0
+# two_hosts_run N LABEL MARKS PATHS [VAR=VALUE...]: PATHS at N ranks, N/2 a host, on two hosts
+two_hosts_run() {
+  local n=$1 label=$2 marks=$3 paths=$4
+  shift 4
+  case " ${PYSHARD_TEST_RANKS:-$n} " in *" $n "*) ;; *) return 0 ;; esac
+  # shellcheck disable=SC2086 # PATHS: words
+  stage "tests/mpi at $label" mpi_run "${MPICH_LIB% *}" "${MPICH_LIB##* }" "tests/mpi at $label" \
+    "$T" bash scripts/two-nodes.sh -n "$n" -ppn $((n / 2)) env "$@" "$PY" -- $paths --with-mpi \
+    ${marks:+-m "$marks"}
+}
+export PYSHARD_TWO_NODES_SHM_STRICT=1  # a file left in a host's /dev/shm fails the run
+TWO_HOSTS=0  # can root make the hosts here? (if not, its message says why)
+PYSHARD_TWO_NODES_INSTALL=1 bash scripts/two-nodes.sh -n 2 -ppn 1 true && TWO_HOSTS=1
+if [ $TWO_HOSTS = 1 ]; then
+  two_hosts_run 4 "4 ranks, two hosts" "not slow" tests/mpi PYSHARD_SHM_MIN_BYTES=0
+else
+  mpich_run 4 "4 ranks, nodes of 2" "not slow" PYSHARD_NODE_SIZE=2 PYSHARD_SHM_MIN_BYTES=0
+fi
 mpich_run 6 "6 ranks, MPI only" "not slow" PYSHARD_TRANSPORT=mpi
+if [ $TWO_HOSTS = 1 ]; then
+  two_hosts_run 6 "6 ranks, two hosts (its tests)" "not slow" "tests/mpi/test_two_hosts.py" \
+    PYSHARD_SHM_MIN_BYTES=0
+fi
 mpich_run 7 "7 ranks" "not slow"
 mpich_run 8 "8 ranks" "not slow"
 # Packaging and docs: the sdist installed (not editable) into a fresh environment with only
