@@ -18,9 +18,10 @@
 #                                 memory within a host, MPI between (2x2 meshes); where root
 #                                 cannot make the hosts, simulated nodes of 2 instead
 #                                 (PYSHARD_NODE_SIZE=2)
-#     6 ranks, two hosts          3 a host: the tests of the node map, the transport and halos
-#                                 (2x3 meshes: node peers along one dim, MPI along the other)
 #     6 ranks, MPI only           PYSHARD_TRANSPORT=mpi: every auto exchange through MPI (2x3)
+#     6 ranks, two hosts          3 a host, tests/mpi/test_two_hosts.py only (2x3 meshes: node
+#                                 peers along one dim, MPI along the other; the whole suite
+#                                 again at 6 ranks would cost about 140 s of CI's budget)
 #     7 ranks                     a prime: auto, uneven and empty shards everywhere
 #     8 ranks                     auto on the 3-D 2x2x2 mesh
 #   The `slow` tests (FFTW_MEASURE plans, the 64^3 Navier-Stokes run) run at 2 ranks only.
@@ -69,6 +70,11 @@ mpich_run() {
   stage "tests/mpi at $label" mpi_run "${MPICH_LIB% *}" "${MPICH_LIB##* }" "tests/mpi at $label" \
     "$T" "$MPIEXEC" -n "$n" env "$@" "$PY" -- tests/mpi --with-mpi ${marks:+-m "$marks"}
 }
+# Two hosts of this machine (scripts/two-nodes.sh): can root make them here? (if not, its
+# message says why); first, for the 1-rank run's tests start two-host jobs of their own
+export PYSHARD_TWO_NODES_SHM_STRICT=1  # a file left in a host's /dev/shm fails the run
+TWO_HOSTS=0
+PYSHARD_TWO_NODES_INSTALL=1 bash scripts/two-nodes.sh -n 2 -ppn 1 true && TWO_HOSTS=1
 mpich_run 1 "1 rank" "not slow"
 mpich_run 2 "2 ranks (+ slow)" ""
 mpich_run 3 "3 ranks, all shared" "not slow" PYSHARD_SHM_MIN_BYTES=0
@@ -82,9 +88,6 @@ two_hosts_run() {
     "$T" bash scripts/two-nodes.sh -n "$n" -ppn $((n / 2)) env "$@" "$PY" -- $paths --with-mpi \
     ${marks:+-m "$marks"}
 }
-export PYSHARD_TWO_NODES_SHM_STRICT=1  # a file left in a host's /dev/shm fails the run
-TWO_HOSTS=0  # can root make the hosts here? (if not, its message says why)
-PYSHARD_TWO_NODES_INSTALL=1 bash scripts/two-nodes.sh -n 2 -ppn 1 true && TWO_HOSTS=1
 if [ $TWO_HOSTS = 1 ]; then
   two_hosts_run 4 "4 ranks, two hosts" "not slow" tests/mpi PYSHARD_SHM_MIN_BYTES=0
 else
