@@ -26,7 +26,7 @@ class Failure(Exception):
 
 def error(kind: str, msg: str) -> Error:
     """The :data:`Error` of exception class ``kind`` ("FileNotFoundError", "TypeError",
-    anything else raises ValueError) with message ``msg``."""
+    "ImportError", anything else raises ValueError) with message ``msg``."""
     return (kind, msg)
 
 
@@ -35,7 +35,11 @@ def raise_error(err: Optional[Error]) -> None:
     if err is None:
         return
     kind, msg = err
-    exc = {"FileNotFoundError": FileNotFoundError, "TypeError": TypeError}.get(kind, ValueError)
+    exc = {
+        "FileNotFoundError": FileNotFoundError,
+        "TypeError": TypeError,
+        "ImportError": ImportError,
+    }.get(kind, ValueError)
     raise exc(msg)
 
 

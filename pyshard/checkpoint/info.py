@@ -5,41 +5,38 @@ from __future__ import annotations
 from typing import Any, Dict
 
 from .errors import PathArg, norm_path
-from .manifest import dtype_of, read_manifest
+from .formats import open_arrays
 
 __all__ = ["checkpoint_info"]
 
 
 def checkpoint_info(path: PathArg) -> Dict[str, Any]:
-    """Describe a checkpoint from its manifest alone: no MPI communication, no data read.
+    """Describe a checkpoint from its metadata alone: no MPI communication, no data read.
 
-    path: the checkpoint directory.
+    path: a pyshard checkpoint directory, an HDF5 or safetensors file, or a Zarr v3 group or
+    array directory (from pyshard or from another tool: the format is detected).
 
-    Returns ``{"path", "version", "ranks", "created", "metadata", "arrays"}`` where
+    Returns ``{"path", "format", "version", "ranks", "created", "metadata", "arrays"}``
+    where ``format`` is ``"npy"``, ``"hdf5"``, ``"safetensors"`` or ``"zarr"`` and
     ``arrays[name]`` has ``shape`` (tuple), ``dtype`` (numpy dtype; ``str()`` of it is the
     name, e.g. ``"float32"``, ``"bfloat16"``), ``file``, ``nbytes``
     and the layout it was saved from: ``mesh_shape`` (tuple), ``placements`` (strings such
-    as ``"S(0)"``, ``"R"``, ``"P(sum)"``) and ``sizes`` (``{array_dim: extents}``).
-    Raises FileNotFoundError or ValueError naming the path when it is not a checkpoint.
+    as ``"S(0)"``, ``"R"``, ``"P(sum)"``) and ``sizes`` (``{array_dim: extents}``); files
+    from other tools have no layout (``()``, ``[]``, ``{}``) and ``version``, ``ranks`` and
+    ``created`` None. Raises FileNotFoundError or ValueError naming the path when it is not a
+    checkpoint, ImportError naming the extra when the format's package is missing.
     """
     path = norm_path(path, "checkpoint_info")
-    m = read_manifest(path, "checkpoint_info")
+    fmt, table, facts = open_arrays(path, "checkpoint_info")
     arrays = {}
-    for name, e in m["arrays"].items():
+    for name, e in table.items():
         arrays[name] = {
-            "shape": tuple(int(s) for s in e["shape"]),
-            "dtype": dtype_of(e, "checkpoint_info"),
-            "file": e["file"],
-            "nbytes": int(e["nbytes"]),
-            "mesh_shape": tuple(int(s) for s in e.get("mesh_shape", ())),
-            "placements": list(e.get("placements", [])),
-            "sizes": {int(d): tuple(int(v) for v in x) for d, x in e.get("sizes", {}).items()},
+            "shape": e["shape"],
+            "dtype": e["dtype"],
+            "file": e["npy"]["file"] if fmt == "npy" else e["file"],
+            "nbytes": e["nbytes"],
+            "mesh_shape": e["mesh_shape"],
+            "placements": e["placements"],
+            "sizes": e["sizes"],
         }
-    return {
-        "path": path,
-        "version": m["version"],
-        "ranks": m.get("ranks"),
-        "created": m.get("created"),
-        "metadata": m.get("metadata", {}),
-        "arrays": arrays,
-    }
+    return {"path": path, "format": fmt, **facts, "arrays": arrays}

@@ -22,17 +22,18 @@ from mpi4py import MPI
 from .. import _backend as bk
 from .. import _validate
 from ..array import ShardedArray, zeroed
-from ..layout import Layout, Partial, Placement, Shard
+from ..layout import Layout, Partial, Placement, Replicate, Shard, split_sizes
 from ..many import ManyPlan, redistribute_many
 from ..mesh import Mesh
 from ..plan import plan
+from . import hdf5_format
 from .errors import Error, PathArg, error, norm_path, on_root
+from .formats import open_arrays
 from .manifest import (
     MANIFEST,
     crc32,
     dtype_of,
     parse_placement,
-    read_manifest,
     read_npy_header,
 )
 from .mpiio import box_bounds, collective_io, read_hints
@@ -109,21 +110,27 @@ def _check_files(path: str, m: Dict[str, Any], names: Sequence[str]) -> Dict[str
     return offsets
 
 
-def _read_entries(path: str, names: Sequence[str]) -> Tuple[Dict[str, Any], Dict[str, int]]:
-    """Rank 0: read the manifest and check the named arrays' files; (entries, data offsets)."""
-    m = read_manifest(path, "load")
-    unknown = [n for n in names if n not in m["arrays"]]
+def _read_entries(path: str, names: Sequence[str]) -> Tuple[str, Dict[str, Any]]:
+    """Rank 0: detect the format, read its metadata and check the named arrays (for a .npy
+    checkpoint: their files); (format, name -> array description of
+    :mod:`~pyshard.checkpoint.formats`, with every raw array's data offset)."""
+    fmt, arrays, _ = open_arrays(path, "load")
+    unknown = [n for n in names if n not in arrays]
     if unknown:
         raise ValueError(
-            f"load: {path!r} has no array named {unknown[0]!r}; it holds {sorted(m['arrays'])}"
+            f"load: {path!r} has no array named {unknown[0]!r}; it holds {sorted(arrays)}"
         )
-    offsets = _check_files(path, m, names)
-    return {n: m["arrays"][n] for n in names}, offsets
+    sel = {n: arrays[n] for n in names}
+    if fmt == "npy":
+        offsets = _check_files(path, {"arrays": {n: e["npy"] for n, e in sel.items()}}, names)
+        for n in names:
+            sel[n]["offset"] = offsets[n]
+    return fmt, sel
 
 
 def _read_error(path: str, e: Exception) -> Error:
     """The error every rank raises when rank 0 cannot read the checkpoint at ``path``."""
-    if isinstance(e, (FileNotFoundError, ValueError)):
+    if isinstance(e, (FileNotFoundError, ValueError, ImportError, TypeError)):
         return error(type(e).__name__, str(e))
     return error("ValueError", f"load: cannot read {path!r}: {e!r}")
 
@@ -188,9 +195,10 @@ def _verify_all(
 def _target_layouts(
     entries: Dict[str, Any], mesh: Mesh, want: Dict[str, list], sizes: Mapping
 ) -> Dict[str, Layout]:
-    """The layouts to load into, from the manifest and the arguments: identical on every rank."""
+    """The layouts to load into, from the metadata and the arguments: identical on every
+    rank."""
     return {
-        n: Layout(tuple(e["shape"]), dtype_of(e), mesh.shape, want[n], sizes.get(n))
+        n: Layout(tuple(e["shape"]), e["dtype"], mesh.shape, want[n], sizes.get(n))
         for n, e in entries.items()
     }
 
@@ -277,8 +285,7 @@ def _load_fused(
     bad = None
     try:
         for n, lay in batch.items():
-            fname = os.path.join(path, entries[n]["file"])
-            local = _read_rows(fname, offsets[n], lay, mesh.coords)
+            local = _read_rows(entries[n]["file"], offsets[n], lay, mesh.coords)
             parts[n] = ShardedArray.wrap(local, lay, mesh)
     except Exception as e:  # a verdict from every rank, whatever happened
         bad = str(e) if isinstance(e, ValueError) else f"load: cannot read {path!r}: {e!r}"
@@ -290,6 +297,81 @@ def _load_fused(
         {n: list(layouts[n].placements) for n in batch},
         sizes={n: layouts[n].sizes for n in batch},
     )
+
+
+def _filled(mesh: Mesh, lay: Layout, fill: bytes, device: Optional[str]) -> ShardedArray:
+    """This rank's shard of an array never written: every element is the bytes ``fill``."""
+    local = np.empty(lay.local_shape(mesh.coords), dtype=lay.dtype)
+    if local.size and not zeroed(lay, mesh.coords):
+        local.reshape(-1).view(np.uint8).reshape(-1, lay.dtype.itemsize)[:] = np.frombuffer(
+            fill, np.uint8
+        )
+    else:
+        local.reshape(-1).view(np.uint8)[:] = 0
+    if device == "cuda":
+        local = bk.cupy().asarray(local)
+    return ShardedArray(local, lay, mesh)
+
+
+def _rows_source(lay: Layout, grain: int) -> Layout:
+    """The layout the rows of ``lay``'s array are read in: ``Shard(0)`` over every mesh dim
+    with extents that are whole multiples of ``grain`` rows (one stored chunk row), balanced
+    by chunk rows, so that each stored chunk lies in one rank's box."""
+    parts = prod(lay.mesh_shape)
+    ext = split_sizes(lay.shape[0], parts, grain=max(1, min(grain, lay.shape[0] or 1)))
+    return lay.replace([Shard(0)] * len(lay.mesh_shape), sizes={0: list(ext)})
+
+
+def _load_rows(
+    mesh: Mesh, fmt: str, name: str, e: Dict[str, Any], lay: Layout, device: Optional[str]
+) -> ShardedArray:
+    """Read an array through its format's library (chunked or compressed storage): each rank
+    reads its block of whole chunk rows, each stored chunk read by one rank, then one
+    redistribute to ``lay``. Read errors are agreed (one allgather) before the exchange."""
+    comm = mesh.comm
+    src = _rows_source(lay, int(e.get("grain", 1))) if lay.ndim else None
+    local = None
+    bad = None
+    try:
+        if src is None:  # 0-d: every rank reads the one value
+            local = _read_block(fmt, name, e, 0, 1, lay.dtype).reshape(())
+        else:
+            r0, r1 = (lambda b: (b.start, b.stop))(src.box(mesh.coords)[0])
+            local = _read_block(fmt, name, e, r0, r1, lay.dtype) if r1 > r0 else np.empty(
+                src.local_shape(mesh.coords), lay.dtype
+            )
+            if local.shape != src.local_shape(mesh.coords):
+                raise ValueError(
+                    f"load: {e['file']!r}: array {name!r}: rows {r0}:{r1} came back as "
+                    f"{local.shape}"
+                )
+    except Exception as err:  # a verdict from every rank, whatever happened
+        bad = str(err) if isinstance(err, ValueError) else f"load: {e['file']!r}: {err!r}"
+    bad = next((v for v in comm.allgather(bad) if v is not None), None)
+    if bad is not None:
+        raise ValueError(bad)
+    assert local is not None
+    if src is None:
+        y_local = np.array(local, copy=True).reshape(lay.local_shape(mesh.coords))
+    else:
+        x = ShardedArray.wrap(np.ascontiguousarray(local), src, mesh)
+        plain = [Replicate() if isinstance(p, Partial) else p for p in lay.placements]
+        y_local = x.redistribute(plain, sizes=lay.sizes).local
+    if zeroed(lay, mesh.coords):
+        y_local = np.zeros_like(y_local)
+    if device == "cuda":
+        y_local = bk.cupy().asarray(y_local)
+    return ShardedArray(y_local, lay, mesh)
+
+
+def _read_block(fmt: str, name: str, e: Dict[str, Any], r0: int, r1: int, dtype: Any) -> Any:
+    """Rows ``r0:r1`` of a chunked array (the whole value of a 0-d one), through h5py or
+    zarr-python."""
+    if fmt == "hdf5":
+        return hdf5_format.read_rows(e["file"], name, r0, r1, dtype)
+    from . import zarr_format
+
+    return zarr_format.read_rows(e, r0, r1, dtype)
 
 
 def load(
@@ -329,14 +411,18 @@ def load(
     if device == "cuda" and bk.cupy() is None:
         raise ValueError("load(device='cuda'): cupy does not import here; install cupy")
     comm = mesh.comm
-    # rank 0 reads the manifest and checks the files; every rank gets its verdict
-    entries, offsets = on_root(
+    # rank 0 detects the format, reads the metadata and checks the files; every rank gets
+    # its verdict
+    fmt, entries = on_root(
         comm, lambda: _read_entries(path, names), lambda e: _read_error(path, e)
     )
     layouts = _target_layouts(entries, mesh, want, sizes)
-    if verify:
-        _verify_all(comm, path, {"arrays": entries}, names, offsets)
-    batches = _fused_batches(names, layouts) if FUSE_SMALL else []
+    offsets = {n: e["offset"] for n, e in entries.items() if e["kind"] == "raw"}
+    if verify and fmt == "npy":
+        npy = {n: dict(e["npy"]) for n, e in entries.items()}
+        _verify_all(comm, path, {"arrays": npy}, names, offsets)
+    raw = [n for n in names if entries[n]["kind"] == "raw"]
+    batches = _fused_batches(raw, layouts) if FUSE_SMALL else []
     out: Dict[str, ShardedArray] = {}
     for batch in batches:
         for n, y in _load_fused(comm, mesh, path, entries, offsets, layouts, batch).items():
@@ -344,9 +430,15 @@ def load(
                 y = ShardedArray(bk.cupy().asarray(y.local), y.layout, mesh)
             out[n] = y
     for n in names:
-        if n not in out:
-            fname = os.path.join(path, entries[n]["file"])
-            out[n] = _read_array(mesh, fname, offsets[n], layouts[n], device)
+        if n in out:
+            continue
+        kind = entries[n]["kind"]
+        if kind == "raw":
+            out[n] = _read_array(mesh, entries[n]["file"], offsets[n], layouts[n], device)
+        elif kind == "fill":
+            out[n] = _filled(mesh, layouts[n], entries[n]["fill"], device)
+        else:
+            out[n] = _load_rows(mesh, fmt, n, entries[n], layouts[n], device)
     out = {n: out[n] for n in names}
     if comm.Get_rank() == 0:
         log.info(

@@ -22,14 +22,29 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 from mpi4py import MPI
 
 from .. import _backend as bk
-from .. import _validate
+from .. import _dtypes, _validate
 from ..array import ShardedArray
 from ..layout import Layout, Partial, Replicate, Shard
+from . import hdf5_format, safetensors_format
 from .errors import Error, Failure, PathArg, error, norm_path, on_root
-from .manifest import MANIFEST, build_manifest, crc32, dtype_of, entry, file_name, npy_header
+from .manifest import (
+    FORMAT,
+    MANIFEST,
+    VERSION,
+    build_manifest,
+    crc32,
+    dtype_of,
+    dtype_str,
+    entry,
+    file_name,
+    npy_header,
+)
 from .mpiio import box_bounds, collective_io
 
-__all__ = ["save"]
+__all__ = ["save", "FORMATS"]
+
+FORMATS = ("npy", "hdf5", "zarr", "safetensors")
+"""The formats :func:`save` writes (``format=``); :func:`~pyshard.checkpoint.load` detects them."""
 
 log = logging.getLogger("pyshard")
 
@@ -174,10 +189,17 @@ def _fsync_dir(d: str) -> None:
 
 
 def _write_array(
-    comm: MPI.Comm, x: ShardedArray, fname: str, hdr: bytes, nbytes: int, sync: bool
+    comm: MPI.Comm,
+    x: ShardedArray,
+    fname: str,
+    disp: int,
+    size: Optional[int],
+    sync: bool,
 ) -> Optional[Block]:
-    """Write one array's data after its header; collective over ``comm`` (a Partial array is
-    reduced first, one collective). This rank's (start, shape, crc32) block if it wrote one."""
+    """Write one array's data at byte ``disp`` of ``fname`` (C order, as in a .npy file);
+    collective over ``comm`` (a Partial array is reduced first, one collective). ``size``:
+    the file size to set first (None: leave it). This rank's (start, shape, crc32) block if
+    it wrote one."""
     if x.layout.partial_mesh_dims():
         target = [Replicate() if isinstance(p, Partial) else p for p in x.placements]
         x = x.redistribute(target, sizes=x.layout.sizes)
@@ -186,9 +208,7 @@ def _write_array(
     writes = _is_writer(lay, x.mesh.coords) and prod(ext) > 0
     box = (start, ext, writes)
     local = bk.to_host(x.local)  # MPI-IO writes host memory: a GPU shard is copied down once
-    collective_io(
-        comm, fname, lay, len(hdr), box, local, write=True, size=len(hdr) + nbytes, sync=sync
-    )
+    collective_io(comm, fname, lay, disp, box, local, write=True, size=size, sync=sync)
     return (start, ext, crc32(local)) if writes else None
 
 
@@ -204,7 +224,8 @@ def _write_data(
     blocks: Dict[str, List[Block]] = {}
     for (name, x), (_, hdr) in zip(items, headers):
         fname = os.path.join(tmp, entries[name]["file"])
-        block = _write_array(comm, x, fname, hdr, entries[name]["nbytes"], sync)
+        size = len(hdr) + entries[name]["nbytes"]
+        block = _write_array(comm, x, fname, len(hdr), size, sync)
         if block is not None:
             blocks[name] = [block]
     return blocks
@@ -239,11 +260,153 @@ def _finish(
     on_root(comm, commit, failed)
 
 
+# ----------------------------------------------------------------------------- one-file formats
+
+
+def record(items: List[Tuple[str, ShardedArray]], meta_json: str, size: int) -> Dict[str, Any]:
+    """The pyshard record a one-file or Zarr checkpoint keeps beside the data (HDF5: the root
+    attribute ``pyshard``; safetensors: ``__metadata__["pyshard"]``; Zarr: the group's
+    ``attributes["pyshard"]``): format, version, rank count, time, the user's metadata and
+    each array's dtype name and saved layout."""
+    return {
+        "format": FORMAT,
+        "version": VERSION,
+        "ranks": size,
+        "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "metadata": json.loads(meta_json),
+        "arrays": {
+            n: {
+                "dtype": dtype_str(x.dtype),
+                "mesh_shape": list(x.layout.mesh_shape),
+                "placements": [str(p) for p in x.layout.placements],
+                "sizes": {str(d): list(e) for d, e in x.layout.sizes.items()},
+            }
+            for n, x in items
+        },
+    }
+
+
+def check_target(path: str, is_format: Any, what: str) -> str:
+    """Rank 0: the parent directory of ``path`` (a one-file checkpoint); ``path`` may be
+    missing or a file of this format (``is_format(path)``), nothing else."""
+    parent = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(parent):
+        raise Failure(
+            error("FileNotFoundError", f"save: parent directory {parent!r} of {path!r} not found")
+        )
+    if os.path.lexists(path) and not (os.path.isfile(path) and is_format(path)):
+        raise Failure(
+            error("ValueError", f"save: refusing to replace {path!r}: it exists and is not {what}")
+        )
+    return parent
+
+
+def _prepare_file(
+    path: str, fmt: str, items: List[Tuple[str, ShardedArray]], rec: str
+) -> Tuple[str, str, Dict[str, Optional[int]], Optional[int]]:
+    """Rank 0: write ``path.tmp-<token>`` up to the data (the safetensors header, or the HDF5
+    file with its datasets allocated); (temporary file, parent, data offsets, file size to
+    set or None)."""
+    if fmt == "hdf5":
+        parent = check_target(path, hdf5_format.is_hdf5, "an HDF5 file")
+    else:
+        parent = check_target(path, safetensors_format.is_safetensors, "a safetensors file")
+    tmp = f"{path}.tmp-{secrets.token_hex(6)}"
+    try:
+        if fmt == "hdf5":
+            tensors = [
+                (
+                    n,
+                    tuple(x.global_shape),
+                    x.dtype,
+                    {"pyshard_dtype": dtype_str(x.dtype)} if _dtypes.is_ml(x.dtype) else {},
+                )
+                for n, x in items
+            ]
+            offsets = hdf5_format.create(tmp, tensors, rec)
+            return tmp, parent, offsets, None
+        meta = {"pyshard": rec}
+        user = json.loads(rec)["metadata"]
+        meta.update({k: v for k, v in user.items() if isinstance(v, str) and k != "pyshard"})
+        hdr, offs = safetensors_format.build_header(
+            [(n, tuple(x.global_shape), x.dtype) for n, x in items], meta
+        )
+        with open(tmp, "wb") as f:
+            f.write(hdr)
+        total = len(hdr) + sum(prod(x.global_shape) * x.dtype.itemsize for _, x in items)
+        return tmp, parent, dict(offs), total
+    except BaseException:
+        if os.path.lexists(tmp):
+            os.remove(tmp)
+        raise
+
+
+def _finish_file(
+    comm: MPI.Comm, path: str, tmp: str, parent: str, blocks: Dict[str, list], sync: bool
+) -> None:
+    """Every rank has closed the file: rank 0 fsyncs it and renames it over ``path`` (a
+    gather and a bcast on every rank); a failure removes the temporary file."""
+    comm.gather(blocks, root=0)  # every rank has written and closed
+
+    def commit() -> None:
+        try:
+            if sync:
+                fd = os.open(tmp, os.O_RDONLY)
+                try:
+                    os.fsync(fd)
+                finally:
+                    os.close(fd)
+            os.rename(tmp, path)  # atomic: the previous file stays whole until this instant
+        except Exception:
+            if os.path.lexists(tmp):
+                os.remove(tmp)
+            raise
+        if sync:
+            _fsync_dir(parent)
+
+    def failed(e: Exception) -> Error:
+        return error("ValueError", f"save({path!r}): cannot write or rename: {e}")
+
+    on_root(comm, commit, failed)
+
+
+def _save_file(
+    comm: MPI.Comm,
+    path: str,
+    fmt: str,
+    items: List[Tuple[str, ShardedArray]],
+    meta_json: str,
+    sync: bool,
+) -> None:
+    """A one-file checkpoint (HDF5 or safetensors); collective over ``comm``. Rank 0 writes
+    everything but the data into a temporary file; every rank writes its boxes at their
+    offsets with MPI-IO (the writers of a .npy file); rank 0 renames the file into place."""
+    entries = {n: entry(x.layout, "") for n, x in items}
+    _check_same(comm, path, meta_json + fmt, entries)
+    rec = json.dumps(record(items, meta_json, comm.Get_size()), sort_keys=True)
+    tmp, parent, offsets, total = on_root(
+        comm,
+        lambda: _prepare_file(path, fmt, items, rec),
+        lambda e: error("ValueError", f"save({path!r}): cannot prepare {path!r}: {e}"),
+    )
+    blocks: Dict[str, List[Block]] = {}
+    for name, x in items:
+        off = offsets[name]
+        if off is None or not entries[name]["nbytes"]:
+            continue  # no bytes: the same on every rank (the shape is shared)
+        block = _write_array(comm, x, tmp, off, total, sync)
+        if block is not None:
+            blocks[name] = [block]
+    _finish_file(comm, path, tmp, parent, blocks, sync)
+
+
 def save(
     path: PathArg,
     arrays: Mapping[str, ShardedArray],
     metadata: Optional[Mapping[str, Any]] = None,
     *,
+    format: str = "npy",
+    compression: Optional[str] = None,
     sync: bool = True,
 ) -> None:
     """Save sharded arrays as a checkpoint directory at ``path``; collective over their mesh.
@@ -256,17 +419,60 @@ def save(
     metadata: a JSON-serialisable dict kept in the manifest (see :func:`checkpoint_info`).
     sync: fsync the data, the manifest and the directory before the rename (default True).
 
-    Every rank must pass the same names, layouts, path and metadata.
+    format: ``"npy"`` (the default: the directory above), ``"hdf5"`` (one HDF5 file at
+    ``path``, one contiguous dataset per array; needs h5py, ``pip install 'pyshard[hdf5]'``),
+    ``"safetensors"`` (one safetensors file at ``path``; needs no package) or ``"zarr"``
+    (a Zarr v3 group directory at ``path``, one sharded array per name; needs zarr-python,
+    ``pip install 'pyshard[zarr]'``). See docs/checkpoints.md for what each stores.
+    compression: ``None`` or ``"zstd"`` (level 1) for the inner chunks of a Zarr save; the
+    other formats store raw bytes.
+
+    Every rank must pass the same names, layouts, path, metadata and format.
     """
     t0 = time.perf_counter()
     path = norm_path(path, "save")
+    if format not in FORMATS:
+        raise ValueError(f"save(format): expected one of {FORMATS}, got {format!r}")
+    if compression not in (None, "zstd") or (compression is not None and format != "zarr"):
+        raise ValueError(
+            f"save(compression): None, or 'zstd' with format='zarr'; got {compression!r} "
+            f"with format={format!r}"
+        )
     items = _check_arrays(arrays)
     meta_json = _meta_json(metadata)
+    if format == "hdf5":
+        hdf5_format.need("save(format='hdf5')")
+        for name, x in items:
+            hdf5_format.check_name(name)
+            hdf5_format.stored_dtype(x.dtype)
+    elif format == "safetensors":
+        for name, x in items:
+            safetensors_format.code_of(x.dtype, f"save(arrays[{name!r}])")
+    elif format == "zarr":
+        from . import zarr_format
+
+        zarr_format.need("save(format='zarr')")
+        for name, x in items:
+            zarr_format.check_name(name)
+            zarr_format.data_type(x.dtype, f"save(arrays[{name!r}])")
     comm = items[0][1].mesh.comm
     if _validate.enabled:
         layouts = ", ".join(f"{n}: {x.layout!r}" for n, x in items)
         _validate.agree(comm, "save", {"path": repr(path), "arrays": layouts})
     rank, size = comm.Get_rank(), comm.Get_size()
+    if format != "npy":
+        if format == "zarr":
+            from .zarr_format import save_zarr
+
+            save_zarr(comm, path, items, meta_json, sync, compression)
+        else:
+            _save_file(comm, path, format, items, meta_json, sync)
+        if rank == 0:
+            log.info(
+                "pyshard: saved %d array(s) as %s to %s from %d rank(s) in %.3f s",
+                len(items), format, path, size, time.perf_counter() - t0,
+            )
+        return
     taken: set = set()
     entries = {name: entry(x.layout, file_name(name, taken)) for name, x in items}
     headers = [

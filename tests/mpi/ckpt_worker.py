@@ -1,7 +1,8 @@
 """Checkpoint jobs run under their own mpiexec, and the helpers the checkpoint tests share.
 
 Usage: ``mpiexec -n N python ckpt_worker.py JOBS`` where JOBS is a JSON list of jobs, each
-``{"op": "save" | "load", "path": ..., "mesh": [..], "arrays": {name: spec}}`` with
+``{"op": "save" | "load", "path": ..., "mesh": [..], "arrays": {name: spec}}`` (a save may
+name its ``"format"``) with
 ``spec = {"shape", "dtype", "seed", "placements": ["S(0)", "R", "P(sum)"], "sizes"}``.
 A save builds each array from ``oracle.make_global(shape, dtype, seed)`` in its layout
 (Partial mesh dims hold contributions that reduce to it); a load loads every named array
@@ -113,6 +114,7 @@ def run_job(comm, job):
             job["path"],
             {n: make_sharded(mesh, s) for n, s in arrays.items()},
             job.get("metadata"),
+            format=job.get("format", "npy"),
         )
         return []
     placements = {n: placements_of(s) for n, s in arrays.items()}
@@ -149,6 +151,22 @@ def inject_faults(spec, rank):
             return finish(*a, **k)
 
         writer._finish = dying_finish
+        finish_file = writer._finish_file
+
+        def dying_finish_file(*a, **k):
+            _die("save-after-data", rank)
+            return finish_file(*a, **k)
+
+        writer._finish_file = dying_finish_file
+        from pyshard.checkpoint import zarr_format
+
+        finish_zarr = zarr_format._finish_zarr
+
+        def dying_finish_zarr(*a, **k):
+            _die("save-after-data", rank)
+            return finish_zarr(*a, **k)
+
+        zarr_format._finish_zarr = dying_finish_zarr
     renames = [0]
     die_at = 1 if "save-before-rename" in points else 2 if "save-mid-rename" in points else 0
     if die_at:

@@ -1,0 +1,198 @@
+"""The HDF5 format through pip's serial h5py, without MPI: rank 0 lays out the file and
+inspects files to read; the data itself moves through MPI-IO (writer and reader).
+
+A save makes one contiguous dataset per array with early allocation and no fill, so h5py
+writes only metadata and every dataset's bytes have a fixed offset in the file
+(``dset.id.get_offset()``); the ranks then write their boxes there with MPI-IO, as into a
+``.npy`` file. bfloat16 and float8 arrays are stored as unsigned integers of their width,
+with the attribute ``pyshard_dtype`` naming the ml_dtypes type (HDF5 has no such floats).
+The root attribute ``pyshard`` holds the checkpoint record (JSON: metadata, layouts).
+
+A load reads contiguous, unfiltered, native-byte-order datasets the same way (MPI-IO at their
+offset); every other dataset (chunked, compressed, compact, big-endian, external) is read
+through h5py in blocks of whole chunk rows, each chunk by one rank.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from math import prod
+from typing import Any, Dict, List, Optional, Tuple
+
+import numpy as np
+
+from .. import _dtypes
+from .._optional import OptionalModule
+
+h5py = OptionalModule("h5py")
+
+SIGNATURE = b"\x89HDF\r\n\x1a\n"
+MAX_BYTES = 1 << 50
+"""The largest array (bytes) read from a dataset whose size is not bounded by the file's
+(chunked or compressed): anything larger is refused as a corrupt or hostile shape."""
+
+
+def need(what: str) -> Any:
+    """The h5py module, or ImportError naming the extra."""
+    m = h5py()
+    if m is None:
+        raise ImportError(f"{what}: the HDF5 format needs h5py: pip install 'pyshard[hdf5]'")
+    return m
+
+
+def is_hdf5(fname: str) -> bool:
+    """Does ``fname`` hold an HDF5 superblock signature (at 0, 512, 1024, ... bytes)?"""
+    try:
+        with open(fname, "rb") as f:
+            for off in (0, 512, 1024, 2048, 4096, 8192):
+                f.seek(off)
+                if f.read(8) == SIGNATURE:
+                    return True
+    except OSError:
+        return False
+    return False
+
+
+def stored_dtype(dtype: np.dtype) -> np.dtype:
+    """The dtype a dataset stores ``dtype`` as: unsigned ints of the same width for the
+    ml_dtypes floats, ``dtype`` itself otherwise; TypeError for what HDF5 cannot hold."""
+    if _dtypes.is_ml(dtype):
+        return np.dtype(f"<u{dtype.itemsize}")
+    if dtype.kind not in "biufc":
+        raise TypeError(f"save: the HDF5 format cannot hold dtype {dtype}")
+    return dtype
+
+
+def check_name(name: str) -> None:
+    """ValueError unless ``name`` is a usable HDF5 dataset path (``a`` or ``group/a``)."""
+    parts = name.split("/")
+    if any(p in ("", ".", "..") for p in parts):
+        raise ValueError(
+            f"save(arrays[{name!r}]): not a usable HDF5 dataset path (empty, '.' or '..' parts)"
+        )
+
+
+def create(
+    fname: str, tensors: List[Tuple[str, Tuple[int, ...], np.dtype, Dict[str, str]]], record: str
+) -> Dict[str, Optional[int]]:
+    """Rank 0: create the HDF5 file ``fname`` with one contiguous, early-allocated, unfilled
+    dataset per (name, shape, dtype, attributes); each dataset's data offset (None when it
+    has no bytes). ``record``: the root attribute ``pyshard``."""
+    h5 = need("save")
+    offsets: Dict[str, Optional[int]] = {}
+    with h5.File(fname, "w") as f:
+        f.attrs["pyshard"] = record
+        for name, shape, dtype, attrs in tensors:
+            dcpl = h5.h5p.create(h5.h5p.DATASET_CREATE)
+            dcpl.set_layout(h5.h5d.CONTIGUOUS)
+            dcpl.set_alloc_time(h5.h5d.ALLOC_TIME_EARLY)
+            dcpl.set_fill_time(h5.h5d.FILL_TIME_NEVER)  # the ranks write every byte
+            lcpl = h5.h5p.create(h5.h5p.LINK_CREATE)
+            lcpl.set_create_intermediate_group(True)
+            space = h5.h5s.create_simple(shape) if shape else h5.h5s.create(h5.h5s.SCALAR)
+            tid = h5.h5t.py_create(stored_dtype(dtype), logical=True)
+            dsid = h5.h5d.create(f.id, name.encode(), tid, space, dcpl=dcpl, lcpl=lcpl)
+            ds = h5.Dataset(dsid)
+            for k, v in attrs.items():
+                ds.attrs[k] = v
+            offsets[name] = dsid.get_offset() if prod(shape) else None
+    return offsets
+
+
+def _dtype(ds: Any, where: str) -> np.dtype:
+    """The dtype pyshard loads dataset ``ds`` as; ValueError for one it cannot hold."""
+    ml = ds.attrs.get("pyshard_dtype")
+    if ml is not None:
+        if isinstance(ml, bytes):
+            ml = ml.decode()
+        dt = _dtypes.resolve(str(ml), where)
+        if ds.dtype.itemsize != dt.itemsize or ds.dtype.kind != "u":
+            raise ValueError(f"{where}: pyshard_dtype {ml!r} does not match stored {ds.dtype}")
+        return dt
+    dt = ds.dtype
+    if dt.kind not in "biufc" or dt.fields is not None or dt.subdtype is not None:
+        raise ValueError(f"{where}: dtype {dt} is not one pyshard can hold (numbers and bool)")
+    return dt.newbyteorder("=") if dt.byteorder not in ("=", "|") else dt
+
+
+def inspect(fname: str, what: str = "load") -> Tuple[Dict[str, Dict[str, Any]], str]:
+    """Rank 0: every dataset of ``fname`` as {path without the leading "/": {"shape",
+    "dtype", "nbytes", "kind", "offset", "grain"}} and the root ``pyshard`` attribute ("" if
+    none). ``kind``: ``"raw"`` (contiguous bytes at ``offset``: read with MPI-IO), ``"fill"``
+    (never written: the fill value), ``"h5py"`` (read through h5py in blocks of ``grain``
+    rows). ValueError naming the file for an unreadable file, a dtype pyshard cannot hold, a
+    huge shape or a data segment outside the file."""
+    h5 = need(what)
+    size = os.path.getsize(fname)
+    out: Dict[str, Dict[str, Any]] = {}
+    try:
+        f = h5.File(fname, "r")
+    except OSError as e:
+        raise ValueError(f"{what}: {fname!r} is not a readable HDF5 file ({e})") from e
+    with f:
+        record = f.attrs.get("pyshard", "")
+        if isinstance(record, bytes):
+            record = record.decode()
+        names: List[str] = []
+        f.visititems(lambda n, o: names.append(n) if isinstance(o, h5.Dataset) else None)
+        for name in names:
+            out[name] = _entry(h5, f[name], fname, size, f"{what}: {fname!r}: dataset {name!r}")
+    return out, str(record)
+
+
+def _entry(h5: Any, ds: Any, fname: str, size: int, where: str) -> Dict[str, Any]:
+    if ds.shape is None:
+        raise ValueError(f"{where}: has a null dataspace (no shape)")
+    shape = tuple(int(s) for s in ds.shape)
+    dtype = _dtype(ds, where)
+    nbytes = prod(shape) * dtype.itemsize
+    if nbytes > MAX_BYTES:
+        raise ValueError(f"{where}: shape {shape} ({nbytes} bytes) is too large to be real")
+    plist = ds.id.get_create_plist()
+    e: Dict[str, Any] = {"shape": shape, "dtype": dtype, "nbytes": nbytes, "offset": None}
+    contiguous = plist.get_layout() == h5.h5d.CONTIGUOUS
+    native = ds.dtype.byteorder in ("=", "|", "<" if np.little_endian else ">")
+    plain = plist.get_nfilters() == 0 and plist.get_external_count() == 0 and native
+    if contiguous and plain and nbytes:
+        off = ds.id.get_offset()
+        if off is None:
+            e["kind"] = "fill"
+            fv = np.zeros((), ds.dtype)
+            plist.get_fill_value(fv)
+            e["fill"] = fv.tobytes()
+        else:
+            if off + nbytes > size:
+                raise ValueError(
+                    f"{where}: its {nbytes} data bytes at offset {off} lie outside the "
+                    f"{size}-byte file (truncated or corrupt)"
+                )
+            e["kind"], e["offset"] = "raw", int(off)
+        return e
+    e["kind"] = "h5py"
+    chunks = ds.chunks
+    e["grain"] = int(chunks[0]) if chunks else (shape[0] if shape else 1)
+    return e
+
+
+def read_rows(fname: str, name: str, r0: int, r1: int, dtype: np.dtype) -> np.ndarray:
+    """Rows ``r0:r1`` of dataset ``name`` through h5py (a 0-d dataset: its value), as
+    ``dtype`` (an ml_dtypes dtype: the stored integers viewed as it)."""
+    h5 = need("load")
+    with h5.File(fname, "r") as f:
+        ds = f[name]
+        a = ds[()] if ds.ndim == 0 else ds[r0:r1]
+    if _dtypes.is_ml(dtype):
+        return np.ascontiguousarray(a).view(dtype)
+    return np.ascontiguousarray(a, dtype=dtype)
+
+
+def record_of(s: str) -> Optional[Dict[str, Any]]:
+    """The pyshard record of the root attribute, or None (a file from another tool)."""
+    if not s:
+        return None
+    try:
+        m = json.loads(s)
+    except ValueError:
+        return None
+    return m if isinstance(m, dict) else None
