@@ -17,6 +17,7 @@ from .._mpi import library_line
 from ..mesh import Mesh
 from .cases import CASES, EXTRA_CASES, make_cases
 from .checkpoint import bench_checkpoint
+from .ckpt_formats import bench_formats, format_formats
 from .fft import bench_fft, format_fft
 from .fft3d import bench_fft3d, format_fft3d
 from .gpu import main_cuda
@@ -97,6 +98,15 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--json", default=None, help="append one JSON object per case to FILE")
     ap.add_argument("--checkpoint-bytes", type=int, default=1 << 30)
     ap.add_argument(
+        "--formats",
+        default=None,
+        help="checkpoint case: instead of the .npy save/load next to numpy, compare these "
+        "formats (comma list of npy,hdf5,zarr,safetensors, or 'all') through pyshard and "
+        "the tools (gather to rank 0 + h5py/zarr/safetensors, zarr-python and tensorstore "
+        "per rank, torch DCP, h5py mpio), Shard(1), no fsync",
+    )
+    ap.add_argument("--checkpoint-reps", type=int, default=1, help="checkpoint --formats reps")
+    ap.add_argument(
         "--memory-shapes",
         type=int,
         default=400,
@@ -115,6 +125,22 @@ def _parser() -> argparse.ArgumentParser:
 def _run_extra(name: str, comm: MPI.Comm, args: argparse.Namespace) -> Dict:
     """Run an extra case (checkpoint, memory, sparse, fft3d, halo, stencil); rank 0 prints
     its row."""
+    if name == "checkpoint" and args.formats:
+        fmts = None if args.formats == "all" else [f for f in args.formats.split(",") if f]
+        rows = bench_formats(
+            Mesh(comm, (comm.Get_size(),)), nbytes=args.checkpoint_bytes, formats=fmts,
+            reps=args.checkpoint_reps,
+            progress=lambda row: comm.Get_rank() == 0 and print(
+                f"[bench] {row['method']} ({row['wall_s']:.1f} s)", file=sys.stderr, flush=True),
+        )
+        if comm.Get_rank() == 0:
+            b = rows[0]["bytes"] if rows else 0
+            print(f"checkpoint formats: {b} bytes float32 Shard(1), {comm.Get_size()} ranks")
+            print(format_formats(rows), flush=True)
+            for row in rows:
+                print(json.dumps(row), flush=True)
+        return {"case": "checkpoint", "formats": rows,
+                "check": all(r.get("ok", True) for r in rows)}
     if name == "checkpoint":
         r = bench_checkpoint(Mesh(comm, (comm.Get_size(),)), nbytes=args.checkpoint_bytes, reps=1)
     elif name == "sparse":

@@ -19,6 +19,7 @@ import zlib
 from math import prod
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
+import numpy as np
 from mpi4py import MPI
 
 from .. import _backend as bk
@@ -342,14 +343,17 @@ def _prepare_file(
 
 
 def _finish_file(
-    comm: MPI.Comm, path: str, tmp: str, parent: str, blocks: Dict[str, list], sync: bool
+    comm: MPI.Comm, path: str, tmp: str, parent: str, bad: Optional[str], sync: bool
 ) -> None:
-    """Every rank has closed the file: rank 0 fsyncs it and renames it over ``path`` (a
-    gather and a bcast on every rank); a failure removes the temporary file."""
-    comm.gather(blocks, root=0)  # every rank has written and closed
+    """Every rank has closed the file: agree on write errors (one allgather), then rank 0
+    fsyncs it and renames it over ``path`` (a bcast); a failure removes the temporary file
+    and raises the same error on every rank."""
+    bad = next((v for v in comm.allgather(bad) if v is not None), None)
 
     def commit() -> None:
         try:
+            if bad is not None:
+                raise Failure(error("ValueError", bad))
             if sync:
                 fd = os.open(tmp, os.O_RDONLY)
                 try:
@@ -379,8 +383,9 @@ def _save_file(
     sync: bool,
 ) -> None:
     """A one-file checkpoint (HDF5 or safetensors); collective over ``comm``. Rank 0 writes
-    everything but the data into a temporary file; every rank writes its boxes at their
-    offsets with MPI-IO (the writers of a .npy file); rank 0 renames the file into place."""
+    everything but the data into a temporary file; each array is redistributed to run
+    ownership (:func:`_runs`) and every rank writes its one contiguous run at its offset
+    with independent MPI-IO; rank 0 renames the file into place."""
     entries = {n: entry(x.layout, "") for n, x in items}
     _check_same(comm, path, meta_json + fmt, entries)
     rec = json.dumps(record(items, meta_json, comm.Get_size()), sort_keys=True)
@@ -389,15 +394,54 @@ def _save_file(
         lambda: _prepare_file(path, fmt, items, rec),
         lambda e: error("ValueError", f"save({path!r}): cannot prepare {path!r}: {e}"),
     )
-    blocks: Dict[str, List[Block]] = {}
+    bad: Optional[str] = None
     for name, x in items:
         off = offsets[name]
         if off is None or not entries[name]["nbytes"]:
             continue  # no bytes: the same on every rank (the shape is shared)
-        block = _write_array(comm, x, tmp, off, total, sync)
-        if block is not None:
-            blocks[name] = [block]
-    _finish_file(comm, path, tmp, parent, blocks, sync)
+        y = _runs(x)  # collective: every rank takes part even after a failed write
+        if bad is None:
+            try:
+                _write_runs(y, tmp, off, sync)
+            except Exception as e:  # agreed in _finish_file, before the rename
+                bad = f"save({path!r}): array {name!r}: rank {comm.Get_rank()}: {e!r}"
+    _finish_file(comm, path, tmp, parent, bad, sync)
+
+
+def _runs(x: ShardedArray) -> ShardedArray:
+    """``x`` redistributed to run ownership: ``Shard(0)`` over every mesh dim, balanced, so
+    every rank's box is one contiguous run of the file (C order); a 0-d array reduced to
+    one value everywhere. Collective (nothing moves when ``x`` is already so laid out)."""
+    lay = x.layout
+    if lay.ndim == 0:
+        if lay.partial_mesh_dims():
+            return x.redistribute([Replicate()] * len(lay.mesh_shape))
+        return x
+    return x.redistribute([Shard(0)] * len(lay.mesh_shape))
+
+
+def _write_runs(y: ShardedArray, fname: str, disp: int, sync: bool) -> None:
+    """Write this rank's run of ``y`` (a :func:`_runs` layout) at byte ``disp`` of ``fname``
+    with independent MPI-IO (``COMM_SELF``; a 0-d array: rank 0 of the mesh)."""
+    lay = y.layout
+    if lay.ndim == 0:
+        if y.mesh.comm.Get_rank() != 0:
+            return
+        start = 0
+    else:
+        start = lay.box(y.mesh.coords)[0].start
+    local = bk.to_host(y.local)
+    data = np.ascontiguousarray(local).reshape(-1).view(np.uint8)  # ml_dtypes: bytes
+    if not data.size:
+        return
+    row = lay.dtype.itemsize * prod(lay.shape[1:])
+    fh = MPI.File.Open(MPI.COMM_SELF, fname, MPI.MODE_WRONLY)
+    try:
+        fh.Write_at(disp + start * row, [data, MPI.BYTE])
+        if sync:
+            fh.Sync()
+    finally:
+        fh.Close()
 
 
 def save(

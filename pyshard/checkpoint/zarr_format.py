@@ -376,11 +376,7 @@ def save_zarr(
             mine = comm.Get_rank() == 0
         if mine and bad is None:
             try:
-                arr = open_array(tmp, name, meta)
-                ml = _dtypes.is_ml(local.dtype)
-                arr[box] = local.view(f"<u{local.dtype.itemsize}") if ml else local
-                if sync:
-                    _fsync_shards(tmp, name, meta, box)
+                write_shards(tmp, name, meta, local, box, sync)
             except Exception as e:  # agreed below, before the metadata is written
                 bad = f"save({path!r}): array {name!r}: {e!r}"
     _finish_zarr(comm, path, (tmp, parent, token), metas, rec, bad, sync)
@@ -446,6 +442,84 @@ def _finish_zarr(
 
 
 
+def _encoder(meta: Dict[str, Any]) -> Any:
+    """bytes -> the stored bytes of one inner chunk: raw, or zarr-python's ZstdCodec's
+    compressor (numcodecs' Zstd with that codec's configuration)."""
+    codecs = meta["codecs"]
+    if codecs and codecs[0]["name"] == "sharding_indexed":
+        codecs = codecs[0]["configuration"]["codecs"]
+    z = next((c for c in codecs if c["name"] == "zstd"), None)
+    if z is None:
+        return lambda b: b
+    from zarr.codecs import ZstdCodec
+
+    zc = ZstdCodec(**z.get("configuration", {}))._zstd_codec
+    return lambda b: bytes(zc.encode(b))
+
+
+def _index_checksum(index: bytes) -> bytes:
+    """The crc32c that zarr-python's Crc32cCodec appends (google_crc32c, little-endian)."""
+    import google_crc32c
+
+    return np.array([google_crc32c.value(index)], dtype="<u4").tobytes()
+
+
+def write_shards(
+    root: str, name: str, meta: Dict[str, Any], local: np.ndarray, box: Tuple[slice, ...],
+    sync: bool,
+) -> None:
+    """Write the whole shards of ``box`` (rows of dim 0, the other dims whole; a 0-d
+    array's one chunk) from this rank's ``local`` block: per shard its inner chunks (C order,
+    the edge chunk padded with the fill value, chunks past the array's end left out) then
+    the index (offset, length per chunk, uint64 little-endian) and its crc32c, as the
+    ``sharding_indexed`` codec lays them out. One file per shard; this rank alone writes
+    it."""
+    enc = _encoder(meta)
+    le = local.dtype.newbyteorder("<") if local.dtype.byteorder == ">" else local.dtype
+    raw = np.ascontiguousarray(local, dtype=le)
+    d = os.path.join(root, *name.split("/"))
+    shape = meta["shape"]
+    if not shape:
+        _put(os.path.join(d, "c"), [enc(raw.reshape(-1).view(np.uint8).tobytes())], sync)
+        return
+    conf = meta["codecs"][0]["configuration"]
+    s0 = meta["chunk_grid"]["configuration"]["chunk_shape"][0]
+    c0 = conf["chunk_shape"][0]
+    n0 = shape[0]
+    row = raw.reshape(raw.shape[0], -1).view(np.uint8).reshape(raw.shape[0], -1)
+    r_start = box[0].start
+    for shard in range(r_start // s0, -(-box[0].stop // s0)):
+        parts: List[bytes] = []
+        index = np.full((s0 // c0, 2), np.iinfo(np.uint64).max, dtype="<u8")
+        pos = 0
+        for j in range(s0 // c0):
+            a = shard * s0 + j * c0
+            if a >= n0:
+                break  # past the array's end: no chunk
+            b = min(a + c0, n0)
+            chunk = row[a - r_start:b - r_start].tobytes()
+            if b - a < c0:  # the edge chunk: stored whole, padded with the fill (0)
+                chunk += bytes((c0 - (b - a)) * row.shape[1])
+            data = enc(chunk)
+            index[j] = (pos, len(data))
+            parts.append(data)
+            pos += len(data)
+        idx = index.tobytes()
+        parts.append(idx + _index_checksum(idx))
+        key = ["c", str(shard)] + ["0"] * (len(shape) - 1)
+        _put(os.path.join(d, *key), parts, sync)
+
+
+def _put(fname: str, parts: List[bytes], sync: bool) -> None:
+    os.makedirs(os.path.dirname(fname), exist_ok=True)
+    with open(fname, "wb") as f:
+        for p in parts:
+            f.write(p)
+        f.flush()
+        if sync:
+            os.fsync(f.fileno())
+
+
 def _group(attrs: Dict[str, Any]) -> Dict[str, Any]:
     return {"zarr_format": 3, "node_type": "group", "attributes": attrs}
 
@@ -457,26 +531,6 @@ def _write_json(fname: str, obj: Any, sync: bool) -> None:
         f.flush()
         if sync:
             os.fsync(f.fileno())
-
-
-def _fsync_shards(root: str, name: str, meta: Dict[str, Any], box: Tuple[slice, ...]) -> None:
-    """fsync the shard files of ``box`` (whole shards of dim 0) that zarr-python wrote (a
-    shard of nothing but the fill value is not written)."""
-    shape = meta["shape"]
-    if not shape:
-        keys = [["c"]]
-    else:
-        s0 = meta["chunk_grid"]["configuration"]["chunk_shape"][0]
-        rest = ["0"] * (len(shape) - 1)
-        keys = [["c", str(i)] + rest for i in range(box[0].start // s0, -(-box[0].stop // s0))]
-    for k in keys:
-        f = os.path.join(root, *name.split("/"), *k)
-        if os.path.isfile(f):
-            fd = os.open(f, os.O_RDONLY)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
 
 
 def _fsync_dirs(root: str) -> None:

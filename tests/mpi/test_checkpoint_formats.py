@@ -369,6 +369,30 @@ def torch_uint(t):
     return torch.uint16 if t.element_size() == 2 else torch.uint8
 
 
+def test_zarr_compressed(comm, shared_dir):
+    """compression='zstd': zarr-python reads the shards, and so does pyshard."""
+    need("zarr")
+    mesh = ps.Mesh(comm, (comm.size,))
+    s = spec((3 * comm.size + 2, 3), "float64", 4, ["S(1)"])
+    g = global_of(s)
+    path = os.path.join(shared_dir, "zstd.zarr")
+    ps.save(path, {"x": make_sharded(mesh, s)}, format="zarr", compression="zstd")
+
+    def check():
+        import zarr
+
+        a = zarr.open_group(path, mode="r")["x"]
+        assert any(c.get("name") == "zstd" for c in
+                   a.metadata.to_dict()["codecs"][0]["configuration"]["codecs"])
+        return bool(np.array_equal(a[...], g))
+
+    assert on_rank0(comm, check)
+    out = ps.load(path, mesh, {"x": [Replicate()]})
+    np.testing.assert_array_equal(out["x"].local, g)
+    with pytest.raises(ValueError, match="compression"):
+        ps.save(path, {"x": make_sharded(mesh, s)}, format="hdf5", compression="zstd")
+
+
 # ----------------------------------------------------------------------------- concurrency
 
 
