@@ -1,4 +1,6 @@
-"""Checkpoints: sharded arrays saved as plain ``.npy`` files with MPI-IO, loadable anywhere.
+"""Checkpoints: sharded arrays saved as plain ``.npy`` files with MPI-IO, loadable anywhere,
+or (``format=``) as one HDF5 file, one safetensors file or a Zarr v3 group that h5py,
+safetensors/torch, zarr-python and tensorstore open; files from those tools load too.
 
 A checkpoint is a directory with one standard ``.npy`` file per array (``numpy.load`` opens
 it and gives the global array) and a JSON manifest ``manifest.json`` written last. Data moves
@@ -13,6 +15,10 @@ One idea per module:
   MPI-IO;
 - :mod:`~pyshard.checkpoint.errors`: path arguments, and errors rank 0 finds raised on every
   rank;
+- :mod:`~pyshard.checkpoint.formats`: which format a path holds, its arrays described alike
+  (no MPI);
+- :mod:`~pyshard.checkpoint.hdf5_format`, :mod:`~pyshard.checkpoint.safetensors_format`,
+  :mod:`~pyshard.checkpoint.zarr_format`: each format's layout, checks and library calls;
 - :mod:`~pyshard.checkpoint.writer`: :func:`save`;
 - :mod:`~pyshard.checkpoint.reader`: :func:`load`;
 - :mod:`~pyshard.checkpoint.info`: :func:`checkpoint_info`.

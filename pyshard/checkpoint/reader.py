@@ -413,19 +413,28 @@ def load(
 ) -> Dict[str, ShardedArray]:
     """Load arrays of a checkpoint into any layout on ``mesh``; collective over ``mesh``.
 
-    path: the checkpoint directory written by :func:`save`.
+    path: a checkpoint written by :func:`save` in any format, or a file from another tool:
+    an HDF5 file (serial h5py; contiguous datasets are read with MPI-IO at their offset,
+    chunked or compressed ones through h5py in blocks of whole chunk rows), a Zarr v3 group
+    or array (zarr-python, tensorstore; any chunk and shard shape, compressed or not) or a
+    ``.safetensors`` file (numpy, torch). The format is detected. Array names are dataset
+    paths (HDF5, Zarr: ``"group/x"``) or tensor names (safetensors).
     mesh: the mesh to load onto (any shape and rank count).
     placements: name -> placements list, one per mesh dim (``Shard``/``Replicate``/
     ``Partial`` objects or strings like ``"S(0)"``); the names to load.
     sizes: name -> ``{array_dim: extents}`` for uneven shards (default balanced).
     verify: re-read every saved block once (spread round robin over the ranks) and check
-    its crc32 before loading (default True).
+    its crc32 before loading (default True; ``.npy`` checkpoints, the only format with
+    pyshard's checksums).
     device: ``None`` or ``"cpu"`` for numpy arrays, ``"cuda"`` for cupy arrays on the current
     GPU (read through host memory).
 
     Every rank raises the same FileNotFoundError or ValueError, naming the path and the
     problem, for a missing manifest or file, a truncated or mismatched .npy, a checksum
-    mismatch or an unknown name.
+    mismatch, an unknown name, or an untrustworthy file (an offset or length outside the
+    file, an oversized safetensors header, overlapping tensors, a Zarr key that escapes the
+    directory, an unknown codec, a dtype pyshard cannot hold, a huge shape); ImportError
+    naming the extra when the format's package (h5py, zarr-python) is not installed.
     """
     t0 = time.perf_counter()
     path = norm_path(path, "load")

@@ -8,8 +8,10 @@ block of ``ceil(n0 / ranks)`` rows per rank and keeps the other dims whole; the 
 split a shard's rows into chunks of about :data:`CHUNK_BYTES`. The arrays are first
 redistributed to ``Shard(0)`` over every mesh dim with ``sizes`` aligned to that shard grid,
 so every rank's box is whole shards and no shard file is touched by two ranks (zarr-python's
-own concurrent partial writes into one shard lose data). Rank 0 writes every ``zarr.json``
-after the data, and renames the directory into place.
+own concurrent partial writes into one shard lose data). Each rank encodes its shard files
+itself (:func:`write_shards`: the ``sharding_indexed`` layout, zarr-python's ZstdCodec
+compressor, crc32c of the index); rank 0 writes every ``zarr.json`` after the data, and
+renames the directory into place. Reading goes through zarr-python.
 
 bfloat16 and the float8 formats have no zarr-python 3.1 data type: pyshard writes their
 ``data_type`` under ml_dtypes' (and tensorstore's zarr3 driver's) name (``"bfloat16"``,
