@@ -9,6 +9,8 @@ format and the way a user would without pyshard, in one run:
 - ``zarr-python/rank``, ``tensorstore/rank``: a Zarr v3 array whose chunks are each rank's
   column block (the layout most favourable to them), every rank writing and reading its own
   region;
+- ``zarr-python shared shards``: the same regions written into shards that span every
+  rank's columns (pyshard's shard grid): the row counts the elements lost;
 - ``torch DCP``: ``torch.distributed.checkpoint.save`` / ``load`` of a DTensor ``Shard(1)``
   over gloo;
 - ``h5py mpio``: h5py's MPI-IO driver, where h5py is built with MPI (pip's is not).
@@ -62,6 +64,7 @@ class _Ctx:
         self.nbytes = self.rows * self.cols * 4
         ext = self.layout.sizes[1]
         self.counts = [self.rows * e for e in ext]
+        self.lost: Optional[int] = None
 
     def ok(self, got: Optional[np.ndarray]) -> bool:
         mine = (
@@ -183,6 +186,35 @@ def _zarr_per_rank(ctx: _Ctx) -> Tuple[float, float, bool]:
     return ctx.time(sv, ld)
 
 
+def _zarr_shared_shards(ctx: _Ctx) -> Tuple[float, float, bool]:
+    """zarr-python, every rank writing its ``Shard(1)`` region into a sharded array whose
+    shards span all columns (pyshard's shard grid): concurrent partial writes into the same
+    shard files. The row's ``lost`` counts the elements that did not survive."""
+    import zarr
+
+    path = os.path.join(ctx.root, "zarr-shared")
+    p = ctx.comm.Get_size()
+    s0 = max(1, -(-ctx.rows // p))
+    inner = (s0, max(ctx.layout.sizes[1]))
+
+    def sv() -> None:
+        if ctx.comm.Get_rank() == 0:
+            shutil.rmtree(path, ignore_errors=True)
+            zarr.create_array(path, shape=(ctx.rows, ctx.cols), dtype="f4", chunks=inner,
+                              shards=(s0, inner[1] * p), compressors=None)
+        ctx.comm.Barrier()
+        a = zarr.open_array(path, mode="r+")
+        a[:, ctx.c0:ctx.c1] = ctx.local
+
+    def ld() -> np.ndarray:
+        return np.asarray(zarr.open_array(path, mode="r")[:, ctx.c0:ctx.c1])
+
+    save_s, load_s, ok = ctx.time(sv, ld)
+    got = ld()
+    ctx.lost = int(ctx.comm.allreduce(int(np.sum(got != ctx.local)), op=MPI.SUM))
+    return save_s, load_s, True
+
+
 def _tensorstore_per_rank(ctx: _Ctx) -> Tuple[float, float, bool]:
     import tensorstore as ts
 
@@ -288,6 +320,7 @@ def methods(formats: List[str]) -> List[Tuple[str, Run]]:
             out.append((f"gather+{tools[f]}", lambda c, t=tools[f]: _gather(c, t)))
     if "zarr" in formats:
         out.append(("zarr-python/rank", _zarr_per_rank))
+        out.append(("zarr-python shared shards", _zarr_shared_shards))
         out.append(("tensorstore/rank", _tensorstore_per_rank))
     if "safetensors" in formats:
         out.append(("torch DCP", _dcp))
@@ -330,6 +363,7 @@ def bench_formats(
                 "bytes": ctx.nbytes, "sync": sync,
             }
             t0 = time.perf_counter()
+            ctx.lost = None
             err = None
             try:
                 res = run(ctx)
@@ -343,6 +377,8 @@ def bench_formats(
                 s, ld, ok = res
                 row.update(save_s=s, load_s=ld, save_GBps=ctx.nbytes / s / 1e9,
                            load_GBps=ctx.nbytes / ld / 1e9, ok=ok)
+                if ctx.lost is not None:
+                    row["lost_elements"] = ctx.lost
             row["wall_s"] = time.perf_counter() - t0
             rows.append(row)
             if progress is not None:
@@ -358,16 +394,18 @@ def bench_formats(
 def format_formats(rows: List[Dict[str, Any]]) -> str:
     """The bench table: one line per method, GB/s and the ratio to ``pyshard npy``."""
     ref = next((r for r in rows if r["method"] == "pyshard npy" and "save_s" in r), None)
-    head = f"{'method':<20} {'save GB/s':>10} {'load GB/s':>10} {'save/npy':>9} {'load/npy':>9}"
+    head = f"{'method':<26} {'save GB/s':>10} {'load GB/s':>10} {'save/npy':>9} {'load/npy':>9}"
     lines = [head]
     for r in rows:
         if "save_s" not in r:
-            lines.append(f"{r['method']:<20} skipped: {r.get('skipped')}")
+            lines.append(f"{r['method']:<26} skipped: {r.get('skipped')}")
             continue
         rs = f"{r['save_GBps'] / ref['save_GBps']:.2f}" if ref else "-"
         rl = f"{r['load_GBps'] / ref['load_GBps']:.2f}" if ref else "-"
         ok = "" if r["ok"] else "  WRONG DATA"
+        if r.get("lost_elements") is not None:
+            ok += f"  {r['lost_elements']} of {r['bytes'] // 4} elements lost"
         lines.append(
-            f"{r['method']:<20} {r['save_GBps']:>10.3f} {r['load_GBps']:>10.3f} {rs:>9} {rl:>9}{ok}"
+            f"{r['method']:<26} {r['save_GBps']:>10.3f} {r['load_GBps']:>10.3f} {rs:>9} {rl:>9}{ok}"
         )
     return "\n".join(lines)
