@@ -22,6 +22,7 @@ zarr-python 3.1 refuses to open those arrays (it does not know the data type).
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import secrets
@@ -92,26 +93,61 @@ def _fill(dt: str) -> Any:
     )
 
 
-def grid(shape: Tuple[int, ...], itemsize: int, parts: int) -> Tuple[List[int], List[int]]:
-    """(shard shape, inner chunk shape) of a saved array: ``ceil(n0 / parts)`` rows per shard
-    (the other dims whole), inner chunks of whole rows dividing the shard, about
+def regular_shards(layout: Any) -> Optional[List[int]]:
+    """The shard shape whose grid is exactly ``layout``'s boxes, or None. Each sharded dim's
+    extents must be ``[s] * k + [r] + [0] * m`` with ``0 <= r <= s`` (an even split, or one
+    whose boxes start at multiples of ``s``); unsharded dims are whole. Partial and
+    Replicate mesh dims are fine (one replica writes). Then saving needs no redistribute."""
+    if not layout.ndim or 0 in layout.shape:
+        return None
+    out = []
+    sizes = layout.sizes
+    for d, n in enumerate(layout.shape):
+        ext = sizes.get(d)
+        if ext is None:
+            out.append(n)
+            continue
+        s0 = ext[0]
+        if s0 <= 0:
+            return None
+        k = 0
+        while k < len(ext) and ext[k] == s0:
+            k += 1
+        rest = list(ext[k:])
+        if rest and not (rest[0] <= s0 and all(e == 0 for e in rest[1:])):
+            return None
+        out.append(s0)
+    return out
+
+
+def grid(
+    shape: Tuple[int, ...], itemsize: int, parts: int, shard: Optional[List[int]] = None
+) -> Tuple[List[int], List[int]]:
+    """(shard shape, inner chunk shape) of a saved array: ``shard`` when given (the source
+    layout's boxes, :func:`regular_shards`), else ``ceil(n0 / parts)`` rows per shard (the
+    other dims whole); inner chunks are whole rows of a shard dividing it, about
     :data:`CHUNK_BYTES` each."""
     if not shape:
         return [], []
-    full = [max(1, n) for n in shape]
-    s0 = max(1, ceil(shape[0] / parts))
-    row = itemsize * prod(full[1:])
+    if shard is None:
+        shard = [max(1, ceil(shape[0] / parts))] + [max(1, n) for n in shape[1:]]
+    s0 = shard[0]
+    row = itemsize * prod(shard[1:])
     want = max(1, CHUNK_BYTES // max(1, row))
     c0 = max(d for d in range(1, min(s0, want) + 1) if s0 % d == 0)
-    return [s0] + full[1:], [c0] + full[1:]
+    return list(shard), [c0] + list(shard[1:])
 
 
 def array_meta(
-    shape: Tuple[int, ...], dtype: np.dtype, parts: int, compression: Optional[str]
+    shape: Tuple[int, ...],
+    dtype: np.dtype,
+    parts: int,
+    compression: Optional[str],
+    shard: Optional[List[int]] = None,
 ) -> Dict[str, Any]:
     """The ``zarr.json`` of a saved array (the data type under its own name)."""
     dt = data_type(dtype)
-    shard, inner = grid(shape, dtype.itemsize, parts)
+    shard, inner = grid(shape, dtype.itemsize, parts, shard)
     bytes_codec: Dict[str, Any] = {"name": "bytes"}
     if dtype.itemsize > 1:
         bytes_codec["configuration"] = {"endian": "little"}
@@ -324,13 +360,17 @@ def save_zarr(
     from ..layout import Partial, Replicate, Shard, split_sizes
     from .errors import Failure, error, on_root
     from .manifest import MANIFEST, entry
-    from .writer import _check_same, record
+    from .writer import _check_same, _is_writer, record
 
     parts = comm.Get_size()
     entries = {n: entry(x.layout, "") for n, x in items}
     _check_same(comm, path, meta_json + "zarr" + str(compression), entries)
     rec = record(items, meta_json, parts)
-    metas = {n: array_meta(tuple(x.global_shape), x.dtype, parts, compression) for n, x in items}
+    shards = {n: regular_shards(x.layout) for n, x in items}
+    metas = {
+        n: array_meta(tuple(x.global_shape), x.dtype, parts, compression, shards[n])
+        for n, x in items
+    }
 
     def prepare() -> Tuple[str, str, str]:
         parent = os.path.dirname(os.path.abspath(path))
@@ -361,7 +401,15 @@ def save_zarr(
     for name, x in items:
         meta = metas[name]
         lay = x.layout
-        if lay.ndim:
+        if lay.ndim and shards[name] is not None:
+            # the source's boxes are the shard grid: one replica of each box writes it
+            if lay.partial_mesh_dims():
+                plain = [Replicate() if isinstance(p, Partial) else p for p in x.placements]
+                x = x.redistribute(plain, sizes=lay.sizes)
+            box = x.layout.box(x.mesh.coords)
+            local = np.asarray(x.local)
+            mine = local.size > 0 and _is_writer(x.layout, x.mesh.coords)
+        elif lay.ndim:
             s0 = meta["chunk_grid"]["configuration"]["chunk_shape"][0]
             ext = split_sizes(lay.shape[0], parts, grain=s0)
             target = [Shard(0)] * len(lay.mesh_shape)
@@ -470,46 +518,51 @@ def write_shards(
     root: str, name: str, meta: Dict[str, Any], local: np.ndarray, box: Tuple[slice, ...],
     sync: bool,
 ) -> None:
-    """Write the whole shards of ``box`` (rows of dim 0, the other dims whole; a 0-d
-    array's one chunk) from this rank's ``local`` block: per shard its inner chunks (C order,
-    the edge chunk padded with the fill value, chunks past the array's end left out) then
-    the index (offset, length per chunk, uint64 little-endian) and its crc32c, as the
-    ``sharding_indexed`` codec lays them out. One file per shard; this rank alone writes
-    it."""
+    """Write the whole shards that ``box`` covers (its edges on the shard grid) from this
+    rank's ``local`` block (a 0-d array: its one chunk): per shard its inner chunks in C
+    order (an edge chunk stored whole, padded with the fill value; chunks past the array's
+    end left out), then the index (offset, length per chunk, uint64 little-endian) and its
+    crc32c, as the ``sharding_indexed`` codec lays them out. One file per shard; this rank
+    alone writes it."""
     enc = _encoder(meta)
     le = local.dtype.newbyteorder("<") if local.dtype.byteorder == ">" else local.dtype
     raw = np.ascontiguousarray(local, dtype=le)
     d = os.path.join(root, *name.split("/"))
-    shape = meta["shape"]
+    shape = list(meta["shape"])
     if not shape:
-        _put(os.path.join(d, "c"), [enc(raw.reshape(-1).view(np.uint8).tobytes())], sync)
+        _put(os.path.join(d, "c"), [enc(_bytes(raw))], sync)
         return
-    conf = meta["codecs"][0]["configuration"]
-    s0 = meta["chunk_grid"]["configuration"]["chunk_shape"][0]
-    c0 = conf["chunk_shape"][0]
-    n0 = shape[0]
-    row = raw.reshape(raw.shape[0], -1).view(np.uint8).reshape(raw.shape[0], -1)
-    r_start = box[0].start
-    for shard in range(r_start // s0, -(-box[0].stop // s0)):
+    sshape = meta["chunk_grid"]["configuration"]["chunk_shape"]
+    cshape = meta["codecs"][0]["configuration"]["chunk_shape"]
+    per = [s // c for s, c in zip(sshape, cshape)]
+    lo = [b.start for b in box]
+    ranges = [range(b.start // s, -(-b.stop // s)) for b, s in zip(box, sshape)]
+    for sidx in itertools.product(*ranges):
         parts: List[bytes] = []
-        index = np.full((s0 // c0, 2), np.iinfo(np.uint64).max, dtype="<u8")
+        index = np.full(per + [2], np.iinfo(np.uint64).max, dtype="<u8")
         pos = 0
-        for j in range(s0 // c0):
-            a = shard * s0 + j * c0
-            if a >= n0:
-                break  # past the array's end: no chunk
-            b = min(a + c0, n0)
-            chunk = row[a - r_start:b - r_start].tobytes()
-            if b - a < c0:  # the edge chunk: stored whole, padded with the fill (0)
-                chunk += bytes((c0 - (b - a)) * row.shape[1])
-            data = enc(chunk)
-            index[j] = (pos, len(data))
+        for cidx in itertools.product(*[range(k) for k in per]):
+            a = [si * s + ci * c for si, s, ci, c in zip(sidx, sshape, cidx, cshape)]
+            if any(x >= n for x, n in zip(a, shape)):
+                continue  # past the array's end: no chunk
+            b = [min(x + c, n) for x, c, n in zip(a, cshape, shape)]
+            block = raw[tuple(slice(x - o, y - o) for x, y, o in zip(a, b, lo))]
+            if list(block.shape) != list(cshape):  # an edge chunk: padded with the fill (0)
+                full = np.zeros(cshape, dtype=raw.dtype)
+                full[tuple(slice(0, e) for e in block.shape)] = block
+                block = full
+            data = enc(_bytes(block))
+            index[cidx] = (pos, len(data))
             parts.append(data)
             pos += len(data)
         idx = index.tobytes()
         parts.append(idx + _index_checksum(idx))
-        key = ["c", str(shard)] + ["0"] * (len(shape) - 1)
-        _put(os.path.join(d, *key), parts, sync)
+        _put(os.path.join(d, "c", *map(str, sidx)), parts, sync)
+
+
+def _bytes(a: np.ndarray) -> bytes:
+    """C-order bytes of ``a`` (ml_dtypes arrays export no buffer: viewed as bytes)."""
+    return np.ascontiguousarray(a).reshape(-1).view(np.uint8).tobytes()
 
 
 def _put(fname: str, parts: List[bytes], sync: bool) -> None:

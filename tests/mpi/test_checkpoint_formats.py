@@ -398,23 +398,41 @@ def test_zarr_compressed(comm, shared_dir):
 
 
 def test_zarr_concurrent_writes(comm, shared_dir):
-    """Rounds of saving a layout whose boxes cut across shards (Shard(1) of an array sharded
-    by rows) end with every byte right: each shard file has one writer."""
+    """Rounds of saving layouts whose boxes cut across row shards (Shard(1) of an uneven
+    split: redistributed to whole row shards first) end with every byte right; an even
+    Shard(1) split (and a 2-D grid) becomes the shard grid itself, one shard per box."""
     need("zarr")
-    mesh = ps.Mesh(comm, (comm.size,))
-    shape = (4 * comm.size + 3, 2 * comm.size + 1)
+    p = comm.size
+    mesh = ps.Mesh(comm, (p,))
+    a, b = next(((d, p // d) for d in (2, 3) if p % d == 0 and p > d), (1, p))
+    mesh2 = ps.Mesh(comm, (a, b))
+    shape = (4 * p + 3, 2 * p + 1)  # uneven columns: not a shard grid
+    even = (5, 2 * p)  # two columns per rank: the shard grid is the boxes
+    grid2 = (2 * a + 1, 3 * b)
     path = os.path.join(shared_dir, "conc.zarr")
     lost = 0
     for r in range(3):
         g = global_of(spec(shape, "float32", 100 + r, ["S(1)"]))
-        ps.save(path, {"x": ps.distribute(g, mesh, [Shard(1)])}, format="zarr")
+        h = global_of(spec(even, "int32", 200 + r, ["S(1)"]))
+        k = global_of(spec(grid2, "float64", 300 + r, ["S(0)", "S(1)"]))
+        arrays = {
+            "x": ps.distribute(g, mesh, [Shard(1)]),
+            "y": ps.distribute(h, mesh, [Shard(1)]),
+            "z": ps.distribute(k, mesh2, [Shard(0), Shard(1)], {0: [2] * (a - 1) + [3]}
+                               if a > 1 else None),
+        }
+        ps.save(path, arrays, format="zarr")
 
-        def count(g=g):
+        def count(g=g, h=h, k=k):
             import zarr
 
-            return int(np.sum(zarr.open_group(path, mode="r")["x"][...] != g))
+            grp = zarr.open_group(path, mode="r")
+            assert list(grp["y"].metadata.chunk_grid.chunk_shape) == [5, 2]
+            return sum(int(np.sum(grp[n][...] != w)) for n, w in (("x", g), ("y", h), ("z", k)))
 
         lost += on_rank0(comm, count)
+        out = ps.load(path, mesh, {"z": [Shard(0)]})
+        np.testing.assert_array_equal(out["z"].local, k[out["z"].box])
     assert lost == 0
 
 
