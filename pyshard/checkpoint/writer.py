@@ -389,7 +389,7 @@ def _save_file(
     entries = {n: entry(x.layout, "") for n, x in items}
     _check_same(comm, path, meta_json + fmt, entries)
     rec = json.dumps(record(items, meta_json, comm.Get_size()), sort_keys=True)
-    tmp, parent, offsets, total = on_root(
+    tmp, parent, offsets, _size = on_root(
         comm,
         lambda: _prepare_file(path, fmt, items, rec),
         lambda e: error("ValueError", f"save({path!r}): cannot prepare {path!r}: {e}"),
@@ -409,27 +409,30 @@ def _save_file(
 
 
 def _runs(x: ShardedArray) -> ShardedArray:
-    """``x`` redistributed to run ownership: ``Shard(0)`` over every mesh dim, balanced, so
-    every rank's box is one contiguous run of the file (C order); a 0-d array reduced to
-    one value everywhere. Collective (nothing moves when ``x`` is already so laid out)."""
+    """``x`` in a layout of run ownership: every writer's box one contiguous run of the file
+    (C order). A layout that shards dim 0 alone already is one (Partial dims reduced to
+    Replicate, one replica writes); any other is redistributed to ``Shard(0)`` over every
+    mesh dim, balanced. A 0-d array: reduced to one value everywhere. Collective."""
     lay = x.layout
-    if lay.ndim == 0:
+    rows_only = all(
+        isinstance(p, (Replicate, Partial)) or (isinstance(p, Shard) and p.dim == 0)
+        for p in lay.placements
+    )
+    if lay.ndim == 0 or rows_only:
         if lay.partial_mesh_dims():
-            return x.redistribute([Replicate()] * len(lay.mesh_shape))
+            plain = [Replicate() if isinstance(p, Partial) else p for p in lay.placements]
+            return x.redistribute(plain, sizes=lay.sizes)
         return x
     return x.redistribute([Shard(0)] * len(lay.mesh_shape))
 
 
 def _write_runs(y: ShardedArray, fname: str, disp: int, sync: bool) -> None:
     """Write this rank's run of ``y`` (a :func:`_runs` layout) at byte ``disp`` of ``fname``
-    with independent MPI-IO (``COMM_SELF``; a 0-d array: rank 0 of the mesh)."""
+    with independent MPI-IO (``COMM_SELF``), if it is the writer of its box."""
     lay = y.layout
-    if lay.ndim == 0:
-        if y.mesh.comm.Get_rank() != 0:
-            return
-        start = 0
-    else:
-        start = lay.box(y.mesh.coords)[0].start
+    if not _is_writer(lay, y.mesh.coords):
+        return  # a replica: coordinate 0 of the same box writes it
+    start = lay.box(y.mesh.coords)[0].start if lay.ndim else 0
     local = bk.to_host(y.local)
     data = np.ascontiguousarray(local).reshape(-1).view(np.uint8)  # ml_dtypes: bytes
     if not data.size:
