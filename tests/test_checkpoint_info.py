@@ -108,3 +108,20 @@ def test_bench_checkpoint_small(mesh, tmp_path):
     for k in ("save", "load", "numpy_save", "numpy_load"):
         assert r[f"{k}_s"] > 0 and r[f"{k}_GBps"] > 0
     assert os.listdir(tmp_path) == []  # its files are gone
+
+
+def test_bench_formats_small(mesh, tmp_path):
+    """bench_formats on one rank: pyshard npy and hdf5 and gather + h5py measured and
+    checked, h5py's mpio driver skipped with its reason where h5py has no MPI."""
+    pytest.importorskip("h5py")
+    from pyshard.bench import bench_formats
+
+    rows = bench_formats(mesh, nbytes=1 << 16, formats=["npy", "hdf5"], path=tmp_path)
+    by = {r["method"]: r for r in rows}
+    assert list(by) == ["pyshard npy", "pyshard hdf5", "gather+h5py", "h5py mpio"]
+    for m in ("pyshard npy", "pyshard hdf5", "gather+h5py"):
+        assert by[m]["ok"] and by[m]["save_GBps"] > 0 and by[m]["load_GBps"] > 0, by[m]
+    assert "save_s" in by["h5py mpio"] or "without MPI" in by["h5py mpio"]["skipped"]
+    assert os.listdir(tmp_path) == []
+    with pytest.raises(ValueError, match="unknown"):
+        bench_formats(mesh, nbytes=1 << 16, formats=["npz"])

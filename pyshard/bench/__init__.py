@@ -16,7 +16,10 @@ rep, the maximum over ranks after).
 More cases, each a JSON row of its own fields, run only when named in ``--cases``:
 
 - ``checkpoint``: :func:`bench_checkpoint`, save and load GB/s of a float32 array of
-  ``--checkpoint-bytes`` next to numpy.save/load on rank 0.
+  ``--checkpoint-bytes`` next to numpy.save/load on rank 0; with ``--formats`` instead
+  :func:`bench_formats` (pyshard/bench/ckpt_formats.py): a ``Shard(1)`` array saved and loaded
+  through pyshard in each format and through the tools (gather + h5py / zarr / safetensors,
+  zarr-python and tensorstore per rank, torch DCP, h5py mpio).
 - ``memory``: :func:`bench_memory`, a loop of ``Shard(0) -> Shard(1)`` redistributes over
   ``--memory-shapes`` distinct shapes (default 400; a ``(1000 + 7 i) x 2048`` float32 shard
   per rank, results dropped), and the peak RSS after 40 shapes and after all, maximum over
@@ -53,6 +56,7 @@ from __future__ import annotations
 
 from .cases import CASES, EXTRA_CASES, Case, make_cases
 from .checkpoint import bench_checkpoint
+from .ckpt_formats import bench_formats
 from .cli import main
 from .fft3d import bench_fft3d
 from .host import run_case
@@ -65,6 +69,7 @@ __all__ = [
     "EXTRA_CASES",
     "Case",
     "bench_checkpoint",
+    "bench_formats",
     "bench_fft3d",
     "bench_memory",
     "bench_sparse_setup",

@@ -33,7 +33,8 @@ from .sparse import bench_sparse_setup, format_sparse
 def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
         prog="python -m pyshard bench",
-        epilog="Cases run only when named: checkpoint (save/load GB/s, --checkpoint-bytes), "
+        epilog="Cases run only when named: checkpoint (save/load GB/s, --checkpoint-bytes; "
+        "--formats: each checkpoint format next to the tools), "
         "memory (peak RSS over --memory-shapes distinct shapes; check: growth after 40 shapes "
         f"<= {MEMORY_LIMIT_MIB} MiB), sparse (setup at up to 65,536 simulated ranks) and fft3d "
         "(a pencil 3-D FFT, --fft-n), fft (pyshard.fft: c2c and r2c, slab and pencil, forward "
