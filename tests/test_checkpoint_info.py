@@ -125,3 +125,32 @@ def test_bench_formats_small(mesh, tmp_path):
     assert os.listdir(tmp_path) == []
     with pytest.raises(ValueError, match="unknown"):
         bench_formats(mesh, nbytes=1 << 16, formats=["npz"])
+
+
+@pytest.mark.parametrize(
+    "shape, grid, mesh_shape",
+    [((13, 7), (4, 3), (3,)), ((9, 5, 3), (2, 2, 3), (2, 2)), ((7, 40), (7, 6), (4,)),
+     ((3, 2), (5, 5), (7,)), ((0, 4), (1, 4), (2,))],
+)
+def test_blocks_source_reads_each_chunk_once(shape, grid, mesh_shape):
+    """The plan of a chunked read: every stored chunk lies in exactly one rank's box."""
+    import itertools
+
+    from pyshard.checkpoint.reader import _blocks_source
+
+    lay = ps.Layout(shape, np.float32, mesh_shape, [Replicate()] * len(mesh_shape))
+    src, d = _blocks_source(lay, grid)
+    boxes = [src.box(c) for c in itertools.product(*[range(m) for m in mesh_shape])]
+    assert sum(int(np.prod([b.stop - b.start for b in box])) for box in boxes) == int(
+        np.prod(shape)
+    )
+    for cidx in itertools.product(*[range(-(-n // g)) for n, g in zip(shape, grid)]):
+        lo = [i * g for i, g in zip(cidx, grid)]
+        hi = [min((i + 1) * g, n) for i, g, n in zip(cidx, grid, shape)]
+        owners = [
+            k for k, box in enumerate(boxes)
+            if all(b.start < h and a < b.stop for b, a, h in zip(box, lo, hi))
+        ]
+        assert len(owners) == 1, (cidx, owners)
+        box = boxes[owners[0]]
+        assert all(b.start <= a and h <= b.stop for b, a, h in zip(box, lo, hi))

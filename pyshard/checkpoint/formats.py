@@ -11,7 +11,7 @@ Each array is a dict: ``shape`` (tuple), ``dtype`` (numpy dtype), ``nbytes``, ``
 file its bytes are in, or the Zarr array's directory), ``kind`` and what reading it takes:
 ``"raw"`` (C-order bytes at ``offset`` of ``file``: read with MPI-IO), ``"fill"`` (never
 written: every element is the bytes ``fill``), ``"rows"`` (read through the format's library
-in blocks of whole ``grain`` rows, each stored chunk by one rank); and the layout it was
+in blocks of whole stored chunks of shape ``grid``, each by one rank); and the layout it was
 saved from where pyshard saved it (``mesh_shape``, ``placements``, ``sizes``).
 """
 

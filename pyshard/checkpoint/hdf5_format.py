@@ -118,11 +118,11 @@ def _dtype(ds: Any, where: str) -> np.dtype:
 
 def inspect(fname: str, what: str = "load") -> Tuple[Dict[str, Dict[str, Any]], str]:
     """Rank 0: every dataset of ``fname`` as {path without the leading "/": {"shape",
-    "dtype", "nbytes", "kind", "offset", "grain"}} and the root ``pyshard`` attribute ("" if
+    "dtype", "nbytes", "kind", "offset", "grid"}} and the root ``pyshard`` attribute ("" if
     none). ``kind``: ``"raw"`` (contiguous bytes at ``offset``: read with MPI-IO), ``"fill"``
-    (never written: the fill value), ``"h5py"`` (read through h5py in blocks of ``grain``
-    rows). ValueError naming the file for an unreadable file, a dtype pyshard cannot hold, a
-    huge shape or a data segment outside the file."""
+    (never written: the fill value), ``"h5py"`` (read through h5py in blocks of whole
+    chunks of shape ``grid``). ValueError naming the file for an unreadable file, a dtype
+    pyshard cannot hold, a huge shape or a data segment outside the file."""
     h5 = need(what)
     size = os.path.getsize(fname)
     out: Dict[str, Dict[str, Any]] = {}
@@ -171,17 +171,19 @@ def _entry(h5: Any, ds: Any, fname: str, size: int, where: str) -> Dict[str, Any
         return e
     e["kind"] = "h5py"
     chunks = ds.chunks
-    e["grain"] = int(chunks[0]) if chunks else (shape[0] if shape else 1)
+    e["grid"] = [int(c) for c in chunks] if chunks else [max(1, n) for n in shape]
     return e
 
 
-def read_rows(fname: str, name: str, r0: int, r1: int, dtype: np.dtype) -> np.ndarray:
-    """Rows ``r0:r1`` of dataset ``name`` through h5py (a 0-d dataset: its value), as
-    ``dtype`` (an ml_dtypes dtype: the stored integers viewed as it)."""
+def read_rows(
+    fname: str, name: str, d: int, r0: int, r1: int, dtype: np.dtype
+) -> np.ndarray:
+    """Indices ``r0:r1`` of dim ``d`` of dataset ``name`` through h5py (a 0-d dataset: its
+    value), as ``dtype`` (an ml_dtypes dtype: the stored integers viewed as it)."""
     h5 = need("load")
     with h5.File(fname, "r") as f:
         ds = f[name]
-        a = ds[()] if ds.ndim == 0 else ds[r0:r1]
+        a = ds[()] if ds.ndim == 0 else ds[(slice(None),) * d + (slice(r0, r1),)]
     if _dtypes.is_ml(dtype):
         return np.ascontiguousarray(a).view(dtype)
     return np.ascontiguousarray(a, dtype=dtype)

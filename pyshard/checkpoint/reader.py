@@ -341,37 +341,44 @@ def _filled(mesh: Mesh, lay: Layout, fill: bytes, device: Optional[str]) -> Shar
     return ShardedArray(local, lay, mesh)
 
 
-def _rows_source(lay: Layout, grain: int) -> Layout:
-    """The layout the rows of ``lay``'s array are read in: ``Shard(0)`` over every mesh dim
-    with extents that are whole multiples of ``grain`` rows (one stored chunk row), balanced
-    by chunk rows, so that each stored chunk lies in one rank's box."""
+def _blocks_source(lay: Layout, grid: Sequence[int]) -> Tuple[Layout, int]:
+    """(the layout an array stored in chunks of shape ``grid`` is read in, its split dim d):
+    ``Shard(d)`` over every mesh dim along the dim with the most stored chunks, with
+    extents in whole chunks, balanced by chunks, the other dims whole: each stored chunk
+    lies in one rank's box."""
+    counts = [-(-n // max(1, g)) for n, g in zip(lay.shape, grid)]
+    d = max(range(lay.ndim), key=lambda i: (counts[i], -i))
     parts = prod(lay.mesh_shape)
-    ext = split_sizes(lay.shape[0], parts, grain=max(1, min(grain, lay.shape[0] or 1)))
-    return lay.replace([Shard(0)] * len(lay.mesh_shape), sizes={0: list(ext)})
+    g = max(1, min(int(grid[d]), lay.shape[d] or 1))
+    ext = split_sizes(lay.shape[d], parts, grain=g)
+    return lay.replace([Shard(d)] * len(lay.mesh_shape), sizes={d: list(ext)}), d
 
 
 def _load_rows(
     mesh: Mesh, fmt: str, name: str, e: Dict[str, Any], lay: Layout, device: Optional[str]
 ) -> ShardedArray:
     """Read an array through its format's library (chunked or compressed storage): each rank
-    reads its block of whole chunk rows, each stored chunk read by one rank, then one
-    redistribute to ``lay``. Read errors are agreed (one allgather) before the exchange."""
+    reads its block of whole stored chunks (:func:`_blocks_source`), each chunk read by one
+    rank, then one redistribute to ``lay``. Read errors are agreed (one allgather) before
+    the exchange."""
     comm = mesh.comm
-    src = _rows_source(lay, int(e.get("grain", 1))) if lay.ndim else None
+    src, d = _blocks_source(lay, e["grid"]) if lay.ndim else (None, 0)
     local = None
     bad = None
     try:
         if src is None:  # 0-d: every rank reads the one value
-            local = _read_block(fmt, name, e, 0, 1, lay.dtype).reshape(())
+            local = _read_block(fmt, name, e, 0, 0, 1, lay.dtype).reshape(())
         else:
-            r0, r1 = (lambda b: (b.start, b.stop))(src.box(mesh.coords)[0])
-            local = _read_block(fmt, name, e, r0, r1, lay.dtype) if r1 > r0 else np.empty(
-                src.local_shape(mesh.coords), lay.dtype
-            )
-            if local.shape != src.local_shape(mesh.coords):
+            b = src.box(mesh.coords)[d]
+            want = src.local_shape(mesh.coords)
+            if b.stop > b.start:
+                local = _read_block(fmt, name, e, d, b.start, b.stop, lay.dtype)
+            else:
+                local = np.empty(want, lay.dtype)
+            if local.shape != want:
                 raise ValueError(
-                    f"load: {e['file']!r}: array {name!r}: rows {r0}:{r1} came back as "
-                    f"{local.shape}"
+                    f"load: {e['file']!r}: array {name!r}: indices {b.start}:{b.stop} of dim "
+                    f"{d} came back as {local.shape}"
                 )
     except Exception as err:  # a verdict from every rank, whatever happened
         bad = str(err) if isinstance(err, ValueError) else f"load: {e['file']!r}: {err!r}"
@@ -392,14 +399,16 @@ def _load_rows(
     return ShardedArray(y_local, lay, mesh)
 
 
-def _read_block(fmt: str, name: str, e: Dict[str, Any], r0: int, r1: int, dtype: Any) -> Any:
-    """Rows ``r0:r1`` of a chunked array (the whole value of a 0-d one), through h5py or
-    zarr-python."""
+def _read_block(
+    fmt: str, name: str, e: Dict[str, Any], d: int, r0: int, r1: int, dtype: Any
+) -> Any:
+    """Indices ``r0:r1`` of dim ``d`` of a chunked array (the whole value of a 0-d one),
+    through h5py or zarr-python."""
     if fmt == "hdf5":
-        return hdf5_format.read_rows(e["file"], name, r0, r1, dtype)
+        return hdf5_format.read_rows(e["file"], name, d, r0, r1, dtype)
     from . import zarr_format
 
-    return zarr_format.read_rows(e, r0, r1, dtype)
+    return zarr_format.read_rows(e, d, r0, r1, dtype)
 
 
 def load(

@@ -275,7 +275,7 @@ def _array_entry(d: str, m: Dict[str, Any], where: str) -> Dict[str, Any]:
         "file": d,
         "kind": "rows",
         "offset": None,
-        "grain": outer[0] if outer else 1,
+        "grid": list(outer),
         "meta": m,
     }
 
@@ -332,11 +332,11 @@ def inspect(
     return out, rec if isinstance(rec, dict) else None
 
 
-def read_rows(e: Dict[str, Any], r0: int, r1: int, dtype: np.dtype) -> np.ndarray:
-    """Rows ``r0:r1`` of the array ``e`` describes (a 0-d array: its value) through
-    zarr-python, as ``dtype``."""
+def read_rows(e: Dict[str, Any], d: int, r0: int, r1: int, dtype: np.dtype) -> np.ndarray:
+    """Indices ``r0:r1`` of dim ``d`` of the array ``e`` describes (a 0-d array: its value)
+    through zarr-python, as ``dtype``."""
     arr = open_array(e["file"], "", e["meta"])
-    a = arr[()] if not e["shape"] else arr[r0:r1]
+    a = arr[()] if not e["shape"] else arr[(slice(None),) * d + (slice(r0, r1),)]
     a = np.asarray(a)
     if _dtypes.is_ml(dtype):
         return np.ascontiguousarray(a).view(dtype)
