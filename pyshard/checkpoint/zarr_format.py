@@ -493,7 +493,7 @@ def _finish_zarr(
 
 
 def _encoder(meta: Dict[str, Any]) -> Any:
-    """bytes -> the stored bytes of one inner chunk: raw, or zarr-python's ZstdCodec's
+    """bytes (a buffer) -> the stored bytes of one inner chunk: raw, or zarr-python's ZstdCodec's
     compressor (numcodecs' Zstd with that codec's configuration)."""
     codecs = meta["codecs"]
     if codecs and codecs[0]["name"] == "sharding_indexed":
@@ -538,7 +538,7 @@ def write_shards(
     lo = [b.start for b in box]
     ranges = [range(b.start // s, -(-b.stop // s)) for b, s in zip(box, sshape)]
     for sidx in itertools.product(*ranges):
-        parts: List[bytes] = []
+        parts: List[Any] = []
         index = np.full(per + [2], np.iinfo(np.uint64).max, dtype="<u8")
         pos = 0
         for cidx in itertools.product(*[range(k) for k in per]):
@@ -560,12 +560,13 @@ def write_shards(
         _put(os.path.join(d, "c", *map(str, sidx)), parts, sync)
 
 
-def _bytes(a: np.ndarray) -> bytes:
-    """C-order bytes of ``a`` (ml_dtypes arrays export no buffer: viewed as bytes)."""
-    return np.ascontiguousarray(a).reshape(-1).view(np.uint8).tobytes()
+def _bytes(a: np.ndarray) -> memoryview:
+    """C-order bytes of ``a`` without a copy where it is contiguous (ml_dtypes arrays export
+    no buffer: viewed as bytes)."""
+    return memoryview(np.ascontiguousarray(a).reshape(-1).view(np.uint8))
 
 
-def _put(fname: str, parts: List[bytes], sync: bool) -> None:
+def _put(fname: str, parts: List[Any], sync: bool) -> None:
     os.makedirs(os.path.dirname(fname), exist_ok=True)
     with open(fname, "wb") as f:
         for p in parts:
