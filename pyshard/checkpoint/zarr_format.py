@@ -55,6 +55,9 @@ ML_TYPES = (
 ).split()
 """ml_dtypes floats stored under their own names (tensorstore's zarr3 driver reads these)."""
 
+READ_PLAIN = True
+"""Read uncompressed shards straight from their files (False: always through zarr-python)."""
+
 CODECS = {"bytes", "zstd", "gzip", "blosc", "crc32c", "transpose", "sharding_indexed"}
 """The codecs pyshard accepts in a Zarr array (all zarr-python's own)."""
 
@@ -332,9 +335,98 @@ def inspect(
     return out, rec if isinstance(rec, dict) else None
 
 
+_LE_BYTES = {"name": "bytes", "configuration": {"endian": "little"}}
+
+
+def _plain_shards(meta: Dict[str, Any], itemsize: int) -> Optional[Tuple[List[int], List[int]]]:
+    """(shard shape, inner chunk shape) when the array's shards are plain bytes that pyshard
+    reads itself: one ``sharding_indexed`` codec with inner codecs ``bytes`` (little-endian)
+    alone, index ``bytes`` + ``crc32c`` at the end, default chunk keys with ``/``, fill value
+    zero; None otherwise (zarr-python reads it)."""
+    codecs = meta.get("codecs") or []
+    if len(codecs) != 1 or codecs[0].get("name") != "sharding_indexed" or not meta["shape"]:
+        return None
+    conf = codecs[0].get("configuration", {})
+    inner = conf.get("codecs", [])
+    plain = [{"name": "bytes"}] if itemsize == 1 else []
+    if inner not in ([_LE_BYTES], plain) or conf.get("index_location", "end") != "end":
+        return None
+    if conf.get("index_codecs") != [_LE_BYTES, {"name": "crc32c"}]:
+        return None
+    enc = meta.get("chunk_key_encoding", {})
+    if enc.get("name") != "default" or (enc.get("configuration") or {}).get("separator",
+                                                                             "/") != "/":
+        return None
+    fv = meta.get("fill_value", 0)
+    if fv not in (0, 0.0, False, [0, 0], [0.0, 0.0]) or isinstance(fv, str):
+        return None
+    sshape = list(meta["chunk_grid"]["configuration"]["chunk_shape"])
+    cshape = list(conf.get("chunk_shape", []))
+    if len(cshape) != len(sshape) or any(c <= 0 or s % c for s, c in zip(sshape, cshape)):
+        return None
+    return sshape, cshape
+
+
+def _read_plain(
+    e: Dict[str, Any], grids: Tuple[List[int], List[int]], d: int, r0: int, r1: int,
+    dtype: np.dtype,
+) -> np.ndarray:
+    """Indices ``r0:r1`` of dim ``d`` (on the shard grid) read straight from plain shard
+    files: each shard's index (its crc32c checked), then its chunks' bytes."""
+    import google_crc32c
+
+    shape = list(e["shape"])
+    sshape, cshape = grids
+    lo = [0] * len(shape)
+    hi = list(shape)
+    lo[d], hi[d] = r0, r1
+    le = np.dtype(dtype).newbyteorder("<") if not _dtypes.is_ml(dtype) else dtype
+    out = np.zeros([h - a for a, h in zip(lo, hi)], dtype=le)
+    per = [s // c for s, c in zip(sshape, cshape)]
+    nidx = prod(per) * 16
+    ranges = [range(a // s, -(-b // s)) for a, b, s in zip(lo, hi, sshape)]
+    for sidx in itertools.product(*ranges):
+        fname = os.path.join(e["file"], "c", *map(str, sidx))
+        if not os.path.isfile(fname):
+            continue  # never written: the fill value (zero)
+        with open(fname, "rb") as f:
+            raw = f.read()
+        if len(raw) < nidx + 4:
+            raise ValueError(f"load: {fname!r}: a shard shorter than its index")
+        idx_bytes = raw[-(nidx + 4):-4]
+        crc = np.frombuffer(raw[-4:], "<u4")[0]
+        if google_crc32c.value(idx_bytes) != int(crc):
+            raise ValueError(f"load: {fname!r}: the shard index fails its crc32c")
+        index = np.frombuffer(idx_bytes, "<u8").reshape(per + [2])
+        body = len(raw) - nidx - 4
+        for cidx in itertools.product(*[range(k) for k in per]):
+            off, n = (int(v) for v in index[cidx])
+            if off == 2**64 - 1 and n == 2**64 - 1:
+                continue  # an absent chunk: the fill value
+            a = [si * s + ci * c for si, s, ci, c in zip(sidx, sshape, cidx, cshape)]
+            if any(x >= m for x, m in zip(a, shape)):
+                continue
+            if n != prod(cshape) * le.itemsize or off + n > body:
+                raise ValueError(f"load: {fname!r}: chunk {list(cidx)} lies outside the shard")
+            chunk = np.frombuffer(raw, np.uint8, n, off).view(le).reshape(cshape)
+            b = [min(x + c, m) for x, c, m in zip(a, cshape, shape)]
+            ia = [max(x, o) for x, o in zip(a, lo)]  # the part inside the region read
+            ib = [min(y, h) for y, h in zip(b, hi)]
+            if any(x >= y for x, y in zip(ia, ib)):
+                continue
+            src = tuple(slice(x - c0, y - c0) for x, y, c0 in zip(ia, ib, a))
+            dst = tuple(slice(x - o, y - o) for x, y, o in zip(ia, ib, lo))
+            out[dst] = chunk[src]
+    return out if _dtypes.is_ml(dtype) else np.ascontiguousarray(out, dtype=dtype)
+
+
 def read_rows(e: Dict[str, Any], d: int, r0: int, r1: int, dtype: np.dtype) -> np.ndarray:
-    """Indices ``r0:r1`` of dim ``d`` of the array ``e`` describes (a 0-d array: its value)
-    through zarr-python, as ``dtype``."""
+    """Indices ``r0:r1`` of dim ``d`` of the array ``e`` describes (a 0-d array: its value):
+    plain shards (:func:`_plain_shards`, as pyshard writes them uncompressed) straight from
+    their files, anything else through zarr-python, as ``dtype``."""
+    grids = _plain_shards(e["meta"], np.dtype(dtype).itemsize) if READ_PLAIN else None
+    if grids is not None:
+        return _read_plain(e, grids, d, r0, r1, dtype)
     arr = open_array(e["file"], "", e["meta"])
     a = arr[()] if not e["shape"] else arr[(slice(None),) * d + (slice(r0, r1),)]
     a = np.asarray(a)

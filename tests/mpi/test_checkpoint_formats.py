@@ -394,6 +394,41 @@ def test_zarr_compressed(comm, shared_dir):
         ps.save(path, {"x": make_sharded(mesh, s)}, format="hdf5", compression="zstd")
 
 
+def test_zarr_plain_shards_read_directly(comm, shared_dir, monkeypatch):
+    """Uncompressed shards are read straight from their files: the same shards as through
+    zarr-python, in any layout; a shard index that fails its crc32c raises on every rank."""
+    need("zarr")
+    mesh = ps.Mesh(comm, (comm.size,))
+    s = spec((2 * comm.size + 3, 5, 2), "int32", 8, ["S(0)"],
+             {0: [2 * comm.size + 3] + [0] * (comm.size - 1)})
+    g = global_of(s)
+    path = os.path.join(shared_dir, "plain.zarr")
+    ps.save(path, {"x": make_sharded(mesh, s)}, format="zarr")
+    calls = []
+    real = zarr_format._read_plain
+    monkeypatch.setattr(zarr_format, "_read_plain", lambda *a: calls.append(1) or real(*a))
+    for pl in ([Shard(0)], [Shard(1)], [Replicate()]):
+        out = ps.load(path, mesh, {"x": pl})
+        np.testing.assert_array_equal(out["x"].local, g[out["x"].box])
+    assert comm.allreduce(len(calls)) > 0, "the plain shard reader was not used"
+    monkeypatch.setattr(zarr_format, "READ_PLAIN", False)
+    out = ps.load(path, mesh, {"x": [Shard(2)]})
+    np.testing.assert_array_equal(out["x"].local, g[out["x"].box])
+    monkeypatch.setattr(zarr_format, "READ_PLAIN", True)
+
+    def corrupt():
+        f = sorted(glob.glob(os.path.join(path, "x", "c", "*", "*", "*")))[0]
+        with open(f, "r+b") as fh:
+            fh.seek(-1, os.SEEK_END)
+            c = fh.read(1)
+            fh.seek(-1, os.SEEK_END)
+            fh.write(bytes([c[0] ^ 1]))
+
+    on_rank0(comm, corrupt)
+    with pytest.raises(ValueError, match="crc32c"):
+        ps.load(path, mesh, {"x": [Replicate()]})
+
+
 # ----------------------------------------------------------------------------- concurrency
 
 
