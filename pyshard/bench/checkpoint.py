@@ -30,7 +30,7 @@ def _check_bench_args(mesh: object, nbytes: object, reps: object) -> None:
         raise ValueError(f"bench_checkpoint(reps): need an int >= 1, got {reps!r}")
 
 
-def _bench_dir(comm: MPI.Comm, path: Optional[PathArg]) -> str:
+def bench_dir(comm: MPI.Comm, path: Optional[PathArg]) -> str:
     """A new temporary directory (under ``path`` if given, created if missing), made by
     rank 0 and known to every rank (one bcast)."""
     p = None if path is None else norm_path(path, "bench_checkpoint")
@@ -131,7 +131,7 @@ def bench_checkpoint(
     _check_bench_args(mesh, nbytes, reps)
     comm = mesh.comm
     n = int(nbytes) // 4
-    root = _bench_dir(comm, path)
+    root = bench_dir(comm, path)
     layout = Layout((n,), np.float32, mesh.shape, [Shard(0)] * mesh.ndim)
     start, ext = box_bounds(layout, mesh.coords)
     x = ShardedArray(_bench_pattern(start[0], ext[0]), layout, mesh)

@@ -34,7 +34,7 @@ from ..array import ShardedArray
 from ..checkpoint import load, save
 from ..layout import Layout, Shard
 from ..mesh import Mesh
-from .checkpoint import _bench_dir
+from .checkpoint import bench_dir
 from .timing import median_s
 
 ALL = ("npy", "hdf5", "zarr", "safetensors")
@@ -353,7 +353,7 @@ def bench_formats(
             __import__(mod)
         except ImportError:
             pass
-    root = _bench_dir(comm, path)
+    root = bench_dir(comm, path)
     ctx = _Ctx(mesh, nbytes, root, reps, sync)
     rows = []
     try:

@@ -19,6 +19,8 @@ One idea per module:
   (no MPI);
 - :mod:`~pyshard.checkpoint.hdf5_format`, :mod:`~pyshard.checkpoint.safetensors_format`,
   :mod:`~pyshard.checkpoint.zarr_format`: each format's layout, checks and library calls;
+- :mod:`~pyshard.checkpoint.saving`: what every format's save shares (agreement, the writer
+  of a box, the pyshard record);
 - :mod:`~pyshard.checkpoint.writer`: :func:`save`;
 - :mod:`~pyshard.checkpoint.reader`: :func:`load`;
 - :mod:`~pyshard.checkpoint.info`: :func:`checkpoint_info`.

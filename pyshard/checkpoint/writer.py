@@ -15,9 +15,8 @@ import os
 import secrets
 import shutil
 import time
-import zlib
 from math import prod
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 import numpy as np
 from mpi4py import MPI
@@ -25,13 +24,11 @@ from mpi4py import MPI
 from .. import _backend as bk
 from .. import _dtypes, _validate
 from ..array import ShardedArray
-from ..layout import Layout, Partial, Replicate, Shard
+from ..layout import Partial, Replicate, Shard
 from . import hdf5_format, safetensors_format
 from .errors import Error, Failure, PathArg, error, norm_path, on_root
 from .manifest import (
-    FORMAT,
     MANIFEST,
-    VERSION,
     build_manifest,
     crc32,
     dtype_of,
@@ -41,6 +38,7 @@ from .manifest import (
     npy_header,
 )
 from .mpiio import box_bounds, collective_io
+from .saving import check_same, fsync_dir, is_writer, record
 
 __all__ = ["save", "FORMATS"]
 
@@ -50,11 +48,6 @@ FORMATS = ("npy", "hdf5", "zarr", "safetensors")
 log = logging.getLogger("pyshard")
 
 Block = Tuple[List[int], List[int], int]  # (start, shape, crc32) of a block one rank wrote
-
-
-def _is_writer(layout: Layout, coords: Sequence[int]) -> bool:
-    """The one replica that writes a box: coordinate 0 on every mesh dim that does not shard."""
-    return all(c == 0 for c, p in zip(coords, layout.placements) if not isinstance(p, Shard))
 
 
 # ----------------------------------------------------------------------------- arguments
@@ -97,18 +90,6 @@ def _meta_json(metadata: object) -> str:
         return json.dumps(metadata, sort_keys=True)
     except (TypeError, ValueError) as e:
         raise TypeError(f"save(metadata): not JSON-serialisable: {e}") from e
-
-
-def _check_same(comm: MPI.Comm, path: str, meta_json: str, entries: Dict[str, Any]) -> None:
-    """Every rank must describe the same checkpoint: one small allgather agrees on it."""
-    digest = zlib.crc32(json.dumps([path, meta_json, entries], sort_keys=True).encode())
-    digests = comm.allgather(digest)
-    if len(set(digests)) != 1:
-        bad = [r for r, d in enumerate(digests) if d != digests[0]]
-        raise ValueError(
-            f"save({path!r}): ranks {bad} pass other names, layouts, path or metadata than "
-            f"rank 0; every rank must pass the same"
-        )
 
 
 # ----------------------------------------------------------------------------- rank 0's files
@@ -156,7 +137,7 @@ def _commit(
             os.fsync(f.fileno())
     os.replace(mpath + ".part", mpath)
     if sync:
-        _fsync_dir(tmp)
+        fsync_dir(tmp)
     old = None
     if os.path.lexists(path):
         old = f"{path}.old-{token}"
@@ -168,22 +149,9 @@ def _commit(
             os.rename(old, path)  # put the previous checkpoint back
         raise
     if sync:
-        _fsync_dir(parent)
+        fsync_dir(parent)
     if old is not None:
         shutil.rmtree(old, ignore_errors=True)
-
-
-def _fsync_dir(d: str) -> None:
-    try:
-        fd = os.open(d, os.O_RDONLY)
-    except OSError:  # pragma: no cover - platforms without directory fds
-        return
-    try:
-        os.fsync(fd)
-    except OSError:  # pragma: no cover
-        pass
-    finally:
-        os.close(fd)
 
 
 # ----------------------------------------------------------------------------- data
@@ -206,7 +174,7 @@ def _write_array(
         x = x.redistribute(target, sizes=x.layout.sizes)
     lay = x.layout
     start, ext = box_bounds(lay, x.mesh.coords)
-    writes = _is_writer(lay, x.mesh.coords) and prod(ext) > 0
+    writes = is_writer(lay, x.mesh.coords) and prod(ext) > 0
     box = (start, ext, writes)
     local = bk.to_host(x.local)  # MPI-IO writes host memory: a GPU shard is copied down once
     collective_io(comm, fname, lay, disp, box, local, write=True, size=size, sync=sync)
@@ -262,29 +230,6 @@ def _finish(
 
 
 # ----------------------------------------------------------------------------- one-file formats
-
-
-def record(items: List[Tuple[str, ShardedArray]], meta_json: str, size: int) -> Dict[str, Any]:
-    """The pyshard record a one-file or Zarr checkpoint keeps beside the data (HDF5: the root
-    attribute ``pyshard``; safetensors: ``__metadata__["pyshard"]``; Zarr: the group's
-    ``attributes["pyshard"]``): format, version, rank count, time, the user's metadata and
-    each array's dtype name and saved layout."""
-    return {
-        "format": FORMAT,
-        "version": VERSION,
-        "ranks": size,
-        "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        "metadata": json.loads(meta_json),
-        "arrays": {
-            n: {
-                "dtype": dtype_str(x.dtype),
-                "mesh_shape": list(x.layout.mesh_shape),
-                "placements": [str(p) for p in x.layout.placements],
-                "sizes": {str(d): list(e) for d, e in x.layout.sizes.items()},
-            }
-            for n, x in items
-        },
-    }
 
 
 def check_target(path: str, is_format: Any, what: str) -> str:
@@ -366,7 +311,7 @@ def _finish_file(
                 os.remove(tmp)
             raise
         if sync:
-            _fsync_dir(parent)
+            fsync_dir(parent)
 
     def failed(e: Exception) -> Error:
         return error("ValueError", f"save({path!r}): cannot write or rename: {e}")
@@ -387,7 +332,7 @@ def _save_file(
     ownership (:func:`_runs`) and every rank writes its one contiguous run at its offset
     with independent MPI-IO; rank 0 renames the file into place."""
     entries = {n: entry(x.layout, "") for n, x in items}
-    _check_same(comm, path, meta_json + fmt, entries)
+    check_same(comm, path, meta_json + fmt, entries)
     rec = json.dumps(record(items, meta_json, comm.Get_size()), sort_keys=True)
     tmp, parent, offsets, _size = on_root(
         comm,
@@ -430,7 +375,7 @@ def _write_runs(y: ShardedArray, fname: str, disp: int, sync: bool) -> None:
     """Write this rank's run of ``y`` (a :func:`_runs` layout) at byte ``disp`` of ``fname``
     with independent MPI-IO (``COMM_SELF``), if it is the writer of its box."""
     lay = y.layout
-    if not _is_writer(lay, y.mesh.coords):
+    if not is_writer(lay, y.mesh.coords):
         return  # a replica: coordinate 0 of the same box writes it
     start = lay.box(y.mesh.coords)[0].start if lay.ndim else 0
     local = bk.to_host(y.local)
@@ -525,7 +470,7 @@ def save(
     headers = [
         (e["file"], npy_header(tuple(e["shape"]), dtype_of(e, "save"))) for e in entries.values()
     ]
-    _check_same(comm, path, meta_json, entries)
+    check_same(comm, path, meta_json, entries)
     # rank 0 makes the temporary directory and writes the headers; everyone learns the result
     prep = on_root(
         comm,

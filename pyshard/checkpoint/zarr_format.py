@@ -452,11 +452,11 @@ def save_zarr(
     from ..layout import Partial, Replicate, Shard, split_sizes
     from .errors import Failure, error, on_root
     from .manifest import MANIFEST, entry
-    from .writer import _check_same, _is_writer, record
+    from .saving import check_same, is_writer, record
 
     parts = comm.Get_size()
     entries = {n: entry(x.layout, "") for n, x in items}
-    _check_same(comm, path, meta_json + "zarr" + str(compression), entries)
+    check_same(comm, path, meta_json + "zarr" + str(compression), entries)
     rec = record(items, meta_json, parts)
     shards = {n: regular_shards(x.layout) for n, x in items}
     metas = {
@@ -500,7 +500,7 @@ def save_zarr(
                 x = x.redistribute(plain, sizes=lay.sizes)
             box = x.layout.box(x.mesh.coords)
             local = np.asarray(x.local)
-            mine = local.size > 0 and _is_writer(x.layout, x.mesh.coords)
+            mine = local.size > 0 and is_writer(x.layout, x.mesh.coords)
         elif lay.ndim:
             s0 = meta["chunk_grid"]["configuration"]["chunk_shape"][0]
             ext = split_sizes(lay.shape[0], parts, grain=s0)
@@ -536,7 +536,7 @@ def _finish_zarr(
     """Every rank has written its shards: agree on errors (one allgather), then rank 0
     writes every ``zarr.json`` and renames the directory into place (one bcast)."""
     from .errors import Failure, error, on_root
-    from .writer import _fsync_dir
+    from .saving import fsync_dir
 
     tmp, parent, token = prep
     verdicts = comm.allgather(bad)
@@ -570,7 +570,7 @@ def _finish_zarr(
                     os.rename(old, path)
                 raise
             if sync:
-                _fsync_dir(parent)
+                fsync_dir(parent)
             if old is not None:
                 shutil.rmtree(old, ignore_errors=True)
         except BaseException:
@@ -586,16 +586,18 @@ def _finish_zarr(
 
 def _encoder(meta: Dict[str, Any]) -> Any:
     """bytes (a buffer) -> the stored bytes of one inner chunk: raw, or zarr-python's ZstdCodec's
-    compressor (numcodecs' Zstd with that codec's configuration)."""
+    compressor (numcodecs' Zstd, which zarr-python's ZstdCodec wraps, with that codec's
+    configuration)."""
     codecs = meta["codecs"]
     if codecs and codecs[0]["name"] == "sharding_indexed":
         codecs = codecs[0]["configuration"]["codecs"]
     z = next((c for c in codecs if c["name"] == "zstd"), None)
     if z is None:
         return lambda b: b
-    from zarr.codecs import ZstdCodec
+    from numcodecs.zstd import Zstd  # what zarr-python's ZstdCodec compresses with
 
-    zc = ZstdCodec(**z.get("configuration", {}))._zstd_codec
+    conf = z.get("configuration", {})
+    zc = Zstd(level=int(conf.get("level", 0)), checksum=bool(conf.get("checksum", False)))
     return lambda b: bytes(zc.encode(b))
 
 
