@@ -15,7 +15,6 @@ through h5py in blocks of whole chunk rows, each chunk by one rank.
 
 from __future__ import annotations
 
-import json
 import os
 from math import prod
 from typing import Any, Dict, List, Optional, Tuple
@@ -24,6 +23,7 @@ import numpy as np
 
 from .. import _dtypes
 from .._optional import OptionalModule
+from .saving import parse_record
 
 h5py = OptionalModule("h5py")
 
@@ -191,10 +191,4 @@ def read_rows(
 
 def record_of(s: str) -> Optional[Dict[str, Any]]:
     """The pyshard record of the root attribute, or None (a file from another tool)."""
-    if not s:
-        return None
-    try:
-        m = json.loads(s)
-    except ValueError:
-        return None
-    return m if isinstance(m, dict) else None
+    return parse_record(s)

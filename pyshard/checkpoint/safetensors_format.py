@@ -19,6 +19,7 @@ from typing import Any, Dict, List, Optional, Tuple
 import numpy as np
 
 from .. import _dtypes
+from .saving import parse_record
 
 MAX_HEADER = 100_000_000
 """The largest header accepted (bytes): the limit the safetensors library itself enforces."""
@@ -177,11 +178,4 @@ def is_safetensors(fname: str) -> bool:
 
 def pyshard_meta(meta: Dict[str, str]) -> Optional[Dict[str, Any]]:
     """The pyshard record a save kept in ``__metadata__["pyshard"]``, or None."""
-    s = meta.get("pyshard")
-    if s is None:
-        return None
-    try:
-        m = json.loads(s)
-    except ValueError:
-        return None
-    return m if isinstance(m, dict) else None
+    return parse_record(meta.get("pyshard"))

@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import time
 import zlib
-from typing import Any, Dict, List, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from ..array import ShardedArray
 from ..layout import Layout, Shard
@@ -69,3 +70,34 @@ def fsync_dir(d: str) -> None:
         pass
     finally:
         os.close(fd)
+
+
+def swap_in(tmp: str, path: str, parent: str, token: str, sync: bool) -> None:
+    """Rename the finished checkpoint ``tmp`` to ``path``: a previous one there is moved aside
+    first and put back if the rename fails, and removed once the new one is in place."""
+    old = None
+    if os.path.lexists(path):
+        old = f"{path}.old-{token}"
+        os.rename(path, old)
+    try:
+        os.rename(tmp, path)
+    except OSError:
+        if old is not None:
+            os.rename(old, path)  # put the previous checkpoint back
+        raise
+    if sync:
+        fsync_dir(parent)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def parse_record(s: Optional[str]) -> Optional[Dict[str, Any]]:
+    """The pyshard record kept as JSON text in a file of another format, or None (no such
+    text, or not a JSON object: a file from another tool)."""
+    if not s:
+        return None
+    try:
+        m = json.loads(s)
+    except ValueError:
+        return None
+    return m if isinstance(m, dict) else None

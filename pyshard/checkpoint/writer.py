@@ -38,7 +38,7 @@ from .manifest import (
     npy_header,
 )
 from .mpiio import box_bounds, collective_io
-from .saving import check_same, fsync_dir, is_writer, record
+from .saving import check_same, fsync_dir, is_writer, record, swap_in
 
 __all__ = ["save", "FORMATS"]
 
@@ -138,20 +138,7 @@ def _commit(
     os.replace(mpath + ".part", mpath)
     if sync:
         fsync_dir(tmp)
-    old = None
-    if os.path.lexists(path):
-        old = f"{path}.old-{token}"
-        os.rename(path, old)
-    try:
-        os.rename(tmp, path)
-    except OSError:
-        if old is not None:
-            os.rename(old, path)  # put the previous checkpoint back
-        raise
-    if sync:
-        fsync_dir(parent)
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
+    swap_in(tmp, path, parent, token, sync)
 
 
 # ----------------------------------------------------------------------------- data

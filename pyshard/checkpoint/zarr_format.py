@@ -536,7 +536,7 @@ def _finish_zarr(
     """Every rank has written its shards: agree on errors (one allgather), then rank 0
     writes every ``zarr.json`` and renames the directory into place (one bcast)."""
     from .errors import Failure, error, on_root
-    from .saving import fsync_dir
+    from .saving import fsync_dir, swap_in
 
     tmp, parent, token = prep
     verdicts = comm.allgather(bad)
@@ -558,21 +558,9 @@ def _finish_zarr(
                     g = os.path.dirname(g)
             _write_json(os.path.join(tmp, "zarr.json"), _group({"pyshard": rec}), sync)
             if sync:
-                _fsync_dirs(tmp)
-            old = None
-            if os.path.lexists(path):
-                old = f"{path}.old-{token}"
-                os.rename(path, old)
-            try:
-                os.rename(tmp, path)
-            except OSError:
-                if old is not None:
-                    os.rename(old, path)
-                raise
-            if sync:
-                fsync_dir(parent)
-            if old is not None:
-                shutil.rmtree(old, ignore_errors=True)
+                for d, _dirs, _files in os.walk(tmp):  # the shard files, every zarr.json
+                    fsync_dir(d)
+            swap_in(tmp, path, parent, token, sync)
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
@@ -683,13 +671,3 @@ def _write_json(fname: str, obj: Any, sync: bool) -> None:
             os.fsync(f.fileno())
 
 
-def _fsync_dirs(root: str) -> None:
-    """fsync every directory below ``root`` (new entries: the shard files, zarr.json)."""
-    for d, _dirs, _files in os.walk(root):
-        fd = os.open(d, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        except OSError:  # pragma: no cover
-            pass
-        finally:
-            os.close(fd)
