@@ -5,12 +5,14 @@
 #include <pybind11/stl.h>
 
 #include <memory>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <vector>
 
 #include "bindings_common.h"
 #include "migrate.h"
+#include "shm_node.h"
 
 namespace pyshard::bind {
 
@@ -112,38 +114,60 @@ void bind_migrate(py::module_& m) {
       "signature differs or -1).");
 
   py::class_<MigrateExchange, std::shared_ptr<MigrateExchange>>(m, "MigrateExchange")
-      .def(py::init<std::shared_ptr<Comm>>(), py::arg("comm"))
+      .def(py::init<std::shared_ptr<Comm>, std::shared_ptr<NodeShm>>(), py::arg("comm"),
+           py::arg("node") = nullptr,
+           "The exchange of a migration on `comm`; with `node` (its NodeShm), rows between "
+           "ranks of one node go through node-shared memory (the shm path).")
       .def(
           "start_forward",
           [](MigrateExchange& x, const py::array& dest, const I64Array& cnt,
              const I64Array& rcnt, const py::list& src, const py::list& dst,
-             const I64Array& row_off, py::array& send, py::array& recv) {
+             const I64Array& row_off, py::array& send, py::array& recv,
+             std::optional<py::array> block) {
             Args a(dest, cnt, rcnt, src, dst, row_off, send, recv);
+            char* b = nullptr;
+            i64 bb = 0;
+            if (block) {
+              b = bytes_of(*block, "block");
+              bb = block->nbytes();
+            }
             py::gil_scoped_release nogil;
-            x.start_forward(a.d, a.item, a.n, a.c, a.rc, a.s, a.t, a.ro, a.sb, a.rb);
+            x.start_forward(a.d, a.item, a.n, a.c, a.rc, a.s, a.t, a.ro, a.sb, a.rb, b, bb);
           },
           py::arg("dest"), py::arg("cnt"), py::arg("rcnt"), py::arg("src"), py::arg("dst"),
-          py::arg("row_off"), py::arg("send"), py::arg("recv"))
+          py::arg("row_off"), py::arg("send"), py::arg("recv"), py::arg("block") = py::none())
+      .def("table_bytes", &MigrateExchange::table_bytes, py::arg("back"), py::arg("columns"),
+           "The bytes of the table that leads a node-shared block (forward: the result's, "
+           "with `columns` columns; back: the received sections').")
       .def(
           "start_back",
           [](MigrateExchange& x, const py::array& dest, const I64Array& cnt,
              const I64Array& rcnt, const py::list& src, const py::list& dst,
              const I64Array& row_off, py::array& send, py::array& recv, i64 sig) {
             Args a(dest, cnt, rcnt, src, dst, row_off, send, recv);
+            const i64 rb = recv.nbytes();
             py::gil_scoped_release nogil;
-            x.start_back(a.d, a.item, a.n, a.c, a.rc, a.s, a.t, a.ro, a.sb, a.rb, sig);
+            x.start_back(a.d, a.item, a.n, a.c, a.rc, a.s, a.t, a.ro, a.sb, a.rb, sig, rb);
           },
           py::arg("dest"), py::arg("cnt"), py::arg("rcnt"), py::arg("src"), py::arg("dst"),
           py::arg("row_off"), py::arg("send"), py::arg("recv"), py::arg("sig"))
       .def(
           "back_error",
-          [](MigrateExchange& x, const I64Array& cnt, const I64Array& rcnt, i64 sig, i64 code) {
+          [](MigrateExchange& x, const I64Array& cnt, const I64Array& rcnt, i64 sig, i64 code,
+             std::optional<py::array> recv) {
             const i64 P = cnt.size();
             const i64 *c = checked(cnt, P, "cnt"), *rc = checked(rcnt, P, "rcnt");
+            char* b = nullptr;
+            i64 bb = 0;
+            if (recv) {
+              b = bytes_of(*recv, "recv");
+              bb = recv->nbytes();
+            }
             py::gil_scoped_release nogil;
-            x.back_error(c, rc, sig, code);
+            x.back_error(c, rc, sig, code, b, bb);
           },
-          py::arg("cnt"), py::arg("rcnt"), py::arg("sig"), py::arg("code"))
+          py::arg("cnt"), py::arg("rcnt"), py::arg("sig"), py::arg("code"),
+          py::arg("recv") = py::none())
       .def("wait", &MigrateExchange::wait, py::call_guard<py::gil_scoped_release>())
       .def_property_readonly("active", &MigrateExchange::active);
 }

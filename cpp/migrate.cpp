@@ -1,11 +1,15 @@
 #include "migrate.h"
 
+#include <sched.h>
+
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <map>
 #include <stdexcept>
 #include <string>
 
+#include "shm_node.h"
 #include "tags.h"
 
 namespace pyshard {
@@ -30,14 +34,50 @@ inline void copy_row(char* d, const char* s, i64 rb) {
 }
 
 template <class T>
-i64 count_t(const T* dest, i64 n, int P, i64* counts) {
-  for (int p = 0; p < P; ++p) counts[p] = 0;
+i64 first_bad(const T* dest, i64 n, int P) {
   const auto up = static_cast<std::uint64_t>(P);
-  for (i64 i = 0; i < n; ++i) {
-    const auto d = static_cast<std::uint64_t>(static_cast<std::int64_t>(dest[i]));
-    if (d >= up) return i;
-    ++counts[d];
+  for (i64 i = 0; i < n; ++i)
+    if (static_cast<std::uint64_t>(static_cast<std::int64_t>(dest[i])) >= up) return i;
+  return -1;
+}
+
+// Four sets of counters (a run of equal dests increments four words in turn, not one: no chain
+// of store-to-load waits) and the range checked by one OR a row, no branch: 3-4x faster than
+// one counter a rank when most rows stay. Past kCountLanesMax ranks, one set.
+constexpr int kCountLanesMax = 4096;
+
+template <class T>
+i64 count_t(const T* dest, i64 n, int P, i64* counts) {
+  const auto up = static_cast<std::uint64_t>(P);
+  if (P > kCountLanesMax) {
+    for (int p = 0; p < P; ++p) counts[p] = 0;
+    for (i64 i = 0; i < n; ++i) {
+      const auto d = static_cast<std::uint64_t>(static_cast<std::int64_t>(dest[i]));
+      if (d >= up) return i;
+      ++counts[d];
+    }
+    return -1;
   }
+  // an entry out of range counts into the spare word past the lanes; `bad` says so
+  std::vector<i64> lanes(4 * static_cast<size_t>(P) + 1, 0);
+  i64* L = lanes.data();
+  const std::uint64_t spare = 4 * up;
+  std::uint64_t bad = 0;
+  auto slot = [&](const T& v, std::uint64_t lane) {
+    const auto d = static_cast<std::uint64_t>(static_cast<std::int64_t>(v));
+    bad |= static_cast<std::uint64_t>(d >= up);
+    return d < up ? lane * up + d : spare;
+  };
+  i64 i = 0;
+  for (; i + 4 <= n; i += 4) {
+    ++L[slot(dest[i], 0)];
+    ++L[slot(dest[i + 1], 1)];
+    ++L[slot(dest[i + 2], 2)];
+    ++L[slot(dest[i + 3], 3)];
+  }
+  for (; i < n; ++i) ++L[slot(dest[i], 0)];
+  if (bad) return first_bad(dest, n, P);
+  for (int p = 0; p < P; ++p) counts[p] = L[p] + L[P + p] + L[2 * P + p] + L[3 * P + p];
   return -1;
 }
 
@@ -65,10 +105,11 @@ std::vector<i64> bases(const i64* off, const i64* cnt, int P, const Cols& c) {
 }
 
 // Forward in one pass over the rows: runs of staying rows copied into dst from row `k0` on,
-// moving rows into their peer's section of `send`.
+// moving rows to their peer: tgt[p * C + c] is where peer p's rows of column c go (a section
+// of the message buffer, or the peer's own result in node-shared memory).
 template <class T>
-void pack_t(const T* dest, i64 n, int rank, const std::vector<i64>& base, const Cols& src,
-            const Cols& dst, i64 k0, char* send, int P) {
+void pack_t(const T* dest, i64 n, int rank, const std::vector<char*>& tgt, const Cols& src,
+            const Cols& dst, i64 k0, int P) {
   const size_t C = src.rb.size();
   std::vector<i64> cur(static_cast<size_t>(P), 0);
   i64 k = k0;
@@ -84,10 +125,10 @@ void pack_t(const T* dest, i64 n, int rank, const std::vector<i64>& base, const 
     }
     const auto d = static_cast<size_t>(dest[i]);
     const i64 at = cur[d]++;
-    const i64* b = &base[d * C];
+    char* const* t = &tgt[d * C];
     for (size_t c = 0; c < C; ++c) {
       const i64 rb = src.rb[c];
-      copy_row(send + b[c] + at * rb, src.ptr[c] + i * rb, rb);
+      copy_row(t[c] + at * rb, src.ptr[c] + i * rb, rb);
     }
     ++i;
   }
@@ -219,9 +260,14 @@ CountResult migrate_counts(const Comm& comm, int algorithm, const i64* counts, i
   MPI_Request barrier = MPI_REQUEST_NULL;
   bool joined = false;
   i64 msg[2];
+  int idle = 0;
   for (;;) {
     int src = -1;
+    // past a short spin, a poll that finds nothing yields the core: where ranks outnumber
+    // cores, the rank being waited for gets to run (measured: 4 ranks on 2 cores)
+    if (++idle > 64) sched_yield();
     while (mpi::iprobe_recv(msg, 2 * sizeof(i64), tag, comm.get(), &src)) {
+      idle = 0;
       r.rcounts[src] = msg[0];
       if (msg[1] != sig && r.sig_rank < 0) r.sig_rank = src;
     }
@@ -246,9 +292,15 @@ CountResult migrate_counts(const Comm& comm, int algorithm, const i64* counts, i
   return r;
 }
 
-MigrateExchange::MigrateExchange(std::shared_ptr<Comm> comm) : comm_(std::move(comm)) {
+MigrateExchange::MigrateExchange(std::shared_ptr<Comm> comm, std::shared_ptr<NodeShm> node)
+    : comm_(std::move(comm)), node_(std::move(node)) {
   P_ = comm_->size();
   rank_ = comm_->rank();
+  if (node_) {
+    if (!node_->usable()) throw std::invalid_argument("pyshard: node-shared memory is not usable");
+    local_.assign(P_, -1);
+    for (int p = 0; p < P_; ++p) local_[p] = node_->local_index(p);
+  }
 }
 
 MigrateExchange::~MigrateExchange() {
@@ -257,45 +309,72 @@ MigrateExchange::~MigrateExchange() {
   for (MPI_Datatype& t : types_) mpi::type_free(&t);
 }
 
-void MigrateExchange::post(const i64* sbytes, const i64* rbytes, char* send, char* recv,
-                           int tag) {
-  // point-to-point messages to and from the ranks with rows only, whichever count exchange
-  // ran (measured: faster than an MPI_Alltoallv of the same bytes, which must also be
-  // unpacked, docs/particles.md)
+bool MigrateExchange::on_node(int p) const { return node_ && p != rank_ && local_[p] >= 0; }
+
+i64 MigrateExchange::table_bytes(bool back, i64 columns) const {
+  const i64 N = node_ ? node_->node_size() : 0;
+  const i64 words = back ? 2 * N : columns + N;
+  return (words * static_cast<i64>(sizeof(i64)) + 63) / 64 * 64;
+}
+
+template <class F>
+void MigrateExchange::handshake(char* block, i64 bytes, F&& copy) {
+  i64 off = 0;
+  ShmSegment* mine = node_->find(block, std::max<i64>(bytes, 1), &off);
+  try {
+    if (!mine) throw std::logic_error("pyshard: a migration's block is not in node-shared memory");
+    node_->exchange_all(mine, off, std::forward<F>(copy));
+  } catch (...) {  // a node peer failed: this rank's messages still complete, then it raises
+    if (active_) mpi::waitall_unchecked(reqs_.size(), reqs_.data());
+    active_ = false;
+    throw;
+  }
+}
+
+void MigrateExchange::post_recvs(const i64* rbytes, char* recv, int tag) {
+  // point-to-point messages from the ranks with rows only, whichever count exchange ran
+  // (measured: faster than an MPI_Alltoallv of the same bytes, which must also be unpacked,
+  // docs/particles.md); node peers on the shm path write into this rank's memory instead
   const int P = P_;
   reqs_.clear();
   direct_.assign(P, false);
-  std::vector<i64> so = exclusive_scan(sbytes, P, 1), ro = exclusive_scan(rbytes, P, 1);
-  {
-    for (int p = 0; p < P; ++p)
-      if (p != rank_ && rbytes[p] > 0) {
-        reqs_.push_back(MPI_REQUEST_NULL);
-        MPI_Datatype t = MPI_DATATYPE_NULL;
-        if (!back_) {  // forward: the message lands in the result's columns, no unpack
-          std::vector<char*> at;
-          std::vector<i64> len;
-          for (size_t c = 0; c < dst_.rb.size(); ++c) {
-            at.push_back(dst_.ptr[c] + row_off_[p] * dst_.rb[c]);
-            len.push_back(rcnt_[p] * dst_.rb[c]);
-          }
-          t = mpi::hindexed_bytes(at, len);
-        }
-        if (t != MPI_DATATYPE_NULL) {
-          types_.push_back(t);
-          direct_[p] = true;
-          mpi::irecv_typed(t, p, tag, comm_->get(), &reqs_.back());
-        } else {
-          mpi::irecv(recv + ro[p], rbytes[p], p, tag, comm_->get(), &reqs_.back());
-        }
+  std::vector<i64> ro = exclusive_scan(rbytes, P, 1);
+  for (int p = 0; p < P; ++p) {
+    if (on_node(p)) direct_[p] = true;  // nothing to unpack: written in place
+    if (p == rank_ || rbytes[p] == 0 || on_node(p)) continue;
+    reqs_.push_back(MPI_REQUEST_NULL);
+    MPI_Datatype t = MPI_DATATYPE_NULL;
+    if (!back_) {  // forward: the message lands in the result's columns, no unpack
+      std::vector<char*> at;
+      std::vector<i64> len;
+      for (size_t c = 0; c < dst_.rb.size(); ++c) {
+        at.push_back(dst_.ptr[c] + row_off_[p] * dst_.rb[c]);
+        len.push_back(rcnt_[p] * dst_.rb[c]);
       }
-    for (int p = 0; p < P; ++p)
-      if (p != rank_ && sbytes[p] > 0) {
-        reqs_.push_back(MPI_REQUEST_NULL);
-        mpi::isend(send + so[p], sbytes[p], p, tag, comm_->get(), &reqs_.back());
-        stats()["migrate_messages"] += 1;
-      }
-    stats()[back_ ? "migrate_back_p2p" : "migrate_p2p"] += 1;
+      t = mpi::hindexed_bytes(at, len);
+    }
+    if (t != MPI_DATATYPE_NULL) {
+      types_.push_back(t);
+      direct_[p] = true;
+      mpi::irecv_typed(t, p, tag, comm_->get(), &reqs_.back());
+    } else {
+      mpi::irecv(recv + ro[p], rbytes[p], p, tag, comm_->get(), &reqs_.back());
+    }
   }
+  active_ = true;
+}
+
+void MigrateExchange::post_sends(const i64* sbytes, char* send, int tag) {
+  const int P = P_;
+  std::vector<i64> so = exclusive_scan(sbytes, P, 1);
+  for (int p = 0; p < P; ++p)
+    if (p != rank_ && sbytes[p] > 0 && !on_node(p)) {
+      reqs_.push_back(MPI_REQUEST_NULL);
+      mpi::isend(send + so[p], sbytes[p], p, tag, comm_->get(), &reqs_.back());
+      stats()["migrate_messages"] += 1;
+    }
+  if (node_) stats()[back_ ? "migrate_back_shm" : "migrate_shm"] += 1;
+  else stats()[back_ ? "migrate_back_p2p" : "migrate_p2p"] += 1;
   active_ = true;
 }
 
@@ -318,70 +397,155 @@ void MigrateExchange::keep(bool back, const void* dest, int item, i64 n, i64 sig
 
 void MigrateExchange::start_forward(const void* dest, int item, i64 n, const i64* cnt,
                                     const i64* rcnt, const Cols& src, const Cols& dst,
-                                    const i64* row_off, char* send, char* recv) {
+                                    const i64* row_off, char* send, char* recv, char* block,
+                                    i64 block_bytes) {
+  if (node_ && !block)
+    throw std::invalid_argument("pyshard: the shm path needs the result's node-shared block");
   keep(false, dest, item, n, 0, cnt, rcnt, src, dst, row_off, recv);
   const int P = P_;
+  const size_t C = src.rb.size();
   const i64 R = src.row_bytes();
   std::vector<i64> sbytes(P), rbytes(P);
   for (int p = 0; p < P; ++p) {
-    sbytes[p] = p == rank_ ? 0 : cnt[p] * R;
-    rbytes[p] = p == rank_ ? 0 : rcnt[p] * R;
+    const bool msg = p != rank_ && !on_node(p);
+    sbytes[p] = msg ? cnt[p] * R : 0;
+    rbytes[p] = msg ? rcnt[p] * R : 0;
   }
   std::vector<i64> so = exclusive_scan(sbytes.data(), P, 1);
   roff_ = exclusive_scan(rbytes.data(), P, 1);
   std::vector<i64> base = bases(so.data(), cnt, P, src);
-  if (item == 4)
-    pack_t(static_cast<const std::int32_t*>(dest), n, rank_, base, src, dst, row_off[rank_],
-           send, P);
-  else
-    pack_t(static_cast<const std::int64_t*>(dest), n, rank_, base, src, dst, row_off[rank_],
-           send, P);
-  post(sbytes.data(), rbytes.data(), send, recv, tags::kMigrateRows);
+  std::vector<char*> tgt(static_cast<size_t>(P) * C, nullptr);
+  for (int p = 0; p < P; ++p)
+    if (sbytes[p] > 0)
+      for (size_t c = 0; c < C; ++c) tgt[p * C + c] = send + base[p * C + c];
+  auto pack = [&] {
+    if (item == 4)
+      pack_t(static_cast<const std::int32_t*>(dest), n, rank_, tgt, src, dst, row_off[rank_], P);
+    else
+      pack_t(static_cast<const std::int64_t*>(dest), n, rank_, tgt, src, dst, row_off[rank_], P);
+  };
+  post_recvs(rbytes.data(), recv, tags::kMigrateRows);
+  if (!node_) {
+    pack();
+    post_sends(sbytes.data(), send, tags::kMigrateRows);
+    return;
+  }
+  // this rank's table: where each column lies in the block, and each node peer's group
+  const std::vector<int>& ranks = node_->node_ranks();
+  const int N = node_->node_size(), me = node_->self();
+  auto* table = reinterpret_cast<i64*>(block);
+  for (size_t c = 0; c < C; ++c) table[c] = dst.ptr[c] - block;
+  for (int idx = 0; idx < N; ++idx) table[C + idx] = row_off[ranks[idx]];
+  std::vector<char> lost;  // rows for a node peer whose block could not be mapped
+  handshake(block, block_bytes, [&](const std::vector<char*>& at) {
+    for (int idx = 0; idx < N; ++idx) {
+      const int p = ranks[idx];
+      if (p == rank_ || cnt[p] == 0) continue;
+      if (!at[idx]) {  // every rank of the node raises after the handshake
+        lost.resize(static_cast<size_t>(std::max<i64>(static_cast<i64>(lost.size()), cnt[p] * R)));
+        for (size_t c = 0; c < C; ++c) tgt[p * C + c] = lost.data();
+        continue;
+      }
+      const auto* t = reinterpret_cast<const i64*>(at[idx]);
+      for (size_t c = 0; c < C; ++c)
+        tgt[p * C + c] = at[idx] + t[c] + t[C + me] * src.rb[c];
+    }
+    pack();
+    post_sends(sbytes.data(), send, tags::kMigrateRows);
+  });
 }
 
 void MigrateExchange::start_back(const void* dest, int item, i64 n, const i64* cnt,
                                  const i64* rcnt, const Cols& src, const Cols& dst,
-                                 const i64* row_off, char* send, char* recv, i64 sig) {
-  keep(true, dest, item, n, sig, cnt, rcnt, src, dst, row_off, recv);
+                                 const i64* row_off, char* send, char* recv, i64 sig,
+                                 i64 recv_bytes) {
+  const i64 H = node_ ? table_bytes(true, 0) : 0;
+  keep(true, dest, item, n, sig, cnt, rcnt, src, dst, row_off, recv + H);
   const int P = P_;
   const i64 R = src.row_bytes();
   std::vector<i64> sbytes(P), rbytes(P);
-  for (int p = 0; p < P; ++p) {  // a header [signature, error code] leads each message
-    sbytes[p] = p == rank_ || rcnt[p] == 0 ? 0 : kBackHeader + rcnt[p] * R;
+  for (int p = 0; p < P; ++p) {  // a header [signature, error code] leads each section
+    sbytes[p] = p == rank_ || rcnt[p] == 0 || on_node(p) ? 0 : kBackHeader + rcnt[p] * R;
     rbytes[p] = p == rank_ || cnt[p] == 0 ? 0 : kBackHeader + cnt[p] * dst.row_bytes();
   }
   std::vector<i64> so = exclusive_scan(sbytes.data(), P, 1);
   roff_ = exclusive_scan(rbytes.data(), P, 1);
   // each group is contiguous per column in src: one memcpy per column and peer
   const size_t C = src.rb.size();
-  for (int p = 0; p < P; ++p) {
-    if (sbytes[p] == 0) continue;
+  // a section: the header, then the rows (where they fit: a peer whose columns differ gets
+  // the header only, and raises on its signature)
+  auto put = [&](char* to, i64 cap, int p) {
     const i64 head[2] = {sig, 0};
-    std::memcpy(send + so[p], head, kBackHeader);
-    i64 at = so[p] + kBackHeader;
+    std::memcpy(to, head, kBackHeader);
+    if (kBackHeader + rcnt[p] * R > cap) return;
+    i64 at = kBackHeader;
     for (size_t c = 0; c < C; ++c) {
       const i64 bytes = rcnt[p] * src.rb[c];
-      std::memcpy(send + at, src.ptr[c] + row_off[p] * src.rb[c], static_cast<size_t>(bytes));
+      std::memcpy(to + at, src.ptr[c] + row_off[p] * src.rb[c], static_cast<size_t>(bytes));
       at += bytes;
     }
-  }
-  post(sbytes.data(), rbytes.data(), send, recv, tags::kMigrateBack);
+  };
+  for (int p = 0; p < P; ++p)
+    if (sbytes[p] > 0) put(send + so[p], sbytes[p], p);
+  post_recvs(rbytes.data(), recv_, tags::kMigrateBack);
+  post_sends(sbytes.data(), send, tags::kMigrateBack);
+  if (node_) node_back(recv, recv_bytes, rbytes.data(), put);
 }
 
-void MigrateExchange::back_error(const i64* cnt, const i64* rcnt, i64 sig, i64 code) {
+template <class F>
+void MigrateExchange::node_back(char* block, i64 bytes, const i64* rbytes, F&& put) {
+  // this rank's table: per node peer, where its section lies in the block and its bytes
+  const std::vector<int>& ranks = node_->node_ranks();
+  const int N = node_->node_size(), me = node_->self();
+  const i64 H = table_bytes(true, 0);
+  auto* table = reinterpret_cast<i64*>(block);
+  for (int idx = 0; idx < N; ++idx) {
+    table[2 * idx] = H + roff_[ranks[idx]];
+    table[2 * idx + 1] = rbytes[ranks[idx]];
+  }
+  handshake(block, bytes, [&](const std::vector<char*>& at) {
+    for (int idx = 0; idx < N; ++idx) {
+      const int p = ranks[idx];
+      if (p == rank_ || rcnt_[p] == 0 || !at[idx]) continue;
+      const auto* t = reinterpret_cast<const i64*>(at[idx]);
+      if (t[2 * me + 1] < kBackHeader) continue;  // (the counts agree: never)
+      put(at[idx] + t[2 * me], t[2 * me + 1], p);
+    }
+  });
+}
+
+void MigrateExchange::back_error(const i64* cnt, const i64* rcnt, i64 sig, i64 code,
+                                 char* recv, i64 recv_bytes) {
   if (active_) throw std::runtime_error("pyshard: a migration is already in flight here");
+  if (node_ && !recv)
+    throw std::invalid_argument("pyshard: the shm path needs this rank's node-shared block");
   // this rank's values are bad: each rank it owes rows gets a header with the error code, and
   // what the others send back is received and dropped, so that no rank waits for it
   const int P = P_;
   const i64 head[2] = {sig, code};
   std::vector<MPI_Request> req;
   for (int p = 0; p < P; ++p)
-    if (p != rank_ && rcnt[p] > 0) {
+    if (p != rank_ && rcnt[p] > 0 && !on_node(p)) {
       req.push_back(MPI_REQUEST_NULL);
       mpi::isend(head, kBackHeader, p, tags::kMigrateBack, comm_->get(), &req.back());
     }
+  if (node_) {
+    back_ = true;
+    cnt_.assign(cnt, cnt + P);
+    rcnt_.assign(rcnt, rcnt + P);
+    std::vector<i64> rbytes(P);  // room for the headers only: the rows are dropped
+    for (int p = 0; p < P; ++p) rbytes[p] = p == rank_ || cnt[p] == 0 ? 0 : kBackHeader;
+    roff_ = exclusive_scan(rbytes.data(), P, 1);
+    try {
+      node_back(recv, recv_bytes, rbytes.data(),
+                [&](char* to, i64, int) { std::memcpy(to, head, kBackHeader); });
+    } catch (...) {
+      mpi::waitall_unchecked(req.size(), req.data());
+      throw;
+    }
+  }
   for (int p = 0; p < P; ++p)
-    if (p != rank_ && cnt[p] > 0) mpi::drain(p, tags::kMigrateBack, comm_->get());
+    if (p != rank_ && cnt[p] > 0 && !on_node(p)) mpi::drain(p, tags::kMigrateBack, comm_->get());
   mpi::waitall(req.size(), req.data());
 }
 

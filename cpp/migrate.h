@@ -16,6 +16,10 @@
 #include "mpi_calls.h"
 
 namespace pyshard {
+class NodeShm;
+}
+
+namespace pyshard {
 
 // The columns of one side: a base pointer and the bytes of one row, per column.
 struct Cols {
@@ -51,11 +55,24 @@ CountResult migrate_counts(const Comm& comm, int algorithm, const i64* counts, i
 
 // One exchange of rows, forward (each row to its dest) or back (each received row to where it
 // came from). Holds the requests and the per-peer arrays a nonblocking exchange needs.
+//
+// With a node transport (`node`, the communicator's NodeShm), rows between ranks of one node
+// go through node-shared memory in the same pass that packs the others (the "shm" path):
+// - forward, the result's columns lie in one block of this rank's node-shared memory whose
+//   first bytes are a table (kShmTable): per column its byte offset in the block, then per
+//   node peer the first row of that peer's group. Each rank publishes its block (one
+//   NodeShm::exchange_all handshake), and writes every row for a node peer straight into
+//   that peer's result, reading the peer's table; rows for other nodes go by messages.
+// - back, `recv` is such a block: per node peer the byte offset of its section (the MPI
+//   message layout: a [signature, error code] header, then the rows column after column),
+//   which that peer writes; wait() reads it as it reads the messages.
+// Every rank of the node takes part in the handshake, once per call (back_error too).
 class MigrateExchange {
  public:
   // Point-to-point messages to and from the ranks that have rows for each other; forward,
   // each arriving message lands in the result's columns (one derived datatype a peer).
-  explicit MigrateExchange(std::shared_ptr<Comm> comm);
+  explicit MigrateExchange(std::shared_ptr<Comm> comm,
+                           std::shared_ptr<NodeShm> node = nullptr);
   ~MigrateExchange();
   MigrateExchange(const MigrateExchange&) = delete;
   MigrateExchange& operator=(const MigrateExchange&) = delete;
@@ -63,17 +80,25 @@ class MigrateExchange {
   // Forward: the rows of `src` (n rows) whose dest is another rank packed into `send` and
   // sent; those that stay copied into `dst` at row row_off[rank]; receives of the others'
   // rows into `recv` posted. cnt: rows to each rank; rcnt: rows from each rank.
+  // With a node transport, `block` (bytes) is the node-shared block holding dst's columns.
   void start_forward(const void* dest, int item, i64 n, const i64* cnt, const i64* rcnt,
                      const Cols& src, const Cols& dst, const i64* row_off, char* send,
-                     char* recv);
+                     char* recv, char* block = nullptr, i64 block_bytes = 0);
   // Back (always point-to-point: the counts are known, no collective): `src` holds rcnt[s] rows from each rank s at row_off[s] (what forward gave); each
   // group goes back to its rank, and `dst` (n rows) gets every row at its original index.
+  // With a node transport, `recv` (recv_bytes) is this rank's node-shared block: the table
+  // (table_bytes), then the sections.
   void start_back(const void* dest, int item, i64 n, const i64* cnt, const i64* rcnt,
                   const Cols& src, const Cols& dst, const i64* row_off, char* send, char* recv,
-                  i64 sig);
+                  i64 sig, i64 recv_bytes = 0);
   // Back where this rank's values are bad: headers carrying `code` to the ranks it owes rows,
   // and the rows they send back received and dropped (blocking), so no rank waits for it.
-  void back_error(const i64* cnt, const i64* rcnt, i64 sig, i64 code);
+  // With a node transport, `recv` (recv_bytes) is this rank's node-shared block (its node
+  // peers still write into it, and it writes headers into theirs).
+  void back_error(const i64* cnt, const i64* rcnt, i64 sig, i64 code, char* recv = nullptr,
+                  i64 recv_bytes = 0);
+  // The bytes of the table at the start of a node-shared block: forward (C columns) or back.
+  i64 table_bytes(bool back, i64 columns) const;
   // Completes the messages and copies the received rows into place. Throws if `dest` changed
   // between forward and back.
   void wait();
@@ -83,8 +108,20 @@ class MigrateExchange {
   // what wait() reads, for forward or back
   void keep(bool back, const void* dest, int item, i64 n, i64 sig, const i64* cnt,
             const i64* rcnt, const Cols& src, const Cols& dst, const i64* row_off, char* recv);
-  void post(const i64* sbytes, const i64* rbytes, char* send, char* recv, int tag);
+  // receives from (sends to) the ranks that are not node peers on the shm path
+  void post_recvs(const i64* rbytes, char* recv, int tag);
+  void post_sends(const i64* sbytes, char* send, int tag);
+  // back's node handshake: this rank's table of sections (offset, bytes) per node peer, then
+  // put(section, bytes, p) into each node peer p's block that is owed rows
+  template <class F>
+  void node_back(char* block, i64 bytes, const i64* rbytes, F&& put);
+  // The node handshake around `copy(bases)`; completes this rank's messages if it throws.
+  template <class F>
+  void handshake(char* block, i64 bytes, F&& copy);
+  bool on_node(int p) const;  // p shares this rank's node (and goes through its memory)
   std::shared_ptr<Comm> comm_;
+  std::shared_ptr<NodeShm> node_;
+  std::vector<int> local_;  // comm rank -> node index or -1 (node_ only)
   bool active_ = false;
   bool back_ = false;
   int P_ = 0, rank_ = 0;

@@ -23,7 +23,7 @@ from typing import Any, Dict, List, Literal, Optional, Sequence, Tuple, Union, o
 
 import numpy as np
 
-from . import _backend, _core, _dtypes
+from . import _backend, _core, _dtypes, _shm
 from .executor import allocate
 from .layout import Layout, Partial, Replicate
 from .route import MigrateRoute, migrate_route
@@ -205,20 +205,31 @@ class Migrated:
                                        f"{self.m} rows this rank received")
                     break
         sig = _signature(st, cols) if not code else 0
-        x = _core.MigrateExchange(self.mesh.core_comm(tuple(range(self.mesh.ndim))))
+        node = self.route.node if self.route.path == "shm" else None
+        x = _core.MigrateExchange(self.mesh.core_comm(tuple(range(self.mesh.ndim))), node)
+        table = x.table_bytes(True, 0) if node is not None else 0
+        P, me = self.mesh.size, self.mesh.rank
         if code:
-            x.back_error(self.sent, self.counts, sig, code)
+            # on the shm path this rank still takes part in its node's handshake: its block
+            # holds a header for each rank that owes it rows
+            blk = _shm.empty(node, (table + 16 * P,), _U8) if node is not None else None
+            x.back_error(self.sent, self.counts, sig, code, blk)
             raise ValueError(f"pyshard.Migrated.back: {detail}")
         outs = [allocate((self.n,) + a.shape[1:], a.dtype) for a in cols]
         R = sum(a.dtype.itemsize * int(np.prod(a.shape[1:], dtype=np.int64)) for a in cols)
-        others = np.arange(self.mesh.size) != self.mesh.rank
-        sbytes = int(((self.counts * R + 16) * (others & (self.counts > 0))).sum())
+        others = np.arange(P) != me
+        msgs = others & ~_on_node(node, P)  # the sections sent by messages
+        sbytes = int(((self.counts * R + 16) * (msgs & (self.counts > 0))).sum())
         rbytes = int(((self.sent * R + 16) * (others & (self.sent > 0))).sum())
         bufs = _state(self.mesh)["buffers"]
-        send, recv = bufs.take(sbytes), bufs.take(rbytes)
+        send = bufs.take(sbytes)
+        if node is not None:  # the sections in node-shared memory, node peers write theirs
+            recv = _shm.empty(node, (table + rbytes,), _U8)
+        else:
+            recv = bufs.take(rbytes)
         x.start_back(self._dest, self.sent, self.counts, cols, outs, self._row_off, send, recv,
                      sig)
-        pend = _PendingBack(x, bufs, send, recv, st, outs, cols, self._device)
+        pend = _PendingBack(x, bufs, send, recv, st, outs, cols, self._device, node is None)
         return pend.wait() if wait else pend
 
     def explain(self) -> str:
@@ -233,11 +244,22 @@ class Migrated:
             f"  rows: {self.n} held, {int(self.sent[me])} stay, "
             f"{int(self.sent.sum() - self.sent[me])} leave to {len(to)} ranks {to}, "
             f"{int(self.counts.sum() - self.counts[me])} arrive from {len(frm)} ranks {frm}",
+        ]
+        on = _on_node(self.route.node if self.route.path == "shm" else None, P)
+        if on.any():
+            lines.append(
+                f"  node-shared memory: rows written straight into the results of "
+                f"{int(on.sum()) - 1} node peers ({[p for p in to if on[p]]} get rows from this "
+                f"rank), in the pass that packs the rest; one handshake of the node"
+            )
+            to, frm = [p for p in to if not on[p]], [p for p in frm if not on[p]]
+        sent = int(sum(self.sent[p] for p in to) * R)
+        got = int(sum(self.counts[p] for p in frm) * R)
+        lines += [
             f"  messages: {len(to)} out, {len(frm)} in, one per peer holding all "
-            f"{ncols} columns ({R} B a row); "
-            f"{int((self.sent.sum() - self.sent[me]) * R)} B out, "
-            f"{int((self.counts.sum() - self.counts[me]) * R)} B in",
-            "  back(): the same messages reversed (point-to-point, no collective)",
+            f"{ncols} columns ({R} B a row); {sent} B out, {got} B in",
+            "  back(): the same reversed (point-to-point messages, no collective"
+            + ("; node peers through node-shared memory" if on.any() else "") + ")",
         ]
         return "\n".join(lines)
 
@@ -245,10 +267,12 @@ class Migrated:
 class _InFlight:
     """An exchange in flight: the core's exchange and the buffers it holds until done."""
 
-    def __init__(self, x: Any, bufs: _Buffers, send: np.ndarray, recv: np.ndarray) -> None:
+    def __init__(self, x: Any, bufs: _Buffers, send: np.ndarray, recv: np.ndarray,
+                 pooled_recv: bool = True) -> None:
         self.x, self.bufs = x, bufs
         self.send: Optional[np.ndarray] = send
         self.recv: Optional[np.ndarray] = recv
+        self.pooled_recv = pooled_recv  # else node-shared memory, freed with its last view
 
     def _complete(self) -> None:
         """Complete the messages and give the buffers back (once, even when it raises)."""
@@ -258,15 +282,16 @@ class _InFlight:
             self.x.wait()
         finally:
             self.bufs.give(self.send)
-            self.bufs.give(self.recv)
+            if self.pooled_recv:
+                self.bufs.give(self.recv)
             self.send = self.recv = None
 
 
 class _PendingBack(_InFlight):
     def __init__(self, x: Any, bufs: _Buffers, send: np.ndarray, recv: np.ndarray,
                  st: _Structure, outs: List[np.ndarray], cols: List[np.ndarray],
-                 device: bool) -> None:
-        super().__init__(x, bufs, send, recv)
+                 device: bool, pooled_recv: bool = True) -> None:
+        super().__init__(x, bufs, send, recv, pooled_recv)
         self.st, self.outs, self.cols, self.device = st, outs, cols, device
         self.result: Any = None
 
@@ -389,20 +414,56 @@ def migrate(rows: Rows, dest: Any, mesh: Any, algorithm: str = "auto", wait: boo
         )
     assert d is not None
     m = int(rcounts.sum())
-    outs = [allocate((m,) + a.shape[1:], a.dtype) for a in cols]
     row_off = np.concatenate(([0], np.cumsum(rcounts)[:-1])).astype(np.int64)
     R = sum(a.dtype.itemsize * int(np.prod(a.shape[1:], dtype=np.int64)) for a in cols)
-    sbytes = int((counts.sum() - counts[me]) * R)
-    rbytes = int((rcounts.sum() - rcounts[me]) * R)
+    node = r.node if r.path == "shm" else None
+    x = _core.MigrateExchange(comm, node)
+    block = None
+    if node is not None:  # the result's columns in one block of node-shared memory
+        block, outs = _node_block(node, x.table_bytes(False, len(cols)), m, cols)
+    else:
+        outs = [allocate((m,) + a.shape[1:], a.dtype) for a in cols]
+    msgs = (np.arange(P) != me) & ~_on_node(node, P)  # the peers reached by messages
+    sbytes = int(counts[msgs].sum() * R)
+    rbytes = int(rcounts[msgs].sum() * R)
     bufs = _state(mesh)["buffers"]
     send, recv = bufs.take(sbytes), bufs.take(rbytes)
-    x = _core.MigrateExchange(comm)
-    x.start_forward(d, counts, rcounts, cols, outs, row_off, send, recv)
+    x.start_forward(d, counts, rcounts, cols, outs, row_off, send, recv, block)
     result = Migrated(mesh, None, rcounts, counts, d, r, sig, device, (R, len(cols)))
     pend = PendingMigration(x, bufs, send, recv, result, outs, st)
     if log.isEnabledFor(logging.DEBUG):
         log.debug("migrate: %d rows, %d stay, path %s", n, int(counts[me]), r.algorithm)
     return pend.wait() if wait else pend
+
+
+_U8 = np.dtype(np.uint8)
+
+
+def _on_node(node: Any, P: int) -> np.ndarray:
+    """Which ranks of the mesh the shm path reaches through node-shared memory (this rank's
+    node; none without a node transport)."""
+    on = np.zeros(P, bool)
+    if node is not None:
+        on[list(node.node_ranks)] = True
+    return on
+
+
+def _node_block(node: Any, table: int, m: int,
+                cols: List[np.ndarray]) -> Tuple[np.ndarray, List[np.ndarray]]:
+    """One block of this rank's node-shared memory for a result of ``m`` rows: the table the
+    core writes (``table`` bytes), then each column, 64-byte aligned; the columns are views of
+    it (the block goes back to the node's pool with the last of them)."""
+    offs, at = [], table
+    for a in cols:
+        offs.append(at)
+        at += -(-m * a.dtype.itemsize * int(np.prod(a.shape[1:], dtype=np.int64)) // 64) * 64
+    block = _shm.empty(node, (max(at, 1),), _U8)
+    outs = []
+    for a, o in zip(cols, offs):
+        trail = a.shape[1:]
+        nbytes = m * a.dtype.itemsize * int(np.prod(trail, dtype=np.int64))
+        outs.append(block[o:o + nbytes].view(a.dtype).reshape((m,) + trail))
+    return block, outs
 
 
 def _tuned(rows: Rows, dest: Any, mesh: Any, wait: bool) -> Union[Migrated, PendingMigration]:
@@ -414,7 +475,8 @@ def _tuned(rows: Rows, dest: Any, mesh: Any, wait: bool) -> Union[Migrated, Pend
         from mpi4py import MPI
 
         times = {}
-        for alg in ("alltoall", "nbx"):
+        shm = migrate_route(mesh, "shm").path == "shm"
+        for alg in ("alltoall", "nbx") + (("shm",) if shm else ()):
             best = float("inf")
             for _ in range(2):
                 mesh.comm.Barrier()
@@ -428,7 +490,8 @@ def _tuned(rows: Rows, dest: Any, mesh: Any, wait: bool) -> Union[Migrated, Pend
     pick, why = st["tuned"]
     out = migrate(rows, dest, mesh, pick, wait)
     res = out if isinstance(out, Migrated) else out._result
-    res.route = MigrateRoute(res.route.path, pick, f"tuned at the first call: {why}")
+    res.route = MigrateRoute(res.route.path, res.route.algorithm,
+                             f"tuned at the first call ({pick}): {why}", node=res.route.node)
     return out
 
 

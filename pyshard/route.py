@@ -274,7 +274,7 @@ def describe(step: Step) -> Optional[str]:
 
 # ----------------------------------------------------------------------------- migrate
 
-MIGRATE_ALGORITHMS = ("alltoall", "nbx", "peers")
+MIGRATE_ALGORITHMS = ("alltoall", "nbx", "peers", "shm")
 # auto's dense count exchange up to this many ranks, NBX past it: an MPI_Alltoall of the counts
 # costs every rank O(P) however few peers it has, NBX O(peers) plus a reduction's log P
 MIGRATE_DENSE_MAX = 64
@@ -282,24 +282,37 @@ MIGRATE_DENSE_MAX = 64
 
 @dataclass(frozen=True)
 class MigrateRoute:
-    """Where a migration (:func:`pyshard.migrate`) goes: ``path`` ``"local"`` (one rank) or
-    ``"mpi"``; ``algorithm``: the count exchange, ``"alltoall"`` (one ``MPI_Alltoall``),
-    ``"nbx"`` (synchronous sends and a nonblocking reduction) or ``"peers"`` (messages to
-    and from ``peers`` only, no collective); the rows then go by point-to-point messages to
-    the ranks that get rows; ``why``, in words."""
+    """Where a migration (:func:`pyshard.migrate`) goes: ``path`` ``"local"`` (one rank),
+    ``"mpi"`` (the rows by point-to-point messages to the ranks that get rows) or ``"shm"``
+    (rows for ranks of this node written straight into their results in node-shared memory,
+    messages to the other nodes' ranks, in the same pass); ``algorithm``: the count exchange,
+    ``"alltoall"`` (one ``MPI_Alltoall``), ``"nbx"`` (synchronous sends and a nonblocking
+    reduction) or ``"peers"`` (messages to and from ``peers`` only, no collective); ``why``,
+    in words; ``node``: the node transport on the shm path."""
 
     path: str
     algorithm: str
     why: str
     peers: Tuple[int, ...] = ()
+    node: Any = field(default=None, compare=False, repr=False)
+
+
+def _counts_rule(P: int) -> Tuple[str, str]:
+    if P <= MIGRATE_DENSE_MAX:
+        return "alltoall", f"{P} ranks <= {MIGRATE_DENSE_MAX}: the counts in one MPI_Alltoall"
+    return "nbx", f"{P} ranks > {MIGRATE_DENSE_MAX}: NBX, messages only to the ranks that get rows"
 
 
 def migrate_route(mesh: Any, algorithm: str, peers: Any = None) -> MigrateRoute:
     """The rule for :func:`pyshard.migrate`, from what every rank holds alike (the mesh size,
-    the arguments): ``peers`` given -> ``peers``; ``auto`` -> ``alltoall`` up to
-    :data:`MIGRATE_DENSE_MAX` ranks, ``nbx`` past it; ``tune`` -> measured (``alltoall``
-    against ``nbx``, at the first call on the mesh, the slowest rank's time deciding); a name
-    -> that one. No MPI call; bad arguments raise ``ValueError`` before any communication."""
+    its node map, the settings, the arguments): ``peers`` given -> ``peers`` (point-to-point,
+    no collective, no node handshake); ``auto`` -> the rows through node-shared memory where
+    ranks of the mesh share a node (``shm``; ``PYSHARD_TRANSPORT=mpi`` turns it off), else by
+    messages, and the counts by ``alltoall`` up to :data:`MIGRATE_DENSE_MAX` ranks, ``nbx``
+    past it; ``shm`` -> that path with the counts by the same rule (by messages where no two
+    ranks share a node); ``alltoall`` / ``nbx`` -> that count exchange, the rows by messages;
+    ``tune`` -> measured at the first call on the mesh, the slowest rank's time deciding. No
+    MPI call; bad arguments raise ``ValueError`` before any communication."""
     P = mesh.size
     if algorithm not in ("auto", "tune") + MIGRATE_ALGORITHMS:
         raise ValueError(f"pyshard.migrate: algorithm must be 'auto', 'tune' or one of "
@@ -322,12 +335,18 @@ def migrate_route(mesh: Any, algorithm: str, peers: Any = None) -> MigrateRoute:
         raise ValueError("pyshard.migrate: algorithm 'peers' needs peers=")
     path = "mpi" if P > 1 else "local"
     if algorithm == "tune":
-        return MigrateRoute(path, "tune", "measured at the first call on this mesh: alltoall, "
-                            "nbx")
-    if algorithm != "auto":
-        return MigrateRoute(path, algorithm, f"as asked ({algorithm})")
-    if P <= MIGRATE_DENSE_MAX:
-        return MigrateRoute(path, "alltoall", f"{P} ranks <= {MIGRATE_DENSE_MAX}: the counts in "
-                            "one MPI_Alltoall")
-    return MigrateRoute(path, "nbx", f"{P} ranks > {MIGRATE_DENSE_MAX}: NBX, messages only to "
-                        "the ranks that get rows")
+        return MigrateRoute(path, "tune", "measured at the first call on this mesh")
+    if algorithm in ("alltoall", "nbx"):
+        return MigrateRoute(path, algorithm, f"as asked ({algorithm}); the rows by messages")
+    counts, why = _counts_rule(P)
+    if P == 1:
+        return MigrateRoute("local", counts, f"one rank: the rows stay; {why}")
+    node = _shm.node(mesh, tuple(range(mesh.ndim)))
+    if node is None:
+        off = ("PYSHARD_TRANSPORT names MPI" if not _shm.enabled()
+               else "no two ranks of the mesh share a node with node-shared memory")
+        return MigrateRoute("mpi", counts, f"rows by messages ({off}); {why}")
+    where = (f"{node.node_size} ranks of this node" + (f", messages to the other {node.nodes - 1}"
+             " node(s)" if node.nodes > 1 else ""))
+    return MigrateRoute("shm", counts, f"rows through node-shared memory among the {where}; "
+                        f"{why}", node=node)

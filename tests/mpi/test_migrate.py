@@ -19,7 +19,7 @@ from pyshard import Replicate, Shard, _core
 pytestmark = pytest.mark.mpi  # run under mpiexec with --with-mpi (pytest-mpi)
 
 PATTERNS = ["stay", "one", "uniform", "neighbours", "fan_out"]
-ALGORITHMS = ["alltoall", "nbx", "auto"]
+ALGORITHMS = ["alltoall", "nbx", "shm", "auto"]
 DTYPES = ["float64", "int64", "float32", "int16", "uint8", "complex64", "bool"] + ML_DTYPES
 
 
@@ -142,7 +142,7 @@ def test_structures_and_back_with_other_columns(mesh, structure):
     np.testing.assert_array_equal(t[1], x)
 
 
-@pytest.mark.parametrize("algorithm", ["alltoall", "nbx"])
+@pytest.mark.parametrize("algorithm", ["alltoall", "nbx", "shm"])
 def test_wait_false(mesh, algorithm):
     P, me = mesh.size, mesh.rank
     spec = [("x", "float64", (3,)), ("id", "int64", ())]
@@ -190,6 +190,59 @@ def test_nbx_sends_only_to_receivers(mesh):
     assert st.get("migrate_messages", 0) == receivers
     assert "migrate_alltoall" not in st and "migrate_alltoallv" not in st
     assert st.get("migrate_nbx") == 1
+
+
+def check_shm_path(mesh, seed):
+    """The shm path where ranks share a node: every node peer's rows written into its result
+    (no message), the other nodes' by one message each, back() the same; what comm_stats and
+    explain() say; the rows equal the oracle's."""
+    P, me = mesh.size, mesh.rank
+    spec = [("x", "float64", (3,)), ("id", "int64", ()), ("q", "float32", ())]
+    cols, dest = rows_of(seed, me, P, "uniform", spec, nmax=60)
+    node = ps._shm.node(mesh, tuple(range(mesh.ndim)))
+    ps.reset_comm_stats()
+    r = ps.migrate(cols, dest, mesh)
+    want, counts = expected(seed, me, P, "uniform", spec, nmax=60)
+    for k in want:
+        same(r.rows[k], want[k])
+    np.testing.assert_array_equal(r.counts, counts)
+    st = ps.comm_stats()
+    if node is None:
+        assert r.route.path == ("mpi" if P > 1 else "local") and "migrate_shm" not in st
+        return
+    assert r.route.path == "shm" and "node-shared memory" in r.route.why
+    on = set(node.node_ranks)
+    off_receivers = {int(d) for d in dest} - on
+    assert st.get("migrate_shm") == 1 and "migrate_p2p" not in st
+    assert st.get("migrate_messages", 0) == len(off_receivers)
+    assert "node-shared memory" in r.explain()
+    ps.reset_comm_stats()
+    b = r.back(r.rows)
+    for k in cols:
+        same(b[k], cols[k])
+    st = ps.comm_stats()
+    assert st.get("migrate_back_shm") == 1
+    senders_off = {s for s in range(P) if r.counts[s] and s != me} - on
+    assert st.get("migrate_messages", 0) == len(senders_off)
+
+
+def test_shm_path(mesh):
+    check_shm_path(mesh, 21)
+
+
+@pytest.mark.mpi(min_size=4)
+def test_shm_path_on_simulated_nodes():
+    """Nodes of 2 ranks (PYSHARD_NODE_SIZE=2 before the mesh is built): rows for the node
+    peer through node-shared memory, for the other nodes by messages, in one pass."""
+    with ps.config.override(PYSHARD_NODE_SIZE=2, PYSHARD_TRANSPORT="auto"):
+        m = ps.Mesh(MPI.COMM_WORLD, (MPI.COMM_WORLD.size,))
+        try:
+            node = ps._shm.node(m, (0,))
+            assert node is None or len(node.node_ranks) <= 2
+            for seed in (22, 23):
+                check_shm_path(m, seed)
+        finally:
+            m.free()
 
 
 def test_count_limit(mesh):
