@@ -113,6 +113,28 @@ void bind_migrate(py::module_& m) {
       "rank * 256 + code of the first rank at fault or -1, signature mismatch, a rank whose "
       "signature differs or -1).");
 
+  py::class_<MigratePeers, std::shared_ptr<MigratePeers>>(m, "MigratePeers")
+      .def(py::init<std::shared_ptr<Comm>, std::vector<int>>(), py::arg("comm"),
+           py::arg("peers"),
+           "The count exchange with these peers (not this rank), by persistent requests made "
+           "here once (no MPI traffic until exchange).")
+      .def(
+          "exchange",
+          [](MigratePeers& x, const I64Array& counts, i64 code, i64 sig) {
+            CountResult r;
+            const i64* c = checked(counts, x.comm_size(), "counts");
+            {
+              py::gil_scoped_release nogil;
+              r = x.exchange(c, code, sig);
+            }
+            I64Array rc(static_cast<py::ssize_t>(r.rcounts.size()));
+            std::copy(r.rcounts.begin(), r.rcounts.end(), rc.mutable_data());
+            return py::make_tuple(rc, r.bad, r.sig_mismatch, r.sig_rank);
+          },
+          py::arg("counts"), py::arg("code"), py::arg("sig"),
+          "As migrate_counts(comm, 2, counts, code, sig, peers).")
+      .def_property_readonly("peers", &MigratePeers::peers);
+
   py::class_<MigrateExchange, std::shared_ptr<MigrateExchange>>(m, "MigrateExchange")
       .def(py::init<std::shared_ptr<Comm>, std::shared_ptr<NodeShm>>(), py::arg("comm"),
            py::arg("node") = nullptr,

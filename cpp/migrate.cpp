@@ -292,6 +292,57 @@ CountResult migrate_counts(const Comm& comm, int algorithm, const i64* counts, i
   return r;
 }
 
+MigratePeers::MigratePeers(std::shared_ptr<Comm> comm, std::vector<int> peers)
+    : comm_(std::move(comm)), peers_(std::move(peers)) {
+  const size_t K = peers_.size();
+  sb_.assign(2 * K, 0);
+  rb_.assign(2 * K, 0);
+  reqs_.assign(2 * K, MPI_REQUEST_NULL);
+  for (size_t k = 0; k < K; ++k) {
+    check_mpi(MPI_Recv_init(&rb_[2 * k], 2 * sizeof(i64), MPI_BYTE, peers_[k],
+                            tags::kMigratePeers, comm_->get(), &reqs_[2 * k]),
+              "MPI_Recv_init");
+    check_mpi(MPI_Send_init(&sb_[2 * k], 2 * sizeof(i64), MPI_BYTE, peers_[k],
+                            tags::kMigratePeers, comm_->get(), &reqs_[2 * k + 1]),
+              "MPI_Send_init");
+  }
+}
+
+MigratePeers::~MigratePeers() {
+  if (mpi::finalized()) return;
+  for (MPI_Request& r : reqs_)
+    if (r != MPI_REQUEST_NULL) MPI_Request_free(&r);
+}
+
+CountResult MigratePeers::exchange(const i64* counts, i64 code, i64 sig) {
+  const int P = comm_->size(), me = comm_->rank();
+  const size_t K = peers_.size();
+  CountResult r;
+  r.rcounts.assign(static_cast<size_t>(P), 0);
+  for (size_t k = 0; k < K; ++k) {
+    sb_[2 * k] = code ? -code : counts[peers_[k]];
+    sb_[2 * k + 1] = sig;
+  }
+  if (K) {
+    check_mpi(MPI_Startall(static_cast<int>(reqs_.size()), reqs_.data()), "MPI_Startall");
+    mpi::waitall(reqs_.size(), reqs_.data());
+  }
+  stats()["migrate_peers"] += 1;
+  if (code) r.bad = static_cast<i64>(me) * 256 + code;
+  for (size_t k = 0; k < K; ++k) {
+    const int p = peers_[k];
+    if (rb_[2 * k] < 0 && (r.bad < 0 || p * 256 < r.bad))
+      r.bad = static_cast<i64>(p) * 256 + (-rb_[2 * k]);
+    if (rb_[2 * k + 1] != sig && r.sig_rank < 0) {
+      r.sig_mismatch = true;
+      r.sig_rank = p;
+    }
+    r.rcounts[p] = rb_[2 * k] < 0 ? 0 : rb_[2 * k];
+  }
+  r.rcounts[me] = code ? 0 : counts[me];
+  return r;
+}
+
 MigrateExchange::MigrateExchange(std::shared_ptr<Comm> comm, std::shared_ptr<NodeShm> node)
     : comm_(std::move(comm)), node_(std::move(node)) {
   P_ = comm_->size();

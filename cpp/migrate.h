@@ -53,6 +53,27 @@ struct CountResult {
 CountResult migrate_counts(const Comm& comm, int algorithm, const i64* counts, i64 code,
                            i64 sig, const std::vector<int>& peers);
 
+// The count exchange with given peers (`migrate(..., peers=)`), by persistent requests made
+// once for the peer set: each call fills the send buffer, starts them all and waits. A PIC
+// code's neighbour set is the same every step, so the requests are built once.
+class MigratePeers {
+ public:
+  MigratePeers(std::shared_ptr<Comm> comm, std::vector<int> peers);
+  ~MigratePeers();
+  MigratePeers(const MigratePeers&) = delete;
+  MigratePeers& operator=(const MigratePeers&) = delete;
+  // As migrate_counts with algorithm 2 (peers).
+  CountResult exchange(const i64* counts, i64 code, i64 sig);
+  const std::vector<int>& peers() const { return peers_; }
+  int comm_size() const { return comm_->size(); }
+
+ private:
+  std::shared_ptr<Comm> comm_;
+  std::vector<int> peers_;
+  std::vector<i64> sb_, rb_;
+  std::vector<MPI_Request> reqs_;
+};
+
 // One exchange of rows, forward (each row to its dest) or back (each received row to where it
 // came from). Holds the requests and the per-peer arrays a nonblocking exchange needs.
 //

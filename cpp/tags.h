@@ -25,6 +25,8 @@ constexpr int kMigrateRows = 12;
 constexpr int kMigrateBack = 13;
 // NBX rounds alternate their count tag (cpp/migrate.cpp)
 constexpr int kMigrateCountOdd = 14;
+// the counts to and from given peers, by persistent requests (MigratePeers)
+constexpr int kMigratePeers = 15;
 // The node-local transport's messages to peers on other nodes (ShmExchangeStep).
 constexpr int kShmOffNode = 7301;
 

@@ -240,6 +240,14 @@ def migrate_counts(
     comm: Comm, algorithm: int, counts: np.ndarray, code: int, sig: int, peers: List[int]
 ) -> Tuple[np.ndarray, int, bool, int]: ...
 
+class MigratePeers:
+    def __init__(self, comm: Comm, peers: List[int]) -> None: ...
+    def exchange(
+        self, counts: np.ndarray, code: int, sig: int
+    ) -> Tuple[np.ndarray, int, bool, int]: ...
+    @property
+    def peers(self) -> List[int]: ...
+
 class MigrateExchange:
     def __init__(self, comm: Comm, node: Any = None) -> None: ...  # node: a NodeShm
     def start_forward(

@@ -396,9 +396,12 @@ def migrate(rows: Rows, dest: Any, mesh: Any, algorithm: str = "auto", wait: boo
     sig = _signature(st, cols) if not code else 0
     comm = mesh.core_comm(tuple(range(mesh.ndim)))
     alg = {"alltoall": 0, "nbx": 1, "peers": 2}[r.algorithm]
-    rcounts, bad, mismatch, sig_rank = _core.migrate_counts(
-        comm, alg, counts, code, sig, list(r.peers)
-    )
+    if alg == 2:  # persistent requests, made at the first call with this peer set
+        rcounts, bad, mismatch, sig_rank = _peer_counts(mesh, comm, r.peers).exchange(
+            counts, code, sig
+        )
+    else:
+        rcounts, bad, mismatch, sig_rank = _core.migrate_counts(comm, alg, counts, code, sig, [])
     if bad >= 0:
         rank, c = divmod(int(bad), 256)
         own = f": {detail}" if rank == me else ""
@@ -437,6 +440,21 @@ def migrate(rows: Rows, dest: Any, mesh: Any, algorithm: str = "auto", wait: boo
 
 
 _U8 = np.dtype(np.uint8)
+PEER_SETS_KEPT = 8  # the peer sets whose persistent count requests a mesh keeps
+
+
+def _peer_counts(mesh: Any, comm: Any, peers: Tuple[int, ...]) -> Any:
+    """The count exchange with ``peers`` (persistent requests), kept on the mesh for the next
+    call with the same set; the least recently used of more than :data:`PEER_SETS_KEPT` sets
+    is freed (``MPI_Request_free``: local, no message)."""
+    sets: Dict[Tuple[int, ...], Any] = _state(mesh).setdefault("peer_sets", {})
+    x = sets.pop(peers, None)
+    if x is None:
+        x = _core.MigratePeers(comm, list(peers))
+        if len(sets) >= PEER_SETS_KEPT:
+            sets.pop(next(iter(sets)))
+    sets[peers] = x  # most recent last
+    return x
 
 
 def _on_node(node: Any, P: int) -> np.ndarray:
