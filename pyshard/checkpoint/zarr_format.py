@@ -27,6 +27,7 @@ import json
 import os
 import secrets
 import shutil
+import sys
 from math import ceil, prod
 from typing import Any, Dict, List, Optional, Tuple
 
@@ -55,8 +56,16 @@ ML_TYPES = (
 ).split()
 """ml_dtypes floats stored under their own names (tensorstore's zarr3 driver reads these)."""
 
-READ_PLAIN = True
-"""Read uncompressed shards straight from their files (False: always through zarr-python)."""
+ZSTD_DIRECT = True
+"""Chunks whose codecs are ``bytes`` (native order) then ``zstd`` go through numcodecs'
+``Zstd`` (what zarr-python's ``ZstdCodec`` compresses with, configured from that codec's own
+level and checksum) rather than zarr-python's pipeline, whose ``ZstdCodec`` hands every chunk
+to a thread (``asyncio.to_thread``): with as many ranks as cores that was 1.3-1.6x slower to
+save and 2-3x slower to load here. The bytes are the same. False: the pipeline."""
+
+READ_DIRECT = True
+"""Read shards and chunks straight from their files through zarr-python's codec classes
+(False: always through a zarr-python Array)."""
 
 CODECS = {"bytes", "zstd", "gzip", "blosc", "crc32c", "transpose", "sharding_indexed"}
 """The codecs pyshard accepts in a Zarr array (all zarr-python's own)."""
@@ -335,98 +344,275 @@ def inspect(
     return out, rec if isinstance(rec, dict) else None
 
 
-_LE_BYTES = {"name": "bytes", "configuration": {"endian": "little"}}
+class Codecs:
+    """zarr-python's own codecs of one array, as zarr-python parses them from its metadata
+    (``ArrayV3Metadata``): for a sharded array the ``ShardingCodec``'s inner codecs (for
+    example ``BytesCodec``, ``ZstdCodec``) and index codecs (``BytesCodec``, ``Crc32cCodec``),
+    else the array's codecs, each set in a zarr-python codec pipeline (``CodecPipeline
+    .from_codecs``, the class zarr-python's config names, as its ``ShardingCodec`` does).
+    :meth:`encode` and :meth:`decode` run a batch of inner chunks through it in one call
+    (zarr-python's ``sync``): the bytes of every chunk and index are zarr-python's, while
+    pyshard lays out the shard files itself (no copy of a whole shard)."""
+
+    def __init__(self, meta: Dict[str, Any]) -> None:
+        need("zarr")
+        from zarr.codecs import BytesCodec, ShardingCodec, ZstdCodec
+        from zarr.core.array_spec import ArrayConfig, ArraySpec
+        from zarr.core.buffer import default_buffer_prototype
+        from zarr.core.dtype.npy.int import UInt64
+        from zarr.core.metadata.v3 import ArrayV3Metadata
+        from zarr.core.sync import sync
+        from zarr.registry import get_pipeline_class
+
+        md = ArrayV3Metadata.from_dict(_as_zarr_python(meta))
+        self._sync = sync
+        self.proto = default_buffer_prototype()
+        self.dtype = np.dtype(md.data_type.to_native_dtype())
+        """The numpy dtype zarr-python holds the array in (uintN for bfloat16 and float8)."""
+        self.fill = np.array(md.fill_value, dtype=self.dtype)
+        self.outer = tuple(md.chunk_grid.chunk_shape)  # type: ignore[attr-defined]
+        self.sep = md.chunk_key_encoding.separator  # type: ignore[attr-defined]
+        self.v2_keys = md.chunk_key_encoding.name == "v2"  # type: ignore[attr-defined]
+        config = ArrayConfig(order="C", write_empty_chunks=True)
+        pipeline = get_pipeline_class()
+        codecs = tuple(md.codecs)
+        self.sharded = len(codecs) == 1 and isinstance(codecs[0], ShardingCodec)
+        self.index_bytes: Optional[int] = None
+        if self.sharded:
+            sc = codecs[0]
+            self.inner = tuple(sc.chunk_shape)
+            self.per = tuple(s // c for s, c in zip(self.outer, self.inner))
+            self.index_at_end = sc.index_location.value == "end"
+            self._index_spec = ArraySpec(
+                shape=self.per + (2,),
+                dtype=UInt64(endianness="little"),
+                fill_value=np.uint64(2**64 - 1),
+                config=config,
+                prototype=self.proto,
+            )
+            self._index = pipeline.from_codecs(sc.index_codecs)
+            self.index_names = [c.to_dict()["name"] for c in sc.index_codecs]
+            if all(getattr(c, "is_fixed_size", False) for c in sc.index_codecs):
+                self.index_bytes = self._index.compute_encoded_size(
+                    16 * prod(self.per), self._index_spec
+                )
+            codecs = tuple(sc.codecs)
+        else:
+            self.inner = self.outer
+            self.per = tuple(1 for _ in self.outer)
+        self._spec = ArraySpec(
+            shape=self.inner,
+            dtype=md.data_type,
+            fill_value=md.fill_value,
+            config=config,
+            prototype=self.proto,
+        )
+        self._data = pipeline.from_codecs(codecs)
+        self._zstd = None
+        native = isinstance(codecs[0], BytesCodec) and (
+            codecs[0].endian is None or codecs[0].endian.value == sys.byteorder
+        )
+        if ZSTD_DIRECT and native and len(codecs) == 2 and isinstance(codecs[1], ZstdCodec):
+            from numcodecs.zstd import Zstd  # what ZstdCodec compresses with
+
+            conf = codecs[1].to_dict()["configuration"]
+            self._zstd = Zstd(level=int(conf["level"]), checksum=bool(conf["checksum"]))
+        self.direct = not self.sharded or self.index_bytes is not None
+        """pyshard can find the chunks in the files (a shard index of a fixed size)."""
+        self.raw = native and len(codecs) == 1
+        self.batched = not self.raw and self._zstd is None
+        """Chunks decode through zarr-python's pipeline: many per call pay off."""
+        """The inner chunks are the array's bytes as they are (``bytes`` alone, native order):
+        read straight into place."""
+
+    def encode(self, chunks: List[np.ndarray]) -> List[np.ndarray]:
+        """The stored bytes (uint8) of inner chunks (each its full shape, zarr-python's
+        dtype)."""
+        if not chunks:
+            return []
+        if self._zstd is not None:
+            zc = self._zstd
+            return [np.frombuffer(zc.encode(_flat(a)), np.uint8) for a in chunks]
+        nd = self.proto.nd_buffer
+        out = self._sync(self._data.encode([(nd.from_numpy_array(a), self._spec) for a in chunks]))
+        return [b.as_numpy_array() for b in out]
+
+    def decode(self, raws: List[Any]) -> List[np.ndarray]:
+        """Inner chunks (each its full shape) from their stored bytes."""
+        if not raws:
+            return []
+        if self._zstd is not None:
+            size = prod(self.inner) * self.dtype.itemsize
+            out = []
+            for r in raws:
+                b = self._zstd.decode(r)
+                if len(b) != size:
+                    raise ValueError(f"a zstd chunk holds {len(b)} bytes, not {size}")
+                out.append(np.frombuffer(b, self.dtype).reshape(self.inner))
+            return out
+        buf = self.proto.buffer
+        items = [(buf.from_array_like(np.frombuffer(r, np.uint8)), self._spec) for r in raws]
+        return [x.as_numpy_array() for x in self._sync(self._data.decode(items))]
+
+    def encode_index(self, index: np.ndarray) -> np.ndarray:
+        """The stored bytes of a shard index (``per + [2]`` uint64: offset, length)."""
+        item = (self.proto.nd_buffer.from_numpy_array(index), self._index_spec)
+        return next(iter(self._sync(self._index.encode([item])))).as_numpy_array()
+
+    def decode_index(self, raw: Any) -> np.ndarray:
+        """A shard index from its stored bytes (the index codecs check their crc32c)."""
+        item = (self.proto.buffer.from_array_like(np.frombuffer(raw, np.uint8)), self._index_spec)
+        x = next(iter(self._sync(self._index.decode([item]))))
+        return x.as_numpy_array().reshape(self.per + (2,))
+
+    def key(self, idx: Tuple[int, ...]) -> str:
+        """The file (relative to the array's directory) of chunk or shard ``idx``."""
+        if self.v2_keys:
+            return self.sep.join(map(str, idx)) if idx else "0"
+        return self.sep.join(("c",) + tuple(map(str, idx)))
 
 
-def _plain_shards(meta: Dict[str, Any], itemsize: int) -> Optional[Tuple[List[int], List[int]]]:
-    """(shard shape, inner chunk shape) when the array's shards are plain bytes that pyshard
-    reads itself: one ``sharding_indexed`` codec with inner codecs ``bytes`` (little-endian)
-    alone, index ``bytes`` + ``crc32c`` at the end, default chunk keys with ``/``, fill value
-    zero; None otherwise (zarr-python reads it)."""
-    codecs = meta.get("codecs") or []
-    if len(codecs) != 1 or codecs[0].get("name") != "sharding_indexed" or not meta["shape"]:
-        return None
-    conf = codecs[0].get("configuration", {})
-    inner = conf.get("codecs", [])
-    plain = [{"name": "bytes"}] if itemsize == 1 else []
-    if inner not in ([_LE_BYTES], plain) or conf.get("index_location", "end") != "end":
-        return None
-    if conf.get("index_codecs") != [_LE_BYTES, {"name": "crc32c"}]:
-        return None
-    enc = meta.get("chunk_key_encoding", {})
-    if enc.get("name") != "default" or (enc.get("configuration") or {}).get("separator",
-                                                                             "/") != "/":
-        return None
-    fv = meta.get("fill_value", 0)
-    if fv not in (0, 0.0, False, [0, 0], [0.0, 0.0]) or isinstance(fv, str):
-        return None
-    sshape = list(meta["chunk_grid"]["configuration"]["chunk_shape"])
-    cshape = list(conf.get("chunk_shape", []))
-    if len(cshape) != len(sshape) or any(c <= 0 or s % c for s, c in zip(sshape, cshape)):
-        return None
-    return sshape, cshape
+def _flat(a: np.ndarray) -> memoryview:
+    """The C-order bytes of ``a`` (a view where ``a`` is contiguous)."""
+    return memoryview(np.ascontiguousarray(a).reshape(-1).view(np.uint8))
 
 
-def _read_plain(
-    e: Dict[str, Any], grids: Tuple[List[int], List[int]], d: int, r0: int, r1: int,
-    dtype: np.dtype,
+def _pread(fd: int, off: int, n: int, fname: str) -> bytes:
+    parts = []
+    while n > 0:
+        b = os.pread(fd, n, off)
+        if not b:
+            raise ValueError(f"load: {fname!r}: ends before byte {off + n}")
+        parts.append(b)
+        off += len(b)
+        n -= len(b)
+    return b"".join(parts) if len(parts) != 1 else parts[0]
+
+
+def _pread_into(fd: int, off: int, dst: np.ndarray, fname: str) -> None:
+    mv = memoryview(dst.reshape(-1).view(np.uint8))
+    while len(mv):
+        k = os.preadv(fd, [mv], off)
+        if k <= 0:
+            raise ValueError(f"load: {fname!r}: ends before byte {off + len(mv)}")
+        mv = mv[k:]
+        off += k
+
+
+DECODE_BATCH = 64 << 20
+"""Bytes of decoded chunks asked of zarr-python's pipeline in one call (at most)."""
+
+
+def _read_direct(
+    e: Dict[str, Any], cd: Codecs, d: int, r0: int, r1: int, dtype: np.dtype
 ) -> np.ndarray:
-    """Indices ``r0:r1`` of dim ``d`` (on the shard grid) read straight from plain shard
-    files: each shard's index (its crc32c checked), then its chunks' bytes."""
-    import google_crc32c
-
+    """Indices ``r0:r1`` of dim ``d`` read straight from the array's files: for each shard
+    (or chunk, unsharded) its index, decoded and crc32c-checked by zarr-python's index
+    codecs, then only the inner chunks inside the region, decoded in batches by
+    zarr-python's codec pipeline (:class:`Codecs`), or, stored as plain bytes, read from the
+    file into their place in the result; absent chunks and shards are the fill value."""
     shape = list(e["shape"])
-    sshape, cshape = grids
     lo = [0] * len(shape)
     hi = list(shape)
     lo[d], hi[d] = r0, r1
-    le = np.dtype(dtype).newbyteorder("<") if not _dtypes.is_ml(dtype) else dtype
-    out = np.zeros([h - a for a, h in zip(lo, hi)], dtype=le)
-    per = [s // c for s, c in zip(sshape, cshape)]
-    nidx = prod(per) * 16
-    ranges = [range(a // s, -(-b // s)) for a, b, s in zip(lo, hi, sshape)]
-    for sidx in itertools.product(*ranges):
-        fname = os.path.join(e["file"], "c", *map(str, sidx))
-        if not os.path.isfile(fname):
-            continue  # never written: the fill value (zero)
-        with open(fname, "rb") as f:
-            raw = f.read()
-        if len(raw) < nidx + 4:
-            raise ValueError(f"load: {fname!r}: a shard shorter than its index")
-        idx_bytes = raw[-(nidx + 4):-4]
-        crc = np.frombuffer(raw[-4:], "<u4")[0]
-        if google_crc32c.value(idx_bytes) != int(crc):
-            raise ValueError(f"load: {fname!r}: the shard index fails its crc32c")
-        index = np.frombuffer(idx_bytes, "<u8").reshape(per + [2])
-        body = len(raw) - nidx - 4
-        for cidx in itertools.product(*[range(k) for k in per]):
-            off, n = (int(v) for v in index[cidx])
-            if off == 2**64 - 1 and n == 2**64 - 1:
-                continue  # an absent chunk: the fill value
-            a = [si * s + ci * c for si, s, ci, c in zip(sidx, sshape, cidx, cshape)]
-            if any(x >= m for x, m in zip(a, shape)):
-                continue
-            if n != prod(cshape) * le.itemsize or off + n > body:
-                raise ValueError(f"load: {fname!r}: chunk {list(cidx)} lies outside the shard")
-            chunk = np.frombuffer(raw, np.uint8, n, off).view(le).reshape(cshape)
-            b = [min(x + c, m) for x, c, m in zip(a, cshape, shape)]
-            ia = [max(x, o) for x, o in zip(a, lo)]  # the part inside the region read
-            ib = [min(y, h) for y, h in zip(b, hi)]
-            if any(x >= y for x, y in zip(ia, ib)):
-                continue
-            src = tuple(slice(x - c0, y - c0) for x, y, c0 in zip(ia, ib, a))
-            dst = tuple(slice(x - o, y - o) for x, y, o in zip(ia, ib, lo))
-            out[dst] = chunk[src]
-    return out if _dtypes.is_ml(dtype) else np.ascontiguousarray(out, dtype=dtype)
+    out = np.empty([h - a for a, h in zip(lo, hi)], dtype=cd.dtype)
+    sshape, cshape = list(cd.outer), list(cd.inner)
+    full = prod(cshape) * cd.dtype.itemsize
+    pending: List[Tuple[bytes, np.ndarray, Tuple[slice, ...], str]] = []
+    held = 0
+    limit = DECODE_BATCH if cd.batched else 0  # zarr-python's pipeline: one call per batch
+
+    def flush() -> None:
+        try:
+            chunks = cd.decode([p[0] for p in pending])
+        except Exception as err:
+            names = sorted({p[3] for p in pending})
+            raise ValueError(f"load: {names[0]!r}: a chunk does not decode ({err!r})") from err
+        for chunk, (_, dst, src, fname) in zip(chunks, pending):
+            if list(chunk.shape) != cshape:
+                raise ValueError(
+                    f"load: {fname!r}: a chunk decodes to shape {list(chunk.shape)}, not "
+                    f"{cshape}"
+                )
+            dst[...] = chunk[src]
+        pending.clear()
+
+    shards = [range(a // s, -(-b // s)) for a, b, s in zip(lo, hi, sshape)]
+    for sidx in itertools.product(*shards):
+        s_lo = [i * s for i, s in zip(sidx, sshape)]
+        s_hi = [min(a + s, n) for a, s, n in zip(s_lo, sshape, shape)]
+        fname = os.path.join(e["file"], *cd.key(sidx).split("/"))
+        try:
+            fd = os.open(fname, os.O_RDONLY)
+        except FileNotFoundError:  # never written: the fill value
+            part = zip(s_lo, s_hi, lo, hi)
+            out[tuple(slice(max(a, x) - x, min(b, y) - x) for a, b, x, y in part)] = cd.fill
+            continue
+        try:
+            size = os.fstat(fd).st_size
+            if cd.sharded:
+                nidx = int(cd.index_bytes or 0)
+                if size < nidx:
+                    raise ValueError(f"load: {fname!r}: a shard shorter than its index")
+                at = size - nidx if cd.index_at_end else 0
+                try:
+                    index = cd.decode_index(_pread(fd, at, nidx, fname))
+                except ValueError as err:
+                    raise ValueError(
+                        f"load: {fname!r}: the shard index does not pass its codecs "
+                        f"{cd.index_names} ({err})"
+                    ) from err
+                body = (0, size - nidx) if cd.index_at_end else (nidx, size)
+            else:
+                index = np.array([0, size], dtype=np.uint64).reshape(cd.per + (2,))
+                body = (0, size)
+            ranges = [
+                range((max(a, x) - a) // c, -(-(min(b, y) - a) // c))
+                for a, b, x, y, c in zip(s_lo, s_hi, lo, hi, cshape)
+            ]
+            for cidx in itertools.product(*ranges):
+                a = [sa + ci * c for sa, ci, c in zip(s_lo, cidx, cshape)]
+                b = [min(x + c, m) for x, c, m in zip(a, cshape, shape)]
+                ia = [max(x, o) for x, o in zip(a, lo)]  # the part inside the region read
+                ib = [min(y, h) for y, h in zip(b, hi)]
+                dst = out[tuple(slice(x - o, y - o) for x, y, o in zip(ia, ib, lo))]
+                off, n = (int(v) for v in index[cidx])
+                if off == 2**64 - 1 and n == 2**64 - 1:
+                    dst[...] = cd.fill  # an absent chunk
+                    continue
+                if off < body[0] or off + n > body[1]:
+                    raise ValueError(
+                        f"load: {fname!r}: chunk {list(cidx)} lies outside the shard's data"
+                    )
+                if cd.raw and list(dst.shape) == cshape and dst.flags.c_contiguous:
+                    if n != full:
+                        raise ValueError(
+                            f"load: {fname!r}: chunk {list(cidx)} holds {n} bytes, not {full}"
+                        )
+                    _pread_into(fd, off, dst, fname)
+                    continue
+                src = tuple(slice(x - c0, y - c0) for x, y, c0 in zip(ia, ib, a))
+                pending.append((_pread(fd, off, n, fname), dst, src, fname))
+                held += full
+                if held >= limit:
+                    flush()
+                    held = 0
+        finally:
+            os.close(fd)
+    flush()
+    if _dtypes.is_ml(dtype):
+        return out.view(dtype)
+    return np.ascontiguousarray(out, dtype=dtype)
 
 
 def read_rows(e: Dict[str, Any], d: int, r0: int, r1: int, dtype: np.dtype) -> np.ndarray:
-    """Indices ``r0:r1`` of dim ``d`` of the array ``e`` describes (a 0-d array: its value):
-    plain shards (:func:`_plain_shards`, as pyshard writes them uncompressed) straight from
-    their files, anything else through zarr-python, as ``dtype``."""
-    grids = _plain_shards(e["meta"], np.dtype(dtype).itemsize) if READ_PLAIN else None
-    if grids is not None:
-        return _read_plain(e, grids, d, r0, r1, dtype)
+    """Indices ``r0:r1`` of dim ``d`` of the array ``e`` describes (a 0-d array: its value),
+    as ``dtype``: straight from its files through zarr-python's codecs
+    (:func:`_read_direct`), or through a zarr-python Array where a shard index has no fixed
+    size (none of zarr-python's own index codecs) or ``READ_DIRECT`` is off."""
+    cd = Codecs(e["meta"]) if READ_DIRECT and e["shape"] else None
+    if cd is not None and cd.direct:
+        return _read_direct(e, cd, d, r0, r1, dtype)
     arr = open_array(e["file"], "", e["meta"])
     a = arr[()] if not e["shape"] else arr[(slice(None),) * d + (slice(r0, r1),)]
     a = np.asarray(a)
@@ -572,80 +758,59 @@ def _finish_zarr(
 
 
 
-def _encoder(meta: Dict[str, Any]) -> Any:
-    """bytes (a buffer) -> the stored bytes of one inner chunk: raw, or zarr-python's ZstdCodec's
-    compressor (numcodecs' Zstd, which zarr-python's ZstdCodec wraps, with that codec's
-    configuration)."""
-    codecs = meta["codecs"]
-    if codecs and codecs[0]["name"] == "sharding_indexed":
-        codecs = codecs[0]["configuration"]["codecs"]
-    z = next((c for c in codecs if c["name"] == "zstd"), None)
-    if z is None:
-        return lambda b: b
-    from numcodecs.zstd import Zstd  # what zarr-python's ZstdCodec compresses with
-
-    conf = z.get("configuration", {})
-    zc = Zstd(level=int(conf.get("level", 0)), checksum=bool(conf.get("checksum", False)))
-    return lambda b: bytes(zc.encode(b))
-
-
-def _index_checksum(index: bytes) -> bytes:
-    """The crc32c that zarr-python's Crc32cCodec appends (google_crc32c, little-endian)."""
-    import google_crc32c
-
-    return np.array([google_crc32c.value(index)], dtype="<u4").tobytes()
-
-
 def write_shards(
-    root: str, name: str, meta: Dict[str, Any], local: np.ndarray, box: Tuple[slice, ...],
+    root: str,
+    name: str,
+    meta: Dict[str, Any],
+    local: np.ndarray,
+    box: Tuple[slice, ...],
     sync: bool,
 ) -> None:
     """Write the whole shards that ``box`` covers (its edges on the shard grid) from this
     rank's ``local`` block (a 0-d array: its one chunk): per shard its inner chunks in C
     order (an edge chunk stored whole, padded with the fill value; chunks past the array's
-    end left out), then the index (offset, length per chunk, uint64 little-endian) and its
-    crc32c, as the ``sharding_indexed`` codec lays them out. One file per shard; this rank
-    alone writes it."""
-    enc = _encoder(meta)
-    le = local.dtype.newbyteorder("<") if local.dtype.byteorder == ">" else local.dtype
-    raw = np.ascontiguousarray(local, dtype=le)
+    end left out), then the index (offset, length per chunk) and its crc32c, as the
+    ``sharding_indexed`` codec lays them out, every chunk and the index encoded by
+    zarr-python's codec classes (:class:`Codecs`: ``BytesCodec``, ``ZstdCodec``,
+    ``Crc32cCodec``). One file per shard; this rank alone writes it."""
+    cd = Codecs(meta)
+    raw = np.ascontiguousarray(local)
+    if raw.dtype.byteorder not in ("=", "|"):
+        raw = raw.astype(raw.dtype.newbyteorder("="))  # BytesCodec stores little-endian
+    if _dtypes.is_ml(raw.dtype):
+        raw = raw.view(cd.dtype)  # zarr-python holds them as the unsigned int of that width
     d = os.path.join(root, *name.split("/"))
     shape = list(meta["shape"])
     if not shape:
-        _put(os.path.join(d, "c"), [enc(_bytes(raw))], sync)
+        _put(os.path.join(d, "c"), cd.encode([raw.reshape(())]), sync)
         return
-    sshape = meta["chunk_grid"]["configuration"]["chunk_shape"]
-    cshape = meta["codecs"][0]["configuration"]["chunk_shape"]
-    per = [s // c for s, c in zip(sshape, cshape)]
+    sshape, cshape = list(cd.outer), list(cd.inner)
+    per = list(cd.per)
     lo = [b.start for b in box]
     ranges = [range(b.start // s, -(-b.stop // s)) for b, s in zip(box, sshape)]
     for sidx in itertools.product(*ranges):
-        parts: List[Any] = []
-        index = np.full(per + [2], np.iinfo(np.uint64).max, dtype="<u8")
-        pos = 0
+        where: List[Tuple[int, ...]] = []
+        blocks: List[np.ndarray] = []
         for cidx in itertools.product(*[range(k) for k in per]):
             a = [si * s + ci * c for si, s, ci, c in zip(sidx, sshape, cidx, cshape)]
             if any(x >= n for x, n in zip(a, shape)):
                 continue  # past the array's end: no chunk
             b = [min(x + c, n) for x, c, n in zip(a, cshape, shape)]
             block = raw[tuple(slice(x - o, y - o) for x, y, o in zip(a, b, lo))]
-            if list(block.shape) != list(cshape):  # an edge chunk: padded with the fill (0)
-                full = np.zeros(cshape, dtype=raw.dtype)
-                full[tuple(slice(0, e) for e in block.shape)] = block
-                block = full
-            data = enc(_bytes(block))
-            index[cidx] = (pos, len(data))
-            parts.append(data)
-            pos += len(data)
-        idx = index.tobytes()
-        parts.append(idx + _index_checksum(idx))
-        _put(os.path.join(d, "c", *map(str, sidx)), parts, sync)
-
-
-def _bytes(a: np.ndarray) -> memoryview:
-    """C-order bytes of ``a`` without a copy where it is contiguous (ml_dtypes arrays export
-    no buffer: viewed as bytes)."""
-    return memoryview(np.ascontiguousarray(a).reshape(-1).view(np.uint8))
+            if list(block.shape) != cshape:  # an edge chunk: padded with the fill value
+                padded = np.full(cshape, cd.fill, dtype=raw.dtype)
+                padded[tuple(slice(0, e) for e in block.shape)] = block
+                block = padded
+            where.append(cidx)
+            blocks.append(block)
+        parts = cd.encode(blocks)
+        index = np.full(per + [2], np.iinfo(np.uint64).max, dtype="<u8")
+        pos = 0
+        for cidx, data in zip(where, parts):
+            index[cidx] = (pos, data.nbytes)
+            pos += data.nbytes
+        parts.append(cd.encode_index(index))
+        _put(os.path.join(d, *cd.key(sidx).split("/")), parts, sync)
 
 
 def _put(fname: str, parts: List[Any], sync: bool) -> None:
