@@ -8,10 +8,11 @@ block of ``ceil(n0 / ranks)`` rows per rank and keeps the other dims whole; the 
 split a shard's rows into chunks of about :data:`CHUNK_BYTES`. The arrays are first
 redistributed to ``Shard(0)`` over every mesh dim with ``sizes`` aligned to that shard grid,
 so every rank's box is whole shards and no shard file is touched by two ranks (zarr-python's
-own concurrent partial writes into one shard lose data). Each rank encodes its shard files
-itself (:func:`write_shards`: the ``sharding_indexed`` layout, zarr-python's ZstdCodec
-compressor, crc32c of the index); rank 0 writes every ``zarr.json`` after the data, and
-renames the directory into place. Reading goes through zarr-python.
+own concurrent partial writes into one shard lose data). Each rank lays out its shard files
+itself (:func:`write_shards`: the ``sharding_indexed`` layout), the chunks and the index
+encoded by zarr-python's codecs (:class:`Codecs`); rank 0 writes every ``zarr.json`` after
+the data, and renames the directory into place. Reading (:func:`read_rows`) takes each
+shard's index and chunks straight from its file, decoded by zarr-python's codecs.
 
 bfloat16 and the float8 formats have no zarr-python 3.1 data type: pyshard writes their
 ``data_type`` under ml_dtypes' (and tensorstore's zarr3 driver's) name (``"bfloat16"``,
@@ -60,12 +61,12 @@ ZSTD_DIRECT = True
 """Chunks whose codecs are ``bytes`` (native order) then ``zstd`` go through numcodecs'
 ``Zstd`` (what zarr-python's ``ZstdCodec`` compresses with, configured from that codec's own
 level and checksum) rather than zarr-python's pipeline, whose ``ZstdCodec`` hands every chunk
-to a thread (``asyncio.to_thread``): with as many ranks as cores that was 1.3-1.6x slower to
-save and 2-3x slower to load here. The bytes are the same. False: the pipeline."""
+to a thread (``asyncio.to_thread``): with as many ranks as cores that was 1.3-1.5x slower to
+save and about 2x slower to load here. The bytes are the same. False: the pipeline."""
 
 READ_DIRECT = True
-"""Read shards and chunks straight from their files through zarr-python's codec classes
-(False: always through a zarr-python Array)."""
+"""Read shards and chunks straight from their files, decoded by zarr-python's codecs
+(:func:`_read_direct`; False: always through a zarr-python Array)."""
 
 CODECS = {"bytes", "zstd", "gzip", "blosc", "crc32c", "transpose", "sharding_indexed"}
 """The codecs pyshard accepts in a Zarr array (all zarr-python's own)."""
