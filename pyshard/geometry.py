@@ -133,6 +133,8 @@ def route_note(s: Step, mesh: Any) -> Optional[str]:
                 f"; node-shared memory among the {k} ranks of this rank's node, MPI to the "
                 f"other {n - k} on {r.node.nodes - 1} other node(s)"
             )
+        if r.why:
+            how += f"; {r.why}"
         return f"host arrays, algorithm auto, on this mesh: {how}"
     how = describe(s)
     return None if how is None else f"host arrays, algorithm auto: {how}"

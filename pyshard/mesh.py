@@ -131,6 +131,16 @@ class Mesh:
             return None
         return self._node_map.transport(self.core_comm(dims), dims)
 
+    def node_groups(self, dims: Tuple[int, ...]) -> Optional[Dict[int, Tuple[int, int]]]:
+        """The node of each rank of this rank's communicator over the mesh dims ``dims``, by
+        mesh rank (from the node map the mesh made when it was built, which every rank holds
+        alike: no MPI call), or None on a mesh of one rank. Ranks of one node have the same
+        value (pyshard/_shm.py ``NodeMap.group``)."""
+        if self._node_map is None:
+            return None
+        m = self._node_map
+        return {r: m.group(r) for r in m.members(tuple(self._dim(d) for d in dims))}
+
     def free(self) -> None:
         """Release the communicators this mesh created (collective over the mesh).
 

@@ -10,8 +10,11 @@ The rule, for host arrays with ``algorithm="auto"``:
 
 - node-shared memory (``_shm``) for exchanges (``alltoallv``) and gathers (``allgatherv``)
   whose largest block has at least ``min_block`` bytes, where ranks of the step's
-  communicator share a node (peers on other nodes by MPI messages in the same step), and for
-  reductions (``reduce_scatter``, ``allreduce``) where every rank of it shares one node;
+  communicator share a node (peers on other nodes by MPI messages in the same step) and, for
+  an exchange, some block of it goes between two ranks of one node (:func:`node_blocks`:
+  the 2-D swap on two hosts, each rank's one peer on the other host, moves nothing through
+  node-shared memory and takes MPI), and for reductions (``reduce_scatter``, ``allreduce``)
+  where every rank of it shares one node;
 - else MPI: a sparse exchange (each rank sends to at most a quarter of its group) by
   point-to-point messages (``p2p``), a dense one by ``alltoallv``; gathers and reductions by
   their collective.
@@ -25,17 +28,18 @@ library is CUDA-aware, else through pinned host buffers.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from math import prod
 from typing import Any, Optional, Tuple
 
 from . import _shm
 from .config import ALGORITHMS, HALO_METHODS, HALO_MPI  # the one list of the names
+from .layout import ravel, unravel
 from .plan import Step
 
 __all__ = ["ALGORITHMS", "FOLD_DTYPES", "HALO_METHODS", "MIGRATE_ALGORITHMS", "MIGRATE_DENSE_MAX",
            "MigrateRoute", "Route", "batch_route", "choose_algorithm", "core_transport", "describe",
-           "halo_reason", "halo_route", "migrate_route", "route"]
+           "halo_reason", "halo_route", "migrate_route", "node_blocks", "route"]
 
 MPI_KINDS = ("alltoallv", "allgatherv", "reduce_scatter", "allreduce")
 HOST_CANDIDATES = ("alltoallv", "alltoall", "p2p", "alltoallw")  # what "tune" measures
@@ -60,6 +64,7 @@ class Route:
     node: Any = field(default=None, compare=False)
     candidates: Tuple[str, ...] = ()
     transport: str = "direct"
+    why: str = field(default="", compare=False)  # for explain(), where the rule needs words
 
 
 def core_transport(r: Route) -> Any:
@@ -147,25 +152,60 @@ def _mpi_route(device: bool, algorithm: str = "", node: Any = None) -> Route:
     return Route(path, algorithm, node, transport=t)
 
 
+def node_blocks(step: Step, mesh: Any) -> bool:
+    """Does some block of exchange ``step`` go between two different ranks of one node in
+    this rank's communicator? From the layouts (the blocks each rank of the communicator
+    sends) and the mesh's node map (:meth:`~pyshard.Mesh.node_groups`), which every rank of
+    the communicator holds alike: each of them answers the same. No MPI call."""
+    groups = mesh.node_groups(step.mesh_dims)
+    if not groups:
+        return False
+    on: dict = {}
+    for r, g in groups.items():
+        on.setdefault(g, []).append(r)
+    shape = step.src.mesh_shape
+    for rs in on.values():
+        if len(rs) < 2:
+            continue
+        peers = set(rs)
+        for r in rs:
+            for to, _ in step.sends(tuple(unravel(r, shape))):
+                t = ravel(to, shape)
+                if t != r and t in peers:
+                    return True
+    return False
+
+
+NO_NODE_BLOCKS = (
+    "no block of this step goes between two ranks of one node (each rank's peers are on "
+    "other nodes): node-shared memory would carry nothing"
+)
+
+
 def route(step: Step, mesh: Any, algorithm: str, device: bool = False) -> Route:
     """Where ``step`` goes on ``mesh`` for an array in host (``device=False``) or GPU memory,
     called with ``algorithm`` (``auto``, ``tune``, ``shm`` or an MPI algorithm). No MPI call:
-    the node transport comes from the mesh's node map."""
+    the node transport comes from the mesh's node map. An exchange takes node-shared memory
+    under ``auto`` (or measures it under ``tune``) only where some block of it goes between
+    two ranks of one node (:func:`node_blocks`); ``shm`` takes it wherever it is usable."""
     if not step.is_collective:
         return Route("local")
     node = None
     if not device and algorithm in ("auto", "tune", "shm"):
         node = _shm.node(mesh, step.mesh_dims)
-    if step.kind == "alltoallv" and algorithm == "tune":
-        shm = () if node is None or not shm_allowed(step.kind, node) else ("shm",)
+    exchange, why = step.kind == "alltoallv", ""
+    if exchange and algorithm == "tune":
+        shm = ("shm",) if shm_allowed(step.kind, node) and node_blocks(step, mesh) else ()
         cands = DEVICE_CANDIDATES if device else HOST_CANDIDATES + shm
         return Route("tune", "tune", node, cands, _mpi_route(device).transport)
     if shm_for(step.kind, _shm.block_bytes(step), node, algorithm):
-        return Route("shm", "shm", node)
-    if step.kind != "alltoallv":
+        if not exchange or algorithm == "shm" or node_blocks(step, mesh):
+            return Route("shm", "shm", node)
+        why = NO_NODE_BLOCKS  # MPI, as auto goes without node-shared memory
+    if not exchange:
         return _mpi_route(device)
     a = "auto" if algorithm in ("shm", "tune") else algorithm
-    return _mpi_route(device, choose_algorithm(step, a, device))
+    return replace(_mpi_route(device, choose_algorithm(step, a, device)), why=why)
 
 
 def halo_face_bytes(layout: Any, spec: Any) -> int:
@@ -264,10 +304,12 @@ def describe(step: Step) -> Optional[str]:
             + ("" if block >= high else f"and has a core (largest piece {block} B < {high} B), ")
             + f"else {mpi}"
         )
+    blocks = " (an exchange: where some block goes between them)" if step.kind == "alltoallv" \
+        else ""  # fmt: skip
     if block >= high:
-        return f"node-shared memory between ranks of one node, {mpi} between nodes"
+        return f"node-shared memory between ranks of one node{blocks}, {mpi} between nodes"
     return (
-        "node-shared memory between ranks of one node where each has a core "
+        f"node-shared memory between ranks of one node{blocks} where each has a core "
         f"(else {mpi}: largest block {block} B < {high} B), {mpi} between nodes"
     )
 

@@ -182,7 +182,6 @@ def node_groups(mesh, dims):
     consecutive world ranks when it is set; a mesh over ``COMM_WORLD`` keeps the world ranks.
     None where node-shared memory is off (``PYSHARD_TRANSPORT`` mpi, direct or staged, from
     the environment or set from Python as tests/mpi/test_staged.py's fixture does)."""
-    import itertools
     import os
 
     import numpy as np
@@ -194,11 +193,45 @@ def node_groups(mesh, dims):
         return None
     k = int(os.environ.get("PYSHARD_NODE_SIZE", "").strip() or 0)
     world = MPI.COMM_WORLD.Get_rank() - mesh.rank  # the mesh's rank 0 in the world
-    ranges = [range(n) if d in dims else (c,) for d, (n, c) in enumerate(zip(mesh.shape,
-                                                                            mesh.coords))]
-    members = [int(np.ravel_multi_index(c, mesh.shape)) for c in itertools.product(*ranges)]
+    members = [int(np.ravel_multi_index(c, mesh.shape)) for c in member_coords(mesh, dims)]
     hosts = world_hosts()
     return [(hosts[world + r], (world + r) // k if k else 0) for r in members]
+
+
+def member_coords(mesh, dims):
+    """The mesh coords of the ranks of ``mesh``'s communicator over ``dims`` (row-major: the
+    communicator's rank order)."""
+    import itertools
+
+    ranges = [
+        range(n) if d in dims else (c,) for d, (n, c) in enumerate(zip(mesh.shape, mesh.coords))
+    ]
+    return list(itertools.product(*ranges))
+
+
+def node_blocks(mesh, step):
+    """Does some block of exchange ``step`` go between two different ranks of one node of its
+    communicator (node_groups)? By every (sender, receiver) pair of the communicator and their
+    boxes in the step's layouts: a receiver takes each block from the rank that holds it and
+    shares its coords on the mesh dims the source does not shard (its own replica). False
+    where node-shared memory is off."""
+    from pyshard import Shard
+
+    groups = node_groups(mesh, step.mesh_dims)
+    if groups is None:
+        return False
+    src, dst = step.src, step.dst
+    sharding = {m for m, p in enumerate(src.placements) if isinstance(p, Shard)}
+    fixed = [m for m in step.mesh_dims if m not in sharding]
+    coords = member_coords(mesh, step.mesh_dims)
+    for i, s in enumerate(coords):
+        for j, r in enumerate(coords):
+            if i == j or groups[i] != groups[j] or any(s[m] != r[m] for m in fixed):
+                continue
+            a, b = src.box(s), dst.box(r)
+            if all(min(x.stop, y.stop) > max(x.start, y.start) for x, y in zip(a, b)):
+                return True
+    return False
 
 
 def shares_node(mesh, dims):
@@ -207,13 +240,15 @@ def shares_node(mesh, dims):
     return groups is not None and len(set(groups)) < len(groups)
 
 
-def auto_exchange(mesh, counts, algorithm="auto", dims=None):
+def auto_exchange(mesh, counts, algorithm="auto", dims=None, step=None):
     """``counts`` (collectives by name) as ``comm_stats()`` counts them when the steps of an
     ``auto`` call on ``mesh`` dims ``dims`` (default all) take node-shared memory (for small
     arrays only with PYSHARD_SHM_MIN_BYTES=0, as CI stages run the suite)
     (pyshard/_shm.py): "shm" in place of "alltoallv" / "p2p" / "allgather(v)", and of
     "reduce_scatter(_block)" and "allreduce" where every rank of the communicator shares one
-    node.
+    node. ``step``: the exchange step of a redistribute, which takes node-shared memory only
+    where some block of it goes between two ranks of one node (node_blocks); None for a batch
+    of redistribute_many, which goes by its communicator alone.
     Which communicators share a node comes from the environment (node_groups)."""
     import pyshard as ps
 
@@ -228,6 +263,8 @@ def auto_exchange(mesh, counts, algorithm="auto", dims=None):
         return counts
     if len(set(node_groups(mesh, dims))) != 1:  # reductions take MPI where ranks span nodes
         names = EXCHANGE_NAMES
+    if step is not None and step.kind == "alltoallv" and not node_blocks(mesh, step):
+        names = tuple(k for k in names if k not in ("alltoallv", "p2p"))
     out = {k: v for k, v in counts.items() if k not in names}
     moved = sum(v for k, v in counts.items() if k in names)
     if moved:

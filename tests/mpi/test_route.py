@@ -5,7 +5,8 @@ For random layout pairs on several meshes, with the node-shared memory threshold
 its default and out of reach, and with node-shared memory off, the test derives per step
 where ``algorithm="auto"`` must take a host array: a step that is no collective stays local;
 an exchange or a gather takes node-shared memory where two ranks of its communicator share a
-node and its largest block has at least the threshold (16 KiB, 256 KiB where ranks of the
+node (an exchange: where some block of it goes between two such ranks) and its largest
+block has at least the threshold (16 KiB, 256 KiB where ranks of the
 communicator outnumber their machine's cores, or ``PYSHARD_SHM_MIN_BYTES``), a reduction
 only where every rank of its communicator shares one node; else MPI, an exchange by ``p2p``
 where every rank sends to at most a quarter of its group, else ``alltoallv``. The largest
@@ -87,6 +88,22 @@ def geometry(step):
     return block, max(peers.values(), default=0)
 
 
+def node_moves(step, mesh, group, nodes):
+    """Does some block of exchange ``step`` go between two different ranks of one node of its
+    communicator (mesh ranks ``group``, their nodes ``nodes``)? The pairs as geometry() takes
+    them."""
+    src, dst = step.src, step.dst
+    sharding = {m for m, p in enumerate(src.placements) if isinstance(p, Shard)}
+    fixed = [m for m in range(len(mesh.shape)) if m not in step.mesh_dims or m not in sharding]
+    coords = [tuple(int(c) for c in np.unravel_index(r, mesh.shape)) for r in group]
+    for i, s in enumerate(coords):
+        for j, r in enumerate(coords):
+            if i != j and nodes[i] == nodes[j] and all(s[m] == r[m] for m in fixed):
+                if overlap(src.box(s), dst.box(r)):
+                    return True
+    return False
+
+
 def members(mesh, dims):
     """The mesh ranks (row-major, as the comm's ranks keep their order) of this rank's
     communicator over ``dims``."""
@@ -122,6 +139,8 @@ def expected(step, mesh, hosts, threshold):
         usable = len(set(nodes)) == 1
     else:
         usable = len(set(nodes)) < len(nodes)
+    if step.kind == "alltoallv" and usable:
+        usable = node_moves(step, mesh, group, nodes)
     if threshold != "off" and usable and nbytes >= limit:
         return "shm", ""
     if step.kind == "alltoallv":

@@ -16,11 +16,13 @@ import time
 import launch
 import numpy as np
 import pytest
+from mpi4py import MPI
 from oracle import (
     DTYPES,
     collectives_by_rule,
     contributions,
     make_global,
+    node_blocks,
     node_groups,
     reducible,
     shares_node,
@@ -29,6 +31,7 @@ from test_redistribute_nd import MESHES
 
 import pyshard as ps
 from pyshard import Partial, Replicate, Shard, _core, _shm
+from pyshard.route import route
 
 pytestmark = pytest.mark.mpi
 
@@ -75,7 +78,8 @@ def test_every_exchange_through_shared_memory(comm, monkeypatch, node_size):
     """Every Shard/Replicate source to every Shard target whose plan is an exchange, on 1-D to
     3-D meshes, even, uneven and empty shards, on one node (0) or simulated nodes of 2 or 3
     ranks (the mixed path: shared memory within a node, MPI between): bitwise the numpy
-    reference, and "shm" counted where two ranks of the step share a node. (Nodes of one
+    reference, and "shm" counted where some block of the step goes between two ranks of one
+    node (oracle.node_blocks). (Nodes of one
     rank are MPI alone: every other test with PYSHARD_TRANSPORT=mpi.)"""
     if node_size:
         monkeypatch.setenv("PYSHARD_NODE_SIZE", str(node_size))
@@ -102,7 +106,7 @@ def test_every_exchange_through_shared_memory(comm, monkeypatch, node_size):
                     plan = x.plan_to(list(dst))
                     if [s.kind for s in plan.steps] != ["alltoallv"]:
                         continue
-                    shared = shares_node(mesh, plan.steps[0].mesh_dims)
+                    shared = node_blocks(mesh, plan.steps[0])
                     before = ps.comm_stats()
                     y = x.redistribute(list(dst))
                     got = counts_since(before)
@@ -180,6 +184,55 @@ def test_nodes_as_simulated(comm, monkeypatch):
     mesh.free()
 
 
+def test_an_exchange_with_no_block_between_node_peers_takes_mpi(comm, monkeypatch):
+    """Nodes of 2 ranks under a 2x2 mesh of the first 4 ranks (world ranks 0-1 and 2-3: mesh
+    rows): the 2-D swap [S0,S1] -> [S1,S0] sends each rank's one block to its transpose
+    partner on the other node, so no byte would go through node-shared memory: auto takes
+    MPI (point-to-point, as without node-shared memory), explain() says why and tune measures
+    no shm; a transpose whose node peers do trade blocks still takes node-shared memory.
+    Both bitwise the numpy reference; algorithm="shm" still forces the node path."""
+    monkeypatch.setenv("PYSHARD_NODE_SIZE", "2")
+    if comm.size < 4:
+        pytest.skip("needs 4 ranks")
+    sub = comm.Split(0 if comm.rank < 4 else MPI.UNDEFINED, comm.rank)
+    if sub == MPI.COMM_NULL:
+        return  # the ranks past the mesh have nothing to do
+    mesh = ps.Mesh(sub, (2, 2))
+    groups = node_groups(mesh, (0, 1))
+    assert groups is not None and len(set(groups)) == 2 and groups[0] == groups[1], groups
+    g = make_global((8, 6), "float64", seed=5)
+    bad = []
+    for src, dst, want, why in (
+        ([Shard(0), Shard(1)], [Shard(1), Shard(0)], {"p2p": 1}, True),  # the 2-D swap
+        ([Shard(0), Shard(0)], [Shard(1), Shard(1)], {"shm": 1}, False),  # a transpose
+    ):
+        x = ps.distribute(g, mesh, src)
+        (step,) = x.plan_to(dst).steps
+        r = route(step, mesh, "auto")
+        said = x.plan_to(dst).explain(mesh=mesh)
+        before = ps.comm_stats()
+        y = x.redistribute(dst)
+        got = counts_since(before)
+        case = f"{src} -> {dst}"
+        if got != want:
+            bad.append(f"{case}: ran {got}, expected {want}")
+        if (r.path, r.algorithm) != (("mpi", "p2p") if why else ("shm", "shm")):
+            bad.append(f"{case}: route {r}")
+        if ("no block of this step goes between two ranks of one node" in said) != why:
+            bad.append(f"{case}: explain says\n{said}")
+        if ("shm" in route(step, mesh, "tune").candidates) == why:
+            bad.append(f"{case}: tune candidates {route(step, mesh, 'tune').candidates}")
+        if not np.array_equal(y.local, g[y.box]) or in_shared_memory(y.local) == why:
+            bad.append(f"{case}: wrong result (or memory)")
+        before = ps.comm_stats()
+        z = x.redistribute(dst, algorithm="shm")  # forced: the node path, MPI to the others
+        if counts_since(before) != {"shm": 1} or not np.array_equal(z.local, g[z.box]):
+            bad.append(f"{case}: algorithm=shm ran {counts_since(before)}")
+    mesh.free()
+    sub.Free()
+    assert not bad, "\n".join(bad)
+
+
 @pytest.mark.parametrize("dtype", ["bool", "int8", "float16", "complex128", "bfloat16"])
 def test_dtypes_and_private_out(comm, dtype):
     """Bytes are bytes: every dtype, into a result in shared memory and into ``out=`` in
@@ -196,14 +249,17 @@ def test_dtypes_and_private_out(comm, dtype):
 
 def takes_shm(mesh, step):
     """Does ``step`` take node-shared memory on ``mesh`` by the rule (from the environment and
-    the hosts alone, oracle.node_groups): an exchange or a gather where two ranks of its
-    communicator share a node, a reduction where all of them do (on a job across two hosts,
-    a reduction over ranks of both takes MPI)."""
+    the hosts alone, oracle.node_groups): a gather where two ranks of its communicator share
+    a node, an exchange where some block of it goes between two such ranks
+    (oracle.node_blocks), a reduction where all of them do (on a job across two hosts, a
+    reduction over ranks of both takes MPI)."""
     groups = node_groups(mesh, step.mesh_dims)
     if groups is None or len(groups) < 2:
         return False
     if step.kind in ("reduce_scatter", "allreduce"):
         return len(set(groups)) == 1
+    if step.kind == "alltoallv":
+        return node_blocks(mesh, step)
     return len(set(groups)) < len(groups)
 
 

@@ -131,7 +131,7 @@ def test_sparse_targets_use_point_to_point(comm, n):
     peers = min(n, p - 1)
     assert step[0].max_peers() == peers
     want = {("p2p" if 4 * peers <= p else "alltoallv"): 1}
-    assert counts_since(before) == auto_exchange(mesh, want)
+    assert counts_since(before) == auto_exchange(mesh, want, step=step[0])
     assert f"at most {peers} peers per rank" in x.plan_to([Shard(1)]).explain()
     mesh.free()
 
