@@ -26,6 +26,7 @@ from oracle import (
     node_groups,
     reducible,
     shares_node,
+    world_hosts,
 )
 from test_redistribute_nd import MESHES
 
@@ -194,12 +195,16 @@ def test_an_exchange_with_no_block_between_node_peers_takes_mpi(comm, monkeypatc
     monkeypatch.setenv("PYSHARD_NODE_SIZE", "2")
     if comm.size < 4:
         pytest.skip("needs 4 ranks")
+    world_hosts()  # its one collective, on every rank of the world (cached for node_groups)
     sub = comm.Split(0 if comm.rank < 4 else MPI.UNDEFINED, comm.rank)
     if sub == MPI.COMM_NULL:
         return  # the ranks past the mesh have nothing to do
     mesh = ps.Mesh(sub, (2, 2))
     groups = node_groups(mesh, (0, 1))
-    assert groups is not None and len(set(groups)) == 2 and groups[0] == groups[1], groups
+    if len(set(groups)) != 2 or groups[0] != groups[1]:  # e.g. 3 ranks a host on two hosts
+        mesh.free()
+        sub.Free()
+        pytest.skip(f"the nodes are not the mesh rows here: {groups}")
     g = make_global((8, 6), "float64", seed=5)
     bad = []
     for src, dst, want, why in (
