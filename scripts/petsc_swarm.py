@@ -148,6 +148,7 @@ def main() -> int:
                 "leaving": comm.allreduce(int((dest != me).sum())),
                 "check": ok,
                 "ms": 1e3 * float(np.median(times)),
+                "reps_ms": [1e3 * t for t in times],
             }
         )
     sw.destroy()
