@@ -277,6 +277,26 @@ def test_large_staying_rows(mesh, algorithm):
         same(b[k], cols[k])
 
 
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("pool", [0, 1 << 30])
+def test_shm_results_kept_as_the_result_pool_says(pool):
+    """A freed result in node-shared memory goes back to its node's pool, bounded by
+    PYSHARD_RESULT_POOL_BYTES (0: nothing kept), as private results are."""
+    with ps.config.override(PYSHARD_RESULT_POOL_BYTES=pool, PYSHARD_TRANSPORT="auto"):
+        m = ps.Mesh(MPI.COMM_WORLD, (MPI.COMM_WORLD.size,))
+        try:
+            node = ps._shm.node(m, (0,))
+            if node is None:
+                pytest.skip("no two ranks of the mesh share a node")
+            x = np.arange(40_000.0) + m.rank
+            r = ps.migrate(x, (np.arange(x.size) + m.rank) % m.size, m)
+            assert r.route.path == "shm"
+            del r
+            assert (node.held > 0) == (pool > 0)
+        finally:
+            m.free()
+
+
 def test_count_limit(mesh):
     """Messages past the core's count limit (lowered here) travel as derived datatypes."""
     P, me = mesh.size, mesh.rank
