@@ -133,7 +133,8 @@ SETTINGS: Dict[str, Setting] = {s.name: s for s in (
     Setting("PYSHARD_CACHE_LIMIT", "an integer >= 1", 256,
             "entries kept per plan and executor cache", _int(1)),
     Setting("PYSHARD_RESULT_POOL_BYTES", "an integer >= 0", 1 << 30,
-            "bytes of freed host results kept for reuse (0: off)", _int(0)),
+            "bytes of freed host results kept for reuse (0: off): the private pool, and "
+            "each node transport's pool of results in node-shared memory", _int(0)),
     Setting("PYSHARD_MANY_FUSE_MAX_BYTES", "an integer >= 1", 256 << 10,
             "redistribute_many fuses arrays of fewer bytes per rank than this", _int(1)),
     Setting("PYSHARD_MANY_BATCH_BYTES", "an integer >= 1", 4 << 20,
