@@ -94,22 +94,21 @@ void bind_migrate(py::module_& m) {
 
   m.def(
       "migrate_counts",
-      [](std::shared_ptr<Comm> comm, int algorithm, const I64Array& counts, i64 code, i64 sig,
-         const std::vector<int>& peers) {
+      [](std::shared_ptr<Comm> comm, int algorithm, const I64Array& counts, i64 code,
+         i64 sig) {
         const i64* c = checked(counts, comm->size(), "counts");
         CountResult r;
         {
           py::gil_scoped_release nogil;
-          r = migrate_counts(*comm, algorithm, c, code, sig, peers);
+          r = migrate_counts(*comm, algorithm, c, code, sig);
         }
         I64Array rc(static_cast<py::ssize_t>(r.rcounts.size()));
         std::copy(r.rcounts.begin(), r.rcounts.end(), rc.mutable_data());
         return py::make_tuple(rc, r.bad, r.sig_mismatch, r.sig_rank);
       },
       py::arg("comm"), py::arg("algorithm"), py::arg("counts"), py::arg("code"), py::arg("sig"),
-      py::arg("peers"),
-      "The count exchange of a migration (algorithm 0: MPI_Alltoall, 1: NBX, 2: the given "
-      "peers), carrying this rank's error code and column signature: (rows from each rank, "
+      "The count exchange of a migration (algorithm 0: MPI_Alltoall, 1: NBX; the given "
+      "peers' is MigratePeers), carrying this rank's error code and column signature: (rows from each rank, "
       "rank * 256 + code of the first rank at fault or -1, signature mismatch, a rank whose "
       "signature differs or -1).");
 
@@ -132,7 +131,7 @@ void bind_migrate(py::module_& m) {
             return py::make_tuple(rc, r.bad, r.sig_mismatch, r.sig_rank);
           },
           py::arg("counts"), py::arg("code"), py::arg("sig"),
-          "As migrate_counts(comm, 2, counts, code, sig, peers).")
+          "The counts to and from the peers: as migrate_counts returns them.")
       .def_property_readonly("peers", &MigratePeers::peers);
 
   py::class_<MigrateExchange, std::shared_ptr<MigrateExchange>>(m, "MigrateExchange")

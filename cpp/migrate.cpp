@@ -236,13 +236,47 @@ std::vector<i64> exclusive_scan(const i64* v, int P, i64 scale) {
 
 }  // namespace
 
+namespace {
+
+// [count, sig] for each peer (-code in place of the count where this rank's input is bad)
+void fill_peer_counts(std::vector<i64>& sb, const std::vector<int>& peers, const i64* counts,
+                      i64 code, i64 sig) {
+  for (size_t k = 0; k < peers.size(); ++k) {
+    sb[2 * k] = code ? -code : counts[peers[k]];
+    sb[2 * k + 1] = sig;
+  }
+}
+
+// What the peers' [count, sig] say: their counts, the first rank at fault, a signature that
+// differs
+CountResult read_peer_counts(const std::vector<i64>& rb, const std::vector<int>& peers, int P,
+                             int me, const i64* counts, i64 code, i64 sig) {
+  CountResult r;
+  r.rcounts.assign(static_cast<size_t>(P), 0);
+  if (code) r.bad = static_cast<i64>(me) * 256 + code;
+  for (size_t k = 0; k < peers.size(); ++k) {
+    const int p = peers[k];
+    if (rb[2 * k] < 0 && (r.bad < 0 || p * 256 < r.bad))
+      r.bad = static_cast<i64>(p) * 256 + (-rb[2 * k]);
+    if (rb[2 * k + 1] != sig && r.sig_rank < 0) {
+      r.sig_mismatch = true;
+      r.sig_rank = p;
+    }
+    r.rcounts[p] = rb[2 * k] < 0 ? 0 : rb[2 * k];
+  }
+  r.rcounts[me] = code ? 0 : counts[me];
+  return r;
+}
+
+}  // namespace
+
 i64 migrate_count(const void* dest, int item, i64 n, int P, i64* counts) {
   if (item == 4) return count_t(static_cast<const std::int32_t*>(dest), n, P, counts);
   return count_t(static_cast<const std::int64_t*>(dest), n, P, counts);
 }
 
 CountResult migrate_counts(const Comm& comm, int algorithm, const i64* counts, i64 code,
-                           i64 sig, const std::vector<int>& peers) {
+                           i64 sig) {
   const int P = comm.size(), me = comm.rank();
   CountResult r;
   r.rcounts.assign(static_cast<size_t>(P), 0);
@@ -265,35 +299,8 @@ CountResult migrate_counts(const Comm& comm, int algorithm, const i64* counts, i
     }
     return r;
   }
-  if (algorithm == 2) {  // the given peers: [count, sig] to and from each, no collective
-    const size_t K = peers.size();
-    std::vector<i64> sb(2 * K), rb(2 * K);
-    std::vector<MPI_Request> req(2 * K, MPI_REQUEST_NULL);
-    for (size_t k = 0; k < K; ++k) {
-      sb[2 * k] = code ? -code : counts[peers[k]];
-      sb[2 * k + 1] = sig;
-      mpi::irecv(&rb[2 * k], 2 * sizeof(i64), peers[k], tags::kMigrateCount, comm.get(),
-                 &req[2 * k]);
-    }
-    for (size_t k = 0; k < K; ++k)
-      mpi::isend(&sb[2 * k], 2 * sizeof(i64), peers[k], tags::kMigrateCount, comm.get(),
-                 &req[2 * k + 1]);
-    mpi::waitall(req.size(), req.data());
-    stats()["migrate_peers"] += 1;
-    if (code) r.bad = flag;
-    for (size_t k = 0; k < K; ++k) {
-      const int p = peers[k];
-      if (rb[2 * k] < 0 && (r.bad < 0 || p * 256 < r.bad))
-        r.bad = static_cast<i64>(p) * 256 + (-rb[2 * k]);
-      if (rb[2 * k + 1] != sig && r.sig_rank < 0) {
-        r.sig_mismatch = true;
-        r.sig_rank = p;
-      }
-      r.rcounts[p] = rb[2 * k] < 0 ? 0 : rb[2 * k];
-    }
-    r.rcounts[me] = code ? 0 : counts[me];
-    return r;
-  }
+  if (algorithm != 1)  // (the given peers: MigratePeers, persistent requests)
+    throw std::invalid_argument("pyshard: migrate_counts takes algorithm 0 (dense) or 1 (NBX)");
   // NBX (Hoefler, Siebert, Lumsdaine 2010): synchronous sends to the ranks that get rows; a
   // rank probes for its senders until its own sends are matched, then joins a nonblocking
   // reduction (an error flag and the signature's range: a barrier that also says whether every
@@ -372,31 +379,13 @@ MigratePeers::~MigratePeers() {
 
 CountResult MigratePeers::exchange(const i64* counts, i64 code, i64 sig) {
   const int P = comm_->size(), me = comm_->rank();
-  const size_t K = peers_.size();
-  CountResult r;
-  r.rcounts.assign(static_cast<size_t>(P), 0);
-  for (size_t k = 0; k < K; ++k) {
-    sb_[2 * k] = code ? -code : counts[peers_[k]];
-    sb_[2 * k + 1] = sig;
-  }
-  if (K) {
+  fill_peer_counts(sb_, peers_, counts, code, sig);
+  if (!reqs_.empty()) {
     check_mpi(MPI_Startall(static_cast<int>(reqs_.size()), reqs_.data()), "MPI_Startall");
     mpi::waitall(reqs_.size(), reqs_.data());
   }
   stats()["migrate_peers"] += 1;
-  if (code) r.bad = static_cast<i64>(me) * 256 + code;
-  for (size_t k = 0; k < K; ++k) {
-    const int p = peers_[k];
-    if (rb_[2 * k] < 0 && (r.bad < 0 || p * 256 < r.bad))
-      r.bad = static_cast<i64>(p) * 256 + (-rb_[2 * k]);
-    if (rb_[2 * k + 1] != sig && r.sig_rank < 0) {
-      r.sig_mismatch = true;
-      r.sig_rank = p;
-    }
-    r.rcounts[p] = rb_[2 * k] < 0 ? 0 : rb_[2 * k];
-  }
-  r.rcounts[me] = code ? 0 : counts[me];
-  return r;
+  return read_peer_counts(rb_, peers_, P, me, counts, code, sig);
 }
 
 MigrateExchange::MigrateExchange(std::shared_ptr<Comm> comm, std::shared_ptr<NodeShm> node)

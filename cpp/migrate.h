@@ -48,10 +48,10 @@ struct CountResult {
 // The count exchange. `counts` per rank (ignored where code != 0), `code` this rank's error
 // (0: none), `sig` its columns' signature. algorithm: 0 dense (MPI_Alltoall of [count, sig]
 // per rank), 1 NBX (MPI_Issend of [count, sig] to each rank it sends rows to, probes, and an
-// MPI_Iallreduce of [error, sig, -sig] in place of the MPI_Ibarrier), 2 peers (messages of
-// [count, sig] to and from each of `peers`, no collective).
+// MPI_Iallreduce of [error, sig, -sig] in place of the MPI_Ibarrier). The given peers' exchange
+// is MigratePeers (persistent requests).
 CountResult migrate_counts(const Comm& comm, int algorithm, const i64* counts, i64 code,
-                           i64 sig, const std::vector<int>& peers);
+                           i64 sig);
 
 // The count exchange with given peers (`migrate(..., peers=)`), by persistent requests made
 // once for the peer set: each call fills the send buffer, starts them all and waits. A PIC

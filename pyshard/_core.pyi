@@ -237,7 +237,7 @@ class ShmHaloStep:
 
 def migrate_count(dest: np.ndarray, P: int) -> Tuple[np.ndarray, int]: ...
 def migrate_counts(
-    comm: Comm, algorithm: int, counts: np.ndarray, code: int, sig: int, peers: List[int]
+    comm: Comm, algorithm: int, counts: np.ndarray, code: int, sig: int
 ) -> Tuple[np.ndarray, int, bool, int]: ...
 
 class MigratePeers:

@@ -401,7 +401,7 @@ def migrate(rows: Rows, dest: Any, mesh: Any, algorithm: str = "auto", wait: boo
             counts, code, sig
         )
     else:
-        rcounts, bad, mismatch, sig_rank = _core.migrate_counts(comm, alg, counts, code, sig, [])
+        rcounts, bad, mismatch, sig_rank = _core.migrate_counts(comm, alg, counts, code, sig)
     if bad >= 0:
         rank, c = divmod(int(bad), 256)
         own = f": {detail}" if rank == me else ""
