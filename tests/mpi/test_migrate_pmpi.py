@@ -25,8 +25,9 @@ COLL = COLLECTIVE | {k + "_c" for k in COLLECTIVE}  # the large-count forms too
 def test_nbx_messages_only_to_receivers(comm, shim):  # noqa: F811
     launch.require(comm)
     r = launch.run(8, ["env", f"LD_PRELOAD={shim}", sys.executable,
-                       os.path.join(HERE, "migrate_worker.py"), "nbx", "alltoall"],
-                   env={"PYSHARD_TEST_PMPI": shim}, timeout=240)  # fmt: skip
+                       os.path.join(HERE, "migrate_worker.py"), "nbx", "alltoall", "shm"],
+                   env={"PYSHARD_TEST_PMPI": shim, "PYSHARD_TRANSPORT": "auto"},
+                   timeout=240)  # fmt: skip
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-4000:]
     ranks = json.loads([ln for ln in r.stdout.splitlines() if ln.startswith("[")][-1])
     assert len(ranks) == 8
@@ -51,6 +52,13 @@ def test_nbx_messages_only_to_receivers(comm, shim):  # noqa: F811
         assert dc in ({"Alltoall": 1}, {"Alltoall_c": 1}), (me, d)  # the counts
         assert d.get("Isend", 0) + d.get("Isend_c", 0) == len(to), (me, d)  # the rows
         assert d.get("Irecv", 0) + d.get("Irecv_c", 0) == len(frm), (me, d)
+        # the shm path (one node): the counts' one Alltoall, and no message for the rows
+        sh = out["shm"]
+        assert sh["ok"], me
+        s = sh["calls"]
+        assert {k: v for k, v in s.items() if k in COLL} in ({"Alltoall": 1}, {"Alltoall_c": 1})
+        p2p = ("Isend", "Irecv", "Issend", "Send", "Recv", "Ssend", "Probe", "Iprobe")
+        assert not any(s.get(k, 0) or s.get(k + "_c", 0) for k in p2p), (me, s)
     # messages per rank at 8 ranks for the neighbour pattern: what the closing note quotes
     print("NBX messages per rank (counts + rows):",
           [len(o["nbx"]["to"]) for o in ranks])
