@@ -6,7 +6,11 @@ peer must raise RuntimeError within PYSHARD_PEER_TIMEOUT, print it, and end the 
 WHERE: "setup" (rank 1 stops inside the mesh's node setup, after its Allgather: rank 0 waits
 for its control segment at its first exchange), "exchange" (rank 1 stops before the second
 of two node-shared exchanges), "halo" (before the second of two halo updates), "kill" (rank
-RANK kills itself with SIGKILL before the second of two exchanges)."""
+RANK kills itself with SIGKILL before the second of two exchanges).
+
+A rank that raises prints "RAISED ..." and, where PEER_WORKER_REPORT names a file, appends the
+same line there (synced) before MPI_Abort: the launcher may tear the job down before it forwards
+the rank's last output (once in CI, under load, Hydra forwarded neither stdout nor stderr)."""
 
 import os
 import signal
@@ -24,6 +28,16 @@ stopping = int(sys.argv[2]) if len(sys.argv) > 2 else 1
 comm = MPI.COMM_WORLD
 ps.config.set("PYSHARD_SHM_MIN_BYTES", 0)  # every exchange through node-shared memory
 ps.config.set("PYSHARD_TRANSPORT", "auto")
+
+
+def report(line):
+    print(line, flush=True)
+    path = os.environ.get("PEER_WORKER_REPORT")
+    if path:
+        with open(path, "a") as f:
+            f.write(line + "\n")
+            f.flush()
+            os.fsync(f.fileno())
 
 
 def stop():
@@ -64,5 +78,5 @@ try:
     print(f"rank {comm.rank}: finished ({where})", flush=True)
 except RuntimeError as e:
     took = time.monotonic() - (t0 if t0 is not None else 0)
-    print(f"RAISED after {took:.1f} s on rank {comm.rank}: {e}", flush=True)
+    report(f"RAISED after {took:.1f} s on rank {comm.rank}: {e}")
     comm.Abort(7)

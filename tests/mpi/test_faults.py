@@ -31,6 +31,15 @@ def test_a_raising_rank_aborts_the_job(comm):
     assert left_running("peer_worker.py") == [], "a rank of the job is still running"
 
 
+def raised_lines(stdout, report):
+    """The "RAISED ..." lines a peer_worker.py job printed, or failing that wrote to ``report``
+    (a Path): the launcher may end an aborting job before forwarding its last output."""
+    lines = [line for line in stdout.splitlines() if line.startswith("RAISED")]
+    if not lines and report.exists():
+        lines = [line for line in report.read_text().splitlines() if line.startswith("RAISED")]
+    return lines
+
+
 def left_running(script):
     """Pids of processes whose command line names ``script`` (Linux /proc)."""
     out = []
@@ -45,7 +54,7 @@ def left_running(script):
 
 
 @pytest.mark.parametrize("where", ["setup", "exchange", "halo"])
-def test_a_stopped_node_peer_makes_the_waiting_rank_raise(comm, where):
+def test_a_stopped_node_peer_makes_the_waiting_rank_raise(comm, where, tmp_path):
     """Rank 1 stops at mesh setup, before a node-shared exchange or before a halo update;
     rank 0's wait for it ends at PYSHARD_PEER_TIMEOUT with a RuntimeError naming the rank and
     what it waited for (instead of hanging), and the job is torn down: no process is left
@@ -53,13 +62,15 @@ def test_a_stopped_node_peer_makes_the_waiting_rank_raise(comm, where):
     launch.require(comm)
     bound = 2.0
     t0 = time.monotonic()
+    report = tmp_path / "report.txt"
     r = launch.run(2, [sys.executable, os.path.join(HERE, "peer_worker.py"), where],
-                   env={"PYSHARD_PEER_TIMEOUT": str(bound)}, timeout=90)
+                   env={"PYSHARD_PEER_TIMEOUT": str(bound), "PEER_WORKER_REPORT": str(report)},
+                   timeout=90)  # fmt: skip
     took = time.monotonic() - t0
-    out = r.stdout + r.stderr
+    out = f"exit status {r.returncode} after {took:.1f} s\n{r.stdout}{r.stderr}"
     assert r.returncode != 0, out
     assert "finished" not in out, out
-    raised = [line for line in r.stdout.splitlines() if line.startswith("RAISED")]
+    raised = raised_lines(r.stdout, report)
     assert raised and "on rank 0" in raised[0], out
     msg = raised[0]
     assert "PYSHARD_PEER_TIMEOUT" in msg and "rank 1" in msg, msg

@@ -25,7 +25,7 @@ import numpy as np
 import pytest
 from mpi4py import MPI
 from oracle import contributions, make_global, node_blocks, node_groups, world_hosts
-from test_faults import left_running
+from test_faults import left_running, raised_lines
 from test_halo import check_halo, check_split, counted, node_peers, padded_with_fill
 from test_redistribute_nd import counts_since
 
@@ -368,7 +368,7 @@ def run_two_hosts(n, args, env=None, timeout=120):
 
 
 @pytest.mark.parametrize("how", ["stopped", "killed"])
-def test_a_rank_lost_on_one_host_ends_the_job_on_both(comm, how):
+def test_a_rank_lost_on_one_host_ends_the_job_on_both(comm, how, tmp_path):
     """Rank 3 (the second host) stops (sleeps) or is killed before the second of two
     exchanges through node-shared memory on 4 ranks: where it stops, its node peer (rank 2)
     raises at PYSHARD_PEER_TIMEOUT naming it and aborts; where it is killed, the job ends.
@@ -378,15 +378,17 @@ def test_a_rank_lost_on_one_host_ends_the_job_on_both(comm, how):
     bound = 2.0
     t0 = time.monotonic()
     where = "exchange" if how == "stopped" else "kill"
+    report = tmp_path / "report.txt"
     r = run_two_hosts(4, [sys.executable, os.path.join(HERE, "peer_worker.py"), where, "3"],
-                      env={"PYSHARD_PEER_TIMEOUT": str(bound)}, timeout=90)
+                      env={"PYSHARD_PEER_TIMEOUT": str(bound), "PEER_WORKER_REPORT": str(report)},
+                      timeout=90)  # fmt: skip
     took = time.monotonic() - t0
-    out = r.stdout + r.stderr
+    out = f"exit status {r.returncode} after {took:.1f} s\n{r.stdout}{r.stderr}"
     assert r.returncode != 0, out
     assert "finished" not in out, out
     assert "bytes crossed the veth" in out, out  # the script tore the hosts down
     if how == "stopped":
-        raised = [line for line in r.stdout.splitlines() if line.startswith("RAISED")]
+        raised = raised_lines(r.stdout, report)
         assert raised and "on rank 2" in raised[0], out
         assert "PYSHARD_PEER_TIMEOUT" in raised[0] and "rank 3" in raised[0], raised[0]
     assert took < 60, f"the job took {took:.0f} s to end"
