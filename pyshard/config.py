@@ -141,6 +141,11 @@ SETTINGS: Dict[str, Setting] = {s.name: s for s in (
             "bytes per rank of one fused MPI exchange of redistribute_many", _int(1)),
     Setting("PYSHARD_MANY_SHM_BATCH_BYTES", "an integer >= 1", 64 << 20,
             "bytes per rank of one node-shared-memory batch of redistribute_many", _int(1)),
+    Setting("PYSHARD_LOAD_DIRECT_BYTES", "an integer >= 0", 4096,
+            "load() copies an array stored whole in one file (.npy, HDF5 contiguous, "
+            "safetensors) straight into each rank's box where every box is made of runs of at "
+            "least this many contiguous bytes of the file (0: always); shorter runs are read as "
+            "row blocks and redistributed (.npy: one collective MPI-IO read)", _int(0)),
     Setting("PYSHARD_FFT_BACKEND", "auto, scipy, numpy, pyfftw or pyfftw-measure", "auto",
             "pyshard.fft's local transforms of numpy arrays: auto is scipy.fft where it "
             "imports, else numpy.fft; pyfftw (FFTW_ESTIMATE plans) and pyfftw-measure "

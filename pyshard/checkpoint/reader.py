@@ -4,13 +4,18 @@ Rank 0 reads the manifest and checks every named array's file (present, header, 
 rank learns its verdict. With ``verify`` the saved blocks are re-read round robin over the
 ranks and their crc32 checked (one allgather of the verdicts). Then the small arrays that
 :func:`~pyshard.redistribute_many` would fuse are read as contiguous row blocks, each rank its
-own with independent I/O, and moved to their targets by one fused exchange per batch; every
-other array is one collective read of every rank's box.
+own with independent I/O, and moved to their targets by one fused exchange per batch. An
+array stored whole in one file (.npy, safetensors, contiguous HDF5) whose boxes are made of
+runs of at least PYSHARD_LOAD_DIRECT_BYTES is copied by every rank straight into its box out of
+a read-only mapping of the file (no exchange, no collective read); the others are read as row
+blocks and redistributed (HDF5, safetensors) or by one collective read of every rank's box
+(.npy, and Partial targets).
 """
 
 from __future__ import annotations
 
 import logging
+import mmap
 import os
 import time
 from math import prod
@@ -20,7 +25,7 @@ import numpy as np
 from mpi4py import MPI
 
 from .. import _backend as bk
-from .. import _validate
+from .. import _validate, config
 from ..array import ShardedArray, zeroed
 from ..layout import Layout, Partial, Placement, Replicate, Shard, split_sizes
 from ..many import ManyPlan, redistribute_many
@@ -327,6 +332,70 @@ def _load_raw_rows(
     return y
 
 
+def _shortest_run(lay: Layout) -> int:
+    """The fewest contiguous bytes of the file in one run of any rank's box of ``lay`` (a
+    C-order array stored whole): from the layout alone, so every rank decides alike. The
+    last array dim split into two or more non-empty shards ends the runs."""
+    split = [d for d, ext in lay.sizes.items() if sum(1 for e in ext if e) > 1]
+    if not split:
+        return lay.dtype.itemsize * prod(lay.shape)
+    d = max(split)
+    return lay.dtype.itemsize * prod(lay.shape[d + 1 :]) * min(e for e in lay.sizes[d] if e)
+
+
+def _direct(lay: Layout) -> bool:
+    """Whether ``load`` copies ``lay``'s array straight into every rank's box (no exchange,
+    no collective read): a target that is not Partial and whose runs are at least
+    PYSHARD_LOAD_DIRECT_BYTES long."""
+    if _row_layout(lay) is None:  # 0-d, or a Partial target (its zero ranks read nothing)
+        return False
+    return _shortest_run(lay) >= int(config.get("PYSHARD_LOAD_DIRECT_BYTES"))
+
+
+def _read_box(fname: str, offset: int, lay: Layout, coords: Sequence[int]) -> np.ndarray:
+    """This rank's box of ``lay``'s array, stored whole in C order at ``offset`` of
+    ``fname``: copied out of a read-only mapping of the file, so each rank passes once over
+    its own bytes (out of the page cache) and over no one else's."""
+    local = np.empty(lay.local_shape(coords), dtype=lay.dtype)
+    if not local.size:
+        return local
+    item = lay.dtype.itemsize
+    end = offset + item * prod(lay.shape)
+    start = offset - offset % mmap.ALLOCATIONGRANULARITY
+    with open(fname, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        if size < end:  # checked on rank 0 before; the file changed since
+            raise ValueError(f"load: {fname!r}: {size} bytes, the array ends at byte {end}")
+        with mmap.mmap(f.fileno(), end - start, access=mmap.ACCESS_READ, offset=start) as m:
+            # bytes (a trailing dim of itemsize): ml_dtypes' types export no buffer
+            whole = np.frombuffer(m, np.uint8, end - offset, offset - start)
+            dst = local.reshape(-1).view(np.uint8).reshape(*local.shape, item)
+            try:
+                np.copyto(dst, whole.reshape(*lay.shape, item)[lay.box(coords)])
+            finally:
+                del whole  # no view of the mapping is left when it closes
+    return local
+
+
+def _load_raw_direct(
+    mesh: Mesh, fname: str, offset: int, lay: Layout, device: Optional[str]
+) -> ShardedArray:
+    """Every rank copies its box of ``lay`` out of the file (:func:`_read_box`); read errors
+    are agreed (one allgather), so every rank raises the same one."""
+    local = None
+    bad = None
+    try:
+        local = _read_box(fname, offset, lay, mesh.coords)
+    except Exception as e:  # a verdict from every rank, whatever happened
+        bad = str(e) if isinstance(e, ValueError) else f"load: cannot read {fname!r}: {e!r}"
+    bad = next((v for v in mesh.comm.allgather(bad) if v is not None), None)
+    if bad is not None:
+        raise ValueError(bad)
+    if device == "cuda":
+        local = bk.cupy().asarray(local)
+    return ShardedArray(local, lay, mesh)
+
+
 def _filled(mesh: Mesh, lay: Layout, fill: bytes, device: Optional[str]) -> ShardedArray:
     """This rank's shard of an array never written: every element is the bytes ``fill``."""
     local = np.empty(lay.local_shape(mesh.coords), dtype=lay.dtype)
@@ -479,7 +548,9 @@ def load(
         if n in out:
             continue
         kind = entries[n]["kind"]
-        if kind == "raw" and fmt != "npy" and ROWS_LARGE and _row_layout(layouts[n]):
+        if kind == "raw" and _direct(layouts[n]):
+            out[n] = _load_raw_direct(mesh, entries[n]["file"], offsets[n], layouts[n], device)
+        elif kind == "raw" and fmt != "npy" and ROWS_LARGE and _row_layout(layouts[n]):
             out[n] = _load_raw_rows(mesh, entries[n]["file"], offsets[n], layouts[n], device)
         elif kind == "raw":
             out[n] = _read_array(mesh, entries[n]["file"], offsets[n], layouts[n], device)

@@ -23,10 +23,11 @@ import pytest
 from ckpt_worker import check_loaded, global_of, make_sharded
 from oracle import ML_DTYPES
 from test_checkpoint import mpirun, needs_subprocess, on_rank0, spec
+from test_redistribute_nd import counts_since
 
 import pyshard as ps
 from pyshard import Replicate, Shard
-from pyshard.checkpoint import hdf5_format, zarr_format
+from pyshard.checkpoint import hdf5_format, reader, zarr_format
 
 pytestmark = pytest.mark.mpi
 
@@ -136,6 +137,64 @@ def test_roundtrip(comm, shared_dir, fmt):
     ps.save(path, {"only": arrays["scalar"]}, format=fmt)
     assert sorted(ps.checkpoint_info(path)["arrays"]) == ["only"]
     assert glob.glob(path + ".tmp-*") == []
+
+
+@pytest.mark.parametrize("fmt", ["npy", "safetensors", "hdf5"])
+def test_direct_reads_equal_the_exchanges(comm, shared_dir, monkeypatch, fmt):
+    """Arrays stored whole in one file load into random layouts on a 2-D mesh the same, bit
+    for bit, whether every rank copies its box straight out of the file
+    (PYSHARD_LOAD_DIRECT_BYTES=0: no exchange runs) or reads row blocks and redistributes
+    (.npy: one collective read), uneven and empty shards, bfloat16 and float8 included."""
+    need(fmt)
+    monkeypatch.setattr(reader, "FUSE_SMALL", False)  # the small arrays go the same ways
+    mesh = ps.Mesh(comm, (comm.size,))
+    specs = random_specs(comm, 21)
+    path = os.path.join(shared_dir, "direct" + EXT.get(fmt, ""))
+    ps.save(path, {n: make_sharded(mesh, s) for n, s in specs.items()}, format=fmt)
+    mesh2, placements, sizes = targets_of(specs, comm, 22)
+    boxes = []  # the arrays this rank copied straight out of the file
+    real = reader._read_box
+
+    def read_box(fname, offset, lay, coords):
+        boxes.append(fname)
+        return real(fname, offset, lay, coords)
+
+    monkeypatch.setattr(reader, "_read_box", read_box)
+    for limit in (0, 1 << 62):
+        boxes.clear()
+        with ps.config.override(PYSHARD_LOAD_DIRECT_BYTES=limit):
+            before = ps.comm_stats()
+            out = ps.load(path, mesh2, placements, sizes)
+            got = counts_since(before)
+        assert check_all(out, specs, f"{fmt}, direct from {limit} B: ") == []
+        if limit:
+            assert boxes == []
+            continue
+        assert len(boxes) >= 3, boxes
+        if fmt != "hdf5":  # (h5py stores some small datasets chunked: read in blocks)
+            assert got == {}, got
+
+
+def test_direct_read_rule():
+    """The shortest run of any box, from the layout alone: the last dim split into two or
+    more non-empty shards ends the runs; empty shards do not count."""
+    f4 = "float32"
+    lay = ps.Layout((16, 4096), f4, (4,), [Shard(1)])
+    assert reader._shortest_run(lay) == 1024 * 4
+    lay = ps.Layout((16, 4096), f4, (4,), [Shard(0)])
+    assert reader._shortest_run(lay) == 4 * 4096 * 4
+    lay = ps.Layout((16, 10, 3), f4, (2, 2), [Shard(0), Shard(1)], {1: [7, 3]})
+    assert reader._shortest_run(lay) == 3 * 3 * 4
+    lay = ps.Layout((16, 10, 3), f4, (4,), [Shard(1)], {1: [0, 7, 0, 3]})
+    assert reader._shortest_run(lay) == 3 * 3 * 4
+    lay = ps.Layout((16, 10), f4, (4,), [Shard(1)], {1: [0, 10, 0, 0]})  # one holds all
+    assert reader._shortest_run(lay) == 16 * 10 * 4
+    lay = ps.Layout((16, 10), f4, (4,), [Replicate()])
+    assert reader._shortest_run(lay) == 16 * 10 * 4
+    with ps.config.override(PYSHARD_LOAD_DIRECT_BYTES=4096):
+        assert reader._direct(ps.Layout((16, 4096), f4, (4,), [Shard(1)]))
+        assert not reader._direct(ps.Layout((16, 4096), f4, (8,), [Shard(1)]))
+        assert not reader._direct(ps.Layout((16, 4096), f4, (4,), [ps.Partial("sum")]))
 
 
 def test_safetensors_layout(comm, shared_dir):
