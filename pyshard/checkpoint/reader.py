@@ -366,7 +366,11 @@ def _read_box(fname: str, offset: int, lay: Layout, coords: Sequence[int]) -> np
         size = os.fstat(f.fileno()).st_size
         if size < end:  # checked on rank 0 before; the file changed since
             raise ValueError(f"load: {fname!r}: {size} bytes, the array ends at byte {end}")
-        with mmap.mmap(f.fileno(), end - start, access=mmap.ACCESS_READ, offset=start) as m:
+        try:
+            m = mmap.mmap(f.fileno(), end - start, access=mmap.ACCESS_READ, offset=start)
+        except OSError as e:  # (ENODEV: a file system that cannot map files)
+            raise _NoMapping(str(e)) from e
+        with m:
             # bytes (a trailing dim of itemsize): ml_dtypes' types export no buffer
             whole = np.frombuffer(m, np.uint8, end - offset, offset - start)
             dst = local.reshape(-1).view(np.uint8).reshape(*local.shape, item)
@@ -377,20 +381,31 @@ def _read_box(fname: str, offset: int, lay: Layout, coords: Sequence[int]) -> np
     return local
 
 
+class _NoMapping(OSError):
+    """The file cannot be mapped here (a file system without mmap): read it another way."""
+
+
 def _load_raw_direct(
     mesh: Mesh, fname: str, offset: int, lay: Layout, device: Optional[str]
-) -> ShardedArray:
-    """Every rank copies its box of ``lay`` out of the file (:func:`_read_box`); read errors
-    are agreed (one allgather), so every rank raises the same one."""
+) -> Optional[ShardedArray]:
+    """Every rank copies its box of ``lay`` out of the file (:func:`_read_box`); the verdicts
+    are agreed (one allgather), so every rank raises the same read error, or, where some rank
+    cannot map the file at all, every rank returns None (the caller reads it another way)."""
     local = None
     bad = None
     try:
         local = _read_box(fname, offset, lay, mesh.coords)
+    except _NoMapping as e:
+        bad = ("unmapped", f"{fname!r}: {e}")
     except Exception as e:  # a verdict from every rank, whatever happened
-        bad = str(e) if isinstance(e, ValueError) else f"load: cannot read {fname!r}: {e!r}"
-    bad = next((v for v in mesh.comm.allgather(bad) if v is not None), None)
-    if bad is not None:
-        raise ValueError(bad)
+        bad = ("error", str(e) if isinstance(e, ValueError) else
+               f"load: cannot read {fname!r}: {e!r}")  # fmt: skip
+    verdicts = [v for v in mesh.comm.allgather(bad) if v is not None]
+    if any(k == "error" for k, _ in verdicts):
+        raise ValueError(next(m for k, m in verdicts if k == "error"))
+    if verdicts:
+        log.info("pyshard: load: cannot map %s; reading it without a mapping", verdicts[0][1])
+        return None
     if device == "cuda":
         local = bk.cupy().asarray(local)
     return ShardedArray(local, lay, mesh)
@@ -548,8 +563,11 @@ def load(
         if n in out:
             continue
         kind = entries[n]["kind"]
+        y = None
         if kind == "raw" and _direct(layouts[n]):
-            out[n] = _load_raw_direct(mesh, entries[n]["file"], offsets[n], layouts[n], device)
+            y = _load_raw_direct(mesh, entries[n]["file"], offsets[n], layouts[n], device)
+        if y is not None:
+            out[n] = y
         elif kind == "raw" and fmt != "npy" and ROWS_LARGE and _row_layout(layouts[n]):
             out[n] = _load_raw_rows(mesh, entries[n]["file"], offsets[n], layouts[n], device)
         elif kind == "raw":

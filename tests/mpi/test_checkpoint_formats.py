@@ -175,6 +175,49 @@ def test_direct_reads_equal_the_exchanges(comm, shared_dir, monkeypatch, fmt):
             assert got == {}, got
 
 
+def test_direct_read_falls_back_where_a_rank_cannot_map(comm, shared_dir, monkeypatch):
+    """Where one rank's file system cannot map the file (mmap raises ENODEV there), every rank
+    reads the array the other way (row blocks and a redistribute) and gets its box right; a
+    rank that cannot read the file at all makes every rank raise the same ValueError."""
+    mesh = ps.Mesh(comm, (comm.size,))
+    s = spec((6, 4 * comm.size + 1), "float64", 3, ["S(0)"])
+    path = os.path.join(shared_dir, "nomap.safetensors")
+    ps.save(path, {"a": make_sharded(mesh, s)}, format="safetensors")
+    monkeypatch.setattr(reader, "FUSE_SMALL", False)  # (a small array: else read fused)
+    real = reader.mmap.mmap
+    last = comm.size - 1
+    tried = []
+
+    def refuse(*args, **kwargs):
+        tried.append(1)
+        if comm.rank == last:
+            raise OSError(19, "No such device")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(reader.mmap, "mmap", refuse)
+    with ps.config.override(PYSHARD_LOAD_DIRECT_BYTES=0):
+        before = ps.comm_stats()
+        out = ps.load(path, mesh, {"a": [Shard(1)]})
+        got = counts_since(before)
+        assert check_all(out, {"a": s}, "fallback: ") == []
+        assert tried, "the direct read was not tried"
+        if comm.size > 1:
+            assert got, "the fallback's redistribute did not run"
+        monkeypatch.setattr(reader.mmap, "mmap", real)
+        real_open = open
+
+        def no_file(name, *args, **kwargs):
+            if comm.rank == last and str(name).endswith("nomap.safetensors"):
+                raise PermissionError(13, "Permission denied", name)
+            return real_open(name, *args, **kwargs)
+
+        monkeypatch.setattr("builtins.open", no_file)
+        # (on one rank, rank 0's check of the file meets the error first)
+        match = "cannot read .*Permission denied" if comm.size > 1 else "nomap.safetensors"
+        with pytest.raises(ValueError, match=match):
+            ps.load(path, mesh, {"a": [Shard(1)]})
+
+
 def test_direct_read_rule():
     """The shortest run of any box, from the layout alone: the last dim split into two or
     more non-empty shards ends the runs; empty shards do not count."""
