@@ -27,7 +27,7 @@ from .geometry import geometry, push_specs
 from .layout import PlacementsArg, placements_str
 from .mesh import Mesh
 from .plan import Plan, plan
-from .route import Route, batch_route, core_transport, node_blocks
+from .route import Route, batch_route, core_transport
 
 __all__ = ["ManyPlan", "plan_many", "redistribute_many"]
 
@@ -69,18 +69,6 @@ def _batches(plans: Sequence[Plan], ix: Sequence[int], dims: Tuple[int, ...], pe
     if batch:
         out.append((dims, tuple(batch)))
     return out
-
-def _node_blocks(mp: ManyPlan, dims: Tuple[int, ...], ix: Sequence[int], mesh: Mesh) -> bool:
-    """Does some block of the exchanges ``ix`` on ``dims`` go between two ranks of one node
-    (:func:`pyshard.route.node_blocks`, from the layouts and the mesh's node map: the same on
-    every rank)? Kept in the mesh's cache, keyed by the (memoized) plan."""
-    key = ("many-node-blocks", mp, dims)
-    got = mesh.cache.execs.get(key)
-    if got is None:
-        got = [any(node_blocks(mp.plans[i].steps[0], mesh) for i in ix)]
-        mesh.cache.execs.put(key, got)
-    return got[0]
-
 
 ArraysArg = Union[Sequence[ShardedArray], Mapping[Any, ShardedArray]]
 PlacementsLike = Union[PlacementsArg, Sequence[PlacementsArg], Mapping[Any, PlacementsArg]]
@@ -435,11 +423,8 @@ def redistribute_many(
     alg = algorithm or _executor.default_algorithm()
     shm: Dict[Tuple[int, ...], Any] = {}
     routes: Dict[Tuple[int, ...], Route] = {}
-    for dims, ix in mp.exchanges:
-        r = routes[dims] = batch_route(
-            "alltoallv", dims, mp.block_bytes(dims), mesh, alg, dev,
-            node_peers=lambda dims=dims, ix=ix: _node_blocks(mp, dims, ix, mesh),
-        )  # fmt: skip
+    for dims, _ix in mp.exchanges:
+        r = routes[dims] = batch_route("alltoallv", dims, mp.block_bytes(dims), mesh, alg, dev)
         if r.path == "shm":
             shm[dims] = r.node
     # executors keyed by the (memoized) ManyPlan itself and the batch: an identity hash,

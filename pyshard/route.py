@@ -128,23 +128,17 @@ def shm_for(kind: str, block: int, node: Any, algorithm: str) -> bool:
 
 
 def batch_route(kind: str, mesh_dims: Tuple[int, ...], block: int, mesh: Any, algorithm: str,
-                device: bool = False, node_peers: Any = None) -> Route:
+                device: bool = False) -> Route:
     """Where a batch of steps of ``kind`` on ``mesh_dims`` goes when they run fused as one
     (``redistribute_many``), its largest block ``block`` bytes: the rule of :func:`route` for
     one such step (a batch is one handshake, as one step is), except that ``tune`` measures
-    nothing here (the batch runs as ``auto`` would). ``node_peers``: a callable saying
-    whether some block of the batch goes between two ranks of one node (:func:`node_blocks`
-    of its steps), asked only where node-shared memory is otherwise chosen and ``algorithm``
-    does not force it; None: it does. No MPI call."""
+    nothing here (the batch runs as ``auto`` would). No MPI call."""
     node = None
     if not device and algorithm in ("auto", "tune", "shm"):
         node = _shm.node(mesh, mesh_dims)
-    mpi = "alltoallv" if kind == "alltoallv" else ""
     if shm_for(kind, block, node, algorithm):
-        if algorithm == "shm" or node_peers is None or node_peers():
-            return Route("shm", "shm", node)
-        return replace(_mpi_route(device, mpi), why=NO_NODE_BLOCKS)
-    return _mpi_route(device, mpi)
+        return Route("shm", "shm", node)
+    return _mpi_route(device, "alltoallv" if kind == "alltoallv" else "")
 
 
 def _mpi_route(device: bool, algorithm: str = "", node: Any = None) -> Route:

@@ -247,10 +247,8 @@ def auto_exchange(mesh, counts, algorithm="auto", dims=None, step=None):
     (pyshard/_shm.py): "shm" in place of "alltoallv" / "p2p" / "allgather(v)", and of
     "reduce_scatter(_block)" and "allreduce" where every rank of the communicator shares one
     node. ``step``: the exchange step of a redistribute, which takes node-shared memory only
-    where some block of it goes between two ranks of one node (node_blocks), as a batch of
-    redistribute_many does where some block of one of its exchanges does (``step``: one of
-    them where they all have the same peers); None: some block does (a transpose over the
-    whole communicator, where every rank sends to every other).
+    where some block of it goes between two ranks of one node (node_blocks); None for a batch
+    of redistribute_many, which goes by its communicator alone.
     Which communicators share a node comes from the environment (node_groups)."""
     import pyshard as ps
 

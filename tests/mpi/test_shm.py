@@ -233,19 +233,6 @@ def test_an_exchange_with_no_block_between_node_peers_takes_mpi(comm, monkeypatc
         z = x.redistribute(dst, algorithm="shm")  # forced: the node path, MPI to the others
         if counts_since(before) != {"shm": 1} or not np.array_equal(z.local, g[z.box]):
             bad.append(f"{case}: algorithm=shm ran {counts_since(before)}")
-        # redistribute_many: a batch takes the node path by the same rule (one fused MPI
-        # exchange where no block of it goes between node peers), forced by algorithm=shm
-        g2 = make_global((8, 6), "int16", seed=6)
-        xs = [x, ps.distribute(g2, mesh, src)]
-        for algorithm, expect in (("auto", {"alltoallv": 1} if why else want), ("shm", None)):
-            before = ps.comm_stats()
-            ys = ps.redistribute_many(xs, dst, algorithm=algorithm)
-            got = counts_since(before)
-            if got != (expect or {"shm": 1}):
-                bad.append(f"{case}: redistribute_many ({algorithm}) ran {got}")
-            for a, y in zip((g, g2), ys):
-                if not np.array_equal(y.local, a[y.box]):
-                    bad.append(f"{case}: redistribute_many ({algorithm}): wrong result")
     mesh.free()
     sub.Free()
     assert not bad, "\n".join(bad)
