@@ -42,6 +42,21 @@ def test_copy_box_random(ndim, offsets):
             np.testing.assert_array_equal(out, ref)
 
 
+@pytest.mark.parametrize("n", [0, 7, 255, 256, 4097, 100_003])
+@pytest.mark.parametrize("shift", [0, 1, 9])
+def test_stream_copy(n, shift):
+    """The benches' floor copy (streaming stores past 256 B): every byte, from and to
+    addresses off a 16-byte boundary; different sizes raise ValueError."""
+    rng = np.random.default_rng(n + shift)
+    src = rng.integers(0, 256, n + shift, dtype=np.uint8)[shift:]
+    dst = np.zeros(n + 2 * shift + 1, np.uint8)
+    _core.stream_copy(src, dst[2 * shift : 2 * shift + n])
+    assert np.array_equal(dst[2 * shift : 2 * shift + n], src)
+    assert not dst[: 2 * shift].any() and dst[2 * shift + n] == 0  # nothing past the ends
+    with pytest.raises(ValueError, match="sizes differ"):
+        _core.stream_copy(src, np.empty(n + 1, np.uint8))
+
+
 def test_descriptors_merge_dims():
     """A box whose dims line up becomes a few long runs, not one run per row."""
     # every row of a (4, 6, 8) block moved whole: one descriptor, one run
