@@ -19,7 +19,7 @@ import mmap
 import os
 import time
 from math import prod
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 import numpy as np
 from mpi4py import MPI
@@ -274,6 +274,33 @@ def _read_rows(fname: str, offset: int, lay: Layout, coords: Sequence[int]) -> n
     return local
 
 
+class _NoMapping(OSError):
+    """The file cannot be mapped here (a file system without mmap): read it another way."""
+
+
+def _agreed(comm: MPI.Comm, prefix: str, read: Callable[[], Any]) -> Any:
+    """``read()`` on every rank, the verdicts agreed with one allgather, so that no rank goes
+    on into a collective that another has left: every rank raises the first failing rank's
+    error as the same ValueError (``prefix: error`` for errors other than ValueError); where
+    some rank's file system cannot map the file (:class:`_NoMapping`) and no rank failed,
+    every rank gets None (the caller reads it another way). Else this rank's value."""
+    value, bad = None, None
+    try:
+        value = read()
+    except _NoMapping as e:
+        bad = ("unmapped", f"{prefix}: {e}")
+    except Exception as e:  # a verdict from every rank, whatever happened
+        bad = ("error", str(e) if isinstance(e, ValueError) else f"{prefix}: {e!r}")
+    verdicts = [v for v in comm.allgather(bad) if v is not None]
+    errors = [m for k, m in verdicts if k == "error"]
+    if errors:
+        raise ValueError(errors[0])
+    if verdicts:
+        log.info("pyshard: %s; reading it without a mapping", verdicts[0][1])
+        return None
+    return value
+
+
 def _load_fused(
     comm: MPI.Comm,
     mesh: Mesh,
@@ -286,17 +313,11 @@ def _load_fused(
     """Read one batch of small arrays as row blocks, then one :func:`redistribute_many` to
     their targets. Read errors are agreed (one allgather) before the exchange, so every rank
     raises the same error and none waits in the exchange."""
-    parts = {}
-    bad = None
-    try:
-        for n, lay in batch.items():
-            local = _read_rows(entries[n]["file"], offsets[n], lay, mesh.coords)
-            parts[n] = ShardedArray.wrap(local, lay, mesh)
-    except Exception as e:  # a verdict from every rank, whatever happened
-        bad = str(e) if isinstance(e, ValueError) else f"load: cannot read {path!r}: {e!r}"
-    bad = next((v for v in comm.allgather(bad) if v is not None), None)
-    if bad is not None:
-        raise ValueError(bad)
+    parts = _agreed(comm, f"load: cannot read {path!r}", lambda: {
+        n: ShardedArray.wrap(_read_rows(entries[n]["file"], offsets[n], lay, mesh.coords), lay,
+                             mesh)
+        for n, lay in batch.items()
+    })  # fmt: skip
     return redistribute_many(
         parts,
         {n: list(layouts[n].placements) for n in batch},
@@ -317,15 +338,8 @@ def _load_raw_rows(
     then one redistribute to ``lay``. Read errors are agreed (one allgather) first."""
     src = _row_layout(lay)
     assert src is not None
-    local = None
-    bad = None
-    try:
-        local = _read_rows(fname, offset, src, mesh.coords)
-    except Exception as e:  # a verdict from every rank, whatever happened
-        bad = str(e) if isinstance(e, ValueError) else f"load: cannot read {fname!r}: {e!r}"
-    bad = next((v for v in mesh.comm.allgather(bad) if v is not None), None)
-    if bad is not None:
-        raise ValueError(bad)
+    local = _agreed(mesh.comm, f"load: cannot read {fname!r}",
+                    lambda: _read_rows(fname, offset, src, mesh.coords))  # fmt: skip
     y = ShardedArray.wrap(local, src, mesh).redistribute(list(lay.placements), sizes=lay.sizes)
     if device == "cuda":
         return ShardedArray(bk.cupy().asarray(y.local), lay, mesh)
@@ -381,30 +395,15 @@ def _read_box(fname: str, offset: int, lay: Layout, coords: Sequence[int]) -> np
     return local
 
 
-class _NoMapping(OSError):
-    """The file cannot be mapped here (a file system without mmap): read it another way."""
-
-
 def _load_raw_direct(
     mesh: Mesh, fname: str, offset: int, lay: Layout, device: Optional[str]
 ) -> Optional[ShardedArray]:
-    """Every rank copies its box of ``lay`` out of the file (:func:`_read_box`); the verdicts
-    are agreed (one allgather), so every rank raises the same read error, or, where some rank
-    cannot map the file at all, every rank returns None (the caller reads it another way)."""
-    local = None
-    bad = None
-    try:
-        local = _read_box(fname, offset, lay, mesh.coords)
-    except _NoMapping as e:
-        bad = ("unmapped", f"{fname!r}: {e}")
-    except Exception as e:  # a verdict from every rank, whatever happened
-        bad = ("error", str(e) if isinstance(e, ValueError) else
-               f"load: cannot read {fname!r}: {e!r}")  # fmt: skip
-    verdicts = [v for v in mesh.comm.allgather(bad) if v is not None]
-    if any(k == "error" for k, _ in verdicts):
-        raise ValueError(next(m for k, m in verdicts if k == "error"))
-    if verdicts:
-        log.info("pyshard: load: cannot map %s; reading it without a mapping", verdicts[0][1])
+    """Every rank copies its box of ``lay`` out of the file (:func:`_read_box`), the verdicts
+    agreed (:func:`_agreed`): the same read error on every rank, or None on every rank where
+    some rank cannot map the file (the caller reads it another way)."""
+    local = _agreed(mesh.comm, f"load: cannot read {fname!r}",
+                    lambda: _read_box(fname, offset, lay, mesh.coords))  # fmt: skip
+    if local is None:
         return None
     if device == "cuda":
         local = bk.cupy().asarray(local)
@@ -447,28 +446,24 @@ def _load_rows(
     the exchange."""
     comm = mesh.comm
     src, d = _blocks_source(lay, e["grid"]) if lay.ndim else (None, 0)
-    local = None
-    bad = None
-    try:
+
+    def read() -> np.ndarray:
         if src is None:  # 0-d: every rank reads the one value
-            local = _read_block(fmt, name, e, 0, 0, 1, lay.dtype).reshape(())
+            return _read_block(fmt, name, e, 0, 0, 1, lay.dtype).reshape(())
+        b = src.box(mesh.coords)[d]
+        want = src.local_shape(mesh.coords)
+        if b.stop > b.start:
+            local = _read_block(fmt, name, e, d, b.start, b.stop, lay.dtype)
         else:
-            b = src.box(mesh.coords)[d]
-            want = src.local_shape(mesh.coords)
-            if b.stop > b.start:
-                local = _read_block(fmt, name, e, d, b.start, b.stop, lay.dtype)
-            else:
-                local = np.empty(want, lay.dtype)
-            if local.shape != want:
-                raise ValueError(
-                    f"load: {e['file']!r}: array {name!r}: indices {b.start}:{b.stop} of dim "
-                    f"{d} came back as {local.shape}"
-                )
-    except Exception as err:  # a verdict from every rank, whatever happened
-        bad = str(err) if isinstance(err, ValueError) else f"load: {e['file']!r}: {err!r}"
-    bad = next((v for v in comm.allgather(bad) if v is not None), None)
-    if bad is not None:
-        raise ValueError(bad)
+            local = np.empty(want, lay.dtype)
+        if local.shape != want:
+            raise ValueError(
+                f"load: {e['file']!r}: array {name!r}: indices {b.start}:{b.stop} of dim "
+                f"{d} came back as {local.shape}"
+            )
+        return local
+
+    local = _agreed(comm, f"load: {e['file']!r}", read)
     assert local is not None
     if src is None:
         y_local = np.array(local, copy=True).reshape(lay.local_shape(mesh.coords))
