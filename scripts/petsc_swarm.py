@@ -9,11 +9,11 @@ scripts/petsc_halo.py does for the halo). Debian 12 sets no /usr/lib/petsc link 
 libpetsc-real-dev, so ``export PETSC_DIR=/usr/lib/petscdir/petsc3.18/x86_64-linux-gnu-real``
 first when ``from petsc4py import PETSc`` fails.
 
-The same rows as the bench: ``--rows`` a rank (seeded as the bench seeds them) of pos (3
-reals), vel (3 reals), q (1 real) and id, 64 bytes a row; and the same moves (the bench's
-``dests`` copied here, same seeds: 1%, 10%, 50% of the rows leaving for the up to 8
+The same rows as the bench: ``--rows`` a rank of pos (3 reals), vel (3 reals), q (1 real)
+and id, 64 bytes a row, and the same moves (1%, 10%, 50% of the rows leaving for the up to 8
 neighbouring boxes of the periodic 2-D mesh ``MPI.Compute_dims(ranks, 2)``, and uniform
-random ranks). The id is registered as a PETSc real (float64, exact below 2^53): petsc4py 3.18
+random ranks): the bench's own generators, ``pyshard/bench/particles.py`` (numpy only),
+loaded by its path, so the seeds and moves are the bench's. The id is registered as a PETSc real (float64, exact below 2^53): petsc4py 3.18
 registers and hands out fields of PetscInt (int32 in Debian's build), PetscReal and
 PetscScalar only, not int64. DMSwarm also carries its own pid (int64) and rank (int32) fields
 in every point, so it packs 76 bytes a moving row where the bench moves 64.
@@ -33,9 +33,11 @@ Prints a table and one JSON line (``"case": "petsc_swarm"``).
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 from mpi4py import MPI
@@ -45,36 +47,17 @@ PATTERNS = ("1%", "10%", "50%", "uniform")
 FIELDS = (("pos", 3), ("vel", 3), ("q", 1), ("id", 1))
 
 
-def particles(n: int, rank: int) -> dict:
-    """pyshard/bench/migrate.py's ``particles``, copied (same seeds, same rows)."""
-    rng = np.random.default_rng([12, rank])
-    return {
-        "pos": rng.random((n, 3)),
-        "vel": rng.standard_normal((n, 3)),
-        "q": rng.random(n),
-        "id": np.arange(n, dtype=np.int64) + n * rank,
-    }
+def _generators():
+    """pyshard/bench/particles.py (numpy only), loaded by its path: this Python need not
+    import pyshard."""
+    path = Path(__file__).resolve().parents[1] / "pyshard" / "bench" / "particles.py"
+    spec = importlib.util.spec_from_file_location("pyshard_bench_particles", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod.particles, mod.dests
 
 
-def dests(n: int, P: int, me: int, shape: tuple, pattern: str, frac: float) -> np.ndarray:
-    """pyshard/bench/migrate.py's ``dests``, copied with the mesh's size, rank and shape as
-    arguments (same seeds, same moves)."""
-    rng = np.random.default_rng([34, me])
-    if pattern == "uniform":
-        return rng.integers(0, P, size=n).astype(np.int64)
-    shape = shape if len(shape) == 2 else (P, 1)
-    cy, cx = divmod(me, shape[1])
-    dest = np.full(n, me, np.int64)
-    leave = rng.random(n) < frac
-    k = int(leave.sum())
-    dy, dx = rng.integers(-1, 2, size=k), rng.integers(-1, 2, size=k)
-    stay = (dy == 0) & (dx == 0)
-    dx[stay] = 1  # a leaving row moves
-    if shape[1] == 1:
-        dx[:] = 0
-        dy[dy == 0] = 1
-    dest[leave] = ((cy + dy) % shape[0]) * shape[1] + (cx + dx) % shape[1]
-    return dest
+particles, dests = _generators()
 
 
 def fill(sw: PETSc.DMSwarm, cols: dict, dest: np.ndarray, buffer: int) -> None:

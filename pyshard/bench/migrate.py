@@ -25,41 +25,10 @@ from .. import _core, comm_stats, reset_comm_stats
 from ..layout import Layout, Shard
 from ..mesh import Mesh
 from ..migrate import migrate, owner
+from .particles import dests, particles
 from .timing import median_s
 
 COLUMNS = (("pos", (3,)), ("vel", (3,)), ("q", ()), ("id", ()))
-
-
-def particles(n: int, rank: int) -> Dict[str, np.ndarray]:
-    rng = np.random.default_rng([12, rank])
-    return {
-        "pos": rng.random((n, 3)),
-        "vel": rng.standard_normal((n, 3)),
-        "q": rng.random(n),
-        "id": np.arange(n, dtype=np.int64) + n * rank,
-    }
-
-
-def dests(n: int, mesh: Mesh, pattern: str, frac: float) -> np.ndarray:
-    """Neighbour moves on the mesh (``frac`` of the rows leave, each to one of the up to 8
-    neighbouring boxes of a periodic 2-D mesh), or uniform random ranks."""
-    rng = np.random.default_rng([34, mesh.rank])
-    P, me = mesh.size, mesh.rank
-    if pattern == "uniform":
-        return rng.integers(0, P, size=n).astype(np.int64)
-    shape = mesh.shape if len(mesh.shape) == 2 else (P, 1)
-    cy, cx = divmod(me, shape[1])
-    dest = np.full(n, me, np.int64)
-    leave = rng.random(n) < frac
-    k = int(leave.sum())
-    dy, dx = rng.integers(-1, 2, size=k), rng.integers(-1, 2, size=k)
-    stay = (dy == 0) & (dx == 0)
-    dx[stay] = 1  # a leaving row moves
-    if shape[1] == 1:
-        dx[:] = 0
-        dy[dy == 0] = 1
-    dest[leave] = ((cy + dy) % shape[0]) * shape[1] + (cx + dx) % shape[1]
-    return dest
 
 
 def by_hand(cols: Dict[str, np.ndarray], dest: np.ndarray, comm: MPI.Comm) -> List[np.ndarray]:
@@ -165,7 +134,8 @@ def bench_migrate(comm: MPI.Comm, rows: int = 1_000_000, reps: int = 5, warmup: 
     out: List[Dict[str, Any]] = []
     for pat in patterns:
         frac = float(pat[:-1]) / 100 if pat.endswith("%") else 0.0
-        dest = dests(rows, mesh, "uniform" if pat == "uniform" else "neighbours", frac)
+        pattern = "uniform" if pat == "uniform" else "neighbours"
+        dest = dests(rows, mesh.size, mesh.rank, mesh.shape, pattern, frac)
         r = migrate(cols, dest, mesh)
         # correctness next to the hand-written form (one column is enough: all share the order)
         ref = by_hand(cols, dest, mesh.comm)
