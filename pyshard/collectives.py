@@ -1,0 +1,64 @@
+"""The few mpi4py collectives that pyshard's Python makes, in one place.
+
+Data moves through the C++ core (``cpp/mpi_calls.cpp`` holds every MPI call it makes). What is
+left for Python is small and rare: agreeing a verdict, a time or a small object across the
+ranks of a communicator (validation, tuning, checkpoint commits, the node map). Every such call
+goes through a function here, so ``tests/test_structure.py`` can check that no other library
+module calls mpi4py's collectives, and a reader finds every Python collective on one page.
+
+Each function is collective over ``comm``: every rank of it must call it, in the same order.
+"""
+
+from __future__ import annotations
+
+from typing import Any, List, TypeVar
+
+import numpy as np
+from mpi4py import MPI
+
+T = TypeVar("T")
+
+
+def allgather(comm: Any, obj: T) -> List[T]:
+    """Every rank's ``obj`` (pickled), in rank order, on every rank."""
+    return comm.allgather(obj)
+
+
+def gather(comm: Any, obj: T, root: int = 0) -> Any:
+    """Every rank's ``obj`` in rank order on ``root``; None elsewhere."""
+    return comm.gather(obj, root=root)
+
+
+def bcast(comm: Any, obj: T, root: int = 0) -> T:
+    """``root``'s ``obj`` on every rank."""
+    return comm.bcast(obj, root=root)
+
+
+def max_all(comm: Any, value: T) -> T:
+    """The largest ``value`` (a Python number) over the ranks, on every rank."""
+    return comm.allreduce(value, op=MPI.MAX)
+
+
+def all_true(comm: Any, flag: bool) -> bool:
+    """True on every rank where ``flag`` is true on every rank."""
+    return bool(comm.allreduce(bool(flag), op=MPI.LAND))
+
+
+def max_all_array(comm: Any, values: np.ndarray) -> np.ndarray:
+    """The elementwise maximum of ``values`` (same shape and dtype on every rank)."""
+    out = np.empty_like(values)
+    comm.Allreduce(values, out, op=MPI.MAX)
+    return out
+
+
+def allgather_rows(comm: Any, row: np.ndarray) -> np.ndarray:
+    """Every rank's 1-D ``row`` (same length and dtype on every rank) as the rows of a
+    ``(comm size, len(row))`` array, in rank order."""
+    rows = np.empty((comm.Get_size(), row.size), dtype=row.dtype)
+    comm.Allgather(np.ascontiguousarray(row), rows)
+    return rows
+
+
+def barrier(comm: Any) -> None:
+    """Every rank of ``comm`` has reached this call (timing loops line their ranks up here)."""
+    comm.Barrier()
