@@ -10,7 +10,7 @@ import numpy as np
 from mpi4py import MPI
 
 import pyshard as ps
-from pyshard import Partial, Replicate, Shard, _mpi
+from pyshard import Partial, Replicate, Shard, _mpi, collectives
 
 from .bench.timing import median_s
 
@@ -70,11 +70,11 @@ def demo(argv: Optional[List[str]] = None) -> int:
         now = ps.comm_stats()
         taken = "+".join(k for k, v in now.items() if v > before.get(k, 0))
         ok = bool(np.array_equal(y.local, ref[y.box]))
-        ok = comm.allreduce(ok, op=MPI.LAND)
+        ok = collectives.all_true(comm, ok)
         failed += not ok
         t = median_s(lambda x=x, t=target, s=sizes: x.redistribute(t, s), comm, args.reps)
         sent = max((b[0] for b in plan.rank_bytes(mesh.coords)), default=0)
-        sent = comm.allreduce(sent, op=MPI.MAX)
+        sent = collectives.max_all(comm, sent)
         kinds = "+".join(s.kind for s in plan.steps if s.is_collective) or "none (local)"
         if taken and taken != kinds:  # the path taken: node-shared memory, another algorithm
             kinds = f"{kinds} [{taken}]"

@@ -35,7 +35,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 
-from . import config
+from . import collectives, config
 
 log = logging.getLogger("pyshard")
 
@@ -153,8 +153,7 @@ class NodeMap:
             [_machine_key(), os.getpid(), os.cpu_count() or 0, int(self.ctl.ok), self.ctl.fd,
              MPI.COMM_WORLD.Get_rank()], dtype=np.int64,
         )  # fmt: skip
-        self.info = np.empty((comm.Get_size(), mine.size), dtype=np.int64)
-        comm.Allgather(mine, self.info)  # the one collective
+        self.info = collectives.allgather_rows(comm, mine)  # the one collective
         key = self.info[:, _KEY]
         peers = [r for r in range(len(key)) if key[r] == key[self.rank] and self.info[r, _OK]]
         if self.ctl.ok:

@@ -30,7 +30,7 @@ import numpy as np
 from mpi4py import MPI
 
 from . import _backend as bk
-from . import config
+from . import collectives, config
 from .plan import Step
 from .route import ALGORITHMS
 
@@ -60,7 +60,7 @@ def _load(mesh: Any) -> Dict[str, str]:
             data = {str(k): str(v) for k, v in raw.items() if v in ALGORITHMS}
         except (OSError, ValueError, AttributeError) as e:
             log.warning("pyshard: ignoring the tuning file %s: %s", path, e)
-    return mesh.comm.bcast(data, root=0)
+    return collectives.bcast(mesh.comm, data)
 
 
 def _save(mesh: Any, choices: Dict[str, str]) -> None:
@@ -94,8 +94,7 @@ def choose(step: Step, mesh: Any, dev: bool, build: Any, candidates: Tuple[str, 
         return choices[k]
     cands = candidates
     times = np.asarray(_measure(step, mesh, dev, [build(c) for c in cands]))
-    worst = np.empty_like(times)
-    mesh.comm.Allreduce(times, worst, op=MPI.MAX)  # the same on every rank
+    worst = collectives.max_all_array(mesh.comm, times)  # the same on every rank
     best = cands[int(np.argmin(worst))]
     choices[k] = best
     _save(mesh, choices)

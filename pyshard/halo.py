@@ -24,10 +24,9 @@ from math import prod
 from typing import Any, Optional, Tuple
 
 import numpy as np
-from mpi4py import MPI
 
 from . import _backend as bk
-from . import _core, _dtypes, _validate, config
+from . import _core, _dtypes, _validate, collectives, config
 from .halo_plan import HaloPlan, PeriodicArg, WidthArg, halo_plan, halo_spec
 from .layout import Layout, Placed
 from .mesh import Mesh
@@ -285,7 +284,7 @@ class HaloArray:
                 t0 = time.perf_counter()
                 self._run(step)
                 times.append(time.perf_counter() - t0)
-            t = self.mesh.comm.allreduce(sorted(times)[len(times) // 2], op=MPI.MAX)
+            t = collectives.max_all(self.mesh.comm, sorted(times)[len(times) // 2])
             if t < best[0]:
                 best = (t, m, step)
         log.info("pyshard: halo method tuned for %r: %s (%.1f us)", self._spec, best[1],
@@ -383,7 +382,7 @@ class HaloArray:
                 if self._dev:
                     bk.xp_of(self.padded).cuda.get_current_stream().synchronize()
                 times.append(time.perf_counter() - t0)
-            t = self.mesh.comm.allreduce(sorted(times)[len(times) // 2], op=MPI.MAX)
+            t = collectives.max_all(self.mesh.comm, sorted(times)[len(times) // 2])
             if t < best[0]:
                 best = (t, m, step)
         self.padded[...] = keep

@@ -23,7 +23,7 @@ from typing import Any, Dict, List, Literal, Optional, Sequence, Tuple, Union, o
 
 import numpy as np
 
-from . import _backend, _core, _dtypes, _shm
+from . import _backend, _core, _dtypes, _shm, collectives
 from .executor import allocate
 from .layout import Layout, Partial, Replicate
 from .route import MigrateRoute, migrate_route
@@ -490,18 +490,16 @@ def _tuned(rows: Rows, dest: Any, mesh: Any, wait: bool) -> Union[Migrated, Pend
     rank keeps the same), then kept for the mesh."""
     st = _state(mesh)
     if "tuned" not in st:
-        from mpi4py import MPI
-
         times = {}
         shm = migrate_route(mesh, "shm").path == "shm"
         for alg in ("alltoall", "nbx") + (("shm",) if shm else ()):
             best = float("inf")
             for _ in range(2):
-                mesh.comm.Barrier()
+                collectives.barrier(mesh.comm)
                 t0 = time.perf_counter()
                 migrate(rows, dest, mesh, alg)
                 best = min(best, time.perf_counter() - t0)
-            times[alg] = mesh.comm.allreduce(best, op=MPI.MAX)
+            times[alg] = collectives.max_all(mesh.comm, best)
         pick = min(times, key=lambda a: (times[a], a))
         st["tuned"] = (pick, ", ".join(f"{a} {1e3 * t:.3g} ms" for a, t in times.items()))
         log.info("migrate tune: %s (%s)", pick, st["tuned"][1])

@@ -21,6 +21,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from .. import collectives
 from ..array import ShardedArray, distribute
 from ..halo import HaloArray
 from ..layout import Shard
@@ -162,7 +163,7 @@ def run(
     alpha = alpha_for(nd, stencil)
     inner, shell = inner_and_shell(a.interior.shape)
     whole = [slice(0, n) for n in a.interior.shape]
-    mesh.comm.Barrier()
+    collectives.barrier(mesh.comm)
     t0 = time.perf_counter()
     cur: HaloArray = a
     nxt: HaloArray = b

@@ -27,7 +27,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 import numpy as np
 from mpi4py import MPI
 
-from .. import config
+from .. import collectives, config
 from ..mesh import Mesh
 
 __all__ = ["mesh_shapes", "tune_mesh"]
@@ -60,7 +60,7 @@ def _ranks_per_node(comm: MPI.Comm) -> int:
     """The most ranks of ``comm`` on one node (collective): the same on every rank."""
     node = comm.Split_type(MPI.COMM_TYPE_SHARED)
     try:
-        return int(comm.allreduce(node.Get_size(), op=MPI.MAX))
+        return int(collectives.max_all(comm, node.Get_size()))
     finally:
         node.Free()
 
@@ -76,7 +76,7 @@ def _load(comm: MPI.Comm, key: str) -> Optional[Tuple[int, ...]]:
                 found = tuple(int(p) for p in v.split("x"))
         except (OSError, ValueError, AttributeError) as e:
             log.warning("pyshard: ignoring the tuning file %s: %s", path, e)
-    return comm.bcast(found, root=0)
+    return collectives.bcast(comm, found)
 
 
 def _save(comm: MPI.Comm, key: str, shape: Tuple[int, ...]) -> None:
@@ -133,10 +133,10 @@ def tune_mesh(
             work(mesh)  # warm-up: plans, executors, pages
             ts = []
             for _ in range(trials):
-                comm.Barrier()
+                collectives.barrier(comm)
                 t0 = time.perf_counter()
                 work(mesh)
-                ts.append(comm.allreduce(time.perf_counter() - t0, op=MPI.MAX))
+                ts.append(collectives.max_all(comm, time.perf_counter() - t0))
             times[i] = float(np.median(ts))
         finally:
             mesh.free()
