@@ -121,11 +121,11 @@ def _measure(step: Step, mesh: Any, dev: bool, execs: List[Any]) -> List[float]:
         e.run(src, into)  # warm-up
         ts = []
         for _ in range(TRIALS):
-            group.Barrier()
+            collectives.barrier(group)
             t0 = time.perf_counter()
             e.run(src, into)
             if dev:
                 xp.cuda.get_current_stream().synchronize()
-            ts.append(group.allreduce(time.perf_counter() - t0, op=MPI.MAX))
+            ts.append(collectives.max_all(group, time.perf_counter() - t0))
         out.append(float(np.median(ts)))
     return out
