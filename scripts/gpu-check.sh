@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The device check of issue 9: one prepared script for a GPU machine (an H200, 16 cores, no
+# The device check: one prepared script for a GPU machine (an H200, 16 cores, no
 # package registry; Python 3.12, CUDA 13 with nvcc, cupy-cuda13x, mpi4py, pybind11,
 # scikit-build-core, cmake, ninja, pytest). Run from anywhere as `bash scripts/gpu-check.sh`.
 #
@@ -8,7 +8,7 @@
 #   1. prints the GPU (nvidia-smi -L), nvcc, and which MPI the image's own mpi4py loads;
 #   2. installs .whl/*.whl under /tmp/pyshard-mpi (--prefix: pip's --target would drop the
 #      mpich wheel's lib/ with libmpi) and puts them first on PYTHONPATH and PATH, so the job
-#      knows its MPI; prints the MPI that mpi4py now loads;
+#      knows its MPI; prints the MPI that mpi4py then loads;
 #   3. builds pyshard with CUDA (sm_90) against that MPI's mpicc into /tmp/pyshard-site;
 #   4. runs tests/gpu under mpiexec at 1, 2, 3 and 4 ranks (redistributes, checkpoints, halo
 #      updates through the CUDA pack kernel, redistributes in flight, the heat example on

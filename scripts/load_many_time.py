@@ -1,5 +1,5 @@
 """Time ``pyshard.load`` of a checkpoint of many small arrays saved in one layout and loaded
-into another (issue 19: "load of many arrays uses redistribute_many where it helps").
+into another: the fused path (``redistribute_many`` where it helps) against direct reads.
 
     mpiexec -n 4 python scripts/load_many_time.py [--arrays 200] [--reps 5] [--target S(1)]
 
@@ -8,7 +8,8 @@ on a 1-D mesh of every rank, then loads them as ``--target`` ``--reps`` times; p
 median (slowest rank, between barriers) with and without verification, and the collectives
 one load ran (``comm_stats``). ``--compare`` times, in the same run, the fused path (small
 arrays read as row blocks, one ``redistribute_many`` per batch) and the direct reads of
-every target box (``pyshard.checkpoint.reader.FUSE_SMALL = False``, the load before).
+every target box (``pyshard.checkpoint.reader.FUSE_SMALL = False``: each array by its own
+reads).
 """
 
 from __future__ import annotations

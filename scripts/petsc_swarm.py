@@ -13,10 +13,11 @@ The same rows as the bench: ``--rows`` a rank of pos (3 reals), vel (3 reals), q
 and id, 64 bytes a row, and the same moves (1%, 10%, 50% of the rows leaving for the up to 8
 neighbouring boxes of the periodic 2-D mesh ``MPI.Compute_dims(ranks, 2)``, and uniform
 random ranks): the bench's own generators, ``pyshard/bench/particles.py`` (numpy only),
-loaded by its path, so the seeds and moves are the bench's. The id is registered as a PETSc real (float64, exact below 2^53): petsc4py 3.18
-registers and hands out fields of PetscInt (int32 in Debian's build), PetscReal and
-PetscScalar only, not int64. DMSwarm also carries its own pid (int64) and rank (int32) fields
-in every point, so it packs 76 bytes a moving row where the bench moves 64.
+loaded by its path, so the seeds and moves are the bench's. The id is registered as a PETSc
+real (float64, exact below 2^53): petsc4py 3.18 registers and hands out fields of PetscInt
+(int32 in Debian's build), PetscReal and PetscScalar only, not int64. DMSwarm also carries its
+own pid (int64) and rank (int32) fields in every point, so it packs 76 bytes a moving row
+where the bench moves 64.
 
 A DMSwarm of type BASIC; each point's ``DMSwarm_rank`` field set to its dest; timed:
 ``sw.migrate(remove_sent_points=True)`` only, the swarm refilled before each rep outside the
