@@ -95,21 +95,21 @@ def test_scaling_plot_and_ideal_lines(tmp_path, monkeypatch):
     assert "strong scaling" in seen["title"] and "MPICH 5.0.2" in seen["title"], seen
     assert "2 to 8 ranks" in seen["title"], seen
 
-    best = plot._plot_best(strong)
-    xs, ys, _ = plot._plot_ideal(best, "transpose", "auto")  # bytes per rank: 1/ranks
+    best = plot.best_rows(strong)
+    xs, ys, _ = plot.ideal_line(best, "transpose", "auto")  # bytes per rank: 1/ranks
     assert xs == [2, 4, 8] and ys == pytest.approx([0.02, 0.01, 0.005])
-    xs, ys, _ = plot._plot_ideal(best, "transpose", "weak")
+    xs, ys, _ = plot.ideal_line(best, "transpose", "weak")
     assert ys == pytest.approx([0.02] * 3)
-    assert plot._plot_ideal(best, "transpose", "none")[0] == []
+    assert plot.ideal_line(best, "transpose", "none")[0] == []
 
     weak = [_row("transpose", "auto", n, 0.01, shape=(512 * n, 512)) for n in (2, 4)]
-    assert plot._plot_scaling_kind(plot._plot_best(weak), "transpose") == "weak"
-    assert plot._plot_scaling_kind(best, "transpose") == "strong"
+    assert plot.scaling_kind(plot.best_rows(weak), "transpose") == "weak"
+    assert plot.scaling_kind(best, "transpose") == "strong"
 
 
 def test_mpi_names():
-    assert plot._plot_mpi_name("MPICH Version:      5.0.2") == "MPICH 5.0.2"
-    assert plot._plot_mpi_name("Open MPI v5.0.3, package: Open MPI x, ident: 5.0.3") == (
+    assert plot.mpi_name("MPICH Version:      5.0.2") == "MPICH 5.0.2"
+    assert plot.mpi_name("Open MPI v5.0.3, package: Open MPI x, ident: 5.0.3") == (
         "Open MPI v5.0.3"
     )
 

@@ -27,7 +27,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 import numpy as np
 from mpi4py import MPI
 
-from .. import config
+from .. import collectives, config
 from .. import fft as pf
 from ..array import ShardedArray
 from ..layout import Layout, Shard
@@ -59,8 +59,7 @@ def pyshard_backends() -> List[str]:
 
 
 def _slowest(comm: MPI.Comm, t: Sequence[float]) -> List[float]:
-    out = np.empty(len(t))
-    comm.Allreduce(np.asarray(t, dtype=np.float64), out, op=MPI.MAX)
+    out = collectives.max_all_array(comm, np.asarray(t, dtype=np.float64))
     return [float(v) for v in out]
 
 
@@ -162,7 +161,7 @@ class _Pfft:
         self.p.destroy()
 
 
-def _import_pfft() -> Tuple[Any, str]:
+def import_pfft() -> Tuple[Any, str]:
     try:
         import mpi4py_fft
         from mpi4py_fft import PFFT
@@ -181,10 +180,10 @@ def _pfft_impls(
     box: Callable[[Any], np.ndarray],
 ) -> Tuple[List[_Pfft], Dict[str, str]]:
     """PFFT on each backend that builds on every rank; (implementations, why per backend)."""
-    PFFT, why = _import_pfft()
+    PFFT, why = import_pfft()
     out: List[_Pfft] = []
     notes: Dict[str, str] = {}
-    if not comm.allreduce(PFFT is not None, op=MPI.LAND):
+    if not collectives.all_true(comm, PFFT is not None):
         for b in backends:
             notes[f"pfft-{b}"] = why if PFFT is None else "mpi4py_fft does not import everywhere"
         return out, notes
@@ -194,7 +193,7 @@ def _pfft_impls(
             err = ""
         except Exception as e:  # a backend that is not built (pyfftw, mkl_fft missing)
             impl, err = None, f"{type(e).__name__}: {e}"
-        if comm.allreduce(impl is not None, op=MPI.LAND):
+        if collectives.all_true(comm, impl is not None):
             out.append(impl)  # type: ignore[arg-type]
             notes[f"pfft-{b}"] = why
         else:
@@ -215,7 +214,7 @@ def _interleaved(
     for r in range(warmup + reps):
         for impl in impls:
             for d in ("forward", "backward"):
-                comm.Barrier()
+                collectives.barrier(comm)
                 t = _slowest(comm, impl.run(d))
                 if r >= warmup:
                     raw[impl.name][d].append(t)
@@ -248,10 +247,10 @@ def _mpi_floor(comm: MPI.Comm, passes: Sequence[Any], x: ShardedArray, reps: int
             for fn in ref.floors.values():
                 ts = []
                 for _ in range(reps + 1):
-                    comm.Barrier()
+                    collectives.barrier(comm)
                     t0 = time.perf_counter()
                     fn()
-                    ts.append(comm.allreduce(time.perf_counter() - t0, op=MPI.MAX))
+                    ts.append(collectives.max_all(comm, time.perf_counter() - t0))
                 m = float(np.median(ts[1:]))
                 best = m if best is None else min(best, m)
             total += best or 0.0
@@ -312,7 +311,7 @@ def bench_fft(
                 more, notes = _pfft_impls(comm, pfft_backends, shape, grid, dtype, None, box)
                 impls += more
                 res = _interleaved(comm, impls, reps, warmup)
-                errs = {i.name: comm.allreduce(i.round_trip_error(), op=MPI.MAX) for i in impls}
+                errs = {i.name: collectives.max_all(comm, i.round_trip_error()) for i in impls}
                 ok = all(e < 1e-9 for e in errs.values())
                 row["check"] = row["check"] and ok
                 for i in impls:

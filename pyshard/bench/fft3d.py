@@ -27,6 +27,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 import numpy as np
 from mpi4py import MPI
 
+from .. import collectives
 from .. import fft as pf
 from ..array import ShardedArray
 from ..fft.planner import Move
@@ -112,7 +113,7 @@ def _reference_boxes(
 ) -> List[np.ndarray]:
     """``numpy.fft.fftn(sample_array(shape))[box]`` for each of this rank's ``boxes``:
     computed once on rank 0 and sent (collective over ``comm``)."""
-    allboxes = comm.gather([[(s.start, s.stop) for s in b] for b in boxes], root=0)
+    allboxes = collectives.gather(comm, [[(s.start, s.stop) for s in b] for b in boxes])
     out = [np.empty(tuple(s.stop - s.start for s in b), np.complex128) for b in boxes]
     if comm.rank == 0:
         ref = np.fft.fftn(sample_array(shape, np.complex128))
@@ -135,7 +136,7 @@ def _close(comm: MPI.Comm, got: np.ndarray, ref: np.ndarray, dtype: np.dtype) ->
     largest reference value anywhere (collective)."""
     err = float(np.max(np.abs(got - ref))) if got.size else 0.0
     big = float(np.max(np.abs(ref))) if ref.size else 0.0
-    err, big = comm.allreduce(err, op=MPI.MAX), comm.allreduce(big, op=MPI.MAX)
+    err, big = collectives.max_all(comm, err), collectives.max_all(comm, big)
     return bool(err <= _tolerance(dtype) * max(big, 1.0))
 
 
@@ -181,7 +182,7 @@ def time_fft3d(
     return {"total_ms": t["total"], "transposes_ms": t["transposes"]}
 
 
-def _import_pfft() -> Tuple[Any, str]:
+def import_pfft() -> Tuple[Any, str]:
     """(mpi4py_fft.PFFT or None, its version or why it did not import)."""
     try:
         import mpi4py_fft
@@ -236,8 +237,8 @@ def _make_pfft(
 ) -> Tuple[Optional[_Pfft], str]:
     """(a :class:`_Pfft`, its version) where mpi4py_fft imports on every rank, else
     (None, why); collective."""
-    PFFT, why = _import_pfft()
-    if not comm.allreduce(PFFT is not None, op=MPI.LAND):
+    PFFT, why = import_pfft()
+    if not collectives.all_true(comm, PFFT is not None):
         if PFFT is not None:
             why = "mpi4py_fft does not import on every rank"
         return None, why

@@ -15,7 +15,7 @@ import numpy as np
 from .cases import CASES, EXTRA_CASES
 
 
-def _plot_mpi_name(s: str) -> str:
+def mpi_name(s: str) -> str:
     """A short MPI library name for a title: 'MPICH 5.0.2', 'Open MPI v5.0.3', ..."""
     s = " ".join(str(s).split()).split(",")[0]
     return s.replace(" Version:", "").strip() or "MPI ?"
@@ -145,7 +145,7 @@ def _plot_bars(rows: List[Dict], plt: Any) -> Any:
     return fig, axes
 
 
-def _plot_best(rows: List[Dict]) -> Dict[Tuple[str, str, int], Dict]:
+def best_rows(rows: List[Dict]) -> Dict[Tuple[str, str, int], Dict]:
     """(case, algorithm, ranks) -> the fastest row: several files may hold one rank count."""
     best: Dict[Tuple[str, str, int], Dict] = {}
     for r in rows:
@@ -155,7 +155,7 @@ def _plot_best(rows: List[Dict]) -> Dict[Tuple[str, str, int], Dict]:
     return best
 
 
-def _plot_ideal(best: Dict[Tuple[str, str, int], Dict], case: str, ideal: str) -> Tuple:
+def ideal_line(best: Dict[Tuple[str, str, int], Dict], case: str, ideal: str) -> Tuple:
     """(ranks, seconds, label) of the ideal line of ``case``, from its fastest time at the
     smallest rank count; ([], [], "") when there is none to draw.
 
@@ -172,7 +172,7 @@ def _plot_ideal(best: Dict[Tuple[str, str, int], Dict], case: str, ideal: str) -
     t0 = min(r["median_s"] for (c, _, n), r in best.items() if c == case and n == n0)
     nbytes = {n: r.get("bytes_per_rank") or 0 for n, r in rows.items()}
     if ideal == "auto":
-        ideal = "bytes" if all(nbytes.values()) else _plot_scaling_kind(best, case)
+        ideal = "bytes" if all(nbytes.values()) else scaling_kind(best, case)
     if ideal == "bytes":
         times = [t0 * nbytes[n] / nbytes[n0] for n in ranks]
         return ranks, times, "ideal: time \u221d bytes sent per rank"
@@ -188,7 +188,7 @@ def _plot_scaling(rows: List[Dict], plt: Any, ideal: str) -> Any:
     (the fastest raw MPI collective at each rank count) and the ideal line."""
     from matplotlib.ticker import FuncFormatter, LogLocator
 
-    best = _plot_best(rows)
+    best = best_rows(rows)
     cases = _plot_case_order(sorted({c for c, _, _ in best}))
     fig, axes = _plot_grid(len(cases), plt, (3.9, 3.4), 0.75)
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
@@ -225,7 +225,7 @@ def _plot_scaling(rows: List[Dict], plt: Any, ideal: str) -> Any:
                 ms=3,
                 label="floor: fastest raw MPI collective",
             )
-        xs, ys, label = _plot_ideal(best, case, ideal)
+        xs, ys, label = ideal_line(best, case, ideal)
         if xs:
             ax.plot(xs, [y * scale for y in ys], ":", color="k", lw=1.4, label=label)
         ax.set_xscale("log", base=2)
@@ -243,7 +243,7 @@ def _plot_scaling(rows: List[Dict], plt: Any, ideal: str) -> Any:
     return fig, axes
 
 
-def _plot_scaling_kind(best: Dict[Tuple[str, str, int], Dict], case: str) -> str:
+def scaling_kind(best: Dict[Tuple[str, str, int], Dict], case: str) -> str:
     """strong when the global shape is the same at every rank count, weak when the elements
     per rank are, else none (no ideal line)."""
     sizes = {n: prod(r["shape"]) for (c, _, n), r in best.items() if c == case and r.get("shape")}
@@ -297,7 +297,7 @@ def plot_main(argv: Optional[List[str]] = None) -> int:
         print("no benchmark rows in the given files", file=sys.stderr)
         return 1
     ranks = sorted({int(r["ranks"]) for r in rows})
-    mpis = sorted({_plot_mpi_name(r["mpi"]) for r in rows if r.get("mpi")}) or ["MPI not recorded"]
+    mpis = sorted({mpi_name(r["mpi"]) for r in rows if r.get("mpi")}) or ["MPI not recorded"]
     dtypes = sorted({str(r["dtype"]) for r in rows if r.get("dtype")})
     if len(ranks) == 1:
         fig, axes = _plot_bars(rows, plt)
@@ -308,8 +308,8 @@ def plot_main(argv: Optional[List[str]] = None) -> int:
             detail += f", {' / '.join(shapes)} {' / '.join(dtypes)}"
     else:
         fig, axes = _plot_scaling(rows, plt, args.ideal)
-        best = _plot_best(rows)
-        kinds = {_plot_scaling_kind(best, c) for c in {r["case"] for r in rows}}
+        best = best_rows(rows)
+        kinds = {scaling_kind(best, c) for c in {r["case"] for r in rows}}
         kind = kinds.pop() if len(kinds) == 1 else "none"
         what = f"pyshard {kind} scaling" if kind != "none" else "pyshard scaling"
         detail = f"{ranks[0]} to {ranks[-1]} ranks"

@@ -484,7 +484,7 @@ def test_bench_row(comm, monkeypatch):
     assert all(c["round_trip_ok"] and c["forward"]["total"] > 0 for c in row["cases"])
     assert row["batched"]["transposes"] == 0
     assert "per transform" in bf.format_fft(row)
-    have_pfft = bf._import_pfft()[0] is not None
+    have_pfft = bf.import_pfft()[0] is not None
     for c in row["cases"]:
         assert set(c["impls"]) >= {f"pyshard-{b}" for b in bf.pyshard_backends()}
         assert all(v < 1e-9 for v in c["errors"].values())
@@ -494,7 +494,7 @@ def test_bench_row(comm, monkeypatch):
         if have_pfft:
             assert {"pfft-fftw", "pfft-numpy"} <= set(c["impls"]), c["notes"]
             assert c["vs_pfft-fftw"]["per_transform"] > 0
-    monkeypatch.setattr(bf, "_import_pfft", lambda: (None, "mpi4py_fft does not import (test)"))
+    monkeypatch.setattr(bf, "import_pfft", lambda: (None, "mpi4py_fft does not import (test)"))
     row = bf.bench_fft(comm, n=8, reps=1, warmup=0, batch=0, decomps=("pencil",), kinds=("r2c",))
     (c,) = row["cases"]
     assert not any(k.startswith("pfft") for k in c["impls"]) and row["check"]
