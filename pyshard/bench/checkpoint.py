@@ -12,6 +12,7 @@ from typing import Any, Dict, Optional, Tuple
 import numpy as np
 from mpi4py import MPI
 
+from .. import collectives
 from ..array import ShardedArray
 from ..checkpoint import load, save
 from ..checkpoint.errors import PathArg, error, norm_path, on_root
@@ -62,7 +63,7 @@ def _time_checkpoint(
         got.update(load(ckpt, mesh, {"x": [Shard(0)] * mesh.ndim}))
 
     load_s = median_s(do_load, comm, reps)
-    ok = comm.allreduce(bool(np.array_equal(got["x"].local, x.local)), op=MPI.LAND)
+    ok = collectives.all_true(comm, bool(np.array_equal(got["x"].local, x.local)))
     return save_s, load_s, ok
 
 
@@ -140,8 +141,8 @@ def bench_checkpoint(
         npy = os.path.join(root, "numpy.npy")
         times = (save_s, load_s) + _time_numpy(comm, npy, n, reps, sync)
     finally:
-        comm.Barrier()
+        collectives.barrier(comm)
         if comm.Get_rank() == 0:
             shutil.rmtree(root, ignore_errors=True)
-        comm.Barrier()
+        collectives.barrier(comm)
     return _checkpoint_row(n * 4, comm.Get_size(), times, sync, ok)

@@ -28,8 +28,8 @@ import time
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import numpy as np
-from mpi4py import MPI
 
+from .. import collectives
 from ..array import ShardedArray
 from ..checkpoint import load, save
 from ..layout import Layout, Shard
@@ -70,7 +70,7 @@ class _Ctx:
         mine = (
             got is not None and got.shape == self.local.shape and np.array_equal(got, self.local)
         )
-        return bool(self.comm.allreduce(mine, op=MPI.LAND))
+        return bool(collectives.all_true(self.comm, mine))
 
     def time(
         self, save_fn: Callable[[], Any], load_fn: Callable[[], Any]
@@ -176,7 +176,7 @@ def _zarr_per_rank(ctx: _Ctx) -> Tuple[float, float, bool]:
             shutil.rmtree(path, ignore_errors=True)
             zarr.create_array(path, shape=(ctx.rows, ctx.cols), dtype="f4", chunks=chunk,
                               compressors=None)
-        ctx.comm.Barrier()
+        collectives.barrier(ctx.comm)
         a = zarr.open_array(path, mode="r+")
         a[:, ctx.c0:ctx.c1] = ctx.local
 
@@ -202,7 +202,7 @@ def _zarr_shared_shards(ctx: _Ctx) -> Tuple[float, float, bool]:
             shutil.rmtree(path, ignore_errors=True)
             zarr.create_array(path, shape=(ctx.rows, ctx.cols), dtype="f4", chunks=inner,
                               shards=(s0, inner[1] * p), compressors=None)
-        ctx.comm.Barrier()
+        collectives.barrier(ctx.comm)
         a = zarr.open_array(path, mode="r+")
         a[:, ctx.c0:ctx.c1] = ctx.local
 
@@ -211,7 +211,7 @@ def _zarr_shared_shards(ctx: _Ctx) -> Tuple[float, float, bool]:
 
     save_s, load_s, ok = ctx.time(sv, ld)
     got = ld()
-    ctx.lost = int(ctx.comm.allreduce(int(np.sum(got != ctx.local)), op=MPI.SUM))
+    ctx.lost = int(sum(collectives.allgather(ctx.comm, int(np.sum(got != ctx.local)))))
     return save_s, load_s, True
 
 
@@ -233,7 +233,7 @@ def _tensorstore_per_rank(ctx: _Ctx) -> Tuple[float, float, bool]:
     def sv() -> None:
         if ctx.comm.Get_rank() == 0:
             ts.open(dict(spec, create=True, delete_existing=True)).result()
-        ctx.comm.Barrier()
+        collectives.barrier(ctx.comm)
         t = ts.open(spec).result()
         t[:, ctx.c0:ctx.c1].write(ctx.local).result()
 
@@ -254,7 +254,7 @@ def _dcp(ctx: _Ctx) -> Tuple[float, float, bool]:
 
     comm = ctx.comm
     if not dist.is_initialized():
-        port = comm.bcast(_free_port() if comm.Get_rank() == 0 else None, root=0)
+        port = collectives.bcast(comm, _free_port() if comm.Get_rank() == 0 else None)
         os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
         os.environ["MASTER_PORT"] = str(port)
         dist.init_process_group("gloo", rank=comm.Get_rank(), world_size=comm.Get_size())
@@ -267,7 +267,7 @@ def _dcp(ctx: _Ctx) -> Tuple[float, float, bool]:
     def sv() -> None:
         if comm.Get_rank() == 0:
             shutil.rmtree(path, ignore_errors=True)
-        comm.Barrier()
+        collectives.barrier(comm)
         dcp.save({"x": dt}, checkpoint_id=path)
 
     def ld() -> np.ndarray:
@@ -369,7 +369,7 @@ def bench_formats(
                 res = run(ctx)
             except Exception as e:  # a missing package, or a tool that fails here
                 err, res = f"{type(e).__name__}: {e}", None
-            errs = comm.allgather(err)
+            errs = collectives.allgather(comm, err)
             err = next((e for e in errs if e is not None), None)
             if err is not None or res is None:
                 row["skipped"] = err
@@ -384,10 +384,10 @@ def bench_formats(
             if progress is not None:
                 progress(row)
     finally:
-        comm.Barrier()
+        collectives.barrier(comm)
         if comm.Get_rank() == 0:
             shutil.rmtree(root, ignore_errors=True)
-        comm.Barrier()
+        collectives.barrier(comm)
     return rows
 
 

@@ -19,6 +19,7 @@ from typing import Any, Dict, List, Sequence, Tuple
 import numpy as np
 from mpi4py import MPI
 
+from .. import collectives
 from ..layout import Layout
 from ..mesh import Mesh
 from ..plan import Step
@@ -152,7 +153,7 @@ class HostReference:
         if self.kind in ("local_copy", "make_partial", "relabel"):
             return {"memcpy": lambda: np.copyto(self.rbuf, self.sbuf)}
         if self.kind == "alltoallv":
-            pad = c.allreduce(max(self.sc + self.rc), op=MPI.MAX)
+            pad = collectives.max_all(c, max(self.sc + self.rc))
             sb, rb = np.zeros(n * pad, np.uint8), np.zeros(n * pad, np.uint8)
             return {
                 "Alltoallv": lambda: c.Alltoallv(
@@ -162,7 +163,7 @@ class HostReference:
                 "Alltoall": lambda: c.Alltoall([sb, MPI.BYTE], [rb, MPI.BYTE]),
             }
         if self.kind == "allgatherv":
-            pad = c.allreduce(max(self.counts), op=MPI.MAX)
+            pad = collectives.max_all(c, max(self.counts))
             sb, rb = np.zeros(pad, np.uint8), np.zeros(n * pad, np.uint8)
             return {
                 "Allgatherv": lambda: c.Allgatherv(
@@ -170,7 +171,7 @@ class HostReference:
                 ),
                 "Allgather": lambda: c.Allgather([sb, MPI.BYTE], [rb, MPI.BYTE]),
             }
-        pad = c.allreduce(max(self.counts), op=MPI.MAX)
+        pad = collectives.max_all(c, max(self.counts))
         sb, rb = np.zeros(n * pad, self.dtype), np.zeros(pad, self.dtype)
         return {
             "Reduce_scatter": lambda: c.Reduce_scatter(

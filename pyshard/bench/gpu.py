@@ -16,7 +16,7 @@ from typing import Any, Dict, List, Optional, Tuple
 import numpy as np
 from mpi4py import MPI
 
-from .. import _backend, _core, _mpi
+from .. import _backend, _core, _mpi, collectives
 from ..array import from_local
 from ..geometry import exchange_specs, geometry
 from ..layout import Layout, Shard
@@ -130,7 +130,7 @@ class _CudaReference:
         sends, recvs = exchange_blocks(step, coords)
         sizes = {self._size(sl) for _, sl in sends + recvs}
         mine = sizes.pop() if len(sends) == len(recvs) == n and len(sizes) == 1 else -1
-        block = self.comm.allgather(mine)  # the choice must agree on every rank
+        block = collectives.allgather(self.comm, mine)  # the choice must agree on every rank
         self.regular = block[0] > 0 and all(b == block[0] for b in block)
         if self.regular:  # Alltoall: every member's block, this rank's own included
             self.own = None
@@ -317,7 +317,7 @@ def run_case_cuda(
     x.redistribute(case.dst, algorithm=algorithm, out=out)
     stream.synchronize()
     ok = all(bool(cp.array_equal(a, want)) for a in (y.local, base, out))
-    ok = comm.allreduce(ok, op=MPI.LAND)
+    ok = collectives.all_true(comm, ok)
     del y, want
 
     def run_pyshard() -> None:
@@ -340,7 +340,7 @@ def run_case_cuda(
     path = next((k for k in ("staged", "device_direct") if got.get(k)), "none")
     ps_coll = "+".join(sorted(k for k in got if k not in ("staged", "device_direct"))) or "none"
     sent = max((b[0] for b in p.rank_bytes(mesh.coords)), default=0)
-    sent = comm.allreduce(sent, op=MPI.MAX)
+    sent = collectives.max_all(comm, sent)
     med, hand, flo = (float(np.median(t)) for t in (t_ps, t_hand, t_floor))
     return {
         "case": case.name,
@@ -404,7 +404,7 @@ def bench_pack_cuda(
             row.update(_measure_pack(cp, comm.Get_size(), shape, dtype, reps))
         except Exception as e:  # noqa: BLE001 - report it; the other ranks wait in bcast
             row.update({"fraction": None, "why": f"{type(e).__name__}: {e}", "check": False})
-    return comm.bcast(row, root=0)
+    return collectives.bcast(comm, row)
 
 
 def _measure_pack(

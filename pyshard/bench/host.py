@@ -15,7 +15,7 @@ from typing import Dict
 import numpy as np
 from mpi4py import MPI
 
-from .. import _core, _mpi
+from .. import _core, _mpi, collectives
 from ..array import ShardedArray, executors, from_local
 from ..layout import Layout
 from ..mesh import Mesh
@@ -92,7 +92,7 @@ def run_case(
     ok = bool(np.array_equal(base_out, y.local))
     y2 = x.redistribute(case.dst, algorithm=algorithm, out=np.empty_like(y.local))
     ok = ok and bool(np.array_equal(y2.local, y.local))
-    ok = comm.allreduce(ok, op=MPI.LAND)
+    ok = collectives.all_true(comm, ok)
     del y, y2, base_out
     out = np.empty(p.dst.local_shape(mesh.coords), dtype)
     t_ps = timed(
@@ -104,9 +104,9 @@ def run_case(
     same = _SAME_FLOOR.get(_called(x, case, algorithm), fastest)
     t_base = timed(ref.baseline, comm, reps, warmup)
     sent = max((b[0] for b in p.rank_bytes(mesh.coords)), default=0)
-    sent = comm.allreduce(sent, op=MPI.MAX)
-    peak = comm.allreduce(_peak_extra(p, mesh, algorithm), op=MPI.MAX)
-    local_bytes = comm.allreduce(x.local.nbytes, op=MPI.MAX)
+    sent = collectives.max_all(comm, sent)
+    peak = collectives.max_all(comm, _peak_extra(p, mesh, algorithm))
+    local_bytes = collectives.max_all(comm, x.local.nbytes)
     med, base = float(np.median(t_ps)), float(np.median(t_base))
     flo, same_flo = floors[fastest], floors.get(same, floors[fastest])
     plain = float(np.median(t_plain))

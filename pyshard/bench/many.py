@@ -17,6 +17,7 @@ from typing import Any, Dict, List
 import numpy as np
 from mpi4py import MPI
 
+from .. import collectives
 from ..array import from_local
 from ..layout import Layout, Shard
 from ..many import redistribute_many
@@ -64,7 +65,7 @@ def bench_many(comm: MPI.Comm, count: int = 200, scale: int = 1, reps: int = 5,
     rd = np.concatenate(([0], np.cumsum(rcounts)[:-1]))
     t_v = median_s(lambda: comm.Alltoallv([sbuf, (counts, sd), MPI.BYTE],
                                           [rbuf, (rcounts, rd), MPI.BYTE]), comm, reps, warmup)
-    block = int(comm.allreduce(int(max(counts.max(), rcounts.max())), op=MPI.MAX))
+    block = int(collectives.max_all(comm, int(max(counts.max(), rcounts.max()))))
     pb, pr = np.ones(block * P, np.uint8), np.empty(block * P, np.uint8)
     t_a = median_s(lambda: comm.Alltoall(pb, pr), comm, reps, warmup)
     floor, which = (t_v, "Alltoallv") if t_v <= t_a else (t_a, "Alltoall")

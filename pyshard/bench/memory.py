@@ -12,6 +12,7 @@ from typing import Any, Dict
 import numpy as np
 from mpi4py import MPI
 
+from .. import collectives
 from ..array import from_local
 from ..layout import Shard
 from ..mesh import Mesh
@@ -50,9 +51,9 @@ def bench_memory(comm: MPI.Comm, shapes: int = 400, cols: int = 2048) -> Dict[st
         if i + 1 == first:
             peak_first = _peak_rss_mib()
     peak_n = _peak_rss_mib()
-    seconds = comm.allreduce(time.perf_counter() - t0, op=MPI.MAX)
-    peak_first = comm.allreduce(peak_first, op=MPI.MAX)
-    peak_n = comm.allreduce(peak_n, op=MPI.MAX)
+    seconds = collectives.max_all(comm, time.perf_counter() - t0)
+    peak_first = collectives.max_all(comm, peak_first)
+    peak_n = collectives.max_all(comm, peak_n)
     growth = peak_n - peak_first
     return {
         "case": "memory",

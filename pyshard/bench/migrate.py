@@ -21,7 +21,7 @@ from typing import Any, Dict, List, Sequence
 import numpy as np
 from mpi4py import MPI
 
-from .. import _core, comm_stats, reset_comm_stats
+from .. import _core, collectives, comm_stats, reset_comm_stats
 from ..layout import Layout, Shard
 from ..mesh import Mesh
 from ..migrate import migrate, owner
@@ -142,13 +142,13 @@ def bench_migrate(comm: MPI.Comm, rows: int = 1_000_000, reps: int = 5, warmup: 
         ok = all(np.array_equal(a, b) for a, b in zip(r.rows.values(), ref))
         back = r.back(r.rows)
         ok = ok and all(np.array_equal(back[k], cols[k]) for k in cols)
-        ok = bool(comm.allreduce(ok, op=MPI.LAND))
+        ok = bool(collectives.all_true(comm, ok))
         floor = Floor(cols, dest, mesh.comm)
         t = _times(cols, dest, mesh, r, floor, reps, warmup)
         reset_comm_stats()
         migrate(cols, dest, mesh, "nbx")
-        msgs = comm.allreduce(comm_stats().get("migrate_messages", 0), op=MPI.MAX)
-        leaving = comm.allreduce(int((dest != mesh.rank).sum()), op=MPI.SUM)
+        msgs = collectives.max_all(comm, comm_stats().get("migrate_messages", 0))
+        leaving = sum(collectives.allgather(comm, int((dest != mesh.rank).sum())))
         out.append({"pattern": pat, "leaving": leaving, "max_messages_per_rank": msgs,
                     "check": ok, "ms": {k: 1e3 * v for k, v in t.items()}})
     mesh.free()

@@ -8,6 +8,8 @@ from typing import Callable, List
 import numpy as np
 from mpi4py import MPI
 
+from .. import collectives
+
 
 def timed(fn: Callable[[], object], comm: MPI.Comm, reps: int, warmup: int) -> List[float]:
     """Run ``fn`` ``warmup`` times untimed, then ``reps`` times with a barrier before each;
@@ -16,10 +18,10 @@ def timed(fn: Callable[[], object], comm: MPI.Comm, reps: int, warmup: int) -> L
         fn()
     out = []
     for _ in range(reps):
-        comm.Barrier()
+        collectives.barrier(comm)
         t0 = time.perf_counter()
         fn()
-        out.append(comm.allreduce(time.perf_counter() - t0, op=MPI.MAX))
+        out.append(collectives.max_all(comm, time.perf_counter() - t0))
     return out
 
 
