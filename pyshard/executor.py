@@ -440,7 +440,9 @@ def _startable(e: _Step) -> bool:
 class Pending:
     """A redistribute in flight, from ``ShardedArray.redistribute(..., wait=False)``.
 
-    :meth:`wait` returns the result. Several may be in flight on one mesh; every rank must
+    :meth:`wait` returns the result; :meth:`test` says whether it is complete (as
+    ``MPI_Test``: once it returns True, :meth:`wait` returns the result at once). Several may
+    be in flight on one mesh; every rank must
     start them in the same order, and may wait for them in any order: waiting for one first
     completes, in start order, those started before it (identically on every rank, so the
     collectives of later steps match). Overlap: the first step of the plan is posted when
@@ -510,6 +512,17 @@ class Pending:
         while not self._done:
             self._mesh.pending[0]._finish()
         return self._result
+
+    def test(self) -> bool:
+        """True when the redistribute has completed, completing it: :meth:`wait` then returns
+        the result at once, and every later call returns True. A plan that ran whole when it
+        started is complete already (no communication here). For an exchange in flight, the
+        core's ``PendingExchange`` has no non-blocking test (``MPI_Testall``), so the first
+        call completes it as :meth:`wait` does (collective: it waits for the peers) and
+        returns True: ``while not p.test(): compute()`` ends after one call."""
+        if not self._done:
+            self.wait()
+        return True
 
     def __repr__(self) -> str:
         return f"Pending({self._plan}, {'done' if self._done else 'in flight'})"

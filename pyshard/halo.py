@@ -151,12 +151,13 @@ class HaloArray:
     :class:`~pyshard.ShardedArray` whose local array is ``interior`` (``redistribute`` and
     ``save`` work on it). :meth:`update` fills the ghost cells from the owners' current
     interiors; :meth:`start` / :meth:`wait` do the same in two halves so that the caller
-    computes in between. Every rank of the mesh must call them, in the same order for all
-    the halo arrays of a mesh. While an exchange is in flight (after :meth:`start`, before
-    :meth:`wait`) the interior may be read and written (the sends were packed, or copied
-    into the node peers, when :meth:`start` returned; not with ``method="datatype"``, whose
-    MPI datatypes read it until :meth:`wait`), the ghost cells may not be touched (they are
-    written by :meth:`wait`, or land by MPI at any time).
+    computes in between (:meth:`test`: whether the exchange is complete). Every rank of the
+    mesh must call them, in the same order for all the halo arrays of a mesh. While an
+    exchange is in flight (after :meth:`start`, before :meth:`wait`) the interior may be
+    read and written (the sends were packed, or copied into the node peers, when
+    :meth:`start` returned; not with ``method="datatype"``, whose MPI datatypes read it
+    until :meth:`wait`), the ghost cells may not be touched (they are written by
+    :meth:`wait`, or land by MPI at any time).
 
     :meth:`fold` is the reverse (the adjoint of :meth:`update` for ``op="sum"``): each ghost
     cell an update would write is combined into the interior cell of its owner;
@@ -169,7 +170,7 @@ class HaloArray:
         "padded", "interior", "width", "periodic", "corners", "layout", "mesh", "method",
         "chosen", "fold_chosen",
         "_spec", "_cls", "_step", "_dev", "_active", "_array", "_fstep", "_fgeom", "_folding",
-        "_route", "_froute", "_buf",
+        "_route", "_froute", "_buf", "_tested",
     )
 
     def __init__(self, x: Placed, width: WidthArg, periodic: PeriodicArg = False,
@@ -227,6 +228,7 @@ class HaloArray:
         self._fstep: Any = None
         self._fgeom: Any = None
         self._folding: Optional[str] = None  # the op of the fold in flight
+        self._tested = False  # test() completed the exchange in flight; wait() has not run
 
     @property
     def array(self) -> Placed:
@@ -304,6 +306,7 @@ class HaloArray:
         """Fill the ghost cells from the owners' current interiors; collective (blocking)."""
         if self._active or self._folding:
             raise RuntimeError("HaloArray.update(): an exchange is in flight; call wait() first")
+        self._tested = False
         step = self._core_step()
         if self._dev:
             ptr, stream = self.padded.data.ptr, bk.stream_ptr()
@@ -316,6 +319,7 @@ class HaloArray:
         """Start filling the ghost cells and return at once; :meth:`wait` completes it."""
         if self._active or self._folding:
             raise RuntimeError("HaloArray.start(): already started; call wait() first")
+        self._tested = False
         step = self._core_step()
         if self._dev:
             step.start_device(self.padded.data.ptr, bk.stream_ptr())
@@ -468,6 +472,7 @@ class HaloArray:
         The ghost cells are left as they are; ``refresh=True`` then fills them with the
         owners' new values (an :meth:`update`)."""
         self._check_fold(op, "fold()")
+        self._tested = False
         step = self._fold_step()
         if not self._dev and op in _OP_CODE and self.padded.dtype in _KIND_CODE:
             step.fold(self.padded, _OP_CODE[op], _KIND_CODE[self.padded.dtype])
@@ -482,6 +487,7 @@ class HaloArray:
         interior may be read and written (the contributions combine into what it holds at
         :meth:`wait`), the ghost cells may be read, not written."""
         self._check_fold(op, "start_fold()")
+        self._tested = False
         step = self._fold_step()
         self._fold_start(step, self.padded)
         self._folding = op
@@ -489,10 +495,13 @@ class HaloArray:
     def wait(self) -> None:
         """Complete the exchange :meth:`start` (or :meth:`start_fold`) began: the ghost
         cells are filled (the interior cells combined), on a GPU ready on cupy's current
-        stream."""
+        stream. After a :meth:`test` that completed it, returns at once."""
         if self._folding:
             op, self._folding = self._folding, None
             self._fold_wait(self._fstep, op, self.padded)
+            return
+        if self._tested:
+            self._tested = False
             return
         if not self._active:
             raise RuntimeError("HaloArray.wait(): no exchange in flight; call start() first")
@@ -501,6 +510,20 @@ class HaloArray:
             self._step.wait_device(self.padded.data.ptr, bk.stream_ptr())
         else:
             self._step.wait(self.padded)
+
+    def test(self) -> bool:
+        """True when the exchange :meth:`start` (or :meth:`start_fold`) began has completed,
+        completing it: the ghost cells are then filled (the interior cells combined),
+        :meth:`wait` returns at once, and every later call returns True until the next
+        exchange starts. With no exchange in flight, True (as ``MPI_Test`` on an inactive
+        request). The core's halo steps (``HaloStep``, ``ShmHaloStep``) have no non-blocking
+        test (``MPI_Testall`` on their requests, a look at the node handshake's counters), so
+        the first call completes the exchange as :meth:`wait` does (collective: it waits for
+        the peers) and returns True: ``while not h.test(): compute()`` ends after one call."""
+        if self._active or self._folding:
+            self.wait()
+            self._tested = True
+        return True
 
     def explain(self) -> str:
         """Peers, messages and bytes of this rank's exchange, and how it runs."""

@@ -1,13 +1,19 @@
 """Redistributes in flight: ``redistribute(..., wait=False)`` returns a Pending whose
 ``wait()`` gives the same result as the blocking call (against the numpy oracle); several in
 flight at once, started in the same order and waited in any order, with blocking calls and
-halo updates in between; multi-step plans; both exchange algorithms; forced staging."""
+halo updates in between; multi-step plans; both exchange algorithms; forced staging. And
+``test()``: on a Pending and on a HaloArray's update and fold (every method), a loop
+``while not h.test()`` ends, the result is there when it returns True (against the oracle),
+and ``wait()`` then returns it without communicating."""
 
 from __future__ import annotations
+
+import time
 
 import numpy as np
 import pytest
 from oracle import make_global
+from test_halo import HALO_MPI, check_halo, counted, padded_with_fill
 from test_redistribute_nd import MESHES, counts_since
 from test_staged import staged  # noqa: F401 - the fixture
 
@@ -101,4 +107,175 @@ def test_staged(comm):
         got = counts_since(before)
         if comm.size > 1:
             assert got.get("staged") == 2, got
+    mesh.free()
+
+
+# ----------------------------------------------------------------------------- test()
+
+
+def spin(handle, seconds=60.0):
+    """``while not handle.test(): compute()``: the loop must end (within ``seconds``)."""
+    deadline = time.monotonic() + seconds
+    work = 0.0
+    while not handle.test():
+        work += float(np.sum(np.arange(100.0)))  # the caller's compute
+        assert time.monotonic() < deadline, "test() never completed the operation"
+    assert handle.test() is True  # and stays True
+
+
+@pytest.mark.parametrize("algorithm", ["alltoallv", "p2p", "auto"])
+def test_test_completes_a_redistribute(comm, algorithm):
+    """test() completes the redistribute (its one collective counted by then), wait() then
+    returns the result without communicating, and both keep returning the same."""
+    mesh = ps.Mesh(comm, (comm.size,))
+    g = make_global((3 * comm.size + 2, 2 * comm.size + 1), "float64")
+    x = ps.distribute(g, mesh, [S0])
+    before = ps.comm_stats()
+    p = x.redistribute([S1], algorithm=algorithm, wait=False)
+    spin(p)
+    done = counts_since(before)
+    if comm.size > 1:
+        assert sum(done.values()) == 1, done
+    y = p.wait()
+    assert counts_since(before) == done  # wait() after test(): no communication
+    check(y, g)
+    assert p.test() is True and p.wait() is y
+    mesh.free()
+
+
+def test_test_with_several_in_flight(comm):
+    """test() on the last one started completes those started before it too (in start
+    order, as wait() does); each then waits at once."""
+    mesh = ps.Mesh(comm, (comm.size,))
+    gs = [make_global((2 * comm.size + k, comm.size + 3), "int32", seed=k) for k in range(3)]
+    xs = [ps.distribute(g, mesh, [S0]) for g in gs]
+    pending = [x.redistribute([S1], algorithm=a, wait=False)
+               for x, a in zip(xs, ("alltoallv", "p2p", "alltoallv"))]
+    spin(pending[2])
+    before = ps.comm_stats()
+    for k in (1, 0, 2):
+        assert pending[k].test() is True
+        check(pending[k].wait(), gs[k])
+    assert counts_since(before) == {}
+    mesh.free()
+
+
+def test_test_of_a_plan_that_ran_when_started(comm):
+    """A gather runs whole when it starts: test() is True at once, with no communication."""
+    mesh = ps.Mesh(comm, (comm.size,))
+    g = make_global((comm.size + 2, 3), "float64")
+    x = ps.distribute(g, mesh, [S0])
+    p = x.redistribute([R], wait=False)
+    before = ps.comm_stats()
+    assert p.test() is True
+    assert counts_since(before) == {}
+    check(p.wait(), g)
+    mesh.free()
+
+
+@pytest.mark.usefixtures("staged")
+def test_test_staged(comm):
+    mesh = ps.Mesh(comm, (comm.size,))
+    g = make_global((2 * comm.size + 1, comm.size + 2), "complex128")
+    x = ps.distribute(g, mesh, [S0])
+    for algorithm in ("alltoallv", "p2p"):
+        p = x.redistribute([S1], algorithm=algorithm, wait=False)
+        spin(p)
+        check(p.wait(), g)
+    mesh.free()
+
+
+# ----------------------------------------------------------------------------- HaloArray.test()
+
+HALO_METHODS = [*HALO_MPI, "shm", "auto"]
+
+
+@pytest.mark.parametrize("method", HALO_METHODS)
+def test_halo_test_completes_an_update(comm, method):
+    """start(), then test() until True: the ghost cells are filled (against the oracle)
+    before wait(), which then returns at once without communicating."""
+    mesh = ps.Mesh(comm, (comm.size,))
+    g = make_global((3 * comm.size + 1, 5), "float64", seed=4)
+    x = ps.distribute(g, mesh, [S0])
+    h = x.with_halo(1, periodic=(True, False), method=method)
+    for k in range(2):  # the second exchange after the owners changed their interiors
+        padded_with_fill(h)
+        before = ps.comm_stats()
+        h.start()
+        spin(h)
+        check_halo(g + k, x, h, f"update {k} by test()")
+        done = counts_since(before)
+        assert done == {counted(h): 1}, done
+        h.wait()
+        assert counts_since(before) == done  # wait() after test(): no communication
+        assert h.test() is True
+        h.interior[...] += 1
+    with pytest.raises(RuntimeError, match="no exchange in flight"):
+        h.wait()  # the exchange test() completed was waited for already
+    mesh.free()
+
+
+def test_halo_test_without_an_exchange(comm):
+    """test() with nothing in flight is True (as MPI_Test on an inactive request); wait()
+    still says nothing was started; a new exchange may start after test() completed one."""
+    mesh = ps.Mesh(comm, (comm.size,))
+    g = make_global((2 * comm.size + 1, 4), "float32", seed=5)
+    x = ps.distribute(g, mesh, [S0])
+    h = x.with_halo(1, periodic=True)
+    assert h.test() is True
+    with pytest.raises(RuntimeError, match="no exchange in flight"):
+        h.wait()
+    h.start()
+    assert h.test() is True
+    h.start()  # completed by test(): no wait() needed before the next start
+    h.wait()
+    padded_with_fill(h)
+    h.start()
+    assert h.test() is True
+    h.update()  # a blocking update after test(): wait() has nothing left to return
+    check_halo(g, x, h, "update after test()")
+    with pytest.raises(RuntimeError, match="no exchange in flight"):
+        h.wait()
+    mesh.free()
+
+
+def fold_reference(g, boxes, seed_rows):
+    """``g`` after every rank's ghost rows (width 1 on dim 0, periodic) fold into their
+    owners with op sum: rank q's top ghost row (global row lo - 1) holds ``seed_rows(q)[0]``,
+    its bottom one (global row hi) ``seed_rows(q)[1]``."""
+    out = g.copy()
+    n = g.shape[0]
+    for q, (lo, hi) in enumerate(boxes):
+        top, bottom = seed_rows(q)
+        out[(lo - 1) % n] += top
+        out[hi % n] += bottom
+    return out
+
+
+@pytest.mark.parametrize("method", HALO_METHODS)
+def test_halo_test_completes_a_fold(comm, method):
+    """start_fold(), then test() until True: the ghost rows are summed into their owners'
+    rows (against a numpy reference) before wait(), which then returns at once."""
+    mesh = ps.Mesh(comm, (comm.size,))
+    g = make_global((3 * comm.size + 1, 4), "float64", seed=6)
+    x = ps.distribute(g, mesh, [S0])
+    h = x.with_halo((1, 0), periodic=True, method=method)
+    boxes = [x.layout.interval(0, (q,)) for q in range(comm.size)]
+
+    def seed_rows(q):
+        col = np.arange(4.0)
+        return 10.0 * (q + 1) + col, 1000.0 * (q + 1) + col
+
+    top, bottom = seed_rows(mesh.rank)
+    h.padded[0], h.padded[-1] = top, bottom
+    want = fold_reference(g, boxes, seed_rows)
+    before = ps.comm_stats()
+    h.start_fold("sum")
+    spin(h)
+    np.testing.assert_array_equal(h.interior, want[x.box])
+    done = counts_since(before)
+    assert done == {counted(h, fold=True): 1}, done
+    h.wait()
+    assert counts_since(before) == done
+    np.testing.assert_array_equal(h.interior, want[x.box])
     mesh.free()
