@@ -335,12 +335,7 @@ CountResult migrate_counts(const Comm& comm, int algorithm, const i64* counts, i
       if (msg[1] != sig && r.sig_rank < 0) r.sig_rank = src;
     }
     if (!joined) {
-      int done = 1;
-      if (!sends.empty())
-        check_mpi(MPI_Testall(static_cast<int>(sends.size()), sends.data(), &done,
-                                   MPI_STATUSES_IGNORE),
-                       "MPI_Testall");
-      if (done) {
+      if (sends.empty() || mpi::testall(sends.size(), sends.data())) {
         mpi::iallreduce_min_i64(red, 3, comm.get(), &barrier);
         joined = true;
       }
@@ -361,27 +356,27 @@ MigratePeers::MigratePeers(std::shared_ptr<Comm> comm, std::vector<int> peers)
   sb_.assign(2 * K, 0);
   rb_.assign(2 * K, 0);
   reqs_.assign(2 * K, MPI_REQUEST_NULL);
+  constexpr int kPair = 2 * sizeof(i64);
   for (size_t k = 0; k < K; ++k) {
-    check_mpi(MPI_Recv_init(&rb_[2 * k], 2 * sizeof(i64), MPI_BYTE, peers_[k],
-                            tags::kMigratePeers, comm_->get(), &reqs_[2 * k]),
-              "MPI_Recv_init");
-    check_mpi(MPI_Send_init(&sb_[2 * k], 2 * sizeof(i64), MPI_BYTE, peers_[k],
-                            tags::kMigratePeers, comm_->get(), &reqs_[2 * k + 1]),
-              "MPI_Send_init");
+    // two int64 as 16 bytes of MPI_BYTE: an int count under any count limit
+    mpi::recv_init_typed(&rb_[2 * k], kPair, MPI_BYTE, peers_[k], tags::kMigratePeers,
+                         comm_->get(), &reqs_[2 * k]);
+    mpi::send_init_typed(&sb_[2 * k], kPair, MPI_BYTE, peers_[k], tags::kMigratePeers,
+                         comm_->get(), &reqs_[2 * k + 1]);
   }
 }
 
 MigratePeers::~MigratePeers() {
   if (mpi::finalized()) return;
   for (MPI_Request& r : reqs_)
-    if (r != MPI_REQUEST_NULL) MPI_Request_free(&r);
+    if (r != MPI_REQUEST_NULL) mpi::request_free(&r);
 }
 
 CountResult MigratePeers::exchange(const i64* counts, i64 code, i64 sig) {
   const int P = comm_->size(), me = comm_->rank();
   fill_peer_counts(sb_, peers_, counts, code, sig);
   if (!reqs_.empty()) {
-    check_mpi(MPI_Startall(static_cast<int>(reqs_.size()), reqs_.data()), "MPI_Startall");
+    mpi::startall(reqs_.size(), reqs_.data());
     mpi::waitall(reqs_.size(), reqs_.data());
   }
   stats()["migrate_peers"] += 1;

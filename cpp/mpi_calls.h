@@ -168,6 +168,12 @@ inline bool test(MPI_Request* r) {  // drives progress; unchecked (the wait that
   MPI_Test(r, &done, MPI_STATUS_IGNORE);
   return done != 0;
 }
+// Have all `n` requests completed (each then MPI_REQUEST_NULL)? Drives progress; checked.
+inline bool testall(size_t n, MPI_Request* r) {
+  int done = 0;
+  check_mpi(MPI_Testall(static_cast<int>(n), r, &done, MPI_STATUSES_IGNORE), "MPI_Testall");
+  return done != 0;
+}
 inline void waitall(size_t n, MPI_Request* r) {
   check_mpi(MPI_Waitall(static_cast<int>(n), r, MPI_STATUSES_IGNORE), "MPI_Waitall");
 }

@@ -379,3 +379,44 @@ def test_private_reach_finds_imports_and_attributes(tmp_path):
         "tests/test_x.py:3: from pyshard import _shm",
         "tests/test_x.py:4: from pyshard.many import _Fused",
     ]  # fmt: skip
+
+
+# ----------------------------------------------------------------------------- the core's MPI calls
+
+CPP_DIR = PKG_DIR.parent / "cpp"
+
+
+def raw_mpi_calls(cpp: Path) -> List[str]:
+    """Calls ``MPI_Name(...)`` (and ``PMPI_``, ``MPIX_``) in the core's sources outside
+    cpp/mpi_calls.{h,cpp}, the one place the core calls MPI (comments and string literals
+    left out; constants, types and handles are not calls)."""
+    import re
+
+    call = re.compile(r"\b(P?MPIX?_[A-Z][A-Za-z0-9_]*)\s*\(")
+    noise = re.compile(r'//[^\n]*|/\*.*?\*/|"(?:\\.|[^"\\\n])*"', re.S)
+    out: List[str] = []
+    for path in sorted(cpp.rglob("*")):
+        if path.suffix not in (".cpp", ".h", ".cu", ".cuh", ".hpp") or path.stem == "mpi_calls":
+            continue
+        # blank out comments and strings, keeping line breaks so line numbers hold
+        text = noise.sub(lambda m: re.sub(r"[^\n]", " ", m.group()),
+                         path.read_text(encoding="utf-8"))
+        for m in call.finditer(text):
+            out.append(f"{path.relative_to(cpp.parent)}:{text.count(chr(10), 0, m.start()) + 1}: "
+                       f"{m.group(1)}")
+    return out
+
+
+def test_the_core_calls_mpi_only_in_mpi_calls(tmp_path):
+    found = raw_mpi_calls(CPP_DIR)
+    assert not found, "call MPI through cpp/mpi_calls.{h,cpp}:\n" + "\n".join(found)
+    # and the check fails where it should: one raw call put back into a copy of migrate.cpp
+    cpp = tmp_path / "cpp"
+    cpp.mkdir()
+    for name in ("mpi_calls.h", "mpi_calls.cpp", "migrate.cpp"):
+        (cpp / name).write_text((CPP_DIR / name).read_text(encoding="utf-8"), encoding="utf-8")
+    with (cpp / "migrate.cpp").open("a", encoding="utf-8") as f:
+        f.write('// MPI_Barrier(comm) in a comment\nconst char* s = "MPI_Barrier(comm)";\n'
+                "void f(MPI_Request* r) {\n  MPI_Startall (2, r);\n}\n")
+    lines = (cpp / "migrate.cpp").read_text(encoding="utf-8").count("\n")
+    assert raw_mpi_calls(cpp) == [f"cpp/migrate.cpp:{lines - 1}: MPI_Startall"]
