@@ -196,7 +196,8 @@ class Migrated:
         their original order. ``r.back(r.rows)`` returns the input. Point-to-point messages to
         the ranks that sent rows only (no collective). Every rank calls it; bad values raise
         ``ValueError`` here and on the ranks this rank exchanges rows with.
-        ``wait=False`` returns a handle whose ``wait()`` gives the result."""
+        ``wait=False`` returns a handle whose ``wait()`` gives the result and whose
+        ``test()`` completes it (as :meth:`PendingMigration.test`)."""
         st, cols, code, detail = _split(values, "values")
         if not code:
             for k, a in zip(st.keys, cols):
@@ -274,6 +275,20 @@ class _InFlight:
         self.recv: Optional[np.ndarray] = recv
         self.pooled_recv = pooled_recv  # else node-shared memory, freed with its last view
 
+    def wait(self) -> Any:
+        """Complete the exchange and return its result (each kind of handle its own)."""
+        raise NotImplementedError
+
+    def test(self) -> bool:
+        """True when the exchange has completed, completing it: ``wait()`` then returns the
+        result at once, and every later call returns True. The core's ``MigrateExchange``
+        has no non-blocking test (``MPI_Testall`` on its messages, a look at the node
+        handshake's counters), so the first call completes the exchange as ``wait()`` does
+        (it waits for the peers) and returns True: ``while not p.test(): compute()`` ends
+        after one call."""
+        self.wait()
+        return True
+
     def _complete(self) -> None:
         """Complete the messages and give the buffers back (once, even when it raises)."""
         if self.send is None or self.recv is None:
@@ -288,6 +303,9 @@ class _InFlight:
 
 
 class _PendingBack(_InFlight):
+    """A :meth:`Migrated.back` in flight (``wait=False``): :meth:`wait` gives the values
+    back on this rank, :meth:`test` completes it."""
+
     def __init__(self, x: Any, bufs: _Buffers, send: np.ndarray, recv: np.ndarray,
                  st: _Structure, outs: List[np.ndarray], cols: List[np.ndarray],
                  device: bool, pooled_recv: bool = True) -> None:
@@ -296,6 +314,7 @@ class _PendingBack(_InFlight):
         self.result: Any = None
 
     def wait(self) -> Rows:
+        """The values back on this rank (the structure ``back`` was given)."""
         if self.result is None:
             self._complete()
             self.result = self.st.build(_to_device(self.outs) if self.device else self.outs)
@@ -307,8 +326,9 @@ class PendingMigration(_InFlight):
     count exchange is blocking: with ``alltoall`` an ``MPI_Alltoall``), the rows packed and
     their messages posted; only the rows' flight overlaps the caller's work. ``counts`` and
     ``sent`` are known already. :meth:`wait` completes the messages and returns the
-    :class:`Migrated`. The input arrays and ``dest`` must not be written until then (and
-    ``dest`` not until every :meth:`Migrated.back` of the result has returned)."""
+    :class:`Migrated`; :meth:`test` says whether they are complete. The input arrays and
+    ``dest`` must not be written until then (and ``dest`` not until every
+    :meth:`Migrated.back` of the result has returned)."""
 
     def __init__(self, x: Any, bufs: _Buffers, send: np.ndarray, recv: np.ndarray,
                  result: Migrated, outs: List[np.ndarray], st: _Structure) -> None:
@@ -327,6 +347,7 @@ class PendingMigration(_InFlight):
         return self._result.sent
 
     def wait(self) -> Migrated:
+        """The :class:`Migrated` (its rows received)."""
         if not self.done:
             self._complete()
             self.done = True

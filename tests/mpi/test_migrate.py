@@ -3,10 +3,12 @@ computes the oracle (what it must receive, in the documented order: grouped by s
 each group in its source's order) for itself, with no gather. Patterns: all stay, all to one
 rank, uniform random, neighbours only, one rank sending to all; random row counts (0
 included); 1-4 columns of mixed dtypes (bfloat16 and float8 where ml_dtypes is installed) and
-trailing dims; every count exchange forced; back() round trips; wait=False; bad input raised
-on every rank; pyshard.owner against a cell-by-cell oracle."""
+trailing dims; every count exchange forced; back() round trips; wait=False and test(); bad
+input raised on every rank; pyshard.owner against a cell-by-cell oracle."""
 
 from __future__ import annotations
+
+import time
 
 import numpy as np
 import pytest
@@ -160,6 +162,41 @@ def test_wait_false(mesh, algorithm):
     b = pb.wait()
     for k in cols:
         same(b[k], cols[k])
+
+
+def spin(handle, seconds=60.0):
+    """``while not handle.test(): compute()``: the loop must end (within ``seconds``), and
+    test() stays True after."""
+    deadline = time.monotonic() + seconds
+    while not handle.test():
+        assert time.monotonic() < deadline, "test() never completed the migration"
+    assert handle.test() is True
+
+
+@pytest.mark.parametrize("algorithm", ["alltoall", "nbx", "shm", "peers"])
+def test_test_completes_a_migration_and_its_back(mesh, algorithm):
+    """test() on migrate(wait=False)'s handle and on back(wait=False)'s: the loop ends, wait()
+    then returns the rows (against the oracle), the same object at every call."""
+    P, me = mesh.size, mesh.rank
+    spec = [("x", "float64", (3,)), ("id", "int64", ())]
+    pattern = "neighbours" if algorithm == "peers" else "uniform"
+    peers = sorted({(me - 1) % P, (me + 1) % P}) if algorithm == "peers" else None
+    cols, dest = rows_of(4, me, P, pattern, spec)
+    pend = ps.migrate(cols, dest, mesh, algorithm=algorithm, wait=False, peers=peers)
+    spin(pend)
+    r = pend.wait()
+    assert isinstance(r, ps.Migrated) and pend.wait() is r and pend.test() is True
+    want, counts = expected(4, me, P, pattern, spec)
+    np.testing.assert_array_equal(r.counts, counts)
+    for k in want:
+        same(r.rows[k], want[k])
+    y = {"x": r.rows["x"] * 2, "id": r.rows["id"]}
+    pb = r.back(y, wait=False)
+    spin(pb)
+    b = pb.wait()
+    assert pb.wait() is b
+    same(b["x"], cols["x"] * 2)
+    same(b["id"], cols["id"])
 
 
 def test_peers(mesh):
