@@ -147,8 +147,8 @@ ShmSegment::~ShmSegment() {
 
 NodeCtl::NodeCtl(int slots, bool fail) : slots_(slots) {
   try {
-    if (fail)  // tests: this rank cannot set up (the others follow)
-      throw std::runtime_error("the test hook PYSHARD_TEST_SHM_FAIL is set on this rank");
+    if (fail)  // asked for: this rank cannot set up (the others follow)
+      throw std::runtime_error("this rank's NodeCtl was made with fail=True");
     mine_ = std::make_shared<ShmSegment>((1 + static_cast<i64>(slots)) * kPage, 0);
     bytes_ = mine_->cap;
     for (int k = 0; k < slots; ++k) {
@@ -210,7 +210,7 @@ bool NodeCtl::connect(int me, const std::vector<int>& ranks,
   expect_ = 0;
   for (int r : ranks) expect_ += r != me;
   bool all = !fail;
-  if (fail) why_ = "the test hook PYSHARD_TEST_SHM_FAIL=map is set on this rank";
+  if (fail) why_ = "this rank's NodeCtl.connect was called with fail=True";
   for (size_t i = 0; i < ranks.size(); ++i) {
     if (ranks[i] == me) continue;
     char* p = fds[i] >= 0 ? map_foreign(pids[i], fds[i], bytes_) : nullptr;

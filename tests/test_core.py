@@ -116,6 +116,20 @@ def test_workspace_pool_trim():
     assert ws.held == 0
 
 
+def test_a_node_control_segment_asked_to_fail_names_its_argument():
+    """NodeCtl's ``fail`` arguments (its setup, its connect) fail it, and why() names them."""
+    import os
+
+    bad = _core.NodeCtl(2, fail=True)
+    assert not bad.ok and bad.why == "this rank's NodeCtl was made with fail=True"
+    ctl = _core.NodeCtl(2)
+    if not ctl.ok:
+        pytest.skip(f"node-shared memory is not usable here: {ctl.why}")
+    assert not ctl.connect(0, [0], [os.getpid()], [ctl.fd], fail=True)
+    assert ctl.why == "this rank's NodeCtl.connect was called with fail=True"
+    ctl.release()
+
+
 def test_enums_cross_the_boundary():
     assert _core.Algorithm.p2p.name == "p2p"
     assert {a.name for a in _core.Algorithm.__members__.values()} == {
