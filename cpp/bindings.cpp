@@ -150,8 +150,10 @@ PYBIND11_MODULE(_core, m) {
       .def("run",
            [](ExchangeStep& s, const py::array& a, py::array& b) {
              run_host(s, a, b, &s.geometry().src_shape, &s.geometry().dst_shape);
-           })
-      .def("run_device", &run_device<ExchangeStep>)
+           },
+           py::arg("src"), py::arg("dst"))
+      .def("run_device", &run_device<ExchangeStep>,
+           py::arg("src"), py::arg("dst"), py::arg("stream"))
       .def("start",
            [](ExchangeStep& s, const py::array& a, py::array& b, PendingExchange& p) {
              Buf src = get_buf(a, false, "source");
@@ -160,12 +162,14 @@ PYBIND11_MODULE(_core, m) {
              check_shape(dst, s.geometry().dst_shape, "destination");
              py::gil_scoped_release nogil;
              s.start(src.ptr, dst.ptr, host_packer(), p);
-           })
+           },
+           py::arg("src"), py::arg("dst"), py::arg("pending"))
       .def("complete",
            [](ExchangeStep& s, PendingExchange& p) {
              py::gil_scoped_release nogil;
              s.complete(p, host_packer());
-           })
+           },
+           py::arg("pending"))
       .def("start_device",
            [](ExchangeStep& s, std::uintptr_t src, std::uintptr_t dst, std::uintptr_t stream,
               PendingExchange& p) {
@@ -173,14 +177,16 @@ PYBIND11_MODULE(_core, m) {
              py::gil_scoped_release nogil;
              pk.set_stream(stream);
              s.start(reinterpret_cast<const char*>(src), reinterpret_cast<char*>(dst), pk, p);
-           })
+           },
+           py::arg("src"), py::arg("dst"), py::arg("stream"), py::arg("pending"))
       .def("complete_device",
            [](ExchangeStep& s, PendingExchange& p, std::uintptr_t stream) {
              Packer& pk = cuda_packer();
              py::gil_scoped_release nogil;
              pk.set_stream(stream);
              s.complete(p, pk);
-           })
+           },
+           py::arg("pending"), py::arg("stream"))
       .def_property_readonly("transport", &ExchangeStep::transport)
       .def_property_readonly("algorithm", [](ExchangeStep& s) { return s.geometry().algo; })
       .def_property_readonly("packs", [](ExchangeStep& s) { return s.geometry().pack_all; })
@@ -198,8 +204,10 @@ PYBIND11_MODULE(_core, m) {
       .def("run",
            [](AllgathervStep& s, const py::array& a, py::array& b) {
              run_host(s, a, b, &s.geometry().src_shape, &s.geometry().dst_shape);
-           })
-      .def("run_device", &run_device<AllgathervStep>)
+           },
+           py::arg("src"), py::arg("dst"))
+      .def("run_device", &run_device<AllgathervStep>,
+           py::arg("src"), py::arg("dst"), py::arg("stream"))
       .def_property_readonly("transport", &AllgathervStep::transport)
       .def_property_readonly("unpacks", [](AllgathervStep& s) { return s.geometry().unpack_all; })
       .def_property_readonly("workspace_bytes",
@@ -217,8 +225,10 @@ PYBIND11_MODULE(_core, m) {
            py::arg("comm"), py::arg("dtype"), py::arg("op"), py::arg("shape"),
            py::arg("workspace"), py::arg("transport"))
       .def("run", [](AllreduceStep& s, const py::array& a,
-                     py::array& b) { run_host(s, a, b, nullptr, nullptr); })
-      .def("run_device", &run_device<AllreduceStep>)
+                     py::array& b) { run_host(s, a, b, nullptr, nullptr); },
+           py::arg("src"), py::arg("dst"))
+      .def("run_device", &run_device<AllreduceStep>,
+           py::arg("src"), py::arg("dst"), py::arg("stream"))
       .def_property_readonly("transport", &AllreduceStep::transport)
       .def_property_readonly("workspace_bytes", [](AllreduceStep&) { return i64(0); })
       .def_property_readonly("staged_bytes", &AllreduceStep::staged_bytes);
@@ -235,8 +245,10 @@ PYBIND11_MODULE(_core, m) {
       .def("run",
            [](ReduceScatterStep& s, const py::array& a, py::array& b) {
              run_host(s, a, b, &s.geometry().src_shape, &s.geometry().dst_shape);
-           })
-      .def("run_device", &run_device<ReduceScatterStep>)
+           },
+           py::arg("src"), py::arg("dst"))
+      .def("run_device", &run_device<ReduceScatterStep>,
+           py::arg("src"), py::arg("dst"), py::arg("stream"))
       .def_property_readonly("transport", &ReduceScatterStep::transport)
       .def_property_readonly("packs", [](ReduceScatterStep& s) { return s.geometry().pack_all; })
       .def_property_readonly("workspace_bytes",
@@ -272,7 +284,8 @@ PYBIND11_MODULE(_core, m) {
              }
              py::gil_scoped_release nogil;
              s.run(sp, dp, host_packer());
-           })
+           },
+           py::arg("srcs"), py::arg("dsts"))
       .def("run_device",
            [](FusedExchangeStep& s, const std::vector<std::uintptr_t>& srcs,
               const std::vector<std::uintptr_t>& dsts, std::uintptr_t stream) {
@@ -284,7 +297,8 @@ PYBIND11_MODULE(_core, m) {
              py::gil_scoped_release nogil;
              pk.set_stream(stream);
              s.run(sp, dp, pk);
-           })
+           },
+           py::arg("srcs"), py::arg("dsts"), py::arg("stream"))
       .def_property_readonly("transport", &FusedExchangeStep::transport)
       .def_property_readonly("workspace_bytes", [](FusedExchangeStep& s) {
         return s.geometry().send_ws + s.geometry().recv_ws;
@@ -328,14 +342,16 @@ PYBIND11_MODULE(_core, m) {
              check_shape(b, s.geometry().shape, "the padded array");
              py::gil_scoped_release nogil;
              s.start(b.ptr, host_packer());
-           })
+           },
+           py::arg("padded"))
       .def("wait",
            [](HaloStep& s, py::array& a) {
              Buf b = get_buf(a, true, "the padded array");
              check_shape(b, s.geometry().shape, "the padded array");
              py::gil_scoped_release nogil;
              s.wait(b.ptr, host_packer());
-           })
+           },
+           py::arg("padded"))
       .def("fold_wait",
            [](HaloStep& s, py::array& a, int op, int kind) {
              Buf b = get_buf(a, true, "the padded array");
@@ -368,21 +384,24 @@ PYBIND11_MODULE(_core, m) {
              py::gil_scoped_release nogil;
              s.start(b.ptr, host_packer());
              s.wait(b.ptr, host_packer());
-           })
+           },
+           py::arg("padded"))
       .def("start_device",
            [](HaloStep& s, std::uintptr_t p, std::uintptr_t stream) {
              Packer& pk = cuda_packer();
              py::gil_scoped_release nogil;
              pk.set_stream(stream);
              s.start(reinterpret_cast<char*>(p), pk);
-           })
+           },
+           py::arg("padded"), py::arg("stream"))
       .def("wait_device",
            [](HaloStep& s, std::uintptr_t p, std::uintptr_t stream) {
              Packer& pk = cuda_packer();
              py::gil_scoped_release nogil;
              pk.set_stream(stream);
              s.wait(reinterpret_cast<char*>(p), pk);
-           })
+           },
+           py::arg("padded"), py::arg("stream"))
       .def_property_readonly("active", &HaloStep::active)
       .def_property_readonly("method", &HaloStep::method)
       .def_property_readonly("transport", &HaloStep::transport);

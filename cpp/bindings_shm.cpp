@@ -93,20 +93,23 @@ void bind_node_shared(py::module_& m) {
              check_padded(s, a);
              py::gil_scoped_release nogil;
              s.start();
-           })
+           },
+           py::arg("padded"))
       .def("wait",
            [](ShmHaloStep& s, py::array& a) {
              check_padded(s, a);
              py::gil_scoped_release nogil;
              s.wait();
-           })
+           },
+           py::arg("padded"))
       .def("update",
            [](ShmHaloStep& s, py::array& a) {
              check_padded(s, a);
              py::gil_scoped_release nogil;
              s.start();
              s.wait();
-           })
+           },
+           py::arg("padded"))
       .def("fold_wait",
            [](ShmHaloStep& s, py::array& a, int op, int kind) {
              check_padded(s, a);
@@ -138,7 +141,8 @@ void bind_node_shared(py::module_& m) {
       .def("run",
            [](ShmExchangeStep& s, const py::array& a, py::array& b) {
              run_host(s, a, b, &s.src_shape(), &s.dst_shape());
-           })
+           },
+           py::arg("src"), py::arg("dst"))
       .def_property_readonly("algorithm", [](ShmExchangeStep&) { return std::string("shm"); })
       .def_property_readonly("node_peers", &ShmExchangeStep::node_peers)
       .def_property_readonly("mpi_peers", &ShmExchangeStep::mpi_peers)
@@ -157,7 +161,8 @@ void bind_node_shared(py::module_& m) {
       .def("run",
            [](ShmReduceScatterStep& s, const py::array& a, py::array& b) {
              run_host(s, a, b, &s.geometry().src_shape, &s.geometry().dst_shape);
-           })
+           },
+           py::arg("src"), py::arg("dst"))
       .def_property_readonly("algorithm", [](ShmReduceScatterStep&) { return std::string("shm"); })
       .def_property_readonly("workspace_bytes", [](ShmReduceScatterStep&) { return i64(0); })
       .def_property_readonly("staged_bytes", [](ShmReduceScatterStep&) { return i64(0); });
@@ -172,7 +177,8 @@ void bind_node_shared(py::module_& m) {
       .def("run",
            [](ShmAllreduceStep& s, const py::array& a, py::array& b) {
              run_host(s, a, b, &s.shape(), &s.shape());
-           })
+           },
+           py::arg("src"), py::arg("dst"))
       .def_property_readonly("algorithm", [](ShmAllreduceStep&) { return std::string("shm"); })
       .def_property_readonly("workspace_bytes", [](ShmAllreduceStep&) { return i64(0); })
       .def_property_readonly("staged_bytes", [](ShmAllreduceStep&) { return i64(0); });
@@ -196,7 +202,8 @@ void bind_node_shared(py::module_& m) {
              }
              py::gil_scoped_release nogil;
              s.run(sp, d.ptr);
-           })
+           },
+           py::arg("srcs"), py::arg("batch"))
       .def("offset", &ShmFusedStep::offset, py::arg("k"))
       .def_property_readonly("bytes", &ShmFusedStep::bytes)
       .def_property_readonly("workspace_bytes", &ShmFusedStep::workspace_bytes);
