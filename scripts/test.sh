@@ -60,6 +60,9 @@ if ! stage "setup (CPU build)" env PYSHARD_CUDA=OFF bash scripts/setup.sh; then
   exit 1
 fi
 stage "ruff" "$VENV/bin/ruff" check pyshard tests examples
+# pyshard/_core.pyi against the stub generated from the CPU build just made (a missing
+# generator fails here; tests/test_stubs.py skips without it)
+stage "stubs" "$PY" scripts/stubs.py --check
 stage "serial tests" timeout "$T" "$PY" -m pytest tests -q -p no:cacheprovider --durations=10
 MPICH_LIB=$("$PY" -c 'import pyshard as ps; print(ps.build_info()["mpi_library"])')
 # mpich_run N LABEL MARKS [VAR=VALUE...]: tests/mpi at N ranks under those settings
