@@ -2,7 +2,8 @@
 
 Rank 0 does the file-system work of a save or load (check a directory, write a manifest,
 rename); :func:`on_root` broadcasts its result or its error so that every rank returns or
-raises the same, and none waits in a collective that another rank skipped.
+raises the same, and none waits in a collective that another rank skipped. Where every rank
+does its own part, :func:`agree` gives every rank the first failing rank's error.
 """
 
 from __future__ import annotations
@@ -11,6 +12,8 @@ import os
 from typing import Any, Callable, Optional, Tuple, Union
 
 from mpi4py import MPI
+
+from .. import collectives
 
 PathArg = Union[str, "os.PathLike[str]"]
 """A checkpoint path argument: a str or an ``os.PathLike``."""
@@ -59,10 +62,16 @@ def on_root(
             res = ("err", f.args[0])
         except Exception as e:  # never leave the other ranks waiting: report anything
             res = ("err", on_error(e))
-    res = comm.bcast(res, root=0)
+    res = collectives.bcast(comm, res)
     if res[0] == "err":
         raise_error(res[1])
     return res[1]
+
+
+def agree(comm: MPI.Comm, bad: Optional[str]) -> Optional[str]:
+    """The first failing rank's message, on every rank (one allgather of every rank's
+    ``bad``: None where it did its part, else the message of its error)."""
+    return next((v for v in collectives.allgather(comm, bad) if v is not None), None)
 
 
 def norm_path(path: object, what: str) -> str:

@@ -1,5 +1,6 @@
-"""The HDF5 format through pip's serial h5py, without MPI: rank 0 lays out the file and
-inspects files to read; the data itself moves through MPI-IO (writer and reader).
+"""The HDF5 format (:class:`Hdf5Format`) through pip's serial h5py: rank 0 lays out the file
+and inspects files to read; the data itself moves through MPI-IO (the one-file save of
+:mod:`~pyshard.checkpoint.onefile`, the reader's raw paths).
 
 A save makes one contiguous dataset per array with early allocation and no fill, so h5py
 writes only metadata and every dataset's bytes have a fixed offset in the file
@@ -23,7 +24,12 @@ import numpy as np
 
 from .. import _dtypes
 from .._optional import OptionalModule
-from .saving import parse_record
+from .driver import Arrays, Facts, Items
+from .manifest import dtype_str
+from .onefile import OneFile
+from .record import facts, layout_of, parse_record
+
+__all__ = ["Hdf5Format"]
 
 h5py = OptionalModule("h5py")
 
@@ -192,3 +198,46 @@ def read_rows(
 def record_of(s: str) -> Optional[Dict[str, Any]]:
     """The pyshard record of the root attribute, or None (a file from another tool)."""
     return parse_record(s)
+
+
+class Hdf5Format(OneFile):
+    """One HDF5 file, one contiguous dataset per array."""
+
+    name = "hdf5"
+    label = "HDF5"
+    target = "an HDF5 file"
+
+    def probe(self, path: str) -> bool:
+        return os.path.isfile(path) and is_hdf5(path)
+
+    def replaceable(self, path: str) -> bool:
+        return self.probe(path)
+
+    def describe(self, path: str, what: str) -> Tuple[Arrays, Facts]:
+        table, rec_s = inspect(path, what)
+        rec = record_of(rec_s)
+        arrays = {name: dict(e, file=path, **layout_of(rec, name)) for name, e in table.items()}
+        return arrays, facts(rec, {})
+
+    def check_save(self, items: Items) -> None:
+        need("save(format='hdf5')")
+        for name, x in items:
+            check_name(name)
+            stored_dtype(x.dtype)
+
+    def lay_out(self, tmp: str, items: Items, rec: str) -> Dict[str, Optional[int]]:
+        tensors = [
+            (
+                n,
+                tuple(x.global_shape),
+                x.dtype,
+                {"pyshard_dtype": dtype_str(x.dtype)} if _dtypes.is_ml(x.dtype) else {},
+            )
+            for n, x in items
+        ]
+        return create(tmp, tensors, rec)
+
+    def read_block(
+        self, name: str, e: Dict[str, Any], d: int, r0: int, r1: int, dtype: np.dtype
+    ) -> np.ndarray:
+        return read_rows(e["file"], name, d, r0, r1, dtype)

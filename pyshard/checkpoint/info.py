@@ -1,4 +1,5 @@
-"""``checkpoint_info``: what a checkpoint holds, from its manifest alone (no MPI)."""
+"""``checkpoint_info``: what a checkpoint of any format holds, from its metadata alone (no
+MPI)."""
 
 from __future__ import annotations
 
@@ -33,10 +34,10 @@ def checkpoint_info(path: PathArg) -> Dict[str, Any]:
         arrays[name] = {
             "shape": e["shape"],
             "dtype": e["dtype"],
-            "file": e["npy"]["file"] if fmt == "npy" else e["file"],
+            "file": e.get("info_file", e["file"]),
             "nbytes": e["nbytes"],
             "mesh_shape": e["mesh_shape"],
             "placements": e["placements"],
             "sizes": e["sizes"],
         }
-    return {"path": path, "format": fmt, **facts, "arrays": arrays}
+    return {"path": path, "format": fmt.name, **facts, "arrays": arrays}

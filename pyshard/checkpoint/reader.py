@@ -1,25 +1,26 @@
-"""``load``: arrays of a checkpoint read with MPI-IO into any layout on any mesh.
+"""``load``: arrays of a checkpoint of any format read into any layout on any mesh.
 
-Rank 0 reads the manifest and checks every named array's file (present, header, size); every
-rank learns its verdict. With ``verify`` the saved blocks are re-read round robin over the
-ranks and their crc32 checked (one allgather of the verdicts). Then the small arrays that
-:func:`~pyshard.redistribute_many` would fuse are read as contiguous row blocks, each rank its
-own with independent I/O, and moved to their targets by one fused exchange per batch. An
+Rank 0 detects the format, reads its metadata and checks every named array (for a ``.npy``
+checkpoint: each file's header and size); every rank learns its verdict. With ``verify`` the
+format checks its stored checksums (``.npy``: the saved blocks re-read round robin over the
+ranks, one allgather of the verdicts). Then the small arrays that
+:func:`~pyshard.redistribute_many` would fuse are read as contiguous row blocks, each rank
+its own with independent I/O, and moved to their targets by one fused exchange per batch. An
 array stored whole in one file (.npy, safetensors, contiguous HDF5) whose boxes are made of
-runs of at least PYSHARD_LOAD_DIRECT_BYTES is copied by every rank straight into its box out of
-a read-only mapping of the file (no exchange, no collective read); the others are read as row
-blocks and redistributed (HDF5, safetensors) or by one collective read of every rank's box
-(.npy, and Partial targets).
+runs of at least PYSHARD_LOAD_DIRECT_BYTES is copied by every rank straight into its box out
+of a read-only mapping of the file (no exchange, no collective read); the others are read as
+row blocks and redistributed (the one-file formats) or by one collective read of every
+rank's box (.npy, and Partial targets). Arrays stored in chunks (chunked or compressed HDF5,
+Zarr) are read through their format's driver in blocks of whole stored chunks, each chunk by
+one rank, and redistributed.
 """
 
 from __future__ import annotations
 
 import logging
-import mmap
-import os
 import time
 from math import prod
-from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 import numpy as np
 from mpi4py import MPI
@@ -31,17 +32,11 @@ from ..layout import Layout, Partial, Placement, Replicate, Shard, split_sizes
 from ..many import ManyPlan, redistribute_many
 from ..mesh import Mesh
 from ..plan import plan
-from . import hdf5_format
+from . import reading
+from .driver import Arrays, Format
 from .errors import Error, PathArg, error, norm_path, on_root
-from .formats import open_arrays
-from .manifest import (
-    MANIFEST,
-    crc32,
-    dtype_of,
-    parse_placement,
-    read_npy_header,
-)
-from .mpiio import box_bounds, collective_io, read_hints
+from .formats import driver, open_arrays
+from .manifest import parse_placement
 
 __all__ = ["load"]
 
@@ -80,57 +75,18 @@ def _check_load_args(
 # ----------------------------------------------------------------------------- checks
 
 
-def _check_files(path: str, m: Dict[str, Any], names: Sequence[str]) -> Dict[str, int]:
-    """Rank 0: check each named array's file (present, header, size); its data offsets."""
-    offsets = {}
-    mpath = os.path.join(path, MANIFEST)
-    for name in names:
-        e = m["arrays"][name]
-        fname = os.path.join(path, e["file"])
-        if not os.path.isfile(fname):
-            raise FileNotFoundError(f"load: array {name!r}: its file {fname!r} is missing")
-        shape, dtype, fortran, offset = read_npy_header(fname)
-        want_shape, want_dtype = tuple(e["shape"]), dtype_of(e)
-        if shape != want_shape or dtype != want_dtype or fortran:
-            raise ValueError(
-                f"load: {fname!r} holds a {'Fortran-order ' if fortran else ''}{shape} {dtype} "
-                f"array, but {mpath!r} says array {name!r} is {want_shape} {want_dtype}"
-            )
-        have = os.path.getsize(fname)
-        want = offset + int(e["nbytes"])
-        if have != want:
-            what = "truncated" if have < want else "longer than expected"
-            raise ValueError(
-                f"load: {fname!r} is {what}: {have} bytes, expected {want} "
-                f"({offset} header + {e['nbytes']} data) for array {name!r}"
-            )
-        blocks = e["checksum"]["blocks"]
-        covered = sum(prod(b["shape"]) for b in blocks)
-        if covered != prod(want_shape):
-            raise ValueError(
-                f"load: {mpath!r}: the checksummed blocks of array {name!r} cover {covered} of "
-                f"{prod(want_shape)} elements"
-            )
-        offsets[name] = offset
-    return offsets
-
-
-def _read_entries(path: str, names: Sequence[str]) -> Tuple[str, Dict[str, Any]]:
-    """Rank 0: detect the format, read its metadata and check the named arrays (for a .npy
-    checkpoint: their files); (format, name -> array description of
-    :mod:`~pyshard.checkpoint.formats`, with every raw array's data offset)."""
+def _read_entries(path: str, names: Sequence[str]) -> Tuple[str, Arrays]:
+    """Rank 0: detect the format, read its metadata and check the named arrays (the
+    format's :meth:`~pyshard.checkpoint.driver.Format.check_arrays`); (format name, name ->
+    array description of :mod:`~pyshard.checkpoint.driver`, every raw array with its data
+    offset)."""
     fmt, arrays, _ = open_arrays(path, "load")
     unknown = [n for n in names if n not in arrays]
     if unknown:
         raise ValueError(
             f"load: {path!r} has no array named {unknown[0]!r}; it holds {sorted(arrays)}"
         )
-    sel = {n: arrays[n] for n in names}
-    if fmt == "npy":
-        offsets = _check_files(path, {"arrays": {n: e["npy"] for n, e in sel.items()}}, names)
-        for n in names:
-            sel[n]["offset"] = offsets[n]
-    return fmt, sel
+    return fmt.name, fmt.check_arrays(path, {n: arrays[n] for n in names})
 
 
 def _read_error(path: str, e: Exception) -> Error:
@@ -138,60 +94,6 @@ def _read_error(path: str, e: Exception) -> Error:
     if isinstance(e, (FileNotFoundError, ValueError, ImportError, TypeError)):
         return error(type(e).__name__, str(e))
     return error("ValueError", f"load: cannot read {path!r}: {e!r}")
-
-
-def _verify(
-    path: str,
-    m: Dict[str, Any],
-    names: Sequence[str],
-    offsets: Dict[str, int],
-    rank: int,
-    size: int,
-) -> Optional[str]:
-    """Re-read this rank's round-robin share of the saved blocks and check their crc32."""
-    k = 0
-    for name in names:
-        e = m["arrays"][name]
-        fname = os.path.join(path, e["file"])
-        mm = None
-        for b in e["checksum"]["blocks"]:
-            mine = k % size == rank
-            k += 1
-            if not mine:
-                continue
-            if mm is None:
-                mm = np.memmap(
-                    fname,
-                    dtype=dtype_of(e),
-                    mode="r",
-                    offset=offsets[name],
-                    shape=tuple(e["shape"]),
-                )
-            box = tuple(slice(s, s + n) for s, n in zip(b["start"], b["shape"]))
-            got = crc32(mm[box])
-            if got != int(b["crc32"]):
-                return (
-                    f"load: checksum mismatch in {fname!r} (array {name!r}, block at "
-                    f"{b['start']} of shape {b['shape']}: crc32 {got:#010x}, manifest says "
-                    f"{int(b['crc32']):#010x}): the file is corrupt"
-                )
-        del mm
-    return None
-
-
-def _verify_all(
-    comm: MPI.Comm, path: str, m: Dict[str, Any], names: Sequence[str], offsets: Dict[str, int]
-) -> None:
-    """Each rank checks its share of the saved blocks; one allgather of the verdicts, and
-    every rank raises the first mismatch."""
-    try:
-        bad = _verify(path, m, names, offsets, comm.Get_rank(), comm.Get_size())
-    except Exception as e:  # a verdict from every rank, whatever happened
-        bad = f"load: cannot verify {path!r}: {e!r}"
-    verdicts = comm.allgather(bad)
-    bad = next((v for v in verdicts if v is not None), None)
-    if bad is not None:
-        raise ValueError(bad)
 
 
 # ----------------------------------------------------------------------------- data
@@ -208,30 +110,8 @@ def _target_layouts(
     }
 
 
-def _read_array(
-    mesh: Mesh, fname: str, offset: int, lay: Layout, device: Optional[str] = None
-) -> ShardedArray:
-    """Read this rank's shard of ``lay`` from a .npy file; collective over ``mesh``. With
-    ``device="cuda"`` the shard is read into host memory, then copied to the GPU."""
-    start, ext = box_bounds(lay, mesh.coords)
-    local = np.empty(tuple(ext), dtype=lay.dtype)
-    zero = zeroed(lay, mesh.coords)
-    box = (start, ext, not zero and local.size > 0)
-    hints = read_hints(lay)
-    try:
-        collective_io(mesh.comm, fname, lay, offset, box, local, write=False, hints=hints)
-    finally:
-        if hints != MPI.INFO_NULL:
-            hints.Free()
-    if zero:
-        local[...] = 0
-    if device == "cuda":
-        local = bk.cupy().asarray(local)
-    return ShardedArray(local, lay, mesh)
-
-
 # Small arrays are read as row blocks and fused into one exchange per batch (False: every
-# array is a collective read of its target boxes, as before; for timing the two).
+# array is a collective read of its target boxes; for timing the two).
 FUSE_SMALL = True
 
 
@@ -254,53 +134,6 @@ def _fused_batches(names: Sequence[str], layouts: Dict[str, Layout]) -> List[Dic
     return [{cand[i]: rows[cand[i]] for i in ix} for _, ix in mp.fused]
 
 
-def _read_rows(fname: str, offset: int, lay: Layout, coords: Sequence[int]) -> np.ndarray:
-    """This rank's row block of ``lay`` (a :func:`_row_layout`): one contiguous read with
-    independent MPI-IO (no collective open or read per array)."""
-    local = np.empty(lay.local_shape(coords), dtype=lay.dtype)
-    if local.size:
-        start = lay.box(coords)[0].start
-        row = lay.dtype.itemsize * prod(lay.shape[1:])
-        data = local.reshape(-1).view(np.uint8)  # bytes: ml_dtypes export no buffer
-        fh = MPI.File.Open(MPI.COMM_SELF, fname, MPI.MODE_RDONLY)
-        try:
-            st = MPI.Status()
-            fh.Read_at(offset + start * row, [data, MPI.BYTE], st)
-            got = st.Get_count(MPI.BYTE)
-        finally:
-            fh.Close()
-        if got != data.size:
-            raise ValueError(f"load: {fname!r}: read {got} of {data.size} bytes at row {start}")
-    return local
-
-
-class _NoMapping(OSError):
-    """The file cannot be mapped here (a file system without mmap): read it another way."""
-
-
-def _agreed(comm: MPI.Comm, prefix: str, read: Callable[[], Any]) -> Any:
-    """``read()`` on every rank, the verdicts agreed with one allgather, so that no rank goes
-    on into a collective that another has left: every rank raises the first failing rank's
-    error as the same ValueError (``prefix: error`` for errors other than ValueError); where
-    some rank's file system cannot map the file (:class:`_NoMapping`) and no rank failed,
-    every rank gets None (the caller reads it another way). Else this rank's value."""
-    value, bad = None, None
-    try:
-        value = read()
-    except _NoMapping as e:
-        bad = ("unmapped", f"{prefix}: {e}")
-    except Exception as e:  # a verdict from every rank, whatever happened
-        bad = ("error", str(e) if isinstance(e, ValueError) else f"{prefix}: {e!r}")
-    verdicts = [v for v in comm.allgather(bad) if v is not None]
-    errors = [m for k, m in verdicts if k == "error"]
-    if errors:
-        raise ValueError(errors[0])
-    if verdicts:
-        log.info("pyshard: %s; reading it without a mapping", verdicts[0][1])
-        return None
-    return value
-
-
 def _load_fused(
     comm: MPI.Comm,
     mesh: Mesh,
@@ -313,9 +146,9 @@ def _load_fused(
     """Read one batch of small arrays as row blocks, then one :func:`redistribute_many` to
     their targets. Read errors are agreed (one allgather) before the exchange, so every rank
     raises the same error and none waits in the exchange."""
-    parts = _agreed(comm, f"load: cannot read {path!r}", lambda: {
-        n: ShardedArray.wrap(_read_rows(entries[n]["file"], offsets[n], lay, mesh.coords), lay,
-                             mesh)
+    parts = reading.agreed(comm, f"load: cannot read {path!r}", lambda: {
+        n: ShardedArray.wrap(reading.read_rows(entries[n]["file"], offsets[n], lay,
+                                               mesh.coords), lay, mesh)
         for n, lay in batch.items()
     })  # fmt: skip
     return redistribute_many(
@@ -338,8 +171,8 @@ def _load_raw_rows(
     then one redistribute to ``lay``. Read errors are agreed (one allgather) first."""
     src = _row_layout(lay)
     assert src is not None
-    local = _agreed(mesh.comm, f"load: cannot read {fname!r}",
-                    lambda: _read_rows(fname, offset, src, mesh.coords))  # fmt: skip
+    local = reading.agreed(mesh.comm, f"load: cannot read {fname!r}",
+                           lambda: reading.read_rows(fname, offset, src, mesh.coords))  # fmt: skip
     y = ShardedArray.wrap(local, src, mesh).redistribute(list(lay.placements), sizes=lay.sizes)
     if device == "cuda":
         return ShardedArray(bk.cupy().asarray(y.local), lay, mesh)
@@ -366,59 +199,18 @@ def _direct(lay: Layout) -> bool:
     return _shortest_run(lay) >= int(config.get("PYSHARD_LOAD_DIRECT_BYTES"))
 
 
-def _read_box(fname: str, offset: int, lay: Layout, coords: Sequence[int]) -> np.ndarray:
-    """This rank's box of ``lay``'s array, stored whole in C order at ``offset`` of
-    ``fname``: copied out of a read-only mapping of the file, so each rank passes once over
-    its own bytes (out of the page cache) and over no one else's."""
-    local = np.empty(lay.local_shape(coords), dtype=lay.dtype)
-    if not local.size:
-        return local
-    item = lay.dtype.itemsize
-    end = offset + item * prod(lay.shape)
-    start = offset - offset % mmap.ALLOCATIONGRANULARITY
-    with open(fname, "rb") as f:
-        size = os.fstat(f.fileno()).st_size
-        if size < end:  # checked on rank 0 before; the file changed since
-            raise ValueError(f"load: {fname!r}: {size} bytes, the array ends at byte {end}")
-        try:
-            m = mmap.mmap(f.fileno(), end - start, access=mmap.ACCESS_READ, offset=start)
-        except OSError as e:  # (ENODEV: a file system that cannot map files)
-            raise _NoMapping(str(e)) from e
-        with m:
-            # bytes (a trailing dim of itemsize): ml_dtypes' types export no buffer
-            whole = np.frombuffer(m, np.uint8, end - offset, offset - start)
-            dst = local.reshape(-1).view(np.uint8).reshape(*local.shape, item)
-            try:
-                np.copyto(dst, whole.reshape(*lay.shape, item)[lay.box(coords)])
-            finally:
-                del whole  # no view of the mapping is left when it closes
-    return local
-
-
 def _load_raw_direct(
     mesh: Mesh, fname: str, offset: int, lay: Layout, device: Optional[str]
 ) -> Optional[ShardedArray]:
-    """Every rank copies its box of ``lay`` out of the file (:func:`_read_box`), the verdicts
-    agreed (:func:`_agreed`): the same read error on every rank, or None on every rank where
+    """Every rank copies its box of ``lay`` out of the file
+    (:func:`~pyshard.checkpoint.reading.read_box`), the verdicts agreed
+    (:func:`~pyshard.checkpoint.reading.agreed`): the same read error on every rank, or None
+    on every rank where
     some rank cannot map the file (the caller reads it another way)."""
-    local = _agreed(mesh.comm, f"load: cannot read {fname!r}",
-                    lambda: _read_box(fname, offset, lay, mesh.coords))  # fmt: skip
+    local = reading.agreed(mesh.comm, f"load: cannot read {fname!r}",
+                           lambda: reading.read_box(fname, offset, lay, mesh.coords))  # fmt: skip
     if local is None:
         return None
-    if device == "cuda":
-        local = bk.cupy().asarray(local)
-    return ShardedArray(local, lay, mesh)
-
-
-def _filled(mesh: Mesh, lay: Layout, fill: bytes, device: Optional[str]) -> ShardedArray:
-    """This rank's shard of an array never written: every element is the bytes ``fill``."""
-    local = np.empty(lay.local_shape(mesh.coords), dtype=lay.dtype)
-    if local.size and not zeroed(lay, mesh.coords):
-        local.reshape(-1).view(np.uint8).reshape(-1, lay.dtype.itemsize)[:] = np.frombuffer(
-            fill, np.uint8
-        )
-    else:
-        local.reshape(-1).view(np.uint8)[:] = 0
     if device == "cuda":
         local = bk.cupy().asarray(local)
     return ShardedArray(local, lay, mesh)
@@ -438,7 +230,7 @@ def _blocks_source(lay: Layout, grid: Sequence[int]) -> Tuple[Layout, int]:
 
 
 def _load_rows(
-    mesh: Mesh, fmt: str, name: str, e: Dict[str, Any], lay: Layout, device: Optional[str]
+    mesh: Mesh, fmt: Format, name: str, e: Dict[str, Any], lay: Layout, device: Optional[str]
 ) -> ShardedArray:
     """Read an array through its format's library (chunked or compressed storage): each rank
     reads its block of whole stored chunks (:func:`_blocks_source`), each chunk read by one
@@ -449,11 +241,11 @@ def _load_rows(
 
     def read() -> np.ndarray:
         if src is None:  # 0-d: every rank reads the one value
-            return _read_block(fmt, name, e, 0, 0, 1, lay.dtype).reshape(())
+            return fmt.read_block(name, e, 0, 0, 1, lay.dtype).reshape(())
         b = src.box(mesh.coords)[d]
         want = src.local_shape(mesh.coords)
         if b.stop > b.start:
-            local = _read_block(fmt, name, e, d, b.start, b.stop, lay.dtype)
+            local = fmt.read_block(name, e, d, b.start, b.stop, lay.dtype)
         else:
             local = np.empty(want, lay.dtype)
         if local.shape != want:
@@ -463,7 +255,7 @@ def _load_rows(
             )
         return local
 
-    local = _agreed(comm, f"load: {e['file']!r}", read)
+    local = reading.agreed(comm, f"load: {e['file']!r}", read)
     assert local is not None
     if src is None:
         y_local = np.array(local, copy=True).reshape(lay.local_shape(mesh.coords))
@@ -476,18 +268,6 @@ def _load_rows(
     if device == "cuda":
         y_local = bk.cupy().asarray(y_local)
     return ShardedArray(y_local, lay, mesh)
-
-
-def _read_block(
-    fmt: str, name: str, e: Dict[str, Any], d: int, r0: int, r1: int, dtype: Any
-) -> Any:
-    """Indices ``r0:r1`` of dim ``d`` of a chunked array (the whole value of a 0-d one),
-    through h5py or zarr-python."""
-    if fmt == "hdf5":
-        return hdf5_format.read_rows(e["file"], name, d, r0, r1, dtype)
-    from . import zarr_format
-
-    return zarr_format.read_rows(e, d, r0, r1, dtype)
 
 
 def load(
@@ -538,14 +318,14 @@ def load(
     comm = mesh.comm
     # rank 0 detects the format, reads the metadata and checks the files; every rank gets
     # its verdict
-    fmt, entries = on_root(
+    fmt_name, entries = on_root(
         comm, lambda: _read_entries(path, names), lambda e: _read_error(path, e)
     )
     layouts = _target_layouts(entries, mesh, want, sizes)
     offsets = {n: e["offset"] for n, e in entries.items() if e["kind"] == "raw"}
-    if verify and fmt == "npy":
-        npy = {n: dict(e["npy"]) for n, e in entries.items()}
-        _verify_all(comm, path, {"arrays": npy}, names, offsets)
+    fmt = driver(fmt_name)
+    if verify:
+        fmt.verify(comm, path, entries)
     raw = [n for n in names if entries[n]["kind"] == "raw"]
     batches = _fused_batches(raw, layouts) if FUSE_SMALL else []
     out: Dict[str, ShardedArray] = {}
@@ -563,12 +343,14 @@ def load(
             y = _load_raw_direct(mesh, entries[n]["file"], offsets[n], layouts[n], device)
         if y is not None:
             out[n] = y
-        elif kind == "raw" and fmt != "npy" and ROWS_LARGE and _row_layout(layouts[n]):
+        elif kind == "raw" and fmt.row_reads and ROWS_LARGE and _row_layout(layouts[n]):
             out[n] = _load_raw_rows(mesh, entries[n]["file"], offsets[n], layouts[n], device)
         elif kind == "raw":
-            out[n] = _read_array(mesh, entries[n]["file"], offsets[n], layouts[n], device)
+            out[n] = reading.read_array(
+                mesh, entries[n]["file"], offsets[n], layouts[n], device
+            )
         elif kind == "fill":
-            out[n] = _filled(mesh, layouts[n], entries[n]["fill"], device)
+            out[n] = reading.filled(mesh, layouts[n], entries[n]["fill"], device)
         else:
             out[n] = _load_rows(mesh, fmt, n, entries[n], layouts[n], device)
     out = {n: out[n] for n in names}

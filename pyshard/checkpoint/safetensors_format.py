@@ -1,11 +1,12 @@
-"""The safetensors format, without MPI: the header a save writes, and the checks a load makes
-before it trusts a file (ours or another tool's).
+"""The safetensors format (:class:`SafetensorsFormat`): the header a save writes, and the
+checks a load makes before it trusts a file (ours or another tool's).
 
 A safetensors file is an 8-byte little-endian header length N, N bytes of JSON, then the data:
 ``{name: {"dtype": "F32", "shape": [..], "data_offsets": [begin, end]}, "__metadata__":
 {str: str}}`` with the offsets relative to the data start, each tensor C-order little-endian
 bytes. pyshard writes the header itself (rank 0) and every rank writes its runs of each tensor
-at its offset, so neither a save nor a load needs the safetensors package.
+at its offset (the one-file save of :mod:`~pyshard.checkpoint.onefile`), so neither a save
+nor a load needs the safetensors package.
 """
 
 from __future__ import annotations
@@ -19,7 +20,11 @@ from typing import Any, Dict, List, Optional, Tuple
 import numpy as np
 
 from .. import _dtypes
-from .saving import parse_record
+from .driver import Arrays, Facts, Items
+from .onefile import OneFile
+from .record import facts, layout_of, parse_record
+
+__all__ = ["SafetensorsFormat"]
 
 MAX_HEADER = 100_000_000
 """The largest header accepted (bytes): the limit the safetensors library itself enforces."""
@@ -179,3 +184,50 @@ def is_safetensors(fname: str) -> bool:
 def pyshard_meta(meta: Dict[str, str]) -> Optional[Dict[str, Any]]:
     """The pyshard record a save kept in ``__metadata__["pyshard"]``, or None."""
     return parse_record(meta.get("pyshard"))
+
+
+class SafetensorsFormat(OneFile):
+    """One safetensors file: a JSON header, then every tensor's bytes back to back."""
+
+    name = "safetensors"
+    label = "safetensors"
+    target = "a safetensors file"
+
+    def probe(self, path: str) -> bool:
+        return os.path.isfile(path) and is_safetensors(path)
+
+    def replaceable(self, path: str) -> bool:
+        return self.probe(path)
+
+    def describe(self, path: str, what: str) -> Tuple[Arrays, Facts]:
+        table, meta, _ = parse(path, what)
+        rec = pyshard_meta(meta)
+        arrays = {}
+        for name, e in table.items():
+            dtype = e["dtype"]
+            saved = (rec or {}).get("arrays", {}).get(name, {}) if rec else {}
+            if isinstance(saved, dict) and saved.get("dtype") not in (None, _dtypes.name(dtype)):
+                raise ValueError(f"{what}: {path!r}: tensor {name!r}: dtype disagrees with record")
+            arrays[name] = {
+                "shape": e["shape"],
+                "dtype": dtype,
+                "nbytes": e["nbytes"],
+                "file": path,
+                "kind": "raw",
+                "offset": e["offset"],
+                **layout_of(rec, name),
+            }
+        return arrays, facts(rec, meta)
+
+    def check_save(self, items: Items) -> None:
+        for name, x in items:
+            code_of(x.dtype, f"save(arrays[{name!r}])")
+
+    def lay_out(self, tmp: str, items: Items, rec: str) -> Dict[str, Optional[int]]:
+        meta = {"pyshard": rec}
+        user = json.loads(rec)["metadata"]
+        meta.update({k: v for k, v in user.items() if isinstance(v, str) and k != "pyshard"})
+        hdr, offs = build_header([(n, tuple(x.global_shape), x.dtype) for n, x in items], meta)
+        with open(tmp, "wb") as f:
+            f.write(hdr)
+        return dict(offs)

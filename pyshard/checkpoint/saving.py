@@ -1,21 +1,35 @@
 """What every format's save shares: the check that all ranks describe one checkpoint, the
-one replica that writes a box, the pyshard record kept beside the data, and the fsync of a
-directory."""
+one replica that writes a box, the one check of the save target, and the prepare and commit
+around the data: rank 0 makes the temporary file or directory (:func:`prepare`), every rank
+writes its part, and :func:`finish` agrees the verdicts and lets rank 0 commit (write the
+metadata last, fsync, rename into place) or remove what was written."""
 
 from __future__ import annotations
 
 import json
 import os
+import secrets
 import shutil
-import time
 import zlib
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
-from ..array import ShardedArray
+from .. import collectives
 from ..layout import Layout, Shard
-from .manifest import FORMAT, VERSION, dtype_str
+from .driver import Format
+from .errors import Failure, error, on_root
 
-__all__ = ["check_same", "fsync_dir", "is_writer", "record"]
+__all__ = [
+    "check_same",
+    "check_target",
+    "finish",
+    "fsync_dir",
+    "is_writer",
+    "prepare",
+    "remove",
+    "replace_file",
+    "swap_in",
+    "temporary",
+]
 
 
 def is_writer(layout: Layout, coords: Sequence[int]) -> bool:
@@ -23,10 +37,11 @@ def is_writer(layout: Layout, coords: Sequence[int]) -> bool:
     return all(c == 0 for c, p in zip(coords, layout.placements) if not isinstance(p, Shard))
 
 
-def check_same(comm: Any, path: str, meta_json: str, entries: Dict[str, Any]) -> None:
-    """Every rank must describe the same checkpoint: one small allgather agrees on it."""
-    digest = zlib.crc32(json.dumps([path, meta_json, entries], sort_keys=True).encode())
-    digests = comm.allgather(digest)
+def check_same(comm: Any, path: str, tag: str, entries: Dict[str, Any]) -> None:
+    """Every rank must describe the same checkpoint (``tag``: the metadata, format and
+    options; ``entries``: the arrays): one small allgather agrees on it."""
+    digest = zlib.crc32(json.dumps([path, tag, entries], sort_keys=True).encode())
+    digests = collectives.allgather(comm, digest)
     if len(set(digests)) != 1:
         bad = [r for r, d in enumerate(digests) if d != digests[0]]
         raise ValueError(
@@ -35,27 +50,77 @@ def check_same(comm: Any, path: str, meta_json: str, entries: Dict[str, Any]) ->
         )
 
 
-def record(items: List[Tuple[str, ShardedArray]], meta_json: str, size: int) -> Dict[str, Any]:
-    """The pyshard record a one-file or Zarr checkpoint keeps beside the data (HDF5: the root
-    attribute ``pyshard``; safetensors: ``__metadata__["pyshard"]``; Zarr: the group's
-    ``attributes["pyshard"]``): format, version, rank count, time, the user's metadata and
-    each array's dtype name and saved layout."""
-    return {
-        "format": FORMAT,
-        "version": VERSION,
-        "ranks": size,
-        "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        "metadata": json.loads(meta_json),
-        "arrays": {
-            n: {
-                "dtype": dtype_str(x.dtype),
-                "mesh_shape": list(x.layout.mesh_shape),
-                "placements": [str(p) for p in x.layout.placements],
-                "sizes": {str(d): list(e) for d, e in x.layout.sizes.items()},
-            }
-            for n, x in items
-        },
-    }
+def check_target(path: str, fmt: Format) -> str:
+    """Rank 0: the parent directory of ``path``, where a save of ``fmt`` may write: the
+    parent exists, and ``path`` is missing or something ``fmt`` may replace
+    (:meth:`~pyshard.checkpoint.driver.Format.replaceable`)."""
+    parent = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(parent):
+        raise Failure(
+            error("FileNotFoundError", f"save: parent directory {parent!r} of {path!r} not found")
+        )
+    if os.path.lexists(path) and not fmt.replaceable(path):
+        raise Failure(
+            error(
+                "ValueError",
+                f"save: refusing to replace {path!r}: it exists and is not {fmt.target}",
+            )
+        )
+    return parent
+
+
+def temporary(path: str) -> Tuple[str, str]:
+    """(``path.tmp-<token>``, token): the name a save writes under until its rename."""
+    token = secrets.token_hex(6)
+    return f"{path}.tmp-{token}", token
+
+
+def remove(tmp: str) -> None:
+    """Remove the temporary file or directory ``tmp`` of a save that failed (if any)."""
+    if os.path.isdir(tmp) and not os.path.islink(tmp):
+        shutil.rmtree(tmp, ignore_errors=True)
+    elif os.path.lexists(tmp):
+        os.remove(tmp)
+
+
+def prepare(comm: Any, path: str, step: Callable[[], Any]) -> Any:
+    """Rank 0 runs ``step`` (check the target, make the temporary file or directory, write
+    what goes before the data); every rank returns its result or raises its error, the same
+    on every rank (one bcast)."""
+    return on_root(
+        comm, step, lambda e: error("ValueError", f"save({path!r}): cannot prepare {path!r}: {e}")
+    )
+
+
+def finish(
+    comm: Any,
+    path: str,
+    tmp: str,
+    bad: Optional[str],
+    payload: Any,
+    commit: Callable[[List[Any]], None],
+) -> None:
+    """Every rank has written its part and closed its files; collective over ``comm``.
+
+    Rank 0 gathers every rank's verdict ``bad`` (None, or the message of its write error) and
+    ``payload`` (one gather); where a rank failed it raises that rank's error, else it runs
+    ``commit(payloads)`` (metadata last, fsync, rename); a failure removes ``tmp``. Every rank
+    returns or raises the same (one bcast)."""
+    gathered = collectives.gather(comm, (bad, payload))
+
+    def step() -> None:
+        try:
+            first = next((b for b, _ in gathered if b is not None), None)
+            if first is not None:
+                raise Failure(error("ValueError", first))
+            commit([p for _, p in gathered])
+        except BaseException:
+            remove(tmp)
+            raise
+
+    on_root(
+        comm, step, lambda e: error("ValueError", f"save({path!r}): cannot write or rename: {e}")
+    )
 
 
 def fsync_dir(d: str) -> None:
@@ -73,8 +138,9 @@ def fsync_dir(d: str) -> None:
 
 
 def swap_in(tmp: str, path: str, parent: str, token: str, sync: bool) -> None:
-    """Rename the finished checkpoint ``tmp`` to ``path``: a previous one there is moved aside
-    first and put back if the rename fails, and removed once the new one is in place."""
+    """Rename the finished checkpoint directory ``tmp`` to ``path``: a previous one there is
+    moved aside first and put back if the rename fails, and removed once the new one is in
+    place."""
     old = None
     if os.path.lexists(path):
         old = f"{path}.old-{token}"
@@ -91,13 +157,15 @@ def swap_in(tmp: str, path: str, parent: str, token: str, sync: bool) -> None:
         shutil.rmtree(old, ignore_errors=True)
 
 
-def parse_record(s: Optional[str]) -> Optional[Dict[str, Any]]:
-    """The pyshard record kept as JSON text in a file of another format, or None (no such
-    text, or not a JSON object: a file from another tool)."""
-    if not s:
-        return None
-    try:
-        m = json.loads(s)
-    except ValueError:
-        return None
-    return m if isinstance(m, dict) else None
+def replace_file(tmp: str, path: str, parent: str, sync: bool) -> None:
+    """Rename the finished one-file checkpoint ``tmp`` over ``path`` (fsynced first with
+    ``sync``): atomic, the previous file stays whole until this instant."""
+    if sync:
+        fd = os.open(tmp, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    os.rename(tmp, path)
+    if sync:
+        fsync_dir(parent)

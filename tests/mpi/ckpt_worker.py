@@ -135,38 +135,22 @@ def _die(what, rank):
 
 def inject_faults(spec, rank):
     """CKPT_FAULT=point:rank[,point:rank...]: the rank dies at that point of ps.save, through
-    the functions the writer calls there (the library has no fault hook of its own):
+    the functions the formats' saves call there (the library has no fault hook of its own):
     save-after-data (the data written, before the manifest and the renames), save-before-rename
     (the manifest written, before the first rename), save-mid-rename (between the renames of
     the old checkpoint away and the new one in)."""
-    from pyshard.checkpoint import writer
+    from pyshard.checkpoint import saving
 
     points = {p.strip().partition(":")[0] for p in spec.split(",")
               if p.strip().partition(":")[2].strip() == str(rank)}
     if "save-after-data" in points:
-        finish = writer._finish
+        finish = saving.finish  # every format's save calls it once its data is written
 
         def dying_finish(*a, **k):
             _die("save-after-data", rank)
             return finish(*a, **k)
 
-        writer._finish = dying_finish
-        finish_file = writer._finish_file
-
-        def dying_finish_file(*a, **k):
-            _die("save-after-data", rank)
-            return finish_file(*a, **k)
-
-        writer._finish_file = dying_finish_file
-        from pyshard.checkpoint import zarr_format
-
-        finish_zarr = zarr_format._finish_zarr
-
-        def dying_finish_zarr(*a, **k):
-            _die("save-after-data", rank)
-            return finish_zarr(*a, **k)
-
-        zarr_format._finish_zarr = dying_finish_zarr
+        saving.finish = dying_finish
     renames = [0]
     die_at = 1 if "save-before-rename" in points else 2 if "save-mid-rename" in points else 0
     if die_at:

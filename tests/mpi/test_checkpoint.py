@@ -32,7 +32,7 @@ from test_redistribute_nd import counts_since
 
 import pyshard as ps
 from pyshard import Partial, Replicate, Shard
-from pyshard.checkpoint import reader
+from pyshard.checkpoint import reader, reading
 
 pytestmark = pytest.mark.mpi  # run under mpiexec with --with-mpi (pytest-mpi)
 
@@ -272,14 +272,14 @@ def test_load_many_read_error_on_one_rank(comm, shared_dir, monkeypatch):
     src = {f"w{k}": spec((3 + k, 4), "float32", k, ["S(0)"]) for k in range(4)}
     path = os.path.join(shared_dir, "bad")
     ps.save(path, {n: make_sharded(mesh, s) for n, s in src.items()})
-    read_rows = reader._read_rows
+    read_rows = reading.read_rows
 
     def failing(fname, *args):
         if comm.rank == comm.size - 1 and fname.endswith("w2.npy"):
             raise OSError("disk on fire")
         return read_rows(fname, *args)
 
-    monkeypatch.setattr(reader, "_read_rows", failing)
+    monkeypatch.setattr(reading, "read_rows", failing)
     before = ps.comm_stats()
     with pytest.raises(ValueError, match="cannot read .*disk on fire"):
         ps.load(path, mesh, {n: ["S(1)"] for n in src})

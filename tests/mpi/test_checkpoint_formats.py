@@ -27,7 +27,17 @@ from test_redistribute_nd import counts_since
 
 import pyshard as ps
 from pyshard import Replicate, Shard
-from pyshard.checkpoint import hdf5_format, reader, zarr_format
+from pyshard.checkpoint import (
+    formats,
+    hdf5_format,
+    reader,
+    reading,
+    saving,
+    zarr_codecs,
+    zarr_meta,
+    zarr_read,
+)
+from pyshard.checkpoint.driver import Format
 
 pytestmark = pytest.mark.mpi
 
@@ -153,13 +163,13 @@ def test_direct_reads_equal_the_exchanges(comm, shared_dir, monkeypatch, fmt):
     ps.save(path, {n: make_sharded(mesh, s) for n, s in specs.items()}, format=fmt)
     mesh2, placements, sizes = targets_of(specs, comm, 22)
     boxes = []  # the arrays this rank copied straight out of the file
-    real = reader._read_box
+    real = reading.read_box
 
     def read_box(fname, offset, lay, coords):
         boxes.append(fname)
         return real(fname, offset, lay, coords)
 
-    monkeypatch.setattr(reader, "_read_box", read_box)
+    monkeypatch.setattr(reading, "read_box", read_box)
     for limit in (0, 1 << 62):
         boxes.clear()
         with ps.config.override(PYSHARD_LOAD_DIRECT_BYTES=limit):
@@ -184,7 +194,7 @@ def test_direct_read_falls_back_where_a_rank_cannot_map(comm, shared_dir, monkey
     path = os.path.join(shared_dir, "nomap.safetensors")
     ps.save(path, {"a": make_sharded(mesh, s)}, format="safetensors")
     monkeypatch.setattr(reader, "FUSE_SMALL", False)  # (a small array: else read fused)
-    real = reader.mmap.mmap
+    real = reading.mmap.mmap
     last = comm.size - 1
     tried = []
 
@@ -194,7 +204,7 @@ def test_direct_read_falls_back_where_a_rank_cannot_map(comm, shared_dir, monkey
             raise OSError(19, "No such device")
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(reader.mmap, "mmap", refuse)
+    monkeypatch.setattr(reading.mmap, "mmap", refuse)
     with ps.config.override(PYSHARD_LOAD_DIRECT_BYTES=0):
         before = ps.comm_stats()
         out = ps.load(path, mesh, {"a": [Shard(1)]})
@@ -203,7 +213,7 @@ def test_direct_read_falls_back_where_a_rank_cannot_map(comm, shared_dir, monkey
         assert tried, "the direct read was not tried"
         if comm.size > 1:
             assert got, "the fallback's redistribute did not run"
-        monkeypatch.setattr(reader.mmap, "mmap", real)
+        monkeypatch.setattr(reading.mmap, "mmap", real)
         real_open = open
 
         def no_file(name, *args, **kwargs):
@@ -515,25 +525,25 @@ def test_zarr_shards_read_directly(comm, shared_dir, monkeypatch, compression):
     path = os.path.join(shared_dir, "direct.zarr")
     ps.save(path, {"x": make_sharded(mesh, s)}, format="zarr", compression=compression)
     calls = []
-    real = zarr_format._read_direct
-    monkeypatch.setattr(zarr_format, "_read_direct", lambda *a: calls.append(1) or real(*a))
+    real = zarr_read._read_direct
+    monkeypatch.setattr(zarr_read, "_read_direct", lambda *a: calls.append(1) or real(*a))
     for pl in ([Shard(0)], [Shard(1)], [Replicate()]):
         out = ps.load(path, mesh, {"x": pl})
         np.testing.assert_array_equal(out["x"].local, g[out["x"].box])
     assert comm.allreduce(len(calls)) > 0, "the direct shard reader was not used"
-    monkeypatch.setattr(zarr_format, "READ_DIRECT", False)
+    monkeypatch.setattr(zarr_read, "READ_DIRECT", False)
     out = ps.load(path, mesh, {"x": [Shard(2)]})
     np.testing.assert_array_equal(out["x"].local, g[out["x"].box])
-    monkeypatch.setattr(zarr_format, "READ_DIRECT", True)
+    monkeypatch.setattr(zarr_read, "READ_DIRECT", True)
     # zstd chunks through zarr-python's own pipeline (ZstdCodec) instead of numcodecs' Zstd:
     # the same files, byte for byte, and the same loads (decoded a few chunks per call)
-    monkeypatch.setattr(zarr_format, "ZSTD_DIRECT", False)
-    monkeypatch.setattr(zarr_format, "DECODE_BATCH", 100)
+    monkeypatch.setattr(zarr_codecs, "ZSTD_DIRECT", False)
+    monkeypatch.setattr(zarr_read, "DECODE_BATCH", 100)
     out = ps.load(path, mesh, {"x": [Shard(1)]})
     np.testing.assert_array_equal(out["x"].local, g[out["x"].box])
     path2 = os.path.join(shared_dir, "pipeline.zarr")
     ps.save(path2, {"x": make_sharded(mesh, s)}, format="zarr", compression=compression)
-    monkeypatch.setattr(zarr_format, "ZSTD_DIRECT", True)
+    monkeypatch.setattr(zarr_codecs, "ZSTD_DIRECT", True)
 
     def same_files():
         names = sorted(glob.glob(os.path.join(path, "x", "c", "**", "*"), recursive=True))
@@ -648,7 +658,7 @@ def test_zarr_python_partial_writes_lose_data(comm, shared_dir):
         pytest.skip("one writer: nothing concurrent")
     mesh = ps.Mesh(comm, (p,))
     shape = (4 * p + 3, 2 * p + 1)
-    meta = zarr_format.array_meta(shape, np.dtype("float32"), p, None)
+    meta = zarr_meta.array_meta(shape, np.dtype("float32"), p, None)
     shards = meta["chunk_grid"]["configuration"]["chunk_shape"]
     chunks = meta["codecs"][0]["configuration"]["chunk_shape"]
     assert shards[1] == shape[1] and shards[0] < shape[0], "every shard spans every column"
@@ -843,7 +853,7 @@ def test_missing_package_names_the_extra(comm, shared_dir, monkeypatch):
     x = ps.distribute(np.arange(4.0), mesh, [Shard(0)])
     f = os.path.join(shared_dir, "x.h5")
     ps.save(f, {"x": x}, format="hdf5")
-    for mod in (hdf5_format.h5py, zarr_format.zarr):
+    for mod in (hdf5_format.h5py, zarr_meta.zarr):
         monkeypatch.setattr(mod, "module", None)
         monkeypatch.setattr(mod, "tried", True)
     with pytest.raises(ImportError, match=r"pyshard\[hdf5\]"):
@@ -852,6 +862,106 @@ def test_missing_package_names_the_extra(comm, shared_dir, monkeypatch):
         ps.save(os.path.join(shared_dir, "y.zarr"), {"x": x}, format="zarr")
     with pytest.raises(ImportError, match=r"pyshard\[hdf5\]"):
         ps.load(f, mesh, {"x": [Shard(0)]})
+
+
+# ----------------------------------------------------------------------------- drivers
+
+
+class ToyFormat(Format):
+    """A format of the test's own, one class registered in the table: a directory with
+    ``toy.json`` (name -> shape, dtype) and one raw C-order file per array, which rank 0 writes
+    from a replicated copy; the prepare and commit are the shared ones."""
+
+    name = "toy"
+    label = "toy"
+    target = "a toy checkpoint"
+
+    def probe(self, path):
+        return os.path.isfile(os.path.join(path, "toy.json"))
+
+    def replaceable(self, path):
+        return self.probe(path)
+
+    def describe(self, path, what):
+        with open(os.path.join(path, "toy.json")) as f:
+            table = json.load(f)
+        arrays = {}
+        for n, (shape, dt) in table.items():
+            dtype = np.dtype(dt)
+            arrays[n] = {
+                "shape": tuple(shape), "dtype": dtype,
+                "nbytes": int(np.prod(shape)) * dtype.itemsize,
+                "file": os.path.join(path, n + ".bin"), "kind": "raw", "offset": 0,
+                "mesh_shape": (), "placements": [], "sizes": {},
+            }  # fmt: skip
+        return arrays, {"version": None, "ranks": None, "created": None, "metadata": {}}
+
+    def save(self, comm, path, items, meta_json, sync, compression):
+        def prepare():
+            parent = saving.check_target(path, self)
+            tmp, token = saving.temporary(path)
+            os.mkdir(tmp)
+            return tmp, parent, token
+
+        tmp, parent, token = saving.prepare(comm, path, prepare)
+        for name, x in items:
+            whole = x.redistribute([Replicate()] * len(x.layout.mesh_shape)).local
+            if comm.rank == 0:
+                np.ascontiguousarray(whole).tofile(os.path.join(tmp, name + ".bin"))
+
+        def commit(_):
+            with open(os.path.join(tmp, "toy.json"), "w") as f:
+                json.dump({n: [list(x.global_shape), x.dtype.str] for n, x in items}, f)
+            saving.swap_in(tmp, path, parent, token, sync)
+
+        saving.finish(comm, path, tmp, None, None, commit)
+
+
+def test_a_format_is_one_driver_in_the_table(comm, shared_dir, monkeypatch):
+    """A format registered in the driver table alone is saved, detected, described and
+    loaded into any layout (direct and collective reads) by ps.save, ps.load and
+    ps.checkpoint_info; its save target is checked by the one shared check, with the
+    format's own words; unregistered, the same path is no checkpoint."""
+    mesh = ps.Mesh(comm, (comm.size,))
+    s = spec((2 * comm.size + 1, 3), "float32", 5, ["S(0)"])
+    path = os.path.join(shared_dir, "toy")
+    with monkeypatch.context() as m:
+        m.setitem(formats.DRIVERS, "toy", ToyFormat())
+        ps.save(path, {"x": make_sharded(mesh, s)}, format="toy")
+        info = ps.checkpoint_info(path)
+        assert info["format"] == "toy" and info["arrays"]["x"]["shape"] == (2 * comm.size + 1, 3)
+        for pl, limit in (([Shard(1)], 0), ([Shard(0)], 1 << 62), ([Replicate()], 0)):
+            with ps.config.override(PYSHARD_LOAD_DIRECT_BYTES=limit):
+                out = ps.load(path, mesh, {"x": pl})
+            np.testing.assert_array_equal(out["x"].local, global_of(s)[out["x"].box])
+        other = os.path.join(shared_dir, "plain.txt")
+        on_rank0(comm, lambda: open(other, "w").close())
+        with pytest.raises(ValueError, match=r"plain\.txt.*: it exists and is not a toy "):
+            ps.save(other, {"x": make_sharded(mesh, s)}, format="toy")
+    with pytest.raises(ValueError, match="expected one of"):
+        ps.save(path, {"x": make_sharded(mesh, s)}, format="toy")
+    with pytest.raises(FileNotFoundError, match="manifest"):
+        ps.checkpoint_info(path)
+
+
+def test_each_format_probes_its_own_checkpoints(comm, shared_dir):
+    """Every driver in the table claims the checkpoints its format saves and no other's, and
+    checkpoint_info names the format saved."""
+    mesh = ps.Mesh(comm, (comm.size,))
+    x = ps.distribute(np.arange(6.0), mesh, [Shard(0)])
+    paths = {}
+    for name in formats.FORMATS:
+        try:
+            need(name)
+        except pytest.skip.Exception:
+            continue
+        paths[name] = os.path.join(shared_dir, "p-" + name)
+        ps.save(paths[name], {"x": x}, format=name)
+    assert "npy" in paths and "safetensors" in paths
+    for name, p in paths.items():
+        claims = [d.name for d in formats.DRIVERS.values() if d.probe(p)]
+        assert claims == [name], (p, claims)
+        assert ps.checkpoint_info(p)["format"] == name
 
 
 # ----------------------------------------------------------------------------- subprocesses

@@ -1,0 +1,77 @@
+"""The pyshard record a one-file or Zarr checkpoint keeps beside its data (HDF5: the root
+attribute ``pyshard``; safetensors: ``__metadata__["pyshard"]``; Zarr: the group's
+``attributes["pyshard"]``), and what a description of any checkpoint takes from it (no MPI)."""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any, Dict, List, Optional, Tuple
+
+from ..array import ShardedArray
+from .manifest import FORMAT, VERSION, dtype_str
+
+__all__ = ["facts", "layout_of", "parse_record", "record"]
+
+
+def record(items: List[Tuple[str, ShardedArray]], meta_json: str, size: int) -> Dict[str, Any]:
+    """The record of a save: format, version, rank count, time, the user's metadata and each
+    array's dtype name and saved layout."""
+    return {
+        "format": FORMAT,
+        "version": VERSION,
+        "ranks": size,
+        "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "metadata": json.loads(meta_json),
+        "arrays": {
+            n: {
+                "dtype": dtype_str(x.dtype),
+                "mesh_shape": list(x.layout.mesh_shape),
+                "placements": [str(p) for p in x.layout.placements],
+                "sizes": {str(d): list(e) for d, e in x.layout.sizes.items()},
+            }
+            for n, x in items
+        },
+    }
+
+
+def parse_record(s: Optional[str]) -> Optional[Dict[str, Any]]:
+    """The record kept as JSON text in a file of another format, or None (no such text, or
+    not a JSON object: a file from another tool)."""
+    if not s:
+        return None
+    try:
+        m = json.loads(s)
+    except ValueError:
+        return None
+    return m if isinstance(m, dict) else None
+
+
+def layout_of(rec: Optional[Dict[str, Any]], name: str) -> Dict[str, Any]:
+    """The saved layout of ``name`` from a record (empty for other tools' files):
+    ``mesh_shape``, ``placements``, ``sizes``."""
+    a = (rec or {}).get("arrays", {}).get(name) if isinstance(rec, dict) else None
+    if not isinstance(a, dict):
+        return {"mesh_shape": (), "placements": [], "sizes": {}}
+    try:
+        return {
+            "mesh_shape": tuple(int(s) for s in a.get("mesh_shape", ())),
+            "placements": [str(p) for p in a.get("placements", [])],
+            "sizes": {int(d): tuple(int(v) for v in x) for d, x in a.get("sizes", {}).items()},
+        }
+    except (TypeError, ValueError, AttributeError):
+        return {"mesh_shape": (), "placements": [], "sizes": {}}
+
+
+def facts(rec: Optional[Dict[str, Any]], meta: Dict[str, str]) -> Dict[str, Any]:
+    """``version``, ``ranks``, ``created``, ``metadata`` of a record; a foreign file's own
+    string metadata (safetensors ``__metadata__``) when there is none."""
+    if not rec:
+        return {"version": None, "ranks": None, "created": None, "metadata": dict(meta)}
+    md = rec.get("metadata", {})
+    return {
+        "version": rec.get("version"),
+        "ranks": rec.get("ranks"),
+        "created": rec.get("created"),
+        "metadata": md if isinstance(md, dict) else {},
+    }
