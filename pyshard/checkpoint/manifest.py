@@ -1,5 +1,5 @@
-"""The checkpoint format, without MPI: the manifest, the ``.npy`` headers and file names,
-placements as strings, and the crc32 of saved blocks.
+"""The ``.npy`` checkpoint format, without MPI: the manifest, the ``.npy`` headers and file
+names, placements as strings, and the crc32 of saved blocks.
 
 ``manifest.json`` holds ``format`` (:data:`FORMAT`), ``version`` (:data:`VERSION`), the rank
 count, creation time, numpy version, the user's metadata, and per array its ``.npy`` file,
