@@ -46,9 +46,10 @@ from .halo_plan import PeriodicArg, WidthArg
 from .layout import Layout, Partial, Placement, PlacementsArg, Replicate, Shard, SizesArg, relaid
 from .many import redistribute_many as _redistribute_many
 from .mesh import Mesh
+from .migrate import Migrated
+from .migrate import migrate as _np_migrate
 
 __all__ = [
-    "Migrated",
     "ShardedTensor",
     "distribute",
     "from_local",
@@ -147,10 +148,11 @@ class ShardedTensor(Placed):
         return redistribute(self, placements, sizes, grad_placements, algorithm)
 
     def halo_pad(
-        self, width: WidthArg, periodic: PeriodicArg = False, corners: bool = True
+        self, width: WidthArg, periodic: PeriodicArg = False, corners: bool = True,
+        method: str = "auto",
     ) -> torch.Tensor:
         """:func:`halo_pad` of this tensor."""
-        return halo_pad(self, width, periodic, corners)
+        return halo_pad(self, width, periodic, corners, method)
 
     def to_pyshard(self) -> ShardedArray:
         """The detached values as a :class:`~pyshard.ShardedArray` (a view where ``local`` is
@@ -448,20 +450,22 @@ def redistribute_many(
 
 # ----------------------------------------------------------------------------- halo padding
 
-# Every call sets up its own exchange (a HaloArray, dropped after): persistent point-to-point
-# requests, whose setup and release are local (a neighbourhood communicator's release would
-# be collective, at a moment garbage collection picks rank by rank).
-_HALO_METHOD = "persistent"
+# Every call sets up its own exchange (a HaloArray, dropped after), so only the methods whose
+# setup and release are local: not "neighbor" (a neighbourhood communicator's release is
+# collective, at a moment garbage collection picks rank by rank) nor "tune" (a measurement at
+# every call).
+HALO_PAD_METHODS = ("auto", "shm", "persistent", "p2p", "datatype")
 
 
 def _halo(a: Any, layout: Layout, mesh: Mesh, spec: tuple) -> Any:
     """A HaloArray of the local array ``a`` (copied into its interior)."""
-    width, periodic, corners = spec
-    return ShardedArray.wrap(a, layout, mesh).with_halo(width, periodic, corners, _HALO_METHOD)
+    width, periodic, corners, method = spec
+    return ShardedArray.wrap(a, layout, mesh).with_halo(width, periodic, corners, method)
 
 
 def halo_pad(
-    x: ShardedTensor, width: WidthArg, periodic: PeriodicArg = False, corners: bool = True
+    x: ShardedTensor, width: WidthArg, periodic: PeriodicArg = False, corners: bool = True,
+    method: str = "auto",
 ) -> torch.Tensor:
     """This rank's tensor with ``width`` ghost cells on each side of each dim, the ghosts
     filled as :meth:`pyshard.HaloArray.update` fills them and zeros where an update never
@@ -476,11 +480,21 @@ def halo_pad(
     a block, counted once (the convention, docs/adjoints.md), and every replica gets the
     same, whole gradient of its block; nothing is summed across replicas (where replicas
     compute different losses, say so upstream with ``redistribute(...,
-    grad_placements=[Partial(), ...])``, or sum the gradients). Each call sets up its
-    exchange anew (persistent point-to-point requests).
+    grad_placements=[Partial(), ...])``, or sum the gradients).
+
+    ``method``: how the ghost cells move, forward and backward: ``"auto"`` (the route's rule,
+    :func:`pyshard.route.halo_route`: node-shared memory between ranks of a node for faces of
+    at least ``PYSHARD_SHM_MIN_BYTES``, else persistent point-to-point requests), ``"shm"``,
+    ``"persistent"``, ``"p2p"`` or ``"datatype"`` (host tensors), as
+    :meth:`pyshard.ShardedArray.with_halo` takes them; the values and gradients are the same
+    bits with every method. Each call sets up its exchange anew, so ``"neighbor"`` (whose
+    communicator's release is collective) and ``"tune"`` (a measurement at every call) are
+    not offered, and ``PYSHARD_HALO_METHOD`` does not apply here.
     """
     x = _check_sharded(x, "halo_pad")
-    spec = (width, periodic, corners)
+    if method not in HALO_PAD_METHODS:
+        raise ValueError(f"halo_pad: method must be one of {HALO_PAD_METHODS}, got {method!r}")
+    spec = (width, periodic, corners, method)
     if torch.is_grad_enabled() and x.local.requires_grad:
         return _HaloPad.apply(x.local, (x.layout, x.mesh, spec))
     h = _halo(_as_array(x.local), x.layout, x.mesh, spec)
@@ -514,23 +528,39 @@ class _HaloPad(torch.autograd.Function):
 # ----------------------------------------------------------------------------- migrate
 
 
-class Migrated:
-    """The result of :func:`migrate` on torch tensors: ``rows`` (the same structure as the
-    input: a tensor, a tuple, list or dict of tensors), ``counts`` (rows from each rank) and
-    :meth:`back`, each differentiable."""
+class _TensorMigrated(Migrated):
+    """A :class:`pyshard.Migrated` whose ``rows`` are torch tensors (the structure of the
+    input) and whose :meth:`back` takes and returns tensors, differentiably; everything else
+    (``counts``, ``sent``, ``offsets``, ``dest``, ``n``, ``m``, ``route``, ``explain``) is the
+    migration's own."""
 
-    def __init__(self, r: Any, rows: Any) -> None:
-        self._r, self.rows, self.counts = r, rows, r.counts
+    def __init__(self, r: Migrated, rows: Any) -> None:
+        self.__dict__.update(r.__dict__)
+        self.rows = rows
+        self._arrays = r  # the migration of the arrays, whose back() the autograd nodes run
 
-    def back(self, values: Any) -> Any:
+    def back(self, values: Any, wait: bool = True) -> Any:
         """:meth:`pyshard.Migrated.back` of tensors: each received row back to its source, in
-        its original order; differentiable (the backward migrates the gradient forward)."""
+        its original order; differentiable (the backward migrates the gradient forward).
+        ``wait=False`` returns a handle that is complete already (an autograd node runs
+        whole): its ``test()`` is True and its ``wait()`` gives the tensors."""
         keys, vals = _columns(values)
-        out = _MigrateBack.apply(self._r, keys, *vals)
-        return _rebuild(values, keys, out)
+        out = _rebuild(values, keys, _MigrateBack.apply(self._arrays, keys, *vals))
+        return out if wait else _Complete(out)
 
-    def explain(self) -> str:
-        return self._r.explain()
+
+class _Complete:
+    """A handle whose operation is complete: ``wait()`` gives its result, ``test()`` is
+    True."""
+
+    def __init__(self, result: Any) -> None:
+        self.result = result
+
+    def wait(self) -> Any:
+        return self.result
+
+    def test(self) -> bool:
+        return True
 
 
 def _columns(rows: Any) -> Tuple[Any, List[torch.Tensor]]:
@@ -567,12 +597,13 @@ def migrate(rows: Any, dest: Any, mesh: Mesh, algorithm: str = "auto") -> Migrat
     of tensors with the same first dim), differentiable in ``rows``: the backward is
     :meth:`~pyshard.Migrated.back` of the gradient; ``dest`` (a tensor or array) has none.
     Collective, as is every backward (each rank runs the same backwards in the same order).
-    Returns a :class:`Migrated` whose ``rows`` are tensors of the same structure."""
+    Returns a :class:`pyshard.Migrated` whose ``rows`` are tensors of the same structure and
+    whose ``back`` takes and returns tensors, differentiably."""
     keys, cols = _columns(rows)
     d = dest.detach().cpu().numpy() if isinstance(dest, torch.Tensor) else dest
     holder: List[Any] = []
     out = _Migrate.apply(d, mesh, algorithm, holder, *cols)
-    return Migrated(holder[0], _rebuild(rows, keys, out))
+    return _TensorMigrated(holder[0], _rebuild(rows, keys, out))
 
 
 class _Migrate(torch.autograd.Function):
@@ -581,8 +612,6 @@ class _Migrate(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, dest: Any, mesh: Mesh, algorithm: str, holder: List[Any],  # type: ignore[override]
                 *cols: torch.Tensor) -> Tuple[torch.Tensor, ...]:
-        from .migrate import migrate as _np_migrate
-
         r = _np_migrate([_as_array(c) for c in cols], dest, mesh, algorithm)
         holder.append(r)
         ctx.r, ctx.dtypes = r, [c.dtype for c in cols]
@@ -609,8 +638,6 @@ class _MigrateBack(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx: Any, *gs: Optional[torch.Tensor]) -> Tuple[Any, ...]:  # type: ignore[override]
-        from .migrate import migrate as _np_migrate
-
         r = ctx.r
         gs = tuple(g if g is None or g.dtype == dt else g.to(dt) for g, dt in zip(gs, ctx.dtypes))
         shapes = [(r.n,) + a.shape[1:] for a in ctx.like]

@@ -2,7 +2,8 @@
 bit for bit against the gradient single-process autograd gives (each row's weight comes from
 its global id, so the expected gradient is known on its source rank); back() is
 differentiable too (its backward migrates the gradient forward); torch.autograd.gradcheck
-on float64."""
+on float64; the result is a pyshard.Migrated (one class for numpy and torch rows), and
+back(wait=False) gives a complete handle."""
 
 from __future__ import annotations
 
@@ -77,3 +78,35 @@ def test_gradcheck(mesh):
         return r.back(z)
 
     assert torch.autograd.gradcheck(f, (x, q), eps=1e-6, atol=1e-8)
+
+
+def test_one_migrated(mesh):
+    """pyshard.torch.migrate returns a pyshard.Migrated (tensor rows, a differentiable back):
+    the migration's counts, offsets, n, m and explain, as the numpy call gives them."""
+    x, q, ids, dest = rows(mesh, 4)
+    r = pst.migrate({"x": x, "id": ids}, dest, mesh)
+    assert isinstance(r, ps.Migrated)
+    assert pst.Migrated is ps.Migrated
+    ref = ps.migrate({"x": x.detach().numpy(), "id": ids.numpy()}, dest, mesh)
+    np.testing.assert_array_equal(r.counts, ref.counts)
+    np.testing.assert_array_equal(r.sent, ref.sent)
+    np.testing.assert_array_equal(r.offsets, ref.offsets)
+    assert (r.n, r.m) == (ref.n, ref.m) == (len(ids), int(ref.counts.sum()))
+    assert r.explain() == ref.explain()
+    assert isinstance(r.rows["x"], torch.Tensor)
+    assert np.array_equal(r.rows["x"].detach().numpy(), ref.rows["x"])
+    assert np.array_equal(r.rows["id"].numpy(), ref.rows["id"])
+
+
+def test_back_wait_false(mesh):
+    """back(wait=False) of tensors: a handle whose test() is True and whose wait() gives what
+    back() gives, still differentiable."""
+    x, q, ids, dest = rows(mesh, 5)
+    r = pst.migrate(x, dest, mesh)
+    pb = r.back(r.rows * 3, wait=False)
+    assert pb.test() is True
+    out = pb.wait()
+    assert pb.wait() is out and pb.test() is True
+    assert torch.equal(out, (x * 3).detach())
+    out.sum().backward()
+    assert torch.equal(x.grad, torch.full_like(x, 3))

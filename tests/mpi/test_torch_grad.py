@@ -1,5 +1,6 @@
 """Gradients through pyshard.torch: redistribute, redistribute_many and halo_pad, checked
-bit for bit against single-process torch autograd on the global tensors.
+bit for bit against single-process torch autograd on the global tensors; halo_pad on the
+route's method.
 
 The loss of a case is global: each rank sums over the cells it holds, ``sum(w[box] *
 f(y.local))`` with a deterministic global weight ``w``; on a Replicate mesh dim every replica
@@ -18,7 +19,8 @@ from math import prod
 import numpy as np
 import pytest
 from oracle import halo_cells
-from test_redistribute_nd import MESHES
+from test_halo import expected_method
+from test_redistribute_nd import MESHES, counts_since
 
 import pyshard as ps
 from pyshard import Partial, Replicate, Shard
@@ -436,6 +438,40 @@ def test_halo_pad_gradient(comm, dtype):
             elif not torch.equal(leaf.grad, X.grad[x.box]):
                 failures.append(f"grad {case}: {leaf.grad} vs {X.grad[x.box]}")
     assert not failures, f"{len(failures)} failures:\n" + "\n".join(failures[:5])
+
+
+def test_halo_pad_takes_the_route(comm):
+    """halo_pad's update and its backward's fold run on the method the route picks for
+    ``method`` (``"auto"``: node-shared memory between ranks of a node for large enough
+    faces, else persistent requests; the rule computed here from the settings alone), each
+    one exchange; the values and gradients are those of ``method="persistent"``, bit for bit.
+    The methods whose exchange cannot be set up at every call are refused."""
+    mesh = ps.Mesh(comm, (comm.size,))
+    g = global_tensor((3 * comm.size + 1, 6), "float64", 5)
+    x0 = pst.distribute(g, mesh, [Shard(0)])
+    results = {}
+    for method in ("persistent", "auto", "shm", "p2p"):
+        leaf = x0.local.clone().requires_grad_()
+        x = pst.ShardedTensor(leaf, x0.layout, mesh)
+        suffix = "_shm" if expected_method(x, method, 1, True, True) == "shm" else ""
+        before = ps.comm_stats()
+        pad = pst.halo_pad(x, 1, periodic=True, method=method)
+        assert counts_since(before) == {"halo" + suffix: 1}, method
+        before = ps.comm_stats()
+        pad_loss(pad, "float64", 200 + mesh.rank).backward()
+        assert counts_since(before) == {"halo_fold" + suffix: 1}, method
+        results[method] = (pad.detach(), leaf.grad)
+    for method, (pad, grad) in results.items():
+        assert torch.equal(pad, results["persistent"][0]), method
+        assert torch.equal(grad, results["persistent"][1]), method
+    lo = [b.start for b in x0.box]
+    hi = [b.stop for b in x0.box]
+    assert torch.equal(results["auto"][0], padded_reference(g, lo, hi, (1, 1), (True, True),
+                                                            True))
+    for bad in ("neighbor", "tune", "mail"):
+        with pytest.raises(ValueError, match="halo_pad: method must be one of"):
+            pst.halo_pad(x0, 1, method=bad)
+    mesh.free()
 
 
 def replicated_meshes(n):
