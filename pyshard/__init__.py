@@ -19,7 +19,7 @@ def _check_same_mpi() -> None:
 
 _check_same_mpi()
 
-from . import _backend, _cache, config, route  # noqa: E402
+from . import config, route  # noqa: E402
 from ._backend import build_info, cuda_available, to_dlpack  # noqa: E402
 from ._cache import cache_limit, clear_caches, set_cache_limit  # noqa: E402
 from ._validate import set_validation, validation  # noqa: E402
@@ -33,9 +33,6 @@ from .many import ManyPlan, plan_many, redistribute_many  # noqa: E402
 from .mesh import Mesh  # noqa: E402
 from .migrate import Migrated, PendingMigration, migrate, owner  # noqa: E402
 from .plan import Plan, Step, StepKind, plan  # noqa: E402
-
-_backend.configure()
-_cache.configure_result_pool()
 
 
 def __getattr__(name: str) -> object:

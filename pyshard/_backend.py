@@ -253,11 +253,6 @@ def to_host(a: Any) -> np.ndarray:
 _announced = False
 
 
-def _env_transport() -> Optional[str]:
-    raw = config.get("PYSHARD_TRANSPORT")  # auto, shm, mpi: node-shared memory on or off (_shm)
-    return raw if raw in ("direct", "staged") else None
-
-
 _library_aware: Dict[str, int] = {}  # what the MPI library says, asked once
 
 
@@ -277,40 +272,33 @@ def cuda_aware() -> Optional[bool]:
 def transport(device: bool) -> str:
     """How a step built now hands arrays in host (``device=False``) or GPU memory to MPI:
     ``"direct"`` (the array's own memory) or ``"staged"`` (through pinned host bounce
-    buffers), from the settings: ``PYSHARD_TRANSPORT=direct|staged`` names it for both;
-    otherwise host memory is direct, and GPU memory direct where the MPI library is
-    CUDA-aware (:func:`cuda_aware`, ``PYSHARD_CUDA_AWARE`` overriding), else staged.
+    buffers), from the settings: ``PYSHARD_MPI_TRANSPORT=direct|staged`` (or the older
+    ``PYSHARD_TRANSPORT=direct|staged``) names it for both; otherwise host memory is direct,
+    and GPU memory direct where the MPI library is CUDA-aware (:func:`cuda_aware`,
+    ``PYSHARD_CUDA_AWARE`` overriding), else staged.
 
     Only :func:`pyshard.route.route` reads this, when a step is built: the route's
     ``transport`` is a constructor argument of the core's step, which runs on it for its whole
     life whatever the settings say later (a changed setting reaches the next call through the
     executors built again under it, ``pyshard._cache``)."""
-    forced = _env_transport()
-    if forced is not None:
+    forced = config.get("PYSHARD_MPI_TRANSPORT")
+    if forced != "auto":
         return forced
     if not device:
         return "direct"
     return "direct" if cuda_aware() else "staged"
 
 
-_applied: Dict[str, Any] = {}  # what configure() last gave the core
+def _count_limit(limit: Optional[int]) -> None:
+    _core.set_count_limit(MAX_COUNT if limit is None else limit)
 
 
-def configure() -> None:
-    """Give the core the count limit (``PYSHARD_COUNT_LIMIT``, for tests: see
-    :func:`build_info`) and the peer timeout (``PYSHARD_PEER_TIMEOUT``): at import, and again
-    after a setting changed (``pyshard._cache.settings_changed``), each only where its
-    setting changed since (a test that sets the core's own state directly keeps it). The
-    transports are no state of the core: each step carries its own (:func:`transport`)."""
-    limit = config.get("PYSHARD_COUNT_LIMIT")
-    if limit is not None or "limit" in _applied:
-        if _applied.get("limit", -1) != limit:
-            _core.set_count_limit(MAX_COUNT if limit is None else limit)
-        _applied["limit"] = limit
-    timeout = config.get("PYSHARD_PEER_TIMEOUT")
-    if _applied.get("timeout") != timeout:
-        _core.set_peer_timeout(timeout)
-        _applied["timeout"] = timeout
+# The core's process-wide settings, given to it now and at every change (pyshard.config):
+# the count limit (PYSHARD_COUNT_LIMIT, tests: see build_info) and the peer timeout
+# (PYSHARD_PEER_TIMEOUT). The transports are no state of the core: each step carries its own
+# (transport()).
+config.apply_with("PYSHARD_COUNT_LIMIT", _count_limit)
+config.apply_with("PYSHARD_PEER_TIMEOUT", _core.set_peer_timeout)
 
 
 def transports() -> Dict[str, str]:
@@ -327,7 +315,8 @@ def announce() -> None:
     t = transports()["cuda"]
     why = {True: "the MPI library is CUDA-aware", False: "the MPI library is not CUDA-aware",
            None: "the MPI library cannot say whether it is CUDA-aware"}[cuda_aware()]
-    if _env_transport() or config.get("PYSHARD_CUDA_AWARE") is not None:
+    forced = config.get("PYSHARD_MPI_TRANSPORT") != "auto"
+    if forced or config.get("PYSHARD_CUDA_AWARE") is not None:
         why += " (as set in the environment)"
     log.info(
         "pyshard: GPU arrays: MPI %s (%s)",
@@ -354,7 +343,10 @@ def build_info() -> Dict[str, Any]:
     ``"split"`` (in rounds: a reduction needs its element type). ``PYSHARD_COUNT_LIMIT=N``
     (tests) lowers the limit to N so that the non-native path runs on small arrays.
     ``transport``: per memory kind (``host``, ``cuda``), the transport of the steps built now
-    (:func:`transport`: ``"direct"`` or ``"staged"``); a step built earlier keeps its own."""
+    (:func:`transport`: ``"direct"`` or ``"staged"``); a step built earlier keeps its own.
+    ``count_limit``: the largest count the core passes to one MPI call (2^31-1, or
+    ``PYSHARD_COUNT_LIMIT``); ``peer_timeout``: the seconds a rank waits for a node peer
+    (``PYSHARD_PEER_TIMEOUT``): both as the core holds them now."""
     v = _core.cuda_build_version()
     text = _mpi.clean(_core.library_version())
     major, minor = _core.library_standard()
@@ -370,4 +362,6 @@ def build_info() -> Dict[str, Any]:
         "cuda_device": bool(_core.cuda_device_present()),
         "cuda_aware_mpi": cuda_aware(),
         "transport": transports(),
+        "count_limit": int(_core.count_limit()),
+        "peer_timeout": float(_core.peer_timeout()),
     }

@@ -1,8 +1,8 @@
 """Bounded caches: the one owner of everything pyshard memoises.
 
 Layouts and plans are cached per process, executors (the core's per-step objects) per mesh.
-Every cache is an LRU of at most :func:`cache_limit` entries (default 256, or the
-``PYSHARD_CACHE_LIMIT`` environment variable; :func:`set_cache_limit` changes it) and holds
+Every cache is an LRU of at most :func:`cache_limit` entries (``PYSHARD_CACHE_LIMIT``, default
+256; :func:`set_cache_limit` changes it until the setting next changes) and holds
 metadata only: counts, block lists, descriptor tables. The pack/unpack and staging buffers
 live in one workspace pool per mesh, shared by its steps, trimmed to what the live executors
 need whenever an executor is evicted, and released by ``Mesh.free()`` or :func:`clear_caches`.
@@ -19,7 +19,7 @@ from ._lru import DEFAULT_LIMIT, LRU, Fifo, memoize
 __all__ = ["DEFAULT_LIMIT", "LRU", "Fifo", "cache_limit", "clear_caches", "memoize",
            "set_cache_limit"]
 
-_lru.set_limit(config.get("PYSHARD_CACHE_LIMIT"))  # at import; set_cache_limit() changes it
+config.apply_with("PYSHARD_CACHE_LIMIT", _lru.set_limit)  # now, and at every change
 
 
 class FastEntry(NamedTuple):
@@ -61,11 +61,10 @@ class ExecCache:
 
     def current(self) -> ExecCache:
         """This cache, emptied first of the executors and bindings built under other settings
-        (:func:`pyshard.config.generation` moved on: a setting changed), after the settings
-        the core holds process-wide are applied again (:func:`settings_changed`)."""
+        (:func:`pyshard.config.generation` moved on: a setting changed; what the process
+        holds from the settings is applied when they change, :func:`pyshard.config.apply_with`)."""
         g = config.generation()
         if g != self.gen:
-            settings_changed()
             self.gen = g
             self.execs.clear()
             self.fast.clear()
@@ -111,9 +110,9 @@ def cache_limit() -> int:
 def set_cache_limit(n: int) -> None:
     """Bound every pyshard cache to ``n`` entries (>= 1); larger caches shrink now.
 
-    The default is 256, or ``PYSHARD_CACHE_LIMIT`` from the environment. A loop over many
-    distinct shapes keeps at most ``n`` plans and executors per mesh, and the workspace pool
-    shrinks to what those need.
+    The default is 256, or ``PYSHARD_CACHE_LIMIT``; ``n`` holds until that setting next
+    changes (the limit then follows it). A loop over many distinct shapes keeps at most ``n``
+    plans and executors per mesh, and the workspace pool shrinks to what those need.
     """
     if isinstance(n, bool) or not isinstance(n, int) or n < 1:
         raise ValueError(f"set_cache_limit: n must be an int >= 1, got {n!r}")
@@ -135,33 +134,15 @@ def clear_caches() -> None:
     _core.result_pool_clear()
 
 
-_applied: Dict[str, Any] = {}  # the settings below as last applied
-
-
-def settings_changed() -> None:
-    """Apply again what the process holds from the settings, where a setting changed since
-    it was applied: the core's count limit and peer timeout (``pyshard._backend.configure``),
-    the cache limit and the result pool's bound. (``set_cache_limit`` from Python stays until
-    ``PYSHARD_CACHE_LIMIT`` itself changes.)"""
-    from . import _backend
-
-    _backend.configure()
-    limit = config.get("PYSHARD_CACHE_LIMIT")
-    if _applied.get("PYSHARD_CACHE_LIMIT", limit) != limit:
-        _lru.set_limit(limit)
-    _applied["PYSHARD_CACHE_LIMIT"] = limit
-    pool = config.get("PYSHARD_RESULT_POOL_BYTES")
-    if _applied.get("PYSHARD_RESULT_POOL_BYTES", pool) != pool:
-        configure_result_pool()
-    _applied["PYSHARD_RESULT_POOL_BYTES"] = pool
-
-
-def configure_result_pool() -> None:
-    """Bound the result pool from ``PYSHARD_RESULT_POOL_BYTES`` (default 1 GiB; 0 turns it
-    off): host results of 1 MiB or more come from it and go back to it when freed."""
+def _bound_result_pool(limit: int) -> None:
+    """Bound the result pool (``PYSHARD_RESULT_POOL_BYTES``, default 1 GiB; 0 turns it off):
+    host results of 1 MiB or more come from it and go back to it when freed."""
     from . import _core
 
-    _core.set_result_pool_limit(config.get("PYSHARD_RESULT_POOL_BYTES"))
+    _core.set_result_pool_limit(limit)
+
+
+config.apply_with("PYSHARD_RESULT_POOL_BYTES", _bound_result_pool)  # now, and at every change
 
 
 def stats() -> Dict[str, int]:

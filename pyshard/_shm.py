@@ -11,8 +11,9 @@ where every rank of the communicator shares one node: each rank copies its piece
 peer once into that peer's staging segment, and each rank reduces its own piece and the
 staged ones (an Allreduce then copies every reduced chunk from its owner into each result).
 
-- ``PYSHARD_TRANSPORT=mpi`` (or ``direct``/``staged``, which name an MPI transport) turns it
-  off: every exchange goes through MPI; ``auto`` (default) and ``shm`` leave it on.
+- ``PYSHARD_SHM=off`` turns it off: every exchange goes through MPI; ``auto`` (default) leaves
+  it on (the older ``PYSHARD_TRANSPORT=mpi``, ``direct`` or ``staged`` turn it off too,
+  ``pyshard.config``).
 - ``auto`` takes it for steps whose largest block has at least ``PYSHARD_SHM_MIN_BYTES``
   (default 16 KiB, 256 KiB where ranks outnumber cores); smaller exchanges stay on MPI.
 - ``PYSHARD_NODE_SIZE=k`` splits each node further into groups of ``k`` consecutive world
@@ -30,6 +31,7 @@ import itertools
 import logging
 import os
 import socket
+import weakref
 from math import prod
 from typing import Any, Dict, List, Optional, Tuple
 
@@ -94,9 +96,9 @@ def block_bytes(step: Any) -> int:
 
 
 def enabled() -> bool:
-    """Does ``PYSHARD_TRANSPORT`` leave the node-local transport on for host exchanges
-    (``auto`` or ``shm``; ``mpi``, ``direct`` and ``staged`` name MPI for every step)?"""
-    return config.get("PYSHARD_TRANSPORT") in ("auto", "shm")
+    """Does ``PYSHARD_SHM`` leave the node-local transport on for host exchanges (``auto``;
+    ``off`` names MPI for every step)?"""
+    return config.get("PYSHARD_SHM") == "auto"
 
 
 def sim_node_size() -> int:
@@ -144,6 +146,7 @@ class NodeMap:
         from . import _core
 
         self.shape, self.coords = shape, coords
+        _maps.add(self)  # its transports' pools follow PYSHARD_RESULT_POOL_BYTES
         self.rank = comm.Get_rank()
         self.sim = sim_node_size()
         self._nodes: Dict[Tuple[int, ...], Optional[Any]] = {}
@@ -230,6 +233,20 @@ class NodeMap:
                 n.release()
         self._nodes.clear()
         self.ctl.release()
+
+
+_maps: weakref.WeakSet[NodeMap] = weakref.WeakSet()
+
+
+def _bound_pools(limit: int) -> None:
+    """Every live node transport's pool of freed results kept up to ``limit`` bytes."""
+    for m in list(_maps):
+        for n in m._nodes.values():
+            if n is not None:
+                n.set_limit(limit)
+
+
+config.apply_with("PYSHARD_RESULT_POOL_BYTES", _bound_pools)  # at every change
 
 
 def node(mesh: Any, dims: Tuple[int, ...]) -> Optional[Any]:

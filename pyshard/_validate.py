@@ -1,13 +1,14 @@
 """The validation mode: a rank that calls with other arguments than its peers gets an error,
 on every rank, instead of a hang.
 
-Off by default (no collective beyond the plan's). On (``pyshard.set_validation(True)`` or
-``PYSHARD_VALIDATE=1``), ``redistribute``, ``from_local``, ``save`` and ``load`` first run one
-small collective over the mesh: an ``MPI_Allgather`` of eight int64 per rank (the call and
-checksums of its arguments: source and target layouts, algorithm, whether the local shard
-fits the layout). When every rank agrees, that is all it costs. When they differ, one more
-allgather of the readable descriptions follows and every rank raises the same ``ValueError``
-naming the ranks that differ and what differs.
+Off by default (no collective beyond the plan's). On (``PYSHARD_VALIDATE=1``, from the
+environment or ``pyshard.config``: the next call follows every change of it; or
+``pyshard.set_validation(True)``), ``redistribute``, ``from_local``, ``save`` and ``load``
+first run one small collective over the mesh: an ``MPI_Allgather`` of eight int64 per rank
+(the call and checksums of its arguments: source and target layouts, algorithm, whether the
+local shard fits the layout). When every rank agrees, that is all it costs. When they differ,
+one more allgather of the readable descriptions follows and every rank raises the same
+``ValueError`` naming the ranks that differ and what differs.
 """
 
 from __future__ import annotations
@@ -18,26 +19,34 @@ from typing import Dict, List
 import numpy as np
 from mpi4py import MPI
 
-from . import config
+from . import collectives, config
 
 __all__ = ["set_validation", "validation"]
 
 WIDTH = 8  # int64 per rank: the call, then one checksum per item (at most WIDTH - 1)
 
 
-enabled = bool(config.get("PYSHARD_VALIDATE"))  # at import; set_validation() changes it
+enabled = False  # PYSHARD_VALIDATE as it is now (_follow): the calls read this flag
+
+
+def _follow(on: bool) -> None:
+    global enabled
+    enabled = bool(on)
+
+
+config.apply_with("PYSHARD_VALIDATE", _follow)  # now, and at every change of the setting
 
 
 def set_validation(on: bool) -> None:
-    """Turn the validation mode on or off (this process; every rank should do the same).
+    """Turn the validation mode on or off (this process; every rank should do the same),
+    until ``PYSHARD_VALIDATE`` next changes (which the mode then follows).
 
     On: every ``redistribute``, ``from_local``, ``save`` and ``load`` first checks with one
     small Allgather that every rank passed the same layouts and arguments, and raises the
     same ``ValueError`` on every rank when they differ (instead of hanging in mismatched
     collectives). Off (the default): no collective beyond the plan's.
     """
-    global enabled
-    enabled = bool(on)
+    _follow(on)
 
 
 def validation() -> bool:
@@ -57,11 +66,10 @@ def agree(comm: MPI.Comm, call: str, items: Dict[str, str]) -> None:
     mine[0] = _crc(call + "|" + ",".join(names))
     for i, n in enumerate(names):
         mine[i + 1] = _crc(items[n])
-    rows = np.empty((comm.Get_size(), WIDTH), np.int64)
-    comm.Allgather(mine, rows)
+    rows = collectives.allgather_rows(comm, mine)
     if (rows == rows[0]).all():
         return
-    everyone: List[tuple] = comm.allgather((call, items))  # every rank saw the mismatch
+    everyone: List[tuple] = collectives.allgather(comm, (call, items))  # every rank saw it
     raise ValueError(_message(everyone))
 
 

@@ -2,11 +2,19 @@
 and one error style (naming the variable, the value and what it accepts).
 
 A setting's value is the environment variable's (read when first needed, and again whenever
-the variable changes), unless Python set it. A change takes effect at the next call: every
-change made here (set, reset, override) and every changed variable :func:`get` or
-:func:`refresh` reads moves :func:`generation` on, and the caches built under the old
-settings (executors and bindings per mesh, whose core steps carry the transport they were
-built with; the count limit the core holds) are rebuilt at the next call that finds them.
+the variable changes), unless Python set it. Every value is parsed and checked, whatever its
+type (a string as the environment's would be): one it cannot take raises ValueError naming
+the setting, the value and what it accepts. A change takes effect at the next call, on every
+entry point, in one of two ways:
+
+- what is built under the settings (executors and bindings per mesh, whose core steps carry
+  the transport they were built with; the batch plans of ``redistribute_many``) is keyed on
+  :func:`generation`, which every change made here (set, reset, override) and every changed
+  variable :func:`get` or :func:`refresh` reads moves on: it is rebuilt at its next use;
+- what the process holds (the core's count limit and peer timeout, the cache limit, the
+  result pools' bound, the validation mode) is applied at once, at import and at every change
+  of its value, by the module that owns it (:func:`apply_with`): no call reads it again.
+
 Variables changed in ``os.environ`` after a mesh's first call reach its repeated calls once
 :func:`refresh` reads them::
 
@@ -14,9 +22,13 @@ Variables changed in ``os.environ`` after a mesh's first call reach its repeated
 
     ps.config.get("PYSHARD_SHM_MIN_BYTES")           # None: the measured default
     ps.config.set("PYSHARD_SHM_MIN_BYTES", 0)        # every exchange on node-shared memory
-    with ps.config.override(PYSHARD_TRANSPORT="mpi"):  # for a block (tests use this)
+    with ps.config.override(PYSHARD_SHM="off"):      # for a block (tests use this)
         ...
     ps.config.reset("PYSHARD_SHM_MIN_BYTES")         # back to the environment
+
+``PYSHARD_TRANSPORT`` is the single older spelling of two choices, node-shared memory
+(``PYSHARD_SHM``) and how MPI takes the arrays' memory (``PYSHARD_MPI_TRANSPORT``); it is
+still accepted, and decides each of the two that is not set itself (:data:`TRANSPORT_SPELLINGS`).
 
 Every rank must see the same settings (they choose collectives). There are no test hooks
 among them: pyshard's tests inject their faults themselves (monkeypatch, or by wrapping the
@@ -26,12 +38,14 @@ core). ``docs/configuration.md`` is generated from this table (:func:`table`).
 from __future__ import annotations
 
 import contextlib
+import math
+import numbers
 import os
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, Iterator, Optional, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
-__all__ = ["ALGORITHMS", "HALO_METHODS", "HALO_MPI", "SETTINGS", "generation", "get",
-           "override", "refresh", "reset", "set", "table"]
+__all__ = ["ALGORITHMS", "HALO_METHODS", "HALO_MPI", "SETTINGS", "TRANSPORT_SPELLINGS",
+           "apply_with", "generation", "get", "override", "refresh", "reset", "set", "table"]
 
 
 @dataclass(frozen=True)
@@ -40,19 +54,24 @@ class Setting:
     kind: str  # what it accepts, in words (the error says it)
     default: Any
     effect: str
-    parse: Callable[[str], Any]
+    parse: Callable[[Any], Any]  # an environment string or a Python value -> the value, or _Bad
 
 
 class _Bad(ValueError):
     pass
 
 
-def _int(minimum: int, maximum: Optional[int] = None) -> Callable[[str], int]:
-    def parse(raw: str) -> int:
-        try:
+def _int(minimum: int, maximum: Optional[int] = None) -> Callable[[Any], int]:
+    def parse(raw: Any) -> int:
+        if isinstance(raw, str):
+            try:
+                v = int(raw)
+            except ValueError:
+                raise _Bad from None
+        elif isinstance(raw, numbers.Integral) and not isinstance(raw, bool):
             v = int(raw)
-        except ValueError:
-            raise _Bad from None
+        else:
+            raise _Bad
         if v < minimum or (maximum is not None and v > maximum):
             raise _Bad
         return v
@@ -60,7 +79,13 @@ def _int(minimum: int, maximum: Optional[int] = None) -> Callable[[str], int]:
     return parse
 
 
-def _bool(raw: str) -> bool:
+def _bool(raw: Any) -> bool:
+    if isinstance(raw, bool):
+        return raw
+    if isinstance(raw, numbers.Integral) and raw in (0, 1):
+        return bool(raw)
+    if not isinstance(raw, str):
+        raise _Bad
     v = raw.lower()
     if v in ("0", "false", "no", "off"):
         return False
@@ -69,26 +94,34 @@ def _bool(raw: str) -> bool:
     raise _Bad
 
 
-def _choice(*names: str) -> Callable[[str], str]:
-    def parse(raw: str) -> str:
-        v = raw.lower()
-        if v not in names:
+def _choice(*names: str) -> Callable[[Any], str]:
+    def parse(raw: Any) -> str:
+        if not isinstance(raw, str) or raw.lower() not in names:
             raise _Bad
-        return v
+        return raw.lower()
 
     return parse
 
 
-def _text(raw: str) -> str:
+def _text(raw: Any) -> str:
+    if isinstance(raw, os.PathLike):
+        raw = os.fspath(raw)
+    if not isinstance(raw, str):
+        raise _Bad
     return raw
 
 
-def _seconds(raw: str) -> float:
-    try:
+def _seconds(raw: Any) -> float:
+    if isinstance(raw, str):
+        try:
+            v = float(raw)
+        except ValueError:
+            raise _Bad from None
+    elif isinstance(raw, numbers.Real) and not isinstance(raw, bool):
         v = float(raw)
-    except ValueError:
-        raise _Bad from None
-    if not v > 0 or v == float("inf"):
+    else:
+        raise _Bad
+    if not v > 0 or math.isinf(v):
         raise _Bad
     return v
 
@@ -106,10 +139,22 @@ SETTINGS: Dict[str, Setting] = {s.name: s for s in (
     Setting("PYSHARD_ALGORITHM", "one of " + ", ".join(_ALGORITHMS), "auto",
             "the exchange algorithm of redistribute() calls that pass none",
             _choice(*_ALGORITHMS)),
+    Setting("PYSHARD_SHM", "auto or off", "auto",
+            "auto: host exchanges, gathers, reductions and halos between ranks of a node "
+            "through node-shared memory where pyshard's rule takes it (PYSHARD_SHM_MIN_BYTES); "
+            "off: every step through MPI. Unset: as PYSHARD_TRANSPORT says",
+            _choice("auto", "off")),
+    Setting("PYSHARD_MPI_TRANSPORT", "auto, direct or staged", "auto",
+            "how the MPI paths take the arrays' memory: direct (host and GPU memory passed to "
+            "MPI as it is), staged (through pinned host buffers), auto (host memory direct; "
+            "GPU memory direct where the MPI library is CUDA-aware, see PYSHARD_CUDA_AWARE, "
+            "else staged). Unset: as PYSHARD_TRANSPORT says",
+            _choice("auto", "direct", "staged")),
     Setting("PYSHARD_TRANSPORT", "auto, shm, mpi, direct or staged", "auto",
-            "auto/shm: node-shared memory between ranks of a node; mpi: every exchange "
-            "through MPI; direct/staged: MPI, with host and GPU memory passed to MPI as it is "
-            "or through pinned host buffers (node-shared memory off)",
+            "the single older spelling of PYSHARD_SHM and PYSHARD_MPI_TRANSPORT, still "
+            "accepted; it decides each of them that is not set itself: auto and shm mean "
+            "PYSHARD_SHM=auto, mpi means PYSHARD_SHM=off, direct and staged mean "
+            "PYSHARD_SHM=off with PYSHARD_MPI_TRANSPORT=direct or staged",
             _choice("auto", "shm", "mpi", "direct", "staged")),
     Setting("PYSHARD_SHM_MIN_BYTES", "an integer >= 0", None,
             "auto takes node-shared memory for steps whose largest block has at least this "
@@ -159,9 +204,22 @@ SETTINGS: Dict[str, Setting] = {s.name: s for s in (
             "where algorithm='tune' keeps its choices between jobs (empty: nowhere)", _text),
 )}  # fmt: skip
 
+# PYSHARD_TRANSPORT's values as (PYSHARD_SHM, PYSHARD_MPI_TRANSPORT)
+TRANSPORT_SPELLINGS: Dict[str, Tuple[str, str]] = {
+    "auto": ("auto", "auto"),
+    "shm": ("auto", "auto"),
+    "mpi": ("off", "auto"),
+    "direct": ("off", "direct"),
+    "staged": ("off", "staged"),
+}
+_SPELLED = {"PYSHARD_SHM": 0, "PYSHARD_MPI_TRANSPORT": 1}  # which of the two, by name
+_UNSET = object()  # the parsed value of a variable that is not set (PYSHARD_SHM, ..._MPI_...)
+
 _set: Dict[str, Any] = {}  # values set from Python
 _parsed: Dict[str, Tuple[Optional[str], Any]] = {}  # name -> (raw value, parsed)
 _generation = 0  # moves on at every change of a setting: cache keys compare it
+_appliers: Dict[str, List[Callable[[Any], None]]] = {}  # name -> what carries it (apply_with)
+_applied: Dict[str, Any] = {}  # name -> the value the appliers were last given
 
 
 def generation() -> int:
@@ -176,13 +234,43 @@ def _changed() -> None:
     _generation += 1
 
 
+def apply_with(name: str, fn: Callable[[Any], None]) -> None:
+    """Carry setting ``name`` into state the process holds (the core's, a module's):
+    ``fn(value)`` runs now, and again whenever the setting's value changes (set, reset,
+    override, or a changed variable :func:`get` or :func:`refresh` reads), so that every
+    entry point sees the change with no per-call cost. The module that owns the state calls
+    this when it is imported; registering the same ``fn`` again only applies it again."""
+    _setting(name)
+    fns = _appliers.setdefault(name, [])
+    if fn not in fns:
+        fns.append(fn)
+    fn(get(name))
+    _applied[name] = get(name)
+
+
+def _apply(name: str) -> None:
+    """Give ``name``'s appliers its value where it differs from what they were last given
+    (state set directly, e.g. the core's count limit by a test, stays until the setting
+    itself changes)."""
+    if name not in _appliers:
+        return
+    v = get(name)
+    if name in _applied and _applied[name] == v:
+        return
+    for fn in _appliers[name]:
+        fn(v)
+    _applied[name] = v
+
+
 def refresh() -> None:
     """Read every setting's environment variable again (after ``os.environ`` changed in this
     process): a changed one takes effect at the next call, cached paths included."""
-    for name, (raw, _) in list(_parsed.items()):
-        if os.environ.get(name) != raw:
-            del _parsed[name]
-            _changed()
+    changed = [name for name, (raw, _) in _parsed.items() if os.environ.get(name) != raw]
+    for name in changed:
+        del _parsed[name]
+        _changed()
+    for name in changed:
+        _apply(name)
 
 
 def _setting(name: str) -> Setting:
@@ -193,38 +281,49 @@ def _setting(name: str) -> Setting:
     return s
 
 
-def _parse(s: Setting, raw: str) -> Any:
+def _parse(s: Setting, value: Any) -> Any:
+    """``value`` (an environment string, stripped, or a Python value) as setting ``s``
+    takes it, or ValueError naming the setting, what it accepts and the value."""
     try:
-        return s.parse(raw.strip())
+        return s.parse(value.strip() if isinstance(value, str) else value)
     except _Bad:
-        raise ValueError(f"{s.name} must be {s.kind}, got {raw!r}") from None
+        raise ValueError(f"{s.name} must be {s.kind}, got {value!r}") from None
 
 
 def get(name: str) -> Any:
     """The value of setting ``name``: set from Python, else from the environment (parsed),
-    else the default. A bad value raises ValueError naming the variable, the value and what
-    it accepts."""
+    else the default (``PYSHARD_SHM`` and ``PYSHARD_MPI_TRANSPORT``: as ``PYSHARD_TRANSPORT``
+    says). A bad value raises ValueError naming the variable, the value and what it
+    accepts."""
     if name in _set:
         return _set[name]
     raw = os.environ.get(name)
     hit = _parsed.get(name)
-    if hit is not None and hit[0] == raw:
-        return hit[1]
-    s = _setting(name)
-    v = s.default if raw is None or not raw.strip() else _parse(s, raw)
-    if hit is not None:  # the variable changed since it was read: so may the paths
-        _changed()
-    _parsed[name] = (raw, v)
+    if hit is None or hit[0] != raw:
+        s = _setting(name)
+        if raw is None or not raw.strip():
+            v = _UNSET if name in _SPELLED else s.default
+        else:
+            v = _parse(s, raw)
+        _parsed[name] = (raw, v)
+        if hit is not None:  # the variable changed since it was read: so may the paths
+            _changed()
+            _apply(name)
+    else:
+        v = hit[1]
+    if v is _UNSET:
+        return TRANSPORT_SPELLINGS[get("PYSHARD_TRANSPORT")][_SPELLED[name]]
     return v
 
 
 def set(name: str, value: Any) -> None:  # noqa: A001 - the module's verb
-    """Set ``name`` for this process (every rank must do the same); a string is parsed as
-    the environment's value would be, None restores the default."""
+    """Set ``name`` for this process (every rank must do the same): a string is parsed as
+    the environment's value would be, any other value checked against what the setting
+    accepts (ValueError naming both), None restores the default."""
     s = _setting(name)
-    _set[name] = _parse(s, value) if isinstance(value, str) else (
-        s.default if value is None else value)  # fmt: skip
+    _set[name] = s.default if value is None else _parse(s, value)
     _changed()
+    _apply(name)
 
 
 def reset(name: str) -> None:
@@ -232,11 +331,16 @@ def reset(name: str) -> None:
     _setting(name)
     _set.pop(name, None)
     _changed()
+    _apply(name)
 
 
 @contextlib.contextmanager
 def override(**values: Any) -> Iterator[None]:
-    """Set settings for a block, then restore them: ``override(PYSHARD_TRANSPORT="mpi")``."""
+    """Set settings for a block, then restore them: ``override(PYSHARD_SHM="off")``. Every
+    value is checked before any is set."""
+    for k, v in values.items():
+        if v is not None:
+            _parse(_setting(k), v)
     before = {k: _set[k] for k in values if k in _set}
     try:
         for k, v in values.items():
@@ -247,6 +351,8 @@ def override(**values: Any) -> Iterator[None]:
             _set.pop(k, None)
         _set.update(before)
         _changed()
+        for k in values:
+            _apply(k)
 
 
 def table() -> str:

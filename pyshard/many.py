@@ -39,7 +39,8 @@ log = logging.getLogger("pyshard")
 # 2-3x faster than a loop (their calls are latency); fusing large ones was up to 2x slower
 # (a fused message is unpacked from the receive buffer, where an array's own exchange
 # receives its contiguous blocks in place, and the batch leaves the cache).
-# (PYSHARD_MANY_FUSE_MAX_BYTES and PYSHARD_MANY_BATCH_BYTES, pyshard.config)
+# (PYSHARD_MANY_FUSE_MAX_BYTES and PYSHARD_MANY_BATCH_BYTES, pyshard.config; a plan is
+# memoised under the values it was made with, so a change reaches the next call)
 # Node-shared memory (pyshard/_shm.py), where ranks of the communicator share a node: every
 # array whose plan is one exchange, large ones too (nothing is packed or unpacked: each block
 # is written once, straight into its result), in batches of about SHM_BATCH_BYTES per rank,
@@ -83,11 +84,14 @@ class ManyPlan:
     on their own, in order. Where the ranks of a communicator share a node (host arrays),
     ``shm_batches`` replace both for the arrays whose plan is one exchange: ``(mesh dims,
     array indices)`` per batch of about ``PYSHARD_MANY_SHM_BATCH_BYTES`` per rank (default 64
-    MiB), each one handshake through node-shared memory."""
+    MiB), each one handshake through node-shared memory. ``limits``: those three sizes in
+    that order (None: the settings' values now)."""
 
     __slots__ = ("plans", "fused", "single", "exchanges", "shm_batches", "_block_bytes")
 
-    def __init__(self, plans: Sequence[Plan]) -> None:
+    def __init__(self, plans: Sequence[Plan], limits: Optional[Tuple[int, int, int]] = None
+                 ) -> None:  # fmt: skip
+        fuse_max, batch, shm_batch = many_limits() if limits is None else limits
         self.plans = tuple(plans)
         groups: Dict[Tuple[int, ...], List[int]] = {}
         exchanges: Dict[Tuple[int, ...], List[int]] = {}
@@ -98,7 +102,7 @@ class ManyPlan:
                 exchanges.setdefault(p.steps[0].mesh_dims, []).append(i)
             if one and (
                 prod(p.src.shape) * p.src.dtype.itemsize
-                < config.get("PYSHARD_MANY_FUSE_MAX_BYTES") * prod(p.steps[0].group_shape)
+                < fuse_max * prod(p.steps[0].group_shape)
             ):
                 groups.setdefault(p.steps[0].mesh_dims, []).append(i)
             else:
@@ -107,13 +111,13 @@ class ManyPlan:
         # unpack in cache (a 248 MiB batch ran 2x slower than one call per array)
         fused = []
         for dims, ix in sorted(groups.items()):
-            fused += _batches(self.plans, ix, dims, config.get("PYSHARD_MANY_BATCH_BYTES"))
+            fused += _batches(self.plans, ix, dims, batch)
         self.fused = tuple(fused)
         self.single = tuple(single)
         self.exchanges = tuple(sorted((d, tuple(ix)) for d, ix in exchanges.items()))
         shm = []
         for dims, ix in self.exchanges:
-            shm += _batches(self.plans, ix, dims, config.get("PYSHARD_MANY_SHM_BATCH_BYTES"))
+            shm += _batches(self.plans, ix, dims, shm_batch)
         self.shm_batches = tuple(shm)
         # per communicator: its exchanges' largest blocks for one peer, added up
         self._block_bytes = {
@@ -175,9 +179,22 @@ class ManyPlan:
         return f"ManyPlan({len(self.plans)} arrays, {self.collectives} collectives)"
 
 
+def many_limits() -> Tuple[int, int, int]:
+    """``PYSHARD_MANY_FUSE_MAX_BYTES``, ``PYSHARD_MANY_BATCH_BYTES`` and
+    ``PYSHARD_MANY_SHM_BATCH_BYTES`` as they are now."""
+    return (config.get("PYSHARD_MANY_FUSE_MAX_BYTES"), config.get("PYSHARD_MANY_BATCH_BYTES"),
+            config.get("PYSHARD_MANY_SHM_BATCH_BYTES"))  # fmt: skip
+
+
 @memoize
+def _plan_with(plans: Tuple[Plan, ...], limits: Tuple[int, int, int]) -> ManyPlan:
+    return ManyPlan(plans, limits)
+
+
 def _many(plans: Tuple[Plan, ...]) -> ManyPlan:
-    return ManyPlan(plans)
+    """The plan of ``plans`` under the batching settings as they are now (memoised under
+    them: a changed setting makes the next call's plan)."""
+    return _plan_with(plans, many_limits())
 
 
 def _items(arrays: ArraysArg) -> Tuple[List[Any], List[ShardedArray], bool]:
@@ -287,6 +304,15 @@ class _Fused:
 
 
 _FAST = LRU()  # (source layouts, placements) -> (targets, ManyPlan): see redistribute_many
+
+
+def _forget_plans(_: Any) -> None:
+    _FAST.clear()  # its plans were made under the batching settings before the change
+
+
+for _name in ("PYSHARD_MANY_FUSE_MAX_BYTES", "PYSHARD_MANY_BATCH_BYTES",
+              "PYSHARD_MANY_SHM_BATCH_BYTES"):  # fmt: skip
+    config.apply_with(_name, _forget_plans)
 
 
 class _ShmFused:

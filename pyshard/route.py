@@ -240,7 +240,7 @@ def halo_route(layout: Any, spec: Any, mesh: Any, method: str, device: bool = Fa
     ``_shm.halo_min_bytes`` (``PYSHARD_SHM_MIN_BYTES``; 0 where every rank has a core), else
     MPI persistent requests;
     ``shm`` takes node-shared memory wherever it is usable; ``tune`` measures the MPI methods
-    and, where usable, ``shm``. GPU arrays, ``PYSHARD_TRANSPORT=mpi`` and forced staging take
+    and, where usable, ``shm``. GPU arrays and ``PYSHARD_SHM=off`` take
     MPI. A fold whose dtype the core does not combine (not in :data:`FOLD_DTYPES`) takes
     persistent requests where the update takes node-shared memory, and ``tune`` leaves
     ``shm`` out of its candidates."""
@@ -281,7 +281,7 @@ def halo_reason(r: Route, layout: Any, spec: Any, mesh: Any, method: str) -> str
     node = _shm.node(mesh, tuple(range(mesh.ndim)))
     if node is None:
         return ("MPI: no other rank of the mesh shares this rank's node memory (or "
-                "PYSHARD_TRANSPORT turns node-shared memory off)")
+                "PYSHARD_SHM turns node-shared memory off)")
     return (f"MPI: largest face {halo_face_bytes(layout, spec)} B < "
             f"{_shm.halo_min_bytes(node)} B (PYSHARD_SHM_MIN_BYTES)")
 
@@ -349,7 +349,7 @@ def migrate_route(mesh: Any, algorithm: str, peers: Any = None) -> MigrateRoute:
     """The rule for :func:`pyshard.migrate`, from what every rank holds alike (the mesh size,
     its node map, the settings, the arguments): ``peers`` given -> ``peers`` (point-to-point,
     no collective, no node handshake); ``auto`` -> the rows through node-shared memory where
-    ranks of the mesh share a node (``shm``; ``PYSHARD_TRANSPORT=mpi`` turns it off), else by
+    ranks of the mesh share a node (``shm``; ``PYSHARD_SHM=off`` turns it off), else by
     messages, and the counts by ``alltoall`` up to :data:`MIGRATE_DENSE_MAX` ranks, ``nbx``
     past it; ``shm`` -> that path with the counts by the same rule (by messages where no two
     ranks share a node); ``alltoall`` / ``nbx`` -> that count exchange, the rows by messages;
@@ -385,7 +385,7 @@ def migrate_route(mesh: Any, algorithm: str, peers: Any = None) -> MigrateRoute:
         return MigrateRoute("local", counts, f"one rank: the rows stay; {why}")
     node = _shm.node(mesh, tuple(range(mesh.ndim)))
     if node is None:
-        off = ("PYSHARD_TRANSPORT names MPI" if not _shm.enabled()
+        off = ("PYSHARD_SHM=off" if not _shm.enabled()
                else "no two ranks of the mesh share a node with node-shared memory")
         return MigrateRoute("mpi", counts, f"rows by messages ({off}); {why}")
     where = (f"{node.node_size} ranks of this node" + (f", messages to the other {node.nodes - 1}"

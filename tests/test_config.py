@@ -4,8 +4,10 @@ Python, the docs table generated from it, and no other module reading the enviro
 from __future__ import annotations
 
 import os
+import pathlib
 import re
 
+import numpy as np
 import pytest
 
 import pyshard as ps
@@ -38,6 +40,10 @@ def test_defaults_and_environment(monkeypatch):
         ("PYSHARD_VALIDATE", "maybe", "0/1, false/true, no/yes or off/on"),
         ("PYSHARD_CUDA_AWARE", "2", "0/1, false/true, no/yes or off/on"),
         ("PYSHARD_TRANSPORT", "fast", "auto, shm, mpi, direct or staged"),
+        ("PYSHARD_SHM", "on", "auto or off"),
+        ("PYSHARD_MPI_TRANSPORT", "mpi", "auto, direct or staged"),
+        ("PYSHARD_PEER_TIMEOUT", "0", "a number of seconds > 0"),
+        ("PYSHARD_PEER_TIMEOUT", "inf", "a number of seconds > 0"),
         ("PYSHARD_HALO_METHOD", "mail",
          "one of auto, shm, persistent, p2p, datatype, neighbor, tune"),
     ],
@@ -86,3 +92,131 @@ def test_no_other_module_reads_a_setting():
                     if re.search(r"(environ|getenv)\b.*PYSHARD_", line):
                         found.append(f"{os.path.relpath(path, ROOT)}:{n}: {line.strip()}")
     assert not found, "\n".join(found)
+
+
+@pytest.mark.parametrize(
+    "name,value,accepts",
+    [
+        ("PYSHARD_CACHE_LIMIT", 0, "an integer >= 1"),  # set_cache_limit(0) refuses it too
+        ("PYSHARD_CACHE_LIMIT", 2.5, "an integer >= 1"),
+        ("PYSHARD_CACHE_LIMIT", True, "an integer >= 1"),  # a bool is no count
+        ("PYSHARD_SHM_MIN_BYTES", -1, "an integer >= 0"),
+        ("PYSHARD_COUNT_LIMIT", 7, "an integer in [8, 2^31-1]"),
+        ("PYSHARD_COUNT_LIMIT", 1 << 31, "an integer in [8, 2^31-1]"),
+        ("PYSHARD_RESULT_POOL_BYTES", -1, "an integer >= 0"),
+        ("PYSHARD_MANY_BATCH_BYTES", 0, "an integer >= 1"),
+        ("PYSHARD_VALIDATE", 2, "0/1, false/true, no/yes or off/on"),
+        ("PYSHARD_VALIDATE", "maybe", "0/1, false/true, no/yes or off/on"),
+        ("PYSHARD_PEER_TIMEOUT", 0, "a number of seconds > 0"),
+        ("PYSHARD_PEER_TIMEOUT", float("nan"), "a number of seconds > 0"),
+        ("PYSHARD_PEER_TIMEOUT", True, "a number of seconds > 0"),
+        ("PYSHARD_ALGORITHM", 3, "one of auto, tune, alltoallv"),
+        ("PYSHARD_SHM", False, "auto or off"),
+        ("PYSHARD_TUNE_FILE", 5, "a file path"),
+    ],
+)
+def test_every_value_is_parsed_whatever_its_type(name, value, accepts):
+    """config.set and override check a Python value as the environment's string would be
+    checked: one the setting cannot take raises, naming both, and nothing changes."""
+    before = config.get(name)
+    with pytest.raises(ValueError, match=re.escape(f"{name} must be {accepts}")) as e:
+        config.set(name, value)
+    assert f"got {value!r}" in str(e.value)
+    assert config.get(name) == before
+    with pytest.raises(ValueError, match=re.escape(f"{name} must be {accepts}")):
+        with config.override(PYSHARD_LOAD_DIRECT_BYTES=5, **{name: value}):
+            pass
+    assert config.get("PYSHARD_LOAD_DIRECT_BYTES") != 5  # override checks all, then sets
+
+
+def test_python_values_of_every_type_are_taken():
+    with config.override(PYSHARD_CACHE_LIMIT=np.int64(7), PYSHARD_PEER_TIMEOUT=2,
+                         PYSHARD_VALIDATE=1, PYSHARD_TUNE_FILE=pathlib.Path("/tmp/t"),
+                         PYSHARD_SHM="OFF"):  # fmt: skip
+        assert config.get("PYSHARD_CACHE_LIMIT") == 7
+        assert type(config.get("PYSHARD_CACHE_LIMIT")) is int
+        assert config.get("PYSHARD_PEER_TIMEOUT") == 2.0
+        assert config.get("PYSHARD_VALIDATE") is True
+        assert config.get("PYSHARD_TUNE_FILE") == "/tmp/t"
+        assert config.get("PYSHARD_SHM") == "off"
+
+
+@pytest.mark.parametrize("old", sorted(config.TRANSPORT_SPELLINGS))
+def test_the_older_transport_spelling_decides_the_two_settings(monkeypatch, old):
+    """PYSHARD_TRANSPORT maps onto PYSHARD_SHM and PYSHARD_MPI_TRANSPORT where those are not
+    set, from the environment or from Python; either, where set, wins."""
+    for n in ("PYSHARD_SHM", "PYSHARD_MPI_TRANSPORT", "PYSHARD_TRANSPORT"):
+        monkeypatch.delenv(n, raising=False)
+    shm, mpi = config.TRANSPORT_SPELLINGS[old]
+    monkeypatch.setenv("PYSHARD_TRANSPORT", old)
+    assert (config.get("PYSHARD_SHM"), config.get("PYSHARD_MPI_TRANSPORT")) == (shm, mpi)
+    with config.override(PYSHARD_TRANSPORT="auto"):
+        assert config.get("PYSHARD_SHM") == "auto"
+        assert config.get("PYSHARD_MPI_TRANSPORT") == "auto"
+    with config.override(PYSHARD_TRANSPORT=old):
+        assert (config.get("PYSHARD_SHM"), config.get("PYSHARD_MPI_TRANSPORT")) == (shm, mpi)
+        with config.override(PYSHARD_SHM="auto"):
+            assert config.get("PYSHARD_SHM") == "auto"
+            assert config.get("PYSHARD_MPI_TRANSPORT") == mpi
+    monkeypatch.setenv("PYSHARD_MPI_TRANSPORT", "staged")
+    assert config.get("PYSHARD_MPI_TRANSPORT") == "staged"
+    assert config.get("PYSHARD_SHM") == shm
+    monkeypatch.setenv("PYSHARD_SHM", "auto")
+    assert config.get("PYSHARD_SHM") == "auto"
+
+
+def test_the_spelling_table_in_the_docs_is_the_code_s():
+    with open(os.path.join(ROOT, "docs", "configuration.md")) as f:
+        doc = f.read()
+    row = r"^\| (`[a-z]+`(?: \(default\))?(?:, `[a-z]+`)*) \| `([a-z]+)` \| `([a-z]+)` \|$"
+    rows = re.findall(row, doc, re.M)
+    got = {}
+    for olds, shm, mpi in rows:
+        for old in re.findall(r"`([a-z]+)`", olds):
+            got[old] = (shm, mpi)
+    assert got == config.TRANSPORT_SPELLINGS
+
+
+def test_applied_settings_follow_every_change(monkeypatch):
+    """apply_with: the function runs at once, then at each change of the value (set, reset,
+    override and its end, a changed variable read by refresh), and not where it stays."""
+    monkeypatch.delenv("PYSHARD_LOAD_DIRECT_BYTES", raising=False)
+    seen = []
+    fn = seen.append
+    config.apply_with("PYSHARD_LOAD_DIRECT_BYTES", fn)
+    try:
+        assert seen == [4096]
+        config.set("PYSHARD_LOAD_DIRECT_BYTES", "10")
+        config.set("PYSHARD_LOAD_DIRECT_BYTES", 10)  # the same value: not applied again
+        with config.override(PYSHARD_LOAD_DIRECT_BYTES=0):
+            assert seen == [4096, 10, 0]
+        assert seen == [4096, 10, 0, 10]
+        config.reset("PYSHARD_LOAD_DIRECT_BYTES")
+        monkeypatch.setenv("PYSHARD_LOAD_DIRECT_BYTES", "3")
+        config.refresh()
+        assert seen == [4096, 10, 0, 10, 4096, 3]
+        config.apply_with("PYSHARD_LOAD_DIRECT_BYTES", fn)  # registered once, applied again
+        config.set("PYSHARD_LOAD_DIRECT_BYTES", 9)
+        assert seen == [4096, 10, 0, 10, 4096, 3, 3, 9]
+    finally:  # (fn stays registered: it only appends to this test's list)
+        config.reset("PYSHARD_LOAD_DIRECT_BYTES")
+
+
+def test_process_settings_are_applied_at_once():
+    """Without any call: the cache limit, the validation mode, the count limit and the peer
+    timeout the process holds follow the settings as soon as they change."""
+    with config.override(PYSHARD_CACHE_LIMIT=3, PYSHARD_VALIDATE=True,
+                         PYSHARD_COUNT_LIMIT=64, PYSHARD_PEER_TIMEOUT=7.5):  # fmt: skip
+        assert ps.cache_limit() == 3
+        assert ps.validation() is True
+        info = ps.build_info()
+        assert (info["count_limit"], info["peer_timeout"]) == (64, 7.5)
+        ps.set_validation(False)  # the mode, until the setting next changes
+        assert ps.validation() is False
+        with config.override(PYSHARD_VALIDATE=False), config.override(PYSHARD_VALIDATE=True):
+            assert ps.validation() is True
+    info = ps.build_info()
+    assert (info["count_limit"], info["peer_timeout"]) == (
+        config.get("PYSHARD_COUNT_LIMIT") or (1 << 31) - 1, config.get("PYSHARD_PEER_TIMEOUT"))
+    assert ps.cache_limit() == config.get("PYSHARD_CACHE_LIMIT")
+    assert ps.validation() is config.get("PYSHARD_VALIDATE")
