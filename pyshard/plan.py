@@ -40,31 +40,16 @@ import itertools
 from dataclasses import dataclass, field
 from enum import Enum
 from math import prod
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 from ._lru import memoize
+from .blocks import workspace_bytes
 from .layout import Layout, Partial, Replicate, Shard, placements_str, ravel, unravel
 
 __all__ = ["Plan", "Step", "StepKind", "plan"]
 
 Box = Tuple[Tuple[int, int], ...]
 Coords = Tuple[int, ...]
-
-
-def _no_core(*_: Any) -> Any:
-    raise RuntimeError("pyshard.plan: the core's rules are not set (import pyshard)")
-
-
-# The core's rules that plans report but this module (the pure layout algebra: no MPI, no
-# core, no settings) does not compute: set by pyshard.geometry when pyshard is imported.
-_rules: Dict[str, Any] = {"workspace": _no_core, "route_note": _no_core, "device_note": _no_core}
-
-
-def set_core_rules(workspace: Any, route_note: Any, device_note: Any) -> None:
-    """Install the executor side's rules: ``workspace(step, coords)``, the core's pack/unpack
-    bytes; ``route_note(step, mesh or None)``, the line ``explain()`` prints about where a
-    step goes (or None); ``device_note()``, how GPU arrays reach MPI."""
-    _rules.update(workspace=workspace, route_note=route_note, device_note=device_note)
 
 
 class StepKind(str, Enum):
@@ -229,7 +214,8 @@ class Step:
     def max_peers(self) -> int:
         """An upper bound, the same on every rank, on the other ranks any one rank sends to
         in this exchange: per array dim the most target shards one source shard overlaps,
-        times the mesh dims the target no longer shards, capped at the group size - 1."""
+        times the mesh dims the source shards and the target does not, capped at the group
+        size - 1."""
         v = self._cache.get("max_peers")
         if v is None:
             v = 1
@@ -350,11 +336,12 @@ class Plan:
 
     def peak_extra_bytes(self, coords: Sequence[int]) -> int:
         """Peak memory one execution allocates at ``coords`` beyond its input: each step's
-        output and pack/unpack workspace, plus the previous step's output while it is read."""
+        output and pack/unpack workspace (the core's rule, :func:`pyshard.blocks.workspace_bytes`),
+        plus the previous step's output while it is read."""
         peak, held = 0, 0
         for s in self.steps:
             out = _step_out_bytes(s, tuple(coords))
-            peak = max(peak, held + out + _rules["workspace"](s, tuple(coords)))
+            peak = max(peak, held + out + workspace_bytes(s, tuple(coords)))
             held = out
         return peak
 
@@ -366,20 +353,20 @@ class Plan:
             self.steps[0]._cache[("plan", key)] = value
 
     def explain(
-        self, coords: Optional[Sequence[int]] = None, device: str = "cpu", mesh: Any = None
+        self,
+        coords: Optional[Sequence[int]] = None,
+        notes: Sequence[Optional[str]] = (),
+        tail: Sequence[str] = (),
     ) -> str:
-        """Readable text: each step, its collective and communicator, the bytes the rank at
-        ``coords`` (default: mesh coords 0) sends and receives, the maximum over ranks, and
-        the peak extra memory. ``device="cuda"``: also how GPU arrays reach MPI (on device
-        memory with a CUDA-aware MPI, else staged through pinned host buffers). Where each
-        step goes for host arrays with ``algorithm="auto"``: the rule in words, or, given the
-        :class:`~pyshard.Mesh` it runs on (``coords`` then default to its own), the path
-        :func:`pyshard.route.route` takes for it there."""
-        if device not in ("cpu", "cuda"):
-            raise ValueError(f"explain(device): expected 'cpu' or 'cuda', got {device!r}")
+        """Readable text of what the plan says: each step, its collective and communicator,
+        the bytes the rank at ``coords`` (default: mesh coords 0) sends and receives, the
+        maximum over ranks, the peak extra memory and the bytes moved over all ranks.
+
+        ``notes``: a line per step (None for none), printed under it; ``tail``: lines printed
+        last. :func:`pyshard.explain.explain` passes where each step goes (the rule in words,
+        or the path on a given mesh) and how GPU arrays reach MPI, which depend on the
+        settings and the core, not on the plan."""
         mshape = self.src.mesh_shape
-        if coords is None and mesh is not None:
-            coords = mesh.coords
         coords = tuple(coords) if coords is not None else (0,) * len(mshape)
         lines = [
             f"plan {placements_str(self.src.placements)} -> {placements_str(self.dst.placements)}"
@@ -407,7 +394,7 @@ class Plan:
             )
             if s.kind == "alltoallv":
                 lines.append(f"    messages: at most {s.max_peers()} peers per rank")
-            note = _rules["route_note"](s, mesh)
+            note = notes[i] if i < len(notes) else None
             if note is not None:
                 lines.append(f"    {note}")
         peak = self.peak_extra_bytes(coords)
@@ -417,8 +404,7 @@ class Plan:
             f"(outputs and pack/unpack buffers)"
         )
         lines.append(f"  bytes moved over all ranks: {self.bytes_moved} B")
-        if device == "cuda" and self.collectives:
-            lines.append("  " + _rules["device_note"]())
+        lines.extend("  " + t for t in tail)
         return "\n".join(lines)
 
     def __str__(self) -> str:

@@ -1,10 +1,11 @@
 """The one routing rule: which path a planned step takes (a local copy, node-shared memory,
 MPI from host memory, MPI through pinned host buffers, MPI on device memory), with which MPI
 algorithm, the node-local transport object, and the MPI transport (direct or staged) that the
-core's step is built with and keeps. The executor, ``redistribute_many``, ``Plan.explain``
-and the tuner all ask :func:`route` (or, without a mesh, :func:`describe`), and nothing else
-decides; every answer depends only on what every rank holds alike (the layouts, the mesh's
-node map, the settings), so every rank takes the same path.
+core's step is built with and keeps. The executor, ``redistribute_many``,
+:func:`pyshard.explain.explain` and the tuner all ask :func:`route` (or, without a mesh,
+:func:`describe`), and nothing else decides; every answer depends only on what every rank
+holds alike (the layouts, the mesh's node map, the settings), so every rank takes the same
+path.
 
 The rule, for host arrays with ``algorithm="auto"``:
 
@@ -143,8 +144,9 @@ def batch_route(kind: str, mesh_dims: Tuple[int, ...], block: int, mesh: Any, al
 
 def _mpi_route(device: bool, algorithm: str = "", node: Any = None) -> Route:
     """An MPI route for host (``device=False``) or GPU memory, on the transport the settings
-    give steps built now (``pyshard._backend.transport``): ``staged`` through pinned host
-    buffers, else MPI on the array's own memory (``mpi`` for host, ``device`` for GPU)."""
+    give a step built at this call (``pyshard._backend.transport``): ``staged`` through
+    pinned host buffers, else MPI on the array's own memory (``mpi`` for host, ``device``
+    for GPU)."""
     from ._backend import transport
 
     t = transport(device)

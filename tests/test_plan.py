@@ -461,6 +461,110 @@ def test_plan_rejects_non_layouts(bad):
         plan(bad, a)
 
 
+# ----------------------------------------------------------------------------- explain, workspace
+
+
+def test_plan_explain_says_what_the_plan_says():
+    """Plan.explain() is the plan alone (no route, no GPU line: those depend on the settings
+    and the core); ``notes`` go under their step, ``tail`` last."""
+    p = plan(L((8, 6), (4,), [S(0)]), L((8, 6), (4,), [S(1)]))
+    text = p.explain()
+    assert "host arrays" not in text and "GPU arrays" not in text
+    assert p.explain(notes=[None]) == text
+    lines = p.explain(notes=["under step 0"], tail=["last"]).splitlines()
+    step = [i for i, ln in enumerate(lines) if ln.startswith("  step 0: alltoallv")]
+    assert step and lines[step[0] + 1].startswith("    rank (0,): sends")
+    assert lines[step[0] + 2] == "    messages: at most 3 peers per rank"
+    assert lines[step[0] + 3] == "    under step 0"
+    assert lines[-1] == "  last"
+    assert [ln for ln in lines if ln not in ("    under step 0", "  last")] == text.splitlines()
+
+
+def test_execution_side_explain_adds_the_route_and_gpu_lines():
+    """pyshard.explain.explain: the plan's text with, under each collective step, the rule in
+    words (pyshard.route.describe) and with device="cuda" how GPU arrays reach MPI."""
+    from pyshard.explain import explain
+    from pyshard.route import describe
+
+    a = L((8, 6), (2, 2), [P("sum"), S(0)])
+    p = plan(a, a.replace([R(), S(1)]))
+    assert kinds(p) == ["allreduce", "alltoallv"]
+    notes = [f"host arrays, algorithm auto: {describe(s)}" for s in p.steps]
+    text = explain(p, coords=(1, 0))
+    assert text == p.explain((1, 0), notes) and text != p.explain((1, 0))
+    cuda = explain(p, coords=(1, 0), device="cuda").splitlines()
+    assert cuda[:-1] == text.splitlines() and cuda[-1].startswith("  GPU arrays: pack kernel")
+    # nothing crosses ranks: no route line, no GPU line
+    assert explain(plan(a, a), device="cuda") == plan(a, a).explain()
+    with pytest.raises(ValueError, match="device"):
+        explain(p, device="tpu")
+
+
+def _aligned(n):
+    return -(-n // 4096) * 4096
+
+
+def test_workspace_rule_is_the_core_rule():
+    """What Plan.peak_extra_bytes counts as pack/unpack memory (pyshard.blocks, pure Python)
+    is the workspace the core's geometry of the same step reports (pyshard.geometry), on
+    random steps of every collective kind, dtype and size split, and on a block that only
+    its misalignment sends through the workspace."""
+    from pyshard.blocks import workspace_bytes
+    from pyshard.geometry import geometry
+
+    rng = random.Random(41)
+    meshes = [(2,), (3,), (4,), (2, 3), (3, 2), (2, 2, 2)]
+    steps = []
+    for _ in range(300):
+        mesh = rng.choice(meshes)
+        shape = tuple(rng.choice([1, 2, 3, 5, 8, 11]) for _ in range(rng.choice([1, 2, 3])))
+        dtype = rng.choice(["float32", "float64", "float16", "int8", "complex128"])
+        shards = [S(d) for d in range(len(shape))]
+        layouts = []
+        for choices in (shards + [R(), P("sum"), P("max")], shards + [R()]):
+            pls = [rng.choice(choices) for _ in mesh]
+            if dtype == "complex128":
+                pls = [R() if p == P("max") else p for p in pls]
+            sizes = None
+            if rng.random() < 0.4:
+                sizes = {}
+                for d, ext in L(shape, mesh, pls, dtype=dtype).sizes.items():
+                    cuts = sorted(rng.randint(0, shape[d]) for _ in range(len(ext) - 1))
+                    sizes[d] = [b - a for a, b in zip([0, *cuts], [*cuts, shape[d]])]
+            layouts.append(L(shape, mesh, pls, sizes, dtype=dtype))
+        steps.extend(plan(*layouts).steps)
+    # a contiguous 1.2 MB block at byte 4 of the source (misaligned: through the workspace)
+    # and the same at byte 64 (aligned: straight from the array)
+    n = 600_000
+    for lo in (1, 16):
+        src = L((n,), (2,), [S(0)], {0: [300_000 + lo, 300_000 - lo]})
+        steps.extend(plan(src, src.replace([S(0)], {0: [lo, n - lo]})).steps)
+    # a gather whose blocks are each contiguous and of one size, landed out of the group's
+    # rank order (the group spans mesh dims 0 and 2; mesh dim 2 shards the outer array dim)
+    # (blocks of two sizes: Allgatherv lands each where it goes, no workspace)
+    src = L((2, 12, 4), (2, 2, 2), [S(1), R(), S(0)])
+    (out_of_order,) = plan(src, src.replace([R(), R(), R()])).steps
+    src = L((2, 11, 4), (2, 2, 2), [S(1), R(), S(0)])
+    (uneven,) = plan(src, src.replace([R(), R(), R()])).steps
+    steps += [out_of_order, uneven]
+    nonzero, zero = Counter(), Counter()
+    for s in steps:
+        for c in all_coords(s.src.mesh_shape):
+            g = geometry(s, c)
+            want = 0 if g is None else int(g.workspace_bytes)
+            assert workspace_bytes(s, c) == want, (s, c)
+            (nonzero if want else zero)[str(s.kind)] += 1
+    for kind in ("alltoallv", "allgatherv", "reduce_scatter"):
+        assert nonzero[kind] > 5 and zero[kind] > 5, (kind, nonzero, zero)
+    assert zero["allreduce"] > 5
+    misaligned, aligned = steps[-4], steps[-3]
+    assert workspace_bytes(misaligned, (0,)) == _aligned(300_000 * 4)
+    assert workspace_bytes(aligned, (0,)) == 0
+    assert out_of_order.kind == "allgatherv"
+    assert workspace_bytes(out_of_order, (0, 0, 0)) == 2 * 12 * 4 * 4
+    assert uneven.kind == "allgatherv" and workspace_bytes(uneven, (0, 0, 0)) == 0
+
+
 # ----------------------------------------------------------------------------- scale, accounting
 
 

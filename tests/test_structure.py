@@ -182,9 +182,10 @@ def test_no_private_helper_crosses_a_module_line():
     assert private == []
 
 
-PURE = ("pyshard.layout", "pyshard.plan", "pyshard.halo_plan")
+PURE = ("pyshard.layout", "pyshard.plan", "pyshard.halo_plan", "pyshard.blocks")
 IMPURE = {"pyshard._core", "pyshard._shm", "pyshard._backend", "pyshard._mpi", "pyshard.route",
-          "pyshard.config", "pyshard.mesh", "pyshard.executor", "pyshard.geometry"}
+          "pyshard.config", "pyshard.mesh", "pyshard.executor", "pyshard.geometry",
+          "pyshard.explain"}
 
 
 def reach(graph: Graph, start: Tuple[str, ...]) -> Set[str]:
@@ -204,6 +205,141 @@ def test_the_planner_imports_nothing_that_touches_mpi():
     assert sorted(reach(graph, PURE) & IMPURE) == []
     # and it would see one: the executor side does reach the core
     assert "pyshard._core" in reach(graph, ("pyshard.geometry",))
+
+
+# calls that make a fresh mutable container (a module-level one is a table others can fill)
+MUTABLE_CALLS = {"dict", "list", "set", "bytearray", "defaultdict", "OrderedDict", "Counter",
+                 "ChainMap", "deque", "SimpleNamespace", "WeakSet", "WeakKeyDictionary",
+                 "WeakValueDictionary"}
+SETTER_PREFIXES = ("set_", "register", "install", "hook", "add_hook")
+DYNAMIC_IMPORTS = {"importlib", "import_module", "__import__", "sys.modules"}
+
+
+def _module_level(body: List[ast.stmt]) -> List[ast.stmt]:
+    """The statements of a module body that run at import, into branches and class bodies,
+    not into functions."""
+    out: List[ast.stmt] = []
+    for n in body:
+        if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            out.append(n)
+            continue
+        out.append(n)
+        for field in ("body", "orelse", "finalbody", "handlers"):
+            out.extend(_module_level(getattr(n, field, [])))
+    return out
+
+
+def _mutable(value: object) -> bool:
+    if isinstance(value, (ast.Dict, ast.List, ast.Set, ast.DictComp, ast.ListComp, ast.SetComp)):
+        return True
+    if isinstance(value, ast.Call):
+        f = value.func
+        return (f.id if isinstance(f, ast.Name) else getattr(f, "attr", "")) in MUTABLE_CALLS
+    return False
+
+
+def _names(node: ast.expr, alias: Set[str]) -> bool:
+    """Is ``node`` (``plan``, ``pkg.plan.table``, ``plan.table["k"]``) a pure module or a
+    part of one, ``alias`` being the names that this module binds to pure modules?"""
+    parts = ast.unparse(node).split("[")[0].split(".")
+    return any(".".join(parts[:k]) in alias for k in range(1, len(parts) + 1))
+
+
+def hook_tables(root: Path, package: str, pure: Tuple[str, ...]) -> List[str]:
+    """How another module could fill in part of a pure module at run time, where the import
+    graph does not see it (a table of callbacks the executor side installs at import):
+
+    - in each module of ``pure``: a module-level function named ``set_*``, ``register*``,
+      ``install*`` or ``hook*``; a mutable container bound at module or class level (a dict,
+      list or set display or comprehension, or ``dict()``, ``defaultdict()``, ...;
+      ``__all__`` aside); a ``global`` statement; a dynamic import (``importlib``,
+      ``__import__``, ``sys.modules``);
+    - in every module of the package: an attribute of a pure module assigned, deleted or
+      set with ``setattr`` (``plan.rule = f``)."""
+    mods = module_names(root, package)
+    out: List[str] = []
+    for m, path in mods.items():
+        if path.suffix != ".py":
+            continue
+        tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+        if m in pure:
+            for n in _module_level(tree.body):
+                if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                    if n.name.startswith(SETTER_PREFIXES):
+                        out.append(f"{m}:{n.lineno}: setter {n.name}")
+                    continue
+                if isinstance(n, (ast.Assign, ast.AnnAssign, ast.AugAssign)) and _mutable(n.value):
+                    targets = n.targets if isinstance(n, ast.Assign) else [n.target]
+                    names = [ast.unparse(t) for t in targets]
+                    if names != ["__all__"]:
+                        out.append(f"{m}:{n.lineno}: mutable {', '.join(names)}")
+            for n in ast.walk(tree):
+                if isinstance(n, ast.Global):
+                    out.append(f"{m}:{n.lineno}: global {', '.join(n.names)}")
+                elif isinstance(n, (ast.Name, ast.Attribute)) and ast.unparse(n) in DYNAMIC_IMPORTS:
+                    out.append(f"{m}:{n.lineno}: dynamic import {ast.unparse(n)}")
+                elif isinstance(n, ast.Import) and any(a.name == "importlib" for a in n.names):
+                    out.append(f"{m}:{n.lineno}: dynamic import importlib")
+        # the names this module binds to a pure module
+        alias = set(pure)
+        for n in ast.walk(tree):
+            if isinstance(n, ast.Import):
+                alias.update(a.asname for a in n.names if a.name in pure and a.asname)
+            elif isinstance(n, ast.ImportFrom):
+                base = _base(m, path.stem == "__init__", n.level, n.module or "")
+                alias.update(a.asname or a.name for a in n.names if f"{base}.{a.name}" in pure)
+        for n in ast.walk(tree):
+            if (isinstance(n, (ast.Attribute, ast.Subscript))
+                    and isinstance(n.ctx, (ast.Store, ast.Del)) and _names(n.value, alias)):
+                out.append(f"{m}:{n.lineno}: sets {ast.unparse(n)}")
+            elif (isinstance(n, ast.Call) and isinstance(n.func, ast.Name)
+                  and n.func.id in ("setattr", "delattr") and n.args
+                  and _names(n.args[0], alias)):
+                out.append(f"{m}:{n.lineno}: sets {ast.unparse(n)}")
+    return sorted(out)
+
+
+def test_the_planner_holds_no_hook_table():
+    """plan, layout and halo_plan compute everything they report themselves: nothing the
+    executor side installs at import (the import graph above cannot see a callback table)."""
+    found = hook_tables(PKG_DIR, "pyshard", PURE)
+    assert not found, "the planner must not be filled in from outside:\n" + "\n".join(found)
+
+
+def test_hook_table_check_fails_where_it_should(tmp_path):
+    root = _package(
+        tmp_path,
+        {
+            "__init__.py": "",
+            # a planner whose rules the executor side installs (plan.py with set_core_rules)
+            "plan.py": "from typing import Any, Dict\n\n"
+            "_rules: Dict[str, Any] = {'workspace': None}\n\n"
+            "def set_core_rules(workspace):\n    _rules.update(workspace=workspace)\n\n"
+            "def peak(s):\n    return _rules['workspace'](s)\n",
+            "layout.py": "import importlib\n\nclass L:\n    hooks = list()\n\n"
+            "    def core(self):\n        global CORE\n"
+            "        CORE = importlib.import_module('pkg._core')\n",
+            "geometry.py": "from . import plan\nfrom .plan import set_core_rules\n"
+            "import pkg.layout as lay\n\nset_core_rules(len)\nplan.extra = len\n"
+            "setattr(lay, 'x', 1)\nlay.L.hooks[0] = len\nimport pkg.plan\n"
+            "pkg.plan.other = len\n",
+            # what stays allowed: __all__, tuples, constants, containers inside functions
+            "clean.py": "__all__ = ['f']\nRULES = ('a', 'b')\n\ndef f():\n"
+            "    cache = {}\n    return cache\n",
+        },
+    )
+    assert hook_tables(root, "pkg", ("pkg.plan", "pkg.layout", "pkg.clean")) == [
+        "pkg.geometry:10: sets pkg.plan.other",
+        "pkg.geometry:6: sets plan.extra",
+        "pkg.geometry:7: sets setattr(lay, 'x', 1)",
+        "pkg.geometry:8: sets lay.L.hooks[0]",
+        "pkg.layout:1: dynamic import importlib",
+        "pkg.layout:4: mutable hooks",
+        "pkg.layout:7: global CORE",
+        "pkg.layout:8: dynamic import importlib",
+        "pkg.plan:3: mutable _rules",
+        "pkg.plan:5: setter set_core_rules",
+    ]
 
 
 # ----------------------------------------------------------------------------- the checks fail

@@ -10,6 +10,7 @@ from mpi4py import MPI
 
 import pyshard as ps
 from pyshard import Replicate, Shard
+from pyshard.explain import explain
 
 comm = MPI.COMM_WORLD
 mesh = ps.Mesh(comm, (comm.size,))
@@ -26,9 +27,9 @@ x = ps.distribute(g, mesh, [Shard(0)])  # x.local is a cupy array on a GPU
 y = x.redistribute([Shard(1)])  # pack kernel, MPI (direct or staged), unpack kernel
 assert type(y.local) is type(g) and bool((y.local == g[y.box]).all())
 
-# Plans do not care where the data lives; explain(device="cuda") adds how GPU arrays reach
-# MPI: device pointers with a CUDA-aware MPI, else staged through pinned host buffers.
+# Plans do not care where the data lives; explain(plan, device="cuda") adds how GPU arrays
+# reach MPI: device pointers with a CUDA-aware MPI, else staged through pinned host buffers.
 if comm.rank == 0:
     info = ps.build_info()
     print(f"GPU arrays: {on_gpu}; CUDA build: {info['cuda']}; transport: {info['transport']}")
-    print(x.plan_to([Replicate()]).explain(device="cuda"))
+    print(explain(x.plan_to([Replicate()]), device="cuda"))

@@ -16,6 +16,7 @@ from typing import Any, List, Optional, Sequence, Tuple
 from .. import _backend as bk
 from .. import executor
 from ..array import ShardedArray
+from ..explain import explain
 from ..layout import Layout
 from .engine import backend, local_pass, ptr
 from .kinds import INVERSE, R2R, SCALED, norm_factor, unscaled
@@ -117,7 +118,7 @@ class FFTPlan:
                              f"{p.dst.local_shape(coords)}, no communication")
                 peak = max(peak, inb + outb)
             else:
-                sub = p.plan.explain(coords).splitlines()
+                sub = explain(p.plan, coords).splitlines()
                 lines.append(f"  pass {i}: transpose " + sub[0])
                 lines.extend("    " + s for s in sub[1:])
                 peak = max(peak, inb + p.plan.peak_extra_bytes(coords))

@@ -12,10 +12,11 @@ only where every rank of its communicator shares one node; else MPI, an exchange
 where every rank sends to at most a quarter of its group, else ``alltoallv``. The largest
 block, the peers and the nodes come from the layouts' boxes and from the ranks' host names
 and ``PYSHARD_NODE_SIZE`` (never from pyshard's node map or route()). Then
-``plan.explain(mesh=mesh)`` must name those paths, route() must give them, the redistribute
-must run exactly those collectives (``comm_stats``, counted by the core) and its result must
-equal numpy's. Out of reach or off, nothing takes node-shared memory; at 0 on one node every
-collective step does. The rule in words (``describe``, explain() without a mesh) agrees too.
+``pyshard.explain.explain(plan, mesh=mesh)`` must name those paths, route() must give them,
+the redistribute must run exactly those collectives (``comm_stats``, counted by the core)
+and its result must equal numpy's. Out of reach or off, nothing takes node-shared memory; at
+0 on one node every collective step does. The rule in words (``describe``, explained without
+a mesh) agrees too.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from test_redistribute_nd import counts_since
 
 import pyshard as ps
 from pyshard import Partial, Replicate, Shard
+from pyshard.explain import explain
 from pyshard.route import describe, route
 
 pytestmark = pytest.mark.mpi
@@ -176,7 +178,7 @@ def test_explain_names_the_path_that_runs(comm, threshold):
                 p = x.plan_to(dst)
                 want = [expected(s, mesh, hosts, threshold) for s in p.steps]
                 case = f"{mshape} {shape} {src} -> {dst}"
-                text = p.explain(mesh=mesh)
+                text = explain(p, mesh=mesh)
                 said = [ln.split("on this mesh: ")[1].split(";")[0] for ln in text.splitlines()
                         if "on this mesh: " in ln]  # fmt: skip
                 words = [path + (f" ({a})" if a else "") for path, a in want]

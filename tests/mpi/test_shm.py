@@ -32,6 +32,7 @@ from test_redistribute_nd import MESHES
 
 import pyshard as ps
 from pyshard import Partial, Replicate, Shard, _core, _shm
+from pyshard.explain import explain
 from pyshard.route import route
 
 pytestmark = pytest.mark.mpi
@@ -214,7 +215,7 @@ def test_an_exchange_with_no_block_between_node_peers_takes_mpi(comm, monkeypatc
         x = ps.distribute(g, mesh, src)
         (step,) = x.plan_to(dst).steps
         r = route(step, mesh, "auto")
-        said = x.plan_to(dst).explain(mesh=mesh)
+        said = explain(x.plan_to(dst), mesh=mesh)
         before = ps.comm_stats()
         y = x.redistribute(dst)
         got = counts_since(before)
@@ -680,7 +681,7 @@ def test_reductions_take_mpi_across_nodes_and_on_request(comm, monkeypatch):
     np.testing.assert_array_equal(y.local, ref[y.box])
     assert "shm" not in counts_since(before)
     if p > 1:
-        assert "shares one node" in x.plan_to([Shard(0)]).explain()
+        assert "shares one node" in explain(x.plan_to([Shard(0)]))
     mesh.free()
     if p < 3:
         return

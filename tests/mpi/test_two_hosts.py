@@ -31,6 +31,7 @@ from test_redistribute_nd import counts_since
 
 import pyshard as ps
 from pyshard import Partial, Replicate, Shard, _shm
+from pyshard.explain import explain
 
 pytestmark = pytest.mark.mpi
 
@@ -164,7 +165,7 @@ def check_plan(comm, mesh, x, target, ref, bad, seen, what):
     naming the path (and, for a step across both hosts, the split)."""
     p = x.plan_to(target)
     want = [expected(mesh, s) if s.is_collective else ("local", False) for s in p.steps]
-    text = p.explain(mesh=mesh)
+    text = explain(p, mesh=mesh)
     said = [ln.split("on this mesh: ")[1] for ln in text.splitlines() if "on this mesh: " in ln]
     before = ps.comm_stats()
     y = x.redistribute(target)
