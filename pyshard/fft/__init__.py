@@ -1,22 +1,28 @@
 """Distributed FFTs and real-to-real transforms of the GLOBAL array of a ShardedArray.
 
 The names and arguments are numpy.fft's and scipy.fft's: :func:`fftn`, :func:`ifftn`,
-:func:`rfftn`, :func:`irfftn` (``s``, ``axes``, ``norm``), their 1-D and 2-D forms
-(:func:`fft`, :func:`ifft`, :func:`rfft`, :func:`irfft`, :func:`fft2`, :func:`ifft2`,
-:func:`rfft2`, :func:`irfft2`) and :func:`dctn`, :func:`idctn`, :func:`dstn`, :func:`idstn`
-(``type`` 1-4, ``s``, ``axes``, ``norm``; 1-D :func:`dct`, :func:`idct`, :func:`dst`,
-:func:`idst`). Each takes ``placements=None, sizes=None`` for the result's layout and returns a
-new :class:`~pyshard.ShardedArray`.
+:func:`rfftn`, :func:`irfftn`, :func:`hfftn`, :func:`ihfftn` (``s``, ``axes``, ``norm``),
+their 1-D and 2-D forms (:func:`fft`, :func:`ifft`, :func:`rfft`, :func:`irfft`,
+:func:`hfft`, :func:`ihfft`, :func:`fft2`, :func:`ifft2`, :func:`rfft2`, :func:`irfft2`,
+:func:`hfft2`, :func:`ihfft2`) and :func:`dctn`, :func:`idctn`, :func:`dstn`, :func:`idstn`
+(``type`` 1-4, ``s``, ``axes``, ``norm``, ``orthogonalize``; 1-D :func:`dct`, :func:`idct`,
+:func:`dst`, :func:`idst`). Each takes ``placements=None, sizes=None`` for the result's
+layout, numpy's ``out=`` (a ShardedArray of the result's layout) and scipy's
+``overwrite_x=``, ``workers=`` (and ``plan=`` for the FFTs), and returns a
+:class:`~pyshard.ShardedArray`. The names numpy.fft has raise numpy's errors and numpy
+2.x's DeprecationWarnings, the scipy.fft-only names scipy's (:mod:`~pyshard.fft.api`).
 
 How a transform runs (:func:`plan`, pure Python, cached like redistribution plans): every
 transformed axis that is whole on each rank (no mesh dim shards it) is transformed locally
 (one scipy.fft call for all of them); for each transformed axis still sharded, one pyshard
 redistribute moves its Shard onto an axis that is done or a batch axis, on the same mesh dims
 (one exchange on that sub-communicator), and so on; at the end one redistribute to the
-requested layout unless ``placements="any"``. ``rfftn`` transforms its last axis first (real
-to complex), ``irfftn`` last. ``s=`` pads or truncates an axis when it is whole. Replicate
-mesh dims just compute; ``Partial("sum")`` and ``Partial("avg")`` inputs stay Partial (every
-transform here is linear); ``Partial("max"/"min")`` are reduced first (Replicate in the
+requested layout unless ``placements="any"``. ``rfftn`` and ``ihfftn`` transform their last
+axis first (real to complex), ``irfftn`` and ``hfftn`` last (``hfftn``: ``fftn`` over the
+other axes, then scipy's/numpy's ``hfft`` along the last, as scipy.fft computes it).
+``s=`` pads or truncates an axis when it is whole. Replicate mesh dims just compute;
+``Partial("sum")`` and ``Partial("avg")`` inputs stay Partial (every transform here is
+linear over the reals); ``Partial("max"/"min")`` are reduced first (Replicate in the
 result's default placements).
 
 Result layout: ``placements=None`` keeps the input's placements, and its shard extents
@@ -51,6 +57,9 @@ from .api import (
     fft,
     fft2,
     fftn,
+    hfft,
+    hfft2,
+    hfftn,
     idct,
     idctn,
     idst,
@@ -58,6 +67,9 @@ from .api import (
     ifft,
     ifft2,
     ifftn,
+    ihfft,
+    ihfft2,
+    ihfftn,
     irfft,
     irfft2,
     irfftn,
@@ -83,6 +95,9 @@ __all__ = [
     "fft",
     "fft2",
     "fftn",
+    "hfft",
+    "hfft2",
+    "hfftn",
     "idct",
     "idctn",
     "idst",
@@ -90,6 +105,9 @@ __all__ = [
     "ifft",
     "ifft2",
     "ifftn",
+    "ihfft",
+    "ihfft2",
+    "ihfftn",
     "irfft",
     "irfft2",
     "irfftn",

@@ -257,10 +257,13 @@ def local_pass(
     out_dtype: np.dtype,
     owned: bool,
     workers: Optional[int],
+    orthogonalize: Optional[bool] = None,
 ) -> Any:
     """One local pass: ``func`` along ``axes`` (each whole here) with lengths ``ns``, then
     pad/truncate to ``outs`` where they differ (the backward of an irfft). ``owned``: the
-    plan made ``a`` (it may be overwritten)."""
+    plan made ``a`` (it may be overwritten). ``func``: c2c ``fftn``/``ifftn``, r2c ``rfft``
+    and ``ihfft``, c2r ``irfft`` and ``hfft`` (1-D, as numpy.fft/scipy.fft define them), or a
+    DCT/DST (``orthogonalize``: scipy's, passed where not None)."""
     xp = bk.xp_of(a)
     want = pass_in_dtype(func, a.dtype)
     if a.dtype != want:
@@ -292,9 +295,11 @@ def local_pass(
         kw["overwrite_x"] = owned
         if workers is not None:
             kw["workers"] = workers
-    if func in ("rfft", "irfft"):
+    if func in ("rfft", "irfft", "hfft", "ihfft"):
         r = getattr(mod, func)(a, n=ns[0], axis=axes[0], **kw)
     elif func in R2R:
+        if orthogonalize is not None:
+            kw["orthogonalize"] = orthogonalize
         r = getattr(mod, func)(a, type=type_, s=ns, axes=axes, **kw)
     else:
         r = getattr(mod, func)(a, s=ns, axes=axes, **kw)

@@ -33,13 +33,15 @@ class FFTPlan:
     Python and cached (:func:`plan`); :meth:`explain` shows the passes."""
 
     def __init__(self, src: Layout, kind: str, axes: Tuple[int, ...], ns: Tuple[int, ...],
-                 norm: Optional[str], type_: int, target: Optional[Tuple]) -> None:
+                 norm: Optional[str], type_: int, target: Optional[Tuple],
+                 orthogonalize: Optional[bool] = None) -> None:
         self.src = src
         self.kind = kind
         self.axes = axes
         self.s = ns
         self.norm = norm
         self.type = type_
+        self.orthogonalize = orthogonalize  # scipy's, for the DCT/DST (None: its default)
         self.passes: Tuple[Any, ...] = tuple(build_passes(src, kind, axes, ns, target))
         self.dst = self.passes[-1].dst if self.passes else src
         self._back: Optional[Tuple[Any, ...]] = None
@@ -75,7 +77,8 @@ class FFTPlan:
                 f"FFTPlan.forward: expected an array laid out as {self.src}, got {got}"
             )
         _check_out(out, self.dst, x)
-        return run_passes(self.passes, x, out, self.norm, self.type, workers, algorithm)
+        return run_passes(self.passes, x, out, self.norm, self.type, workers, algorithm,
+                          orthogonalize=self.orthogonalize)
 
     def backward(self, y: ShardedArray, out: Optional[Any] = None,
                  workers: Optional[int] = None, algorithm: Optional[str] = None) -> ShardedArray:
@@ -87,7 +90,8 @@ class FFTPlan:
             got = y.layout if isinstance(y, ShardedArray) else type(y).__name__
             raise ValueError(f"FFTPlan.backward: expected an array laid out as {start}, got {got}")
         _check_out(out, back[-1].dst, y)
-        return run_passes(back, y, out, self.norm, self.type, workers, algorithm)
+        return run_passes(back, y, out, self.norm, self.type, workers, algorithm,
+                          orthogonalize=self.orthogonalize)
 
     def explain(self, coords: Optional[Sequence[int]] = None, backward: bool = False) -> str:
         """Readable text: every pass (local transforms and their axes; each transpose with
@@ -144,9 +148,11 @@ def _check_out(out: Optional[Any], dst: Layout, x: ShardedArray) -> None:
 
 def run_passes(passes: Sequence[Any], x: ShardedArray, out: Optional[Any],
                norm: Optional[str], type_: int, workers: Optional[int],
-               algorithm: Optional[str], times: Optional[List[float]] = None) -> ShardedArray:
+               algorithm: Optional[str], times: Optional[List[float]] = None,
+               orthogonalize: Optional[bool] = None) -> ShardedArray:
     """Run a plan's ``passes`` on ``x`` (what ``FFTPlan.forward``/``backward`` do); ``times``:
-    [local transform s, transpose s] accumulated (the benchmark's split)."""
+    [local transform s, transpose s] accumulated (the benchmark's split); ``orthogonalize``:
+    scipy's, for DCT/DST passes."""
     mesh = x.mesh
     alg = algorithm or executor.default_algorithm()
     local = x.local
@@ -175,7 +181,7 @@ def run_passes(passes: Sequence[Any], x: ShardedArray, out: Optional[Any],
                 scale *= norm_factor(p.func, p.ns, norm)
                 pnorm = unscaled(p.func)
             local = local_pass(local, p.func, p.axes, p.ns, p.outs, pnorm, type_, p.dst.dtype,
-                               owned, workers)
+                               owned, workers, orthogonalize)
             if out is not None and i == last and local is not out:
                 if local.shape == out.shape and ptr(local) == ptr(out):
                     local = out  # transformed in place

@@ -10,8 +10,10 @@ same answer and raises the same error before any communication. The bottom of th
 from __future__ import annotations
 
 import numbers
+import operator
+import os
 from math import prod
-from typing import Optional, Tuple
+from typing import List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -23,12 +25,17 @@ except ImportError:  # pragma: no cover - numpy < 1.25
     AxisError = np.AxisError  # type: ignore[attr-defined,misc]
 
 __all__ = [
+    "C2R",
     "INVERSE",
     "KINDS",
     "NORMS",
+    "R2C",
     "R2R",
     "SCALED",
     "check_args",
+    "PLAN_NOT_SUPPORTED",
+    "ZeroLengthError",
+    "check_workers",
     "complex_dtype",
     "norm_factor",
     "out_lengths",
@@ -37,9 +44,11 @@ __all__ = [
     "real_dtype",
     "result_dtype",
     "unscaled",
+    "warnings_of",
 ]
 
-KINDS = ("fftn", "ifftn", "rfftn", "irfftn", "dctn", "idctn", "dstn", "idstn")
+KINDS = ("fftn", "ifftn", "rfftn", "irfftn", "hfftn", "ihfftn", "dctn", "idctn", "dstn",
+         "idstn")
 """The transforms :func:`pyshard.fft.plan` takes."""
 
 INVERSE = {
@@ -47,6 +56,8 @@ INVERSE = {
     "ifftn": "fftn",
     "rfftn": "irfftn",
     "irfftn": "rfftn",
+    "hfftn": "ihfftn",
+    "ihfftn": "hfftn",
     "dctn": "idctn",
     "idctn": "dctn",
     "dstn": "idstn",
@@ -56,6 +67,8 @@ INVERSE = {
 
 NORMS = (None, "backward", "ortho", "forward")
 R2R = ("dctn", "idctn", "dstn", "idstn")
+R2C = ("rfftn", "ihfftn")  # real input, last axis to n // 2 + 1 bins
+C2R = ("irfftn", "hfftn")  # Hermitian input, last axis to n real values (default 2 (m - 1))
 SCALED = ("fftn", "ifftn", "rfft", "irfft")  # local passes whose norm is a plain factor
 
 # ----------------------------------------------------------------------------- dtypes
@@ -81,27 +94,27 @@ def complex_dtype(dt: np.dtype) -> np.dtype:
 
 def pass_out_dtype(func: str, dt: np.dtype) -> np.dtype:
     """The dtype a local pass ``func`` gives for input ``dt``."""
-    if func in ("fftn", "ifftn", "rfft"):
+    if func in ("fftn", "ifftn", "rfft", "ihfft"):
         return complex_dtype(dt)
-    if func == "irfft":
+    if func in ("irfft", "hfft"):
         return real_dtype(dt)
     return complex_dtype(dt) if dt.kind == "c" else real_dtype(dt)  # DCT/DST keep real/complex
 
 
 def pass_in_dtype(func: str, dt: np.dtype) -> np.dtype:
     """The dtype the local array is cast to before ``func`` runs on it."""
-    if func == "irfft":
+    if func in ("irfft", "hfft"):
         return complex_dtype(dt)
-    if func == "rfft":
+    if func in ("rfft", "ihfft"):
         return real_dtype(dt)
     return complex_dtype(dt) if dt.kind == "c" else real_dtype(dt)
 
 
 def result_dtype(kind: str, dt: np.dtype) -> np.dtype:
     """The dtype of transform ``kind`` (one of :data:`KINDS`) of input ``dt``."""
-    if kind in ("fftn", "ifftn", "rfftn"):
+    if kind in ("fftn", "ifftn") or kind in R2C:
         return complex_dtype(dt)
-    if kind == "irfftn":
+    if kind in C2R:
         return real_dtype(dt)
     return complex_dtype(dt) if dt.kind == "c" else real_dtype(dt)
 
@@ -125,23 +138,119 @@ def unscaled(func: str) -> str:
 
 
 # ----------------------------------------------------------------------------- arguments
+#
+# ``api`` names whose errors a front end reproduces: "numpy" for the names numpy.fft has
+# (fft ... irfftn, hfft, ihfft: numpy's exception types and messages), "scipy" for the
+# scipy.fft-only names (hfft2 ... ihfftn, the DCT/DST: scipy's), None for
+# :func:`pyshard.fft.plan` (scipy's messages). ``one``: a 1-D form (``n``, ``axis``).
+# Where numpy or scipy raise from an internal step (an index into ``a.shape``, a ufunc
+# loop, a pybind11 cast), the type is theirs and the message says what is wrong.
 
 
-def _axis(a: object, ndim: int) -> int:
+class ZeroLengthError(ValueError, RuntimeError):
+    """A DCT-I of fewer than 2 points: scipy.fft raises ``RuntimeError("zero-length FFT
+    requested")``; a ``ValueError`` too, as the argument is out of range."""
+
+
+_NP_NORM = 'Invalid norm value {}; should be "backward","ortho" or "forward".'
+_NP_NORM_INVERSE = 'Invalid norm value {}; should be "backward", "ortho" or "forward".'
+_SP_NORM = 'Invalid norm value {!r}, should be "backward", "ortho" or "forward"'
+_NP_S_NONE = (
+    "Passing an array containing `None` values to `s` is deprecated in NumPy 2.0 and will "
+    "raise an error in a future version of NumPy. To use the default behaviour of the "
+    "corresponding 1-D transform, pass the value matching the default for its `n` "
+    "parameter. To use the default behaviour for every axis, the `s` argument can be "
+    "omitted."
+)
+_NP_AXES_NONE = (
+    "`axes` should not be `None` if `s` is not `None` (Deprecated in NumPy 2.0). In a "
+    "future version of NumPy, this will raise an error and `s[i]` will correspond to the "
+    "size along the transformed axis specified by `axes[i]`. To retain current behaviour, "
+    "pass a sequence [0, ..., k-1] to `axes` for an array of dimension k."
+)
+PLAN_NOT_SUPPORTED = "Passing a precomputed plan is not yet supported by scipy.fft functions"
+
+
+def warnings_of(s: object, axes: object, ndim: int) -> List[str]:
+    """numpy 2.x's DeprecationWarning messages for ``s`` with ``axes=None`` and for
+    ``None`` entries in ``s``; the result is numpy's (the last ``len(s)`` axes; a ``None``
+    entry takes that axis's default length). ``s`` with ``axes=None`` warns where
+    ``len(s) < ndim``: there numpy's announced meaning (``s[i]`` for axis ``i``) gives another
+    result; with one entry per axis both meanings agree, and that call stays silent."""
+    if s is None or isinstance(s, numbers.Integral):
+        return []
+    out = []
+    if axes is None and len(s) < ndim:  # type: ignore[arg-type]
+        out.append(_NP_AXES_NONE)
+    if any(n is None for n in s):  # type: ignore[union-attr]
+        out.append(_NP_S_NONE)
+    return out
+
+
+def check_workers(workers: object) -> object:
+    """``workers`` as scipy.fft checks it (None, or a nonzero int not below ``-cpu_count``;
+    negative counts from the number of cores), or scipy's error."""
+    if workers is None:
+        return None
+    if workers < 0:  # type: ignore[operator]  # a str raises scipy's TypeError here
+        cpus = os.cpu_count() or 1
+        if workers < -cpus:  # type: ignore[operator]
+            raise ValueError(
+                f"workers value out of range; got {workers}, must not be less than {-cpus}"
+            )
+    elif workers == 0:
+        raise ValueError("workers must not be zero")
+    if not isinstance(workers, numbers.Integral):
+        raise TypeError(f"workers must be an integer, got {workers!r}")
+    return workers
+
+
+def _axis(a: object, ndim: int, api: Optional[str], one: bool) -> int:
     if isinstance(a, bool) or not isinstance(a, numbers.Integral):
+        if api != "numpy" and not one:
+            raise ValueError("axes must be a scalar or iterable of integers")
         raise TypeError(f"axes must be integers, got {a!r}")
     a = int(a)
     if not -ndim <= a < ndim:
+        if api != "numpy" and not one:
+            raise AxisError(a, ndim, "axes exceeds dimensionality of input")
         raise AxisError(a, ndim)
     return a % ndim
 
 
+def _length(n: object, api: Optional[str], one: bool) -> int:
+    """One entry of ``s`` (or ``n``) as an int, or the TypeError/ValueError numpy or scipy
+    give for it."""
+    if api == "numpy" and isinstance(n, (bool, np.bool_)):
+        raise TypeError("an integer is required")
+    if api != "numpy" and not one and (
+        isinstance(n, (bool, np.bool_)) or not isinstance(n, numbers.Integral)
+    ):
+        raise ValueError("shape must be a scalar or iterable of integers")
+    return operator.index(n)  # type: ignore[arg-type]
+
+
+def _first_bad(kind: str, ns: Sequence[int]) -> int:
+    """The entry of ``ns`` below 1 numpy meets first: numpy.fft transforms the last axis
+    first (fftn, ifftn), the real axis first and then the others in order (rfftn), or the
+    others in order and then the real axis (irfftn)."""
+    idx = list(range(len(ns)))
+    if kind in R2C:
+        order = idx[-1:] + idx[:-1]
+    elif kind in C2R:
+        order = idx
+    else:
+        order = idx[::-1]
+    return next(ns[i] for i in order if ns[i] < 1)
+
+
 def check_args(
     shape: Tuple[int, ...], dtype: np.dtype, kind: str, axes: object, s: object, norm: object,
-    type_: object,
+    type_: object, api: Optional[str] = None, one: bool = False,
 ) -> Tuple[Tuple[int, ...], Tuple[int, ...], Optional[str], int]:
-    """Checked (axes, output lengths along them, norm, type), or the error numpy/scipy give;
-    from the layout alone, so every rank raises the same before any communication."""
+    """Checked (axes, output lengths along them, norm, type), or the error numpy/scipy give
+    (``api``: whose, see above; ``one``: ``s`` is a 1-D form's ``n``, where ``-1`` is out of
+    range); from the layout alone, so every rank raises the same before any communication."""
     if kind not in KINDS:
         raise ValueError(f"pyshard.fft.plan: kind must be one of {KINDS}, got {kind!r}")
     ndim = len(shape)
@@ -150,27 +259,44 @@ def check_args(
             s = (s,)
         s = tuple(s)  # type: ignore[arg-type]
     if axes is None:
+        if s is not None and len(s) > ndim:
+            if api == "numpy":
+                raise AxisError(-len(s), ndim)
+            raise AxisError("shape requires more axes than are present")
         ax = tuple(range(ndim)) if s is None else tuple(range(ndim - len(s), ndim))
-        if any(a < 0 for a in ax):
-            raise ValueError(f"s has {len(s)} entries, more than the array's ndim {ndim}")
     else:
         if isinstance(axes, numbers.Integral):
             axes = (axes,)
-        ax = tuple(_axis(a, ndim) for a in axes)  # type: ignore[union-attr]
+        ax = tuple(_axis(a, ndim, api, one) for a in axes)  # type: ignore[union-attr]
     if not ax:
         raise ValueError("axes must name at least one axis")
     if len(set(ax)) != len(ax):
         raise ValueError("all axes must be unique")
     if s is not None and len(s) != len(ax):
+        if api == "numpy":
+            raise ValueError(
+                f"Shape and axes have different lengths. (s has {len(s)} entries, axes "
+                f"{len(ax)}: they must have the same length)"
+            )
         raise ValueError("when given, axes and shape arguments have to be of the same length")
     if norm not in NORMS:
-        raise ValueError(f'Invalid norm value {norm!r}, should be "backward", "ortho" or "forward"')
-    if kind == "rfftn" and dtype.kind == "c":
+        if api == "numpy":
+            raise ValueError((_NP_NORM if kind in ("fftn", "rfftn") else _NP_NORM_INVERSE)
+                             .format(norm))
+        raise ValueError(_SP_NORM.format(norm))
+    if kind in R2C and dtype.kind == "c":
         raise TypeError("x must be a real sequence")
     t = 2
     if kind in R2R:
-        t = 2 if type_ is None else type_
-        if t not in (1, 2, 3, 4) or isinstance(t, bool):
+        if type_ is not None:
+            try:
+                t = operator.index(type_)  # type: ignore[arg-type]
+            except TypeError:
+                raise TypeError(
+                    f"invalid {'DCT' if kind in ('dctn', 'idctn') else 'DST'} type "
+                    f"{type_!r}: type must be an integer, 1 to 4"
+                ) from None
+        if t not in (1, 2, 3, 4):
             raise ValueError("invalid DCT type" if kind.startswith(("dct", "idct"))
                              else "invalid DST type")
     elif type_ is not None:
@@ -178,18 +304,20 @@ def check_args(
     ns = []
     for i, a in enumerate(ax):
         n = None if s is None else s[i]
-        if n is None or n == -1:
-            if kind == "irfftn" and i == len(ax) - 1:
+        if n is None or (n == -1 and not one and not isinstance(n, bool)):
+            if n is None and kind in C2R and i == len(ax) - 1:
                 n = 2 * (shape[a] - 1)
             else:
                 n = shape[a]
-        if isinstance(n, bool) or not isinstance(n, numbers.Integral):
-            raise TypeError(f"s must be a sequence of ints, got {s!r}")
-        ns.append(int(n))
+        ns.append(_length(n, api, one))
     if any(n < 1 for n in ns):
-        raise ValueError(f"invalid number of data points ({ns}) specified")
+        if api == "numpy":
+            raise ValueError(
+                f"Invalid number of FFT data points ({_first_bad(kind, ns)}) specified."
+            )
+        raise ValueError(f"invalid number of data points ({ns[0] if one else ns}) specified")
     if kind in R2R and t == 1 and any(n < 2 for n in ns) and kind.startswith(("dct", "idct")):
-        raise ValueError("DCT-I is not defined for size < 2")
+        raise ZeroLengthError("zero-length FFT requested (DCT-I is not defined for size < 2)")
     return ax, tuple(ns), norm, t  # type: ignore[return-value]
 
 
@@ -199,6 +327,6 @@ def out_lengths(kind: str, shape: Tuple[int, ...], axes: Tuple[int, ...],
     out = list(shape)
     for a, n in zip(axes, ns):
         out[a] = n
-    if kind == "rfftn":
+    if kind in R2C:
         out[axes[-1]] = ns[-1] // 2 + 1
     return tuple(out)

@@ -6,8 +6,9 @@ from the layout alone (the same on every rank; pure Python, no MPI).
 transformed axis still sharded, one :class:`Move` (a pyshard redistribution :class:`Plan`:
 one exchange on one sub-communicator) moves its Shard onto an axis that is done or a batch
 axis, on the same mesh dims (:func:`choose_move`), and so on; at the end one move to the
-requested layout, unless it is ``"any"``. ``rfftn`` transforms its last axis first (real to
-complex), ``irfftn`` last. ``Partial("max"/"min")`` inputs are reduced first.
+requested layout, unless it is ``"any"``. ``rfftn`` and ``ihfftn`` transform their last
+axis first (real to complex), ``irfftn`` and ``hfftn`` last (complex to real).
+``Partial("max"/"min")`` inputs are reduced first.
 :func:`invert_passes`: the inverse transform, each pass undone in reverse order, back to the
 forward's input layout with no extra move.
 """
@@ -148,11 +149,23 @@ def _groups(kind: str, axes: Tuple[int, ...], ns: Tuple[int, ...], src: Layout) 
         if len(axes) > 1:
             g.append(("fftn", axes[:-1], ns[:-1], ns[:-1]))
         return g
+    if kind == "ihfftn":  # ifftn over the others of ihfft (conj(rfft) / n) of the last
+        last = axes[-1]
+        g = [("ihfft", (last,), (ns[-1],), (ns[-1] // 2 + 1,))]
+        if len(axes) > 1:
+            g.append(("ifftn", axes[:-1], ns[:-1], ns[:-1]))
+        return g
     if kind == "irfftn":
         g = []
         if len(axes) > 1:
             g.append(("ifftn", axes[:-1], ns[:-1], ns[:-1]))
         g.append(("irfft", (axes[-1],), (ns[-1],), (ns[-1],)))
+        return g
+    if kind == "hfftn":  # hfft (a forward c2r) of the last axis of fftn over the others
+        g = []
+        if len(axes) > 1:
+            g.append(("fftn", axes[:-1], ns[:-1], ns[:-1]))
+        g.append(("hfft", (axes[-1],), (ns[-1],), (ns[-1],)))
         return g
     return [(kind, axes, ns, ns)]
 
@@ -203,7 +216,7 @@ def invert_passes(passes: Sequence[Any], start: Layout, kind: str) -> List[Any]:
     the forward's input placements and extents, each forward pass undone in reverse order."""
     out: List[Any] = []
     cur = start
-    inv_func = {"rfft": "irfft", "irfft": "rfft", **INVERSE}
+    inv_func = {"rfft": "irfft", "irfft": "rfft", "hfft": "ihfft", "ihfft": "hfft", **INVERSE}
     for p in reversed(passes):
         if isinstance(p, Move):
             dst = Layout(p.src.shape, cur.dtype, cur.mesh_shape, p.src.placements,
@@ -214,7 +227,7 @@ def invert_passes(passes: Sequence[Any], start: Layout, kind: str) -> List[Any]:
         else:
             f = inv_func[p.func]
             outs = tuple(p.src.shape[a] for a in p.axes)
-            if f == "rfft":  # the real length is this pass's input; bins resized to outs
+            if f in ("rfft", "ihfft"):  # the real length is this pass's input; bins to outs
                 ns = tuple(cur.shape[a] for a in p.axes)
             else:
                 ns = outs
