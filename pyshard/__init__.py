@@ -19,7 +19,8 @@ def _check_same_mpi() -> None:
 
 _check_same_mpi()
 
-from . import config, route  # noqa: E402
+from . import config  # noqa: E402
+from . import route as route  # noqa: E402 (advanced: see __all__)
 from ._backend import build_info, cuda_available, to_dlpack  # noqa: E402
 from ._cache import cache_limit, clear_caches, set_cache_limit  # noqa: E402
 from ._validate import set_validation, validation  # noqa: E402
@@ -32,7 +33,9 @@ from .layout import Layout, Partial, Placement, Replicate, Shard, split_sizes  #
 from .many import ManyPlan, plan_many, redistribute_many  # noqa: E402
 from .mesh import Mesh  # noqa: E402
 from .migrate import Migrated, PendingMigration, migrate, owner  # noqa: E402
-from .plan import Plan, Step, StepKind, plan  # noqa: E402
+from .plan import Plan, plan  # noqa: E402
+from .plan import Step as Step  # noqa: E402 (advanced: see __all__)
+from .plan import StepKind as StepKind  # noqa: E402 (advanced: see __all__)
 
 
 def __getattr__(name: str) -> object:
@@ -62,6 +65,10 @@ def reset_comm_stats() -> None:
 
 __version__ = _core.__version__
 
+# The public API: ``from pyshard import *`` and docs/site/api.rst. The advanced names
+# (``route``: the module of the path rules; ``Step`` and ``StepKind``: the items of
+# ``Plan.steps``) stay importable from ``pyshard`` and are documented in api.rst's "Advanced"
+# section, outside this list: they describe how pyshard runs a call, not what it computes.
 __all__ = [
     "HaloArray",
     "HaloPlan",
@@ -77,8 +84,6 @@ __all__ = [
     "Replicate",
     "Shard",
     "ShardedArray",
-    "Step",
-    "StepKind",
     "build_info",
     "cache_limit",
     "checkpoint_info",
@@ -96,7 +101,6 @@ __all__ = [
     "plan",
     "plan_many",
     "redistribute_many",
-    "route",
     "reset_comm_stats",
     "save",
     "set_cache_limit",

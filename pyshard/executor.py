@@ -428,8 +428,8 @@ def check_out(out: object, p: Plan, mesh: Mesh, local: Any) -> None:
 
 
 def _startable(e: _Step) -> bool:
-    """Can this executor's step be posted now and completed later (an exchange on the
-    alltoallv or p2p algorithm)?"""
+    """Can this executor's step be posted when the redistribute starts and completed later
+    (an exchange on the alltoallv or p2p algorithm)?"""
     return (
         e.direct
         and e.step.kind == "alltoallv"

@@ -1,6 +1,12 @@
-"""Import-time checks: the core and mpi4py must use the same MPI library."""
+"""Import-time checks: the core and mpi4py must use the same MPI library; the public API is
+``pyshard.__all__``, what docs/site/api.rst documents, and the advanced names stay importable
+outside it."""
 
 from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -28,6 +34,46 @@ def test_mismatched_mpi_is_a_clear_import_error(monkeypatch):
 def test_public_namespace():
     for name in pyshard.__all__:
         assert getattr(pyshard, name).__doc__, f"{name} has no docstring"
+
+
+API_RST = Path(__file__).resolve().parents[1] / "docs" / "site" / "api.rst"
+ADVANCED = ("Step", "StepKind", "route")  # importable from pyshard, outside __all__
+
+
+def api_sections():
+    """docs/site/api.rst split at its "Advanced" section: (the public part, the advanced)."""
+    public, sep, advanced = API_RST.read_text().partition("\nAdvanced\n--------\n")
+    assert sep, f"{API_RST} has no Advanced section"
+    return public, advanced
+
+
+def test_all_is_what_the_api_page_documents():
+    """The public part of api.rst documents exactly pyshard.__all__ (docs/site/conf.py's check,
+    run here without Sphinx); the internals are outside __all__."""
+    public, _ = api_sections()
+    documented = set(re.findall(r"^\.\. auto(?!module)\w+:: pyshard\.(\w+)", public, flags=re.M))
+    assert documented == set(pyshard.__all__)
+    assert len(pyshard.__all__) == len(set(pyshard.__all__))
+    assert not set(ADVANCED) & set(pyshard.__all__)
+
+
+def test_advanced_names_stay_importable_and_documented():
+    _, advanced = api_sections()
+    for name in ADVANCED:
+        assert getattr(pyshard, name).__doc__, name
+    assert pyshard.route is sys.modules["pyshard.route"]
+    blocks = re.split(r"^\.\. currentmodule:: ", advanced, flags=re.M)[1:]
+    entries = {
+        (block.split()[0], name)
+        for block in blocks
+        for name in re.findall(r"^\.\. auto\w+:: (\w+)$", block, flags=re.M)
+    }
+    assert {("pyshard", "Step"), ("pyshard", "StepKind"), ("pyshard.route", "route")} <= entries
+    for module, name in entries:
+        assert getattr(sys.modules[module], name).__doc__, f"{module}.{name}"
+    namespace: dict = {}
+    exec("from pyshard import *", namespace)
+    assert not set(ADVANCED) & set(namespace)
 
 
 def test_copy_box_kernel():
