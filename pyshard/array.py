@@ -111,8 +111,9 @@ class ShardedArray(Placed):
         faults of a fresh output); it is checked on this rank before any communication.
 
         ``wait=False``: start the redistribute and return a :class:`~pyshard.Pending`
-        at once, whose ``wait()`` returns the result; the caller computes in between. Several
-        may be in flight, started in the same order on every rank and waited in any order;
+        at once, whose ``wait()`` returns the result (``test()``: whether it is complete);
+        the caller computes in between. Several may be in flight, started in the same order
+        on every rank and waited in any order;
         the source and ``out`` must stay alive and unwritten until then. The first step is
         in flight only when it is an exchange on the ``alltoallv`` or ``p2p`` algorithm (see
         :class:`~pyshard.Pending`); other plans complete before this returns.
@@ -219,11 +220,12 @@ class ShardedArray(Placed):
         ``periodic``: a bool or one per dim (ghosts wrap around the global extent);
         ``corners=True``: a box stencil (every ghost cell), ``False``: a star stencil (only
         the cells outside the box along exactly one dim). ``method``: how the messages move:
-        ``"persistent"`` (default, or ``PYSHARD_HALO_METHOD``), ``"p2p"``, ``"neighbor"``,
-        ``"datatype"`` (host arrays) or ``"tune"`` (each measured at the first update, the
-        fastest kept); see docs/halo.md. ``Partial`` placements, negative
-        widths or a width larger than its dim's global extent raise :class:`ValueError`
-        before any communication.
+        ``"auto"`` (default, or ``PYSHARD_HALO_METHOD``: node-shared memory between ranks of
+        a node for faces of at least ``PYSHARD_SHM_MIN_BYTES``, else ``"persistent"``),
+        ``"shm"``, ``"persistent"``, ``"p2p"``, ``"neighbor"``, ``"datatype"`` (host arrays) or
+        ``"tune"`` (each measured at the first update, the fastest kept); see docs/halo.md.
+        ``Partial`` placements, negative widths or a width larger than its dim's global
+        extent raise :class:`ValueError` before any communication.
         """
         return HaloArray(self, width, periodic, corners, method)
 
