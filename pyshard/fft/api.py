@@ -97,7 +97,8 @@ def _plan(layout: Layout, kind: str, axes: Any, s: Any, norm: Any, placements: P
         Layout(out_shape, result_dtype(kind, layout.dtype), layout.mesh_shape, pl,
                dict(key) if key else None)
         target = (pl, key)
-    orth = orthogonalize if kind in R2R else None
+    # scipy's default (True with norm="ortho") is the local transform's own: kept as None
+    orth = None if kind not in R2R or orthogonalize == (norm == "ortho") else orthogonalize
     return _cached(layout, kind, ax, ns, norm, t, target, orth)
 
 

@@ -265,6 +265,11 @@ def local_pass(
     and ``ihfft``, c2r ``irfft`` and ``hfft`` (1-D, as numpy.fft/scipy.fft define them), or a
     DCT/DST (``orthogonalize``: scipy's, passed where not None)."""
     xp = bk.xp_of(a)
+    if orthogonalize is not None and bk.is_device(a):  # before the empty-shard return
+        raise NotImplementedError(
+            f"pyshard.fft: cupyx.scipy.fft has no orthogonalize= (here {orthogonalize} with "
+            f"norm={norm!r}); leave it at its default for cupy arrays"
+        )
     want = pass_in_dtype(func, a.dtype)
     if a.dtype != want:
         a = a.astype(want)

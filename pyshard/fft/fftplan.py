@@ -106,6 +106,7 @@ class FFTPlan:
         lines = [
             f"fft plan {name} axes {self.axes} norm={self.norm or 'backward'}"
             + (f" type={self.type}" if self.kind in R2R else "")
+            + (f" orthogonalize={self.orthogonalize}" if self.orthogonalize is not None else "")
             + f" on mesh {'x'.join(map(str, self.src.mesh_shape))}",
             f"  from {src}",
             f"  to   {dst}",
