@@ -191,6 +191,20 @@ SETTINGS: Dict[str, Setting] = {s.name: s for s in (
             "safetensors) straight into each rank's box where every box is made of runs of at "
             "least this many contiguous bytes of the file (0: always); shorter runs are read as "
             "row blocks and redistributed (.npy: one collective MPI-IO read)", _int(0)),
+    Setting("PYSHARD_LOAD_FUSE", _BOOL, True,
+            "load() reads the arrays below PYSHARD_MANY_FUSE_BYTES as row blocks and moves "
+            "them to their targets in one redistribute_many per batch (off: each array by "
+            "its own read of its target boxes)", _bool),
+    Setting("PYSHARD_ZARR_DIRECT", _BOOL, True,
+            "load() reads Zarr shards and chunks straight from their files, decoded by "
+            "zarr-python's codecs (off: through a zarr-python Array)", _bool),
+    Setting("PYSHARD_ZARR_NUMCODECS_ZSTD", _BOOL, True,
+            "Zarr chunks whose codecs are bytes (native order) then zstd are compressed and "
+            "decompressed by numcodecs' Zstd, configured from the ZstdCodec (the same bytes; "
+            "off: zarr-python's codec pipeline, a thread per chunk)", _bool),
+    Setting("PYSHARD_ZARR_DECODE_BYTES", "an integer >= 1", 64 << 20,
+            "bytes of decoded Zarr chunks asked of zarr-python's codec pipeline in one call, "
+            "at most", _int(1)),
     Setting("PYSHARD_FFT_BACKEND", "auto, scipy, numpy, pyfftw or pyfftw-measure", "auto",
             "pyshard.fft's local transforms of numpy arrays: auto is scipy.fft where it "
             "imports, else numpy.fft; pyfftw (FFTW_ESTIMATE plans) and pyfftw-measure "

@@ -8,7 +8,7 @@ on a 1-D mesh of every rank, then loads them as ``--target`` ``--reps`` times; p
 median (slowest rank, between barriers) with and without verification, and the collectives
 one load ran (``comm_stats``). ``--compare`` times, in the same run, the fused path (small
 arrays read as row blocks, one ``redistribute_many`` per batch) and the direct reads of
-every target box (``pyshard.checkpoint.reader.FUSE_SMALL = False``: each array by its own
+every target box (``PYSHARD_LOAD_FUSE=0``: each array by its own
 reads).
 """
 
@@ -24,7 +24,6 @@ from mpi4py import MPI
 
 import pyshard as ps
 from pyshard.bench.timing import timed
-from pyshard.checkpoint import reader
 
 
 def main() -> None:
@@ -55,7 +54,7 @@ def main() -> None:
 
             def once(fuse: object, verify: bool = verify) -> float:
                 if fuse is not None:
-                    reader.FUSE_SMALL = fuse
+                    ps.config.set("PYSHARD_LOAD_FUSE", fuse)
                 return timed(lambda: ps.load(ckpt, mesh, targets, verify=verify), comm, 1, 0)[0]
 
             for label, fuse in modes:  # the first load of each (the first fused one is cold)

@@ -110,11 +110,6 @@ def _target_layouts(
     }
 
 
-# Small arrays are read as row blocks and fused into one exchange per batch (False: every
-# array is a collective read of its target boxes; for timing the two).
-FUSE_SMALL = True
-
-
 def _row_layout(lay: Layout) -> Optional[Layout]:
     """The layout of ``lay``'s array in which every rank's box is one contiguous range of its
     file: rows split over every mesh dim (``Shard(0)``, nested), balanced. None for 0-d
@@ -157,11 +152,6 @@ def _load_fused(
         sizes={n: layouts[n].sizes for n in batch},
     )
 
-
-# Large arrays of the one-file formats (HDF5, safetensors) are read as row blocks (each rank
-# one contiguous run, independent I/O) and redistributed, rather than by a collective read of
-# the target boxes (False: the collective read; for timing the two)
-ROWS_LARGE = True
 
 
 def _load_raw_rows(
@@ -327,7 +317,7 @@ def load(
     if verify:
         fmt.verify(comm, path, entries)
     raw = [n for n in names if entries[n]["kind"] == "raw"]
-    batches = _fused_batches(raw, layouts) if FUSE_SMALL else []
+    batches = _fused_batches(raw, layouts) if config.get("PYSHARD_LOAD_FUSE") else []
     out: Dict[str, ShardedArray] = {}
     for batch in batches:
         for n, y in _load_fused(comm, mesh, path, entries, offsets, layouts, batch).items():
@@ -343,7 +333,7 @@ def load(
             y = _load_raw_direct(mesh, entries[n]["file"], offsets[n], layouts[n], device)
         if y is not None:
             out[n] = y
-        elif kind == "raw" and fmt.row_reads and ROWS_LARGE and _row_layout(layouts[n]):
+        elif kind == "raw" and fmt.row_reads and _row_layout(layouts[n]):
             out[n] = _load_raw_rows(mesh, entries[n]["file"], offsets[n], layouts[n], device)
         elif kind == "raw":
             out[n] = reading.read_array(

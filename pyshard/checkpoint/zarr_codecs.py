@@ -10,15 +10,15 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 
+from .. import config
 from .zarr_meta import as_zarr_python, need
 
-ZSTD_DIRECT = True
-"""Chunks whose codecs are ``bytes`` (native order) then ``zstd`` go through numcodecs'
-``Zstd`` (what zarr-python's ``ZstdCodec`` compresses with, configured from that codec's own
-level and checksum) rather than zarr-python's pipeline, whose ``ZstdCodec`` hands every chunk
-to a thread (``asyncio.to_thread``): with as many ranks as cores the pipeline measured
-1.3-1.5x slower to save and about 2x slower to load here. The bytes are the same. False: the
-pipeline."""
+# PYSHARD_ZARR_NUMCODECS_ZSTD (on by default): chunks whose codecs are ``bytes`` (native order)
+# then ``zstd`` go through numcodecs' ``Zstd`` (what zarr-python's ``ZstdCodec`` compresses
+# with, configured from that codec's own level and checksum) rather than zarr-python's
+# pipeline, whose ``ZstdCodec`` hands every chunk to a thread (``asyncio.to_thread``): with as
+# many ranks as cores the pipeline measured 1.3-1.5x slower to save and about 2x slower to
+# load here. The bytes are the same.
 
 
 class Codecs:
@@ -50,7 +50,7 @@ class Codecs:
         self.outer = tuple(md.chunk_grid.chunk_shape)  # type: ignore[attr-defined]
         self.sep = md.chunk_key_encoding.separator  # type: ignore[attr-defined]
         self.v2_keys = md.chunk_key_encoding.name == "v2"  # type: ignore[attr-defined]
-        config = ArrayConfig(order="C", write_empty_chunks=True)
+        array_config = ArrayConfig(order="C", write_empty_chunks=True)
         pipeline = get_pipeline_class()
         codecs = tuple(md.codecs)
         self.sharded = len(codecs) == 1 and isinstance(codecs[0], ShardingCodec)
@@ -64,7 +64,7 @@ class Codecs:
                 shape=self.per + (2,),
                 dtype=UInt64(endianness="little"),
                 fill_value=np.uint64(2**64 - 1),
-                config=config,
+                config=array_config,
                 prototype=self.proto,
             )
             self._index = pipeline.from_codecs(sc.index_codecs)
@@ -81,7 +81,7 @@ class Codecs:
             shape=self.inner,
             dtype=md.data_type,
             fill_value=md.fill_value,
-            config=config,
+            config=array_config,
             prototype=self.proto,
         )
         self._data = pipeline.from_codecs(codecs)
@@ -89,7 +89,8 @@ class Codecs:
         native = isinstance(codecs[0], BytesCodec) and (
             codecs[0].endian is None or codecs[0].endian.value == sys.byteorder
         )
-        if ZSTD_DIRECT and native and len(codecs) == 2 and isinstance(codecs[1], ZstdCodec):
+        zstd = len(codecs) == 2 and isinstance(codecs[1], ZstdCodec)
+        if config.get("PYSHARD_ZARR_NUMCODECS_ZSTD") and native and zstd:
             from numcodecs.zstd import Zstd  # what ZstdCodec compresses with
 
             conf = codecs[1].to_dict()["configuration"]

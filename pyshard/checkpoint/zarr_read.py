@@ -11,13 +11,9 @@ from typing import Any, Dict, List, Tuple
 
 import numpy as np
 
-from .. import _dtypes
+from .. import _dtypes, config
 from .zarr_codecs import Codecs
 from .zarr_meta import open_array
-
-READ_DIRECT = True
-"""Read shards and chunks straight from their files, decoded by zarr-python's codecs
-(:func:`_read_direct`; False: always through a zarr-python Array)."""
 
 
 def _pread(fd: int, off: int, n: int, fname: str) -> bytes:
@@ -42,10 +38,6 @@ def _pread_into(fd: int, off: int, dst: np.ndarray, fname: str) -> None:
         off += k
 
 
-DECODE_BATCH = 64 << 20
-"""Bytes of decoded chunks asked of zarr-python's pipeline in one call (at most)."""
-
-
 def _read_direct(
     e: Dict[str, Any], cd: Codecs, d: int, r0: int, r1: int, dtype: np.dtype
 ) -> np.ndarray:
@@ -63,7 +55,8 @@ def _read_direct(
     full = prod(cshape) * cd.dtype.itemsize
     pending: List[Tuple[bytes, np.ndarray, Tuple[slice, ...], str]] = []
     held = 0
-    limit = DECODE_BATCH if cd.batched else 0  # zarr-python's pipeline: one call per batch
+    # zarr-python's pipeline: one call per batch of at most this many decoded bytes
+    limit = int(config.get("PYSHARD_ZARR_DECODE_BYTES")) if cd.batched else 0
 
     def flush() -> None:
         try:
@@ -152,8 +145,8 @@ def read_rows(e: Dict[str, Any], d: int, r0: int, r1: int, dtype: np.dtype) -> n
     """Indices ``r0:r1`` of dim ``d`` of the array ``e`` describes (a 0-d array: its value),
     as ``dtype``: straight from its files through zarr-python's codecs
     (:func:`_read_direct`), or through a zarr-python Array where a shard index has no fixed
-    size (none of zarr-python's own index codecs) or ``READ_DIRECT`` is off."""
-    cd = Codecs(e["meta"]) if READ_DIRECT and e["shape"] else None
+    size (none of zarr-python's own index codecs) or ``PYSHARD_ZARR_DIRECT`` is off."""
+    cd = Codecs(e["meta"]) if config.get("PYSHARD_ZARR_DIRECT") and e["shape"] else None
     if cd is not None and cd.direct:
         return _read_direct(e, cd, d, r0, r1, dtype)
     arr = open_array(e["file"], "", e["meta"])

@@ -32,7 +32,7 @@ from test_redistribute_nd import counts_since
 
 import pyshard as ps
 from pyshard import Partial, Replicate, Shard
-from pyshard.checkpoint import reader, reading
+from pyshard.checkpoint import reading
 
 pytestmark = pytest.mark.mpi  # run under mpiexec with --with-mpi (pytest-mpi)
 
@@ -229,7 +229,7 @@ def test_load_many_arrays_one_exchange(comm, shared_dir, monkeypatch):
     got = counts_since(before)
     assert failures == []
     assert got == (auto_exchange(mesh, {"alltoallv": 1}) if p > 1 else {}), got
-    monkeypatch.setattr(reader, "FUSE_SMALL", False)
+    monkeypatch.setenv("PYSHARD_LOAD_FUSE", "0")
     before = ps.comm_stats()
     assert load_and_check(mesh, path, dst, "direct: ") == []
     assert counts_since(before) == {}

@@ -33,7 +33,6 @@ from pyshard.checkpoint import (
     reader,
     reading,
     saving,
-    zarr_codecs,
     zarr_meta,
     zarr_read,
 )
@@ -156,7 +155,7 @@ def test_direct_reads_equal_the_exchanges(comm, shared_dir, monkeypatch, fmt):
     (PYSHARD_LOAD_DIRECT_BYTES=0: no exchange runs) or reads row blocks and redistributes
     (.npy: one collective read), uneven and empty shards, bfloat16 and float8 included."""
     need(fmt)
-    monkeypatch.setattr(reader, "FUSE_SMALL", False)  # the small arrays go the same ways
+    monkeypatch.setenv("PYSHARD_LOAD_FUSE", "0")  # the small arrays go the same ways
     mesh = ps.Mesh(comm, (comm.size,))
     specs = random_specs(comm, 21)
     path = os.path.join(shared_dir, "direct" + EXT.get(fmt, ""))
@@ -193,7 +192,7 @@ def test_direct_read_falls_back_where_a_rank_cannot_map(comm, shared_dir, monkey
     s = spec((6, 4 * comm.size + 1), "float64", 3, ["S(0)"])
     path = os.path.join(shared_dir, "nomap.safetensors")
     ps.save(path, {"a": make_sharded(mesh, s)}, format="safetensors")
-    monkeypatch.setattr(reader, "FUSE_SMALL", False)  # (a small array: else read fused)
+    monkeypatch.setenv("PYSHARD_LOAD_FUSE", "0")  # (a small array: else read fused)
     real = reading.mmap.mmap
     last = comm.size - 1
     tried = []
@@ -531,19 +530,19 @@ def test_zarr_shards_read_directly(comm, shared_dir, monkeypatch, compression):
         out = ps.load(path, mesh, {"x": pl})
         np.testing.assert_array_equal(out["x"].local, g[out["x"].box])
     assert comm.allreduce(len(calls)) > 0, "the direct shard reader was not used"
-    monkeypatch.setattr(zarr_read, "READ_DIRECT", False)
+    monkeypatch.setenv("PYSHARD_ZARR_DIRECT", "0")
     out = ps.load(path, mesh, {"x": [Shard(2)]})
     np.testing.assert_array_equal(out["x"].local, g[out["x"].box])
-    monkeypatch.setattr(zarr_read, "READ_DIRECT", True)
+    monkeypatch.setenv("PYSHARD_ZARR_DIRECT", "1")
     # zstd chunks through zarr-python's own pipeline (ZstdCodec) instead of numcodecs' Zstd:
     # the same files, byte for byte, and the same loads (decoded a few chunks per call)
-    monkeypatch.setattr(zarr_codecs, "ZSTD_DIRECT", False)
-    monkeypatch.setattr(zarr_read, "DECODE_BATCH", 100)
+    monkeypatch.setenv("PYSHARD_ZARR_NUMCODECS_ZSTD", "0")
+    monkeypatch.setenv("PYSHARD_ZARR_DECODE_BYTES", "100")
     out = ps.load(path, mesh, {"x": [Shard(1)]})
     np.testing.assert_array_equal(out["x"].local, g[out["x"].box])
     path2 = os.path.join(shared_dir, "pipeline.zarr")
     ps.save(path2, {"x": make_sharded(mesh, s)}, format="zarr", compression=compression)
-    monkeypatch.setattr(zarr_codecs, "ZSTD_DIRECT", True)
+    monkeypatch.setenv("PYSHARD_ZARR_NUMCODECS_ZSTD", "1")
 
     def same_files():
         names = sorted(glob.glob(os.path.join(path, "x", "c", "**", "*"), recursive=True))
