@@ -31,8 +31,8 @@ pytestmark = [pytest.mark.mpi, pytest.mark.numerics]
 NOT_COLLECTIVES = {"staged", "device_direct"}
 NUMPY_NAMES = {"fft", "ifft", "rfft", "irfft", "hfft", "ihfft", "fft2", "ifft2", "rfft2",
                "irfft2", "fftn", "ifftn", "rfftn", "irfftn"}
-NUMPY_ULPS = 8  # max |pyshard - numpy/scipy|, in ulps of the reference's largest entry
-LAYOUT_ULPS = 8  # max |layout A - layout B| of the same call, in the same ulps
+NUMPY_ULPS = 6  # max |pyshard - numpy/scipy|, in ulps of the reference's largest entry
+LAYOUT_ULPS = 6  # max |layout A - layout B| of the same call, in the same ulps
 
 C, Z, R, F = np.complex128, np.complex64, np.float64, np.float32
 
