@@ -431,3 +431,50 @@ def test_scipy_arguments(comm):
     z = p.backward(p.forward(r))  # idctn with the same orthogonalize: back to the input
     assert ulps(gathered(z), gr) <= NUMPY_ULPS
     mesh.free()
+
+
+def test_documented_differences(comm):
+    """Where pyshard.fft differs from numpy/scipy on purpose (docs/fft.md): repeated axes and
+    axes=() raise ValueError; the scipy.fft-only names take None entries in s as the
+    default length; hfft writes into out= (numpy's hfft ignores it)."""
+    mesh = ps.Mesh(comm, (comm.size,))
+    g = global_array((6, 5, 4), C, seed=4)
+    x = ps.distribute(g, mesh, [Shard(1)])
+    gr = g.real.copy()
+    r = ps.distribute(gr, mesh, [Shard(0)])
+    with pytest.raises(ValueError, match="unique"):
+        pf.fft2(x, axes=(1, 1))
+    with pytest.raises(ValueError, match="at least one axis"):
+        pf.fftn(x, axes=())
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        y = pf.hfftn(x, s=(None, 7), axes=(0, 2))
+        w = pf.dctn(r, type=3, s=(3, None), axes=(0, 1))
+    assert ulps(gathered(y), sf.hfftn(g, s=(6, 7), axes=(0, 2))) <= NUMPY_ULPS
+    assert ulps(gathered(w), sf.dctn(gr, type=3, s=(3, 5), axes=(0, 1))) <= NUMPY_ULPS
+    y = pf.hfft(x, axis=0)
+    o = out_like(y, R)
+    assert pf.hfft(x, axis=0, out=o) is o
+    np.testing.assert_array_equal(o.local, y.local)
+    mesh.free()
+
+
+def test_hermitian_partial_input(comm):
+    """Partial("sum") input to hfftn/ihfftn stays Partial (both are linear over the reals):
+    reduced, it is the transform of the sum."""
+    from oracle import contributions
+
+    two = [m for m in MESHES.get(comm.size, []) if len(m) == 2]
+    ms = two[0] if two else (1, comm.size)
+    mesh = ps.Mesh(comm, ms)
+    shape = (6, 5)
+    for kind, dtype in (("hfftn", C), ("ihfftn", R)):
+        parts, total = contributions(shape, dtype, ms[0], "sum", seed=5)
+        pl = [ps.Partial("sum"), Shard(0)]
+        lay = ps.Layout(shape, dtype, ms, pl)
+        local = np.ascontiguousarray(parts[mesh.coords[0]][lay.box(mesh.coords)])
+        x = ps.from_local(local, mesh, pl, global_shape=shape)
+        y = getattr(pf, kind)(x)
+        assert y.placements == (ps.Partial("sum"), Shard(0))
+        assert ulps(gathered(y), getattr(sf, kind)(total)) <= NUMPY_ULPS, kind
+    mesh.free()
