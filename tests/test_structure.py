@@ -517,6 +517,55 @@ def test_private_reach_finds_imports_and_attributes(tmp_path):
     ]  # fmt: skip
 
 
+# ----------------------------------------------------------------------------- Python's MPI calls
+
+MPI4PY_COLLECTIVES = {
+    "allgather", "Allgather", "Allgatherv", "allreduce", "Allreduce", "alltoall", "Alltoall",
+    "Alltoallv", "barrier", "Barrier", "bcast", "Bcast", "gather", "Gather", "Gatherv",
+    "reduce", "Reduce", "Reduce_scatter", "scatter", "Scatter", "scan", "Scan", "exscan",
+    "Exscan", "Iallreduce", "Ibarrier", "Ibcast",
+}
+
+
+def python_collectives(root: Path, package: str, home: str) -> List[str]:
+    """Calls ``X.<an mpi4py collective>(...)`` in the library modules of ``package`` other
+    than ``home`` (the one module that makes them); tools may call mpi4py as they like."""
+    out: List[str] = []
+    for name, path in module_names(root, package).items():
+        if path.suffix != ".py" or name == home or is_tool(name, tuple(
+                t.replace("pyshard", package, 1) for t in TOOLS)):
+            continue
+        tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+        for n in ast.walk(tree):
+            if (isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)
+                    and n.func.attr in MPI4PY_COLLECTIVES
+                    and ast.unparse(n.func.value).split(".")[-1] != "collectives"):
+                out.append(f"{name}:{n.lineno}: {ast.unparse(n.func)}")
+    return out
+
+
+def test_python_collectives_only_in_their_module():
+    found = python_collectives(PKG_DIR, "pyshard", "pyshard.collectives")
+    assert not found, "call these through pyshard.collectives:\n" + "\n".join(found)
+
+
+def test_python_collectives_check_fails_where_it_should(tmp_path):
+    root = _package(
+        tmp_path,
+        {
+            "__init__.py": "",
+            "collectives.py": "def barrier(comm):\n    comm.Barrier()\n",
+            "lib.py": "from . import collectives\n\ndef go(comm, mesh):\n    comm.allgather(1)\n"
+            "    mesh.comm.Allreduce(1, 2)\n    collectives.barrier(comm)\n",
+            "bench/__init__.py": "",
+            "bench/run.py": "def go(comm):\n    comm.Barrier()\n",
+        },
+    )
+    assert python_collectives(root, "pkg", "pkg.collectives") == [
+        "pkg.lib:4: comm.allgather", "pkg.lib:5: mesh.comm.Allreduce",
+    ]  # fmt: skip
+
+
 # ----------------------------------------------------------------------------- the core's MPI calls
 
 CPP_DIR = PKG_DIR.parent / "cpp"
