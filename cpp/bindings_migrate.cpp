@@ -1,5 +1,5 @@
 // pyshard._core's bindings of the row migration (cpp/migrate.h): host arrays only; the Python
-// layer (pyshard/migrate.py) checks shapes, lengths and dtypes before it calls these.
+// layer (pyshard/migration.py) checks shapes, lengths and dtypes before it calls these.
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>

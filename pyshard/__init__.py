@@ -28,14 +28,14 @@ from .array import ShardedArray, distribute, from_local  # noqa: E402
 from .checkpoint import checkpoint_info, load, save  # noqa: E402
 from .executor import Pending  # noqa: E402
 from .halo import HaloArray  # noqa: E402
-from .halo_plan import HaloPlan, halo_plan, halo_spec  # noqa: E402
+from .halo_planner import HaloPlan, halo_plan, halo_spec  # noqa: E402
 from .layout import Layout, Partial, Placement, Replicate, Shard, split_sizes  # noqa: E402
 from .many import ManyPlan, plan_many, redistribute_many  # noqa: E402
 from .mesh import Mesh  # noqa: E402
-from .migrate import Migrated, PendingMigration, migrate, owner  # noqa: E402
-from .plan import Plan, plan  # noqa: E402
-from .plan import Step as Step  # noqa: E402 (advanced: see __all__)
-from .plan import StepKind as StepKind  # noqa: E402 (advanced: see __all__)
+from .migration import Migrated, PendingMigration, migrate, owner  # noqa: E402
+from .planner import Plan, plan  # noqa: E402
+from .planner import Step as Step  # noqa: E402 (advanced: see __all__)
+from .planner import StepKind as StepKind  # noqa: E402 (advanced: see __all__)
 
 
 def __getattr__(name: str) -> object:

@@ -31,7 +31,7 @@ from mpi4py import MPI
 
 from . import _backend as bk
 from . import collectives, config
-from .plan import Step
+from .planner import Step
 from .route import ALGORITHMS
 
 log = logging.getLogger("pyshard")

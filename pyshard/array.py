@@ -15,7 +15,7 @@ from . import _core, _dtypes, _validate, executor
 from ._cache import FastEntry
 from .executor import Pending, bind, executors, run_steps, start
 from .halo import HaloArray
-from .halo_plan import PeriodicArg, WidthArg
+from .halo_planner import PeriodicArg, WidthArg
 from .layout import (  # Placed: re-exported (pyshard.torch's ShardedTensor is one too)
     Layout,
     Partial,
@@ -31,7 +31,7 @@ from .layout import (  # Placed: re-exported (pyshard.torch's ShardedTensor is o
     unravel,
 )
 from .mesh import Mesh
-from .plan import Plan, plan
+from .planner import Plan, plan
 
 __all__ = ["ShardedArray", "distribute", "from_local"]
 

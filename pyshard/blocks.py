@@ -1,7 +1,7 @@
 """The blocks of a planned step in local-array coordinates, and the pack/unpack workspace the
 core's geometry gives them: pure Python, no MPI, no core, no settings.
 
-A step (:class:`pyshard.plan.Step`) knows its blocks as global boxes; the core copies them
+A step (:class:`pyshard.planner.Step`) knows its blocks as global boxes; the core copies them
 between local arrays and a packed workspace. :func:`exchange_specs` and :func:`member_specs`
 turn the boxes into the block lists the core's geometries are built from
 (:func:`pyshard.geometry.geometry`), and :func:`workspace_bytes` is the workspace those
@@ -12,7 +12,7 @@ from the same lists with the core's rules (cpp/geometry.h ``align_up``, ``misali
 ``tests/test_plan.py`` checks the two agree on steps of every kind.
 
 This module imports nothing of pyshard but ``_dtypes``: a step is any object with the
-:class:`~pyshard.plan.Step` interface (``kind``, ``src``, ``dst``, ``sends``, ``recvs``,
+:class:`~pyshard.planner.Step` interface (``kind``, ``src``, ``dst``, ``sends``, ``recvs``,
 ``group_rank``, ``group_shape``, ``member``).
 """
 

@@ -17,7 +17,7 @@ from ._dtypes import identity as ml_identity
 from .geometry import gather_push_specs, geometry, push_specs
 from .layout import Layout, Shard
 from .mesh import Mesh
-from .plan import Plan, Step
+from .planner import Plan, Step
 from .route import ALGORITHMS, Route, check_algorithm, choose_algorithm, core_transport, route
 
 __all__ = ["ALGORITHMS", "Pending", "allocate", "choose_algorithm", "executors", "start"]

@@ -13,7 +13,7 @@ from math import prod
 from typing import Any, Optional, Sequence
 
 from . import _backend
-from .plan import Plan, Step
+from .planner import Plan, Step
 from .route import describe, route
 
 __all__ = ["device_note", "explain", "route_note"]

@@ -10,7 +10,7 @@ from typing import Any, Tuple
 
 from . import _core, _dtypes
 from .blocks import exchange_specs, member_specs, origin, relative
-from .plan import Coords, Step
+from .planner import Coords, Step
 
 __all__ = ["exchange_specs", "gather_push_specs", "geometry", "member_specs", "push_specs"]
 

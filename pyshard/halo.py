@@ -1,13 +1,13 @@
 """Halo (ghost-cell) exchange on any layout, blocking or overlapped with compute:
 :class:`HaloArray`, a shard with ghost layers around it, runs this rank's
-:class:`~pyshard.HaloPlan` (:mod:`pyshard.halo_plan`): one message per peer each way, packed
+:class:`~pyshard.HaloPlan` (:mod:`pyshard.halo_planner`): one message per peer each way, packed
 by the core's packers (CPU or CUDA, the same descriptor tables as ``redistribute``), moved
 by one of four MPI methods (persistent point-to-point requests by default), or through
 node-shared memory where ranks share a node (``method="shm"``, and ``"auto"`` for faces
 of at least ``PYSHARD_SHM_MIN_BYTES``: the padded arrays live in node-shared memory and each
 ghost cell is copied once, straight from its owner's interior, ``cpp/shm_halo.h``), split
 into ``start()`` and ``wait()``. :func:`pyshard.route.halo_route` decides the path. The
-semantics are :mod:`pyshard.halo_plan`'s.
+semantics are :mod:`pyshard.halo_planner`'s.
 
 :meth:`HaloArray.fold` (and :meth:`~HaloArray.start_fold` / ``wait()``) is the reverse
 exchange, the adjoint of an update: every ghost cell an update writes is combined (sum, max
@@ -27,7 +27,7 @@ import numpy as np
 
 from . import _backend as bk
 from . import _core, _dtypes, _validate, collectives, config
-from .halo_plan import HaloPlan, PeriodicArg, WidthArg, halo_plan, halo_spec
+from .halo_planner import HaloPlan, PeriodicArg, WidthArg, halo_plan, halo_spec
 from .layout import Layout, Placed
 from .mesh import Mesh
 from .route import FOLD_DTYPES, HALO_METHODS, core_transport, halo_reason, halo_route

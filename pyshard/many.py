@@ -26,7 +26,7 @@ from .executor import NONBLOCKING_MIN_BLOCK, allocate
 from .geometry import geometry, push_specs
 from .layout import PlacementsArg, placements_str
 from .mesh import Mesh
-from .plan import Plan, plan
+from .planner import Plan, plan
 from .route import Route, batch_route, core_transport
 
 __all__ = ["ManyPlan", "plan_many", "redistribute_many"]

@@ -36,7 +36,7 @@ from typing import Any, Optional, Tuple
 from . import _shm
 from .config import ALGORITHMS, HALO_METHODS, HALO_MPI  # the one list of the names
 from .layout import ravel, unravel
-from .plan import Step
+from .planner import Step
 
 __all__ = ["ALGORITHMS", "FOLD_DTYPES", "HALO_METHODS", "MIGRATE_ALGORITHMS", "MIGRATE_DENSE_MAX",
            "MigrateRoute", "Route", "batch_route", "choose_algorithm", "core_transport", "describe",

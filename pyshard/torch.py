@@ -42,12 +42,12 @@ from . import _backend as bk
 from . import array as _array
 from ._cache import memoize
 from .array import Placed, ShardedArray
-from .halo_plan import PeriodicArg, WidthArg
+from .halo_planner import PeriodicArg, WidthArg
 from .layout import Layout, Partial, Placement, PlacementsArg, Replicate, Shard, SizesArg, relaid
 from .many import redistribute_many as _redistribute_many
 from .mesh import Mesh
-from .migrate import Migrated
-from .migrate import migrate as _np_migrate
+from .migration import Migrated
+from .migration import migrate as _np_migrate
 
 __all__ = [
     "ShardedTensor",

@@ -9,7 +9,7 @@ import pytest
 import pyshard as ps
 from pyshard import Replicate, Shard, _core
 from pyshard.geometry import geometry
-from pyshard.plan import plan
+from pyshard.planner import plan
 
 RNG = np.random.default_rng(20261130)
 

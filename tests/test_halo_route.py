@@ -14,7 +14,7 @@ import pytest
 
 import pyshard as ps
 from pyshard import Replicate, Shard
-from pyshard.halo_plan import halo_spec
+from pyshard.halo_planner import halo_spec
 from pyshard.route import halo_face_bytes, halo_reason, halo_route
 
 # docs/halo.md: the MPI methods, and "shm" on top where ranks of the mesh share a node

@@ -154,3 +154,37 @@ def test_import_failures_name_both_mpis_and_the_fix(monkeypatch):
     msg = _mpi.core_import_error(ImportError("No module named 'pyshard._core'"))
     assert "not built for this Python" in msg and "scripts/setup.sh" in msg
     assert "pip install mpich" not in msg
+
+
+def shadowed(package) -> list:
+    """Names of ``package`` whose attribute is not the submodule of the same name (a function
+    or class hiding ``package/<name>.py``: ``import package.<name>`` then gives one object and
+    ``package.<name>`` another)."""
+    import pkgutil
+    import types
+
+    out = []
+    for info in pkgutil.iter_modules(package.__path__):
+        value = getattr(package, info.name, None)
+        if value is not None and not isinstance(value, types.ModuleType):
+            out.append(info.name)
+    return sorted(out)
+
+
+def test_no_function_shadows_a_submodule():
+    import importlib
+
+    for name in ("pyshard", "pyshard.fft", "pyshard.checkpoint"):
+        assert shadowed(importlib.import_module(name)) == [], name
+
+
+def test_the_shadow_check_fails_where_it_should(tmp_path, monkeypatch):
+    pkg = tmp_path / "shadowpkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("from .plan import plan\nfrom . import other\n")
+    (pkg / "plan.py").write_text("def plan():\n    pass\n")
+    (pkg / "other.py").write_text("")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import importlib
+
+    assert shadowed(importlib.import_module("shadowpkg")) == ["plan"]

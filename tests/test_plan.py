@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from pyshard.layout import Layout, Partial, Replicate, Shard
-from pyshard.plan import plan
+from pyshard.planner import plan
 
 S, R, P = Shard, Replicate, Partial
 

@@ -11,7 +11,7 @@ import pytest
 
 import pyshard as ps
 from pyshard import Shard
-from pyshard.halo_plan import halo_spec
+from pyshard.halo_planner import halo_spec
 from pyshard.route import batch_route, halo_route
 
 CORES = SimpleNamespace(oversubscribed=False, nodes=1, node_ranks=[0, 1])

@@ -14,7 +14,7 @@ compiled ``pyshard._core``. Checked:
   the helper or move it where it is used);
 - no private attribute crosses one either: ``obj._name`` where the module never defines
   ``_name`` itself (``mesh._cache`` in the executor, ``x._target``, ``module._helper``);
-- the planner is pure: ``pyshard.layout`` and ``pyshard.plan`` (and ``halo_plan``), with
+- the planner is pure: ``pyshard.layout`` and ``pyshard.planner`` (and ``halo_planner``), with
   everything they import, import nothing that touches MPI, the core or the settings
   (``_core``, ``_shm``, ``_backend``, ``_mpi``, ``route``, ``config``, ``mesh``, ``executor``).
 
@@ -182,7 +182,7 @@ def test_no_private_helper_crosses_a_module_line():
     assert private == []
 
 
-PURE = ("pyshard.layout", "pyshard.plan", "pyshard.halo_plan", "pyshard.blocks")
+PURE = ("pyshard.layout", "pyshard.planner", "pyshard.halo_planner", "pyshard.blocks")
 IMPURE = {"pyshard._core", "pyshard._shm", "pyshard._backend", "pyshard._mpi", "pyshard.route",
           "pyshard.config", "pyshard.mesh", "pyshard.executor", "pyshard.geometry",
           "pyshard.explain"}

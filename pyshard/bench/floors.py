@@ -22,7 +22,7 @@ from mpi4py import MPI
 from .. import collectives
 from ..layout import Layout
 from ..mesh import Mesh
-from ..plan import Step
+from ..planner import Step
 
 
 def exchange_blocks(step: Step, coords: tuple) -> Tuple[list, list]:

@@ -21,8 +21,8 @@ from ..array import from_local
 from ..geometry import exchange_specs, geometry
 from ..layout import Layout, Shard
 from ..mesh import Mesh
-from ..plan import Step
-from ..plan import plan as make_plan
+from ..planner import Step
+from ..planner import plan as make_plan
 from .cases import CASES, Case, make_cases
 from .floors import aligned_displs, exchange_blocks, flat_offset, is_contiguous, member_box
 from .report import append_json

@@ -48,7 +48,7 @@ from .._mpi import library_line
 from ..apps.heat import alpha_for, initial, inner_and_shell, step, step_cells
 from ..array import distribute, from_local
 from ..halo import METHODS
-from ..halo_plan import HaloPlan, halo_spec
+from ..halo_planner import HaloPlan, halo_spec
 from ..layout import Layout, Shard
 from ..mesh import Mesh
 from .timing import median_s, timed

@@ -19,7 +19,7 @@ from .. import _core, _mpi, collectives
 from ..array import ShardedArray, executors, from_local
 from ..layout import Layout
 from ..mesh import Mesh
-from ..plan import Plan, Step
+from ..planner import Plan, Step
 from .cases import Case
 from .floors import HostReference
 from .timing import timed

@@ -22,7 +22,7 @@ from ..array import from_local
 from ..layout import Layout, Shard
 from ..many import redistribute_many
 from ..mesh import Mesh
-from ..plan import plan
+from ..planner import plan
 from .timing import median_s
 
 __all__ = ["bench_many", "format_many", "many_shapes"]

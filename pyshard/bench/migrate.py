@@ -24,7 +24,7 @@ from mpi4py import MPI
 from .. import _core, collectives, comm_stats, reset_comm_stats
 from ..layout import Layout, Shard
 from ..mesh import Mesh
-from ..migrate import migrate, owner
+from ..migration import migrate, owner
 from .particles import dests, particles
 from .timing import median_s
 

@@ -12,7 +12,7 @@ import numpy as np
 from .. import _core
 from ..geometry import exchange_specs, geometry
 from ..layout import Layout, Shard
-from ..plan import plan as make_plan
+from ..planner import plan as make_plan
 
 
 def bench_sparse_setup(

@@ -31,7 +31,7 @@ from ..array import ShardedArray, zeroed
 from ..layout import Layout, Partial, Placement, Replicate, Shard, split_sizes
 from ..many import ManyPlan, redistribute_many
 from ..mesh import Mesh
-from ..plan import plan
+from ..planner import plan
 from . import reading
 from .driver import Arrays, Format
 from .errors import Error, PathArg, error, norm_path, on_root

@@ -22,8 +22,8 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from ..layout import Layout, Partial, Placement, Replicate, Shard
-from ..plan import Plan
-from ..plan import plan as redistribution_plan
+from ..planner import Plan
+from ..planner import plan as redistribution_plan
 from .kinds import INVERSE, pass_out_dtype
 
 __all__ = ["Local", "Move", "build_passes", "choose_move", "invert_passes"]

@@ -29,7 +29,7 @@ from test_staged import staged  # noqa: F401 - the fixture
 
 import pyshard as ps
 from pyshard import Partial, Replicate, Shard
-from pyshard.halo_plan import halo_spec
+from pyshard.halo_planner import halo_spec
 from pyshard.route import HALO_MPI, halo_face_bytes, halo_route
 
 pytestmark = pytest.mark.mpi  # run under mpiexec with --with-mpi (pytest-mpi)

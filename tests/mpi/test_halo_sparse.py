@@ -42,7 +42,7 @@ def sparse_cases(size):
 
 def run_sparse(comm, node_size):
     bad = []
-    with ps.config.override(PYSHARD_NODE_SIZE=node_size, PYSHARD_TRANSPORT="auto"):
+    with ps.config.override(PYSHARD_NODE_SIZE=node_size or None, PYSHARD_TRANSPORT="auto"):
         for shape, mshape, placements, sizes, dtype, width, sparse in sparse_cases(comm.size):
             mesh = ps.Mesh(comm, mshape)
             g = make_global(shape, dtype, seed=len(shape))
@@ -106,7 +106,7 @@ def test_folds(comm, node_size):
     """Folds on the sparse form (node peers read the ghost pages), against the oracle."""
     if comm.size < 2 or (node_size and comm.size < 3):
         pytest.skip("needs node peers (and, on nodes of 2, a rank on another node)")
-    with ps.config.override(PYSHARD_NODE_SIZE=node_size, PYSHARD_TRANSPORT="auto"):
+    with ps.config.override(PYSHARD_NODE_SIZE=node_size or None, PYSHARD_TRANSPORT="auto"):
         for shape, mshape, placements, sizes, dtype, width, _ in sparse_cases(comm.size):
             for periodic in (True, False):
                 bad = []

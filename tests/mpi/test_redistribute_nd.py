@@ -96,7 +96,7 @@ def want_collectives(src, dst):
     docs/site/planning.md's rule for N-D meshes, from the placements and the boxes: each
     Partial mesh dim of more than one rank is reduced first, by one Reduce_scatter where the
     target shards along it (onto the target's array dim when no mesh dim shards that yet,
-    else the largest array dim none shards, pyshard/plan.py's _rs_dim; no such dim: an
+    else the largest array dim none shards, pyshard/planner.py's _rs_dim; no such dim: an
     Allreduce) and by one Allreduce for all those the target replicates (one op here); then
     one exchange where data still crosses ranks, none where every rank holds its target box."""
     pls, n, allreduce = list(src.placements), 0, False
