@@ -136,10 +136,10 @@ def test_blocks_source_reads_each_chunk_once(shape, grid, mesh_shape):
     """The plan of a chunked read: every stored chunk lies in exactly one rank's box."""
     import itertools
 
-    from pyshard.checkpoint.reader import _blocks_source
+    from pyshard.checkpoint.reader import blocks_source
 
     lay = ps.Layout(shape, np.float32, mesh_shape, [Replicate()] * len(mesh_shape))
-    src, d = _blocks_source(lay, grid)
+    src, d = blocks_source(lay, grid)
     boxes = [src.box(c) for c in itertools.product(*[range(m) for m in mesh_shape])]
     assert sum(int(np.prod([b.stop - b.start for b in box])) for box in boxes) == int(
         np.prod(shape)

@@ -38,7 +38,7 @@ from .errors import Error, PathArg, error, norm_path, on_root
 from .formats import driver, open_arrays
 from .manifest import parse_placement
 
-__all__ = ["load"]
+__all__ = ["blocks_source", "load", "loads_direct", "shortest_run"]
 
 log = logging.getLogger("pyshard")
 
@@ -169,7 +169,7 @@ def _load_raw_rows(
     return y
 
 
-def _shortest_run(lay: Layout) -> int:
+def shortest_run(lay: Layout) -> int:
     """The fewest contiguous bytes of the file in one run of any rank's box of ``lay`` (a
     C-order array stored whole): from the layout alone, so every rank decides alike. The
     last array dim split into two or more non-empty shards ends the runs."""
@@ -180,13 +180,13 @@ def _shortest_run(lay: Layout) -> int:
     return lay.dtype.itemsize * prod(lay.shape[d + 1 :]) * min(e for e in lay.sizes[d] if e)
 
 
-def _direct(lay: Layout) -> bool:
+def loads_direct(lay: Layout) -> bool:
     """Whether ``load`` copies ``lay``'s array straight into every rank's box (no exchange,
     no collective read): a target that is not Partial and whose runs are at least
     PYSHARD_LOAD_DIRECT_BYTES long."""
     if _row_layout(lay) is None:  # 0-d, or a Partial target (its zero ranks read nothing)
         return False
-    return _shortest_run(lay) >= int(config.get("PYSHARD_LOAD_DIRECT_BYTES"))
+    return shortest_run(lay) >= int(config.get("PYSHARD_LOAD_DIRECT_BYTES"))
 
 
 def _load_raw_direct(
@@ -206,7 +206,7 @@ def _load_raw_direct(
     return ShardedArray(local, lay, mesh)
 
 
-def _blocks_source(lay: Layout, grid: Sequence[int]) -> Tuple[Layout, int]:
+def blocks_source(lay: Layout, grid: Sequence[int]) -> Tuple[Layout, int]:
     """(the layout an array stored in chunks of shape ``grid`` is read in, its split dim d):
     ``Shard(d)`` over every mesh dim along the dim with the most stored chunks, with
     extents in whole chunks, balanced by chunks, the other dims whole: each stored chunk
@@ -223,11 +223,11 @@ def _load_rows(
     mesh: Mesh, fmt: Format, name: str, e: Dict[str, Any], lay: Layout, device: Optional[str]
 ) -> ShardedArray:
     """Read an array through its format's library (chunked or compressed storage): each rank
-    reads its block of whole stored chunks (:func:`_blocks_source`), each chunk read by one
+    reads its block of whole stored chunks (:func:`blocks_source`), each chunk read by one
     rank, then one redistribute to ``lay``. Read errors are agreed (one allgather) before
     the exchange."""
     comm = mesh.comm
-    src, d = _blocks_source(lay, e["grid"]) if lay.ndim else (None, 0)
+    src, d = blocks_source(lay, e["grid"]) if lay.ndim else (None, 0)
 
     def read() -> np.ndarray:
         if src is None:  # 0-d: every rank reads the one value
@@ -329,7 +329,7 @@ def load(
             continue
         kind = entries[n]["kind"]
         y = None
-        if kind == "raw" and _direct(layouts[n]):
+        if kind == "raw" and loads_direct(layouts[n]):
             y = _load_raw_direct(mesh, entries[n]["file"], offsets[n], layouts[n], device)
         if y is not None:
             out[n] = y

@@ -38,7 +38,7 @@ def _pread_into(fd: int, off: int, dst: np.ndarray, fname: str) -> None:
         off += k
 
 
-def _read_direct(
+def read_direct(
     e: Dict[str, Any], cd: Codecs, d: int, r0: int, r1: int, dtype: np.dtype
 ) -> np.ndarray:
     """Indices ``r0:r1`` of dim ``d`` read straight from the array's files: for each shard
@@ -144,11 +144,11 @@ def _read_direct(
 def read_rows(e: Dict[str, Any], d: int, r0: int, r1: int, dtype: np.dtype) -> np.ndarray:
     """Indices ``r0:r1`` of dim ``d`` of the array ``e`` describes (a 0-d array: its value),
     as ``dtype``: straight from its files through zarr-python's codecs
-    (:func:`_read_direct`), or through a zarr-python Array where a shard index has no fixed
+    (:func:`read_direct`), or through a zarr-python Array where a shard index has no fixed
     size (none of zarr-python's own index codecs) or ``PYSHARD_ZARR_DIRECT`` is off."""
     cd = Codecs(e["meta"]) if config.get("PYSHARD_ZARR_DIRECT") and e["shape"] else None
     if cd is not None and cd.direct:
-        return _read_direct(e, cd, d, r0, r1, dtype)
+        return read_direct(e, cd, d, r0, r1, dtype)
     arr = open_array(e["file"], "", e["meta"])
     a = arr[()] if not e["shape"] else arr[(slice(None),) * d + (slice(r0, r1),)]
     a = np.asarray(a)

@@ -232,21 +232,21 @@ def test_direct_read_rule():
     more non-empty shards ends the runs; empty shards do not count."""
     f4 = "float32"
     lay = ps.Layout((16, 4096), f4, (4,), [Shard(1)])
-    assert reader._shortest_run(lay) == 1024 * 4
+    assert reader.shortest_run(lay) == 1024 * 4
     lay = ps.Layout((16, 4096), f4, (4,), [Shard(0)])
-    assert reader._shortest_run(lay) == 4 * 4096 * 4
+    assert reader.shortest_run(lay) == 4 * 4096 * 4
     lay = ps.Layout((16, 10, 3), f4, (2, 2), [Shard(0), Shard(1)], {1: [7, 3]})
-    assert reader._shortest_run(lay) == 3 * 3 * 4
+    assert reader.shortest_run(lay) == 3 * 3 * 4
     lay = ps.Layout((16, 10, 3), f4, (4,), [Shard(1)], {1: [0, 7, 0, 3]})
-    assert reader._shortest_run(lay) == 3 * 3 * 4
+    assert reader.shortest_run(lay) == 3 * 3 * 4
     lay = ps.Layout((16, 10), f4, (4,), [Shard(1)], {1: [0, 10, 0, 0]})  # one holds all
-    assert reader._shortest_run(lay) == 16 * 10 * 4
+    assert reader.shortest_run(lay) == 16 * 10 * 4
     lay = ps.Layout((16, 10), f4, (4,), [Replicate()])
-    assert reader._shortest_run(lay) == 16 * 10 * 4
+    assert reader.shortest_run(lay) == 16 * 10 * 4
     with ps.config.override(PYSHARD_LOAD_DIRECT_BYTES=4096):
-        assert reader._direct(ps.Layout((16, 4096), f4, (4,), [Shard(1)]))
-        assert not reader._direct(ps.Layout((16, 4096), f4, (8,), [Shard(1)]))
-        assert not reader._direct(ps.Layout((16, 4096), f4, (4,), [ps.Partial("sum")]))
+        assert reader.loads_direct(ps.Layout((16, 4096), f4, (4,), [Shard(1)]))
+        assert not reader.loads_direct(ps.Layout((16, 4096), f4, (8,), [Shard(1)]))
+        assert not reader.loads_direct(ps.Layout((16, 4096), f4, (4,), [ps.Partial("sum")]))
 
 
 def test_safetensors_layout(comm, shared_dir):
@@ -524,8 +524,8 @@ def test_zarr_shards_read_directly(comm, shared_dir, monkeypatch, compression):
     path = os.path.join(shared_dir, "direct.zarr")
     ps.save(path, {"x": make_sharded(mesh, s)}, format="zarr", compression=compression)
     calls = []
-    real = zarr_read._read_direct
-    monkeypatch.setattr(zarr_read, "_read_direct", lambda *a: calls.append(1) or real(*a))
+    real = zarr_read.read_direct
+    monkeypatch.setattr(zarr_read, "read_direct", lambda *a: calls.append(1) or real(*a))
     for pl in ([Shard(0)], [Shard(1)], [Replicate()]):
         out = ps.load(path, mesh, {"x": pl})
         np.testing.assert_array_equal(out["x"].local, g[out["x"].box])
