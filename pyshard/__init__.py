@@ -59,8 +59,25 @@ def comm_stats() -> dict:
 
 
 def reset_comm_stats() -> None:
-    """Zero the counters of :func:`comm_stats`."""
+    """Zero the counters of :func:`comm_stats` and :func:`large_count_stats`."""
     _core.reset_stats()
+    _core.reset_large_count_stats()
+
+
+def large_count_stats() -> dict:
+    """How often this process's MPI calls took a way past the count limit other than the
+    MPI-4 large-count calls (``build_info()["large_count"] == "datatype"``, or a limit lowered
+    by ``PYSHARD_COUNT_LIMIT``), by way: ``"bytes"`` (a block past the limit as one datatype
+    of its bytes), ``"alltoallw"`` (a v-collective as MPI_Alltoallw, or a neighbourhood one
+    as ``"neighbor_alltoallw"``), ``"per_peer"`` (a datatype per peer block whose offset is
+    past the limit), ``"split"`` (a reduction in rounds). Empty when every call fitted."""
+    return dict(_core.large_count_stats())
+
+
+def result_pool_bytes() -> int:
+    """Bytes of freed host results the result pool holds for the next call to reuse (at most
+    ``PYSHARD_RESULT_POOL_BYTES``; :func:`clear_caches` hands them back)."""
+    return int(_core.result_pool_held())
 
 
 __version__ = _core.__version__
@@ -95,6 +112,7 @@ __all__ = [
     "from_local",
     "halo_plan",
     "halo_spec",
+    "large_count_stats",
     "load",
     "migrate",
     "owner",
@@ -102,6 +120,7 @@ __all__ = [
     "plan_many",
     "redistribute_many",
     "reset_comm_stats",
+    "result_pool_bytes",
     "save",
     "set_cache_limit",
     "set_validation",

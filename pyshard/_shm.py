@@ -165,6 +165,13 @@ class NodeMap:
                 [int(self.info[r, _FD]) for r in peers],
             )  # fmt: skip
 
+    def facts(self) -> Dict[str, List[int]]:
+        """What the one Allgather gathered, by mesh rank: ``machine`` (its machine key: equal
+        exactly for ranks that can share memory), ``pid``, ``cores``, ``shm`` (1 where it set
+        up its control segment), ``world_rank`` (its rank in MPI_COMM_WORLD)."""
+        columns = {"machine": _KEY, "pid": _PID, "cores": _CORES, "shm": _OK, "world_rank": _WORLD}
+        return {name: [int(v) for v in self.info[:, c]] for name, c in columns.items()}
+
     def members(self, dims: Tuple[int, ...]) -> List[int]:
         """The mesh ranks of this rank's communicator over ``dims``, in its rank order."""
         ranges = [

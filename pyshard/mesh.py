@@ -131,6 +131,14 @@ class Mesh:
             return None
         return self._node_map.transport(self.core_comm(dims), dims)
 
+    def node_info(self) -> Optional[Dict[str, List[int]]]:
+        """What the mesh learnt of its ranks' machines when it was built (no MPI call), each a
+        list by mesh rank: ``"machine"`` (a key equal exactly for ranks that can share memory:
+        one host and boot, one process-id namespace, one user), ``"pid"``, ``"cores"`` (the
+        machine's CPU count), ``"shm"`` (1 where the rank could set up node-shared memory),
+        ``"world_rank"`` (its rank in MPI_COMM_WORLD); None on a mesh of one rank."""
+        return None if self._node_map is None else self._node_map.facts()
+
     def node_groups(self, dims: Tuple[int, ...]) -> Optional[Dict[int, Tuple[int, int]]]:
         """The node of each rank of this rank's communicator over the mesh dims ``dims``, by
         mesh rank (from the node map the mesh made when it was built, which every rank holds

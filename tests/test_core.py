@@ -130,6 +130,15 @@ def test_a_node_control_segment_asked_to_fail_names_its_argument():
     ctl.release()
 
 
+def test_count_limit_bounds():
+    """The core's count limit takes [8, 2^31-1] (PYSHARD_COUNT_LIMIT checks the same)."""
+    with pytest.raises(ValueError, match="count limit"):
+        _core.set_count_limit(7)
+    with pytest.raises(ValueError, match="count limit"):
+        _core.set_count_limit(2**31)
+    assert _core.count_limit() == ps.build_info()["count_limit"]
+
+
 def test_enums_cross_the_boundary():
     assert _core.Algorithm.p2p.name == "p2p"
     assert {a.name for a in _core.Algorithm.__members__.values()} == {

@@ -13,7 +13,7 @@ import pytest
 from oracle import contributions, halo_expected, make_global, make_global_box
 
 import pyshard as ps
-from pyshard import Partial, Replicate, Shard, _core
+from pyshard import Partial, Replicate, Shard
 
 pytestmark = pytest.mark.mpi  # run under mpiexec with --with-mpi (pytest-mpi)
 
@@ -23,20 +23,19 @@ S0, S1, R = Shard(0), Shard(1), Replicate()
 
 @pytest.fixture
 def limited():
-    old = _core.count_limit()
-    _core.set_count_limit(LIMIT)
-    _core.reset_large_count_stats()
-    try:
+    old = ps.build_info()["count_limit"]
+    with ps.config.override(PYSHARD_COUNT_LIMIT=LIMIT):
+        ps.reset_comm_stats()  # and ps.large_count_stats()
         info = ps.build_info()
+        assert info["count_limit"] == LIMIT
         assert (info["large_count"], info["large_count_reduce"]) == ("datatype", "split")
         yield
-    finally:
-        _core.set_count_limit(old)
+    assert ps.build_info()["count_limit"] == old
 
 
 def ran(comm):
     """The non-native ways that ran on any rank."""
-    return set().union(*comm.allgather(set(_core.large_count_stats())))
+    return set().union(*comm.allgather(set(ps.large_count_stats())))
 
 
 def counts_since(before):
@@ -45,10 +44,12 @@ def counts_since(before):
 
 
 def test_limit_bounds():
-    with pytest.raises(ValueError, match="count limit"):
-        _core.set_count_limit(7)
-    with pytest.raises(ValueError, match="count limit"):
-        _core.set_count_limit(2**31)
+    """The setting takes [8, 2^31-1] (the core's own bounds: tests/test_core.py)."""
+    old = ps.build_info()["count_limit"]
+    for bad in (7, 2**31):
+        with pytest.raises(ValueError, match=r"PYSHARD_COUNT_LIMIT must be an integer in \[8, "):
+            ps.config.set("PYSHARD_COUNT_LIMIT", bad)
+    assert ps.build_info()["count_limit"] == old
 
 
 @pytest.mark.parametrize("algorithm", ["alltoallv", "alltoall", "p2p", "alltoallw"])

@@ -16,7 +16,7 @@ from mpi4py import MPI
 from oracle import ML_DTYPES, as_dtype
 
 import pyshard as ps
-from pyshard import Replicate, Shard, _core
+from pyshard import Replicate, Shard
 
 pytestmark = pytest.mark.mpi  # run under mpiexec with --with-mpi (pytest-mpi)
 
@@ -338,9 +338,7 @@ def test_count_limit(mesh):
     """Messages past the core's count limit (lowered here) travel as derived datatypes."""
     P, me = mesh.size, mesh.rank
     spec = [("x", "float64", (4,)), ("y", "int8", (3,))]
-    old = _core.count_limit()
-    _core.set_count_limit(200)
-    try:
+    with ps.config.override(PYSHARD_COUNT_LIMIT=200):
         for alg in ("alltoall", "nbx"):
             cols, dest = rows_of(4, me, P, "uniform", spec, nmax=60)
             r = ps.migrate(cols, dest, mesh, algorithm=alg)
@@ -350,8 +348,6 @@ def test_count_limit(mesh):
             b = r.back(r.rows)
             for k in cols:
                 same(b[k], cols[k])
-    finally:
-        _core.set_count_limit(old)
 
 
 def test_buffers_stay_bounded(mesh):

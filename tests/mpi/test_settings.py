@@ -13,7 +13,7 @@ import pytest
 from oracle import make_global
 
 import pyshard as ps
-from pyshard import Shard, _core
+from pyshard import Shard
 
 pytestmark = pytest.mark.mpi  # run under mpiexec with --with-mpi (pytest-mpi)
 
@@ -87,17 +87,17 @@ def test_count_limit_after_the_first_call(comm, transpose):
     _, _, call = transpose
     with ps.config.override(PYSHARD_TRANSPORT="mpi"):
         call(algorithm="alltoallv")
-        assert _core.count_limit() == (1 << 31) - 1
-        _core.reset_large_count_stats()
+        assert ps.build_info()["count_limit"] == (1 << 31) - 1
+        ps.reset_comm_stats()
         with ps.config.override(PYSHARD_COUNT_LIMIT=64):  # blocks of 4 KiB: over it
             call(algorithm="alltoallv")
-            assert _core.count_limit() == 64
+            assert ps.build_info()["count_limit"] == 64
             # blocks past the limit: a datatype per peer (on every library)
-            assert "per_peer" in _core.large_count_stats()
-        _core.reset_large_count_stats()
+            assert "per_peer" in ps.large_count_stats()
+        ps.reset_comm_stats()
         call(algorithm="alltoallv")
-        assert _core.count_limit() == (1 << 31) - 1
-        assert "per_peer" not in _core.large_count_stats()
+        assert ps.build_info()["count_limit"] == (1 << 31) - 1
+        assert "per_peer" not in ps.large_count_stats()
 
 
 def test_cuda_aware_after_the_first_call(comm, transpose):
@@ -268,13 +268,13 @@ def test_result_pool_bytes_after_the_first_call(comm, rows):
         move()
         ps.clear_caches()  # the pool's idle buffers go
         move()
-        assert _core.result_pool_held() > 0  # the freed result kept for the next call
+        assert ps.result_pool_bytes() > 0  # the freed result kept for the next call
         with ps.config.override(PYSHARD_RESULT_POOL_BYTES=0):
             ps.clear_caches()
             move()
-            assert _core.result_pool_held() == 0  # off: the freed result went back
+            assert ps.result_pool_bytes() == 0  # off: the freed result went back
         move()
-        assert _core.result_pool_held() > 0
+        assert ps.result_pool_bytes() > 0
 
 
 def test_count_limit_and_peer_timeout_without_a_mesh_cache_call(comm, rows):
@@ -284,8 +284,7 @@ def test_count_limit_and_peer_timeout_without_a_mesh_cache_call(comm, rows):
     move()
     with ps.config.override(PYSHARD_COUNT_LIMIT=4096, PYSHARD_PEER_TIMEOUT=12.5):
         info = ps.build_info()
-        assert (info["count_limit"], info["peer_timeout"]) == (4096, 12.5)
-        assert _core.count_limit() == 4096 and _core.peer_timeout() == 12.5
+        assert (info["count_limit"], info["peer_timeout"]) == (4096, 12.5)  # the core's values
         move()  # messages of 2 MiB past the limit: still right
     info = ps.build_info()
     assert info["count_limit"] == (1 << 31) - 1

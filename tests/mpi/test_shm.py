@@ -694,3 +694,29 @@ def test_reductions_take_mpi_across_nodes_and_on_request(comm, monkeypatch):
     got = counts_since(before)
     assert "shm" not in got and sum(got.values()) == 1, got
     mesh.free()
+
+
+def test_node_info_is_what_every_rank_reported(comm):
+    """Mesh.node_info: per mesh rank its pid, world rank and CPU count, and a machine key
+    equal exactly where the hosts are; None on a mesh of one rank."""
+    one = ps.Mesh(MPI.COMM_SELF, (1,))
+    assert one.node_info() is None
+    one.free()
+    mesh = ps.Mesh(comm, (comm.size,))
+    info = mesh.node_info()
+    if comm.size == 1:
+        assert info is None
+    else:
+        hosts = [world_hosts()[w] for w in comm.allgather(MPI.COMM_WORLD.rank)]
+        assert info["pid"] == comm.allgather(os.getpid())
+        assert info["world_rank"] == comm.allgather(MPI.COMM_WORLD.rank)
+        assert info["cores"][comm.rank] == os.cpu_count()
+        assert info["shm"][comm.rank] in (0, 1)
+        for r in range(comm.size):
+            same = hosts[r] == hosts[comm.rank]
+            assert (info["machine"][r] == info["machine"][comm.rank]) == same, info
+            assert (info["cores"][r] == info["cores"][comm.rank]) or not same
+        node = mesh.node_transport((0,))
+        if all(info["shm"]):  # every rank could set up node-shared memory: one node of all
+            assert node is not None and list(node.node_ranks) == list(range(comm.size))
+    mesh.free()

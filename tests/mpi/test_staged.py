@@ -19,7 +19,7 @@ from test_redistribute_nd import MESHES, S
 from test_redistribute_nd import make_source as make_source_nd
 
 import pyshard as ps
-from pyshard import Partial, Replicate, _core
+from pyshard import Partial, Replicate
 from pyshard.executor import executors, run_steps
 from pyshard.many import _Fused
 from pyshard.route import route
@@ -133,13 +133,13 @@ def test_a_step_keeps_the_transport_it_was_built_with(comm):
                 execs = executors(p, mesh)
                 assert [e.step.kind for e in execs] == [name], str(p)
                 assert execs[0].route.transport == t
-                assert execs[0].core.transport == getattr(_core.Transport, t)
+                assert execs[0].core.transport.name == t  # the core step's own transport
                 built[t, name] = lambda execs=execs, p=p, x=x: run_steps(execs, p, mesh,
                                                                          x.local, None)
             x = ps.distribute(g, mesh, [S(0)])
             p = x.plan_to([S(1)])
             fused = _Fused([p], mesh, False, route(p.steps[0], mesh, "auto"))
-            assert fused.core.transport == getattr(_core.Transport, t)
+            assert fused.core.transport.name == t
             built[t, "fused"] = lambda fused=fused, x=x: fused.run([x.local], False)[0]
             h = ps.distribute(g, mesh, [S(0)]).with_halo(1, periodic=True)
             assert h._route.transport == t and h._froute.transport == t

@@ -30,7 +30,7 @@ from test_halo import check_halo, check_split, counted, node_peers, padded_with_
 from test_redistribute_nd import counts_since
 
 import pyshard as ps
-from pyshard import Partial, Replicate, Shard, _shm
+from pyshard import Partial, Replicate, Shard
 from pyshard.explain import explain
 
 pytestmark = pytest.mark.mpi
@@ -75,11 +75,11 @@ def test_the_node_map_sees_two_nodes(comm, two_hosts):
         for i in range(4):  # host name, boot id, pid namespace, /dev/shm: per host
             assert (f[i] == seen[comm.rank][i]) == (hosts[r] == me), (r, f, seen[comm.rank])
     mesh = ps.Mesh(comm, (comm.size,))
-    keys = mesh._node_map.info[:, _shm._KEY]
+    keys = mesh.node_info()["machine"]
     assert len(set(keys)) == 2, keys
     for r in range(comm.size):
         assert (keys[r] == keys[comm.rank]) == (hosts[r] == me), keys
-    node = _shm.node(mesh, (0,))
+    node = mesh.node_transport((0,))
     mine = [r for r in range(comm.size) if hosts[r] == me]
     assert node is not None and node.nodes == 2, node
     assert list(node.node_ranks) == mine
@@ -87,7 +87,7 @@ def test_the_node_map_sees_two_nodes(comm, two_hosts):
     # a mesh of this host's ranks: one node, every exchange through node-shared memory
     sub = comm.Split(me, comm.rank)
     local = ps.Mesh(sub, (1, sub.size))
-    node = _shm.node(local, (0, 1))
+    node = local.node_transport((0, 1))
     assert node is not None and node.nodes == 1 and list(node.node_ranks) == list(range(sub.size))
     g = make_global((4 * sub.size + 1, 3 * sub.size), "int64", seed=me)
     x = ps.distribute(g, local, [R, Shard(0)])
@@ -117,9 +117,8 @@ def test_pids_repeat_across_hosts_and_nothing_mixes_them_up(comm, two_hosts):
     on = [{p for p, h in zip(pids, hosts) if h == k} for k in (0, 1)]
     assert on[0] & on[1], f"no pid repeats across the hosts: {pids} (two-nodes.sh's hosts?)"
     mesh = ps.Mesh(comm, (comm.size,))
-    info = mesh._node_map.info
-    assert list(info[:, _shm._PID]) == pids
-    node = _shm.node(mesh, (0,))
+    assert mesh.node_info()["pid"] == pids
+    node = mesh.node_transport((0,))
     for r in range(comm.size):
         if r != comm.rank and pids[r] in on[hosts[comm.rank]]:  # a pid this host also has
             assert (r in node.node_ranks) == (hosts[r] == hosts[comm.rank])
