@@ -11,8 +11,9 @@ from typing import Any, List, Optional, Sequence, Tuple, Union
 import numpy as np
 
 from . import _backend as bk
-from . import _core, _dtypes, _validate, executor
+from . import _core, _dtypes, _validate
 from ._cache import FastEntry
+from .exchange import default_algorithm
 from .executor import Pending, bind, executors, run_steps, start
 from .halo import HaloArray
 from .halo_planner import PeriodicArg, WidthArg
@@ -124,7 +125,7 @@ class ShardedArray(Placed):
         cupy's current stream, and the result is ready on that stream when this returns.
         """
         if algorithm is None:
-            algorithm = executor.default_algorithm()
+            algorithm = default_algorithm()
         if sizes is None and wait and not _validate.enabled:
             # a repeated call: one lookup, then one call of the binding (executor.bind)
             try:

@@ -191,6 +191,10 @@ SETTINGS: Dict[str, Setting] = {s.name: s for s in (
             "safetensors) straight into each rank's box where every box is made of runs of at "
             "least this many contiguous bytes of the file (0: always); shorter runs are read as "
             "row blocks and redistributed (.npy: one collective MPI-IO read)", _int(0)),
+    Setting("PYSHARD_POOL_MIN_BYTES", "an integer >= 0", 1 << 20,
+            "host results of at least this many bytes come from the core's result pool (a loop "
+            "of calls reuses pages instead of faulting in fresh ones); smaller ones are plain "
+            "numpy arrays", _int(0)),
     Setting("PYSHARD_LOAD_FUSE", _BOOL, True,
             "load() reads the arrays below PYSHARD_MANY_FUSE_BYTES as row blocks and moves "
             "them to their targets in one redistribute_many per batch (off: each array by "

@@ -11,68 +11,46 @@ from typing import Any, Callable, Optional, Tuple
 import numpy as np
 
 from . import _backend as bk
-from . import _core, _shm, _tune, config
+from . import _core, _tune
 from ._dtypes import accumulator, is_ml_float
 from ._dtypes import identity as ml_identity
+from .exchange import NONBLOCKING_MIN_BLOCK, Exchange, Request
 from .geometry import gather_push_specs, geometry, push_specs
 from .layout import Layout, Shard
+from .memory import allocate, pooled
 from .mesh import Mesh
 from .planner import Plan, Step
 from .route import ALGORITHMS, Route, check_algorithm, choose_algorithm, core_transport, route
 
-__all__ = ["ALGORITHMS", "Pending", "allocate", "choose_algorithm", "executors", "start"]
+__all__ = ["ALGORITHMS", "Pending", "choose_algorithm", "executors", "start"]
 
 log = logging.getLogger("pyshard")
 
 
-POOL_MIN_BYTES = 1 << 20
-NONBLOCKING_MIN_BLOCK = 1 << 20  # bytes
 
 
-def pooled_empty(shape: Tuple[int, ...], dtype: np.dtype) -> np.ndarray:
-    """An uninitialised array whose memory comes from the core's result pool and returns to
-    it when the array (and every view of it) is freed: a loop of redistributes without
-    ``out=`` reuses pages instead of faulting in fresh ones on every call."""
-    buf = _core.PooledBuffer(prod(shape) * dtype.itemsize)
-    return np.frombuffer(buf, dtype=dtype).reshape(shape)
+class _Step(Exchange):
+    """One step of a plan bound to this rank and memory kind: the :class:`Exchange` of a
+    redistribute (its core object built once from the step's geometry, on the path
+    :func:`pyshard.route.route` chose, with the MPI transport of that route, which it keeps)
+    and how to run it. ``direct``: the core writes the result straight into its output (the
+    hot path)."""
 
-
-def allocate(shape: Tuple[int, ...], dtype: np.dtype, like: Any = None, node: Any = None) -> Any:
-    """The one allocator of results: an array like ``like`` (a cupy array: on its device),
-    in this rank's node-shared memory where a node transport writes into it (``node``),
-    from the result pool for host results of ``POOL_MIN_BYTES`` or more, else plain."""
-    if like is not None and bk.is_device(like):
-        return bk.xp_of(like).empty(shape, dtype)
-    if node is not None:
-        return _shm.empty(node, shape, dtype)
-    if prod(shape) * dtype.itemsize >= POOL_MIN_BYTES:
-        return pooled_empty(shape, dtype)
-    return np.empty(shape, dtype)
-
-
-class _Step:
-    """One step of a plan bound to this rank and memory kind: the core object (built once
-    from the step's geometry, on the path :func:`pyshard.route.route` chose, with the MPI
-    transport of that route, which it keeps) and how to run it. ``direct``: the core writes
-    the result straight into its output (the hot path)."""
-
-    __slots__ = ("step", "route", "core", "out_shape", "dtype", "dev", "node", "pooled",
-                 "direct", "upcast", "wide", "spares", "need")  # fmt: skip
+    __slots__ = ("step", "out_shape", "dtype", "dev", "node", "pooled", "direct", "upcast",
+                 "wide", "spares")  # fmt: skip
 
     def __init__(self, step: Step, mesh: Mesh, r: Route, dev: bool) -> None:
+        super().__init__("redistribute", r)
         self.step = step
-        self.route = r
         self.node = r.node if r.path == "shm" else None  # results in node-shared memory
         self.out_shape = step.dst.local_shape(mesh.coords)
         self.dtype = step.dst.dtype
         self.dev = dev
-        self.pooled = not dev and prod(self.out_shape) * self.dtype.itemsize >= POOL_MIN_BYTES
-        self.core: Any = None
+        self.pooled = not dev and pooled(prod(self.out_shape) * self.dtype.itemsize)
         self.direct = False
         self.upcast: Optional[np.dtype] = None
         self.wide = False  # leave the result in ``upcast`` for the next reduction step
         self.spares: list = []  # the core's PendingExchange objects free for reuse
-        self.need = 0  # workspace bytes
         self.build(mesh)
         if self.core is not None and step.is_collective:
             staged = r.path == "staged"
@@ -299,11 +277,6 @@ def _reduce_op(dtype: np.dtype, op: Optional[str]) -> str:
     return {"sum": "sum", "avg": "sum", "max": "max", "min": "min"}[op or "sum"]
 
 
-def default_algorithm() -> str:
-    """The algorithm of calls that name none: ``PYSHARD_ALGORITHM`` (pyshard.config)."""
-    return config.get("PYSHARD_ALGORITHM")
-
-
 def _exec(s: Step, mesh: Mesh, algorithm: str, dev: bool) -> _Step:
     """Step ``s`` bound on the path :func:`pyshard.route.route` takes (measured first where
     it says ``tune``)."""
@@ -437,7 +410,7 @@ def _startable(e: _Step) -> bool:
     )
 
 
-class Pending:
+class Pending(Request):
     """A redistribute in flight, from ``ShardedArray.redistribute(..., wait=False)``.
 
     :meth:`wait` returns the result; :meth:`test` says whether it is complete (as
@@ -513,6 +486,11 @@ class Pending:
             self._mesh.pending[0]._finish()
         return self._result
 
+    @property
+    def done(self) -> bool:
+        """Has the redistribute completed? (A plan that ran whole when it started has.)"""
+        return self._done
+
     def test(self) -> bool:
         """True when the redistribute has completed, completing it: :meth:`wait` then returns
         the result at once, and every later call returns True. A plan that ran whole when it
@@ -520,9 +498,7 @@ class Pending:
         core's ``PendingExchange`` has no non-blocking test (``MPI_Testall``), so the first
         call completes it as :meth:`wait` does (collective: it waits for the peers) and
         returns True: ``while not p.test(): compute()`` ends after one call."""
-        if not self._done:
-            self.wait()
-        return True
+        return super().test()
 
     def __repr__(self) -> str:
         return f"Pending({self._plan}, {'done' if self._done else 'in flight'})"

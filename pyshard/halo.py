@@ -27,12 +27,13 @@ import numpy as np
 
 from . import _backend as bk
 from . import _core, _dtypes, _validate, collectives, config
+from .exchange import Exchange
 from .halo_planner import HaloPlan, PeriodicArg, WidthArg, halo_plan, halo_spec
 from .layout import Layout, Placed
 from .mesh import Mesh
 from .route import FOLD_DTYPES, HALO_METHODS, core_transport, halo_reason, halo_route
 
-__all__ = ["FOLD_OPS", "METHODS", "HaloArray"]
+__all__ = ["FOLD_OPS", "METHODS", "HaloArray", "HaloExchange"]
 
 log = logging.getLogger("pyshard")
 
@@ -54,7 +55,9 @@ def _default_method() -> str:
     return config.get("PYSHARD_HALO_METHOD")
 
 
-def _geometry(p: HaloPlan) -> Any:
+def update_geometry(p: HaloPlan) -> Any:
+    """The core's geometry of an update on this rank: the messages of ``p`` (per peer its
+    boxes in the padded array) and its periodic wraps onto itself."""
     return _core.HaloGeometry(
         p.itemsize,
         list(p.padded_shape),
@@ -64,7 +67,7 @@ def _geometry(p: HaloPlan) -> Any:
     )
 
 
-def _fold_geometry(p: HaloPlan) -> Any:
+def fold_geometry(p: HaloPlan) -> Any:
     """The update's geometry with sends and receives swapped: a fold sends its ghost boxes
     and receives into its interior boxes; its own wrap copies go ghost -> interior, combined
     at the place of this rank among the peers (the fixed order)."""
@@ -141,6 +144,19 @@ def _bytes_at(ptr: int, n: int, xp: Any, owner: Any) -> Any:
         return np.ctypeslib.as_array((ctypes.c_uint8 * n).from_address(ptr))
     mem = xp.cuda.UnownedMemory(ptr, n, owner)
     return xp.ndarray((n,), dtype=np.uint8, memptr=xp.cuda.MemoryPointer(mem, 0))
+
+
+class HaloExchange(Exchange):
+    """A halo array's update (``op`` ``"halo"``) or fold (``"fold"``) :class:`Exchange`: the
+    core's ``HaloStep`` (``method`` one of the MPI methods: one message per peer each way) or
+    ``ShmHaloStep`` (``method`` ``"shm"``: node peers by copies between the padded arrays, the
+    others by persistent requests), built once for the array."""
+
+    __slots__ = ("method",)
+
+    def __init__(self, op: str, route: Any, core: Any, method: str) -> None:
+        super().__init__(op, route, core)
+        self.method = method
 
 
 class HaloArray:
@@ -239,6 +255,35 @@ class HaloArray:
         return self._array
 
     @property
+    def route(self) -> Any:
+        """Where updates go (a :class:`pyshard.route.HaloRoute`: ``path``, ``algorithm``,
+        ``candidates``, ``transport``), decided when the array was made."""
+        return self._route
+
+    @property
+    def fold_route(self) -> Any:
+        """Where folds go (as :attr:`route`)."""
+        return self._froute
+
+    @property
+    def exchange(self) -> Optional[HaloExchange]:
+        """The update's :class:`HaloExchange` once the first update (or :meth:`start`) has
+        built it, else None."""
+        return self._step
+
+    @property
+    def fold_exchange(self) -> Optional[HaloExchange]:
+        """The fold's :class:`HaloExchange` once the first fold has built it, else None."""
+        return self._fstep
+
+    @property
+    def node_buffer(self) -> Any:
+        """The node-shared segment that holds :attr:`padded` where node peers reach it (its
+        ``nbytes``, and ``shared_bytes``: the pages node peers write or read, the rest
+        private), or None where :attr:`padded` is private memory."""
+        return self._buf
+
+    @property
     def plan(self) -> HaloPlan:
         """This rank's :class:`HaloPlan` (cached; no communication)."""
         return halo_plan(self.layout, self._spec, self.mesh.coords)
@@ -263,17 +308,19 @@ class HaloArray:
                       self.chosen)
         return self._step
 
-    def _make(self, method: str, comm: Any, p: HaloPlan, reverse: bool) -> Any:
-        """The core's step of ``method`` for an update (or, ``reverse``, a fold), on the MPI
-        transport of the route chosen when this array was made (the step keeps it)."""
-        if method == "shm":
-            return _shm_step(p, comm, self._route.node, self._buf, reverse)
-        geom = _fold_geometry(p) if reverse else _geometry(p)
+    def _make(self, method: str, comm: Any, p: HaloPlan, reverse: bool) -> HaloExchange:
+        """The exchange of ``method`` for an update (or, ``reverse``, a fold), on the MPI
+        transport of the route chosen when this array was made (its core step keeps it)."""
         r = self._froute if reverse else self._route
-        return _core.HaloStep(
-            comm, geom, getattr(_core.HaloMethod, method), FOLD_TAG if reverse else HALO_TAG,
-            core_transport(r),
-        )
+        if method == "shm":
+            core = _shm_step(p, comm, self._route.node, self._buf, reverse)
+        else:
+            geom = fold_geometry(p) if reverse else update_geometry(p)
+            core = _core.HaloStep(
+                comm, geom, getattr(_core.HaloMethod, method), FOLD_TAG if reverse else HALO_TAG,
+                core_transport(r),
+            )
+        return HaloExchange("fold" if reverse else "halo", r, core, method)
 
     def _tune(self, comm: Any, p: HaloPlan) -> Tuple[str, Any]:
         """Time every candidate on this array (a few full updates each, the slowest rank's
@@ -296,11 +343,11 @@ class HaloArray:
     def _run(self, step: Any) -> None:
         if self._dev:
             ptr, stream = self.padded.data.ptr, bk.stream_ptr()
-            step.start_device(ptr, stream)
-            step.wait_device(ptr, stream)
+            step.core.start_device(ptr, stream)
+            step.core.wait_device(ptr, stream)
             bk.xp_of(self.padded).cuda.get_current_stream().synchronize()
         else:
-            step.update(self.padded)
+            step.core.update(self.padded)
 
     def update(self) -> None:
         """Fill the ghost cells from the owners' current interiors; collective (blocking)."""
@@ -310,10 +357,10 @@ class HaloArray:
         step = self._core_step()
         if self._dev:
             ptr, stream = self.padded.data.ptr, bk.stream_ptr()
-            step.start_device(ptr, stream)
-            step.wait_device(ptr, stream)
+            step.core.start_device(ptr, stream)
+            step.core.wait_device(ptr, stream)
         else:
-            step.update(self.padded)
+            step.core.update(self.padded)
 
     def start(self) -> None:
         """Start filling the ghost cells and return at once; :meth:`wait` completes it."""
@@ -322,9 +369,9 @@ class HaloArray:
         self._tested = False
         step = self._core_step()
         if self._dev:
-            step.start_device(self.padded.data.ptr, bk.stream_ptr())
+            step.core.start_device(self.padded.data.ptr, bk.stream_ptr())
         else:
-            step.start(self.padded)
+            step.core.start(self.padded)
         self._active = True
 
     # -- the reverse exchange
@@ -359,7 +406,7 @@ class HaloArray:
         if self._fstep is None:
             p = self.plan
             comm = self.mesh.core_comm(tuple(range(self.mesh.ndim)))
-            self._fgeom = _fold_geometry(p)  # (the Python combine's offsets: MPI methods)
+            self._fgeom = fold_geometry(p)  # (the Python combine's offsets: MPI methods)
             if self._froute.path == "tune":
                 self.fold_chosen, self._fstep = self._tune_fold(comm, p)
             else:
@@ -396,19 +443,19 @@ class HaloArray:
 
     def _fold_start(self, step: Any, arr: Any) -> None:
         if self._dev:
-            step.start_device(arr.data.ptr, bk.stream_ptr())
+            step.core.start_device(arr.data.ptr, bk.stream_ptr())
         else:
-            step.start(arr)
+            step.core.start(arr)
 
     def _fold_wait(self, step: Any, op: str, arr: Any) -> None:
         kind = None if self._dev else _KIND_CODE.get(arr.dtype)
         if kind is not None:  # the core combines (host, native dtypes)
-            step.fold_wait(arr, _OP_CODE[op], kind)
+            step.core.fold_wait(arr, _OP_CODE[op], kind)
             return
         if self._dev:
-            step.wait_device(arr.data.ptr, bk.stream_ptr())
+            step.core.wait_device(arr.data.ptr, bk.stream_ptr())
         else:
-            step.fold_wait(arr, _OP_CODE[op], -1)
+            step.core.fold_wait(arr, _OP_CODE[op], -1)
         self._combine(step, op, arr)
 
     def _combine(self, step: Any, op: str, arr: Any) -> None:
@@ -421,7 +468,7 @@ class HaloArray:
         R = g.recv_bytes
         if R + g.local_bytes == 0:
             return
-        buf = _bytes_at(step.buffer, S + R, xp, step) if R else None
+        buf = _bytes_at(step.core.buffer, S + R, xp, step.core) if R else None
         dt = arr.dtype
         w = self.width
         interior = arr[tuple(slice(ww, n - ww) for ww, n in zip(w, arr.shape)) or ...]
@@ -475,7 +522,7 @@ class HaloArray:
         self._tested = False
         step = self._fold_step()
         if not self._dev and op in _OP_CODE and self.padded.dtype in _KIND_CODE:
-            step.fold(self.padded, _OP_CODE[op], _KIND_CODE[self.padded.dtype])
+            step.core.fold(self.padded, _OP_CODE[op], _KIND_CODE[self.padded.dtype])
         else:
             self._fold_start(step, self.padded)
             self._fold_wait(step, op, self.padded)
@@ -507,9 +554,9 @@ class HaloArray:
             raise RuntimeError("HaloArray.wait(): no exchange in flight; call start() first")
         self._active = False
         if self._dev:
-            self._step.wait_device(self.padded.data.ptr, bk.stream_ptr())
+            self._step.core.wait_device(self.padded.data.ptr, bk.stream_ptr())
         else:
-            self._step.wait(self.padded)
+            self._step.core.wait(self.padded)
 
     def test(self) -> bool:
         """True when the exchange :meth:`start` (or :meth:`start_fold`) began has completed,

@@ -19,17 +19,17 @@ import numpy as np
 
 from . import _backend as bk
 from . import _core, _validate, config
-from . import executor as _executor
 from ._cache import LRU, memoize
 from .array import ShardedArray
-from .executor import NONBLOCKING_MIN_BLOCK, allocate
+from .exchange import NONBLOCKING_MIN_BLOCK, Exchange, default_algorithm
 from .geometry import geometry, push_specs
 from .layout import PlacementsArg, placements_str
+from .memory import allocate
 from .mesh import Mesh
 from .planner import Plan, plan
 from .route import Route, batch_route, core_transport
 
-__all__ = ["ManyPlan", "plan_many", "redistribute_many"]
+__all__ = ["FusedExchange", "ManyPlan", "ShmFusedExchange", "plan_many", "redistribute_many"]
 
 log = logging.getLogger("pyshard")
 
@@ -270,13 +270,14 @@ def plan_many(arrays: ArraysArg, placements: PlacementsLike, sizes: Any = None) 
     return _many(tuple(plan(x.layout, t) for x, t in zip(xs, targets)))
 
 
-class _Fused:
-    """A fused exchange bound to this rank and memory kind, on the MPI transport of its
-    batch's route (kept in the mesh's cache)."""
+class FusedExchange(Exchange):
+    """A fused batch's :class:`Exchange` bound to this rank and memory kind, on the MPI
+    transport of its batch's route (kept in the mesh's cache)."""
 
-    __slots__ = ("core", "need", "out_shapes", "dtypes", "pooled")
+    __slots__ = ("out_shapes", "dtypes", "pooled")
 
     def __init__(self, plans: Sequence[Plan], mesh: Mesh, dev: bool, r: Route) -> None:
+        super().__init__("many", r)
         coords = mesh.coords
         steps = [p.steps[0] for p in plans]
         parts = [geometry(s, coords, _core.Algorithm.alltoallv) for s in steps]
@@ -315,14 +316,16 @@ for _name in ("PYSHARD_MANY_FUSE_MAX_BYTES", "PYSHARD_MANY_BATCH_BYTES",
     config.apply_with(_name, _forget_plans)
 
 
-class _ShmFused:
-    """A batch of exchanges through node-shared memory, bound to this rank: every rank's
-    results of the batch in one segment of its node-shared memory, array ``k`` at an offset
-    that every rank computes from the layouts (kept in the mesh's cache)."""
+class ShmFusedExchange(Exchange):
+    """A batch's :class:`Exchange` through node-shared memory, bound to this rank: every
+    rank's results of the batch in one segment of its node-shared memory, array ``k`` at an
+    offset that every rank computes from the layouts (kept in the mesh's cache)."""
 
-    __slots__ = ("core", "node", "views", "nbytes", "need")
+    __slots__ = ("node", "views", "nbytes")
 
-    def __init__(self, plans: Sequence[Plan], mesh: Mesh, node: Any) -> None:
+    def __init__(self, plans: Sequence[Plan], mesh: Mesh, r: Route) -> None:
+        super().__init__("many", r)
+        node = r.node
         coords = mesh.coords
         steps = [p.steps[0] for p in plans]
         comm = mesh.core_comm(steps[0].mesh_dims)
@@ -446,7 +449,7 @@ def redistribute_many(
     cache = mesh.cache
     # node-shared memory for the single exchanges of a communicator whose ranks share a node
     # (set up collectively on first use; decided from the layouts: the same on every rank)
-    alg = algorithm or _executor.default_algorithm()
+    alg = algorithm or default_algorithm()
     shm: Dict[Tuple[int, ...], Any] = {}
     routes: Dict[Tuple[int, ...], Route] = {}
     for dims, _ix in mp.exchanges:
@@ -461,7 +464,7 @@ def redistribute_many(
         key = ("many-shm", mp, b)
         se = cache.execs.get(key)
         if se is None:
-            se = [_ShmFused([mp.plans[i] for i in ix], mesh, shm[dims])]
+            se = [ShmFusedExchange([mp.plans[i] for i in ix], mesh, routes[dims])]
             cache.execs.put(key, se)
             cache.note(se)
         outs = se[0].run([locals_[i] for i in ix])
@@ -473,7 +476,7 @@ def redistribute_many(
         key = ("many", mp, b, dev)
         fe = cache.execs.get(key)
         if fe is None:
-            fe = [_Fused([mp.plans[i] for i in ix], mesh, dev, routes[dims])]
+            fe = [FusedExchange([mp.plans[i] for i in ix], mesh, dev, routes[dims])]
             cache.execs.put(key, fe)
             cache.note(fe)
         outs = fe[0].run([locals_[i] for i in ix], dev)

@@ -24,11 +24,12 @@ from typing import Any, Dict, List, Literal, Optional, Sequence, Tuple, Union, o
 import numpy as np
 
 from . import _backend, _core, _dtypes, _shm, collectives
-from .executor import allocate
+from .exchange import Exchange, Request
 from .layout import Layout, Partial, Replicate
+from .memory import allocate
 from .route import MigrateRoute, migrate_route
 
-__all__ = ["Migrated", "PendingMigration", "migrate", "owner"]
+__all__ = ["Migrated", "PendingMigration", "RowExchange", "kept", "migrate", "owner"]
 
 log = logging.getLogger("pyshard")
 
@@ -143,6 +144,17 @@ class _Buffers:
             self.free.pop(0)
 
 
+def kept(mesh: Any) -> Dict[str, int]:
+    """What :func:`migrate` keeps on ``mesh`` between calls: ``"buffers"``, the idle send and
+    receive buffers held for the next call (at most four, whatever the row counts do), and
+    ``"peer_sets"``, the peer sets whose persistent count requests are kept (at most
+    :data:`PEER_SETS_KEPT`)."""
+    st = getattr(mesh, "_migrate_state", None) or {}
+    bufs = st.get("buffers")
+    return {"buffers": len(bufs.free) if bufs is not None else 0,
+            "peer_sets": len(st.get("peer_sets", ()))}
+
+
 def _state(mesh: Any) -> Dict[str, Any]:
     st = getattr(mesh, "_migrate_state", None)
     if st is None:
@@ -207,14 +219,15 @@ class Migrated:
                     break
         sig = _signature(st, cols) if not code else 0
         node = self.route.node if self.route.path == "shm" else None
-        x = _core.MigrateExchange(self.mesh.core_comm(tuple(range(self.mesh.ndim))), node)
-        table = x.table_bytes(True, 0) if node is not None else 0
+        comm = self.mesh.core_comm(tuple(range(self.mesh.ndim)))
+        x = RowExchange("back", self.route, _core.MigrateExchange(comm, node))
+        table = x.core.table_bytes(True, 0) if node is not None else 0
         P, me = self.mesh.size, self.mesh.rank
         if code:
             # on the shm path this rank still takes part in its node's handshake: its block
             # holds a header for each rank that owes it rows
             blk = _shm.empty(node, (table + 16 * P,), _U8) if node is not None else None
-            x.back_error(self.sent, self.counts, sig, code, blk)
+            x.core.back_error(self.sent, self.counts, sig, code, blk)
             raise ValueError(f"pyshard.Migrated.back: {detail}")
         outs = [allocate((self.n,) + a.shape[1:], a.dtype) for a in cols]
         R = sum(a.dtype.itemsize * int(np.prod(a.shape[1:], dtype=np.int64)) for a in cols)
@@ -228,7 +241,7 @@ class Migrated:
             recv = _shm.empty(node, (table + rbytes,), _U8)
         else:
             recv = bufs.take(rbytes)
-        x.start_back(self._dest, self.sent, self.counts, cols, outs, self._row_off, send, recv,
+        x.core.start_back(self._dest, self.sent, self.counts, cols, outs, self._row_off, send, recv,
                      sig)
         pend = _PendingBack(x, bufs, send, recv, st, outs, cols, self._device, node is None)
         return pend.wait() if wait else pend
@@ -265,10 +278,19 @@ class Migrated:
         return "\n".join(lines)
 
 
-class _InFlight:
-    """An exchange in flight: the core's exchange and the buffers it holds until done."""
+class RowExchange(Exchange):
+    """A migration's (``op`` ``"migrate"``) or its way back's (``"back"``) :class:`Exchange`:
+    the core's ``MigrateExchange`` (each row packed for its peer, or, on the ``shm`` path,
+    written straight into a node peer's result), with counts from the count exchange; one per
+    call, on the route of :func:`pyshard.route.migrate_route`."""
 
-    def __init__(self, x: Any, bufs: _Buffers, send: np.ndarray, recv: np.ndarray,
+    __slots__ = ()
+
+
+class _InFlight(Request):
+    """An exchange in flight: its :class:`RowExchange` and the buffers it holds until done."""
+
+    def __init__(self, x: RowExchange, bufs: _Buffers, send: np.ndarray, recv: np.ndarray,
                  pooled_recv: bool = True) -> None:
         self.x, self.bufs = x, bufs
         self.send: Optional[np.ndarray] = send
@@ -286,15 +308,14 @@ class _InFlight:
         handshake's counters), so the first call completes the exchange as ``wait()`` does
         (it waits for the peers) and returns True: ``while not p.test(): compute()`` ends
         after one call."""
-        self.wait()
-        return True
+        return super().test()
 
     def _complete(self) -> None:
         """Complete the messages and give the buffers back (once, even when it raises)."""
         if self.send is None or self.recv is None:
             raise RuntimeError("pyshard: this exchange failed in an earlier wait()")
         try:
-            self.x.wait()
+            self.x.core.wait()
         finally:
             self.bufs.give(self.send)
             if self.pooled_recv:
@@ -312,6 +333,11 @@ class _PendingBack(_InFlight):
         super().__init__(x, bufs, send, recv, pooled_recv)
         self.st, self.outs, self.cols, self.device = st, outs, cols, device
         self.result: Any = None
+
+    @property
+    def done(self) -> bool:
+        """Have the values come back?"""
+        return self.result is not None
 
     def wait(self) -> Rows:
         """The values back on this rank (the structure ``back`` was given)."""
@@ -334,7 +360,12 @@ class PendingMigration(_InFlight):
                  result: Migrated, outs: List[np.ndarray], st: _Structure) -> None:
         super().__init__(x, bufs, send, recv)
         self._result, self.outs, self.st = result, outs, st
-        self.done = False
+        self._finished = False
+
+    @property
+    def done(self) -> bool:
+        """Have the rows arrived (:meth:`wait` or :meth:`test` completed the migration)?"""
+        return self._finished
 
     @property
     def counts(self) -> np.ndarray:
@@ -348,9 +379,9 @@ class PendingMigration(_InFlight):
 
     def wait(self) -> Migrated:
         """The :class:`Migrated` (its rows received)."""
-        if not self.done:
+        if not self._finished:
             self._complete()
-            self.done = True
+            self._finished = True
             r = self._result
             r.rows = self.st.build(_to_device(self.outs) if r._device else self.outs)
         return self._result
@@ -441,10 +472,10 @@ def migrate(rows: Rows, dest: Any, mesh: Any, algorithm: str = "auto", wait: boo
     row_off = np.concatenate(([0], np.cumsum(rcounts)[:-1])).astype(np.int64)
     R = sum(a.dtype.itemsize * int(np.prod(a.shape[1:], dtype=np.int64)) for a in cols)
     node = r.node if r.path == "shm" else None
-    x = _core.MigrateExchange(comm, node)
+    x = RowExchange("migrate", r, _core.MigrateExchange(comm, node))
     block = None
     if node is not None:  # the result's columns in one block of node-shared memory
-        block, outs = _node_block(node, x.table_bytes(False, len(cols)), m, cols)
+        block, outs = _node_block(node, x.core.table_bytes(False, len(cols)), m, cols)
     else:
         outs = [allocate((m,) + a.shape[1:], a.dtype) for a in cols]
     msgs = (np.arange(P) != me) & ~_on_node(node, P)  # the peers reached by messages
@@ -452,7 +483,7 @@ def migrate(rows: Rows, dest: Any, mesh: Any, algorithm: str = "auto", wait: boo
     rbytes = int(rcounts[msgs].sum() * R)
     bufs = _state(mesh)["buffers"]
     send, recv = bufs.take(sbytes), bufs.take(rbytes)
-    x.start_forward(d, counts, rcounts, cols, outs, row_off, send, recv, block)
+    x.core.start_forward(d, counts, rcounts, cols, outs, row_off, send, recv, block)
     result = Migrated(mesh, None, rcounts, counts, d, r, sig, device, (R, len(cols)))
     pend = PendingMigration(x, bufs, send, recv, result, outs, st)
     if log.isEnabledFor(logging.DEBUG):

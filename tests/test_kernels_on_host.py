@@ -382,13 +382,13 @@ def test_halo_geometry_tables(dtype, corners):
     aligned message per peer), unpack (messages -> ghost boxes), and local (periodic wrap
     onto the rank itself), by the kernel against the host packer and numpy."""
     from pyshard import Layout, Shard, halo_plan, halo_spec
-    from pyshard.halo import _geometry
+    from pyshard.halo import update_geometry
 
     layout = Layout((9, 7, 6), dtype, (3, 2, 1), [Shard(0), Shard(1), Shard(2)],
                     sizes={0: (2, 3, 4)})
     spec = halo_spec(layout, (3, 1, 2), periodic=(True, False, True), corners=corners)
     p = halo_plan(layout, spec, (0, 1, 0))
-    g = _geometry(p)
+    g = update_geometry(p)
     shape, item = list(p.padded_shape), np.dtype(dtype).itemsize
     nbytes = int(np.prod(shape)) * item
     for so, do in [(0, 0), (4, 8), (1, 3)]:

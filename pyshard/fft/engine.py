@@ -23,7 +23,7 @@ import numpy as np
 
 from .. import _backend as bk
 from .. import config
-from ..executor import POOL_MIN_BYTES, allocate, pooled_empty
+from ..memory import allocate, pooled, pooled_empty
 from .kinds import R2R, norm_factor, pass_in_dtype
 
 try:  # pragma: no cover - depends on the environment
@@ -290,7 +290,7 @@ def local_pass(
                 return r
         if be == "numpy":
             sfft = None
-    if not bk.is_device(a) and prod(shape) * out_dtype.itemsize >= POOL_MIN_BYTES:
+    if not bk.is_device(a) and pooled(prod(shape) * out_dtype.itemsize):
         r = _pooled(a, func, axes, ns, shape, norm, out_dtype, owned, workers, sfft)
         if r is not None:
             return r

@@ -16,6 +16,7 @@ from typing import Any, List, Optional, Sequence, Tuple
 from .. import _backend as bk
 from .. import executor
 from ..array import ShardedArray
+from ..exchange import default_algorithm
 from ..explain import explain
 from ..layout import Layout
 from .engine import backend, local_pass, ptr
@@ -155,7 +156,7 @@ def run_passes(passes: Sequence[Any], x: ShardedArray, out: Optional[Any],
     [local transform s, transpose s] accumulated (the benchmark's split); ``orthogonalize``:
     scipy's, for DCT/DST passes."""
     mesh = x.mesh
-    alg = algorithm or executor.default_algorithm()
+    alg = algorithm or default_algorithm()
     local = x.local
     # pyFFTW does not scale: every c2c/r2c/c2r pass runs unscaled and the product of their
     # factors (from the plan: the same on every rank, empty shards included) is applied

@@ -12,7 +12,6 @@ from oracle import make_global
 import pyshard as ps
 from pyshard import Partial, Replicate, Shard, _core, _validate
 from pyshard import array as psarray
-from pyshard import executor as psexec
 
 pytestmark = pytest.mark.mpi  # run under mpiexec with --with-mpi (pytest-mpi)
 
@@ -214,13 +213,13 @@ def test_large_results_come_from_the_pool(comm):
     y = x.redistribute([Shard(1)], algorithm=a)  # the binding's result
     assert _binding(x, [Shard(1)], a).binding.calls == 1
     np.testing.assert_array_equal(y.local, g[y.box])
-    if y.local.nbytes < psexec.POOL_MIN_BYTES:
+    if y.local.nbytes < ps.config.get("PYSHARD_POOL_MIN_BYTES"):
         pytest.skip("result below the pool's threshold at this size")
     del y
-    held = _core.result_pool_held()
+    held = ps.result_pool_bytes()
     assert held > 0  # the freed result went back to the pool
     y = x.redistribute([Shard(1)], algorithm=a)
-    assert _core.result_pool_held() == 0  # and was taken again
+    assert ps.result_pool_bytes() == 0  # and was taken again
     np.testing.assert_array_equal(y.local, g[y.box])
     mesh.free()
 

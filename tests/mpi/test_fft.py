@@ -407,28 +407,28 @@ def test_any_then_inverse_with_placements(comm):
 
 
 @pytest.mark.parametrize("seed", range(1))
-def test_pooled_paths(comm, seed, monkeypatch):
+def test_pooled_paths(comm, seed):
     """Every pass through pyshard's result pool (in-place c2c, numpy's out=), as large
     arrays take it."""
-    monkeypatch.setattr(engine, "POOL_MIN_BYTES", 0)
-    rng = np.random.default_rng(99 + seed)
-    for ms in meshes(comm):
-        mesh = ps.Mesh(comm, ms)
-        for case in range(10):
-            shape, kind, axes, s, norm, type_, dtype = random_case(rng, ms)
-            g = make_global(shape, dtype, seed=case)
-            pl, sizes = random_layout(rng, ms, shape)
-            ref = oracle(kind, g, s, axes, norm, type_)
-            x = ps.distribute(g, mesh, pl, sizes)
-            kw = {} if type_ is None else {"type": type_}
-            p = pf.plan(x.layout, kind, axes=axes, s=s, norm=norm, placements="any", **kw)
-            y = p.forward(x)
-            check(y, ref, dtype, f"pooled {kind} {shape} {pl} {axes} {s}", comm)
-            np.testing.assert_array_equal(x.local, g[x.box])
-            out = np.empty_like(y.local)
-            assert p.forward(x, out=out).local is out
-            check(p.forward(x, out=out), ref, dtype, "pooled out=", comm)
-        mesh.free()
+    with ps.config.override(PYSHARD_POOL_MIN_BYTES=0):  # every result from the pool
+        rng = np.random.default_rng(99 + seed)
+        for ms in meshes(comm):
+            mesh = ps.Mesh(comm, ms)
+            for case in range(10):
+                shape, kind, axes, s, norm, type_, dtype = random_case(rng, ms)
+                g = make_global(shape, dtype, seed=case)
+                pl, sizes = random_layout(rng, ms, shape)
+                ref = oracle(kind, g, s, axes, norm, type_)
+                x = ps.distribute(g, mesh, pl, sizes)
+                kw = {} if type_ is None else {"type": type_}
+                p = pf.plan(x.layout, kind, axes=axes, s=s, norm=norm, placements="any", **kw)
+                y = p.forward(x)
+                check(y, ref, dtype, f"pooled {kind} {shape} {pl} {axes} {s}", comm)
+                np.testing.assert_array_equal(x.local, g[x.box])
+                out = np.empty_like(y.local)
+                assert p.forward(x, out=out).local is out
+                check(p.forward(x, out=out), ref, dtype, "pooled out=", comm)
+            mesh.free()
 
 
 def test_tune_mesh(comm, tmp_path, monkeypatch):

@@ -127,7 +127,7 @@ def check_split(h, fold=False):
     rank's (simulated) node by node-shared memory and every other peer by MPI messages; the
     number of MPI messages, sent and received."""
     p, on = h.plan, node_peers(h.mesh)
-    step = h._fstep if fold else h._step
+    step = (h.fold_exchange if fold else h.exchange).core
     # an update pushes to the ranks it sends to, a fold reads their ghosts; either way the
     # node peers it receives from (an update) or that read its ghosts (a fold) wait on it
     assert step.node_peers == sum(r in on for r, _, _ in p.sends)
@@ -193,7 +193,7 @@ def test_update_matches_oracle(comm, method, corners):
         for width in widths_of(shape):
             for periodic in (False, True, tuple(d == 0 for d in range(nd))):
                 h = x.with_halo(width, periodic=periodic, corners=corners, method=method)
-                assert (h._buf is not None) == (expected_method(x, method) == "shm")
+                assert (h.node_buffer is not None) == (expected_method(x, method) == "shm")
                 padded_with_fill(h)
                 before = ps.comm_stats()
                 h.update()
@@ -483,11 +483,11 @@ def test_method_tune_measures_and_agrees(comm):
     check_halo(g, x, h, "tuned")
     assert h.chosen in ps.halo.METHODS
     # node-shared memory among the candidates wherever ranks share a node
-    assert ("shm" in h._route.candidates) == shares_node(mesh)
+    assert ("shm" in h.route.candidates) == shares_node(mesh)
     assert len(set(comm.allgather(h.chosen))) == 1  # one choice on every rank
     assert "chosen by measurement" in h.explain()
     # the tuned step keeps working, and the padded array is node-shared where shm is a choice
-    assert (h._buf is not None) == shares_node(mesh)
+    assert (h.node_buffer is not None) == shares_node(mesh)
     h.interior[...] += 1
     padded_with_fill(h)
     h.update()
@@ -569,7 +569,7 @@ def test_transport_mpi_turns_node_shared_memory_off(comm, transport):
             assert r.node is None and "shm" not in r.candidates
             assert r.path == ("tune" if method == "tune" else "mpi")
             h = x.with_halo(1, periodic=True, method=method)
-            assert h._buf is None
+            assert h.node_buffer is None
             padded_with_fill(h)
             before = ps.comm_stats()
             h.update()

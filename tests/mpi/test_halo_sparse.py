@@ -52,11 +52,11 @@ def run_sparse(comm, node_size):
                        f"rank {comm.rank}"
                 h = x.with_halo(width, periodic=periodic, method="shm")
                 has_peers = bool(node_peers(mesh))
-                if h._buf is None:
+                if h.node_buffer is None:
                     if has_peers:
                         bad.append(f"{what}: no node-shared buffer")
                     continue
-                nbytes, shared = h._buf.nbytes, h._buf.shared_bytes
+                nbytes, shared = h.node_buffer.nbytes, h.node_buffer.shared_bytes
                 if f"padded array: {shared} of its {nbytes} B" not in h.explain():
                     bad.append(f"{what}: explain() does not say what is node-shared")
                 if sparse and x.local.size and not 0 <= shared <= nbytes // 2:
@@ -174,11 +174,11 @@ def test_shared_pages_are_those_node_peers_reach(comm):
         x = ps.distribute(make_global(shape, dtype, seed=1), mesh, placements, sizes)
         for periodic in (True, False):
             h = x.with_halo(width, periodic=periodic, method="shm")
-            if h._buf is None:
+            if h.node_buffer is None:
                 continue
             want = expected_shared(h, node_peers(mesh))
-            if h._buf.shared_bytes != want:
+            if h.node_buffer.shared_bytes != want:
                 bad.append(f"{shape} {placements} p={periodic} rank {comm.rank}: "
-                           f"{h._buf.shared_bytes} B shared, the rule says {want}")
+                           f"{h.node_buffer.shared_bytes} B shared, the rule says {want}")
         mesh.free()
     all_agree(comm, bad)

@@ -17,6 +17,7 @@ from oracle import ML_DTYPES, as_dtype
 
 import pyshard as ps
 from pyshard import Replicate, Shard
+from pyshard.migration import kept
 
 pytestmark = pytest.mark.mpi  # run under mpiexec with --with-mpi (pytest-mpi)
 
@@ -216,7 +217,7 @@ def test_peers(mesh):
     if P > 1:
         assert st.get("migrate_peers") == 3
         assert "migrate_alltoall" not in st and "migrate_nbx" not in st
-        assert len(mesh._migrate_state["peer_sets"]) >= 1
+        assert kept(mesh)["peer_sets"] >= 1
     assert r.route.algorithm == "peers"
 
 
@@ -234,6 +235,12 @@ def test_nbx_sends_only_to_receivers(mesh):
     assert st.get("migrate_nbx") == 1
 
 
+def node_of(mesh, dims):
+    """The node transport of ``mesh``'s communicator over ``dims`` where node-shared memory is
+    on (PYSHARD_SHM, or PYSHARD_TRANSPORT's older spelling), else None."""
+    return mesh.node_transport(dims) if ps.config.get("PYSHARD_SHM") == "auto" else None
+
+
 def check_shm_path(mesh, seed):
     """The shm path where ranks share a node: every node peer's rows written into its result
     (no message), the other nodes' by one message each, back() the same; what comm_stats and
@@ -241,7 +248,7 @@ def check_shm_path(mesh, seed):
     P, me = mesh.size, mesh.rank
     spec = [("x", "float64", (3,)), ("id", "int64", ()), ("q", "float32", ())]
     cols, dest = rows_of(seed, me, P, "uniform", spec, nmax=60)
-    node = ps._shm.node(mesh, tuple(range(mesh.ndim)))
+    node = node_of(mesh, tuple(range(mesh.ndim)))
     ps.reset_comm_stats()
     r = ps.migrate(cols, dest, mesh)
     want, counts = expected(seed, me, P, "uniform", spec, nmax=60)
@@ -279,7 +286,7 @@ def test_shm_path_on_simulated_nodes():
     with ps.config.override(PYSHARD_NODE_SIZE=2, PYSHARD_TRANSPORT="auto"):
         m = ps.Mesh(MPI.COMM_WORLD, (MPI.COMM_WORLD.size,))
         try:
-            node = ps._shm.node(m, (0,))
+            node = node_of(m, (0,))
             assert node is None or len(node.node_ranks) <= 2
             for seed in (22, 23):
                 check_shm_path(m, seed)
@@ -322,7 +329,7 @@ def test_shm_results_kept_as_the_result_pool_says(pool):
     with ps.config.override(PYSHARD_RESULT_POOL_BYTES=pool, PYSHARD_TRANSPORT="auto"):
         m = ps.Mesh(MPI.COMM_WORLD, (MPI.COMM_WORLD.size,))
         try:
-            node = ps._shm.node(m, (0,))
+            node = node_of(m, (0,))
             if node is None:
                 pytest.skip("no two ranks of the mesh share a node")
             x = np.arange(40_000.0) + m.rank
@@ -359,8 +366,7 @@ def test_buffers_stay_bounded(mesh):
         x = rng.standard_normal((n, 3))
         r = ps.migrate(x, rng.integers(0, P, size=n), mesh)
         r.back(r.rows)
-    held = mesh._migrate_state["buffers"].free
-    assert len(held) <= 4
+    assert kept(mesh)["buffers"] <= 4
 
 
 BAD = ["range", "negative", "float_dest", "length", "columns", "object", "mismatch"]

@@ -21,7 +21,7 @@ from test_redistribute_nd import make_source as make_source_nd
 import pyshard as ps
 from pyshard import Partial, Replicate
 from pyshard.executor import executors, run_steps
-from pyshard.many import _Fused
+from pyshard.many import FusedExchange
 from pyshard.route import route
 
 pytestmark = pytest.mark.mpi  # run under mpiexec with --with-mpi (pytest-mpi)
@@ -138,11 +138,11 @@ def test_a_step_keeps_the_transport_it_was_built_with(comm):
                                                                          x.local, None)
             x = ps.distribute(g, mesh, [S(0)])
             p = x.plan_to([S(1)])
-            fused = _Fused([p], mesh, False, route(p.steps[0], mesh, "auto"))
+            fused = FusedExchange([p], mesh, False, route(p.steps[0], mesh, "auto"))
             assert fused.core.transport.name == t
             built[t, "fused"] = lambda fused=fused, x=x: fused.run([x.local], False)[0]
             h = ps.distribute(g, mesh, [S(0)]).with_halo(1, periodic=True)
-            assert h._route.transport == t and h._froute.transport == t
+            assert h.route.transport == t and h.fold_route.transport == t
             built[t, "halo"] = lambda h=h: h.update()
             built[t, "halo_fold"] = lambda h=h: h.fold("max")
     def box(placements):

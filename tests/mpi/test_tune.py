@@ -11,8 +11,8 @@ import pytest
 from oracle import auto_exchange, make_global
 
 import pyshard as ps
-from pyshard import Replicate, Shard, _core
-from pyshard import executor as psarray
+from pyshard import Replicate, Shard
+from pyshard.exchange import default_algorithm
 
 pytestmark = [pytest.mark.mpi, pytest.mark.numerics]  # numerics: not rerun per MPI library
 
@@ -83,9 +83,9 @@ def test_default_algorithm_from_environment(comm, monkeypatch):
 def test_bad_default_algorithm_is_a_clear_error(monkeypatch):
     monkeypatch.setenv("PYSHARD_ALGORITHM", "fastest")
     with pytest.raises(ValueError, match="PYSHARD_ALGORITHM must be one of auto, tune, "):
-        psarray.default_algorithm()
+        default_algorithm()
     with ps.config.override(PYSHARD_ALGORITHM="p2p"):  # Python's setting wins
-        assert psarray.default_algorithm() == "p2p"
+        assert default_algorithm() == "p2p"
 
 
 @pytest.mark.mpi(min_size=2)  # one rank: no exchange, the result is a local copy
@@ -98,19 +98,19 @@ def test_plain_results_come_from_the_pool(comm):
     ps.clear_caches()
     y = x.redistribute([Shard(1)], algorithm="alltoallv")  # MPI (test_shm.py: shared memory)
     np.testing.assert_array_equal(y.local, g[y.box])
-    if y.local.nbytes < psarray.POOL_MIN_BYTES:
+    if y.local.nbytes < ps.config.get("PYSHARD_POOL_MIN_BYTES"):
         pytest.skip("result below the pool's threshold at this size")
     del y
-    held = _core.result_pool_held()
+    held = ps.result_pool_bytes()
     assert held >= 512 * 640 * 4 // comm.size
     y = x.redistribute([Shard(1)], algorithm="alltoallv")  # takes the pooled buffer back
-    assert _core.result_pool_held() == 0  # the only idle buffer was reused
+    assert ps.result_pool_bytes() == 0  # the only idle buffer was reused
     np.testing.assert_array_equal(y.local, g[y.box])
     z = y.local[::2]  # a view keeps the memory alive
     del y
-    assert _core.result_pool_held() == 0
+    assert ps.result_pool_bytes() == 0
     del z
-    assert _core.result_pool_held() == held
+    assert ps.result_pool_bytes() == held
     mesh.free()
 
 
