@@ -116,10 +116,18 @@ def test_agreeing_calls_give_the_oracle(comm, validating):
 
 
 def test_environment_switch(monkeypatch):
-
-    monkeypatch.setenv("PYSHARD_VALIDATE", "yes")
-    assert ps.config.get("PYSHARD_VALIDATE") is True
-    monkeypatch.setenv("PYSHARD_VALIDATE", "maybe")
-    with pytest.raises(ValueError, match="PYSHARD_VALIDATE must be 0/1, false/true, no/yes or "
-                                         "off/on, got 'maybe'"):
-        ps.config.get("PYSHARD_VALIDATE")
+    """The variable is parsed, and the validation mode follows it from its next read."""
+    try:
+        monkeypatch.setenv("PYSHARD_VALIDATE", "yes")
+        assert ps.config.get("PYSHARD_VALIDATE") is True
+        assert ps.validation()  # the mode follows the variable
+        monkeypatch.setenv("PYSHARD_VALIDATE", "off")
+        ps.config.refresh()
+        assert not ps.validation()
+        monkeypatch.setenv("PYSHARD_VALIDATE", "maybe")
+        with pytest.raises(ValueError, match="PYSHARD_VALIDATE must be 0/1, false/true, no/yes "
+                                             "or off/on, got 'maybe'"):
+            ps.config.get("PYSHARD_VALIDATE")
+    finally:
+        monkeypatch.undo()  # the variable as it was
+        ps.config.refresh()  # and the mode with it
