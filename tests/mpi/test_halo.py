@@ -104,14 +104,27 @@ def route_line(h):
     return lines[0]
 
 
+def largest_face(x, width):
+    """The most bytes one face of an update moves between two ranks, from the placements and
+    the shards' shapes alone (what docs/halo.md's rule compares): per dim a Shard placement
+    splits, its width times the largest shard's extents of the other dims."""
+    shapes = [x.layout.local_shape(c) for c in np.ndindex(*x.mesh.shape)]
+    nd = len(x.shape)
+    widths = (width,) * nd if isinstance(width, int) else tuple(width)
+    ext = [max(sh[d] for sh in shapes) for d in range(nd)]
+    split = {p.dim for p in x.layout.placements if isinstance(p, Shard)}
+    faces = [widths[d] * int(np.prod([ext[k] for k in range(nd) if k != d]))
+             for d in range(nd) if widths[d] and d in split]
+    return max(faces, default=0) * x.dtype.itemsize
+
+
 def expected_method(x, method, width=1, periodic=False, corners=True):
     """The method a halo array of ``x`` built now with ``method`` runs (h.chosen after its
     first update), by the rule of docs/halo.md, from the settings alone."""
     if method == "shm":
         return "shm" if shares_node(x.mesh) else "persistent"
     if method == "auto":
-        spec = halo_spec(x.layout, width, periodic, corners)
-        face = halo_face_bytes(x.layout, spec)
+        face = largest_face(x, width)
         return "shm" if shares_node(x.mesh) and face >= shm_threshold(x.mesh) else "persistent"
     return method
 
