@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Dict, List, Set
 
 import numpy as np
+from test_structure import module_names
 
 import pyshard as ps
 from pyshard import Replicate, Shard
@@ -32,20 +33,10 @@ def core_steps(stub: Path) -> Set[str]:
     return {n for n in names if n.endswith("Step") or n == "MigrateExchange"}
 
 
-def modules(root: Path, package: str) -> Dict[str, Path]:
-    out = {}
-    for path in sorted(root.rglob("*.py")):
-        parts = list(path.relative_to(root).with_suffix("").parts)
-        if parts[-1] == "__init__":
-            parts = parts[:-1]
-        out[".".join([package, *parts])] = path
-    return out
-
-
 def step_builders(root: Path, package: str, steps: Set[str]) -> Dict[str, List[str]]:
     """Module -> the core steps it constructs (``_core.<Step>(...)`` calls)."""
     out: Dict[str, List[str]] = {}
-    for name, path in modules(root, package).items():
+    for name, path in module_names(root, package).items():
         tree = ast.parse(path.read_text(encoding="utf-8"))
         for n in ast.walk(tree):
             if (isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)
@@ -69,7 +60,7 @@ def exchange_classes(path: Path) -> List[str]:
 
 def family_violations(root: Path, package: str, family: Set[str], steps: Set[str]) -> List[str]:
     found = []
-    paths = modules(root, package)
+    paths = module_names(root, package)
     for mod, built in sorted(step_builders(root, package, steps).items()):
         if mod not in family:
             found.append(f"{mod} builds {sorted(set(built))} outside the exchange family")
