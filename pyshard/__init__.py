@@ -23,7 +23,8 @@ from . import config  # noqa: E402
 from . import route as route  # noqa: E402 (advanced: see __all__)
 from ._backend import build_info, cuda_available, to_dlpack  # noqa: E402
 from ._cache import cache_limit, clear_caches, set_cache_limit  # noqa: E402
-from ._validate import set_validation, validation  # noqa: E402
+from ._validate import reset_validation_stats as _reset_validation_stats  # noqa: E402
+from ._validate import set_validation, validation, validation_stats  # noqa: E402
 from .array import ShardedArray, distribute, from_local  # noqa: E402
 from .checkpoint import checkpoint_info, load, save  # noqa: E402
 from .executor import Pending  # noqa: E402
@@ -59,9 +60,11 @@ def comm_stats() -> dict:
 
 
 def reset_comm_stats() -> None:
-    """Zero the counters of :func:`comm_stats` and :func:`large_count_stats`."""
+    """Zero the counters of :func:`comm_stats`, :func:`large_count_stats` and
+    :func:`validation_stats`."""
     _core.reset_stats()
     _core.reset_large_count_stats()
+    _reset_validation_stats()
 
 
 def large_count_stats() -> dict:
@@ -128,4 +131,5 @@ __all__ = [
     "to_dlpack",
     "tune_mesh",
     "validation",
+    "validation_stats",
 ]

@@ -21,7 +21,7 @@ from mpi4py import MPI
 
 from . import collectives, config
 
-__all__ = ["set_validation", "validation"]
+__all__ = ["set_validation", "validation", "validation_stats"]
 
 WIDTH = 8  # int64 per rank: the call, then one checksum per item (at most WIDTH - 1)
 
@@ -54,13 +54,29 @@ def validation() -> bool:
     return enabled
 
 
+_checks: Dict[str, int] = {}  # validation_stats: checks run, by call
+
+
+def validation_stats() -> Dict[str, int]:
+    """The validation mode's checks this process has run, by call (``{"redistribute": 2}``):
+    one small Allgather each (:func:`set_validation`); ``reset_comm_stats`` zeroes them."""
+    return dict(_checks)
+
+
+def reset_validation_stats() -> None:
+    """Zero the counts of :func:`validation_stats`."""
+    _checks.clear()
+
+
 def _crc(s: str) -> int:
     return zlib.crc32(s.encode())
 
 
 def agree(comm: MPI.Comm, call: str, items: Dict[str, str]) -> None:
     """Collective over ``comm``: every rank's ``items`` (name -> description) must be equal;
-    else every rank raises the same ValueError naming the ranks that differ and how."""
+    else every rank raises the same ValueError naming the ranks that differ and how.
+    Counted in :func:`validation_stats` under ``call``."""
+    _checks[call] = _checks.get(call, 0) + 1
     names = list(items)[: WIDTH - 1]
     mine = np.zeros(WIDTH, np.int64)
     mine[0] = _crc(call + "|" + ",".join(names))

@@ -332,10 +332,36 @@ def _steps(execs: list, local: Any, out: Optional[Any]) -> Any:
 
 
 # the core steps a host plan of one direct step binds whole (see bind)
-_BOUND = {_core.ExchangeStep: _core.BoundExchange, _core.AllgathervStep: _core.BoundAllgatherv}
+_BOUND = {
+    _core.ExchangeStep: ("exchange", _core.BoundExchange),
+    _core.AllgathervStep: ("allgatherv", _core.BoundAllgatherv),
+}
 
 
-def bind(execs: list, p: Plan) -> Tuple[Callable[[Any, Optional[Any]], Any], Any]:
+class CoreBinding:
+    """A repeated redistribute's core step bound whole (the second value of :func:`bind`, kept
+    in the mesh's fast path as ``Mesh.cache.fast``'s entry's ``binding``): ``kind``, the step
+    it binds (``"exchange"``: an all-to-all exchange; ``"allgatherv"``: a gather), and
+    ``calls``, how many times its one C++ function has run."""
+
+    __slots__ = ("kind", "core")
+
+    def __init__(self, kind: str, core: Any) -> None:
+        self.kind = kind
+        self.core = core  # the core's BoundExchange or BoundAllgatherv: its fn is the call
+
+    @property
+    def calls(self) -> int:
+        """How many times the bound step has run."""
+        return int(self.core.calls)
+
+    def __repr__(self) -> str:
+        return f"CoreBinding({self.kind!r}, calls={self.calls})"
+
+
+def bind(
+    execs: list, p: Plan
+) -> Tuple[Callable[[Any, Optional[Any]], Any], Optional[CoreBinding]]:
     """The one call a repeated redistribute makes (``ShardedArray.redistribute``'s fast
     path): ``call(local, out)`` runs the executors ``execs`` of plan ``p`` and returns the
     result array, or returns None having done nothing when ``local`` or ``out`` is not what
@@ -347,14 +373,15 @@ def bind(execs: list, p: Plan) -> Tuple[Callable[[Any, Optional[Any]], Any], Any
     function that checks the arrays, allocates the result (from the result pool when large)
     and runs the step. Any other plan binds :func:`_steps` over its executors. The
     collectives and their counts are the executors', fixed by the layouts; the binding only
-    decides who allocates. Returns ``(call, core binding or None)``.
+    decides who allocates. Returns ``(call, CoreBinding or None)``: the
+    :class:`CoreBinding` where the core step is bound whole.
     """
     if len(execs) == 1:
         e = execs[0]
         kind = _BOUND.get(type(e.core)) if e.direct and not e.dev else None
         if kind is not None:
-            bound = kind(e.core, e.dtype, e.pooled)
-            return bound.fn, bound
+            bound = kind[1](e.core, e.dtype, e.pooled)
+            return bound.fn, CoreBinding(kind[0], bound)
     want = execs[-1].out_shape if execs else None  # no steps: the source's shape
     dtype = p.dst.dtype
 
