@@ -41,7 +41,8 @@ from . import collectives, config
 
 log = logging.getLogger("pyshard")
 
-_warned = False
+_warned = False  # the "not usable" warning is logged once a process
+fail_setup: Optional[str] = None  # pyshard.memory.failing_node_setup: "segment", "map" or None
 
 
 # ``auto`` takes node-shared memory for a step whose largest block (from the layouts: the
@@ -151,7 +152,7 @@ class NodeMap:
         self.sim = sim_node_size()
         self._nodes: Dict[Tuple[int, ...], Optional[Any]] = {}
         slots = (1 << len(shape)) - 1
-        self.ctl = _core.NodeCtl(slots)
+        self.ctl = _core.NodeCtl(slots, fail_setup == "segment")
         mine = np.array(
             [_machine_key(), os.getpid(), os.cpu_count() or 0, int(self.ctl.ok), self.ctl.fd,
              MPI.COMM_WORLD.Get_rank()], dtype=np.int64,
@@ -162,7 +163,7 @@ class NodeMap:
         if self.ctl.ok:
             self.ctl.connect(
                 self.rank, peers, [int(self.info[r, _PID]) for r in peers],
-                [int(self.info[r, _FD]) for r in peers],
+                [int(self.info[r, _FD]) for r in peers], fail_setup == "map",
             )  # fmt: skip
 
     def facts(self) -> Dict[str, List[int]]:
@@ -263,6 +264,14 @@ def node(mesh: Any, dims: Tuple[int, ...]) -> Optional[Any]:
     if not enabled():
         return None
     return mesh.node_transport(dims)
+
+
+def set_warned(logged: bool) -> bool:
+    """Set whether this process has logged the "not usable" warning (False: the next failure
+    logs it again); returns what it was."""
+    global _warned
+    was, _warned = _warned, logged
+    return was
 
 
 def empty(n: Any, shape: Tuple[int, ...], dtype: np.dtype) -> np.ndarray:

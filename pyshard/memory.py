@@ -9,15 +9,23 @@ instead of faulting in fresh ones); else plain numpy memory.
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from math import prod
-from typing import Any, Tuple
+from typing import Any, Iterator, Optional, Tuple
 
 import numpy as np
 
 from . import _backend as bk
 from . import _core, _shm, config
 
-__all__ = ["allocate", "pool_min_bytes", "pooled", "pooled_empty"]
+__all__ = [
+    "allocate",
+    "failing_node_setup",
+    "is_node_shared",
+    "pool_min_bytes",
+    "pooled",
+    "pooled_empty",
+]
 
 _pool_min = [1 << 20]  # PYSHARD_POOL_MIN_BYTES, applied at every change of the setting
 
@@ -59,3 +67,33 @@ def allocate(shape: Tuple[int, ...], dtype: np.dtype, like: Any = None, node: An
     if prod(shape) * dtype.itemsize >= _pool_min[0]:
         return pooled_empty(shape, dtype)
     return np.empty(shape, dtype)
+
+
+def is_node_shared(a: Any) -> bool:
+    """Does ``a`` (a numpy array or a view of one) live in this rank's node-shared memory: a
+    result the node-local transport wrote straight from its peers (pyshard/_shm.py)?"""
+    while isinstance(a, (np.ndarray, memoryview)):
+        a = a.obj if isinstance(a, memoryview) else a.base
+    return isinstance(a, _core.ShmBuffer)
+
+
+_STAGES = (None, "segment", "map")
+
+
+@contextmanager
+def failing_node_setup(stage: Optional[str]) -> Iterator[None]:
+    """Fault injection, for tests of the way back to MPI: meshes built inside fail their
+    node-shared memory setup on this rank at ``stage``: ``"segment"`` (it cannot make its
+    control segment; the mesh's one Allgather tells every rank) or ``"map"`` (it cannot map
+    its peers' segments; its node's ranks take MPI among themselves), ``None`` (no failure on
+    this rank). Every rank should enter it: inside, the warning that node-shared memory is
+    not usable (logged once a process) is logged again at its next occasion."""
+    if stage not in _STAGES:
+        raise ValueError(f"stage must be one of {_STAGES}, got {stage!r}")
+    old, was = _shm.fail_setup, _shm.set_warned(False)
+    _shm.fail_setup = stage
+    try:
+        yield
+    finally:
+        _shm.fail_setup = old
+        _shm.set_warned(was)

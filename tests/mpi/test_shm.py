@@ -31,8 +31,9 @@ from oracle import (
 from test_redistribute_nd import MESHES
 
 import pyshard as ps
-from pyshard import Partial, Replicate, Shard, _core, _shm
+from pyshard import Partial, Replicate, Shard
 from pyshard.explain import explain
+from pyshard.memory import failing_node_setup, is_node_shared
 from pyshard.route import route
 
 pytestmark = pytest.mark.mpi
@@ -55,10 +56,10 @@ def counts_since(before):
     return {k: v - before.get(k, 0) for k, v in now.items() if v - before.get(k, 0)}
 
 
-def in_shared_memory(a):
-    while isinstance(a, (np.ndarray, memoryview)):
-        a = a.obj if isinstance(a, memoryview) else a.base
-    return isinstance(a, _core.ShmBuffer)
+def node_of(mesh):
+    """The node transport the exchanges over mesh dim 0 take: None where PYSHARD_SHM turns it
+    off, or no two ranks share a node, or it is not usable."""
+    return mesh.node_transport((0,)) if ps.config.get("PYSHARD_SHM") == "auto" else None
 
 
 def meshes(p):
@@ -117,7 +118,7 @@ def test_every_exchange_through_shared_memory(comm, monkeypatch, node_size):
                         np.testing.assert_array_equal(y.local, g[y.box])
                         if want is not None:
                             assert got == want, got
-                            assert in_shared_memory(y.local)
+                            assert is_node_shared(y.local)
                             used += 1
                         else:
                             assert "shm" not in got, got
@@ -176,7 +177,7 @@ def test_nodes_as_simulated(comm, monkeypatch):
     monkeypatch.setenv("PYSHARD_NODE_SIZE", "2")
     p = comm.size
     mesh = ps.Mesh(comm, (p,))
-    node = _shm.node(mesh, (0,))
+    node = node_of(mesh)
     if p == 1:
         assert node is None
         return
@@ -228,7 +229,7 @@ def test_an_exchange_with_no_block_between_node_peers_takes_mpi(comm, monkeypatc
             bad.append(f"{case}: explain says\n{said}")
         if ("shm" in route(step, mesh, "tune").candidates) == why:
             bad.append(f"{case}: tune candidates {route(step, mesh, 'tune').candidates}")
-        if not np.array_equal(y.local, g[y.box]) or in_shared_memory(y.local) == why:
+        if not np.array_equal(y.local, g[y.box]) or is_node_shared(y.local) == why:
             bad.append(f"{case}: wrong result (or memory)")
         before = ps.comm_stats()
         z = x.redistribute(dst, algorithm="shm")  # forced: the node path, MPI to the others
@@ -305,7 +306,7 @@ def test_long_runs_and_outer_loops(comm, even):
         np.testing.assert_array_equal(y.local, g[y.box], err_msg=f"S({a}) -> S({b})")
         if p > 1:
             assert counts_since(before) == {"shm": 1}
-            assert in_shared_memory(y.local)
+            assert is_node_shared(y.local)
         into_private_out(x, [Shard(b)], g)
     mesh.free()
 
@@ -320,7 +321,7 @@ def test_results_return_to_the_pool_and_outlive_free(comm):
     g = make_global((64 * p, 48 * p), "float32")
     x = ps.distribute(g, mesh, [Shard(0)])
     y = x.redistribute([Shard(1)])
-    node = _shm.node(mesh, (0,))
+    node = node_of(mesh)
     assert node is not None and node.held == 0
     nbytes = y.local.nbytes
     del y
@@ -338,50 +339,36 @@ def test_results_return_to_the_pool_and_outlive_free(comm):
     np.testing.assert_array_equal(keep, want)  # a live result outlives Mesh.free()
 
 
-def cannot_share(monkeypatch, how):
-    """This rank's node-shared memory fails, injected by wrapping the core's control segment
-    (the library has no test hook): "1", it cannot make its segment; "map", it cannot map its
-    peers' (the core's own failure paths, asked for through their ``fail`` arguments)."""
-    real = _core.NodeCtl
-
-    class Failing(real):
-        def __init__(self, slots, fail=False):
-            super().__init__(slots, fail or how == "1")
-
-        def connect(self, me, ranks, pids, fds, fail=False):
-            return super().connect(me, ranks, pids, fds, fail or how == "map")
-
-    monkeypatch.setattr(_core, "NodeCtl", Failing)
-
-
-@pytest.mark.parametrize("hook", ["1", "map"])
-def test_a_rank_that_cannot_share_makes_every_rank_use_mpi(comm, monkeypatch, caplog, hook):
-    """One rank fails its setup (cannot_share, wrapping the core): "1", it cannot make
-    its segment (the mesh's Allgather tells every rank); "map", it cannot map its peers' (its
-    node learns it from the control segments, with no MPI call). Every rank takes MPI, the
-    same choice everywhere, logged once as a warning; results stay exact."""
+@pytest.mark.parametrize("hook", ["segment", "map"])
+def test_a_rank_that_cannot_share_makes_every_rank_use_mpi(comm, caplog, hook):
+    """One rank fails its setup (pyshard.memory.failing_node_setup, the core's own failure
+    paths): "segment", it cannot make its segment (the mesh's Allgather tells every rank);
+    "map", it cannot map its peers' (its node learns it from the control segments, with no
+    MPI call). Every rank takes MPI, the same choice everywhere, logged once as a warning;
+    results stay exact."""
     p = comm.size
+    with pytest.raises(ValueError, match="stage must be one of"):
+        with failing_node_setup("1"):
+            pass
     if p == 1:
         pytest.skip("needs two ranks")
-    if comm.rank == 1:
-        cannot_share(monkeypatch, hook)
-    monkeypatch.setattr(_shm, "_warned", False)
-    mesh = ps.Mesh(comm, (p,))
-    g = make_global((5 * p, 3 * p), "int32")
-    x = ps.distribute(g, mesh, [Shard(0)])
-    before = ps.comm_stats()
-    with caplog.at_level(logging.WARNING, logger="pyshard"):
-        y = x.redistribute([Shard(1)])
+    with failing_node_setup(hook if comm.rank == 1 else None):
+        mesh = ps.Mesh(comm, (p,))
+        g = make_global((5 * p, 3 * p), "int32")
+        x = ps.distribute(g, mesh, [Shard(0)])
+        before = ps.comm_stats()
+        with caplog.at_level(logging.WARNING, logger="pyshard"):
+            y = x.redistribute([Shard(1)])
     np.testing.assert_array_equal(y.local, g[y.box])
     got = counts_since(before)
     if hook == "map" and len(set(node_groups(mesh, (0,)))) > 1:
         # ranks on two hosts: rank 1's node reaches its ranks by MPI, the other keeps
         # node-shared memory (test_a_node_that_cannot_share_reaches_its_ranks_by_mpi)
-        assert _shm.node(mesh, (0,)) is not None and sum(got.values()) == 1, got
+        assert node_of(mesh) is not None and sum(got.values()) == 1, got
         mesh.free()
         return
     assert "shm" not in got and sum(got.values()) == 1, got
-    assert _shm.node(mesh, (0,)) is None
+    assert node_of(mesh) is None
     assert any("not usable" in r.getMessage() for r in caplog.records)
     mesh.free()
 
@@ -395,10 +382,9 @@ def test_a_node_that_cannot_share_reaches_its_ranks_by_mpi(comm, monkeypatch):
     if p < 4:
         pytest.skip("needs two simulated nodes of two ranks")
     monkeypatch.setenv("PYSHARD_NODE_SIZE", "2")
-    if comm.rank == 1:
-        cannot_share(monkeypatch, "map")
-    mesh = ps.Mesh(comm, (p,))
-    node = _shm.node(mesh, (0,))
+    with failing_node_setup("map" if comm.rank == 1 else None):
+        mesh = ps.Mesh(comm, (p,))
+        node = node_of(mesh)
     assert node is not None
     healthy = comm.rank >= 2
     want = [comm.rank // 2 * 2, comm.rank // 2 * 2 + 1] if healthy else [comm.rank]
@@ -438,7 +424,7 @@ def test_mpi_transport_turns_it_off(comm, monkeypatch):
     y = x.redistribute([Shard(1)])
     np.testing.assert_array_equal(y.local, g[y.box])
     assert "shm" not in counts_since(before)
-    assert _shm.node(mesh, (0,)) is None
+    assert node_of(mesh) is None
     mesh.free()
 
 
@@ -512,7 +498,7 @@ def test_many_arrays_in_one_handshake(comm, monkeypatch, node_size):
         monkeypatch.setenv("PYSHARD_NODE_SIZE", str(node_size))
     p = comm.size
     mesh = ps.Mesh(comm, (p,))
-    node = _shm.node(mesh, (0,))
+    node = node_of(mesh)
     for zeros in (False, True):
         gs, xs = many_arrays(comm, mesh, 14, zeros)
         for container in (list, dict):
@@ -526,7 +512,7 @@ def test_many_arrays_in_one_handshake(comm, monkeypatch, node_size):
                 np.testing.assert_array_equal(y.local, g[y.box])
             if node is not None:
                 assert got == {"shm": 1}, got
-                assert all(in_shared_memory(y.local) for y in ys)
+                assert all(is_node_shared(y.local) for y in ys)
                 assert all(y.local.ctypes.data % 64 == 0 for y in ys if y.local.size)
             else:
                 assert "shm" not in got, got
@@ -601,7 +587,7 @@ def test_many_on_a_2d_mesh(comm):
         assert got.get("shm", 0) >= len(shared), got
         for k in one:  # each exchange's result in its batch's node-shared segment
             if shares_node(mesh, plans[k].steps[0].mesh_dims):
-                assert in_shared_memory(out[k].local)
+                assert is_node_shared(out[k].local)
         mesh.free()
 
 
@@ -658,7 +644,7 @@ def test_reductions_through_shared_memory(comm, dtype):
                         assert got == {"shm": 1}, (mesh_shape, mdim, op, d, got)
                     else:  # ranks of two hosts (a job across hosts): MPI
                         assert "shm" not in got and sum(got.values()) == 1, got
-                    assert not in_shared_memory(y.local)  # the result is private memory
+                    assert not is_node_shared(y.local)  # the result is private memory
         mesh.free()
 
 
