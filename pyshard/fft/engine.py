@@ -31,28 +31,23 @@ try:  # pragma: no cover - depends on the environment
 except ImportError:  # pragma: no cover
     _sfft = None
 
-__all__ = ["backend", "have_scipy", "local_pass", "ptr"]
+__all__ = ["backend", "have_scipy", "local_pass", "ptr", "select_backend"]
 
 # numpy >= 2: numpy.fft takes out= (rfft/irfft write straight into pooled memory)
 _NP_OUT = "out" in inspect.signature(np.fft.rfft).parameters
 
 log = logging.getLogger("pyshard.fft")
 
-_PYFFTW: Any = None  # the pyfftw module once imported; False where it does not import
-
 
 def _pyfftw() -> Any:
-    """pyfftw, or None where it does not import (imported once, on first use)."""
-    global _PYFFTW
-    if _PYFFTW is None:
-        try:
-            import pyfftw
-
-            _PYFFTW = pyfftw
-        except Exception as e:  # ImportError, or a broken build
-            log.debug("pyshard.fft: pyfftw does not import (%s: %s)", type(e).__name__, e)
-            _PYFFTW = False
-    return _PYFFTW or None
+    """pyfftw, or None where it does not import (an import statement each call: a lookup in
+    ``sys.modules`` once it has imported; ``sys.modules["pyfftw"] = None`` hides it)."""
+    try:
+        import pyfftw
+    except Exception as e:  # ImportError, or a broken build
+        log.debug("pyshard.fft: pyfftw does not import (%s: %s)", type(e).__name__, e)
+        return None
+    return pyfftw
 
 
 def have_scipy() -> bool:
@@ -61,23 +56,29 @@ def have_scipy() -> bool:
 
 
 def backend() -> str:
-    """The local-transform backend of numpy arrays that ``PYSHARD_FFT_BACKEND`` selects now:
-    ``"scipy"`` or ``"numpy"`` (pocketfft), ``"pyfftw"`` or ``"pyfftw-measure"`` (pyFFTW; the
-    c2c and r2c/c2r passes in float32 and float64, the others through scipy.fft). ``auto``:
-    scipy where it imports, else numpy; pyFFTW only when named (measured: faster at 128^3 on
-    2 ranks, slower at 256^3 on 2 and 4 ranks, docs/fft.md). Naming a backend that does not
-    import raises ImportError."""
+    """The local-transform backend of numpy arrays that ``PYSHARD_FFT_BACKEND`` selects now
+    (:func:`select_backend` with what imports here; pyFFTW is imported only when named)."""
     v = config.get("PYSHARD_FFT_BACKEND")
-    if v == "auto":
-        return "scipy" if _sfft is not None else "numpy"
-    if v.startswith("pyfftw") and _pyfftw() is None:
+    return select_backend(v, _sfft is not None, v.startswith("pyfftw") and _pyfftw() is not None)
+
+
+def select_backend(value: str, scipy: bool, pyfftw: bool) -> str:
+    """The backend the ``PYSHARD_FFT_BACKEND`` value ``value`` selects where scipy.fft imports
+    (``scipy``) and pyFFTW imports (``pyfftw``): ``"scipy"`` or ``"numpy"`` (pocketfft),
+    ``"pyfftw"`` or ``"pyfftw-measure"`` (pyFFTW; the c2c and r2c/c2r passes in float32 and
+    float64, the others through scipy.fft). ``auto``: scipy where it imports, else numpy;
+    pyFFTW only when named (measured: faster at 128^3 on 2 ranks, slower at 256^3 on 2 and 4
+    ranks, docs/fft.md). Naming a backend that does not import raises ImportError."""
+    if value == "auto":
+        return "scipy" if scipy else "numpy"
+    if value.startswith("pyfftw") and not pyfftw:
         raise ImportError(
-            f"PYSHARD_FFT_BACKEND={v} needs pyFFTW (pip install 'pyshard[pyfftw]' or pip "
+            f"PYSHARD_FFT_BACKEND={value} needs pyFFTW (pip install 'pyshard[pyfftw]' or pip "
             "install pyfftw)"
         )
-    if v == "scipy" and _sfft is None:
+    if value == "scipy" and not scipy:
         raise ImportError("PYSHARD_FFT_BACKEND=scipy needs scipy (pip install 'pyshard[fft]')")
-    return v
+    return value
 
 
 def _module(a: Any, func: str, sfft: Any = _sfft) -> Tuple[Any, bool]:

@@ -8,6 +8,8 @@ shard with the oracle at its box. Meshes: tests/mpi/test_redistribute_nd.MESHES.
 
 from __future__ import annotations
 
+import sys
+
 import numpy as np
 import pytest
 from oracle import contributions, make_global
@@ -558,11 +560,15 @@ def test_backend_setting(comm, monkeypatch):
     any communication; a bad value ValueError."""
     with ps.config.override(PYSHARD_FFT_BACKEND="auto"):
         assert pf.backend() == "scipy"
-        monkeypatch.setattr(engine, "_sfft", None)  # as where scipy does not import
-        assert pf.backend() == "numpy"
-        monkeypatch.undo()
-        monkeypatch.setattr(engine, "_PYFFTW", False)  # as where pyfftw does not import
-        assert pf.backend() == "scipy"
+    select = engine.select_backend  # (value, scipy imports, pyfftw imports)
+    assert select("auto", False, True) == "numpy"  # as where scipy does not import
+    assert select("auto", True, False) == "scipy"  # as where pyfftw does not import
+    assert select("pyfftw-measure", False, True) == "pyfftw-measure"
+    with pytest.raises(ImportError, match="needs scipy"):
+        select("scipy", False, True)
+    with pytest.raises(ImportError, match="needs pyFFTW"):
+        select("pyfftw", True, False)
+    monkeypatch.setitem(sys.modules, "pyfftw", None)  # as where pyfftw does not import
     mesh = ps.Mesh(comm, (comm.size,))
     x = ps.distribute(make_global((6, 4), np.complex128), mesh, [Shard(0)])
     before = ps.comm_stats()
