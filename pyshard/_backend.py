@@ -89,7 +89,7 @@ class _DLType(ctypes.Structure):
     _fields_ = [("code", ctypes.c_uint8), ("bits", ctypes.c_uint8), ("lanes", ctypes.c_uint16)]
 
 
-def _dltype(capsule: Any) -> _DLType:
+def dltype(capsule: Any) -> _DLType:
     """The DLDataType inside a fresh DLPack capsule, writable in place."""
     if ctypes.sizeof(ctypes.c_void_p) != 8:  # the offsets above are those of a 64-bit ABI
         raise TypeError("pyshard reads DLPack capsules on 64-bit platforms only")
@@ -113,7 +113,7 @@ class _Retagged:
 
     def __dlpack__(self, *args: Any, **kwargs: Any) -> Any:
         cap = self.obj.__dlpack__(*args, **kwargs)
-        t = _dltype(cap)
+        t = dltype(cap)
         self.seen = (int(t.code), int(t.bits), int(t.lanes))
         if t.code in _dtypes.DLPACK_CODES and t.lanes == 1 and t.bits in (8, 16):
             t.code = _dtypes.DLPACK_UINT
@@ -185,7 +185,7 @@ class _Exported:
 
     def __dlpack__(self, *args: Any, **kwargs: Any) -> Any:
         cap = self.words.__dlpack__(*args, **kwargs)
-        t = _dltype(cap)
+        t = dltype(cap)
         t.code, t.bits = self.code
         return cap
 

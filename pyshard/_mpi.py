@@ -87,7 +87,8 @@ def core_build_record() -> Tuple[Optional[str], str]:
     return path, data[i + len(_MARKER) : end].decode("utf-8", "replace").strip()
 
 
-def _mpi4py_library() -> str:
+def mpi4py_library() -> str:
+    """The name and version of the MPI library mpi4py loaded ("MPICH 5.0.2", ...)."""
     from mpi4py import MPI
 
     return library_name(MPI.Get_library_version())
@@ -106,7 +107,7 @@ def core_import_error(err: BaseException) -> str:
     mpi4py loaded, and the fix that applies."""
     path, built = core_build_record()
     try:
-        theirs = _mpi4py_library()
+        theirs = mpi4py_library()
     except Exception as e:  # noqa: BLE001 - mpi4py itself may be what is broken
         theirs = f"? (mpi4py: {e})"
     loaded = ", ".join(loaded_libmpi()) or "none found"

@@ -33,7 +33,7 @@ class Producer:
 
     def __dlpack__(self, *args, **kwargs):
         cap = self.words.__dlpack__(*args, **kwargs)
-        t = bk._dltype(cap)
+        t = bk.dltype(cap)
         t.code, t.bits = self.code
         return cap
 
@@ -110,7 +110,7 @@ def test_dlpack_round_trip_is_zero_copy(name):
     p = ps.to_dlpack(a)
     code = dict((v, k) for k, v in _dtypes.DLPACK_CODES.items())[name]
     cap = p.__dlpack__()
-    assert (bk._dltype(cap).code, bk._dltype(cap).bits) == (code, 8 * a.itemsize)
+    assert (bk.dltype(cap).code, bk.dltype(cap).bits) == (code, 8 * a.itemsize)
     del cap
     b = bk.as_array(ps.to_dlpack(a), "x")  # in through DLPack as torch would hand it
     assert b.dtype == a.dtype and np.shares_memory(a, b) and np.array_equal(a, b)

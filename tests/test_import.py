@@ -17,17 +17,15 @@ from pyshard import _core, _mpi
 
 
 def test_same_mpi_passes():
-    pyshard._check_same_mpi()
+    """The check ``import pyshard`` runs, on the core's own library version and path."""
+    _mpi.check_same_mpi(_core.library_version(), _core.library_path())
     assert _core.library_version().splitlines()[0]
     assert "libmpi" in _core.library_path()
 
 
-def test_mismatched_mpi_is_a_clear_import_error(monkeypatch):
-    monkeypatch.setattr(
-        pyshard._core, "library_version", lambda: "Open MPI v5.0.0, package: Open MPI"
-    )
+def test_mismatched_mpi_is_a_clear_import_error():
     with pytest.raises(ImportError, match="different MPI libraries") as e:
-        pyshard._check_same_mpi()
+        _mpi.check_same_mpi("Open MPI v5.0.0, package: Open MPI", _core.library_path())
     assert "Open MPI" in str(e.value) and "mpi4py" in str(e.value)
 
 
@@ -140,7 +138,7 @@ def test_the_core_says_what_it_was_built_with():
 
 
 def test_import_failures_name_both_mpis_and_the_fix(monkeypatch):
-    monkeypatch.setattr(_mpi, "_mpi4py_library", lambda: "MPICH 5.0.2")
+    monkeypatch.setattr(_mpi, "mpi4py_library", lambda: "MPICH 5.0.2")
     built = _core.built_with
     err = ImportError("_core.so: undefined symbol: _ZN3MPI8Datatype4FreeEv")
     msg = _mpi.core_import_error(err)
