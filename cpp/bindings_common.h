@@ -64,6 +64,7 @@ void run_device(StepT& step, std::uintptr_t src, std::uintptr_t dst, std::uintpt
 void bind_bound_steps(py::module_& m);    // bindings_bound.cpp: BoundExchange, BoundAllgatherv
 void bind_node_shared(py::module_& m);    // bindings_shm.cpp: the node-local transport
 void bind_migrate(py::module_& m);        // bindings_migrate.cpp: rows between ranks
+void bind_index(py::module_& m);          // bindings_index.cpp: rows by global index
 
 }  // namespace pyshard::bind
 

@@ -27,6 +27,11 @@ constexpr int kMigrateBack = 13;
 constexpr int kMigrateCountOdd = 14;
 // the counts to and from given peers, by persistent requests (MigratePeers)
 constexpr int kMigratePeers = 15;
+// pyshard.unstructured's messages (cpp/index_exchange.cpp): the setup's row lists, the
+// gather's rows and the scatter's values, each its own.
+constexpr int kIndexSetup = 16;
+constexpr int kIndex = 17;
+constexpr int kIndexReverse = 18;
 // The node-local transport's messages to peers on other nodes (ShmExchangeStep).
 constexpr int kShmOffNode = 7301;
 

@@ -37,6 +37,7 @@ from .migration import Migrated, PendingMigration, migrate, owner  # noqa: E402
 from .planner import Plan, plan  # noqa: E402
 from .planner import Step as Step  # noqa: E402 (advanced: see __all__)
 from .planner import StepKind as StepKind  # noqa: E402 (advanced: see __all__)
+from .unstructured import GatherPlan, PendingIndex, gather_plan, scatter_add, take  # noqa: E402
 
 
 def __getattr__(name: str) -> object:
@@ -92,12 +93,14 @@ __version__ = _core.__version__
 __all__ = [
     "HaloArray",
     "HaloPlan",
+    "GatherPlan",
     "Layout",
     "ManyPlan",
     "Mesh",
     "Migrated",
     "Partial",
     "Pending",
+    "PendingIndex",
     "PendingMigration",
     "Placement",
     "Plan",
@@ -113,6 +116,7 @@ __all__ = [
     "cuda_available",
     "distribute",
     "from_local",
+    "gather_plan",
     "halo_plan",
     "halo_spec",
     "large_count_stats",
@@ -125,9 +129,11 @@ __all__ = [
     "reset_comm_stats",
     "result_pool_bytes",
     "save",
+    "scatter_add",
     "set_cache_limit",
     "set_validation",
     "split_sizes",
+    "take",
     "to_dlpack",
     "tune_mesh",
     "validation",

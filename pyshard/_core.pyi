@@ -31,6 +31,7 @@ __all__: list[str] = [
     "HaloGeometry",
     "HaloMethod",
     "HaloStep",
+    "IndexExchange",
     "Mem",
     "MigrateExchange",
     "MigratePeers",
@@ -61,6 +62,7 @@ __all__: list[str] = [
     "cuda_device_present",
     "device_pack",
     "halo_copy_local",
+    "index_requests",
     "large_count",
     "large_count_method",
     "large_count_reduce_method",
@@ -940,6 +942,45 @@ class MigrateExchange:
     @property
     def active(self) -> bool: ...
 
+class IndexExchange:
+    def __init__(
+        self,
+        comm: Comm,
+        rpeer: collections.abc.Sequence[typing.SupportsInt | typing.SupportsIndex],
+        rcount: typing.Annotated[numpy.typing.ArrayLike, numpy.int64],
+        slot: typing.Annotated[numpy.typing.ArrayLike, numpy.int64],
+        self_rows: typing.Annotated[numpy.typing.ArrayLike, numpy.int64],
+        opeer: collections.abc.Sequence[typing.SupportsInt | typing.SupportsIndex],
+        ooff: typing.Annotated[numpy.typing.ArrayLike, numpy.int64],
+        own_rows: typing.Annotated[numpy.typing.ArrayLike, numpy.int64],
+        n_local: typing.SupportsInt | typing.SupportsIndex,
+    ) -> None:
+        """
+        The pattern of an index exchange on this rank (cpp/index_exchange.h); no MPI call.
+        """
+    def start_forward(self, x: numpy.ndarray, out: numpy.ndarray) -> None: ...
+    def start_reverse(
+        self,
+        values: numpy.ndarray,
+        into: numpy.ndarray,
+        kind: typing.SupportsInt | typing.SupportsIndex,
+        op: typing.SupportsInt | typing.SupportsIndex,
+    ) -> None: ...
+    def test(self) -> bool: ...
+    def wait(self) -> None: ...
+    @property
+    def active(self) -> bool: ...
+    @property
+    def messages_out(self) -> int: ...
+    @property
+    def rows_in(self) -> int: ...
+    @property
+    def rows_out(self) -> int: ...
+    @property
+    def self_rows(self) -> int: ...
+    @property
+    def size(self) -> int: ...
+
 class PooledBuffer:
     def __init__(self, nbytes: typing.SupportsInt | typing.SupportsIndex) -> None: ...
 
@@ -1036,6 +1077,18 @@ def device_pack(
 def halo_copy_local(geometry: HaloGeometry, src: numpy.ndarray, dst: numpy.ndarray) -> None:
     """
     Copy a halo geometry's local boxes from src to dst (padded arrays of its shape) as an update copies its wraps; for the bench's copy floor.
+    """
+
+def index_requests(
+    comm: Comm,
+    algorithm: typing.SupportsInt | typing.SupportsIndex,
+    counts: typing.Annotated[numpy.typing.ArrayLike, numpy.int64],
+    code: typing.SupportsInt | typing.SupportsIndex,
+    sig: typing.SupportsInt | typing.SupportsIndex,
+    req: typing.Annotated[numpy.typing.ArrayLike, numpy.int64],
+) -> tuple[numpy.typing.NDArray[numpy.int64], numpy.typing.NDArray[numpy.int64], int, bool, int]:
+    """
+    The setup of an index exchange: the counts (algorithm 0: MPI_Alltoall, 1: NBX) with this rank's error code and signature, then the requested rows (global indices, owner after owner) to their owners: (rows each rank reads from this one, those rows rank after rank, rank * 256 + code of the first rank at fault or -1, signature mismatch, a rank whose signature differs or -1).
     """
 
 def large_count_method() -> str: ...

@@ -17,14 +17,16 @@ operation                 exchange                              core step(s)
 halo update and fold      one each per halo array                ``HaloStep``, ``ShmHaloStep``
                           (``pyshard.halo``)
 ``migrate`` and ``back``  one per call (``pyshard.migration``)   ``MigrateExchange``
+``gather`` and            one per gather plan, run forward and   ``IndexExchange``
+``scatter`` by index      in reverse (``pyshard.unstructured``)
 ========================  ====================================  ==============================
 
 Each has the same face: ``op`` (which operation), ``route`` (the path it runs on, chosen by
 :mod:`pyshard.route` from what every rank holds alike), ``core`` (the core step), ``need``
 (workspace bytes) and :meth:`Exchange.explain`. The FFT engine and the torch functions run
 these operations, so they run these exchanges too. A :class:`Request` is an operation in
-flight (``redistribute(wait=False)``, ``migrate(wait=False)``, ``back(wait=False)``): ``test()``
-and ``wait()``, as MPI's requests.
+flight (``redistribute(wait=False)``, ``migrate(wait=False)``, ``back(wait=False)``,
+``GatherPlan.gather(wait=False)``): ``test()`` and ``wait()``, as MPI's requests.
 """
 
 from __future__ import annotations

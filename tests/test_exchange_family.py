@@ -23,14 +23,15 @@ from pyshard.exchange import Exchange, Request
 ROOT = Path(__file__).resolve().parents[1]
 PKG = ROOT / "pyshard"
 # the operations and the modules that build their exchanges
-FAMILY = {"pyshard.executor", "pyshard.many", "pyshard.halo", "pyshard.migration"}
+FAMILY = {"pyshard.executor", "pyshard.many", "pyshard.halo", "pyshard.migration",
+          "pyshard.unstructured"}
 
 
 def core_steps(stub: Path) -> Set[str]:
     """The core's classes that move bytes between ranks (from the checked stub): its steps
     and the rows' exchange."""
     names = set(re.findall(r"^class (\w+)", stub.read_text(), re.M))
-    return {n for n in names if n.endswith("Step") or n == "MigrateExchange"}
+    return {n for n in names if n.endswith("Step") or n in ("MigrateExchange", "IndexExchange")}
 
 
 def step_builders(root: Path, package: str, steps: Set[str]) -> Dict[str, List[str]]:
@@ -73,13 +74,14 @@ def family_violations(root: Path, package: str, family: Set[str], steps: Set[str
 def test_every_core_step_is_built_by_the_exchange_family():
     steps = core_steps(PKG / "_core.pyi")
     assert {"ExchangeStep", "FusedExchangeStep", "HaloStep", "ShmHaloStep",
-            "MigrateExchange"} <= steps  # the stub names them
+            "MigrateExchange", "IndexExchange"} <= steps  # the stub names them
     built = step_builders(PKG, "pyshard", steps)
     assert set(built) == FAMILY, built  # each operation builds its own, and only they do
     assert family_violations(PKG, "pyshard", FAMILY, steps) == []
     assert exchange_classes(PKG / "many.py") == ["FusedExchange", "ShmFusedExchange"]
     assert "HaloExchange" in exchange_classes(PKG / "halo.py")
     assert "RowExchange" in exchange_classes(PKG / "migration.py")
+    assert "IndexExchange" in exchange_classes(PKG / "unstructured.py")
 
 
 def test_the_family_check_fails_where_it_should(tmp_path):
@@ -103,7 +105,7 @@ def test_the_family_check_fails_where_it_should(tmp_path):
 
 def test_live_operations_run_exchanges_and_return_requests():
     """At one rank (every operation still binds its exchange): a redistribute's steps, a
-    batch, a halo update and fold, a migration and its way back."""
+    batch, a halo update and fold, a migration and its way back, a gather plan."""
     from mpi4py import MPI
 
     from pyshard.executor import executors
@@ -133,5 +135,10 @@ def test_live_operations_run_exchanges_and_return_requests():
         back = r.back(r.rows, wait=False)
         assert isinstance(back, Request)
         np.testing.assert_array_equal(back.wait(), rows)
+        plan = ps.gather_plan([4, 0, 4], like=x)
+        assert isinstance(plan.exchange, Exchange) and plan.exchange.op == "gather"
+        gp = plan.gather(x, wait=False)
+        assert isinstance(gp, Request) and gp.test()
+        np.testing.assert_array_equal(gp.wait(), g[[4, 0, 4]])
     finally:
         mesh.free()

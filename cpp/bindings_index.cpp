@@ -1,0 +1,112 @@
+// pyshard._core's bindings of the index exchange (cpp/index_exchange.h): host arrays only; the
+// Python layer (pyshard/unstructured.py) checks indices, shapes and dtypes before it calls
+// these, and keeps the arrays alive while an exchange is in flight.
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "bindings_common.h"
+#include "index_exchange.h"
+
+namespace pyshard::bind {
+
+namespace {
+
+using I64Array = py::array_t<i64, py::array::c_style | py::array::forcecast>;
+
+std::vector<i64> vec(const I64Array& a) { return std::vector<i64>(a.data(), a.data() + a.size()); }
+
+i64 row_bytes(const Buf& b) {
+  i64 rb = b.item;
+  for (size_t k = 1; k < b.shape.size(); ++k) rb *= b.shape[k];
+  return rb;
+}
+
+}  // namespace
+
+void bind_index(py::module_& m) {
+  m.def(
+      "index_requests",
+      [](std::shared_ptr<Comm> comm, int algorithm, const I64Array& counts, i64 code, i64 sig,
+         const I64Array& req) {
+        if (counts.size() != comm->size())
+          throw std::invalid_argument("pyshard: counts must have one entry per rank");
+        IndexRequests r;
+        {
+          py::gil_scoped_release nogil;
+          r = index_requests(*comm, algorithm, counts.data(), code, sig, req.data());
+        }
+        I64Array rc(static_cast<py::ssize_t>(r.rcounts.size()));
+        std::copy(r.rcounts.begin(), r.rcounts.end(), rc.mutable_data());
+        I64Array rows(static_cast<py::ssize_t>(r.rows.size()));
+        std::copy(r.rows.begin(), r.rows.end(), rows.mutable_data());
+        return py::make_tuple(rc, rows, r.bad, r.sig_mismatch, r.sig_rank);
+      },
+      py::arg("comm"), py::arg("algorithm"), py::arg("counts"), py::arg("code"), py::arg("sig"),
+      py::arg("req"),
+      "The setup of an index exchange: the counts (algorithm 0: MPI_Alltoall, 1: NBX) with "
+      "this rank's error code and signature, then the requested rows (global indices, owner "
+      "after owner) to their owners: (rows each rank reads from this one, those rows rank "
+      "after rank, rank * 256 + code of the first rank at fault or -1, signature mismatch, a "
+      "rank whose signature differs or -1).");
+
+  py::class_<IndexExchange, std::shared_ptr<IndexExchange>>(m, "IndexExchange")
+      .def(py::init([](std::shared_ptr<Comm> comm, std::vector<int> rpeer,
+                       const I64Array& rcount, const I64Array& slot, const I64Array& self_rows,
+                       std::vector<int> opeer, const I64Array& ooff, const I64Array& own_rows,
+                       i64 n_local) {
+             return std::make_shared<IndexExchange>(std::move(comm), std::move(rpeer),
+                                                    vec(rcount), vec(slot), vec(self_rows),
+                                                    std::move(opeer), vec(ooff), vec(own_rows),
+                                                    n_local);
+           }),
+           py::arg("comm"), py::arg("rpeer"), py::arg("rcount"), py::arg("slot"),
+           py::arg("self_rows"), py::arg("opeer"), py::arg("ooff"), py::arg("own_rows"),
+           py::arg("n_local"),
+           "The pattern of an index exchange on this rank (cpp/index_exchange.h); no MPI call.")
+      .def(
+          "start_forward",
+          [](IndexExchange& x, const py::array& src, py::array& out) {
+            Buf s = get_buf(src, false, "x");
+            Buf o = get_buf(out, true, "out");
+            const i64 rb = row_bytes(s);
+            if (s.shape.empty() || s.shape[0] != x.n_local())
+              throw std::invalid_argument("pyshard: x has the wrong number of rows");
+            if (o.shape.empty() || o.shape[0] != x.size() || row_bytes(o) != rb)
+              throw std::invalid_argument("pyshard: out has the wrong shape");
+            py::gil_scoped_release nogil;
+            x.start_forward(s.ptr, rb, o.ptr);
+          },
+          py::arg("x"), py::arg("out"))
+      .def(
+          "start_reverse",
+          [](IndexExchange& x, const py::array& values, py::array& into, int kind, int op) {
+            Buf v = get_buf(values, false, "values");
+            Buf t = get_buf(into, true, "into");
+            const i64 rb = row_bytes(t);
+            if (t.shape.empty() || t.shape[0] != x.n_local())
+              throw std::invalid_argument("pyshard: into has the wrong number of rows");
+            if (v.shape.empty() || v.shape[0] != x.size() || row_bytes(v) != rb)
+              throw std::invalid_argument("pyshard: values has the wrong shape");
+            if (op < 0 || op > 3) throw std::invalid_argument("pyshard: unknown scatter op");
+            py::gil_scoped_release nogil;
+            x.start_reverse(v.ptr, rb, t.ptr, static_cast<FoldKind>(kind),
+                            static_cast<IndexOp>(op));
+          },
+          py::arg("values"), py::arg("into"), py::arg("kind"), py::arg("op"))
+      .def("test", &IndexExchange::test, py::call_guard<py::gil_scoped_release>())
+      .def("wait", &IndexExchange::wait, py::call_guard<py::gil_scoped_release>())
+      .def_property_readonly("active", &IndexExchange::active)
+      .def_property_readonly("messages_out", &IndexExchange::messages_out)
+      .def_property_readonly("rows_in", &IndexExchange::rows_in)
+      .def_property_readonly("rows_out", &IndexExchange::rows_out)
+      .def_property_readonly("self_rows", &IndexExchange::self_rows)
+      .def_property_readonly("size", &IndexExchange::size);
+}
+
+}  // namespace pyshard::bind

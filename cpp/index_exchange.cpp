@@ -1,0 +1,332 @@
+// Rows read and accumulated by global index: the setup exchange and IndexExchange (see
+// index_exchange.h).
+#include "index_exchange.h"
+
+#include <algorithm>
+#include <complex>
+#include <cstdint>
+#include <cstring>
+#include <stdexcept>
+#include <string>
+#include <type_traits>
+#include <utility>
+
+#include "migrate.h"
+#include "tags.h"
+
+namespace pyshard {
+
+namespace {
+
+// One row of rb bytes; the common sizes as fixed-size copies the compiler inlines.
+inline void copy_row(char* dst, const char* src, i64 rb) {
+  switch (rb) {
+    case 8: std::memcpy(dst, src, 8); return;
+    case 16: std::memcpy(dst, src, 16); return;
+    case 32: std::memcpy(dst, src, 32); return;
+    case 64: std::memcpy(dst, src, 64); return;
+    default: std::memcpy(dst, src, static_cast<size_t>(rb));
+  }
+}
+
+template <class T>
+T add(T a, T b) {
+  if constexpr (std::is_integral_v<T>) {  // wrap around, as numpy does (no UB)
+    using U = std::make_unsigned_t<T>;
+    return static_cast<T>(static_cast<U>(a) + static_cast<U>(b));
+  } else {
+    return a + b;
+  }
+}
+
+template <class T, class F>
+void combine_as(char* dst, const char* src, i64 rb, F f) {
+  const i64 n = rb / static_cast<i64>(sizeof(T));
+  for (i64 e = 0; e < n; ++e) {
+    T a, b;
+    std::memcpy(&a, dst + e * sizeof(T), sizeof(T));
+    std::memcpy(&b, src + e * sizeof(T), sizeof(T));
+    const T c = f(a, b);
+    std::memcpy(dst + e * sizeof(T), &c, sizeof(T));
+  }
+}
+
+template <class T>
+void combine_typed(IndexOp op, char* dst, const char* src, i64 rb) {
+  if (op == IndexOp::sum) return combine_as<T>(dst, src, rb, [](T a, T b) { return add(a, b); });
+  if constexpr (std::is_arithmetic_v<T>) {
+    if (op == IndexOp::max)
+      return combine_as<T>(dst, src, rb, [](T a, T b) {
+        if constexpr (std::is_floating_point_v<T>) {
+          if (a != a) return a;
+          if (b != b) return b;
+        }
+        return b > a ? b : a;
+      });
+    return combine_as<T>(dst, src, rb, [](T a, T b) {
+      if constexpr (std::is_floating_point_v<T>) {
+        if (a != a) return a;
+        if (b != b) return b;
+      }
+      return b < a ? b : a;
+    });
+  } else {
+    throw std::invalid_argument("pyshard: scatter max/min on complex data");
+  }
+}
+
+void combine_kind(FoldKind kind, IndexOp op, char* dst, const char* src, i64 rb) {
+  if (op == IndexOp::replace) return copy_row(dst, src, rb);
+  switch (kind) {
+    case FoldKind::f32: return combine_typed<float>(op, dst, src, rb);
+    case FoldKind::f64: return combine_typed<double>(op, dst, src, rb);
+    case FoldKind::i8: return combine_typed<std::int8_t>(op, dst, src, rb);
+    case FoldKind::i16: return combine_typed<std::int16_t>(op, dst, src, rb);
+    case FoldKind::i32: return combine_typed<std::int32_t>(op, dst, src, rb);
+    case FoldKind::i64: return combine_typed<std::int64_t>(op, dst, src, rb);
+    case FoldKind::u8: return combine_typed<std::uint8_t>(op, dst, src, rb);
+    case FoldKind::u16: return combine_typed<std::uint16_t>(op, dst, src, rb);
+    case FoldKind::u32: return combine_typed<std::uint32_t>(op, dst, src, rb);
+    case FoldKind::u64: return combine_typed<std::uint64_t>(op, dst, src, rb);
+    case FoldKind::c64: return combine_typed<std::complex<float>>(op, dst, src, rb);
+    case FoldKind::c128: return combine_typed<std::complex<double>>(op, dst, src, rb);
+    case FoldKind::none: break;
+  }
+  throw std::invalid_argument("pyshard: scatter: no host combine for this element type");
+}
+
+}  // namespace
+
+IndexRequests index_requests(const Comm& comm, int algorithm, const i64* counts, i64 code,
+                             i64 sig, const i64* req) {
+  const int P = comm.size(), me = comm.rank();
+  CountResult c = migrate_counts(comm, algorithm, counts, code, sig);
+  stats()["index_setup"] += 1;
+  IndexRequests r;
+  r.rcounts = c.rcounts;
+  r.rcounts[me] = 0;
+  r.bad = c.bad;
+  r.sig_mismatch = c.sig_mismatch;
+  r.sig_rank = c.sig_rank;
+  if (r.bad >= 0 || r.sig_mismatch || code) return r;  // every rank raises (no list exchange)
+  i64 total = 0;
+  for (int p = 0; p < P; ++p) total += r.rcounts[p];
+  r.rows.assign(static_cast<size_t>(total), 0);
+  std::vector<MPI_Request> reqs;
+  reqs.reserve(2 * static_cast<size_t>(P));
+  i64 at = 0;
+  for (int p = 0; p < P; ++p) {
+    if (r.rcounts[p] > 0) {
+      reqs.push_back(MPI_REQUEST_NULL);
+      mpi::irecv(r.rows.data() + at, r.rcounts[p] * 8, p, tags::kIndexSetup, comm.get(),
+                 &reqs.back());
+    }
+    at += r.rcounts[p];
+  }
+  at = 0;
+  for (int p = 0; p < P; ++p) {
+    if (p != me && counts[p] > 0) {
+      reqs.push_back(MPI_REQUEST_NULL);
+      mpi::isend(req + at, counts[p] * 8, p, tags::kIndexSetup, comm.get(), &reqs.back());
+      at += counts[p];
+    }
+  }
+  mpi::waitall(reqs.size(), reqs.data());
+  return r;
+}
+
+IndexExchange::IndexExchange(std::shared_ptr<Comm> comm, std::vector<int> rpeer,
+                             std::vector<i64> rcount, std::vector<i64> slot,
+                             std::vector<i64> self_rows, std::vector<int> opeer,
+                             std::vector<i64> ooff, std::vector<i64> own_rows, i64 n_local)
+    : comm_(std::move(comm)), rpeer_(std::move(rpeer)), rcount_(std::move(rcount)),
+      slot_(std::move(slot)), self_rows_(std::move(self_rows)), opeer_(std::move(opeer)),
+      ooff_(std::move(ooff)), own_rows_(std::move(own_rows)), n_local_(n_local) {
+  const int P = comm_->size(), me = comm_->rank();
+  if (rpeer_.size() != rcount_.size() || ooff_.size() != opeer_.size() + 1 ||
+      (ooff_.empty() ? 0 : ooff_.back()) != static_cast<i64>(own_rows_.size()))
+    throw std::invalid_argument("pyshard: IndexExchange: inconsistent group tables");
+  roff_.assign(rpeer_.size() + 1, 0);
+  for (size_t j = 0; j < rpeer_.size(); ++j) {
+    if (rpeer_[j] < 0 || rpeer_[j] >= P || rpeer_[j] == me || rcount_[j] < 0 ||
+        (j && rpeer_[j] <= rpeer_[j - 1]))
+      throw std::invalid_argument("pyshard: IndexExchange: bad reader groups");
+    roff_[j + 1] = roff_[j] + rcount_[j];
+  }
+  rtotal_ = roff_.back();
+  const i64 S = static_cast<i64>(self_rows_.size());
+  for (i64 r : self_rows_)
+    if (r < 0 || r >= n_local_) throw std::invalid_argument("pyshard: IndexExchange: bad self row");
+  for (i64 r : own_rows_)
+    if (r < 0 || r >= n_local_) throw std::invalid_argument("pyshard: IndexExchange: bad own row");
+  // first occurrences, and the reader groups that land in the output as one run
+  std::vector<char> seen(static_cast<size_t>(rtotal_ + S), 0);
+  first_.assign(slot_.size(), 0);
+  rdirect_.assign(rpeer_.size(), -1);
+  std::vector<i64> hits(rpeer_.size(), 0), start(rpeer_.size(), -1);
+  std::vector<char> run(rpeer_.size(), 1);
+  for (size_t k = 0; k < slot_.size(); ++k) {
+    const i64 s = slot_[k];
+    if (s < 0 || s >= rtotal_ + S) throw std::invalid_argument("pyshard: IndexExchange: bad slot");
+    first_[k] = !seen[s];
+    seen[s] = 1;
+    if (s < rtotal_) {
+      const size_t j = static_cast<size_t>(
+          std::upper_bound(roff_.begin(), roff_.end(), s) - roff_.begin() - 1);
+      if (hits[j] == 0) start[j] = static_cast<i64>(k);
+      if (s != roff_[j] + hits[j] || static_cast<i64>(k) != start[j] + hits[j]) run[j] = 0;
+      ++hits[j];
+    }
+  }
+  for (size_t j = 0; j < rpeer_.size(); ++j)
+    if (run[j] && hits[j] == rcount_[j] && rcount_[j] > 0) rdirect_[j] = start[j];
+  skip_.assign(slot_.size(), 0);
+  for (size_t j = 0; j < rpeer_.size(); ++j)
+    if (rdirect_[j] >= 0)
+      std::fill(skip_.begin() + rdirect_[j], skip_.begin() + rdirect_[j] + rcount_[j], 1);
+  odirect_.assign(opeer_.size(), -1);
+  for (size_t i = 0; i < opeer_.size(); ++i) {
+    if (opeer_[i] < 0 || opeer_[i] >= P || opeer_[i] == me || (i && opeer_[i] <= opeer_[i - 1]))
+      throw std::invalid_argument("pyshard: IndexExchange: bad owner groups");
+    const i64 a = ooff_[i], b = ooff_[i + 1];
+    bool asc = b > a;
+    for (i64 t = a + 1; t < b && asc; ++t) asc = own_rows_[t] == own_rows_[t - 1] + 1;
+    if (asc) odirect_[i] = own_rows_[a];
+  }
+  // owner groups and this rank, ascending: the reverse's combine order
+  bool placed = false;
+  for (size_t i = 0; i < opeer_.size(); ++i) {
+    if (!placed && opeer_[i] > me) {
+      order_.push_back(-1);
+      placed = true;
+    }
+    order_.push_back(static_cast<i64>(i));
+  }
+  if (!placed) order_.push_back(-1);
+  reqs_.assign(rpeer_.size() + opeer_.size(), MPI_REQUEST_NULL);
+}
+
+IndexExchange::~IndexExchange() {
+  if (active_ && !mpi::finalized()) mpi::waitall_unchecked(reqs_.size(), reqs_.data());
+}
+
+void IndexExchange::combine(char* dst, const char* src, i64 rb) const {
+  combine_kind(kind_, op_, dst, src, rb);
+}
+
+void IndexExchange::start_forward(const char* x, i64 rb, char* out) {
+  if (active_) throw std::runtime_error("pyshard: an index exchange is already in flight");
+  const MPI_Comm c = comm_->get();
+  const size_t nr = rpeer_.size(), no = opeer_.size();
+  rbuf_.resize(static_cast<size_t>(rtotal_ * rb));
+  obuf_.resize(static_cast<size_t>(rows_out() * rb));
+  for (size_t j = 0; j < nr; ++j) {
+    char* at = rdirect_[j] >= 0 ? out + rdirect_[j] * rb : rbuf_.data() + roff_[j] * rb;
+    mpi::irecv(at, rcount_[j] * rb, rpeer_[j], tags::kIndex, c, &reqs_[j]);
+  }
+  for (size_t i = 0; i < no; ++i) {
+    const i64 a = ooff_[i], b = ooff_[i + 1];
+    const char* from;
+    if (odirect_[i] >= 0) {
+      from = x + odirect_[i] * rb;
+    } else {
+      char* o = obuf_.data() + a * rb;
+      for (i64 t = a; t < b; ++t) copy_row(o + (t - a) * rb, x + own_rows_[t] * rb, rb);
+      from = o;
+    }
+    mpi::isend(from, (b - a) * rb, opeer_[i], tags::kIndex, c, &reqs_[nr + i]);
+  }
+  // the rows this rank reads of its own: x -> out, once
+  for (size_t k = 0; k < slot_.size(); ++k)
+    if (slot_[k] >= rtotal_)
+      copy_row(out + static_cast<i64>(k) * rb, x + self_rows_[slot_[k] - rtotal_] * rb, rb);
+  stats()["index_messages"] += static_cast<i64>(no);
+  active_ = true;
+  reverse_ = false;
+  completed_ = false;
+  x_ = x;
+  out_ = out;
+  rb_ = rb;
+}
+
+void IndexExchange::start_reverse(const char* values, i64 rb, char* into, FoldKind kind,
+                                  IndexOp op) {
+  if (active_) throw std::runtime_error("pyshard: an index exchange is already in flight");
+  if (op != IndexOp::replace && kind == FoldKind::none)
+    throw std::invalid_argument("pyshard: scatter: no host combine for this element type");
+  kind_ = kind;
+  op_ = op;
+  const MPI_Comm c = comm_->get();
+  const size_t nr = rpeer_.size(), no = opeer_.size();
+  const i64 S = static_cast<i64>(self_rows_.size());
+  rbuf_.resize(static_cast<size_t>(rtotal_ * rb));
+  obuf_.resize(static_cast<size_t>(rows_out() * rb));
+  sbuf_.resize(static_cast<size_t>(S * rb));
+  for (size_t i = 0; i < no; ++i)
+    mpi::irecv(obuf_.data() + ooff_[i] * rb, (ooff_[i + 1] - ooff_[i]) * rb, opeer_[i],
+               tags::kIndexReverse, c, &reqs_[nr + i]);
+  // R and S reduced from the values in the order of k (groups sent from the values skipped)
+  for (size_t k = 0; k < slot_.size(); ++k) {
+    const i64 s = slot_[k];
+    char* dst;
+    if (s >= rtotal_) {
+      dst = sbuf_.data() + (s - rtotal_) * rb;
+    } else {
+      if (skip_[k]) continue;
+      dst = rbuf_.data() + s * rb;
+    }
+    const char* v = values + static_cast<i64>(k) * rb;
+    if (first_[k])
+      copy_row(dst, v, rb);
+    else
+      combine_kind(kind, op, dst, v, rb);
+  }
+  for (size_t j = 0; j < nr; ++j) {
+    const char* from = rdirect_[j] >= 0 ? values + rdirect_[j] * rb : rbuf_.data() + roff_[j] * rb;
+    mpi::isend(from, rcount_[j] * rb, rpeer_[j], tags::kIndexReverse, c, &reqs_[j]);
+  }
+  stats()["index_messages"] += static_cast<i64>(nr);
+  active_ = true;
+  reverse_ = true;
+  completed_ = false;
+  out_ = into;
+  rb_ = rb;
+}
+
+bool IndexExchange::test() {
+  if (!active_) return true;
+  if (!completed_) completed_ = mpi::testall(reqs_.size(), reqs_.data());
+  return completed_;
+}
+
+void IndexExchange::wait() {
+  if (!active_) return;
+  active_ = false;
+  if (!completed_) mpi::waitall(reqs_.size(), reqs_.data());
+  const i64 rb = rb_;
+  if (!reverse_) {
+    for (size_t k = 0; k < slot_.size(); ++k) {
+      const i64 s = slot_[k];
+      if (s >= rtotal_ || skip_[k]) continue;
+      copy_row(out_ + static_cast<i64>(k) * rb, rbuf_.data() + s * rb, rb);
+    }
+    return;
+  }
+  for (i64 g : order_) {
+    const i64* rows;
+    const char* src;
+    i64 n;
+    if (g < 0) {
+      rows = self_rows_.data();
+      src = sbuf_.data();
+      n = static_cast<i64>(self_rows_.size());
+    } else {
+      rows = own_rows_.data() + ooff_[g];
+      src = obuf_.data() + ooff_[g] * rb;
+      n = ooff_[g + 1] - ooff_[g];
+    }
+    for (i64 t = 0; t < n; ++t) combine_kind(kind_, op_, out_ + rows[t] * rb, src + t * rb, rb);
+  }
+}
+
+}  // namespace pyshard

@@ -1,0 +1,110 @@
+// Rows read and accumulated by global index (pyshard.unstructured): a fixed pattern of
+// point-to-point messages between this rank and the ranks it reads rows from (owners) or
+// whose rows it owns (readers), built once from the plan's index lists and run many times
+// forward (gather: the owners' rows into each reader's result, in the order of its indices)
+// and in reverse (scatter: each reader's values combined into the owners' rows).
+//
+// The pattern, on this rank:
+// - reader side: per owner j (ascending rank, this rank excluded), u[j] distinct rows, in the
+//   order the owner sends them; their concatenation is the reader buffer R. Per output row k
+//   (the position in this rank's indices), slot[k]: the row in R, or R's length + s for the
+//   s-th distinct row this rank reads of its own (self_rows[s], a local row number).
+// - owner side: per reader q (ascending rank, this rank excluded), the local rows it reads
+//   (own_rows[ooff[i]..ooff[i+1]), distinct), in the order it receives them; their
+//   concatenation is the owner buffer O.
+//
+// Forward: O packed from x (a group that is one ascending run of rows is sent from x itself),
+// one message per reader; R received (a group whose output rows are one run, in slot order,
+// lands in the result itself); the rows this rank reads of its own copied x -> out once.
+// Reverse: R (and the self rows S) reduced from the values in the order of k (first
+// occurrence copied, the next combined); one message per owner (a group that is one run of
+// distinct output rows is sent from the values themselves); O received; then every group is
+// combined into its rows of `into` in ascending rank order, this rank's own at its place: the
+// order rule that makes a scatter bit-reproducible whatever the path.
+#pragma once
+
+#include <mpi.h>
+
+#include <memory>
+#include <vector>
+
+#include "comm.h"
+#include "halo.h"  // FoldKind: the element types the host combine runs in
+#include "mpi_calls.h"
+
+namespace pyshard {
+
+// How a scatter combines: sum, max, min (NaN wins, as numpy's), replace (the last in the
+// order rule wins).
+enum class IndexOp { sum = 0, max = 1, min = 2, replace = 3 };
+
+// What the setup exchange gives: per rank the rows it reads from this rank (rcounts) and the
+// rows themselves (global indices, rank after rank), with the error flag and the signature.
+struct IndexRequests {
+  std::vector<i64> rcounts;
+  std::vector<i64> rows;
+  i64 bad = -1;
+  bool sig_mismatch = false;
+  i64 sig_rank = -1;
+};
+
+// The setup: `counts[p]` rows this rank reads from rank p (its own entry 0), `req` those rows
+// (global indices) owner after owner; the counts by `algorithm` (0 MPI_Alltoall, 1 NBX: no
+// collective over all ranks but a nonblocking reduction of the error and signature), with
+// this rank's error `code` and signature `sig`; then the rows by one message per pair.
+IndexRequests index_requests(const Comm& comm, int algorithm, const i64* counts, i64 code,
+                             i64 sig, const i64* req);
+
+class IndexExchange {
+ public:
+  IndexExchange(std::shared_ptr<Comm> comm, std::vector<int> rpeer, std::vector<i64> rcount,
+                std::vector<i64> slot, std::vector<i64> self_rows, std::vector<int> opeer,
+                std::vector<i64> ooff, std::vector<i64> own_rows, i64 n_local);
+  ~IndexExchange();
+  IndexExchange(const IndexExchange&) = delete;
+  IndexExchange& operator=(const IndexExchange&) = delete;
+
+  // Gather: `out` (slot.size() rows of `rb` bytes) gets x's rows (n_local rows) in the order
+  // of the indices. wait() completes it.
+  void start_forward(const char* x, i64 rb, char* out);
+  // Scatter: the values (slot.size() rows) combined into `into` (n_local rows) by `op` in
+  // element type `kind` (replace: any). wait() completes it.
+  void start_reverse(const char* values, i64 rb, char* into, FoldKind kind, IndexOp op);
+  // True once every message has completed (drives progress; wait() then only unpacks).
+  bool test();
+  void wait();
+  bool active() const { return active_; }
+
+  i64 messages_out() const { return static_cast<i64>(rpeer_.size()); }
+  i64 rows_in() const { return rtotal_; }
+  i64 rows_out() const { return ooff_.empty() ? 0 : ooff_.back(); }
+  i64 self_rows() const { return static_cast<i64>(self_rows_.size()); }
+  i64 size() const { return static_cast<i64>(slot_.size()); }
+  i64 n_local() const { return n_local_; }
+
+ private:
+  void combine(char* dst, const char* src, i64 rb) const;
+  std::shared_ptr<Comm> comm_;
+  std::vector<int> rpeer_;
+  std::vector<i64> rcount_, roff_;   // reader groups: rows, first row in R
+  std::vector<i64> slot_;            // per output row
+  std::vector<i64> self_rows_;
+  std::vector<int> opeer_;
+  std::vector<i64> ooff_, own_rows_;
+  i64 n_local_ = 0, rtotal_ = 0;
+  std::vector<i64> rdirect_;  // per reader group: the output row it lands at as one run, or -1
+  std::vector<i64> odirect_;  // per owner group: its first local row when one ascending run, or -1
+  std::vector<char> skip_;    // per output row: in a reader group that lands as one run
+  std::vector<char> first_;   // per output row: the first occurrence of its slot
+  std::vector<i64> order_;    // owner groups and this rank (-1), ascending rank
+  std::vector<char> rbuf_, obuf_, sbuf_;
+  std::vector<MPI_Request> reqs_;
+  bool active_ = false, reverse_ = false, completed_ = false;
+  const char* x_ = nullptr;
+  char* out_ = nullptr;
+  i64 rb_ = 0;
+  FoldKind kind_ = FoldKind::none;
+  IndexOp op_ = IndexOp::sum;
+};
+
+}  // namespace pyshard

@@ -1,0 +1,440 @@
+"""Rows read and accumulated by global index: finite-element meshes, sparse matrices, graphs.
+
+An index space of ``N`` rows (mesh vertices, matrix rows, graph nodes) lies on a 1-D layout:
+each rank owns a range of rows (uneven and empty ranges as everywhere in pyshard), and the
+layout's shard table says who owns each index with no communication. Each rank names the
+global rows it needs, any order, duplicates allowed; :func:`gather_plan` learns once who reads
+what from whom, and the plan then runs many times:
+
+- :meth:`GatherPlan.gather`: ``x_global[indices]`` on every rank (the rows this rank owns
+  copied locally, the others one message per owner);
+- :meth:`GatherPlan.scatter`: the reverse, each value combined into its owner's row
+  (``"sum"``, ``"max"``, ``"min"`` or ``"replace"``) in a fixed order (below).
+
+The order rule (what makes a scatter bit-reproducible whatever the path and the timing): the
+values one rank sends to one row are combined first, in the order of that rank's indices
+(``c_q = v[k1] op v[k2] op ...``); then the owner combines the ranks' partial values into its
+row in ascending rank order, its own at its place: ``row op c_0 op c_1 op ...``.
+``"replace"`` keeps the last in that order (the highest rank's last occurrence).
+
+The setup is collective over the mesh and sends no P-wide collective's worth of data: the
+counts go by NBX (synchronous sends to the owners this rank reads from, and one nonblocking
+reduction that also carries every rank's error flag), then each reader's list of rows to
+each owner. A gather or scatter then runs no collective at all: one message to and from each
+peer, packed and unpacked by the core (:class:`IndexExchange`, the family's point-to-point
+member).
+"""
+
+from __future__ import annotations
+
+import logging
+import zlib
+from dataclasses import dataclass
+from typing import Any, Dict, Optional, Tuple
+
+import numpy as np
+
+from . import _backend, _core, _dtypes
+from .array import ShardedArray
+from .exchange import Exchange, Request
+from .layout import Shard
+from .memory import allocate
+from .route import FOLD_DTYPES
+
+log = logging.getLogger(__name__)
+
+__all__ = ["GatherPlan", "IndexExchange", "IndexRoute", "PendingIndex", "gather_plan",
+           "scatter_add", "take"]
+
+OPS = ("sum", "max", "min", "replace")
+_OP_CODE = {op: k for k, op in enumerate(OPS)}  # cpp/index_exchange.h IndexOp
+_KIND_CODE = {np.dtype(t): k for k, t in enumerate(FOLD_DTYPES)}  # cpp/halo.h FoldKind
+_ALGORITHMS = {"alltoall": 0, "nbx": 1}
+_ERRORS = {1: "an index outside [0, N)", 2: "indices not integers", 3: "indices not 1-D"}
+
+
+@dataclass(frozen=True)
+class IndexRoute:
+    """Where an index exchange goes: ``path`` ``"local"`` (one rank) or ``"mpi"``
+    (point-to-point messages, one to and from each peer); ``algorithm``: the setup's count
+    exchange (``"nbx"``: synchronous sends and one nonblocking reduction; ``"alltoall"``:
+    one ``MPI_Alltoall``); ``why``, in words."""
+
+    path: str
+    algorithm: str
+    why: str
+
+
+def index_route(mesh: Any, algorithm: str) -> IndexRoute:
+    """The rule for :func:`gather_plan`: ``auto`` -> NBX (no collective over every rank
+    beyond its one nonblocking reduction), else as asked. No MPI call."""
+    if algorithm not in ("auto",) + tuple(_ALGORITHMS):
+        raise ValueError(f"pyshard.gather_plan: algorithm must be 'auto' or one of "
+                         f"{tuple(_ALGORITHMS)}, got {algorithm!r}")
+    path = "mpi" if mesh.size > 1 else "local"
+    if algorithm == "auto":
+        return IndexRoute(path, "nbx", "setup counts by NBX: messages only to the owners read")
+    return IndexRoute(path, algorithm, f"setup counts by {algorithm}, as asked")
+
+
+class IndexExchange(Exchange):
+    """A gather plan's :class:`Exchange` (``op`` ``"gather"``): the core's ``IndexExchange``,
+    one message to and from each peer, run forward (gather) and in reverse (scatter)."""
+
+    __slots__ = ()
+
+
+def _index_layout(x: Any, what: str) -> Tuple[Any, Any, np.ndarray]:
+    """The mesh, layout and row offsets (one per rank, plus N) of an index space: a
+    ShardedArray whose dim 0 is sharded by every mesh dim, in order, and no other dim."""
+    if not isinstance(x, ShardedArray):
+        raise TypeError(f"pyshard.{what}: expected a ShardedArray, got {type(x).__name__}")
+    lay, mesh = x.layout, x.mesh
+    if len(lay.shape) < 1 or any(p != Shard(0) for p in lay.placements):
+        raise ValueError(
+            f"pyshard.{what}: the index space must be dim 0 sharded by every mesh dim "
+            f"(placements [Shard(0)] * {mesh.ndim}), got {list(map(str, lay.placements))}")
+    _, ext, off = lay.table[0]
+    offsets = np.array(list(off) + [lay.shape[0]], np.int64)
+    assert len(ext) == mesh.size
+    return mesh, lay, offsets
+
+
+def _signature(lay: Any) -> int:
+    """The same number on every rank holding this layout (checked by the setup)."""
+    key = repr((lay.shape[0], lay.table[0][1])).encode()
+    return zlib.crc32(key) + 1
+
+
+def _check_indices(indices: Any, N: int) -> Tuple[Optional[np.ndarray], int, str]:
+    """The indices as int64, or an error code and its detail."""
+    try:
+        a = _backend.to_host(indices) if _backend.is_device(indices) else np.asarray(indices)
+    except Exception as e:  # noqa: BLE001 - the detail goes to every rank's message
+        return None, 2, f"indices cannot be read as an array ({e})"
+    if a.ndim != 1:
+        return None, 3, f"indices must be 1-D, got shape {a.shape}"
+    if a.dtype.kind not in "iu" and not (a.size == 0 and a.dtype.kind == "f"):
+        return None, 2, f"indices must be integers, got dtype {a.dtype}"
+    a = a.astype(np.int64, copy=False)
+    if a.size:
+        bad = np.flatnonzero((a < 0) | (a >= N))
+        if bad.size:
+            k = int(bad[0])
+            return None, 1, f"indices[{k}] = {int(a[k])} is outside [0, {N})"
+    return a, 0, ""
+
+
+class PendingIndex(Request):
+    """A gather or scatter in flight (``wait=False``): :meth:`wait` completes it and returns
+    the gathered rows (gather) or None (scatter); :meth:`test` is ``MPI_Testall`` on its
+    messages, True once they have completed (``wait`` then only unpacks). The arrays it reads
+    and writes must not be touched until then."""
+
+    __slots__ = ("_plan", "_result", "_keep", "_finish", "_done")
+
+    def __init__(self, plan: GatherPlan, result: Any, keep: Tuple[Any, ...],
+                 finish: Any = None) -> None:
+        self._plan, self._result, self._keep, self._finish = plan, result, keep, finish
+        self._done = False
+
+    @property
+    def done(self) -> bool:
+        return self._done
+
+    def test(self) -> bool:
+        """True when every message of the exchange has completed (then :meth:`wait` returns
+        at once); never blocks."""
+        return self._done or bool(self._plan.exchange.core.test())
+
+    def wait(self) -> Any:
+        """Complete the exchange; the gathered rows (gather) or None (scatter)."""
+        if not self._done:
+            self._plan.exchange.core.wait()
+            self._plan._inflight = None
+            if self._finish is not None:
+                self._finish()
+            self._done = True
+            self._keep = ()
+        return self._result
+
+
+class _DevicePending(PendingIndex):
+    """A gather of a cupy array in flight: the result is copied to the device at wait()."""
+
+    __slots__ = ()
+
+    def wait(self) -> Any:
+        box = self._result
+        super().wait()
+        return box["r"]
+
+
+class GatherPlan:
+    """Which rows of an index space this rank reads, and from whom: built once by
+    :func:`gather_plan`, run by :meth:`gather` and :meth:`scatter` as often as needed on any
+    array laid out as the plan's ``like`` (same index layout; any trailing shape and dtype)."""
+
+    def __init__(self, mesh: Any, layout: Any, offsets: np.ndarray, indices: np.ndarray,
+                 exchange: IndexExchange, counts: np.ndarray, rcounts: np.ndarray) -> None:
+        self.mesh, self.layout = mesh, layout
+        self.offsets = offsets
+        self.indices = indices
+        self.exchange = exchange
+        self.counts = counts  # distinct rows read from each rank (this rank's own included)
+        self.rcounts = rcounts  # rows each rank reads from this one (this rank excluded)
+        self._inflight: Optional[PendingIndex] = None
+        self._stats: Dict[str, int] = {"gather": 0, "scatter": 0, "messages_sent": 0,
+                                       "messages_received": 0, "bytes_sent": 0,
+                                       "bytes_received": 0}
+
+    @property
+    def n(self) -> int:
+        """This rank's number of indices (rows of a gather's result)."""
+        return int(self.indices.shape[0])
+
+    @property
+    def route(self) -> IndexRoute:
+        return self.exchange.route
+
+    def _check(self, x: Any, what: str) -> np.ndarray:
+        if not isinstance(x, ShardedArray):
+            raise TypeError(f"pyshard.GatherPlan.{what}: expected a ShardedArray, got "
+                            f"{type(x).__name__}")
+        if x.mesh is not self.mesh or x.layout.table[0] != self.layout.table[0] or any(
+                p != Shard(0) for p in x.layout.placements):
+            raise ValueError(f"pyshard.GatherPlan.{what}: the array is laid out differently "
+                             f"from the plan's like= (its dim 0 must have the same shard table "
+                             f"on the same mesh)")
+        if self._inflight is not None:
+            raise RuntimeError(f"pyshard.GatherPlan.{what}: this plan's previous exchange is "
+                               f"still in flight; wait() for it first")
+        return x.local
+
+    def _count(self, op: str, rb: int, forward: bool) -> None:
+        c = self.exchange.core
+        s = self._stats
+        s[op] += 1
+        peers_r, peers_o = int(c.messages_out), int((self.rcounts > 0).sum())
+        rin, rout = int(c.rows_in), int(c.rows_out)
+        if forward:
+            s["messages_sent"] += peers_o
+            s["messages_received"] += peers_r
+            s["bytes_sent"] += rout * rb
+            s["bytes_received"] += rin * rb
+        else:
+            s["messages_sent"] += peers_r
+            s["messages_received"] += peers_o
+            s["bytes_sent"] += rin * rb
+            s["bytes_received"] += rout * rb
+
+    def gather(self, x: ShardedArray, out: Any = None, wait: bool = True) -> Any:
+        """``x_global[indices]`` on this rank: an array of shape ``(n, *x.shape[1:])`` (into
+        ``out`` where given: C-contiguous, that shape and x's dtype). ``wait=False`` returns a
+        :class:`PendingIndex` whose ``wait()`` gives it. Every rank of the mesh calls it; no
+        collective runs, only messages to this rank's peers. cupy arrays go through host
+        memory (staged)."""
+        local = self._check(x, "gather")
+        device = _backend.is_device(local)
+        host = _backend.to_host(local)
+        shape = (self.n,) + tuple(host.shape[1:])
+        if out is not None and not device:
+            if not isinstance(out, np.ndarray) or out.shape != shape or out.dtype != host.dtype \
+                    or not out.flags.c_contiguous or not out.flags.writeable:
+                raise ValueError(f"pyshard.GatherPlan.gather: out must be a writable "
+                                 f"C-contiguous numpy array of shape {shape} and dtype "
+                                 f"{host.dtype}")
+            res = out
+        else:
+            res = allocate(shape, host.dtype)
+        rb = host.dtype.itemsize * int(np.prod(shape[1:], dtype=np.int64))
+        self.exchange.core.start_forward(host, res)
+        self._count("gather", rb, True)
+        finish = None
+        result: Any = res
+        if device:
+            box: Dict[str, Any] = {}
+
+            def finish() -> None:
+                d = _backend.cupy().asarray(res)
+                if out is not None:
+                    out[...] = d
+                    box["r"] = out
+                else:
+                    box["r"] = d
+
+            p = _DevicePending(self, box, (host, res), finish)
+            self._inflight = p
+            return p.wait() if wait else p
+        p = PendingIndex(self, result, (host, res), finish)
+        self._inflight = p
+        return p.wait() if wait else p
+
+    def scatter(self, values: Any, into: ShardedArray, op: str = "sum",
+                wait: bool = True) -> Any:
+        """Combine ``values`` (shape ``(n, *into.shape[1:])``, into's dtype; row ``k`` for
+        ``indices[k]``) into the owners' rows of ``into`` by ``op`` (``"sum"``, ``"max"``,
+        ``"min"``, ``"replace"``), in the order rule of the module doc. float16 and the
+        ml_dtypes floats accumulate in float32, rounded once; bool's ``"sum"`` is a logical
+        or. ``wait=False`` returns a :class:`PendingIndex`. Every rank of the mesh calls it;
+        no collective runs."""
+        if op not in OPS:
+            raise ValueError(f"pyshard.GatherPlan.scatter: op must be one of {OPS}, got {op!r}")
+        local = self._check(into, "scatter")
+        device = _backend.is_device(local)
+        vals = _backend.to_host(values) if _backend.is_device(values) else np.asarray(values)
+        tgt = _backend.to_host(local) if device else np.asarray(local)
+        shape = (self.n,) + tuple(tgt.shape[1:])
+        if vals.shape != shape or vals.dtype != tgt.dtype:
+            raise ValueError(f"pyshard.GatherPlan.scatter: values must have shape {shape} and "
+                             f"dtype {tgt.dtype} (into's), got {vals.shape} {vals.dtype}")
+        if not device and not (tgt.flags.c_contiguous and tgt.flags.writeable):
+            raise ValueError("pyshard.GatherPlan.scatter: into's local array must be writable "
+                             "and C-contiguous")
+        dt = tgt.dtype
+        kind = _KIND_CODE.get(dt)
+        acc, v, narrow = tgt, np.ascontiguousarray(vals), None
+        if dt == np.bool_:
+            kind = _KIND_CODE[np.dtype(np.uint8)]
+            acc, v = tgt.view(np.uint8), v.view(np.uint8)
+            if op == "sum":
+                op = "max"  # logical or
+        elif kind is None and op != "replace":  # float16, the ml_dtypes floats: in float32
+            wdt = _dtypes.accumulator(dt)
+            ml = _dtypes.is_ml_float(dt)
+
+            def wide(a: np.ndarray) -> np.ndarray:
+                return (_dtypes.widen(a.view(_dtypes.word(dt)), dt, np) if ml
+                        else a.astype(wdt))
+
+            acc, v = np.ascontiguousarray(wide(tgt)), np.ascontiguousarray(wide(v))
+            kind = _KIND_CODE[np.dtype(wdt)]
+
+            def narrow() -> None:
+                tgt[...] = _dtypes.narrow(acc, dt, np).view(dt) if ml else acc.astype(dt)
+        if kind is None:
+            kind = -1  # replace: bytes only
+        rb = acc.dtype.itemsize * int(np.prod(shape[1:], dtype=np.int64))
+        self.exchange.core.start_reverse(v, acc, kind, _OP_CODE[op])
+        self._count("scatter", rb, False)
+
+        def finish() -> None:
+            if narrow is not None:
+                narrow()
+            if device:
+                local[...] = _backend.cupy().asarray(tgt)
+
+        p = PendingIndex(self, None, (v, acc, tgt), finish)
+        self._inflight = p
+        return p.wait() if wait else p
+
+    def comm_stats(self) -> Dict[str, int]:
+        """This plan's calls and traffic on this rank: ``gather`` and ``scatter`` (calls),
+        ``messages_sent``/``messages_received`` and ``bytes_sent``/``bytes_received`` (over
+        every call), and ``setup_messages`` (the setup's row lists, out)."""
+        d = dict(self._stats)
+        d["setup_messages"] = int((self.counts > 0).sum() - (self.counts[self.mesh.rank] > 0))
+        return d
+
+    def explain(self) -> str:
+        """This rank's peers, messages, rows and bytes per row, path and why."""
+        P, me = self.mesh.size, self.mesh.rank
+        c = self.exchange.core
+        frm = [p for p in range(P) if p != me and self.counts[p]]
+        to = [p for p in range(P) if self.rcounts[p]]
+        distinct = int(self.counts.sum())
+        r = self.route
+        return "\n".join([
+            f"gather plan on {P} ranks, rank {me}: {self.n} indices ({distinct} distinct rows, "
+            f"{self.n - distinct} duplicates) into {self.layout.shape[0]} rows; path {r.path} "
+            f"(point-to-point, no collective per call); setup {r.algorithm} ({r.why})",
+            f"  own rows read locally: {int(c.self_rows)} (copied once, never sent)",
+            f"  gather: {len(frm)} messages in from {frm} ({int(c.rows_in)} rows), "
+            f"{len(to)} out to {to} ({int(c.rows_out)} rows); scatter: the same reversed, "
+            f"duplicates combined before they are sent",
+            "  bytes per call: rows x the row's bytes (x.shape[1:] x itemsize)",
+        ])
+
+    def __repr__(self) -> str:
+        return (f"<GatherPlan rank {self.mesh.rank}: {self.n} indices, "
+                f"{int(self.exchange.core.messages_out)} owners read>")
+
+
+def gather_plan(indices: Any, like: ShardedArray, algorithm: str = "auto") -> GatherPlan:
+    """Plan reading the rows ``indices`` (this rank's global rows of ``like``'s dim 0: a 1-D
+    integer array, any order, duplicates allowed, any length including 0) from their owners.
+
+    ``like``: a :class:`ShardedArray` whose dim 0 is the index space, sharded by every mesh
+    dim (``[Shard(0)]`` on a 1-D mesh; uneven and empty shards allowed); the plan runs on any
+    array with that dim-0 layout. ``algorithm``: the setup's count exchange, ``"auto"``
+    (``"nbx"``) or ``"alltoall"``. Collective over the mesh.
+
+    Bad indices (outside ``[0, N)``, not integers, not 1-D) raise ``ValueError`` on every
+    rank, naming the first rank at fault: the error travels with the setup's counts."""
+    mesh, lay, offsets = _index_layout(like, "gather_plan")
+    route = index_route(mesh, algorithm)
+    P, me = mesh.size, mesh.rank
+    N = int(lay.shape[0])
+    idx, code, detail = _check_indices(indices, N)
+    counts = np.zeros(P, np.int64)
+    req = np.zeros(0, np.int64)
+    slot = self_rows = np.zeros(0, np.int64)
+    if not code:
+        assert idx is not None
+        uniq, inv = np.unique(idx, return_inverse=True)
+        owner = np.searchsorted(offsets[:-1], uniq, side="right") - 1
+        remote = owner != me
+        counts = np.bincount(owner, minlength=P).astype(np.int64)
+        send_counts = counts.copy()
+        send_counts[me] = 0
+        req = np.ascontiguousarray(uniq[remote])
+        nr = int(req.shape[0])
+        uslot = np.empty(uniq.shape[0], np.int64)
+        uslot[remote] = np.arange(nr)
+        uslot[~remote] = nr + np.arange(uniq.shape[0] - nr)
+        slot = uslot[inv.reshape(-1)] if idx.size else np.zeros(0, np.int64)
+        self_rows = uniq[~remote] - offsets[me]
+    else:
+        send_counts = counts
+    comm = mesh.core_comm(tuple(range(mesh.ndim)))
+    sig = _signature(lay)
+    rcounts, rows, bad, mismatch, sig_rank = _core.index_requests(
+        comm, _ALGORITHMS[route.algorithm], send_counts, code, sig, req)
+    if bad >= 0:
+        rank, c = divmod(int(bad), 256)
+        own = f": {detail}" if rank == me else ""
+        raise ValueError(f"pyshard.gather_plan: rank {rank}'s indices are bad "
+                         f"({_ERRORS.get(c, c)}){own}")
+    if code:
+        raise ValueError(f"pyshard.gather_plan: {detail}")
+    if mismatch:
+        who = f"rank {sig_rank}" if sig_rank >= 0 else "some rank"
+        raise ValueError(f"pyshard.gather_plan: like= is laid out differently on {who} "
+                         f"(dim 0's shard table must be the same on every rank)")
+    assert idx is not None
+    rpeer = [int(p) for p in np.flatnonzero(send_counts)]
+    opeer = [int(q) for q in np.flatnonzero(rcounts)]
+    ooff = np.concatenate(([0], np.cumsum(rcounts[opeer]))).astype(np.int64)
+    own_rows = np.ascontiguousarray(rows - offsets[me], dtype=np.int64)
+    n_local = int(offsets[me + 1] - offsets[me])
+    core = _core.IndexExchange(comm, rpeer, send_counts[rpeer], slot, self_rows, opeer, ooff,
+                               own_rows, n_local)
+    x = IndexExchange("gather", route, core)
+    if log.isEnabledFor(logging.DEBUG):
+        log.debug("gather_plan: %d indices, %d owners read, %d readers served", idx.size,
+                  len(rpeer), len(opeer))
+    return GatherPlan(mesh, lay, offsets, idx, x, counts, rcounts)
+
+
+def take(x: ShardedArray, indices: Any) -> np.ndarray:
+    """``x_global[indices]`` on this rank, in one call (a :func:`gather_plan` built and run
+    once). Collective over ``x``'s mesh."""
+    plan = gather_plan(indices, like=x)
+    return plan.gather(x)
+
+
+def scatter_add(x: ShardedArray, indices: Any, values: Any) -> None:
+    """Add ``values[k]`` into row ``indices[k]`` of ``x`` (its owner's), in the order rule of
+    the module doc, in one call. Collective over ``x``'s mesh."""
+    plan = gather_plan(indices, like=x)
+    plan.scatter(values, into=x, op="sum")
