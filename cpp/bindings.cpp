@@ -138,7 +138,8 @@ PYBIND11_MODULE(_core, m) {
 
   py::class_<PendingExchange>(m, "PendingExchange")
       .def(py::init<>())
-      .def_readonly("active", &PendingExchange::active);
+      .def_readonly("active", &PendingExchange::active)
+      .def_readonly("arrived", &PendingExchange::arrived);
 
   // Every step is built with its transport (pyshard/route.py's Route.transport) and runs on
   // it for its whole life: there is no process-wide transport.
@@ -170,6 +171,10 @@ PYBIND11_MODULE(_core, m) {
              s.complete(p, host_packer());
            },
            py::arg("pending"))
+      .def("test", &ExchangeStep::test, py::arg("pending"),
+           py::call_guard<py::gil_scoped_release>(),
+           "Have the messages of this exchange in flight completed? (MPI_Testall; never "
+           "blocks; complete() then only unpacks.)")
       .def("start_device",
            [](ExchangeStep& s, std::uintptr_t src, std::uintptr_t dst, std::uintptr_t stream,
               PendingExchange& p) {

@@ -341,6 +341,7 @@ void ExchangeStep::start(const char* src, char* dst, Packer& pk, PendingExchange
   char* bounce = staged ? p.ws.bounce(pk, S + R) : nullptr;
   p.src = src;
   p.dst = dst;
+  p.arrived = false;
   p.reqs.clear();
   if (g.algo == Algorithm::p2p) {
     p.reqs.assign(g.recvs.size() + g.sends.size(), MPI_REQUEST_NULL);
@@ -379,20 +380,32 @@ void ExchangeStep::complete(PendingExchange& p, Packer& pk) {
   if (g.algo == Algorithm::p2p) {
     // direct: each block through the workspace unpacked as it lands; staged: the bounce
     // buffer copied back in one piece once every message is in, then each block unpacked
-    p2p::complete(g.recvs.size(), g.sends.size(), p.reqs.data(), [&](size_t i) {
+    const auto unpack = [&](size_t i) {
       if (!staged && !g.recvs[i].contiguous) pk.copy(g.unpack, i, i + 1, work + S, p.dst);
-    });
+    };
+    if (p.arrived) {  // test() saw every message complete
+      for (size_t i = 0; i < g.recvs.size(); ++i) unpack(i);
+    } else {
+      p2p::complete(g.recvs.size(), g.sends.size(), p.reqs.data(), unpack);
+    }
     if (staged) {
       pk.from_host(work + S, p.ws.bounce(pk, S + R) + S, R);
       for (size_t i = 0; i < g.recvs.size(); ++i) pk.copy(g.unpack, i, i + 1, work + S, p.dst);
     }
   } else {
-    mpi::waitall(p.reqs.size(), p.reqs.data());
+    if (!p.arrived) mpi::waitall(p.reqs.size(), p.reqs.data());
     if (staged) pk.from_host(work + S, p.ws.bounce(pk, S + R) + S, R);
     if (staged || g.unpack_all) pk.copy_all(g.unpack, work + S, p.dst);
   }
+  p.arrived = false;
   count_call(algorithm_name(g.algo), pk, tr_);
   pk.finish();
+}
+
+bool ExchangeStep::test(PendingExchange& p) {
+  if (!p.active || p.arrived) return true;
+  p.arrived = mpi::testall(p.reqs.size(), p.reqs.data());
+  return p.arrived;
 }
 
 }  // namespace pyshard

@@ -47,6 +47,7 @@ struct PendingExchange {
   const char* src = nullptr;
   char* dst = nullptr;
   bool active = false;
+  bool arrived = false;  // every message completed (by test()); complete() only unpacks
 };
 
 // Every step runs on the transport it was built with (`tr`: direct, or staged through host
@@ -64,6 +65,9 @@ class ExchangeStep {
   // unpacks. `src` and `dst` must stay alive and untouched in between.
   void start(const char* src, char* dst, Packer& pk, PendingExchange& p);
   void complete(PendingExchange& p, Packer& pk);
+  // Have the messages of `p` completed? MPI_Testall on its requests: never blocks, drives
+  // progress; once true, complete() only unpacks.
+  bool test(PendingExchange& p);
   const ExchangeGeometry& geometry() const { return *g_; }
   Transport transport() const { return tr_; }
 

@@ -342,6 +342,8 @@ class PendingExchange:
     def __init__(self) -> None: ...
     @property
     def active(self) -> bool: ...
+    @property
+    def arrived(self) -> bool: ...
 
 class ExchangeStep:
     def __init__(
@@ -371,6 +373,10 @@ class ExchangeStep:
         stream: typing.SupportsInt | typing.SupportsIndex,
         pending: PendingExchange,
     ) -> None: ...
+    def test(self, pending: PendingExchange) -> bool:
+        """
+        Have the messages of this exchange in flight completed? (MPI_Testall; never blocks; complete() then only unpacks.)
+        """
     @property
     def algorithm(self) -> Algorithm: ...
     @property

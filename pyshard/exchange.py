@@ -87,10 +87,12 @@ class Exchange:
 
 class Request:
     """An operation in flight. :meth:`wait` completes it and returns its result; :meth:`test`
-    returns True once it has completed, completing it (then :meth:`wait` returns the result
-    at once, communicating nothing). The core's steps have no nonblocking test of their
-    messages, so a first :meth:`test` completes the exchange as :meth:`wait` does (waiting for
-    the peers): ``while not r.test(): compute()`` ends after one call."""
+    returns True once it has completed (then :meth:`wait` returns the result at once,
+    communicating nothing). A redistribute's posted exchange (``Pending``) and a gather plan's
+    exchange (``PendingIndex``) test their messages with ``MPI_Testall`` and never block; the
+    others (a halo update or fold, ``migrate`` and ``back``) complete at their first
+    :meth:`test` as :meth:`wait` does (waiting for the peers), so ``while not r.test():
+    compute()`` ends after one call."""
 
     __slots__ = ()
 
@@ -102,7 +104,7 @@ class Request:
         raise NotImplementedError
 
     def test(self) -> bool:
-        """True when the operation has completed (completing it; see the class doc)."""
+        """True when the operation has completed (see the class doc)."""
         if not self.done:
             self.wait()
         return True

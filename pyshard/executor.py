@@ -519,13 +519,23 @@ class Pending(Request):
         return self._done
 
     def test(self) -> bool:
-        """True when the redistribute has completed, completing it: :meth:`wait` then returns
-        the result at once, and every later call returns True. A plan that ran whole when it
-        started is complete already (no communication here). For an exchange in flight, the
-        core's ``PendingExchange`` has no non-blocking test (``MPI_Testall``), so the first
-        call completes it as :meth:`wait` does (collective: it waits for the peers) and
-        returns True: ``while not p.test(): compute()`` ends after one call."""
-        return super().test()
+        """True when the redistribute has completed; never blocks while its messages are in
+        flight (``MPI_Testall`` on the posted exchange), so ``while not p.test(): compute()``
+        overlaps the exchange with the computation. Once its messages have arrived, a
+        single-step plan that is the oldest in flight on its mesh completes here (the unpack
+        only, no communication) and :meth:`wait` returns at once; a plan with steps after the
+        exchange, or with an older redistribute in flight, completes then as :meth:`wait`
+        does (its later steps and the older ones run here, in start order, collectively)."""
+        if self._done:
+            return True
+        e = self._execs[0]
+        if not e.core.test(self._core):
+            return False
+        if len(self._execs) == 1 and self._mesh.pending[0] is self:
+            self._finish()
+        else:
+            self.wait()
+        return True
 
     def __repr__(self) -> str:
         return f"Pending({self._plan}, {'done' if self._done else 'in flight'})"

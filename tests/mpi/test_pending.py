@@ -143,6 +143,37 @@ def test_test_completes_a_redistribute(comm, algorithm):
     mesh.free()
 
 
+@pytest.mark.parametrize("algorithm", ["alltoallv", "p2p"])
+def test_test_does_not_block(comm, algorithm):
+    """test() never waits for the peers: rank 0 starts the transpose while the last rank has
+    not (it waits for rank 0's word, at most 20 s), so rank 0's first test() is False (no
+    message from the last rank can have arrived); then it lets the last rank start, and its
+    loop of test() ends with the result."""
+    if comm.size < 2:
+        pytest.skip("needs a peer")
+    mesh = ps.Mesh(comm, (comm.size,))
+    g = make_global((3 * comm.size + 1, 2 * comm.size + 3), "float64")
+    x = ps.distribute(g, mesh, [S0])
+    last = comm.size - 1
+    first = None
+    if comm.rank == last:
+        req = comm.irecv(source=0, tag=77)
+        deadline = time.monotonic() + 20.0
+        while not req.Test() and time.monotonic() < deadline:
+            time.sleep(0.001)
+        if time.monotonic() >= deadline:
+            req.Cancel()
+    p = x.redistribute([S1], algorithm=algorithm, wait=False)
+    if comm.rank == 0:
+        first = p.test()
+        comm.send(None, dest=last, tag=77)
+    spin(p)
+    check(p.wait(), g)
+    ok = comm.bcast(first is False, root=0)
+    assert ok, "test() waited for a rank that had not started (it must not block)"
+    mesh.free()
+
+
 def test_test_with_several_in_flight(comm):
     """test() on the last one started completes those started before it too (in start
     order, as wait() does); each then waits at once."""
