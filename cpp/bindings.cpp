@@ -349,6 +349,9 @@ PYBIND11_MODULE(_core, m) {
              s.start(b.ptr, host_packer());
            },
            py::arg("padded"))
+      .def("test", &HaloStep::test, py::call_guard<py::gil_scoped_release>(),
+           "Have the messages of the exchange in flight completed? (MPI_Testall; never "
+           "blocks; wait() then only unpacks or combines.)")
       .def("wait",
            [](HaloStep& s, py::array& a) {
              Buf b = get_buf(a, true, "the padded array");

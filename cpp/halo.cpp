@@ -631,6 +631,14 @@ void HaloStep::wait(char* arr, Packer& pk, FoldOp op, FoldKind kind) {
   pk.finish();
 }
 
+bool HaloStep::test() {
+  if (!active_ || reqs_.empty()) return true;
+  // one request (the neighbourhood collective): MPI_Test, as MPICH 5's MPI_Testall reports an
+  // error on a persistent MPI_Neighbor_alltoallv_init request (its wait is checked)
+  if (reqs_.size() == 1) return mpi::test(&reqs_[0]);
+  return mpi::testall(reqs_.size(), reqs_.data());
+}
+
 void HaloStep::waitall() {
   if (!reqs_.empty())
     mpi::waitall(reqs_.size(), reqs_.data());

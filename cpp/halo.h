@@ -117,6 +117,9 @@ class HaloStep {
   // none; otherwise it leaves the received bytes at buffer() (at geometry().send_bytes,
   // or 0 for the datatype method) and the caller combines them and the local copies.
   void wait(char* arr, Packer& pk, FoldOp op = FoldOp::sum, FoldKind kind = FoldKind::none);
+  // Have the messages of the exchange in flight completed? MPI_Testall on its requests:
+  // never blocks, drives progress; wait() then only unpacks or combines.
+  bool test();
   char* buffer() const { return work_; }
   bool active() const { return active_; }
   const HaloGeometry& geometry() const { return *g_; }

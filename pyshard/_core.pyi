@@ -633,6 +633,10 @@ class HaloStep:
         padded: typing.SupportsInt | typing.SupportsIndex,
         stream: typing.SupportsInt | typing.SupportsIndex,
     ) -> None: ...
+    def test(self) -> bool:
+        """
+        Have the messages of the exchange in flight completed? (MPI_Testall; never blocks; wait() then only unpacks or combines.)
+        """
     def update(self, padded: numpy.ndarray) -> None: ...
     def wait(self, padded: numpy.ndarray) -> None: ...
     def wait_device(

@@ -559,17 +559,21 @@ class HaloArray:
             self._step.core.wait(self.padded)
 
     def test(self) -> bool:
-        """True when the exchange :meth:`start` (or :meth:`start_fold`) began has completed,
-        completing it: the ghost cells are then filled (the interior cells combined),
-        :meth:`wait` returns at once, and every later call returns True until the next
-        exchange starts. With no exchange in flight, True (as ``MPI_Test`` on an inactive
-        request). The core's halo steps (``HaloStep``, ``ShmHaloStep``) have no non-blocking
-        test (``MPI_Testall`` on their requests, a look at the node handshake's counters), so
-        the first call completes the exchange as :meth:`wait` does (collective: it waits for
-        the peers) and returns True: ``while not h.test(): compute()`` ends after one call."""
-        if self._active or self._folding:
-            self.wait()
-            self._tested = True
+        """True when the exchange :meth:`start` (or :meth:`start_fold`) began has completed:
+        the ghost cells are then filled (the interior cells combined), :meth:`wait` returns
+        at once, and every later call returns True until the next exchange starts. With no
+        exchange in flight, True (as ``MPI_Test`` on an inactive request). On the MPI methods
+        it never blocks (``MPI_Testall`` on the step's requests; False while a message is
+        out); on node-shared memory (``shm``) the first call completes the exchange as
+        :meth:`wait` does (waiting for the node peers) and returns True."""
+        if not (self._active or self._folding):
+            return True
+        step = self._fstep if self._folding else self._step
+        probe = getattr(step.core, "test", None)
+        if probe is not None and not probe():
+            return False
+        self.wait()
+        self._tested = True
         return True
 
     def explain(self) -> str:
