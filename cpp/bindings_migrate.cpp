@@ -190,6 +190,9 @@ void bind_migrate(py::module_& m) {
           py::arg("cnt"), py::arg("rcnt"), py::arg("sig"), py::arg("code"),
           py::arg("recv") = py::none())
       .def("wait", &MigrateExchange::wait, py::call_guard<py::gil_scoped_release>())
+      .def("test", &MigrateExchange::test, py::call_guard<py::gil_scoped_release>(),
+           "Have the messages completed? (MPI_Testall; never blocks; wait() then only "
+           "unpacks.)")
       .def_property_readonly("active", &MigrateExchange::active);
 }
 

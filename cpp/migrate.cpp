@@ -642,6 +642,11 @@ void MigrateExchange::back_error(const i64* cnt, const i64* rcnt, i64 sig, i64 c
   mpi::waitall(req.size(), req.data());
 }
 
+bool MigrateExchange::test() {
+  if (!active_ || reqs_.empty()) return true;
+  return mpi::testall(reqs_.size(), reqs_.data());
+}
+
 void MigrateExchange::wait() {
   if (!active_) return;
   mpi::waitall(reqs_.size(), reqs_.data());

@@ -123,6 +123,9 @@ class MigrateExchange {
   // Completes the messages and copies the received rows into place. Throws if `dest` changed
   // between forward and back.
   void wait();
+  // Have this exchange's messages completed? MPI_Testall: never blocks, drives progress;
+  // wait() then only unpacks. (The node handshake, on the shm path, ran when it started.)
+  bool test();
   bool active() const { return active_; }
 
  private:

@@ -948,6 +948,10 @@ class MigrateExchange:
         """
         The bytes of the table that leads a node-shared block (forward: the result's, with `columns` columns; back: the received sections').
         """
+    def test(self) -> bool:
+        """
+        Have the messages completed? (MPI_Testall; never blocks; wait() then only unpacks.)
+        """
     def wait(self) -> None: ...
     @property
     def active(self) -> bool: ...

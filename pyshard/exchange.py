@@ -88,11 +88,11 @@ class Exchange:
 class Request:
     """An operation in flight. :meth:`wait` completes it and returns its result; :meth:`test`
     returns True once it has completed (then :meth:`wait` returns the result at once,
-    communicating nothing). A redistribute's posted exchange (``Pending``) and a gather plan's
-    exchange (``PendingIndex``) test their messages with ``MPI_Testall`` and never block; the
-    others (a halo update or fold, ``migrate`` and ``back``) complete at their first
-    :meth:`test` as :meth:`wait` does (waiting for the peers), so ``while not r.test():
-    compute()`` ends after one call."""
+    communicating nothing). Every core exchange on MPI tests its messages with
+    ``MPI_Testall`` and never blocks: a redistribute's posted exchange (``Pending``), a halo
+    update or fold on an MPI method, ``migrate`` and ``back``, a gather plan's gather and
+    scatter (``PendingIndex``). A halo exchange on node-shared memory completes at its first
+    :meth:`test` as :meth:`wait` does (waiting for its node peers)."""
 
     __slots__ = ()
 

@@ -302,13 +302,16 @@ class _InFlight(Request):
         raise NotImplementedError
 
     def test(self) -> bool:
-        """True when the exchange has completed, completing it: ``wait()`` then returns the
-        result at once, and every later call returns True. The core's ``MigrateExchange``
-        has no non-blocking test (``MPI_Testall`` on its messages, a look at the node
-        handshake's counters), so the first call completes the exchange as ``wait()`` does
-        (it waits for the peers) and returns True: ``while not p.test(): compute()`` ends
-        after one call."""
-        return super().test()
+        """True when the exchange has completed: ``wait()`` then returns the result at once,
+        and every later call returns True. Never blocks: ``MPI_Testall`` on the exchange's
+        messages (the node handshake of the shm path ran when it started), False while one
+        is out; once they are in, the rows are put in place here."""
+        if self.done:
+            return True
+        if not self.x.core.test():
+            return False
+        self.wait()
+        return True
 
     def _complete(self) -> None:
         """Complete the messages and give the buffers back (once, even when it raises)."""
