@@ -25,7 +25,7 @@ CASES = (
 """The redistribution cases, run by default."""
 
 EXTRA_CASES = ("checkpoint", "memory", "sparse", "fft3d", "fft", "halo", "stencil", "many",
-               "migrate")
+               "migrate", "unstructured")
 """Benchmarks with rows of their own fields, run only when named."""
 
 

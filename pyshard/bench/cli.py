@@ -28,6 +28,7 @@ from .memory import MEMORY_LIMIT_MIB, bench_memory, format_memory
 from .migrate import bench_migrate, format_migrate
 from .report import append_json, format_table
 from .sparse import bench_sparse_setup, format_sparse
+from .unstructured import bench_unstructured, format_unstructured
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -42,7 +43,9 @@ def _parser() -> argparse.ArgumentParser:
         "halo (one ghost-cell update of 2-D 8192^2 float64 width 1 "
         "and 4, 3-D 384^3 float32 width 2, on a 2-D mesh; --halo-scale, --halo-shape) and "
         "stencil (the heat example, blocking vs overlapped steps; --stencil-n), many (200 arrays "
-        "in one redistribute_many vs a loop vs one raw collective; --many-count). See the "
+        "in one redistribute_many vs a loop vs one raw collective; --many-count), "
+        "unstructured (gather_plan's gather, scatter and setup vs the floor and by hand; "
+        "--unstructured-rows). See the "
         "docstring of the package pyshard.bench.",
     )
     ap.add_argument(
@@ -89,6 +92,8 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--many-count", type=int, default=200, help="many case: how many arrays")
     ap.add_argument("--migrate-rows", type=int, default=1_000_000,
                     help="migrate case: rows a rank (64 B each; default 10^6)")
+    ap.add_argument("--unstructured-rows", type=int, default=1_000_000,
+                    help="unstructured case: rows owned a rank (64 B each; default 10^6)")
     ap.add_argument("--many-scale", type=int, default=1, help="many case: divide the shapes")
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--reps", type=int, default=10)
@@ -182,6 +187,11 @@ def _run_extra(name: str, comm: MPI.Comm, args: argparse.Namespace) -> Dict:
         r = bench_migrate(comm, rows=args.migrate_rows, reps=args.reps, warmup=args.warmup)
         if comm.Get_rank() == 0:
             print(format_migrate(r), flush=True)
+    elif name == "unstructured":
+        r = bench_unstructured(comm, rows=args.unstructured_rows, reps=args.reps,
+                               warmup=args.warmup)
+        if comm.Get_rank() == 0:
+            print(format_unstructured(r), flush=True)
     elif name == "fft3d":
         n = args.fft_n
         r = bench_fft3d(comm, n=n, reps=args.reps, warmup=args.warmup)
