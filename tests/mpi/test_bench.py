@@ -115,3 +115,18 @@ def test_bench_migrate_writes_json(comm):
         # NBX sends to the ranks that get rows only: at most the other ranks, none on one rank
         assert 0 <= o["max_messages_per_rank"] <= comm.size - 1
     assert row["simulated"]["ranks"] == 65536 and 1 <= row["simulated"]["nbx_messages"] <= 8
+
+
+def test_bench_unstructured_writes_json(comm):
+    (row,) = bench_rows(comm, ["--cases", "unstructured", "--unstructured-rows", "2000",
+                               "--reps", "1", "--warmup", "0"])
+    assert row["case"] == "unstructured" and row["ranks"] == comm.size and row["check"] is True
+    assert [o["pattern"] for o in row["rows"]] == ["mesh", "random"]
+    for o in row["rows"]:
+        assert all(v > 0 for v in o["ms"].values())
+        assert o["reads"] == 200 and 0 <= o["max_peers"] <= comm.size - 1
+    # ring neighbours: at most 2 peers for the mesh pattern
+    assert row["rows"][0]["max_peers"] <= 2
+    s = row["simulated"]
+    assert s["ranks"] == 65536 and s["mesh"]["owners"] == 8 and s["mesh"]["reads"] == 260
+    assert s["random"]["owners"] > 300
