@@ -27,6 +27,8 @@ Timed, each the median over reps of the slowest rank's time:
   gather;
 - ``reduce``: ``reduceBegin``/``reduceEnd`` with ``MPI.SUM``, leaves into roots: pyshard's
   scatter (sum);
+- ``pack``: the memory work alone (``np.take`` of the rows every rank, this one included,
+  reads of this rank), and ``floor_pack``: the floor plus it, as in the bench;
 - ``floor``: the bench's floor under this MPI (the same bytes already packed, through one raw
   ``Alltoallv`` or ``Irecv``/``Isend`` to the same peers, the faster, plus a memcpy of the
   rows a rank reads of its own), so that PETSc's ratio to the floor compares with pyshard's
@@ -46,6 +48,7 @@ import json
 import sys
 import time
 from pathlib import Path
+from typing import Callable, Optional
 
 import numpy as np
 from mpi4py import MPI
@@ -110,7 +113,8 @@ class Floor:
         MPI.Request.Waitall(reqs)
 
 
-def median_ms(fn, comm: MPI.Comm, reps: int, warmup: int, before=None) -> float:
+def median_ms(fn: Callable[..., object], comm: MPI.Comm, reps: int, warmup: int,
+              before: Optional[Callable[[], object]] = None) -> float:
     """The median over ``reps`` of the slowest rank's time of ``fn`` (``before`` run
     untimed ahead of each call, a barrier after it)."""
     out = []
@@ -137,7 +141,7 @@ def run_pattern(pat: str, n: int, frac: float, comm: MPI.Comm, unit: MPI.Datatyp
     root = ghosts.row_values(n, me, WIDTH)
     leaf = np.empty((idx.shape[0], WIDTH))
 
-    def new_sf(_=None) -> PETSc.SF:
+    def new_sf() -> PETSc.SF:
         sf = PETSc.SF().create(comm=PETSc.COMM_WORLD)
         sf.setFromOptions()
         return sf
@@ -179,6 +183,14 @@ def run_pattern(pat: str, n: int, frac: float, comm: MPI.Comm, unit: MPI.Datatyp
     ok = ok and np.allclose(got, exp, rtol=1e-12, atol=1e-12)
     ok = bool(comm.allreduce(bool(ok), op=MPI.LAND))
     fwd, rev = Floor(idx, n, comm), Floor(idx, n, comm, reverse=True)
+    served = [ir[ghosts.owners(ir, n) == me] - me * n for ir in
+              (ghosts.read_rows(n, P, r, pat, frac) for r in range(P))]
+    packed = [np.empty((rows.shape[0], WIDTH)) for rows in served]
+
+    def pack() -> None:  # the memory work alone: the rows read of this rank, taken from x
+        for rows, out in zip(served, packed):
+            np.take(root, rows, axis=0, out=out)
+
     t["bcast"] = median_ms(bcast, comm, reps, warmup)
     t["reduce"] = median_ms(lambda: reduce(acc), comm, reps, warmup)
     t["floor_a2a"] = median_ms(fwd.a2a, comm, reps, warmup)
@@ -187,6 +199,8 @@ def run_pattern(pat: str, n: int, frac: float, comm: MPI.Comm, unit: MPI.Datatyp
     t["scatter_floor_p2p"] = median_ms(rev.p2p, comm, reps, warmup)
     t["floor"] = min(t["floor_a2a"], t["floor_p2p"])
     t["scatter_floor"] = min(t["scatter_floor_a2a"], t["scatter_floor_p2p"])
+    t["pack"] = median_ms(pack, comm, reps, warmup)
+    t["floor_pack"] = t["floor"] + t["pack"]
     sf.destroy()
     return {"pattern": pat, "reads": int(comm.allreduce(idx.shape[0], op=MPI.MAX)),
             "max_peers": int(comm.allreduce(len(fwd.frm), op=MPI.MAX)), "check": ok, "ms": t}
@@ -211,12 +225,14 @@ def main() -> int:
         ver = ".".join(map(str, PETSc.Sys.getVersion()))
         print(f"PETSc {ver} PetscSF, {P} ranks, {args.rows} rows of 64 B a rank, "
               f"{args.frac:.0%} read, {lib}; ms, median of {args.reps}, slowest rank")
-        print(f"  {'pattern':>7} {'floor':>7} {'bcast':>7} {'/floor':>6} | {'floor':>7} "
+        print(f"  {'pattern':>7} {'floor':>7} {'bcast':>7} {'/floor':>6} {'+pack':>6} "
+              f"{'/+pack':>6} | {'floor':>7} "
               f"{'reduce':>7} {'/floor':>6} | {'setup':>7} peers ok")
         for r in rows:
             m = r["ms"]
             print(f"  {r['pattern']:>7} {m['floor']:7.2f} {m['bcast']:7.2f} "
-                  f"{m['bcast'] / m['floor']:6.2f} | {m['scatter_floor']:7.2f} "
+                  f"{m['bcast'] / m['floor']:6.2f} {m['floor_pack']:6.2f} "
+                  f"{m['bcast'] / m['floor_pack']:6.2f} | {m['scatter_floor']:7.2f} "
                   f"{m['reduce']:7.2f} {m['reduce'] / m['scatter_floor']:6.2f} | "
                   f"{m['setup']:7.2f} {r['max_peers']:>5} {r['check']}")
         print(json.dumps({"case": "petsc_sf", "ranks": P, "rows_per_rank": args.rows,

@@ -18,6 +18,10 @@ the slowest rank:
   by ``Alltoall``, the index lists by ``Alltoallv``, the rows by fancy indexing and a second
   ``Alltoallv`` (every rank's own rows through it too); ``by_hand_scatter``: the same index
   exchange, the values by ``Alltoallv`` and ``np.add.at``;
+- ``pack``: the gather's memory work alone (``np.take`` of the rows others read and of
+  this rank's own rows: rows spread over ``x``, a cache miss each), and ``floor_pack``, the
+  floor plus it: the least any implementation does here;
+- ``planned``/``planned_scatter``: :class:`Planned`, by hand with the index lists known;
 - time splits of the gather: ``gather_start`` (packing, posting, the own rows copied) and
   ``gather_wait`` (waiting for the messages).
 
@@ -165,6 +169,16 @@ class Planned:
                 np.take(local, self.own, axis=0, out=out[a:b])
         MPI.Request.Waitall(reqs)
 
+    def pack(self, local: np.ndarray, out: np.ndarray) -> None:
+        """The gather's memory work alone, no message: the rows others read and this rank's
+        own rows taken from ``local`` (rows spread over x: a cache miss each)."""
+        for r, rows in self.served:
+            if r != self.me:
+                np.take(local, rows, axis=0, out=self.sbuf[r])
+        for q, a, b in self.groups:
+            if q == self.me:
+                np.take(local, self.own, axis=0, out=out[a:b])
+
     def scatter(self, values: np.ndarray, into: np.ndarray) -> None:
         c, me = self.comm, self.me
         reqs = [c.Irecv(self.sbuf[r], r, 45) for r, _ in self.served if r != me]
@@ -270,6 +284,7 @@ def _pattern(pat: str, n: int, frac: float, x: Any, local: np.ndarray, mesh: Mes
         "gather": lambda: plan.gather(x, out=buf),
         "by_hand": lambda: by_hand_gather(local, idx, n, comm),
         "planned": lambda: hand.gather(local, buf2),
+        "pack": lambda: hand.pack(local, buf2),
         "scatter_floor_a2a": rev.a2a,
         "scatter_floor_p2p": rev.p2p,
         "scatter": lambda: plan.scatter(values, into=y),
@@ -281,6 +296,7 @@ def _pattern(pat: str, n: int, frac: float, x: Any, local: np.ndarray, mesh: Mes
     t.update(_splits(plan, x, buf, comm, reps))
     t["floor"] = min(t["floor_a2a"], t["floor_p2p"])
     t["scatter_floor"] = min(t["scatter_floor_a2a"], t["scatter_floor_p2p"])
+    t["floor_pack"] = t["floor"] + t["pack"]
     st = plan.comm_stats()
     own = int((owners(idx, n) == me).sum())
     return {
@@ -315,7 +331,8 @@ def format_unstructured(r: Dict[str, Any]) -> str:
     lines = [f"unstructured: {r['ranks']} ranks, {r['rows_per_rank']} rows of {r['row_bytes']} "
              f"B a rank, {r['frac']:.0%} read (ms, median of {r['reps']}, slowest rank)"]
     lines.append(f"  {'pattern':>7} {'floor':>7} {'gather':>7} {'by hand':>8} {'/floor':>6} "
-                 f"{'/hand':>6} {'planned':>7} | {'floor':>7} {'scatter':>7} {'by hand':>8} "
+                 f"{'/hand':>6} {'planned':>7} {'+pack':>6} {'/+pack':>6} | {'floor':>7} "
+                 f"{'scatter':>7} {'by hand':>8} "
                  f"{'planned':>7} {'/floor':>6} | "
                  f"{'setup':>7} {'a2a':>7} | {'start':>6} {'wait':>6} peers ok")
     for o in r["rows"]:
@@ -323,7 +340,8 @@ def format_unstructured(r: Dict[str, Any]) -> str:
         lines.append(
             f"  {o['pattern']:>7} {m['floor']:7.2f} {m['gather']:7.2f} {m['by_hand']:8.2f} "
             f"{m['gather'] / m['floor']:6.2f} {m['gather'] / m['by_hand']:6.3f} "
-            f"{m['planned']:7.2f} | {m['scatter_floor']:7.2f} {m['scatter']:7.2f} "
+            f"{m['planned']:7.2f} {m['floor_pack']:6.2f} {m['gather'] / m['floor_pack']:6.2f} | "
+            f"{m['scatter_floor']:7.2f} {m['scatter']:7.2f} "
             f"{m['by_hand_scatter']:8.2f} {m['planned_scatter']:7.2f} "
             f"{m['scatter'] / m['scatter_floor']:6.2f} | {m['setup']:7.2f} "
             f"{m['setup_alltoall']:7.2f} | {m['gather_start']:6.2f} {m['gather_wait']:6.2f} "
