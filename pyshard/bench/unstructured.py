@@ -22,8 +22,10 @@ the slowest rank:
   this rank's own rows: rows spread over ``x``, a cache miss each), and ``floor_pack``, the
   floor plus it: the least any implementation does here;
 - ``planned``/``planned_scatter``: :class:`Planned`, by hand with the index lists known;
-- time splits of the gather: ``gather_start`` (packing, posting, the own rows copied) and
-  ``gather_wait`` (waiting for the messages).
+- time splits: ``gather_start`` (packing, posting, the own rows copied) and ``gather_wait``
+  (the messages, then the rows that did not land in place); ``scatter_start`` (the values
+  combined per distinct row, posting) and ``scatter_wait`` (the messages, then every group
+  combined into its rows of ``into``).
 
 Both the gather and the scatter are checked against the by-hand results (the scatter bit for
 bit: the by-hand ``np.add.at`` adds in ascending source rank, pyshard's order rule).
@@ -38,7 +40,7 @@ MPI).
 from __future__ import annotations
 
 import time
-from typing import Any, Callable, Dict, List, Sequence
+from typing import Any, Callable, Dict, List, Sequence, Tuple
 
 import numpy as np
 from mpi4py import MPI
@@ -193,21 +195,21 @@ class Planned:
                 into[rows] += self.sbuf[r]
 
 
-def _splits(plan: Any, x: Any, out: np.ndarray, comm: MPI.Comm, reps: int) -> Dict[str, float]:
-    """The gather's start (pack, post, own rows) and wait, each the median of the slowest
+def _splits(start: Callable[[], Any], comm: MPI.Comm, reps: int) -> Tuple[float, float]:
+    """``start()`` (a pending exchange) and its ``wait()``, each the median of the slowest
     rank's time."""
-    start: List[float] = []
-    wait: List[float] = []
+    a: List[float] = []
+    b: List[float] = []
     for _ in range(reps):
         collectives.barrier(comm)
         t0 = time.perf_counter()
-        p = plan.gather(x, out=out, wait=False)
+        p = start()
         t1 = time.perf_counter()
         p.wait()
         t2 = time.perf_counter()
-        start.append(collectives.max_all(comm, t1 - t0))
-        wait.append(collectives.max_all(comm, t2 - t1))
-    return {"gather_start": float(np.median(start)), "gather_wait": float(np.median(wait))}
+        a.append(collectives.max_all(comm, t1 - t0))
+        b.append(collectives.max_all(comm, t2 - t1))
+    return float(np.median(a)), float(np.median(b))
 
 
 def simulated_setup(side: int = 256, block: int = 64, seed: int = 7) -> Dict[str, Any]:
@@ -293,7 +295,10 @@ def _pattern(pat: str, n: int, frac: float, x: Any, local: np.ndarray, mesh: Mes
         "setup": lambda: gather_plan(idx, like=x),
         "setup_alltoall": lambda: gather_plan(idx, like=x, algorithm="alltoall"),
     }, comm, reps, warmup)
-    t.update(_splits(plan, x, buf, comm, reps))
+    t["gather_start"], t["gather_wait"] = _splits(
+        lambda: plan.gather(x, out=buf, wait=False), comm, reps)
+    t["scatter_start"], t["scatter_wait"] = _splits(
+        lambda: plan.scatter(values, into=y, wait=False), comm, reps)
     t["floor"] = min(t["floor_a2a"], t["floor_p2p"])
     t["scatter_floor"] = min(t["scatter_floor_a2a"], t["scatter_floor_p2p"])
     t["floor_pack"] = t["floor"] + t["pack"]
@@ -334,7 +339,8 @@ def format_unstructured(r: Dict[str, Any]) -> str:
                  f"{'/hand':>6} {'planned':>7} {'+pack':>6} {'/+pack':>6} | {'floor':>7} "
                  f"{'scatter':>7} {'by hand':>8} "
                  f"{'planned':>7} {'/floor':>6} | "
-                 f"{'setup':>7} {'a2a':>7} | {'start':>6} {'wait':>6} peers ok")
+                 f"{'setup':>7} {'a2a':>7} | {'start':>6} {'wait':>6} {'start':>6} "
+                 f"{'wait':>6} peers ok")
     for o in r["rows"]:
         m = o["ms"]
         lines.append(
@@ -345,6 +351,7 @@ def format_unstructured(r: Dict[str, Any]) -> str:
             f"{m['by_hand_scatter']:8.2f} {m['planned_scatter']:7.2f} "
             f"{m['scatter'] / m['scatter_floor']:6.2f} | {m['setup']:7.2f} "
             f"{m['setup_alltoall']:7.2f} | {m['gather_start']:6.2f} {m['gather_wait']:6.2f} "
+            f"{m['scatter_start']:6.2f} {m['scatter_wait']:6.2f} "
             f"{o['max_peers']:>5} {o['check']}")
     s = r["simulated"]
     lines.append(
