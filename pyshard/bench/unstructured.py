@@ -11,8 +11,10 @@ the slowest rank:
   ``plan.scatter(values, into=y)`` (sum); ``setup``: ``gather_plan(rows, like=x)`` (NBX),
   and ``setup_alltoall`` (the count exchange forced to one ``MPI_Alltoall``);
 - ``floor``: the same bytes to and from the same peers, already packed, through one raw
-  ``MPI_Alltoallv`` (``floor_a2a``) or ``Irecv``/``Isend``/``Waitall`` (``floor_p2p``),
-  plus a memcpy of the rows this rank reads of its own; the faster of the two is the floor.
+  ``MPI_Alltoallv`` (``floor_a2a``), ``Irecv``/``Isend``/``Waitall`` (``floor_p2p``) or
+  ``MPI_Neighbor_alltoallv`` on a distributed-graph communicator of the peers
+  (``floor_nbr``), plus a memcpy of the rows this rank reads of its own; the fastest of the
+  three is the floor.
   The scatter's floor is the same exchange reversed;
 - ``by_hand``: what mpi4py users write every step: the owners by binary search, the counts
   by ``Alltoall``, the index lists by ``Alltoallv``, the rows by fancy indexing and a second
@@ -95,9 +97,10 @@ def by_hand_scatter(into: np.ndarray, idx: np.ndarray, values: np.ndarray, n: in
 
 class Floor:
     """The exchange's bytes already packed, the counts known: ``a2a`` (one raw
-    ``MPI_Alltoallv``) and ``p2p`` (``Irecv``/``Isend`` to the same peers, ``Waitall``), each
-    plus a memcpy of the rows this rank reads of its own. ``reverse``: the scatter's
-    direction (the bytes each way swapped)."""
+    ``MPI_Alltoallv``), ``p2p`` (``Irecv``/``Isend`` to the same peers, ``Waitall``) and
+    ``nbr`` (``MPI_Neighbor_alltoallv``; :meth:`free` its communicator), each plus a memcpy
+    of the rows this rank reads of its own. ``reverse``: the scatter's direction (the bytes
+    each way swapped)."""
 
     def __init__(self, idx: np.ndarray, n: int, comm: MPI.Comm, reverse: bool = False) -> None:
         P, me = comm.Get_size(), comm.Get_rank()
@@ -118,6 +121,18 @@ class Floor:
         self.comm = comm
         self.to = [int(p) for p in np.flatnonzero(self.sc)]
         self.frm = [int(p) for p in np.flatnonzero(self.rc)]
+        self.graph = comm.Create_dist_graph_adjacent(self.frm, self.to, reorder=False)
+        self.nb_s = ([int(self.sc[p]) for p in self.to], [int(self.sd[p]) for p in self.to])
+        self.nb_r = ([int(self.rc[p]) for p in self.frm], [int(self.rd[p]) for p in self.frm])
+
+    def nbr(self) -> None:
+        """``MPI_Neighbor_alltoallv`` on a distributed-graph communicator of the peers."""
+        self.graph.Neighbor_alltoallv([self.send, self.nb_s, MPI.BYTE],
+                                      [self.recv, self.nb_r, MPI.BYTE])
+        np.copyto(self.dst, self.src)
+
+    def free(self) -> None:
+        self.graph.Free()
 
     def a2a(self) -> None:
         self.comm.Alltoallv([self.send, (self.sc, self.sd), MPI.BYTE],
@@ -283,12 +298,14 @@ def _pattern(pat: str, n: int, frac: float, x: Any, local: np.ndarray, mesh: Mes
     t = _timed({
         "floor_a2a": fwd.a2a,
         "floor_p2p": fwd.p2p,
+        "floor_nbr": fwd.nbr,
         "gather": lambda: plan.gather(x, out=buf),
         "by_hand": lambda: by_hand_gather(local, idx, n, comm),
         "planned": lambda: hand.gather(local, buf2),
         "pack": lambda: hand.pack(local, buf2),
         "scatter_floor_a2a": rev.a2a,
         "scatter_floor_p2p": rev.p2p,
+        "scatter_floor_nbr": rev.nbr,
         "scatter": lambda: plan.scatter(values, into=y),
         "by_hand_scatter": lambda: by_hand_scatter(acc, idx, values, n, comm),
         "planned_scatter": lambda: hand.scatter(values, y3),
@@ -299,8 +316,11 @@ def _pattern(pat: str, n: int, frac: float, x: Any, local: np.ndarray, mesh: Mes
         lambda: plan.gather(x, out=buf, wait=False), comm, reps)
     t["scatter_start"], t["scatter_wait"] = _splits(
         lambda: plan.scatter(values, into=y, wait=False), comm, reps)
-    t["floor"] = min(t["floor_a2a"], t["floor_p2p"])
-    t["scatter_floor"] = min(t["scatter_floor_a2a"], t["scatter_floor_p2p"])
+    fwd.free()
+    rev.free()
+    t["floor"] = min(t["floor_a2a"], t["floor_p2p"], t["floor_nbr"])
+    t["scatter_floor"] = min(t["scatter_floor_a2a"], t["scatter_floor_p2p"],
+                             t["scatter_floor_nbr"])
     t["floor_pack"] = t["floor"] + t["pack"]
     st = plan.comm_stats()
     own = int((owners(idx, n) == me).sum())
