@@ -26,6 +26,7 @@ from ._cache import cache_limit, clear_caches, set_cache_limit  # noqa: E402
 from ._validate import reset_validation_stats as _reset_validation_stats  # noqa: E402
 from ._validate import set_validation, validation, validation_stats  # noqa: E402
 from .array import ShardedArray, distribute, from_local  # noqa: E402
+from .balance import Balance, balance, balance_array, particle_cost  # noqa: E402
 from .checkpoint import checkpoint_info, load, save  # noqa: E402
 from .executor import Pending  # noqa: E402
 from .halo import HaloArray  # noqa: E402
@@ -91,6 +92,7 @@ __version__ = _core.__version__
 # ``Plan.steps``) stay importable from ``pyshard`` and are documented in api.rst's "Advanced"
 # section, outside this list: they describe how pyshard runs a call, not what it computes.
 __all__ = [
+    "Balance",
     "HaloArray",
     "HaloPlan",
     "GatherPlan",
@@ -107,6 +109,8 @@ __all__ = [
     "Replicate",
     "Shard",
     "ShardedArray",
+    "balance",
+    "balance_array",
     "build_info",
     "cache_limit",
     "checkpoint_info",
@@ -123,6 +127,7 @@ __all__ = [
     "load",
     "migrate",
     "owner",
+    "particle_cost",
     "plan",
     "plan_many",
     "redistribute_many",

@@ -51,6 +51,13 @@ def max_all_array(comm: Any, values: np.ndarray) -> np.ndarray:
     return out
 
 
+def sum_all_array(comm: Any, values: np.ndarray) -> np.ndarray:
+    """The elementwise sum of ``values`` (same shape and dtype on every rank)."""
+    out = np.empty_like(values)
+    comm.Allreduce(np.ascontiguousarray(values), out, op=MPI.SUM)
+    return out
+
+
 def allgather_rows(comm: Any, row: np.ndarray) -> np.ndarray:
     """Every rank's 1-D ``row`` (same length and dtype on every rank) as the rows of a
     ``(comm size, len(row))`` array, in rank order."""
