@@ -37,6 +37,12 @@ One step (dt = ``--dt``):
 6. migrate: ``ps.migrate((x, v, q, ids), ps.owner(x, rho, periodic=True), mesh)``: each
    particle goes to the rank whose box holds its cell; then the next step's deposit.
 
+``--cluster W`` starts a Gaussian bunch of width W cells instead of the uniform plasma, and
+``--balance K`` rebalances after every K-th step: ``ps.particle_cost`` (particles per cell),
+``ps.balance`` (new extents; kept when the gain is under 2%), the charge redistributed to
+them, every grid built on them and the particles migrated to their new owners; the run
+prints the imbalance (largest / mean particle count per rank) before and after each.
+
 The deposit of step 1 happens before the loop and at the end of each step, after the
 migration. ``--overlap`` starts the migration with ``wait=False`` and deposits the particles
 that stay while the rows fly; after ``wait()`` it deposits the arrivals whose cloud reaches a
@@ -88,12 +94,14 @@ def _uniform(seed: int, ids: np.ndarray, stream: int) -> np.ndarray:
 
 
 def particles(n: int, dim: int, ppc: int, seed: int = 0, vth: float = 1.0,
-              box: Optional[Sequence[slice]] = None
+              box: Optional[Sequence[slice]] = None, cluster: float = 0.0
               ) -> Tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """The particles of the cells in ``box`` (all cells by default): positions ``(m, dim)``
     in [0, n), velocities ``(m, dim)``, charges ``(m,)`` and ids ``(m,)`` (int64), ids
     increasing. Particle ``id`` lies in cell ``id // ppc`` (C order); its values depend on
-    ``(seed, id)`` only."""
+    ``(seed, id)`` only. ``cluster > 0``: a Gaussian bunch of that width (cells) at ``n/4`` along
+    every axis: cell ``c`` keeps its particles ``j < 1 + floor((ppc - 1) exp(-|c + 1/2 -
+    n/4|^2 / (2 cluster^2)))`` (ids keep their values)."""
     box = tuple(box) if box is not None else (slice(0, n),) * dim
     cells = np.stack(np.meshgrid(*[np.arange(b.start, b.stop) for b in box], indexing="ij"),
                      axis=-1).reshape(-1, dim)
@@ -109,6 +117,10 @@ def particles(n: int, dim: int, ppc: int, seed: int = 0, vth: float = 1.0,
         v[:, d] = vth * np.sqrt(-2.0 * np.log(u1)) * np.cos(2.0 * np.pi * u2)
     x = np.minimum(x, np.nextafter(cell + 1.0, 0.0))  # stays in its cell
     q = -(0.5 + _uniform(seed, ids, 7)) / ppc
+    if cluster > 0.0:
+        r2 = np.sum((cell + 0.5 - n / 4.0) ** 2, axis=1)
+        keep = ids % ppc < 1 + np.floor((ppc - 1) * np.exp(-r2 / (2.0 * cluster**2)))
+        return x[keep], v[keep], q[keep], ids[keep]
     return x, v, q, ids
 
 
@@ -200,13 +212,13 @@ def _sum(comm: MPI.Comm, values: List[float]) -> np.ndarray:
 
 
 def serial(n: int, dim: int, ppc: int, steps: int, dt: float = 0.25, vth: float = 1.0,
-           seed: int = 0) -> Dict[str, Any]:
+           seed: int = 0, cluster: float = 0.0) -> Dict[str, Any]:
     """The same k steps on the whole periodic grid with all particles, serially (numpy,
     numpy.fft): the final ``x, v, q, ids`` (ids increasing), ``rho`` (the last deposit),
     ``energy`` (field, kinetic) and ``charge`` (deposited) per step."""
     shape = (n,) * dim
     zero = (0,) * dim
-    x, v, q, ids = particles(n, dim, ppc, seed, vth)
+    x, v, q, ids = particles(n, dim, ppc, seed, vth, cluster=cluster)
     g = green(n, dim, [slice(0, m) for m in shape[:-1] + (n // 2 + 1,)])
 
     def dep(x: np.ndarray) -> np.ndarray:
@@ -230,38 +242,48 @@ def serial(n: int, dim: int, ppc: int, steps: int, dt: float = 0.25, vth: float 
 
 
 def run(mesh: ps.Mesh, n: int, dim: int, ppc: int, steps: int, dt: float = 0.25,
-        vth: float = 1.0, seed: int = 0, overlap: bool = False, method: Optional[str] = None
-        ) -> Dict[str, Any]:
+        vth: float = 1.0, seed: int = 0, overlap: bool = False, method: Optional[str] = None,
+        cluster: float = 0.0, balance: int = 0) -> Dict[str, Any]:
     """The k steps on the sharded grid. Returns this rank's final ``x, v, q, ids`` (in the
     migrations' order), ``rho`` (the last deposit, a ShardedArray), and the global
     ``crossed`` (particles that changed rank, per step), ``energy`` (field, kinetic per
     step), ``charge`` (deposited, per deposit) and ``total`` (the particles' charge); and
-    this rank's ``times`` (seconds per phase, summed over the steps)."""
+    this rank's ``times`` (seconds per phase, summed over the steps). ``balance=K``: after
+    every K-th step, ``ps.particle_cost`` counts the particles per cell, ``ps.balance``
+    chooses new extents, and unless it keeps them the charge is redistributed to them and
+    the particles migrate to their new owners; ``balances`` lists the ``Balance`` results."""
     comm = mesh.comm
     shape = (n,) * dim
     if len(mesh.shape) > dim:
         raise ValueError(f"pic: a {dim}-D grid takes a mesh of at most {dim} dims, got "
                          f"{tuple(mesh.shape)}")
     placements = [ps.Shard(d) for d in range(len(mesh.shape))]  # the first axes
-    lay = ps.Layout(shape, np.float64, tuple(mesh.shape), placements)
-    box = lay.box(mesh.coords)
-    lo = np.array([b.start for b in box])
-    hi = np.array([b.stop for b in box])
-    origin = lo - 1  # the padded arrays' first cell (width 1)
-    rho_h = ps.ShardedArray(np.zeros(lay.local_shape(mesh.coords)), lay, mesh).with_halo(
-        1, periodic=True, method=method)
-    phi_h = ps.ShardedArray(np.zeros(lay.local_shape(mesh.coords)), lay, mesh).with_halo(
-        1, periodic=True, method=method)
-    elay = ps.Layout(shape + (dim,), np.float64, tuple(mesh.shape), placements)
-    e_h = ps.ShardedArray(np.zeros(elay.local_shape(mesh.coords)), elay, mesh).with_halo(
-        (1,) * dim + (0,), periodic=True, method=method)
-    fplan = pf.plan(lay, "rfftn", placements="any")
-    g = green(n, dim, fplan.dst.box(mesh.coords))
-    inner = tuple(slice(1, 1 + b.stop - b.start) for b in box)
 
-    x, v, q, ids = particles(n, dim, ppc, seed, vth, box)
+    def grids(sizes: Optional[Dict[int, Tuple[int, ...]]]) -> Tuple[Any, ...]:
+        """The layout of these extents and everything built on it."""
+        lay = ps.Layout(shape, np.float64, tuple(mesh.shape), placements, sizes)
+        box = lay.box(mesh.coords)
+        lo = np.array([b.start for b in box])
+        hi = np.array([b.stop for b in box])
+        rho_h = ps.ShardedArray(np.zeros(lay.local_shape(mesh.coords)), lay, mesh).with_halo(
+            1, periodic=True, method=method)
+        phi_h = ps.ShardedArray(np.zeros(lay.local_shape(mesh.coords)), lay, mesh).with_halo(
+            1, periodic=True, method=method)
+        elay = ps.Layout(shape + (dim,), np.float64, tuple(mesh.shape), placements, sizes)
+        e_h = ps.ShardedArray(np.zeros(elay.local_shape(mesh.coords)), elay, mesh).with_halo(
+            (1,) * dim + (0,), periodic=True, method=method)
+        fplan = pf.plan(lay, "rfftn", placements="any")
+        g = green(n, dim, fplan.dst.box(mesh.coords))
+        inner = tuple(slice(1, 1 + b.stop - b.start) for b in box)
+        # origin: the padded arrays' first cell (width 1)
+        return lay, box, lo, hi, lo - 1, rho_h, phi_h, e_h, fplan, g, inner
+
+    lay, box, lo, hi, origin, rho_h, phi_h, e_h, fplan, g, inner = grids(None)
+    balances: List[Any] = []
+
+    x, v, q, ids = particles(n, dim, ppc, seed, vth, box, cluster)
     total = comm.allreduce(float(q.sum()))
-    t = dict.fromkeys(("deposit", "fold", "poisson", "field", "push", "migrate"), 0.0)
+    t = dict.fromkeys(("deposit", "fold", "poisson", "field", "push", "migrate", "balance"), 0.0)
 
     def clock(key: str, t0: float) -> float:
         t1 = time.perf_counter()
@@ -336,8 +358,19 @@ def run(mesh: ps.Mesh, n: int, dim: int, ppc: int, steps: int, dt: float = 0.25,
         sums = _sum(comm, [float(r.n - r.sent[me]), float(rho_h.interior.sum())])
         crossed.append(int(sums[0]))
         charge.append(float(sums[1]))
+        if balance and (step + 1) % balance == 0:
+            b = ps.balance(ps.particle_cost(x, rho_h.array, periodic=True))
+            balances.append(b)
+            if not b.kept:  # move the charge to the new extents, the particles to their owners
+                rho = rho_h.array.redistribute(b.placements, sizes=b.sizes)
+                lay, box, lo, hi, origin, rho_h, phi_h, e_h, fplan, g, inner = grids(b.sizes)
+                rho_h.interior[...] = rho.local
+                r = ps.migrate((x, v, q, ids), ps.owner(x, rho, periodic=True), mesh)
+                x, v, q, ids = r.rows
+            t0 = clock("balance", t0)
     return {"x": x, "v": v, "q": q, "ids": ids, "rho": rho_h.array, "crossed": crossed,
-            "energy": energy, "charge": charge, "total": total, "times": t}
+            "energy": energy, "charge": charge, "total": total, "times": t,
+            "balances": balances}
 
 
 def check(comm: MPI.Comm, res: Dict[str, Any], ref: Dict[str, Any], n: int
@@ -390,6 +423,10 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap.add_argument("--mesh", default=None, help="e.g. 2x2 (default: MPI.Compute_dims)")
     ap.add_argument("--method", default=None, help="halo method (default: PYSHARD_HALO_METHOD)")
     ap.add_argument("--check", default="yes", choices=["yes", "no"])
+    ap.add_argument("--cluster", type=float, default=0.0,
+                    help="a Gaussian bunch of this width in cells (default 0: uniform)")
+    ap.add_argument("--balance", type=int, default=0, metavar="K",
+                    help="rebalance every K steps (ps.balance on the particle counts)")
     args = ap.parse_args(argv)
     ppc = args.ppc if args.ppc is not None else (8 if args.dim == 2 else 1)
     comm = MPI.COMM_WORLD
@@ -400,10 +437,10 @@ def main(argv: Optional[List[str]] = None) -> int:
     mesh = ps.Mesh(comm, mesh_shape)
     t0 = time.perf_counter()
     res = run(mesh, args.n, args.dim, ppc, args.steps, args.dt, args.vth, args.seed,
-              args.overlap, args.method)
+              args.overlap, args.method, args.cluster, args.balance)
     elapsed = comm.allreduce(time.perf_counter() - t0, op=MPI.MAX)
     times = {k: comm.allreduce(s, op=MPI.MAX) for k, s in res["times"].items()}
-    count = ppc * args.n**args.dim
+    count = comm.allreduce(len(res["ids"]))
     if comm.rank == 0:
         print(f"pic {args.dim}-D, {args.n}^{args.dim} grid, {count} particles, mesh "
               f"{'x'.join(map(str, mesh_shape))}, {args.steps} steps of dt {args.dt} "
@@ -411,11 +448,15 @@ def main(argv: Optional[List[str]] = None) -> int:
         print("  step  crossed  field energy  kinetic energy  total energy")
         for s, (c, (fe, ke)) in enumerate(zip(res["crossed"], res["energy"])):
             print(f"  {s:4d}  {c:7d}  {fe:12.6e}  {ke:14.6e}  {fe + ke:12.6e}")
+        for k, b in enumerate(res["balances"]):
+            print(f"  rebalance after step {(k + 1) * args.balance - 1}: imbalance "
+                  f"{b.before:.3f} -> {b.after:.3f}" + (" (kept)" if b.kept else ""))
         print("  slowest rank's seconds: " + ", ".join(f"{k} {v:.4f}" for k, v in
                                                        times.items()))
     ok = None
     if args.check == "yes":
-        ref = serial(args.n, args.dim, ppc, args.steps, args.dt, args.vth, args.seed)
+        ref = serial(args.n, args.dim, ppc, args.steps, args.dt, args.vth, args.seed,
+                     args.cluster)
         c = check(comm, res, ref, args.n)
         ok = c["ok"]
         if comm.rank == 0:

@@ -136,3 +136,19 @@ def test_non_finite_position_raises_on_every_rank(comm, monkeypatch):
 def test_main_checks(comm):
     assert pic.main(["--n", "6", "--dim", "2", "--ppc", "2", "--steps", "1",
                      "--overlap"]) == 0
+
+
+def test_rebalanced_clustered_run_equals_serial(comm):
+    """``--cluster 1.5 --balance 1``: a Gaussian bunch, rebalanced after every step (charge
+    redistributed to the new extents, particles migrated to their owners), equals the
+    serial run; at P > 1 the first rebalance moves and lowers the imbalance."""
+    n, dim, ppc, steps = 8, 2, 4, 2
+    mesh = ps.Mesh(comm, MPI.Compute_dims(comm.size, dim))
+    res = pic.run(mesh, n, dim, ppc, steps, seed=3, cluster=1.5, balance=1)
+    _assert_equal_to_serial(comm, res, pic.serial(n, dim, ppc, steps, seed=3, cluster=1.5),
+                            n, steps)
+    b = res["balances"][0]
+    assert len(res["balances"]) == steps and b.after <= b.before
+    if comm.size > 1:
+        assert not b.kept and b.after < b.before
+    mesh.free()
