@@ -26,7 +26,7 @@ from ._cache import cache_limit, clear_caches, set_cache_limit  # noqa: E402
 from ._validate import reset_validation_stats as _reset_validation_stats  # noqa: E402
 from ._validate import set_validation, validation, validation_stats  # noqa: E402
 from .array import ShardedArray, distribute, from_local  # noqa: E402
-from .balance import Balance, balance, balance_array, particle_cost  # noqa: E402
+from .balancing import Balance, balance, balance_array, particle_cost  # noqa: E402
 from .checkpoint import checkpoint_info, load, save  # noqa: E402
 from .executor import Pending  # noqa: E402
 from .halo import HaloArray  # noqa: E402

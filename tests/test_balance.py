@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import pyshard as ps
-from pyshard.balance import split
+from pyshard.balancing import split
 
 
 def brute_1d(c, p, g=1, m=0):

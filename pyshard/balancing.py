@@ -563,7 +563,7 @@ def balance(cost: ShardedArray, multiple_of: PerDim = 1, min_size: PerDim = 0,
 
     The split is rectilinear (each mesh dim cuts its array dim at its own points): exact for
     one sharded dim, a local optimum of the refinement otherwise (see
-    :mod:`pyshard.balance`). Returns a :class:`Balance`; move with
+    :mod:`pyshard.balancing`). Returns a :class:`Balance`; move with
     ``cost.redistribute(b.placements, sizes=b.sizes)`` (and the data the same way).
 
     Errors (ValueError, on every rank): not a ShardedArray, a Partial layout, a complex
