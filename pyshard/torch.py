@@ -48,15 +48,18 @@ from .many import redistribute_many as _redistribute_many
 from .mesh import Mesh
 from .migration import Migrated
 from .migration import migrate as _np_migrate
+from .unstructured import GatherPlan
 
 __all__ = [
     "ShardedTensor",
     "distribute",
     "from_local",
+    "gather",
     "halo_pad",
     "migrate",
     "redistribute",
     "redistribute_many",
+    "scatter",
 ]
 
 log = logging.getLogger("pyshard")
@@ -646,3 +649,143 @@ class _MigrateBack(torch.autograd.Function):
         fwd = _np_migrate(gz, r.dest, r.mesh, r.route.algorithm if not r.route.peers else "auto",
                           peers=r.route.peers or None)
         return (None, None) + tuple(_to_torch(a) for a in fwd.rows)
+
+
+# ----------------------------------------------------------------------------- rows by index
+
+SCATTER_OPS = ("sum", "max", "min", "replace")
+
+
+def _check_plan(plan: object, what: str) -> GatherPlan:
+    if not isinstance(plan, GatherPlan):
+        raise TypeError(f"{what}: plan must be a pyshard.GatherPlan (pyshard.gather_plan), got "
+                        f"{type(plan).__name__}")
+    return plan
+
+
+@memoize
+def _rows_layout(like: Layout, trailing: tuple, dtype: np.dtype) -> Layout:
+    """An index space laid out as ``like``'s dim 0 (its shard table), rows of shape
+    ``trailing`` and ``dtype``."""
+    return Layout((like.shape[0],) + trailing, dtype, like.mesh_shape, like.placements,
+                  {0: like.table[0][1]})
+
+
+def gather(x: ShardedTensor, plan: GatherPlan) -> torch.Tensor:
+    """``x_global[plan.indices]`` on this rank: :meth:`pyshard.GatherPlan.gather` of the
+    tensor, a tensor of shape ``(plan.n, *x.global_shape[1:])`` with ``x``'s dtype and
+    device; collective over the plan's mesh.
+
+    ``plan``: a :func:`pyshard.gather_plan` built for ``x``'s dim-0 layout (``like=`` any
+    array laid out so, such as ``x.to_pyshard()``); ``x`` is ``[Shard(0)]`` on every mesh
+    dim, its rows any trailing shape. Differentiable in ``x``: the backward is
+    :meth:`pyshard.GatherPlan.scatter` of the gradient with ``op="sum"`` into zeros laid out
+    as ``x`` (each row's gradient is the sum of the gradients of its copies, duplicates
+    included, in the plan's order rule), so it is collective too: every rank runs the same
+    backwards in the same order.
+    """
+    x = _check_sharded(x, "gather")
+    plan = _check_plan(plan, "gather")
+    if torch.is_grad_enabled() and x.local.requires_grad:
+        return _GatherRows.apply(x.local, (plan, x.layout, x.mesh))
+    return _to_torch(plan.gather(ShardedArray.wrap(_as_array(x.local), x.layout, x.mesh)))
+
+
+def scatter(values: torch.Tensor, plan: GatherPlan, into: Optional[ShardedTensor] = None,
+            op: str = "sum") -> ShardedTensor:
+    """A new :class:`ShardedTensor`: ``into`` (zeros where None) with each row ``values[k]``
+    combined into row ``plan.indices[k]`` at its owner by ``op`` (``"sum"``, ``"max"``,
+    ``"min"`` or ``"replace"``), in the order rule of :mod:`pyshard.unstructured`
+    (:meth:`pyshard.GatherPlan.scatter`); collective over the plan's mesh.
+
+    ``values``: shape ``(plan.n, *rows)``; the result is laid out as ``into`` (whose dtype
+    and row shape ``values`` must have), or, without ``into``, as the plan's dim 0 with rows
+    of ``values``' shape and dtype, on ``values``' device. ``into`` itself is not written:
+    the result is ``into + scatter(values)`` as a new tensor (for ``"sum"``), so both stay in
+    the autograd graph.
+
+    Differentiable for ``op="sum"``: in ``values`` (the backward is
+    :meth:`pyshard.GatherPlan.gather` of the gradient, collective, as every backward here)
+    and in ``into`` (the gradient itself). ``"max"``, ``"min"`` and ``"replace"`` are not
+    linear in their operands: with a ``values`` or ``into`` that requires grad they raise
+    :class:`NotImplementedError`.
+    """
+    plan = _check_plan(plan, "scatter")
+    if not isinstance(values, torch.Tensor):
+        raise TypeError(f"scatter: values must be a torch.Tensor, got {type(values).__name__}")
+    if values.ndim < 1:
+        raise ValueError("scatter: values must have a first dim (one row per index)")
+    if op not in SCATTER_OPS:
+        raise ValueError(f"scatter: op must be one of {SCATTER_OPS}, got {op!r}")
+    base = None
+    if into is not None:
+        into = _check_sharded(into, "scatter")
+        layout, base = into.layout, into.local
+    else:
+        layout = _rows_layout(plan.layout, tuple(values.shape[1:]), _as_array(values[:0]).dtype)
+    mesh = plan.mesh
+    grad = torch.is_grad_enabled() and (
+        values.requires_grad or (base is not None and base.requires_grad))
+    if grad and op != "sum":
+        raise NotImplementedError(
+            f"scatter: no gradient through op={op!r} (not linear in its operands); scatter "
+            f"with op='sum', or run this one outside the graph (torch.no_grad())")
+    meta = (plan, layout, mesh, op)
+    if grad:
+        out = _ScatterRows.apply(values, base, meta)
+    else:
+        out = _scatter_rows(values, base, meta)
+    return ShardedTensor._wrap(out, layout, mesh)
+
+
+def _scatter_rows(values: torch.Tensor, base: Optional[torch.Tensor], meta: tuple
+                  ) -> torch.Tensor:
+    """The forward of :func:`scatter`: a fresh copy of ``base`` (zeros where None) with
+    ``values`` combined in."""
+    plan, layout, mesh, op = meta
+    v = _as_array(values)
+    if base is None:
+        res = bk.xp_of(v).zeros(layout.local_shape(mesh.coords), v.dtype)
+    else:
+        res = bk.xp_of(v).array(_as_array(base), copy=True, order="C")
+    plan.scatter(v, into=ShardedArray.wrap(res, layout, mesh), op=op)
+    return _to_torch(res)
+
+
+class _GatherRows(torch.autograd.Function):
+    """Forward: a gather plan's gather; backward: its scatter (sum) into zeros."""
+
+    @staticmethod
+    def forward(ctx: Any, t: torch.Tensor, meta: tuple) -> torch.Tensor:  # type: ignore[override]
+        plan, layout, mesh = meta
+        ctx.meta, ctx.dtype = meta, t.dtype
+        return _to_torch(plan.gather(ShardedArray.wrap(_as_array(t), layout, mesh)))
+
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor) -> Tuple[torch.Tensor, None]:  # type: ignore[override]
+        plan, layout, mesh = ctx.meta
+        if g.dtype != ctx.dtype:
+            g = g.to(ctx.dtype)
+        ga = _as_array(g)
+        res = bk.xp_of(ga).zeros(layout.local_shape(mesh.coords), ga.dtype)
+        plan.scatter(ga, into=ShardedArray.wrap(res, layout, mesh), op="sum")
+        return _to_torch(res), None
+
+
+class _ScatterRows(torch.autograd.Function):
+    """Forward: a gather plan's scatter (sum) into a copy of the base; backward: the
+    gradient's gather (for the values) and the gradient itself (for the base)."""
+
+    @staticmethod
+    def forward(ctx: Any, values: torch.Tensor, base: Optional[torch.Tensor],  # type: ignore[override]
+                meta: tuple) -> torch.Tensor:
+        ctx.meta, ctx.dtype = meta, values.dtype
+        return _scatter_rows(values, base, meta)
+
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor) -> Tuple[Optional[torch.Tensor], ...]:  # type: ignore[override]
+        plan, layout, mesh, _ = ctx.meta
+        if g.dtype != ctx.dtype:
+            g = g.to(ctx.dtype)
+        gv = _to_torch(plan.gather(ShardedArray.wrap(_as_array(g), layout, mesh)))
+        return gv, (g if ctx.needs_input_grad[1] else None), None
