@@ -209,7 +209,7 @@ def run(mesh: ps.Mesh, nodes: int = 200, blocks: int = 4, p_in: float = 0.1,
         loss = F.cross_entropy(ref(a, x)[train], y[train])
         loss.backward()
         opt_ref.step()
-        ref_losses.append(float(loss))
+        ref_losses.append(float(loss.detach()))
     loss_err = max((abs(p - q) for p, q in zip(losses, ref_losses)), default=0.0)
     weight_err = max(float((p - q).detach().abs().max())
                      for p, q in zip(net.parameters(), ref.parameters()))
