@@ -31,7 +31,7 @@ flight (``redistribute(wait=False)``, ``migrate(wait=False)``, ``back(wait=False
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Dict
 
 from . import config
 
@@ -54,15 +54,30 @@ class Exchange:
     ``"migrate"``); ``route``: where it runs (a :class:`pyshard.route.Route`,
     :class:`~pyshard.route.HaloRoute` or :class:`~pyshard.route.MigrateRoute`: ``path``,
     ``algorithm``, ``transport``); ``core``: the core step, built once (None for a step that
-    moves nothing between ranks); ``need``: workspace bytes it holds while it runs."""
+    moves nothing between ranks); ``need``: workspace bytes it holds while it runs;
+    ``calls``: how many times it has run (see :meth:`comm_stats`); ``sent`` and
+    ``received``: the bytes one run sends to and receives from other ranks."""
 
-    __slots__ = ("op", "route", "core", "need")
+    __slots__ = ("op", "route", "core", "need", "calls", "sent", "received")
 
     def __init__(self, op: str, route: Any, core: Any = None, need: int = 0) -> None:
         self.op = op
         self.route = route
         self.core = core
         self.need = need
+        self.calls = 0
+        self.sent = 0
+        self.received = 0
+
+    def runs(self) -> int:
+        """How many times this exchange has run on this rank."""
+        return self.calls
+
+    def comm_stats(self) -> Dict[str, int]:
+        """This exchange's accounting on this rank: ``calls`` (runs), ``bytes_sent`` and
+        ``bytes_received`` (to and from other ranks, over every run)."""
+        c = self.runs()
+        return {"calls": c, "bytes_sent": c * self.sent, "bytes_received": c * self.received}
 
     @property
     def path(self) -> str:

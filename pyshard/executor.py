@@ -37,7 +37,7 @@ class _Step(Exchange):
     hot path)."""
 
     __slots__ = ("step", "out_shape", "dtype", "dev", "node", "pooled", "direct", "upcast",
-                 "wide", "spares")  # fmt: skip
+                 "wide", "spares", "bound")  # fmt: skip
 
     def __init__(self, step: Step, mesh: Mesh, r: Route, dev: bool) -> None:
         super().__init__("redistribute", r)
@@ -51,6 +51,7 @@ class _Step(Exchange):
         self.upcast: Optional[np.dtype] = None
         self.wide = False  # leave the result in ``upcast`` for the next reduction step
         self.spares: list = []  # the core's PendingExchange objects free for reuse
+        self.bound: Any = None  # the core binding of the fast path (executor.bind), if any
         self.build(mesh)
         if self.core is not None and step.is_collective:
             staged = r.path == "staged"
@@ -69,7 +70,12 @@ class _Step(Exchange):
         """Run the step on ``local``; write into ``out`` when given (the target's shape)."""
         res = out if out is not None else allocate(self.out_shape, self.dtype, local, self.node)
         self._call(local, res)
+        self.calls += 1
         return res
+
+    def runs(self) -> int:
+        """Runs through the executor and through its fast-path binding (counted by the core)."""
+        return self.calls + (int(self.bound.calls) if self.bound is not None else 0)
 
 
 class _Exchange(_Step):
@@ -301,6 +307,8 @@ def executors(p: Plan, mesh: Mesh, algorithm: str = "auto", like: Any = None) ->
         if dev:
             bk.announce()
         execs = [_exec(s, mesh, algorithm, dev) for s in p.steps]
+        for e, (sent, received) in zip(execs, p.rank_bytes(mesh.coords)):
+            e.sent, e.received = sent, received
         for a, b in zip(execs, execs[1:]):  # reductions in a row: accumulate, round once
             a.wide = a.upcast is not None and b.upcast is not None
         cache.execs.put(key, execs)
@@ -381,6 +389,9 @@ def bind(
         kind = _BOUND.get(type(e.core)) if e.direct and not e.dev else None
         if kind is not None:
             bound = kind[1](e.core, e.dtype, e.pooled)
+            if e.bound is not None:  # a binding made again: keep the old one's runs
+                e.calls += int(e.bound.calls)
+            e.bound = bound
             return bound.fn, CoreBinding(kind[0], bound)
     want = execs[-1].out_shape if execs else None  # no steps: the source's shape
     dtype = p.dst.dtype
@@ -485,6 +496,7 @@ class Pending(Request):
             e.core.start_device(local.data.ptr, res.data.ptr, bk.stream_ptr(), pe)
         else:
             e.core.start(local, res, pe)
+        e.calls += 1
         self._res, self._core = res, pe
         self._mesh.pending.append(self)
 

@@ -320,7 +320,11 @@ class HaloArray:
                 comm, geom, getattr(_core.HaloMethod, method), FOLD_TAG if reverse else HALO_TAG,
                 core_transport(r),
             )
-        return HaloExchange("fold" if reverse else "halo", r, core, method)
+        x = HaloExchange("fold" if reverse else "halo", r, core, method)
+        sent = sum(prod(e) for q, _, bs in p.sends if q != p.rank for _, e in bs) * p.itemsize
+        received = sum(prod(e) for q, _, bs in p.recvs if q != p.rank for _, e in bs) * p.itemsize
+        x.sent, x.received = (received, sent) if reverse else (sent, received)
+        return x
 
     def _tune(self, comm: Any, p: HaloPlan) -> Tuple[str, Any]:
         """Time every candidate on this array (a few full updates each, the slowest rank's
@@ -341,6 +345,7 @@ class HaloArray:
         return best[1], best[2]
 
     def _run(self, step: Any) -> None:
+        step.calls += 1
         if self._dev:
             ptr, stream = self.padded.data.ptr, bk.stream_ptr()
             step.core.start_device(ptr, stream)
@@ -355,6 +360,7 @@ class HaloArray:
             raise RuntimeError("HaloArray.update(): an exchange is in flight; call wait() first")
         self._tested = False
         step = self._core_step()
+        step.calls += 1
         if self._dev:
             ptr, stream = self.padded.data.ptr, bk.stream_ptr()
             step.core.start_device(ptr, stream)
@@ -368,6 +374,7 @@ class HaloArray:
             raise RuntimeError("HaloArray.start(): already started; call wait() first")
         self._tested = False
         step = self._core_step()
+        step.calls += 1
         if self._dev:
             step.core.start_device(self.padded.data.ptr, bk.stream_ptr())
         else:
@@ -442,6 +449,7 @@ class HaloArray:
         return best[1], best[2]
 
     def _fold_start(self, step: Any, arr: Any) -> None:
+        step.calls += 1
         if self._dev:
             step.core.start_device(arr.data.ptr, bk.stream_ptr())
         else:
@@ -522,6 +530,7 @@ class HaloArray:
         self._tested = False
         step = self._fold_step()
         if not self._dev and op in _OP_CODE and self.padded.dtype in _KIND_CODE:
+            step.calls += 1
             step.core.fold(self.padded, _OP_CODE[op], _KIND_CODE[self.padded.dtype])
         else:
             self._fold_start(step, self.padded)

@@ -301,6 +301,7 @@ class FusedExchange(Exchange):
             )
         else:
             self.core.run(locals_, outs)
+        self.calls += 1
         return outs
 
 
@@ -361,6 +362,7 @@ class ShmFusedExchange(Exchange):
     def run(self, locals_: List[Any]) -> List[Any]:
         batch = np.frombuffer(_core.ShmBuffer(self.node, max(self.nbytes, 1)), np.uint8)
         self.core.run(locals_, batch)
+        self.calls += 1
         return [
             batch[off : off + prod(sh) * dt.itemsize].view(dt).reshape(sh)
             for off, sh, dt in self.views

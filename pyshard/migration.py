@@ -235,6 +235,8 @@ class Migrated:
         msgs = others & ~_on_node(node, P)  # the sections sent by messages
         sbytes = int(((self.counts * R + 16) * (msgs & (self.counts > 0))).sum())
         rbytes = int(((self.sent * R + 16) * (others & (self.sent > 0))).sum())
+        x.calls = 1
+        x.sent, x.received = int(self.counts[others].sum() * R), int(self.sent[others].sum() * R)
         bufs = _state(self.mesh)["buffers"]
         send = bufs.take(sbytes)
         if node is not None:  # the sections in node-shared memory, node peers write theirs
@@ -282,7 +284,8 @@ class RowExchange(Exchange):
     """A migration's (``op`` ``"migrate"``) or its way back's (``"back"``) :class:`Exchange`:
     the core's ``MigrateExchange`` (each row packed for its peer, or, on the ``shm`` path,
     written straight into a node peer's result), with counts from the count exchange; one per
-    call, on the route of :func:`pyshard.route.migrate_route`."""
+    call, on the route of :func:`pyshard.route.migrate_route` (so its :meth:`comm_stats` counts
+    that one call: the rows' bytes to and from other ranks, headers left out)."""
 
     __slots__ = ()
 
@@ -484,6 +487,8 @@ def migrate(rows: Rows, dest: Any, mesh: Any, algorithm: str = "auto", wait: boo
     msgs = (np.arange(P) != me) & ~_on_node(node, P)  # the peers reached by messages
     sbytes = int(counts[msgs].sum() * R)
     rbytes = int(rcounts[msgs].sum() * R)
+    others = np.arange(P) != me
+    x.calls, x.sent, x.received = 1, int(counts[others].sum() * R), int(rcounts[others].sum() * R)
     bufs = _state(mesh)["buffers"]
     send, recv = bufs.take(sbytes), bufs.take(rbytes)
     x.core.start_forward(d, counts, rcounts, cols, outs, row_off, send, recv, block)

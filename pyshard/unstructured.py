@@ -79,9 +79,20 @@ def index_route(mesh: Any, algorithm: str) -> IndexRoute:
 
 class IndexExchange(Exchange):
     """A gather plan's :class:`Exchange` (``op`` ``"gather"``): the core's ``IndexExchange``,
-    one message to and from each peer, run forward (gather) and in reverse (scatter)."""
+    one message to and from each peer, run forward (gather) and in reverse (scatter). Its
+    :meth:`comm_stats` counts both directions (the plan's ``bytes_sent`` and
+    ``bytes_received``, which depend on each call's row width)."""
 
-    __slots__ = ()
+    __slots__ = ("plan_stats",)
+
+    def __init__(self, op: str, route: Any, core: Any = None, need: int = 0) -> None:
+        super().__init__(op, route, core, need)
+        self.plan_stats: Dict[str, int] = {"bytes_sent": 0, "bytes_received": 0}
+
+    def comm_stats(self) -> Dict[str, int]:
+        s = self.plan_stats
+        return {"calls": self.calls, "bytes_sent": s["bytes_sent"],
+                "bytes_received": s["bytes_received"]}
 
 
 def _index_layout(x: Any, what: str) -> Tuple[Any, Any, np.ndarray]:
@@ -187,6 +198,7 @@ class GatherPlan:
         self._stats: Dict[str, int] = {"gather": 0, "scatter": 0, "messages_sent": 0,
                                        "messages_received": 0, "bytes_sent": 0,
                                        "bytes_received": 0}
+        exchange.plan_stats = self._stats  # the exchange's comm_stats() reads the plan's
 
     @property
     def n(self) -> int:
@@ -215,6 +227,7 @@ class GatherPlan:
         c = self.exchange.core
         s = self._stats
         s[op] += 1
+        self.exchange.calls += 1
         peers_r, peers_o = int(c.messages_out), int((self.rcounts > 0).sum())
         rin, rout = int(c.rows_in), int(c.rows_out)
         if forward:
