@@ -1,0 +1,489 @@
+"""pyshard.unstructured (gather_plan, GatherPlan.gather/scatter, take, scatter_add) against
+an oracle every rank computes alone: the global array is deterministic, and every rank's
+indices and values come from (seed, rank), so each rank knows what every other rank asks.
+
+- gather: ``G[indices]`` exactly, on 1-D layouts with uneven and empty shards, indices with
+  duplicates, in any order, of different lengths (0 on some ranks), for float64, float32,
+  int64, complex128, float16 and bool rows of 0, 1 and 2 trailing dims; ``out=``;
+  ``wait=False`` with a ``test()`` loop.
+- scatter: the module doc's order rule written out in numpy (per source rank ``q``
+  ascending, ``c_q`` = q's values for the row combined in q's index order; then
+  ``row op c_0 op c_1 ...``; float16 in float32 rounded once; bool's sum a logical or),
+  compared bit for bit, with values whose sums depend on the order.
+- errors on every rank naming the first rank at fault (setup), and local ones (values, out,
+  into) raised before any message; the plan works afterwards.
+- explain() and comm_stats() against the counts the oracle knows; the steady calls run no
+  collective (pyshard's counters here, every MPI call in test_index_calls_by_pmpi).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from itertools import product
+
+import launch
+import numpy as np
+import pytest
+from count_worker import COLLECTIVE
+from mpi4py import MPI
+from oracle import make_global
+from test_first_call import shim  # noqa: F401  (the fixture that builds the shim)
+
+import pyshard as ps
+from pyshard import Replicate, Shard
+
+pytestmark = pytest.mark.mpi(min_size=1)
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+N = 23  # rows of the index space
+LAYOUTS = ["balanced", "uneven", "last"]
+PATTERNS = ["random", "runs"]
+GATHER_DTYPES = ["float64", "float32", "int64", "complex128", "float16", "bool"]
+TRAILS = [(), (3,), (2, 2)]
+
+
+@pytest.fixture(scope="module")
+def mesh():
+    m = ps.Mesh(MPI.COMM_WORLD, (MPI.COMM_WORLD.size,))
+    yield m
+    m.free()
+
+
+def layout_sizes(kind, n, P):
+    """Rows per rank: ``balanced`` (None: pyshard's even split), ``uneven`` (random cuts, every
+    rank ``r % 3 == 1`` empty), ``last`` (every row on the last rank)."""
+    if kind == "balanced":
+        return None
+    if kind == "last":
+        return [0] * (P - 1) + [n]
+    rng = np.random.default_rng([n, P, 5])
+    cuts = np.sort(rng.integers(0, n + 1, size=P - 1))
+    sizes = np.diff(np.concatenate(([0], cuts, [n]))).astype(int)
+    for r in range(1, P, 3):
+        sizes[r - 1] += sizes[r]
+        sizes[r] = 0
+    return [int(s) for s in sizes]
+
+
+def offsets_of(sizes, n, P):
+    """The first row of every rank's shard, and n: from the layout itself."""
+    if sizes is None:
+        sizes = ps.Layout((n,), np.float64, (P,), [Shard(0)]).table[0][1]
+    return np.concatenate(([0], np.cumsum(sizes))).astype(np.int64)
+
+
+def dist(g, mesh, sizes):
+    return ps.distribute(g, mesh, [Shard(0)], sizes=None if sizes is None else {0: sizes})
+
+
+def indices_of(pattern, seed, rank, n=N):
+    """Rank ``rank``'s indices: ``random`` (duplicates, any order, int32 on odd ranks, none on
+    ranks ``r % 3 == 2``) or ``runs`` (an ascending slice of the rows, so that every group of
+    rows is one run at both ends; an empty list on ranks ``r % 3 == 2``)."""
+    rng = np.random.default_rng([seed, rank])
+    if rank % 3 == 2:
+        return np.zeros(0, np.int64) if pattern == "random" else []
+    if pattern == "random":
+        k = int(rng.integers(1, 2 * n))
+        return rng.integers(0, n, size=k).astype(np.int32 if rank % 2 else np.int64)
+    start = (5 * rank + seed) % n
+    return np.arange(start, min(n, start + 9), dtype=np.int64)
+
+
+def owner_of(rows, offsets):
+    return np.searchsorted(offsets[:-1], np.asarray(rows, np.int64), side="right") - 1
+
+
+def wait_by_test(p):
+    """Drive a pending exchange with test() alone, then wait()."""
+    for _ in range(10**7):
+        if p.test():
+            break
+    else:
+        raise AssertionError("test() never returned True")
+    assert p.test()
+    return p.wait()
+
+
+# --- gather -------------------------------------------------------------------------------
+
+CASES = [(lay, pat) for lay in LAYOUTS for pat in PATTERNS]
+
+
+@pytest.mark.parametrize("layout,pattern", CASES)
+def test_gather_equals_oracle(mesh, layout, pattern):
+    """One plan, gathers of every dtype and trailing shape: plain, into out=, and wait=False
+    driven by test(); each equals G[indices] exactly."""
+    P, me = mesh.size, mesh.rank
+    sizes = layout_sizes(layout, N, P)
+    seed = 3
+    idx = indices_of(pattern, seed, me)
+    algorithm = "alltoall" if layout == "last" else "auto"
+    plan = ps.gather_plan(idx, like=dist(np.zeros(N), mesh, sizes), algorithm=algorithm)
+    assert plan.n == len(idx)
+    want_idx = np.asarray(idx, np.int64)
+    for i, (dtype, trail) in enumerate(product(GATHER_DTYPES, TRAILS)):
+        g = make_global((N,) + trail, dtype, seed=i)
+        x = dist(g, mesh, sizes)
+        want = g[want_idx]
+        mode = i % 3
+        if mode == 0:
+            got = plan.gather(x)
+        elif mode == 1:
+            out = np.full(want.shape, 1, dtype=want.dtype)
+            got = plan.gather(x, out=out)
+            assert got is out
+        else:
+            got = wait_by_test(plan.gather(x, wait=False))
+        assert got.shape == want.shape and got.dtype == want.dtype, (dtype, trail)
+        np.testing.assert_array_equal(got, want, err_msg=f"{dtype} {trail} mode {mode}")
+    # rows of no bytes, and an index space of no rows (every rank reads nothing)
+    g = make_global((N, 0), "float64")
+    assert plan.gather(dist(g, mesh, sizes)).shape == (len(idx), 0)
+    empty = ps.gather_plan(np.zeros(0, np.int64), like=dist(np.zeros((0, 2)), mesh, None))
+    got = empty.gather(dist(np.zeros((0, 2)), mesh, None))
+    assert got.shape == (0, 2)
+
+
+# --- scatter ------------------------------------------------------------------------------
+
+def values_of(seed, rank, n, dtype, trail, op):
+    """Rank ``rank``'s values: float64 and complex mix 1e16 with ones and fractions (a sum
+    depends on its order); float16 mixes 2048 with 1 and 0.5 (float16 sums would lose them,
+    float32 does not); a NaN in rank 0's float64 max/min values."""
+    rng = np.random.default_rng([seed, rank, 7])
+    shape = (n,) + trail
+    if dtype == "bool":
+        return rng.random(shape) < 0.3
+    if dtype == "int64":
+        return rng.integers(-1000, 1000, size=shape)
+    if dtype == "float16":
+        mags = np.array([2048.0, 1.0, 0.5, -2048.0, 0.25, -1.0])
+        return (rng.choice(mags, size=shape) * rng.integers(1, 4, size=shape)).astype(np.float16)
+    mags = np.array([1e16, 1.0, -1e16, 0.75, 3e-3, -2.5])
+    if dtype == "float32":
+        mags = np.array([1e8, 1.0, -1e8, 0.75, 3e-3, -2.5])
+    v = rng.choice(mags, size=shape) * rng.integers(1, 4, size=shape)
+    if dtype == "complex128":
+        v = v + 1j * rng.choice(mags, size=shape)
+    v = v.astype(dtype)
+    if dtype == "float64" and op in ("max", "min") and rank == 0 and n > 1:
+        v[1] = np.nan
+    return v
+
+
+def combine(op, a, b):
+    if op == "replace":
+        return b
+    if a.dtype == np.bool_:
+        return {"sum": np.logical_or, "max": np.logical_or, "min": np.logical_and}[op](a, b)
+    return {"sum": np.add, "max": np.maximum, "min": np.minimum}[op](a, b)
+
+
+def scatter_expected(g, idxs, vals, op):
+    """The order rule: for q = 0, 1, ...: c_q[row] = q's values for row combined in q's index
+    order, then row = row op c_q. float16 (not replace) in float32, rounded once."""
+    wide = g.dtype == np.float16 and op != "replace"
+    acc = g.astype(np.float32) if wide else g.copy()
+    for idx, v in zip(idxs, vals):
+        if wide:
+            v = v.astype(np.float32)
+        c = {}
+        for k, row in enumerate(np.asarray(idx, np.int64).tolist()):
+            c[row] = np.array(v[k]) if row not in c else combine(op, c[row], v[k])
+        for row, part in c.items():
+            acc[row] = combine(op, np.array(acc[row]), part)
+    return acc.astype(g.dtype) if wide else acc
+
+
+SCATTERS = [
+    ("float64", (), "sum"), ("float64", (2,), "max"), ("float64", (), "min"),
+    ("float64", (2,), "replace"), ("float16", (2,), "sum"), ("float16", (), "max"),
+    ("float16", (), "replace"), ("float32", (2, 2), "sum"), ("int64", (2,), "sum"),
+    ("int64", (), "min"), ("complex128", (), "sum"), ("complex128", (2,), "replace"),
+    ("bool", (2,), "sum"), ("bool", (), "min"), ("bool", (), "replace"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("layout,pattern", CASES)
+def test_scatter_equals_order_rule(mesh, layout, pattern):
+    """One plan, scatters of every op and dtype, compared bit for bit with the order rule."""
+    P, me = mesh.size, mesh.rank
+    sizes = layout_sizes(layout, N, P)
+    seed = 4
+    idxs = [indices_of(pattern, seed, q) for q in range(P)]
+    plan = ps.gather_plan(idxs[me], like=dist(np.zeros(N), mesh, sizes))
+    for i, (dtype, trail, op) in enumerate(SCATTERS):
+        g = make_global((N,) + trail, dtype, seed=i)
+        vals = [values_of(seed + i, q, len(idxs[q]), dtype, trail, op) for q in range(P)]
+        want = scatter_expected(g, idxs, vals, op)
+        x = dist(g, mesh, sizes)
+        if i % 2:
+            assert wait_by_test(plan.scatter(vals[me], into=x, op=op, wait=False)) is None
+        else:
+            assert plan.scatter(vals[me], into=x, op=op) is None
+        np.testing.assert_array_equal(x.local, want[x.box], err_msg=f"{dtype} {trail} {op}")
+
+
+def test_the_order_rule_is_what_is_checked():
+    """The scatter oracle's values make the order matter: at 2 and 3 ranks, summing float64
+    in global index order (np.add.at), or float16 in float16, gives other bits than the rule,
+    and the rule's own pieces are what its code says."""
+    for P in (2, 3):
+        idxs = [indices_of("random", 4, q) for q in range(P)]
+        g = make_global((N,), "float64")
+        vals = [values_of(4, q, len(idxs[q]), "float64", (), "sum") for q in range(P)]
+        naive = g.copy()
+        np.add.at(naive, np.concatenate([np.asarray(i, np.int64) for i in idxs]),
+                  np.concatenate(vals))
+        assert not np.array_equal(naive, scatter_expected(g, idxs, vals, "sum"))
+        h = make_global((N,), "float16")
+        v16 = [values_of(9, q, len(idxs[q]), "float16", (), "sum") for q in range(P)]
+        narrow = h.copy()
+        np.add.at(narrow, np.concatenate([np.asarray(i, np.int64) for i in idxs]),
+                  np.concatenate(v16))
+        assert not np.array_equal(narrow, scatter_expected(h, idxs, v16, "sum"))
+    g = np.zeros(2)
+    # rank 0 adds 1e16 then -1e16 to row 0 (c_0 = 0), rank 1 adds 1: 1; other orders give 0
+    assert scatter_expected(g, [[0, 0], [0]], [np.array([1e16, -1e16]), np.array([1.0])],
+                            "sum")[0] == 1.0
+    # replace: the highest rank's last occurrence
+    assert scatter_expected(g, [[1, 1], [1, 1]], [np.array([1.0, 2.0]), np.array([3.0, 4.0])],
+                            "replace")[1] == 4.0
+
+
+def test_plan_reused(mesh):
+    """gather, scatter, gather, ... with one plan: each gather sees the scatters before it."""
+    P, me = mesh.size, mesh.rank
+    sizes = layout_sizes("uneven", N, P)
+    idxs = [indices_of("random", 11, q) for q in range(P)]
+    g = make_global((N, 2), "float64")
+    x = dist(g, mesh, sizes)
+    plan = ps.gather_plan(idxs[me], like=x)
+    for step in range(3):
+        np.testing.assert_array_equal(plan.gather(x), g[np.asarray(idxs[me], np.int64)])
+        vals = [values_of(20 + step, q, len(idxs[q]), "float64", (2,), "sum") for q in range(P)]
+        plan.scatter(vals[me], into=x)
+        g = scatter_expected(g, idxs, vals, "sum")
+        np.testing.assert_array_equal(x.local, g[x.box])
+    st = plan.comm_stats()
+    assert st["gather"] == 3 and st["scatter"] == 3
+
+
+def test_take_and_scatter_add(mesh):
+    P, me = mesh.size, mesh.rank
+    sizes = layout_sizes("uneven", N, P)
+    idxs = [indices_of("random", 12, q) for q in range(P)]
+    g = make_global((N, 3), "int64")
+    x = dist(g, mesh, sizes)
+    np.testing.assert_array_equal(ps.take(x, idxs[me]), g[np.asarray(idxs[me], np.int64)])
+    h = make_global((N,), "float64", seed=1)
+    y = dist(h, mesh, sizes)
+    vals = [values_of(13, q, len(idxs[q]), "float64", (), "sum") for q in range(P)]
+    assert ps.scatter_add(y, idxs[me], vals[me]) is None
+    np.testing.assert_array_equal(y.local, scatter_expected(h, idxs, vals, "sum")[y.box])
+
+
+# --- errors -------------------------------------------------------------------------------
+
+REASON = {"range": "an index outside [0, N)", "negative": "an index outside [0, N)",
+          "float": "indices not integers", "2d": "indices not 1-D"}
+
+
+def bad_indices(kind, rank, good):
+    if kind == "range":
+        return np.concatenate([good, [N]]).astype(np.int64), f"indices[{len(good)}] = {N} is " \
+            f"outside [0, {N})"
+    if kind == "negative":
+        return np.array([0, -1, 2], np.int64), f"indices[1] = -1 is outside [0, {N})"
+    if kind == "float":
+        return np.array([0.0, 1.5]), "indices must be integers, got dtype float64"
+    return np.zeros((2, 2), np.int64), "indices must be 1-D, got shape (2, 2)"
+
+
+@pytest.mark.parametrize("kind,algorithm", [("range", "auto"), ("negative", "auto"),
+                                            ("float", "alltoall"), ("2d", "auto"),
+                                            ("mixed", "auto"), ("mixed", "alltoall")])
+def test_bad_indices_raise_on_every_rank(mesh, kind, algorithm):
+    """``range``: rank P-1 alone is bad; the others: every rank from P//2 up is bad
+    (``mixed``: each of its own kind); every rank raises, naming the first."""
+    P, me = mesh.size, mesh.rank
+    sizes = layout_sizes("uneven", N, P)
+    x = dist(make_global((N, 2), "float64"), mesh, sizes)
+    good = np.asarray(indices_of("random", 5, me), np.int64)
+    first = P - 1 if kind == "range" else P // 2
+    kinds = ["range", "float", "2d", "negative"]
+    mine = kinds[(me - first) % 4] if kind == "mixed" else kind
+    bad = me == P - 1 if kind == "range" else me >= P // 2
+    idx, detail = bad_indices(mine, me, good) if bad else (good, None)
+    with pytest.raises(ValueError) as e:
+        ps.gather_plan(idx, like=x, algorithm=algorithm)
+    msg = str(e.value)
+    reason = REASON["range" if kind == "mixed" else kind]
+    assert f"rank {first}'s indices are bad ({reason})" in msg, msg
+    if me == first:
+        assert detail in msg, msg
+    # the mesh works afterwards, on every rank
+    plan = ps.gather_plan(good, like=x, algorithm=algorithm)
+    np.testing.assert_array_equal(plan.gather(x), make_global((N, 2), "float64")[good])
+
+
+def no_messages(fn, exc, match, plan):
+    before, mine = ps.comm_stats(), plan.comm_stats()
+    with pytest.raises(exc, match=match):
+        fn()
+    assert ps.comm_stats() == before and plan.comm_stats() == mine
+
+
+def test_local_errors(mesh):
+    """Every rank passes the same kind of bad argument to a run of the plan: each raises
+    before any message, and the plan runs afterwards."""
+    P, me = mesh.size, mesh.rank
+    sizes = layout_sizes("uneven", N, P)
+    g = make_global((N, 2), "float64")
+    x = dist(g, mesh, sizes)
+    idx = np.asarray(indices_of("random", 6, me), np.int64)
+    plan = ps.gather_plan(idx, like=x)
+    n = len(idx)
+    no_messages(lambda: plan.scatter(np.zeros((n + 1, 2)), into=x), ValueError,
+                r"values must have shape", plan)
+    no_messages(lambda: plan.scatter(np.zeros((n, 2), np.float32), into=x), ValueError,
+                r"dtype float64", plan)
+    no_messages(lambda: plan.scatter(np.zeros((n, 3)), into=x), ValueError, "values must", plan)
+    no_messages(lambda: plan.scatter(np.zeros((n, 2)), into=x, op="prod"), ValueError,
+                "op must be one of", plan)
+    no_messages(lambda: plan.gather(x, out=np.zeros((n + 1, 2))), ValueError, "out must", plan)
+    no_messages(lambda: plan.gather(x, out=np.zeros((n, 2), np.float32)), ValueError,
+                "out must", plan)
+    if all(len(indices_of("random", 6, q)) > 1 for q in range(P)):  # an empty out is both
+        no_messages(lambda: plan.gather(x, out=np.zeros((2, n)).T), ValueError, "out must",
+                    plan)
+    # into= laid out differently from like=: more rows, another split, another placement
+    other = [dist(make_global((N + 1, 2), "float64"), mesh, None),
+             ps.distribute(g, mesh, [Replicate()])]
+    if P > 1:
+        other.append(dist(g, mesh, layout_sizes("last", N, P)))
+    for y in other:
+        no_messages(lambda y=y: plan.scatter(np.zeros((n, 2)), into=y), ValueError,
+                    "laid out differently", plan)
+        no_messages(lambda y=y: plan.gather(y), ValueError, "laid out differently", plan)
+    no_messages(lambda: plan.gather(g), TypeError, "ShardedArray", plan)
+    # one exchange in flight at a time
+    p = plan.gather(x, wait=False)
+    with pytest.raises(RuntimeError, match="in flight"):
+        plan.scatter(np.zeros((n, 2)), into=x)
+    np.testing.assert_array_equal(p.wait(), g[idx])
+    # the plan works after all of it
+    np.testing.assert_array_equal(plan.gather(x), g[idx])
+    with pytest.raises(ValueError, match="algorithm must be"):
+        ps.gather_plan(idx, like=x, algorithm="fast")
+    with pytest.raises(ValueError, match="index space"):
+        ps.gather_plan(idx, like=ps.distribute(g, mesh, [Replicate()]))
+
+
+@pytest.mark.mpi(min_size=2)
+def test_like_laid_out_differently_on_one_rank(mesh):
+    """One rank's like= has another split of the rows: the setup raises on every rank."""
+    P, me = mesh.size, mesh.rank
+    sizes = layout_sizes("last" if me == P - 1 else "balanced", N, P)
+    x = dist(make_global((N,), "float64"), mesh, sizes)
+    with pytest.raises(ValueError, match="like= is laid out differently"):
+        ps.gather_plan(np.arange(min(N, 4)), like=x)
+    y = dist(make_global((N,), "float64"), mesh, None)
+    np.testing.assert_array_equal(ps.take(y, [1, 0, 1]), make_global((N,), "float64")[[1, 0, 1]])
+
+
+# --- explain, comm_stats ------------------------------------------------------------------
+
+def peers(idxs, offsets, me):
+    """What the plan of rank ``me`` must hold: distinct rows read per owner, the owners read
+    (others), the readers served and the rows they read from ``me``."""
+    P = len(idxs)
+    distinct = [np.unique(np.asarray(i, np.int64)) for i in idxs]
+    counts = np.bincount(owner_of(distinct[me], offsets), minlength=P)
+    owners = [p for p in range(P) if p != me and counts[p]]
+    served = [int((owner_of(distinct[q], offsets) == me).sum()) if q != me else 0
+              for q in range(P)]
+    readers = [q for q in range(P) if served[q]]
+    return counts, owners, readers, sum(served)
+
+
+@pytest.mark.parametrize("layout,algorithm", [("uneven", "auto"), ("balanced", "alltoall")])
+def test_explain_and_comm_stats(mesh, layout, algorithm):
+    P, me = mesh.size, mesh.rank
+    sizes = layout_sizes(layout, N, P)
+    offsets = offsets_of(sizes, N, P)
+    idxs = [indices_of("random", 8, q) for q in range(P)]
+    g = make_global((N, 3), "float64")
+    x = dist(g, mesh, sizes)
+    before = ps.comm_stats()
+    plan = ps.gather_plan(idxs[me], like=x, algorithm=algorithm)
+    setup = {k: v - before.get(k, 0) for k, v in ps.comm_stats().items()
+             if v != before.get(k, 0)}
+    assert setup.get("index_setup") == 1
+    assert set(setup) <= {"index_setup", "migrate_nbx" if algorithm == "auto"
+                          else "migrate_alltoall"}, setup
+    counts, owners, readers, rows_out = peers(idxs, offsets, me)
+    rows_in = int(counts.sum() - counts[me])
+    n, distinct = len(idxs[me]), int(counts.sum())
+    np.testing.assert_array_equal(plan.counts, counts)
+    text = plan.explain()
+    assert f"on {P} ranks, rank {me}: {n} indices ({distinct} distinct rows, " \
+        f"{n - distinct} duplicates) into {N} rows" in text, text
+    assert f"path {'mpi' if P > 1 else 'local'}" in text, text
+    assert f"setup {'nbx' if algorithm == 'auto' else 'alltoall'}" in text, text
+    assert f"own rows read locally: {int(counts[me])}" in text, text
+    assert f"gather: {len(owners)} messages in from {owners} ({rows_in} rows), " \
+        f"{len(readers)} out to {readers} ({rows_out} rows)" in text, text
+    assert plan.route.path == ("mpi" if P > 1 else "local")
+    before = ps.comm_stats()
+    vals = np.ones((n, 3))
+    plan.gather(x)
+    plan.scatter(vals, into=x)
+    wait_by_test(plan.gather(x, wait=False))
+    steady = {k: v - before.get(k, 0) for k, v in ps.comm_stats().items()
+              if v != before.get(k, 0)}
+    sent = 2 * len(readers) + len(owners)
+    assert steady == ({"index_messages": sent} if sent else {}), steady  # no collective
+    rb = 3 * 8
+    assert plan.comm_stats() == {
+        "gather": 2, "scatter": 1, "setup_messages": len(owners),
+        "messages_sent": sent, "messages_received": 2 * len(owners) + len(readers),
+        "bytes_sent": (2 * rows_out + rows_in) * rb,
+        "bytes_received": (2 * rows_in + rows_out) * rb,
+    }
+
+
+# --- every MPI call, by a PMPI shim -------------------------------------------------------
+
+P2P = {"Isend", "Irecv", "Isend_c", "Irecv_c"}
+
+
+def test_index_calls_by_pmpi(comm, shim):  # noqa: F811
+    """4 ranks with the PMPI shim preloaded (index_worker.py): the setup's one collective is
+    the NBX reduction; a steady gather (blocking, and wait=False driven by test()) and
+    scatter make only Isend and Irecv, one per peer the plan names, and no collective."""
+    launch.require(comm)
+    r = launch.run(4, ["env", f"LD_PRELOAD={shim}", sys.executable,
+                       os.path.join(HERE, "index_worker.py")],
+                   env={"PYSHARD_TEST_PMPI": shim}, timeout=240)  # fmt: skip
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-4000:]
+    ranks = json.loads([ln for ln in r.stdout.splitlines() if ln.startswith("[")][-1])
+    assert len(ranks) == 4
+    assert any(o["owners"] for o in ranks) and any(not o["owners"] for o in ranks)
+    for me, o in enumerate(ranks):
+        assert o["ok"], me
+        owners, readers = o["owners"], o["readers"]
+        s = o["setup"]
+        assert {k: v for k, v in s.items() if k in COLLECTIVE} == {"Iallreduce": 1}, (me, s)
+        assert s.get("Issend", 0) == len(owners), (me, s)  # the counts, to the owners read
+        assert s.get("Isend", 0) + s.get("Isend_c", 0) == len(owners), (me, s)  # the rows
+        assert s.get("Irecv", 0) + s.get("Irecv_c", 0) == len(readers), (me, s)
+        for call, out, into in (("gather", readers, owners), ("pending", readers, owners),
+                                ("scatter", owners, readers)):
+            c = o[call]
+            assert set(c) <= P2P, (me, call, c)  # no collective, no other message
+            assert c.get("Isend", 0) + c.get("Isend_c", 0) == len(out), (me, call, c, out)
+            assert c.get("Irecv", 0) + c.get("Irecv_c", 0) == len(into), (me, call, c, into)
