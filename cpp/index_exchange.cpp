@@ -39,57 +39,66 @@ T add(T a, T b) {
   }
 }
 
-template <class T, class F>
-void combine_as(char* dst, const char* src, i64 rb, F f) {
-  const i64 n = rb / static_cast<i64>(sizeof(T));
-  for (i64 e = 0; e < n; ++e) {
-    T a, b;
-    std::memcpy(&a, dst + e * sizeof(T), sizeof(T));
-    std::memcpy(&b, src + e * sizeof(T), sizeof(T));
-    const T c = f(a, b);
-    std::memcpy(dst + e * sizeof(T), &c, sizeof(T));
-  }
-}
-
-template <class T>
-void combine_typed(IndexOp op, char* dst, const char* src, i64 rb) {
-  if (op == IndexOp::sum) return combine_as<T>(dst, src, rb, [](T a, T b) { return add(a, b); });
-  if constexpr (std::is_arithmetic_v<T>) {
-    if (op == IndexOp::max)
-      return combine_as<T>(dst, src, rb, [](T a, T b) {
-        if constexpr (std::is_floating_point_v<T>) {
-          if (a != a) return a;
-          if (b != b) return b;
-        }
-        return b > a ? b : a;
-      });
-    return combine_as<T>(dst, src, rb, [](T a, T b) {
+// One row combined into another, element type and op fixed at compile time: O is the op
+// (0 sum, 1 max, 2 min; NaN wins in max and min, as numpy's maximum/minimum).
+template <class T, int O>
+struct Combine {
+  static inline T f(T a, T b) {
+    if constexpr (O == 0) {
+      return add(a, b);
+    } else {
       if constexpr (std::is_floating_point_v<T>) {
         if (a != a) return a;
         if (b != b) return b;
       }
-      return b < a ? b : a;
-    });
+      if constexpr (O == 1) return b > a ? b : a;
+      else return b < a ? b : a;
+    }
+  }
+  static inline void row(char* dst, const char* src, i64 rb) {
+    const i64 n = rb / static_cast<i64>(sizeof(T));
+    for (i64 e = 0; e < n; ++e) {
+      T a, b;
+      std::memcpy(&a, dst + e * sizeof(T), sizeof(T));
+      std::memcpy(&b, src + e * sizeof(T), sizeof(T));
+      const T c = f(a, b);
+      std::memcpy(dst + e * sizeof(T), &c, sizeof(T));
+    }
+  }
+};
+
+struct Replace {
+  static inline void row(char* dst, const char* src, i64 rb) { copy_row(dst, src, rb); }
+};
+
+template <class T, class F>
+void by_op(IndexOp op, F&& f) {
+  if (op == IndexOp::sum) return f(Combine<T, 0>{});
+  if constexpr (std::is_arithmetic_v<T>) {
+    if (op == IndexOp::max) return f(Combine<T, 1>{});
+    return f(Combine<T, 2>{});
   } else {
     throw std::invalid_argument("pyshard: scatter max/min on complex data");
   }
 }
 
-void combine_kind(FoldKind kind, IndexOp op, char* dst, const char* src, i64 rb) {
-  if (op == IndexOp::replace) return copy_row(dst, src, rb);
+// Calls f with the combiner of (kind, op): the switch runs once per call, not once per row.
+template <class F>
+void with_combiner(FoldKind kind, IndexOp op, F&& f) {
+  if (op == IndexOp::replace) return f(Replace{});
   switch (kind) {
-    case FoldKind::f32: return combine_typed<float>(op, dst, src, rb);
-    case FoldKind::f64: return combine_typed<double>(op, dst, src, rb);
-    case FoldKind::i8: return combine_typed<std::int8_t>(op, dst, src, rb);
-    case FoldKind::i16: return combine_typed<std::int16_t>(op, dst, src, rb);
-    case FoldKind::i32: return combine_typed<std::int32_t>(op, dst, src, rb);
-    case FoldKind::i64: return combine_typed<std::int64_t>(op, dst, src, rb);
-    case FoldKind::u8: return combine_typed<std::uint8_t>(op, dst, src, rb);
-    case FoldKind::u16: return combine_typed<std::uint16_t>(op, dst, src, rb);
-    case FoldKind::u32: return combine_typed<std::uint32_t>(op, dst, src, rb);
-    case FoldKind::u64: return combine_typed<std::uint64_t>(op, dst, src, rb);
-    case FoldKind::c64: return combine_typed<std::complex<float>>(op, dst, src, rb);
-    case FoldKind::c128: return combine_typed<std::complex<double>>(op, dst, src, rb);
+    case FoldKind::f32: return by_op<float>(op, f);
+    case FoldKind::f64: return by_op<double>(op, f);
+    case FoldKind::i8: return by_op<std::int8_t>(op, f);
+    case FoldKind::i16: return by_op<std::int16_t>(op, f);
+    case FoldKind::i32: return by_op<std::int32_t>(op, f);
+    case FoldKind::i64: return by_op<std::int64_t>(op, f);
+    case FoldKind::u8: return by_op<std::uint8_t>(op, f);
+    case FoldKind::u16: return by_op<std::uint16_t>(op, f);
+    case FoldKind::u32: return by_op<std::uint32_t>(op, f);
+    case FoldKind::u64: return by_op<std::uint64_t>(op, f);
+    case FoldKind::c64: return by_op<std::complex<float>>(op, f);
+    case FoldKind::c128: return by_op<std::complex<double>>(op, f);
     case FoldKind::none: break;
   }
   throw std::invalid_argument("pyshard: scatter: no host combine for this element type");
@@ -211,7 +220,7 @@ IndexExchange::~IndexExchange() {
 }
 
 void IndexExchange::combine(char* dst, const char* src, i64 rb) const {
-  combine_kind(kind_, op_, dst, src, rb);
+  with_combiner(kind_, op_, [&](auto C) { C.row(dst, src, rb); });
 }
 
 void IndexExchange::start_forward(const char* x, i64 rb, char* out) {
@@ -254,6 +263,9 @@ void IndexExchange::start_reverse(const char* values, i64 rb, char* into, FoldKi
   if (active_) throw std::runtime_error("pyshard: an index exchange is already in flight");
   if (op != IndexOp::replace && kind == FoldKind::none)
     throw std::invalid_argument("pyshard: scatter: no host combine for this element type");
+  if ((op == IndexOp::max || op == IndexOp::min) &&
+      (kind == FoldKind::c64 || kind == FoldKind::c128))
+    throw std::invalid_argument("pyshard: scatter max/min on complex data");
   kind_ = kind;
   op_ = op;
   const MPI_Comm c = comm_->get();
@@ -266,21 +278,23 @@ void IndexExchange::start_reverse(const char* values, i64 rb, char* into, FoldKi
     mpi::irecv(obuf_.data() + ooff_[i] * rb, (ooff_[i + 1] - ooff_[i]) * rb, opeer_[i],
                tags::kIndexReverse, c, &reqs_[nr + i]);
   // R and S reduced from the values in the order of k (groups sent from the values skipped)
-  for (size_t k = 0; k < slot_.size(); ++k) {
-    const i64 s = slot_[k];
-    char* dst;
-    if (s >= rtotal_) {
-      dst = sbuf_.data() + (s - rtotal_) * rb;
-    } else {
-      if (skip_[k]) continue;
-      dst = rbuf_.data() + s * rb;
+  with_combiner(kind, op, [&](auto C) {
+    for (size_t k = 0; k < slot_.size(); ++k) {
+      const i64 s = slot_[k];
+      char* dst;
+      if (s >= rtotal_) {
+        dst = sbuf_.data() + (s - rtotal_) * rb;
+      } else {
+        if (skip_[k]) continue;
+        dst = rbuf_.data() + s * rb;
+      }
+      const char* v = values + static_cast<i64>(k) * rb;
+      if (first_[k])
+        copy_row(dst, v, rb);
+      else
+        C.row(dst, v, rb);
     }
-    const char* v = values + static_cast<i64>(k) * rb;
-    if (first_[k])
-      copy_row(dst, v, rb);
-    else
-      combine_kind(kind, op, dst, v, rb);
-  }
+  });
   for (size_t j = 0; j < nr; ++j) {
     const char* from = rdirect_[j] >= 0 ? values + rdirect_[j] * rb : rbuf_.data() + roff_[j] * rb;
     mpi::isend(from, rcount_[j] * rb, rpeer_[j], tags::kIndexReverse, c, &reqs_[j]);
@@ -312,21 +326,24 @@ void IndexExchange::wait() {
     }
     return;
   }
-  for (i64 g : order_) {
-    const i64* rows;
-    const char* src;
-    i64 n;
-    if (g < 0) {
-      rows = self_rows_.data();
-      src = sbuf_.data();
-      n = static_cast<i64>(self_rows_.size());
-    } else {
-      rows = own_rows_.data() + ooff_[g];
-      src = obuf_.data() + ooff_[g] * rb;
-      n = ooff_[g + 1] - ooff_[g];
+  with_combiner(kind_, op_, [&](auto C) {
+    for (i64 g : order_) {
+      const i64* rows;
+      const char* src;
+      i64 n;
+      if (g < 0) {
+        rows = self_rows_.data();
+        src = sbuf_.data();
+        n = static_cast<i64>(self_rows_.size());
+      } else {
+        rows = own_rows_.data() + ooff_[g];
+        src = obuf_.data() + ooff_[g] * rb;
+        n = ooff_[g + 1] - ooff_[g];
+      }
+      char* out = out_;
+      for (i64 t = 0; t < n; ++t) C.row(out + rows[t] * rb, src + t * rb, rb);
     }
-    for (i64 t = 0; t < n; ++t) combine_kind(kind_, op_, out_ + rows[t] * rb, src + t * rb, rb);
-  }
+  });
 }
 
 }  // namespace pyshard

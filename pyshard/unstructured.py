@@ -305,6 +305,9 @@ class GatherPlan:
             raise ValueError("pyshard.GatherPlan.scatter: into's local array must be writable "
                              "and C-contiguous")
         dt = tgt.dtype
+        if dt.kind == "c" and op in ("max", "min"):
+            raise ValueError(f"pyshard.GatherPlan.scatter: op {op!r} is not defined for "
+                             f"complex data ({dt}); use 'sum' or 'replace'")
         kind = _KIND_CODE.get(dt)
         acc, v, narrow = tgt, np.ascontiguousarray(vals), None
         if dt == np.bool_:

@@ -354,6 +354,9 @@ def test_local_errors(mesh):
     no_messages(lambda: plan.scatter(np.zeros((n, 3)), into=x), ValueError, "values must", plan)
     no_messages(lambda: plan.scatter(np.zeros((n, 2)), into=x, op="prod"), ValueError,
                 "op must be one of", plan)
+    xc = dist(make_global((N, 2), "complex128"), mesh, sizes)
+    no_messages(lambda: plan.scatter(np.zeros((n, 2), np.complex128), into=xc, op="max"),
+                ValueError, "not defined for complex", plan)
     no_messages(lambda: plan.gather(x, out=np.zeros((n + 1, 2))), ValueError, "out must", plan)
     no_messages(lambda: plan.gather(x, out=np.zeros((n, 2), np.float32)), ValueError,
                 "out must", plan)
