@@ -31,11 +31,17 @@ class Comm {
   MPI_Comm get() const { return comm_; }
   int size() const { return size_; }
   int rank() const { return rank_; }
+  // The number of NBX count rounds run on this communicator before this one (then counted):
+  // every rank runs the same rounds on it in the same order, so the parity agrees across
+  // ranks. (A count keyed on the MPI_Comm handle would not: handles are rank-local values,
+  // reused after a free in each rank's own order.)
+  i64 next_round() const { return rounds_++; }
 
  private:
   MPI_Comm comm_ = MPI_COMM_NULL;
   int size_ = 0;
   int rank_ = 0;
+  mutable i64 rounds_ = 0;
 };
 
 // One Allgather of a few int64 per rank (counted as "allgather"): the only place pyshard

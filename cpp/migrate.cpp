@@ -305,8 +305,7 @@ CountResult migrate_counts(const Comm& comm, int algorithm, const i64* counts, i
   // rank probes for its senders until its own sends are matched, then joins a nonblocking
   // reduction (an error flag and the signature's range: a barrier that also says whether every
   // rank's input was good); done when that reduction completes.
-  static std::map<MPI_Comm, i64> rounds;
-  const int tag = rounds[comm.get()]++ % 2 ? tags::kMigrateCountOdd : tags::kMigrateCount;
+  const int tag = comm.next_round() % 2 ? tags::kMigrateCountOdd : tags::kMigrateCount;
   std::vector<i64> sb;
   std::vector<int> to;
   if (!code)

@@ -490,3 +490,15 @@ def test_index_calls_by_pmpi(comm, shim):  # noqa: F811
             assert set(c) <= P2P, (me, call, c)  # no collective, no other message
             assert c.get("Isend", 0) + c.get("Isend_c", 0) == len(out), (me, call, c, out)
             assert c.get("Irecv", 0) + c.get("Irecv_c", 0) == len(into), (me, call, c, into)
+
+
+def test_setup_rounds_agree_after_communicators_are_reused(comm):
+    """nbx_worker.py at 2 and 3 ranks: meshes made and freed, rank 0 alone holding a
+    communicator of its own in between, so each rank's next communicator handle differs; the
+    NBX setups on the new meshes still agree on their message tags (a job that hangs is
+    killed at the timeout and fails here)."""
+    launch.require(comm)
+    for n in (2, 3):
+        r = launch.run(n, [sys.executable, os.path.join(HERE, "nbx_worker.py")], timeout=120)
+        assert r.returncode == 0 and r.stdout.strip().endswith("ok"), (
+            n, r.stdout[-2000:] + r.stderr[-2000:])
