@@ -18,7 +18,9 @@
 #                                 memory within a host, MPI between (2x2 meshes); where root
 #                                 cannot make the hosts, simulated nodes of 2 instead
 #                                 (PYSHARD_NODE_SIZE=2)
-#     6 ranks, MPI only           PYSHARD_TRANSPORT=mpi: every auto exchange through MPI (2x3)
+#     6 ranks, MPI only           PYSHARD_TRANSPORT=mpi: every auto exchange through MPI (2x3);
+#                                 without the `numerics` (FFT, torch, PIC...: the same Python
+#                                 over the exchanges this run checks, run at every other count)
 #     6 ranks, two hosts          3 a host, tests/mpi/test_two_hosts.py only (2x3 meshes: node
 #                                 peers along one dim, MPI along the other; the whole suite
 #                                 again at 6 ranks would cost about 140 s of CI's budget)
@@ -96,7 +98,7 @@ if [ $TWO_HOSTS = 1 ]; then
 else
   mpich_run 4 "4 ranks, nodes of 2" "not slow" PYSHARD_NODE_SIZE=2 PYSHARD_SHM_MIN_BYTES=0
 fi
-mpich_run 6 "6 ranks, MPI only" "not slow" PYSHARD_TRANSPORT=mpi
+mpich_run 6 "6 ranks, MPI only" "not slow and not numerics" PYSHARD_TRANSPORT=mpi
 if [ $TWO_HOSTS = 1 ]; then
   two_hosts_run 6 "6 ranks, two hosts (its tests)" "not slow" "tests/mpi/test_two_hosts.py" \
     PYSHARD_SHM_MIN_BYTES=0
