@@ -71,7 +71,11 @@ mkvenv "$TMP/env"
 "$TMP/env/bin/python" -m pip install -q -r requirements/mpich.txt numpy
 
 echo "[sdist-check] building the wheel from the sdist (isolated, as pip install of the sdist does)"
-"$TMP/env/bin/python" -m pip wheel -q --no-deps -w "$TMP/dist" "$SDIST" >"$TMP/wheel.log" 2>&1 || {
+# -O1 (the default Release build is -O3): this checks what the sdist holds and that it builds
+# and runs, not its speed, and saves about 30 s of CI's 2 cores
+"$TMP/env/bin/python" -m pip wheel -q --no-deps -w "$TMP/dist" \
+  "-Ccmake.define.CMAKE_CXX_FLAGS_RELEASE=${PYSHARD_CXX_OPT:--O1} -DNDEBUG" "$SDIST" \
+  >"$TMP/wheel.log" 2>&1 || {
   cat "$TMP/wheel.log"
   echo "[sdist-check] FAILED: pip wheel $(basename "$SDIST")"
   exit 1

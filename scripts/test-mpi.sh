@@ -4,7 +4,10 @@
 # `numerics` (FFT, torch, PIC, heat, properties, bench, dtype combines: the same Python and
 # core code whatever the MPI, run on MPICH by scripts/test.sh) and `slow`; the 2^31-byte
 # message at 2 ranks (asked for with PYSHARD_TEST_LARGE=1: about 4.5 GB of memory), and the
-# demo at 4 ranks. The venv has only the test and build tools (requirements/test.txt,
+# demo at 4 ranks. At 1 rank only the tests marked `spawns` run (those that start mpiexec jobs
+# of their own: checkpoints across rank counts through MPI-IO, killed and stopped jobs, PMPI
+# counts): the rest at 1 rank is local copies, run on MPICH by scripts/test.sh. The core is
+# built at -O1 (PYSHARD_CXX_OPT): these runs check the MPI library, not speed. The venv has only the test and build tools (requirements/test.txt,
 # requirements/build.txt), no optional extras. Ends with a table: library, version, run,
 # tests passed / skipped / failed, seconds. scripts/test-matrix.sh runs it for each library.
 #
@@ -28,6 +31,9 @@
 #   PYSHARD_TEST_ONLY    test files or node ids instead of all of tests/mpi
 #   PYSHARD_TEST_MARKS   the pytest -m expression (default "not numerics and not slow"; site:
 #                        "not slow"; "" runs every test)
+#   PYSHARD_TEST_MARKS_1 the -m expression at 1 rank (default "spawns and not slow"; with
+#                        PYSHARD_TEST_ONLY or PYSHARD_TEST_MARKS set, and for site: MARKS)
+#   PYSHARD_CXX_OPT      the core's optimisation flag (default -O1; site: -O3)
 #   PYSHARD_TEST_LARGE   1: also the 2^31-byte message test at 2 ranks (it is skipped in the
 #                        runs above either way)
 #   PYSHARD_TEST_CLEAN   1: remove the venv and its build directory first (CI: a clean build)
@@ -46,6 +52,9 @@ NAME=${1:-}
 PLAIN=0
 SLIM=(PYSHARD_REQUIREMENTS="requirements/test.txt requirements/build.txt")
 MARKS=${PYSHARD_TEST_MARKS-not numerics and not slow}
+MARKS_1=${PYSHARD_TEST_MARKS_1-spawns and not slow}
+[ -n "${PYSHARD_TEST_ONLY:-}${PYSHARD_TEST_MARKS+x}" ] && MARKS_1=${PYSHARD_TEST_MARKS_1-$MARKS}
+OPT=${PYSHARD_CXX_OPT:--O1}
 case "$NAME" in
   mpich | openmpi) SETUP_ENV=(PYSHARD_MPI="$NAME" "${SLIM[@]}") ;;
   impi)
@@ -74,6 +83,8 @@ case "$NAME" in
     command -v mpicc >/dev/null || { echo "[test-mpi] no mpicc on PATH (module load ...?)" >&2; exit 1; }
     SETUP_ENV=(MPICC="$(command -v mpicc)")
     MARKS=${PYSHARD_TEST_MARKS-not slow}
+    MARKS_1=${PYSHARD_TEST_MARKS_1-$MARKS}
+    OPT=${PYSHARD_CXX_OPT:--O3}
     export PYSHARD_MPIEXEC=${PYSHARD_MPIEXEC:-$(command -v mpiexec || true)}
     ;;
   *)
@@ -108,7 +119,8 @@ plain_setup() { # impi: pip's Intel MPI, then `pip install .` of a clean copy, a
   git ls-files -z --cached --others --exclude-standard |
     tar --null --ignore-failed-read -T - -cf - 2>/dev/null | tar -xf - -C "$src" || return 1
   echo "[test-mpi] impi: pip install . (I_MPI_ROOT unset; log: $log)"
-  if ! (cd "$src" && "$py" -m pip install -v . >"$log" 2>&1); then
+  if ! (cd "$src" && "$py" -m pip install -v "-Ccmake.define.CMAKE_CXX_FLAGS_RELEASE=$OPT -DNDEBUG" . \
+    >"$log" 2>&1); then
     tail -40 "$log"
     return 1
   fi
@@ -131,7 +143,7 @@ setup_rc=0
 if [ $PLAIN = 1 ]; then
   plain_setup || setup_rc=$?
 else
-  env "${SETUP_ENV[@]}" PYSHARD_VENV="$VENV" PYSHARD_CUDA=OFF bash scripts/setup.sh || setup_rc=$?
+  env "${SETUP_ENV[@]}" PYSHARD_VENV="$VENV" PYSHARD_CUDA=OFF PYSHARD_CXX_OPT="$OPT" bash scripts/setup.sh || setup_rc=$?
 fi
 if [ $setup_rc -ne 0 ]; then
   echo "[test-mpi] $NAME: setup FAILED"
@@ -169,9 +181,13 @@ TESTS=(${PYSHARD_TEST_ONLY:-tests/mpi})
 for n in ${PYSHARD_TEST_RANKS:-1 2 3 4}; do
   echo
   echo "=== $LIBRARY: tests at $n rank(s)"
-  PYSHARD_SKIP_LARGE=1 mpi_run "$LIB" "$VERSION" "tests/mpi at $n rank(s)" "$T" \
+  marks=$MARKS label="tests/mpi at $n rank(s)"
+  if [ "$n" = 1 ] && [ "$MARKS_1" != "$MARKS" ]; then
+    marks=$MARKS_1 label="tests/mpi at 1 rank: $MARKS_1"
+  fi
+  PYSHARD_SKIP_LARGE=1 mpi_run "$LIB" "$VERSION" "$label" "$T" \
     "$MPIEXEC" "${EXTRA[@]}" -n "$n" "${PY_RUN[@]}" -- "${TESTS[@]}" --with-mpi \
-    ${MARKS:+-m "$MARKS"} || fail=$((fail + 1))
+    ${marks:+-m "$marks"} || fail=$((fail + 1))
 done
 if [ "${PYSHARD_TEST_LARGE:-0}" = 1 ]; then
   echo

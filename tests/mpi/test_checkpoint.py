@@ -519,6 +519,7 @@ def _relayout(arrays, placements, sizes=None):
     return out
 
 
+@pytest.mark.spawns  # starts mpiexec jobs of its own (the matrix's 1-rank run)
 def test_cross_sizes(comm, shared_dir):
     """Save on A ranks, load on B: 4 -> 3, 2x2 -> 4, 7 -> 1, 1 -> 2x3."""
     needs_subprocess(comm)
@@ -546,6 +547,7 @@ def test_cross_sizes(comm, shared_dir):
     assert ps.checkpoint_info(os.path.join(d, "grid"))["arrays"]["bool"]["mesh_shape"] == (2, 2)
 
 
+@pytest.mark.spawns  # starts mpiexec jobs of its own (the matrix's 1-rank run)
 def test_killed_save_keeps_previous(comm, shared_dir):
     """A save killed before its manifest, or before its rename, leaves the old checkpoint."""
     needs_subprocess(comm)

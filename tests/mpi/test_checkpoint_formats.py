@@ -966,6 +966,7 @@ def test_each_format_probes_its_own_checkpoints(comm, shared_dir):
 # ----------------------------------------------------------------------------- subprocesses
 
 
+@pytest.mark.spawns  # starts mpiexec jobs of its own (the matrix's 1-rank run)
 def test_cross_sizes_and_killed_saves(comm, shared_dir):
     """Save on 3 ranks, load on 1 (every format; the in-process tests load other rank
     counts); a save killed after its data (or, for HDF5, before its rename) leaves the

@@ -18,6 +18,7 @@ pytestmark = pytest.mark.mpi
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
+@pytest.mark.spawns  # starts mpiexec jobs of its own (the matrix's 1-rank run)
 def test_a_raising_rank_aborts_the_job(comm):
     launch.require(comm)
     t0 = time.monotonic()
@@ -53,6 +54,7 @@ def left_running(script):
     return out
 
 
+@pytest.mark.spawns  # starts mpiexec jobs of its own (the matrix's 1-rank run)
 @pytest.mark.parametrize("where", ["setup", "exchange", "halo"])
 def test_a_stopped_node_peer_makes_the_waiting_rank_raise(comm, where, tmp_path):
     """Rank 1 stops at mesh setup, before a node-shared exchange or before a halo update;

@@ -22,7 +22,7 @@ from pyshard.fft import engine, planner
 
 sf = pytest.importorskip("scipy.fft")  # pyshard[fft]
 
-pytestmark = [pytest.mark.mpi, pytest.mark.numerics]  # numerics: not rerun per MPI library
+pytestmark = [pytest.mark.mpi, pytest.mark.numerics, pytest.mark.mesh3d]  # mesh3d: 2x2x2 at 8 ranks
 
 NOT_COLLECTIVES = {"staged", "device_direct"}
 PRIMES = (1, 2, 3, 5, 7, 13)

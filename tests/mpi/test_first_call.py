@@ -65,6 +65,7 @@ def coll(c):
     return {k: v for k, v in c.items() if k in COLLECTIVE}
 
 
+@pytest.mark.spawns  # starts mpiexec jobs of its own (the matrix's 1-rank run)
 @pytest.mark.parametrize("n,env", JOBS, ids=[f"{n}-{'-'.join(e.values()) or 'default'}"
                                              for n, e in JOBS])  # fmt: skip
 def test_first_call_runs_only_its_plans_collectives(comm, shim, n, env):

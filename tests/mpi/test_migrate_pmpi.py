@@ -22,6 +22,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 COLL = COLLECTIVE | {k + "_c" for k in COLLECTIVE}  # the large-count forms too
 
 
+@pytest.mark.spawns  # starts mpiexec jobs of its own (the matrix's 1-rank run)
 def test_nbx_messages_only_to_receivers(comm, shim):  # noqa: F811
     launch.require(comm)
     r = launch.run(8, ["env", f"LD_PRELOAD={shim}", sys.executable,

@@ -428,6 +428,7 @@ def test_mpi_transport_turns_it_off(comm, monkeypatch):
     mesh.free()
 
 
+@pytest.mark.spawns  # starts mpiexec jobs of its own (the matrix's 1-rank run)
 def test_a_killed_job_leaves_nothing_in_dev_shm(comm):
     """Segments are memfds, reachable only through the processes' own /proc/<pid>/fd: a job
     killed while it exchanges leaves no file of pyshard's in /dev/shm, and no process."""

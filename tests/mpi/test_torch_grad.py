@@ -29,7 +29,7 @@ from pyshard.layout import ravel
 torch = pytest.importorskip("torch")
 pst = pytest.importorskip("pyshard.torch")
 
-pytestmark = [pytest.mark.mpi, pytest.mark.numerics]  # numerics: not rerun per MPI library
+pytestmark = [pytest.mark.mpi, pytest.mark.numerics, pytest.mark.mesh3d]  # mesh3d: 2x2x2 at 8 ranks
 
 R, P = Replicate(), Partial("sum")
 

@@ -367,6 +367,7 @@ def run_two_hosts(n, args, env=None, timeout=120):
     return r
 
 
+@pytest.mark.spawns  # starts mpiexec jobs of its own (the matrix's 1-rank run)
 @pytest.mark.parametrize("how", ["stopped", "killed"])
 def test_a_rank_lost_on_one_host_ends_the_job_on_both(comm, how, tmp_path):
     """Rank 3 (the second host) stops (sleeps) or is killed before the second of two

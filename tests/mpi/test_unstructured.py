@@ -464,6 +464,7 @@ def test_explain_and_comm_stats(mesh, layout, algorithm):
 P2P = {"Isend", "Irecv", "Isend_c", "Irecv_c"}
 
 
+@pytest.mark.spawns  # starts mpiexec jobs of its own (the matrix's 1-rank run)
 def test_index_calls_by_pmpi(comm, shim):  # noqa: F811
     """4 ranks with the PMPI shim preloaded (index_worker.py): the setup's one collective is
     the NBX reduction; a steady gather (blocking, and wait=False driven by test()) and
@@ -492,6 +493,7 @@ def test_index_calls_by_pmpi(comm, shim):  # noqa: F811
             assert c.get("Irecv", 0) + c.get("Irecv_c", 0) == len(into), (me, call, c, into)
 
 
+@pytest.mark.spawns  # starts mpiexec jobs of its own (the matrix's 1-rank run)
 def test_setup_rounds_agree_after_communicators_are_reused(comm):
     """nbx_worker.py at 2 and 3 ranks: meshes made and freed, rank 0 alone holding a
     communicator of its own in between, so each rank's next communicator handle differs; the
