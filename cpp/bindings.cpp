@@ -417,6 +417,7 @@ PYBIND11_MODULE(_core, m) {
   bind_node_shared(m);
   bind_migrate(m);
   bind_index(m);
+  bind_jax(m);
 
   py::class_<PooledBuffer>(m, "PooledBuffer", py::buffer_protocol())
       .def(py::init<i64>(), py::arg("nbytes"))

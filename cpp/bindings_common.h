@@ -65,6 +65,7 @@ void bind_bound_steps(py::module_& m);    // bindings_bound.cpp: BoundExchange, 
 void bind_node_shared(py::module_& m);    // bindings_shm.cpp: the node-local transport
 void bind_migrate(py::module_& m);        // bindings_migrate.cpp: rows between ranks
 void bind_index(py::module_& m);          // bindings_index.cpp: rows by global index
+void bind_jax(py::module_& m);            // bindings_jax.cpp: pyshard.jax's XLA FFI handler
 
 }  // namespace pyshard::bind
 

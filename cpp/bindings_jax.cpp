@@ -1,0 +1,178 @@
+// pyshard.jax's way into the core: one XLA FFI handler, `pyshard_step`, that runs a core step
+// registered from Python on the buffers XLA hands it.
+//
+// pyshard/jax builds its steps with the same planner and the same core step objects as the
+// numpy path (an ExchangeStep, AllgathervStep, AllreduceStep, ReduceScatterStep, or a
+// HaloStep's update or fold), registers each here once, and lowers every call to a custom
+// call whose one attribute is the step's small integer id: the lowered program carries no
+// pointer or communicator handle, so it is the same on every run of a program and JAX's
+// compilation cache keeps working. Python keeps the step objects alive for the process.
+//
+// The handler takes (source, token) and returns (result, token): the token threads JAX's
+// ordered effect through every pyshard call, so XLA runs them one at a time, in program
+// order, on every rank (two independent collectives in one jit cannot cross).
+//
+// Host buffers only: the CUDA registration (the pack kernels on XLA's stream) is not built.
+// The XLA FFI headers are vendored (third_party/xla, Apache-2.0, from jaxlib 0.10.2): the
+// handler builds whether or not jax is installed.
+#include <pybind11/pybind11.h>
+
+#include <cstring>
+#include <exception>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "bindings_common.h"
+#include "exchange.h"
+#include "gather.h"
+#include "halo.h"
+#include "reduce.h"
+#include "xla/ffi/api/ffi.h"
+
+namespace ffi = xla::ffi;
+
+namespace pyshard::bind {
+namespace {
+
+struct JaxEntry {
+  std::function<void(const char*, char*)> run;
+  int64_t src_bytes, dst_bytes;
+  std::string what;
+  bool in_place = false;  // a halo step: XLA hands one buffer as both (operand_output_aliases)
+};
+
+std::mutex registry_mu;
+std::vector<std::unique_ptr<JaxEntry>> registry;  // never shrinks: ids stay valid
+
+int64_t add(std::unique_ptr<JaxEntry> e) {
+  std::lock_guard<std::mutex> lock(registry_mu);
+  registry.push_back(std::move(e));
+  return static_cast<int64_t>(registry.size()) - 1;
+}
+
+const JaxEntry* find(int64_t id) {
+  std::lock_guard<std::mutex> lock(registry_mu);
+  if (id < 0 || id >= static_cast<int64_t>(registry.size())) return nullptr;
+  return registry[static_cast<size_t>(id)].get();
+}
+
+template <class StepT>
+std::unique_ptr<JaxEntry> step_entry(StepT* s, int64_t sb, int64_t db, const char* what) {
+  auto e = std::make_unique<JaxEntry>();
+  e->run = [s](const char* src, char* dst) { s->run(src, dst, host_packer()); };
+  e->src_bytes = sb;
+  e->dst_bytes = db;
+  e->what = what;
+  return e;
+}
+
+ffi::Error run_step(ffi::AnyBuffer src, ffi::Token, ffi::Result<ffi::AnyBuffer> dst,
+                    ffi::Result<ffi::Token>, int64_t step) {
+  const JaxEntry* e = find(step);
+  if (e == nullptr)
+    return ffi::Error(ffi::ErrorCode::kInvalidArgument,
+                      "pyshard: custom call names step " + std::to_string(step) +
+                          ", which this process never registered (a program lowered in "
+                          "another process?)");
+  const int64_t sb = static_cast<int64_t>(src.size_bytes());
+  const int64_t db = static_cast<int64_t>(dst->size_bytes());
+  if (sb != e->src_bytes || db != e->dst_bytes)
+    return ffi::Error(ffi::ErrorCode::kInvalidArgument,
+                      "pyshard: " + e->what + " got " + std::to_string(sb) + " -> " +
+                          std::to_string(db) + " bytes, planned " +
+                          std::to_string(e->src_bytes) + " -> " + std::to_string(e->dst_bytes));
+  const char* s = static_cast<const char*>(src.untyped_data());
+  char* d = static_cast<char*>(dst->untyped_data());
+  try {
+    // XLA may give the result the source's buffer (the source dead after the call): MPI
+    // takes no aliased buffers, so the source is copied aside first
+    // (MPICH refuses equal pointers even where one side counts nothing: an empty shard)
+    thread_local std::vector<char> aside;
+    static char none[8];
+    if (!e->in_place && (s == d || (s < d + db && d < s + sb))) {
+      if (db == 0) {
+        d = none;
+      } else if (sb == 0) {
+        s = none;
+      } else {
+        aside.assign(s, s + sb);
+        s = aside.data();
+      }
+    }
+    e->run(s, d);
+  } catch (const std::exception& ex) {
+    return ffi::Error(ffi::ErrorCode::kInternal, ex.what());
+  }
+  return ffi::Error::Success();
+}
+
+}  // namespace
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(pyshard_step_ffi, run_step,
+                              ffi::Ffi::Bind()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::Token>()
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Ret<ffi::Token>()
+                                  .Attr<int64_t>("step"));
+
+void bind_jax(py::module_& m) {
+  m.def("jax_handler", []() { return py::capsule(reinterpret_cast<void*>(&pyshard_step_ffi)); },
+        "The XLA FFI handler of pyshard.jax's custom calls (a PyCapsule for "
+        "jax.ffi.register_ffi_target).");
+  m.def(
+      "jax_register_step",
+      [](py::object step, int64_t src_bytes, int64_t dst_bytes) -> int64_t {
+        std::unique_ptr<JaxEntry> e;
+        if (py::isinstance<ExchangeStep>(step))
+          e = step_entry(step.cast<ExchangeStep*>(), src_bytes, dst_bytes, "an exchange");
+        else if (py::isinstance<AllgathervStep>(step))
+          e = step_entry(step.cast<AllgathervStep*>(), src_bytes, dst_bytes, "a gather");
+        else if (py::isinstance<AllreduceStep>(step))
+          e = step_entry(step.cast<AllreduceStep*>(), src_bytes, dst_bytes, "an allreduce");
+        else if (py::isinstance<ReduceScatterStep>(step))
+          e = step_entry(step.cast<ReduceScatterStep*>(), src_bytes, dst_bytes,
+                         "a reduce-scatter");
+        else
+          throw std::invalid_argument("pyshard: jax_register_step takes an MPI step of the core "
+                                      "(ExchangeStep, AllgathervStep, AllreduceStep, "
+                                      "ReduceScatterStep)");
+        return add(std::move(e));
+      },
+      py::arg("step"), py::arg("src_bytes"), py::arg("dst_bytes"),
+      "Register a core step for pyshard_step custom calls; returns its id. The caller keeps "
+      "the step alive.");
+  m.def(
+      "jax_register_halo",
+      [](HaloStep* s, int64_t bytes, bool fold, int op, int kind) -> int64_t {
+        auto e = std::make_unique<JaxEntry>();
+        e->run = [s, bytes, fold, op, kind](const char* src, char* dst) {
+          if (src != dst) std::memcpy(dst, src, static_cast<size_t>(bytes));
+          s->start(dst, host_packer());
+          if (fold)
+            s->wait(dst, host_packer(), static_cast<FoldOp>(op), static_cast<FoldKind>(kind));
+          else
+            s->wait(dst, host_packer());
+        };
+        e->src_bytes = e->dst_bytes = bytes;
+        e->in_place = true;
+        e->what = fold ? "a halo fold" : "a halo update";
+        return add(std::move(e));
+      },
+      py::arg("step"), py::arg("bytes"), py::arg("fold"), py::arg("op") = 0,
+      py::arg("kind") = -1,
+      "Register a halo step's update (fold=False) or fold (op, kind: cpp/halo.h FoldOp, "
+      "FoldKind) of a padded array of `bytes` for pyshard_step custom calls; returns its id.");
+  m.def(
+      "jax_registered", []() {
+        std::lock_guard<std::mutex> lock(registry_mu);
+        return registry.size();
+      },
+      "How many steps pyshard_step custom calls can name.");
+}
+
+}  // namespace pyshard::bind

@@ -1,0 +1,67 @@
+"""The gradient convention of the autodiff front ends (pyshard.torch, pyshard.jax; DTensor's,
+docs/adjoints.md): how the gradient arriving at a redistribute's result lies, and where the
+source's gradient goes. Pure layout arithmetic, no MPI, no torch or jax."""
+
+from __future__ import annotations
+
+from typing import List, Optional, Sequence, Tuple
+
+from ._cache import memoize
+from .layout import Layout, Partial, Placement, Replicate, Shard, SizesArg
+
+
+def kept_sizes(layout: Layout, placements: Sequence[Placement]) -> SizesArg:
+    """``layout``'s extents on every array dim that the same mesh dims shard in
+    ``placements`` (the others split balanced)."""
+    out = {}
+    for d, (mdims, ext, _) in enumerate(layout.table):
+        if mdims and tuple(m for m, p in enumerate(placements) if p == Shard(d)) == mdims:
+            out[d] = ext
+    return out or None
+
+
+
+@memoize
+def grad_out_layout(result: Layout, grad_placements: Optional[tuple]) -> Layout:
+    """How the gradient arriving at ``result`` lies: ``grad_placements``, or the result's
+    placements with every Partial read as Replicate."""
+    if grad_placements is None:
+        pl = [Replicate() if isinstance(p, Partial) else p for p in result.placements]
+    else:
+        pl = list(grad_placements)
+        if len(pl) != len(result.mesh_shape):
+            raise ValueError(
+                f"grad_placements has {len(pl)} entries, the mesh has {len(result.mesh_shape)} dims"
+            )
+        for m, p in enumerate(pl):
+            if isinstance(p, Partial) and p.op not in ("sum", "avg"):
+                raise ValueError(
+                    f"grad_placements[{m}] = {p}: a gradient can be Shard, Replicate, "
+                    f"Partial('sum') or Partial('avg'), not a {p.op} of the ranks' gradients"
+                )
+    return Layout(
+        result.shape, result.dtype, result.mesh_shape, pl, kept_sizes(result, pl)
+    )
+
+
+@memoize
+def grad_in_layout(source: Layout) -> Tuple[Layout, int]:
+    """Where the gradient of ``source`` goes (its placements, Partial(sum|avg) read as
+    Replicate) and the divisor for avg (the number of addends; 1 without avg)."""
+    pl: List[Placement] = []
+    n = 1
+    for m, p in enumerate(source.placements):
+        if isinstance(p, Partial):
+            if p.op in ("max", "min"):
+                raise NotImplementedError(
+                    f"pyshard: no gradient through a Partial({p.op!r}) source (mesh dim "
+                    f"{m}): max and min are not linear in their addends; reduce it (redistribute "
+                    f"to Replicate) outside the graph, or use torch's own max on the reduced value"
+                )
+            if p.op == "avg":
+                n *= source.mesh_shape[m]
+            pl.append(Replicate())
+        else:
+            pl.append(p)
+    lay = Layout(source.shape, source.dtype, source.mesh_shape, pl, kept_sizes(source, pl))
+    return lay, n

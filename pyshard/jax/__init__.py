@@ -1,0 +1,358 @@
+"""pyshard for JAX: uneven layouts, redistributes and halos inside ``jax.jit``, differentiable,
+over MPI (``import pyshard.jax as psj``).
+
+The model: one process per MPI rank, one JAX device each (CPU). Each rank holds its shard as
+an ordinary ``jax.Array``; the layout (global shape, dtype, mesh shape, placements, shard
+table) is static Python data that every rank knows. :class:`Sharded` carries the two through
+``jit``, ``grad``, ``vmap`` and ``lax.scan`` as a pytree (the local array its one leaf), so
+uneven and empty shards are just local shapes that differ per rank, and each rank compiles
+its own program.
+
+The operations plan with pyshard's planner and run the core's MPI steps through one XLA FFI
+custom call (docs/jax.md):
+
+- :func:`redistribute`: any layout to any layout; one custom call per collective step of
+  the plan (one ``MPI_Alltoallv`` for a Shard->Shard transpose), the local steps in JAX;
+- :func:`halo_pad` (ghost cells filled from their owners) and :func:`fold` (ghost cells
+  summed into their owners: the adjoint);
+- :func:`fftn` / :func:`ifftn`: ``jnp.fft`` on the axes a rank holds whole, transposes
+  between.
+
+Gradients follow pyshard.torch's convention (DTensor's, docs/adjoints.md): the VJP of a
+redistribute A->B is the redistribute B->A of the cotangent, Partial read as Replicate; the
+VJP of :func:`halo_pad` is :func:`fold`. ``vmap`` adds a leading, unsharded dim.
+
+Every call communicates and is collective over the mesh (every rank must run the same
+calls in the same order, forward and backward). They carry an ordered effect: XLA runs them
+one at a time, in program order.
+"""
+
+from __future__ import annotations
+
+from functools import partial
+from math import prod
+from typing import Any, Optional, Sequence, Tuple
+
+try:
+    import jax
+    import jax.numpy as jnp
+except ImportError as _e:  # pragma: no cover - depends on the environment
+    raise ImportError(
+        "pyshard.jax needs JAX, which is not installed: pip install 'pyshard[jax]' "
+        "(or pip install 'jax[cpu]>=0.10,<0.11')"
+    ) from _e
+
+import numpy as np
+from jax.tree_util import register_pytree_node_class
+
+from .. import _validate
+from .._dtypes import accumulator
+from .._grad import grad_in_layout, grad_out_layout
+from ..array import ShardedArray
+from ..array import distribute as _np_distribute
+from ..executor import _KINDS, _slices
+from ..halo import _KIND_CODE
+from ..halo_planner import HaloSpec, PeriodicArg, WidthArg, halo_plan, halo_spec
+from ..layout import Layout, PlacementsArg, SizesArg, relaid
+from ..mesh import Mesh
+from ..planner import COLLECTIVE_KINDS, plan
+from ..route import Route
+from . import _compat
+from ._ops import mpi_algorithm, registered, run_halo, run_step
+
+__all__ = [
+    "Sharded",
+    "distribute",
+    "fold",
+    "from_local",
+    "full",
+    "halo_pad",
+    "redistribute",
+    "registered",
+]
+
+JAX_VERSION = _compat.JAX_VERSION
+REDUCTIONS = ("allreduce", "reduce_scatter")
+
+
+@register_pytree_node_class
+class Sharded:
+    """This rank's shard ``local`` (a ``jax.Array``) of the array ``layout`` describes on
+    ``mesh``. A pytree: ``local`` is its one leaf, ``layout`` and ``mesh`` static."""
+
+    __slots__ = ("local", "layout", "mesh")
+
+    def __init__(self, local: Any, layout: Layout, mesh: Mesh) -> None:
+        self.local = local
+        self.layout = layout
+        self.mesh = mesh
+
+    def tree_flatten(self) -> Tuple[tuple, tuple]:
+        return (self.local,), (self.layout, self.mesh)
+
+    @classmethod
+    def tree_unflatten(cls, aux: tuple, children: tuple) -> Sharded:
+        return cls(children[0], aux[0], aux[1])
+
+    @property
+    def shape(self) -> Tuple[int, ...]:
+        """The global shape."""
+        return self.layout.shape
+
+    @property
+    def dtype(self) -> np.dtype:
+        return self.layout.dtype
+
+    @property
+    def placements(self) -> tuple:
+        return self.layout.placements
+
+    def redistribute(self, placements: PlacementsArg, sizes: SizesArg = None,
+                     **kw: Any) -> Sharded:  # fmt: skip
+        """:func:`redistribute` of this array."""
+        return redistribute(self, placements, sizes, **kw)
+
+    def halo_pad(self, width: WidthArg, periodic: PeriodicArg = False,
+                 corners: bool = True) -> Any:  # fmt: skip
+        """:func:`halo_pad` of this array."""
+        return halo_pad(self, width, periodic, corners)
+
+    def __repr__(self) -> str:
+        return f"pyshard.jax.Sharded({self.layout!r}, local {tuple(self.local.shape)})"
+
+
+# ----------------------------------------------------------------------------- checks
+
+
+def _check(x: object, what: str) -> Sharded:
+    """``x`` is a Sharded whose local array is what its layout gives this rank: raised at
+    trace time, before any communication (rank-local; PYSHARD_VALIDATE=1 makes every rank
+    raise, see docs/jax.md)."""
+    if not isinstance(x, Sharded):
+        raise TypeError(f"{what}: expected a pyshard.jax.Sharded, got {type(x).__name__}")
+    lay, mesh = x.layout, x.mesh
+    if tuple(lay.mesh_shape) != tuple(mesh.shape):
+        raise ValueError(f"{what}: the layout's mesh shape {lay.mesh_shape} is not the mesh's "
+                         f"{tuple(mesh.shape)}")
+    want = tuple(lay.local_shape(mesh.coords))
+    got = tuple(x.local.shape)
+    bad = ""
+    if got != want:
+        bad = f"local shape {got}, the layout gives rank {mesh.rank} {want}"
+    elif np.dtype(x.local.dtype) != lay.dtype:
+        bad = f"local dtype {np.dtype(x.local.dtype)}, the layout's is {lay.dtype}"
+    if _validate.enabled:  # every rank learns who is wrong, and every rank raises
+        _validate.agree(mesh.comm, f"pyshard.jax.{what}", {"ok": "" if not bad else "bad",
+                                                           "layout": repr(lay)})
+    if bad:
+        raise ValueError(f"{what}: {bad}")
+    return x
+
+
+def _jax_dtype_ok(dt: np.dtype) -> None:
+    if dt.kind not in "biufc" and dt.name not in ("bfloat16", "float8_e4m3fn", "float8_e5m2"):
+        raise TypeError(f"pyshard.jax: dtype {dt} is not one pyshard moves")
+
+
+# ----------------------------------------------------------------------------- making
+
+
+def from_local(local: Any, mesh: Mesh, placements: PlacementsArg,
+               global_shape: Sequence[int], sizes: SizesArg = None) -> Sharded:  # fmt: skip
+    """Wrap this rank's shard ``local`` (a jax array, also a tracer inside ``jit``) as the
+    array of ``global_shape`` laid out as ``placements`` (and ``sizes``) on ``mesh``; no
+    communication. Raises ValueError where ``local`` is not the shard the layout gives."""
+    dt = np.dtype(local.dtype)
+    _jax_dtype_ok(dt)
+    lay = Layout(tuple(global_shape), dt, mesh.shape, placements, sizes)
+    return _check(Sharded(local, lay, mesh), "from_local")
+
+
+def distribute(global_array: Any, mesh: Mesh, placements: PlacementsArg,
+               sizes: SizesArg = None) -> Sharded:  # fmt: skip
+    """Every rank passes the same full array (numpy or jax) and gets its shard as a jax
+    array; no communication. Eager (outside ``jit``)."""
+    x = _np_distribute(np.asarray(global_array), mesh, placements, sizes)
+    return Sharded(jnp.asarray(x.local), x.layout, mesh)
+
+
+def full(x: Sharded) -> np.ndarray:
+    """The whole array on every rank as numpy (collective; eager, outside ``jit``)."""
+    x = _check(x, "full")
+    return ShardedArray.wrap(np.ascontiguousarray(np.asarray(x.local)), x.layout, x.mesh).full()
+
+
+# ----------------------------------------------------------------------------- redistribute
+
+
+def _apply(local: Any, src: Layout, dst: Layout, mesh: Mesh, algorithm: str) -> Any:
+    """The plan ``src -> dst`` on this rank's array: its collective steps as custom calls,
+    its local steps in JAX; reductions of float16 and the ml_dtypes floats accumulate in
+    float32 and round once after the last reduction in a row, as the numpy path does."""
+    if src == dst:
+        return local
+    p = plan(src, dst)
+    coords = mesh.coords
+    x = local
+    for i, s in enumerate(p.steps):
+        if s.kind in COLLECTIVE_KINDS:
+            dt = accumulator(s.src.dtype) if s.kind in REDUCTIONS else s.src.dtype
+            if np.dtype(x.dtype) != dt:
+                x = x.astype(dt)
+            x = run_step(x, s, mesh, mpi_algorithm(s, algorithm), s.dst.local_shape(coords))
+            if s.op == "avg":
+                x = x * np.asarray(1.0 / prod(s.group_shape), dt)
+            nxt = p.steps[i + 1].kind if i + 1 < len(p.steps) else None
+            if nxt not in REDUCTIONS and np.dtype(x.dtype) != s.dst.dtype:
+                x = x.astype(s.dst.dtype)
+        elif s.kind == "local_copy":
+            x = x[_slices(s.dst, s.src, coords)]
+        elif s.kind == "make_partial":
+            e = _KINDS["make_partial"](s, mesh, Route("local"), False)
+            shape = tuple(s.dst.local_shape(coords))
+            if e.core is not None:
+                res = jnp.full(shape, e.fill, dtype=x.dtype)
+                x = res if e.zero else res.at[e.core].set(x)
+            elif e.zero:
+                x = jnp.zeros(shape, x.dtype)
+        # relabel: the same array
+    return x
+
+
+@partial(jax.custom_vjp, nondiff_argnums=(1,))
+def _redistribute(local: Any, meta: tuple) -> Any:
+    src, dst, _, _, _, mesh, algorithm = meta
+    return _apply(local, src, dst, mesh, algorithm)
+
+
+def _redistribute_fwd(local: Any, meta: tuple) -> Tuple[Any, None]:
+    return _redistribute(local, meta), None
+
+
+def _redistribute_bwd(meta: tuple, _res: None, g: Any) -> tuple:
+    src, _, gout, gin, div, mesh, algorithm = meta
+    if np.dtype(g.dtype) != src.dtype:
+        g = g.astype(src.dtype)
+    out = _apply(g, gout, gin, mesh, algorithm)
+    return (out / div if div != 1 else out,)
+
+
+_redistribute.defvjp(_redistribute_fwd, _redistribute_bwd)
+
+
+def redistribute(x: Sharded, placements: PlacementsArg, sizes: SizesArg = None,
+                 grad_placements: Optional[PlacementsArg] = None,
+                 algorithm: str = "auto") -> Sharded:  # fmt: skip
+    """``x`` laid out as ``placements`` (and ``sizes``: the extents of the sharded dims,
+    uneven and empty shards allowed); collective. Inside ``jit`` as outside: the plan's
+    collective steps run as custom calls (a Shard->Shard transpose is one
+    ``MPI_Alltoallv``), ordered. ``algorithm``: the MPI algorithm of exchange steps
+    (``auto``: the route's rule; ``alltoallv``, ``alltoall``, ``p2p``, ``alltoallw``).
+
+    Differentiable (``jax.grad``, ``jax.vjp``): the cotangent of the result goes back to
+    ``x``'s layout by the reverse redistribute, with pyshard.torch's convention
+    (``grad_placements`` as there)."""
+    x = _check(x, "redistribute")
+    dst = relaid(x.layout, placements, sizes)
+    gp = None if grad_placements is None else tuple(grad_placements)
+    gout = grad_out_layout(dst, gp)
+    gin, div = grad_in_layout(x.layout)
+    meta = (x.layout, dst, gout, gin, div, x.mesh, algorithm)
+    return Sharded(_redistribute(x.local, meta), dst, x.mesh)
+
+
+# ----------------------------------------------------------------------------- halos
+
+
+def _fold_layout(layout: Layout) -> Layout:
+    """The layout a fold of ``layout`` combines in: float32 for the dtypes the core's
+    combine does not take (float16, bfloat16, float8), itself otherwise."""
+    if layout.dtype in _KIND_CODE:
+        return layout
+    return Layout(layout.shape, np.dtype(np.float32), layout.mesh_shape, layout.placements,
+                  layout.sizes)
+
+
+def _pad(local: Any, spec: HaloSpec) -> Any:
+    return jnp.pad(local, [(w, w) for w in spec.width])
+
+
+def _interior(padded: Any, spec: HaloSpec) -> Any:
+    return padded[tuple(slice(w, padded.shape[d] - w) for d, w in enumerate(spec.width))]
+
+
+def _update(padded: Any, layout: Layout, spec: HaloSpec, mesh: Mesh) -> Any:
+    return run_halo(padded, layout, spec, mesh, False)
+
+
+def _fold_sum(padded: Any, layout: Layout, spec: HaloSpec, mesh: Mesh) -> Any:
+    """Every ghost cell of ``padded`` summed into its owner's cell; the interior."""
+    fl = _fold_layout(layout)
+    p = padded if np.dtype(padded.dtype) == fl.dtype else padded.astype(fl.dtype)
+    out = _interior(run_halo(p, fl, spec, mesh, True), spec)
+    return out if fl is layout else out.astype(layout.dtype)
+
+
+@partial(jax.custom_vjp, nondiff_argnums=(1,))
+def _halo_pad(local: Any, meta: tuple) -> Any:
+    layout, spec, mesh = meta
+    return _update(_pad(local, spec), layout, spec, mesh)
+
+
+def _halo_pad_fwd(local: Any, meta: tuple) -> Tuple[Any, None]:
+    return _halo_pad(local, meta), None
+
+
+def _halo_pad_bwd(meta: tuple, _res: None, g: Any) -> tuple:
+    layout, spec, mesh = meta
+    return (_fold_sum(g, layout, spec, mesh),)
+
+
+_halo_pad.defvjp(_halo_pad_fwd, _halo_pad_bwd)
+
+
+@partial(jax.custom_vjp, nondiff_argnums=(1,))
+def _fold(padded: Any, meta: tuple) -> Any:
+    layout, spec, mesh = meta
+    return _fold_sum(padded, layout, spec, mesh)
+
+
+def _fold_fwd(padded: Any, meta: tuple) -> Tuple[Any, None]:
+    return _fold(padded, meta), None
+
+
+def _fold_bwd(meta: tuple, _res: None, g: Any) -> tuple:
+    layout, spec, mesh = meta
+    return (_update(_pad(g, spec), layout, spec, mesh),)
+
+
+_fold.defvjp(_fold_fwd, _fold_bwd)
+
+
+def halo_pad(x: Sharded, width: WidthArg, periodic: PeriodicArg = False,
+             corners: bool = True) -> Any:  # fmt: skip
+    """This rank's array with ``width`` ghost cells on each side of each dim, filled from
+    their owners as :meth:`pyshard.HaloArray.update` fills them, zeros where an update
+    never writes (outside a non-periodic boundary; a star stencil's corners); collective.
+
+    Differentiable: the VJP is :func:`fold` (every ghost cell's cotangent added into the
+    owner's cell it was copied from), pyshard.torch's convention."""
+    x = _check(x, "halo_pad")
+    spec = halo_spec(x.layout, width, periodic, corners)
+    return _halo_pad(x.local, (x.layout, spec, x.mesh))
+
+
+def fold(padded: Any, like: Sharded, width: WidthArg, periodic: PeriodicArg = False,
+         corners: bool = True) -> Sharded:  # fmt: skip
+    """The adjoint of :func:`halo_pad`: every ghost cell of this rank's ``padded`` array
+    (``like``'s shard with ``width`` ghost cells a side) summed into the cell of its owner's
+    interior that :func:`halo_pad` copies it from, in the fixed order of
+    :meth:`pyshard.HaloArray.fold` (the same bits on every run); returns the interiors, laid
+    out as ``like``. Collective; differentiable (its VJP is :func:`halo_pad`)."""
+    like = _check(like, "fold")
+    spec = halo_spec(like.layout, width, periodic, corners)
+    want = tuple(halo_plan(like.layout, spec, like.mesh.coords).padded_shape)
+    if tuple(padded.shape) != want:
+        raise ValueError(f"fold: padded has shape {tuple(padded.shape)}, this rank's padded "
+                         f"shard is {want}")
+    return Sharded(_fold(padded, (like.layout, spec, like.mesh)), like.layout, like.mesh)

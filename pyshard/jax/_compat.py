@@ -1,0 +1,76 @@
+"""Every JAX name pyshard.jax uses that is private or moves between JAX releases, in one place.
+
+Tested with jax and jaxlib 0.10.x (``pip install .[jax]`` pins them). Outside that range
+importing pyshard.jax raises ImportError naming the versions, rather than failing later in a
+lowering rule. What is private here:
+
+- the ordered effect: a class registered in ``jax._src.effects``' sets (lowerable, ordered,
+  allowed in control flow, custom derivatives and remat), as mpi4jax registers its own;
+- ``jax._src.core.abstract_token``, the token's abstract value (public again from 0.11);
+- ``jax._src.dispatch.apply_primitive``, a primitive's eager implementation.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any
+
+import jax
+
+TESTED = ((0, 10), (0, 11))  # jax versions in [lo, hi)
+
+
+def _version(v: str) -> tuple:
+    out = []
+    for part in v.split(".")[:3]:
+        digits = "".join(ch for ch in part if ch.isdigit())
+        if not digits:
+            break
+        out.append(int(digits))
+    return tuple(out)
+
+
+JAX_VERSION = _version(jax.__version__)
+if not (TESTED[0] <= JAX_VERSION[:2] < TESTED[1]):
+    raise ImportError(
+        f"pyshard.jax works with jax 0.10.x (it uses JAX's private effect and token API, which "
+        f"moves between releases); this is jax {jax.__version__}: pip install 'jax[cpu]>=0.10,<0.11'"
+    )
+
+from jax._src import effects as _effects  # noqa: E402
+from jax._src.core import abstract_token  # noqa: E402,F401
+from jax._src.dispatch import apply_primitive  # noqa: E402,F401
+from jax.extend.core import Primitive  # noqa: E402,F401
+from jax.interpreters.mlir import TokenSet  # noqa: E402
+
+
+class PyshardEffect(_effects.Effect):
+    """The ordered effect of every pyshard.jax call that communicates: XLA runs them one at a
+    time, in program order, on every rank."""
+
+    def __hash__(self) -> int:  # the same in every process: part of the compiled program
+        return int(hashlib.md5(b"pyshard.jax ordered MPI effect").hexdigest()[:15], 16)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, PyshardEffect)
+
+    def __repr__(self) -> str:
+        return "PyshardEffect"
+
+
+for _set in (_effects.lowerable_effects, _effects.ordered_effects,
+             _effects.control_flow_allowed_effects,
+             _effects.custom_derivatives_allowed_effects, _effects.remat_allowed_effects):
+    _set.add_type(PyshardEffect)
+
+effect = PyshardEffect()
+
+
+def token_in(ctx: Any) -> Any:
+    """The ordering token entering a lowering."""
+    return ctx.tokens_in.get(effect)
+
+
+def set_token_out(ctx: Any, token: Any) -> None:
+    """The ordering token leaving a lowering."""
+    ctx.set_tokens_out(TokenSet({effect: token}))

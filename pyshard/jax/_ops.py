@@ -1,0 +1,176 @@
+"""pyshard.jax's primitives: one collective step of a redistribute plan (``pyshard_step``) and
+one halo exchange, update or fold, of a padded array (``pyshard_halo``).
+
+Each lowers to the XLA FFI custom call ``pyshard_step`` (cpp/bindings_jax.cpp) whose one
+attribute is the id of a core step registered here at lowering time: the same core step
+objects (ExchangeStep, AllgathervStep, AllreduceStep, ReduceScatterStep, HaloStep) that the
+numpy path builds from the same plans. Every call threads the ordered effect's token
+(_compat), so XLA runs pyshard's collectives one at a time in program order on every rank.
+Outside ``jit`` a primitive runs eagerly (compiled on its own, as JAX does).
+
+Host (CPU) buffers and MPI only: an XLA buffer is not in node-shared memory, so the node
+transport's steps, which write into their peers' results, do not apply; the route is MPI.
+"""
+
+from __future__ import annotations
+
+from math import prod
+from typing import Any, Dict, Tuple
+
+import jax.numpy as jnp
+import numpy as np
+from jax.core import ShapedArray
+from jax.ffi import ffi_lowering, register_ffi_target
+from jax.interpreters import batching, mlir
+
+from .. import _core
+from ..executor import _KINDS
+from ..halo import _KIND_CODE, FOLD_TAG, HALO_TAG, fold_geometry, update_geometry
+from ..halo_planner import HaloSpec, halo_plan
+from ..layout import Layout, Shard
+from ..mesh import Mesh
+from ..planner import Step
+from ..route import choose_algorithm, core_transport, halo_route, route
+from ._compat import Primitive, abstract_token, apply_primitive, effect, set_token_out, token_in
+
+TARGET = "pyshard_step"
+register_ffi_target(TARGET, _core.jax_handler(), platform="cpu")
+
+# (what the step is) -> (the executor or core step kept alive, its id in the core)
+_registered: Dict[tuple, Tuple[Any, int]] = {}
+
+
+def registered() -> int:
+    """How many core steps pyshard.jax has registered in this process."""
+    return len(_registered)
+
+
+def mpi_algorithm(step: Step, algorithm: str) -> str:
+    """The MPI algorithm of an exchange step under ``algorithm`` (``auto``: the route's MPI
+    rule, from the layouts alone)."""
+    return choose_algorithm(step, algorithm, False) if step.kind == "alltoallv" else "alltoallv"
+
+
+def _step_id(step: Step, mesh: Mesh, algorithm: str) -> int:
+    key = ("step", step.kind, step.mesh_dims, step.src, step.dst, step.op, mesh, algorithm)
+    hit = _registered.get(key)
+    if hit is None:
+        e = _KINDS[step.kind](step, mesh, route(step, mesh, algorithm, False), False)
+        dt = e.upcast if e.upcast is not None else step.src.dtype
+        sb = prod(step.src.local_shape(mesh.coords)) * dt.itemsize
+        db = prod(e.out_shape) * dt.itemsize
+        hit = (e, int(_core.jax_register_step(e.core, sb, db)))
+        _registered[key] = hit
+    return hit[1]
+
+
+def _halo_id(layout: Layout, spec: HaloSpec, mesh: Mesh, fold: bool, kind: int) -> int:
+    key = ("halo", layout, spec, mesh, fold, kind)
+    hit = _registered.get(key)
+    if hit is None:
+        p = halo_plan(layout, spec, mesh.coords)
+        r = halo_route(layout, spec, mesh, "p2p", False, fold=fold)
+        core = _core.HaloStep(
+            mesh.core_comm(tuple(range(mesh.ndim))),
+            fold_geometry(p) if fold else update_geometry(p),
+            _core.HaloMethod.p2p,  # no requests bound to one address: XLA's buffers move
+            FOLD_TAG if fold else HALO_TAG,
+            core_transport(r),
+        )
+        nbytes = prod(p.padded_shape) * layout.dtype.itemsize
+        hit = (core, int(_core.jax_register_halo(core, nbytes, fold, 0, kind)))
+        _registered[key] = hit
+    return hit[1]
+
+
+def _lower_call(ctx: Any, x: Any, sid: int, alias: bool) -> list:
+    tok = token_in(ctx)
+    ctx2 = ctx.replace(avals_in=(*ctx.avals_in, abstract_token),
+                       avals_out=(*ctx.avals_out, abstract_token))
+    extra = {"operand_output_aliases": {0: 0}} if alias else {}
+    out, tok = ffi_lowering(TARGET, has_side_effect=True, **extra)(ctx2, x, tok,
+                                                                   step=np.int64(sid))
+    set_token_out(ctx, tok)
+    return [out]
+
+
+def batched(layout: Layout, n: int) -> Layout:
+    """``layout`` with a leading, unsharded dim of ``n`` (vmap's batch dim)."""
+    pl = [Shard(p.dim + 1) if isinstance(p, Shard) else p for p in layout.placements]
+    sizes = {d + 1: ext for d, (mdims, ext, _) in enumerate(layout.table) if mdims}
+    return Layout((n, *layout.shape), layout.dtype, layout.mesh_shape, pl, sizes or None)
+
+
+# ----------------------------------------------------------------------------- step
+
+
+step_p = Primitive("pyshard_step")
+step_p.def_impl(lambda *a, **k: apply_primitive(step_p, *a, **k))
+
+
+def _step_abstract(x: Any, *, step: Step, mesh: Mesh, algorithm: str, shape: tuple,
+                   dtype: np.dtype) -> Any:  # fmt: skip
+    return ShapedArray(shape, dtype), {effect}
+
+
+def _step_lower(ctx: Any, x: Any, *, step: Step, mesh: Mesh, algorithm: str, shape: tuple,
+                dtype: np.dtype) -> list:  # fmt: skip
+    return _lower_call(ctx, x, _step_id(step, mesh, algorithm), False)
+
+
+def _step_batch(args: tuple, dims: tuple, *, step: Step, mesh: Mesh, algorithm: str,
+                shape: tuple, dtype: np.dtype) -> Tuple[Any, int]:  # fmt: skip
+    (x,), (d,) = args, dims
+    x = jnp.moveaxis(x, d, 0) if d != 0 else x
+    n = x.shape[0]
+    b = Step(step.kind, step.mesh_dims, batched(step.src, n), batched(step.dst, n), step.op)
+    return step_p.bind(x, step=b, mesh=mesh, algorithm=algorithm, shape=(n, *shape),
+                       dtype=dtype), 0
+
+
+step_p.def_effectful_abstract_eval(_step_abstract)
+mlir.register_lowering(step_p, _step_lower, platform="cpu")
+batching.primitive_batchers[step_p] = _step_batch
+
+
+def run_step(x: Any, step: Step, mesh: Mesh, algorithm: str, shape: tuple) -> Any:
+    """One collective step of a plan on this rank's array ``x`` (already in the dtype the
+    step runs in): the result, of ``shape``."""
+    return step_p.bind(x, step=step, mesh=mesh, algorithm=algorithm, shape=tuple(shape),
+                       dtype=np.dtype(x.dtype))
+
+
+# ----------------------------------------------------------------------------- halo
+
+
+halo_p = Primitive("pyshard_halo")
+halo_p.def_impl(lambda *a, **k: apply_primitive(halo_p, *a, **k))
+
+
+def _halo_abstract(x: Any, *, layout: Layout, spec: HaloSpec, mesh: Mesh, fold: bool) -> Any:
+    return ShapedArray(x.shape, x.dtype), {effect}
+
+
+def _halo_lower(ctx: Any, x: Any, *, layout: Layout, spec: HaloSpec, mesh: Mesh,
+                fold: bool) -> list:  # fmt: skip
+    kind = _KIND_CODE[np.dtype(layout.dtype)] if fold else -1
+    return _lower_call(ctx, x, _halo_id(layout, spec, mesh, fold, kind), True)
+
+
+def _halo_batch(args: tuple, dims: tuple, *, layout: Layout, spec: HaloSpec, mesh: Mesh,
+                fold: bool) -> Tuple[Any, int]:  # fmt: skip
+    (x,), (d,) = args, dims
+    x = jnp.moveaxis(x, d, 0) if d != 0 else x
+    b = HaloSpec((0, *spec.width), (False, *spec.periodic), spec.corners)
+    return halo_p.bind(x, layout=batched(layout, x.shape[0]), spec=b, mesh=mesh, fold=fold), 0
+
+
+halo_p.def_effectful_abstract_eval(_halo_abstract)
+mlir.register_lowering(halo_p, _halo_lower, platform="cpu")
+batching.primitive_batchers[halo_p] = _halo_batch
+
+
+def run_halo(padded: Any, layout: Layout, spec: HaloSpec, mesh: Mesh, fold: bool) -> Any:
+    """A halo update (the ghost cells filled from their owners) or fold (every ghost cell
+    summed into its owner's cell) of this rank's padded array."""
+    return halo_p.bind(padded, layout=layout, spec=spec, mesh=mesh, fold=fold)

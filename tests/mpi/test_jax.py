@@ -1,0 +1,448 @@
+"""pyshard.jax against numpy and serial JAX: redistributes and halos inside ``jax.jit`` on 1-D
+and 2-D meshes with uneven and empty shards, their gradients against the serial program's,
+dot-product (adjoint) identities, ``vmap``, two independent collectives in one ``jit``, and
+the errors raised at trace time. Every case is checked on every rank; failures are gathered
+and asserted at the end of a test (a rank failing early would leave the others waiting).
+"""
+
+from __future__ import annotations
+
+import random
+from math import prod
+
+import numpy as np
+import pytest
+from test_redistribute_nd import MESHES
+
+import pyshard as ps
+from pyshard import Partial, Replicate, Shard
+
+jax = pytest.importorskip("jax")
+psj = pytest.importorskip("pyshard.jax")
+import jax.numpy as jnp  # noqa: E402
+
+jax.config.update("jax_enable_x64", True)
+
+pytestmark = [pytest.mark.mpi, pytest.mark.jax]
+
+R = Replicate()
+DTYPES = ["float64", "float32", "bfloat16", "int32"]
+
+
+def meshes(n):
+    return [(n,)] + [m for m in MESHES.get(n, []) if len(m) == 2]
+
+
+def global_array(shape, dtype, seed):
+    """Small integers, exact in every dtype used here (|v| <= 4)."""
+    n = prod(shape)
+    v = (np.arange(n, dtype=np.int64) * 7919 + 31 * seed) % 9 - 4
+    return np.asarray(jnp.asarray(v.reshape(shape), dtype=dtype))
+
+
+def cut(rng, n, parts):
+    pts = sorted(rng.randint(0, n) for _ in range(parts - 1))
+    return [b - a for a, b in zip([0] + pts, pts + [n])]
+
+
+def random_layout(rng, shape, mesh_shape, partial=False):
+    choices = [Shard(d) for d in range(len(shape))] + [R] + ([Partial()] if partial else [])
+    pl = [rng.choice(choices) for _ in mesh_shape]
+    sizes = None
+    if rng.random() < 0.6:  # uneven, empty shards allowed
+        sizes = {}
+        for d, n in enumerate(shape):
+            mdims = [m for m, p in enumerate(pl) if p == Shard(d)]
+            if mdims:
+                sizes[d] = cut(rng, n, prod(mesh_shape[m] for m in mdims))
+        sizes = sizes or None
+    return pl, sizes
+
+
+def layout_of(shape, dtype, mesh, pl, sizes):
+    return ps.Layout(tuple(shape), np.dtype(dtype), mesh.shape, pl, sizes)
+
+
+def sharded(g_parts, mesh, pl, sizes):
+    """This rank's Sharded for layout (pl, sizes) of the array whose Partial addends are
+    ``g_parts`` (one addend without Partial dims)."""
+    lay = layout_of(g_parts.shape[1:], g_parts.dtype, mesh, pl, sizes)
+    pdims = [m for m, p in enumerate(pl) if isinstance(p, Partial)]
+    q = int(np.ravel_multi_index([mesh.coords[m] for m in pdims],
+                                 [mesh.shape[m] for m in pdims])) if pdims else 0
+    local = jnp.asarray(g_parts[q][lay.box(mesh.coords)])
+    return psj.from_local(local, mesh, pl, lay.shape, sizes), q
+
+
+def agree(comm, failures):
+    everyone = comm.allgather(failures)
+    bad = [f"rank {r}: {f}" for r, fs in enumerate(everyone) for f in fs]
+    assert not bad, f"{len(bad)} failures:\n" + "\n".join(bad[:8])
+
+
+# ----------------------------------------------------------------------------- values
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_redistribute_matches_numpy(comm, dtype):
+    """Random layout pairs (Partial sum sources among them) under jit: every rank's result
+    is the numpy slice of the global array (the sum of the addends for Partial sources)."""
+    failures = []
+    for ms in meshes(comm.size):
+        mesh = ps.Mesh(comm, ms)
+        rng = random.Random(7 + len(ms))
+        for k in range(6):
+            shape = [(7, 5), (6, 3, 4), (1, 9), (0, 4)][k % 4]
+            pl0, sz0 = random_layout(rng, shape, ms, partial=dtype != "int32" or True)
+            pl1, sz1 = random_layout(rng, shape, ms)
+            pdims = [m for m, p in enumerate(pl0) if isinstance(p, Partial)]
+            nq = prod(ms[m] for m in pdims) if pdims else 1
+            parts = np.stack([global_array(shape, dtype, 5 * k + j) for j in range(nq)])
+            x, _ = sharded(parts, mesh, pl0, sz0)
+            y = jax.jit(lambda x, pl1=pl1, sz1=sz1: psj.redistribute(x, pl1, sz1))(x)
+            want = parts.astype(np.float64).sum(0)[y.layout.box(mesh.coords)]
+            got = np.asarray(y.local).astype(np.float64)
+            if y.local.dtype != np.dtype(dtype) or not np.array_equal(got, want):
+                failures.append(f"{ms} {shape} {pl0} {sz0} -> {pl1} {sz1}")
+        mesh.free()
+    agree(comm, failures)
+
+
+def test_eager_and_jit_agree_and_the_program_holds_no_pointer(comm):
+    """Outside jit the same call runs eagerly; the lowered program names the step by a small
+    id (no pointer, no communicator handle): lowering twice gives the same text."""
+    mesh = ps.Mesh(comm, (comm.size,))
+    g = global_array((2 * comm.size + 1, 3), "float64", 1)
+    x = psj.distribute(g, mesh, [Shard(0)])
+    eager = psj.redistribute(x, [Shard(1)])
+    f = jax.jit(lambda x: psj.redistribute(x, [Shard(1)]))
+    compiled = f(x)
+    failures = []
+    if not np.array_equal(np.asarray(eager.local), np.asarray(compiled.local)):
+        failures.append("eager != jit")
+    text = f.lower(x).as_text()
+    if comm.size > 1 and "pyshard_step" not in text:
+        failures.append("no pyshard_step custom call in the lowered program")
+    if f.lower(x).as_text() != text:
+        failures.append("lowering twice gave two programs")
+    mesh.free()
+    agree(comm, failures)
+
+
+# ----------------------------------------------------------------------------- gradients
+
+
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+def test_gradient_equals_the_serial_gradient(comm, dtype):
+    """jax.grad of a loss through two redistributes (an elementwise step between) equals the
+    serial JAX program's gradient, sliced to this rank's source block; Partial sum sources
+    get the gradient of the sum on every addend."""
+    failures = []
+    for ms in meshes(comm.size):
+        mesh = ps.Mesh(comm, ms)
+        rng = random.Random(31 + len(ms))
+        for k in range(5):
+            shape = [(7, 5), (5, 2, 3), (9, 1)][k % 3]
+            pl0, sz0 = random_layout(rng, shape, ms, partial=True)
+            hops = [random_layout(rng, shape, ms) for _ in range(2)]
+            pdims = [m for m, p in enumerate(pl0) if isinstance(p, Partial)]
+            nq = prod(ms[m] for m in pdims) if pdims else 1
+            parts = np.stack([global_array(shape, dtype, 3 * k + j) for j in range(nq)])
+            w = global_array(shape, dtype, 100 + k)
+            x, q = sharded(parts, mesh, pl0, sz0)
+
+            def loss(local, x=x, hops=hops):
+                cur = psj.Sharded(local, x.layout, x.mesh)
+                cur = psj.redistribute(cur, *hops[0])
+                cur = psj.Sharded(cur.local * 2 - 1, cur.layout, cur.mesh)
+                cur = psj.redistribute(cur, *hops[1])
+                box = cur.layout.box(mesh.coords)
+                return jnp.sum(jnp.asarray(w[box]) * cur.local * cur.local)
+
+            got = np.asarray(jax.jit(jax.grad(loss))(x.local))
+
+            def serial(X):
+                Y = X.sum(0) * 2 - 1
+                return jnp.sum(jnp.asarray(w) * Y * Y)
+
+            ref = np.asarray(jax.grad(serial)(jnp.asarray(parts)))[q][x.layout.box(mesh.coords)]
+            tol = 0 if dtype == "float64" else 1e-5
+            if not np.allclose(got, ref, rtol=tol, atol=tol):
+                failures.append(f"{ms} {shape} {pl0} {sz0} {hops}")
+        mesh.free()
+    agree(comm, failures)
+
+
+def test_redistribute_adjoint_dot_product(comm):
+    """<R x, y> = <x, R^T y> summed over the ranks, R^T from jax.vjp, for Shard layouts
+    (every element held once) with uneven and empty shards, float64 (exact on small ints)."""
+    failures = []
+    for ms in meshes(comm.size):
+        mesh = ps.Mesh(comm, ms)
+        rng = random.Random(5)
+        for k in range(5):
+            shape = [(7, 6), (3, 5, 4)][k % 2]
+            pls = []
+            for _ in range(2):
+                dims = rng.sample(range(len(shape)), len(ms))
+                pl = [Shard(d) for d in dims]
+                sizes = {d: cut(rng, shape[d], ms[m]) for m, d in enumerate(dims)}
+                pls.append((pl, sizes))
+            gx = global_array(shape, "float64", k)
+            gy = global_array(shape, "float64", 50 + k)
+            x, _ = sharded(gx[None], mesh, *pls[0])
+            y_lay = layout_of(shape, "float64", mesh, *pls[1])
+            y = jnp.asarray(gy[y_lay.box(mesh.coords)])
+
+            def f(local, x=x, pl=pls[1]):
+                return psj.redistribute(psj.Sharded(local, x.layout, x.mesh), *pl).local
+
+            rx, vjp = jax.vjp(f, x.local)
+            (rty,) = vjp(y)
+            lhs = comm.allreduce(float(jnp.vdot(rx, y)))
+            rhs = comm.allreduce(float(jnp.vdot(x.local, rty)))
+            if lhs != rhs or lhs != float(np.vdot(gx, gy)):
+                failures.append(f"{ms} {pls}: {lhs} vs {rhs}")
+        mesh.free()
+    agree(comm, failures)
+
+
+# ----------------------------------------------------------------------------- halos
+
+
+def padded_reference(g, lo, hi, width, periodic, corners):
+    """This rank's padded block of ``g`` (block [lo, hi)) as an update leaves it: ghosts
+    from their owners (wrapped on periodic dims), zeros outside a non-periodic boundary and,
+    without corners, where more than one dim is outside the block."""
+    idx, ok, outside = [], [], []
+    for d, (a, b) in enumerate(zip(lo, hi)):
+        i = np.arange(a - width[d], b + width[d])
+        inside = (i >= 0) & (i < g.shape[d])
+        if periodic[d]:
+            i, inside = i % g.shape[d], np.ones_like(inside)
+        idx.append(np.clip(i, 0, max(g.shape[d] - 1, 0)))
+        ok.append(inside)
+        outside.append((i < a) | (i >= b) if not periodic[d] else
+                       (np.arange(a - width[d], b + width[d]) < a) |
+                       (np.arange(a - width[d], b + width[d]) >= b))
+    mask = np.ones([len(i) for i in idx], bool)
+    n_out = np.zeros(mask.shape, int)
+    for d in range(g.ndim):
+        sh = [1] * g.ndim
+        sh[d] = -1
+        mask &= ok[d].reshape(sh)
+        n_out = n_out + outside[d].reshape(sh)
+    if not corners:
+        mask &= n_out <= 1
+    out = np.zeros(mask.shape, g.dtype)
+    if mask.size:
+        vals = g[np.ix_(*idx)] if g.size else out
+        out[mask] = vals[mask]
+    return out
+
+
+def halo_cases(rng, ms, n):
+    out = []
+    for k in range(n):
+        shape = [(9, 7), (6, 5, 4), (5, 8)][k % 3]
+        dims = rng.sample(range(len(shape)), len(ms))
+        pl = [Shard(d) for d in dims]
+        sizes = {d: cut(rng, shape[d], ms[m]) for m, d in enumerate(dims)} if k % 2 else None
+        width = tuple(rng.randint(0, 2) for _ in shape)
+        periodic = tuple(rng.random() < 0.5 for _ in shape)
+        out.append((shape, pl, sizes, width, periodic, k % 3 != 2))
+    return out
+
+
+@pytest.mark.parametrize("dtype", ["float64", "float32", "bfloat16"])
+def test_halo_pad_values_and_fold_adjoint(comm, dtype):
+    """halo_pad under jit is the padded numpy block; fold is its adjoint:
+    <halo_pad(x), P> = <x, fold(P)> summed over ranks, and fold's result equals the numpy sum
+    of every rank's padded cells into their owners (update-written cells only)."""
+    failures = []
+    for ms in meshes(comm.size):
+        mesh = ps.Mesh(comm, ms)
+        rng = random.Random(13 + len(ms))
+        for shape, pl, sizes, width, periodic, corners in halo_cases(rng, ms, 6):
+            if any(w > 0 and p and s > shape[d] for d, (w, p, s) in
+                   enumerate(zip(width, periodic, shape))):
+                continue
+            case = f"{ms} {shape} {pl} {sizes} w{width} p{periodic} c{corners}"
+            g = global_array(shape, dtype, 3)
+            x, _ = sharded(g[None], mesh, pl, sizes)
+            box = x.layout.box(mesh.coords)
+            lo, hi = [b.start for b in box], [b.stop for b in box]
+            pad = jax.jit(lambda x, a=(width, periodic, corners): psj.halo_pad(x, *a))(x)
+            want = padded_reference(g, lo, hi, width, periodic, corners)
+            if not np.array_equal(np.asarray(pad).astype(np.float64), want.astype(np.float64)):
+                failures.append(f"values {case}")
+                continue
+            # fold: each rank's padded P from a seed of its rank; the reference adds every
+            # rank's P into a global accumulator through the same index map
+            P = global_array(pad.shape, dtype, 77 + mesh.rank)
+            folded = jax.jit(lambda P, x, a=(width, periodic, corners): psj.fold(P, x, *a))(
+                jnp.asarray(P), x)
+            acc = np.zeros(shape, np.float64)
+            for r in range(comm.size):
+                c = np.unravel_index(r, ms)
+                rb = x.layout.box(tuple(int(v) for v in c))
+                rlo, rhi = [b.start for b in rb], [b.stop for b in rb]
+                Pr = global_array(tuple(b - a + 2 * w for a, b, w in zip(rlo, rhi, width)),
+                                  dtype, 77 + r).astype(np.float64)
+                ones = np.ones(shape, np.float64)
+                written = padded_reference(ones, rlo, rhi, width, periodic, corners) > 0
+                interior = tuple(slice(w, w + b - a) for a, b, w in zip(rlo, rhi, width))
+                written[interior] = True
+                idx = np.nonzero(written)
+                gi = tuple((ix + a - w) % n for ix, a, w, n in zip(idx, rlo, width, shape))
+                np.add.at(acc, gi, Pr[idx])
+            if not np.array_equal(np.asarray(folded.local).astype(np.float64), acc[box]):
+                failures.append(f"fold {case}")
+            if dtype == "float64":
+                lhs = comm.allreduce(float(jnp.vdot(pad, jnp.asarray(P))))
+                rhs = comm.allreduce(float(jnp.vdot(x.local, folded.local)))
+                if lhs != rhs:
+                    failures.append(f"dot {case}: {lhs} vs {rhs}")
+        mesh.free()
+    agree(comm, failures)
+
+
+def test_halo_pad_gradient_is_fold(comm):
+    """jax.grad through halo_pad (a 5-point stencil) equals the serial gradient of the same
+    stencil on the globally padded array."""
+    failures = []
+    shape = (3 * comm.size + 2, 6)
+    for ms in meshes(comm.size):
+        mesh = ps.Mesh(comm, ms)
+        dims = [0, 1][: len(ms)]
+        pl = [Shard(d) for d in dims]
+        rng = random.Random(2)
+        sizes = {d: cut(rng, shape[d], ms[m]) for m, d in enumerate(dims)}
+        g = global_array(shape, "float64", 9)
+        w = global_array(shape, "float64", 10)
+        x, _ = sharded(g[None], mesh, pl, sizes)
+        box = x.layout.box(mesh.coords)
+
+        def stencil(p):
+            return (p[1:-1, 1:-1] * 4 - p[:-2, 1:-1] - p[2:, 1:-1] - p[1:-1, :-2]
+                    - p[1:-1, 2:])
+
+        def loss(local):
+            p = psj.halo_pad(psj.Sharded(local, x.layout, mesh), 1, periodic=(True, False))
+            s = stencil(p)
+            return jnp.sum(jnp.asarray(w[box]) * s * s)
+
+        def serial(G):
+            p = jnp.pad(G, ((1, 1), (0, 0)), mode="wrap")
+            p = jnp.pad(p, ((0, 0), (1, 1)))
+            s = stencil(p)
+            return jnp.sum(jnp.asarray(w) * s * s)
+
+        got = np.asarray(jax.jit(jax.grad(loss))(x.local))
+        ref = np.asarray(jax.grad(serial)(jnp.asarray(g)))[box]
+        if not np.array_equal(got, ref):
+            failures.append(f"{ms} {sizes}")
+        mesh.free()
+    agree(comm, failures)
+
+
+# ----------------------------------------------------------------------------- transforms
+
+
+def test_vmap_adds_a_leading_unsharded_dim(comm):
+    """vmap of redistribute and halo_pad over a batch equals the calls one by one."""
+    mesh = ps.Mesh(comm, (comm.size,))
+    rng = random.Random(4)
+    shape = (2 * comm.size + 1, 5)
+    sizes = {0: cut(rng, shape[0], comm.size)}
+    gs = np.stack([global_array(shape, "float64", s) for s in range(3)])
+    lay = layout_of(shape, "float64", mesh, [Shard(0)], sizes)
+    locs = jnp.asarray(gs[(slice(None), *lay.box(mesh.coords))])
+
+    def f(local):
+        x = psj.Sharded(local, lay, mesh)
+        return psj.redistribute(x, [Shard(1)]).local, psj.halo_pad(x, 1, periodic=True)
+
+    got = jax.jit(jax.vmap(f))(locs)
+    failures = []
+    for b in range(3):
+        one = f(locs[b])
+        if not (np.array_equal(np.asarray(got[0][b]), np.asarray(one[0]))
+                and np.array_equal(np.asarray(got[1][b]), np.asarray(one[1]))):
+            failures.append(f"batch {b}")
+    mesh.free()
+    agree(comm, failures)
+
+
+def test_two_independent_collectives_in_one_jit_keep_their_order(comm):
+    """Two redistributes with no data dependence in one jit, repeated: the ordered effect
+    makes every rank run them in program order (without it XLA:CPU may run them on two
+    threads in either order, and ranks deadlock); and the results are right."""
+    mesh = ps.Mesh(comm, (comm.size,))
+    a = global_array((4 * comm.size + 3, 9), "float64", 1)
+    b = global_array((5, 3 * comm.size + 1), "float32", 2)
+    xa = psj.distribute(a, mesh, [Shard(0)])
+    xb = psj.distribute(b, mesh, [Shard(1)])
+
+    @jax.jit
+    def f(xa, xb):
+        ya = psj.redistribute(xa, [Shard(1)])
+        yb = psj.redistribute(xb, [Shard(0)])
+        za = psj.redistribute(ya, [R])
+        return yb, za
+
+    failures = []
+    for _ in range(30):
+        yb, za = f(xa, xb)
+        if not (np.array_equal(np.asarray(za.local), a)
+                and np.array_equal(np.asarray(yb.local), b[yb.layout.box(mesh.coords)])):
+            failures.append("wrong result")
+            break
+    mesh.free()
+    agree(comm, failures)
+
+
+def test_scan_loop(comm):
+    """A time loop under lax.scan with halo_pad inside equals the serial loop."""
+    mesh = ps.Mesh(comm, (comm.size,))
+    shape = (2 * comm.size + 3, 4)
+    rng = random.Random(8)
+    sizes = {0: cut(rng, shape[0], comm.size)}
+    g = global_array(shape, "float64", 5)
+    x, _ = sharded(g[None], mesh, [Shard(0)], sizes)
+
+    def step(local, _):
+        p = psj.halo_pad(psj.Sharded(local, x.layout, mesh), (1, 0), periodic=True)
+        return local + 0.25 * (p[:-2] + p[2:] - 2 * local), None
+
+    got, _ = jax.jit(lambda l: jax.lax.scan(step, l, None, length=5))(x.local)
+    G = jnp.asarray(g)
+    for _ in range(5):
+        G = G + 0.25 * (jnp.roll(G, 1, 0) + jnp.roll(G, -1, 0) - 2 * G)
+    failures = [] if np.allclose(np.asarray(got), np.asarray(G)[x.layout.box(mesh.coords)],
+                                 rtol=0, atol=1e-12) else ["scan"]
+    mesh.free()
+    agree(comm, failures)
+
+
+# ----------------------------------------------------------------------------- errors
+
+
+def test_errors_at_trace_time(comm):
+    """A local array that is not the layout's shard, a wrong padded shape, a non-Sharded:
+    clear errors while tracing, before any communication."""
+    mesh = ps.Mesh(comm, (comm.size,))
+    g = global_array((2 * comm.size + 1, 3), "float64", 1)
+    x = psj.distribute(g, mesh, [Shard(0)])
+    bad = psj.Sharded(jnp.zeros((x.local.shape[0] + 1, 3)), x.layout, mesh)
+    with pytest.raises(ValueError, match="local shape"):
+        jax.jit(lambda x: psj.redistribute(x, [Shard(1)]))(bad)
+    with pytest.raises(ValueError, match="layout gives"):
+        psj.from_local(jnp.zeros((x.local.shape[0] + 1, 3)), mesh, [Shard(0)], g.shape)
+    with pytest.raises(TypeError, match="pyshard.jax.Sharded"):
+        psj.redistribute(x.local, [Shard(1)])
+    with pytest.raises(ValueError, match="padded"):
+        psj.fold(jnp.zeros((1, 1)), x, 1)
+    with pytest.raises(ValueError, match="width"):
+        psj.halo_pad(x, -1)
+    mesh.free()
