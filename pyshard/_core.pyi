@@ -12,6 +12,7 @@ import typing
 
 import numpy
 import numpy.typing
+import typing_extensions
 
 __all__: list[str] = [
     "Algorithm",
@@ -63,6 +64,10 @@ __all__: list[str] = [
     "device_pack",
     "halo_copy_local",
     "index_requests",
+    "jax_handler",
+    "jax_register_halo",
+    "jax_register_step",
+    "jax_registered",
     "large_count",
     "large_count_method",
     "large_count_reduce_method",
@@ -1103,6 +1108,36 @@ def index_requests(
 ) -> tuple[numpy.typing.NDArray[numpy.int64], numpy.typing.NDArray[numpy.int64], int, bool, int]:
     """
     The setup of an index exchange: the counts (algorithm 0: MPI_Alltoall, 1: NBX) with this rank's error code and signature, then the requested rows (global indices, owner after owner) to their owners: (rows each rank reads from this one, those rows rank after rank, rank * 256 + code of the first rank at fault or -1, signature mismatch, a rank whose signature differs or -1).
+    """
+
+def jax_handler() -> typing_extensions.CapsuleType:
+    """
+    The XLA FFI handler of pyshard.jax's custom calls (a PyCapsule for jax.ffi.register_ffi_target).
+    """
+
+def jax_register_halo(
+    step: HaloStep,
+    bytes: typing.SupportsInt | typing.SupportsIndex,
+    fold: bool,
+    op: typing.SupportsInt | typing.SupportsIndex = 0,
+    kind: typing.SupportsInt | typing.SupportsIndex = -1,
+) -> int:
+    """
+    Register a halo step's update (fold=False) or fold (op, kind: cpp/halo.h FoldOp, FoldKind) of a padded array of `bytes` for pyshard_step custom calls; returns its id.
+    """
+
+def jax_register_step(
+    step: typing.Any,
+    src_bytes: typing.SupportsInt | typing.SupportsIndex,
+    dst_bytes: typing.SupportsInt | typing.SupportsIndex,
+) -> int:
+    """
+    Register a core step for pyshard_step custom calls; returns its id. The caller keeps the step alive.
+    """
+
+def jax_registered() -> int:
+    """
+    How many steps pyshard_step custom calls can name.
     """
 
 def large_count_method() -> str: ...

@@ -86,7 +86,8 @@ import sys, zipfile
 
 names = set(zipfile.ZipFile(sys.argv[1]).namelist())
 need = ["pyshard/__init__.py", "pyshard/checkpoint/reader.py", "pyshard/bench/cli.py",
-        "pyshard/bench/gpu.py", "pyshard/fft/__init__.py", "pyshard/py.typed"]
+        "pyshard/bench/gpu.py", "pyshard/fft/__init__.py", "pyshard/jax/__init__.py",
+        "pyshard/py.typed"]
 missing = [n for n in need if n not in names]
 pkgs = sorted({n.rsplit("/", 1)[0] for n in names if n.startswith("pyshard/") and n.endswith(".py")})
 print(f"  wheel: {len(names)} files; packages {' '.join(pkgs)}")

@@ -24,7 +24,9 @@
 #     6 ranks, two hosts          3 a host, tests/mpi/test_two_hosts.py only (2x3 meshes: node
 #                                 peers along one dim, MPI along the other; the whole suite
 #                                 again at 6 ranks would cost about 140 s of CI's budget)
-#     7 ranks                     a prime: auto, uneven and empty shards everywhere
+#     7 ranks                     a prime: auto, uneven and empty shards everywhere; without the
+#                                 `jax` tests (pyshard.jax runs at 1-4 ranks: importing jax and
+#                                 compiling each case costs seconds a rank on 2 cores)
 #     8 ranks                     auto on the 3-D 2x2x2 mesh; of the numerics only the `mesh3d`
 #                                 ones (FFTs and torch gradients on 2x2x2: the only 3-D mesh
 #                                 with every dim > 1; the rest ran at 1, 2, 3, 4 and 7)
@@ -105,7 +107,7 @@ if [ $TWO_HOSTS = 1 ]; then
   two_hosts_run 6 "6 ranks, two hosts (its tests)" "not slow" "tests/mpi/test_two_hosts.py" \
     PYSHARD_SHM_MIN_BYTES=0
 fi
-mpich_run 7 "7 ranks" "not slow"
+mpich_run 7 "7 ranks" "not slow and not jax"
 mpich_run 8 "8 ranks" "not slow and (not numerics or mesh3d)"
 # Packaging and docs: the sdist installed (not editable) into a fresh environment with only
 # pip's MPICH, mpi4py and numpy, and the demo run from outside the checkout; then the docs

@@ -34,7 +34,8 @@ JAX_VERSION = _version(jax.__version__)
 if not (TESTED[0] <= JAX_VERSION[:2] < TESTED[1]):
     raise ImportError(
         f"pyshard.jax works with jax 0.10.x (it uses JAX's private effect and token API, which "
-        f"moves between releases); this is jax {jax.__version__}: pip install 'jax[cpu]>=0.10,<0.11'"
+        f"moves between releases); this is jax {jax.__version__}: "
+        f"pip install 'jax[cpu]>=0.10,<0.11'"
     )
 
 from jax._src import effects as _effects  # noqa: E402

@@ -23,7 +23,7 @@ import jax.numpy as jnp  # noqa: E402
 
 jax.config.update("jax_enable_x64", True)
 
-pytestmark = [pytest.mark.mpi, pytest.mark.jax]
+pytestmark = [pytest.mark.mpi, pytest.mark.jax, pytest.mark.numerics]  # not per MPI library
 
 R = Replicate()
 DTYPES = ["float64", "float32", "bfloat16", "int32"]
@@ -93,7 +93,7 @@ def test_redistribute_matches_numpy(comm, dtype):
         rng = random.Random(7 + len(ms))
         for k in range(6):
             shape = [(7, 5), (6, 3, 4), (1, 9), (0, 4)][k % 4]
-            pl0, sz0 = random_layout(rng, shape, ms, partial=dtype != "int32" or True)
+            pl0, sz0 = random_layout(rng, shape, ms, partial=True)
             pl1, sz1 = random_layout(rng, shape, ms)
             pdims = [m for m, p in enumerate(pl0) if isinstance(p, Partial)]
             nq = prod(ms[m] for m in pdims) if pdims else 1
@@ -132,7 +132,7 @@ def test_eager_and_jit_agree_and_the_program_holds_no_pointer(comm):
 # ----------------------------------------------------------------------------- gradients
 
 
-@pytest.mark.parametrize("dtype", ["float64", "float32"])
+@pytest.mark.parametrize("dtype", ["float64"])
 def test_gradient_equals_the_serial_gradient(comm, dtype):
     """jax.grad of a loss through two redistributes (an elementwise step between) equals the
     serial JAX program's gradient, sliced to this rank's source block; Partial sum sources
@@ -141,7 +141,7 @@ def test_gradient_equals_the_serial_gradient(comm, dtype):
     for ms in meshes(comm.size):
         mesh = ps.Mesh(comm, ms)
         rng = random.Random(31 + len(ms))
-        for k in range(5):
+        for k in range(4):
             shape = [(7, 5), (5, 2, 3), (9, 1)][k % 3]
             pl0, sz0 = random_layout(rng, shape, ms, partial=True)
             hops = [random_layout(rng, shape, ms) for _ in range(2)]
@@ -151,7 +151,7 @@ def test_gradient_equals_the_serial_gradient(comm, dtype):
             w = global_array(shape, dtype, 100 + k)
             x, q = sharded(parts, mesh, pl0, sz0)
 
-            def loss(local, x=x, hops=hops):
+            def loss(local, x=x, hops=hops, mesh=mesh, w=w):
                 cur = psj.Sharded(local, x.layout, x.mesh)
                 cur = psj.redistribute(cur, *hops[0])
                 cur = psj.Sharded(cur.local * 2 - 1, cur.layout, cur.mesh)
@@ -161,7 +161,7 @@ def test_gradient_equals_the_serial_gradient(comm, dtype):
 
             got = np.asarray(jax.jit(jax.grad(loss))(x.local))
 
-            def serial(X):
+            def serial(X, w=w):
                 Y = X.sum(0) * 2 - 1
                 return jnp.sum(jnp.asarray(w) * Y * Y)
 
@@ -180,7 +180,7 @@ def test_redistribute_adjoint_dot_product(comm):
     for ms in meshes(comm.size):
         mesh = ps.Mesh(comm, ms)
         rng = random.Random(5)
-        for k in range(5):
+        for k in range(3):
             shape = [(7, 6), (3, 5, 4)][k % 2]
             pls = []
             for _ in range(2):
@@ -254,7 +254,7 @@ def halo_cases(rng, ms, n):
     return out
 
 
-@pytest.mark.parametrize("dtype", ["float64", "float32", "bfloat16"])
+@pytest.mark.parametrize("dtype", ["float64", "bfloat16"])
 def test_halo_pad_values_and_fold_adjoint(comm, dtype):
     """halo_pad under jit is the padded numpy block; fold is its adjoint:
     <halo_pad(x), P> = <x, fold(P)> summed over ranks, and fold's result equals the numpy sum
@@ -263,7 +263,7 @@ def test_halo_pad_values_and_fold_adjoint(comm, dtype):
     for ms in meshes(comm.size):
         mesh = ps.Mesh(comm, ms)
         rng = random.Random(13 + len(ms))
-        for shape, pl, sizes, width, periodic, corners in halo_cases(rng, ms, 6):
+        for shape, pl, sizes, width, periodic, corners in halo_cases(rng, ms, 4):
             if any(w > 0 and p and s > shape[d] for d, (w, p, s) in
                    enumerate(zip(width, periodic, shape))):
                 continue
@@ -327,12 +327,12 @@ def test_halo_pad_gradient_is_fold(comm):
             return (p[1:-1, 1:-1] * 4 - p[:-2, 1:-1] - p[2:, 1:-1] - p[1:-1, :-2]
                     - p[1:-1, 2:])
 
-        def loss(local):
+        def loss(local, x=x, mesh=mesh, w=w, box=box):
             p = psj.halo_pad(psj.Sharded(local, x.layout, mesh), 1, periodic=(True, False))
             s = stencil(p)
             return jnp.sum(jnp.asarray(w[box]) * s * s)
 
-        def serial(G):
+        def serial(G, w=w):
             p = jnp.pad(G, ((1, 1), (0, 0)), mode="wrap")
             p = jnp.pad(p, ((0, 0), (1, 1)))
             s = stencil(p)
@@ -415,7 +415,7 @@ def test_scan_loop(comm):
         p = psj.halo_pad(psj.Sharded(local, x.layout, mesh), (1, 0), periodic=True)
         return local + 0.25 * (p[:-2] + p[2:] - 2 * local), None
 
-    got, _ = jax.jit(lambda l: jax.lax.scan(step, l, None, length=5))(x.local)
+    got, _ = jax.jit(lambda u: jax.lax.scan(step, u, None, length=5))(x.local)
     G = jnp.asarray(g)
     for _ in range(5):
         G = G + 0.25 * (jnp.roll(G, 1, 0) + jnp.roll(G, -1, 0) - 2 * G)
@@ -446,3 +446,21 @@ def test_errors_at_trace_time(comm):
     with pytest.raises(ValueError, match="width"):
         psj.halo_pad(x, -1)
     mesh.free()
+
+
+# ----------------------------------------------------------------------------- example
+
+
+@pytest.mark.parametrize("mesh_ndim", [1, 2])
+def test_heat_example_matches_the_serial_run(comm, mesh_ndim):
+    """examples/jax_heat.py at a small size: the state after a lax.scan time loop and the
+    gradient of its energy with respect to the initial state equal the one-process run's."""
+    import importlib.util
+    import os
+
+    path = os.path.join(os.path.dirname(__file__), "..", "..", "examples", "jax_heat.py")
+    spec = importlib.util.spec_from_file_location("jax_heat", path)
+    ex = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(ex)
+    r = ex.run(comm, n=2 * comm.size + 6, steps=4, mesh_ndim=mesh_ndim)
+    assert r["max_diff_state"] < 1e-12 and r["max_diff_grad"] < 1e-12, r
