@@ -183,7 +183,7 @@ class _LocalCopy(_Step):
     __slots__ = ()
 
     def build(self, mesh: Mesh) -> None:
-        self.core = _slices(self.step.dst, self.step.src, mesh.coords)
+        self.core = local_slices(self.step.dst, self.step.src, mesh.coords)
 
     def run(self, local: Any, out: Optional[Any] = None) -> Any:
         part = local[self.core]
@@ -223,7 +223,7 @@ class _MakePartial(_Step):
         self.fill: object = None
         if spread:
             self.fill = _identity(step.dst.dtype, step.dst.placements[spread[0]].op)
-            self.core = _slices(step.src, step.dst, coords)
+            self.core = local_slices(step.src, step.dst, coords)
 
     def run(self, local: Any, out: Optional[Any] = None) -> Any:
         xp = bk.xp_of(local)
@@ -251,7 +251,7 @@ _KINDS = {
 }  # fmt: skip
 
 
-def _slices(box_of: Layout, rel: Layout, coords: Tuple[int, ...]) -> Tuple[slice, ...]:
+def local_slices(box_of: Layout, rel: Layout, coords: Tuple[int, ...]) -> Tuple[slice, ...]:
     """This rank's box in ``box_of`` as slices of its local array in ``rel``."""
     return tuple(
         slice(a - o, b - o)
@@ -281,6 +281,12 @@ def _reduce_op(dtype: np.dtype, op: Optional[str]) -> str:
     if dtype.kind == "b":
         return {"sum": "lor", "max": "lor", "min": "land"}[op or "sum"]
     return {"sum": "sum", "avg": "sum", "max": "max", "min": "min"}[op or "sum"]
+
+
+def step_executor(s: Step, mesh: Mesh, r: Route, dev: bool = False) -> _Step:
+    """Step ``s`` bound on route ``r`` (what :func:`executors` builds for each step; the
+    front ends that run a plan's steps themselves, pyshard.jax, take its ``core``)."""
+    return _KINDS[s.kind](s, mesh, r, dev)
 
 
 def _exec(s: Step, mesh: Mesh, algorithm: str, dev: bool) -> _Step:

@@ -31,7 +31,7 @@ from .exchange import Exchange
 from .halo_planner import HaloPlan, PeriodicArg, WidthArg, halo_plan, halo_spec
 from .layout import Layout, Placed
 from .mesh import Mesh
-from .route import FOLD_DTYPES, HALO_METHODS, core_transport, halo_reason, halo_route
+from .route import FOLD_KIND, HALO_METHODS, core_transport, halo_reason, halo_route
 
 __all__ = ["FOLD_OPS", "METHODS", "HaloArray", "HaloExchange"]
 
@@ -43,9 +43,8 @@ HALO_TAG = _core.HALO_TAG  # the core's table of MPI tags (cpp/tags.h)
 FOLD_TAG = _core.FOLD_TAG  # the reverse exchange (fold), its own tag there
 FOLD_OPS = ("sum", "max", "min")
 _OP_CODE = {"sum": 0, "max": 1, "min": 2}  # cpp/halo.h FoldOp
-# cpp/halo.h FoldKind: the dtypes the core's host combine runs in; every other dtype (float16
-# and the ml_dtypes floats, accumulated in float32; bool; device arrays) combines here
-_KIND_CODE = {np.dtype(t): k for k, t in enumerate(FOLD_DTYPES)}
+# FOLD_KIND (route.py): the dtypes the core's host combine runs in; every other dtype
+# (float16 and the ml_dtypes floats, accumulated in float32; bool; device arrays) combines here
 
 
 # ----------------------------------------------------------------------------- execution
@@ -157,6 +156,24 @@ class HaloExchange(Exchange):
     def __init__(self, op: str, route: Any, core: Any, method: str) -> None:
         super().__init__(op, route, core)
         self.method = method
+
+
+def mpi_exchange(layout: Layout, spec: Any, mesh: Mesh, method: str, fold: bool) -> HaloExchange:
+    """The halo update (or, ``fold=True``, fold) of ``layout`` with ``spec`` on ``mesh`` by
+    the MPI ``method`` (one of :data:`pyshard.route.HALO_MPI`) for host arrays, built as a
+    :class:`HaloArray` builds its own: for front ends that run its core step on buffers of
+    their own (pyshard.jax, on XLA's). Its core step takes any padded array of the plan's
+    shape at each call."""
+    p = halo_plan(layout, spec, mesh.coords)
+    r = halo_route(layout, spec, mesh, method, False, fold=fold)
+    core = _core.HaloStep(
+        mesh.core_comm(tuple(range(mesh.ndim))),
+        fold_geometry(p) if fold else update_geometry(p),
+        getattr(_core.HaloMethod, method),
+        FOLD_TAG if fold else HALO_TAG,
+        core_transport(r),
+    )
+    return HaloExchange("fold" if fold else "halo", r, core, method)
 
 
 class HaloArray:
@@ -456,7 +473,7 @@ class HaloArray:
             step.core.start(arr)
 
     def _fold_wait(self, step: Any, op: str, arr: Any) -> None:
-        kind = None if self._dev else _KIND_CODE.get(arr.dtype)
+        kind = None if self._dev else FOLD_KIND.get(arr.dtype)
         if kind is not None:  # the core combines (host, native dtypes)
             step.core.fold_wait(arr, _OP_CODE[op], kind)
             return
@@ -529,9 +546,9 @@ class HaloArray:
         self._check_fold(op, "fold()")
         self._tested = False
         step = self._fold_step()
-        if not self._dev and op in _OP_CODE and self.padded.dtype in _KIND_CODE:
+        if not self._dev and op in _OP_CODE and self.padded.dtype in FOLD_KIND:
             step.calls += 1
-            step.core.fold(self.padded, _OP_CODE[op], _KIND_CODE[self.padded.dtype])
+            step.core.fold(self.padded, _OP_CODE[op], FOLD_KIND[self.padded.dtype])
         else:
             self._fold_start(step, self.padded)
             self._fold_wait(step, op, self.padded)

@@ -33,14 +33,17 @@ from dataclasses import dataclass, field, replace
 from math import prod
 from typing import Any, Optional, Tuple
 
+import numpy as np
+
 from . import _shm
 from .config import ALGORITHMS, HALO_METHODS, HALO_MPI  # the one list of the names
 from .layout import ravel, unravel
 from .planner import Step
 
-__all__ = ["ALGORITHMS", "FOLD_DTYPES", "HALO_METHODS", "MIGRATE_ALGORITHMS", "MIGRATE_DENSE_MAX",
-           "MigrateRoute", "Route", "batch_route", "choose_algorithm", "core_transport", "describe",
-           "halo_reason", "halo_route", "migrate_route", "node_blocks", "route"]
+__all__ = ["ALGORITHMS", "FOLD_DTYPES", "FOLD_KIND", "HALO_METHODS", "MIGRATE_ALGORITHMS",
+           "MIGRATE_DENSE_MAX", "MigrateRoute", "Route", "batch_route", "choose_algorithm",
+           "core_transport", "describe", "halo_reason", "halo_route", "migrate_route",
+           "node_blocks", "route"]
 
 MPI_KINDS = ("alltoallv", "allgatherv", "reduce_scatter", "allreduce")
 HOST_CANDIDATES = ("alltoallv", "alltoall", "p2p", "alltoallw")  # what "tune" measures
@@ -228,6 +231,8 @@ def halo_face_bytes(layout: Any, spec: Any) -> int:
 # Python from an MPI step's buffer, so it never takes node-shared memory
 FOLD_DTYPES = ("float32", "float64", "int8", "int16", "int32", "int64", "uint8", "uint16",
                "uint32", "uint64", "complex64", "complex128")
+# the core's FoldKind code of each of those dtypes (its position there)
+FOLD_KIND = {np.dtype(t): k for k, t in enumerate(FOLD_DTYPES)}
 
 
 def halo_route(layout: Any, spec: Any, mesh: Any, method: str, device: bool = False,

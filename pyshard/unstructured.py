@@ -39,7 +39,7 @@ from .array import ShardedArray
 from .exchange import Exchange, Request
 from .layout import Shard
 from .memory import allocate
-from .route import FOLD_DTYPES
+from .route import FOLD_KIND
 
 log = logging.getLogger(__name__)
 
@@ -48,7 +48,6 @@ __all__ = ["GatherPlan", "IndexExchange", "IndexRoute", "PendingIndex", "gather_
 
 OPS = ("sum", "max", "min", "replace")
 _OP_CODE = {op: k for k, op in enumerate(OPS)}  # cpp/index_exchange.h IndexOp
-_KIND_CODE = {np.dtype(t): k for k, t in enumerate(FOLD_DTYPES)}  # cpp/halo.h FoldKind
 _ALGORITHMS = {"alltoall": 0, "nbx": 1}
 _ERRORS = {1: "an index outside [0, N)", 2: "indices not integers", 3: "indices not 1-D"}
 
@@ -308,10 +307,10 @@ class GatherPlan:
         if dt.kind == "c" and op in ("max", "min"):
             raise ValueError(f"pyshard.GatherPlan.scatter: op {op!r} is not defined for "
                              f"complex data ({dt}); use 'sum' or 'replace'")
-        kind = _KIND_CODE.get(dt)
+        kind = FOLD_KIND.get(dt)
         acc, v, narrow = tgt, np.ascontiguousarray(vals), None
         if dt == np.bool_:
-            kind = _KIND_CODE[np.dtype(np.uint8)]
+            kind = FOLD_KIND[np.dtype(np.uint8)]
             acc, v = tgt.view(np.uint8), v.view(np.uint8)
             if op == "sum":
                 op = "max"  # logical or
@@ -324,7 +323,7 @@ class GatherPlan:
                         else a.astype(wdt))
 
             acc, v = np.ascontiguousarray(wide(tgt)), np.ascontiguousarray(wide(v))
-            kind = _KIND_CODE[np.dtype(wdt)]
+            kind = FOLD_KIND[np.dtype(wdt)]
 
             def narrow() -> None:
                 tgt[...] = _dtypes.narrow(acc, dt, np).view(dt) if ml else acc.astype(dt)

@@ -50,13 +50,12 @@ from .._dtypes import accumulator
 from .._grad import grad_in_layout, grad_out_layout
 from ..array import ShardedArray
 from ..array import distribute as _np_distribute
-from ..executor import _KINDS, _slices
-from ..halo import _KIND_CODE
+from ..executor import local_slices, step_executor
 from ..halo_planner import HaloSpec, PeriodicArg, WidthArg, halo_plan, halo_spec
 from ..layout import Layout, PlacementsArg, SizesArg, relaid
 from ..mesh import Mesh
 from ..planner import COLLECTIVE_KINDS, plan
-from ..route import Route
+from ..route import FOLD_KIND, Route
 from . import _compat
 from ._ops import mpi_algorithm, registered, run_halo, run_step
 
@@ -206,9 +205,9 @@ def _apply(local: Any, src: Layout, dst: Layout, mesh: Mesh, algorithm: str) -> 
             if nxt not in REDUCTIONS and np.dtype(x.dtype) != s.dst.dtype:
                 x = x.astype(s.dst.dtype)
         elif s.kind == "local_copy":
-            x = x[_slices(s.dst, s.src, coords)]
+            x = x[local_slices(s.dst, s.src, coords)]
         elif s.kind == "make_partial":
-            e = _KINDS["make_partial"](s, mesh, Route("local"), False)
+            e = step_executor(s, mesh, Route("local"))
             shape = tuple(s.dst.local_shape(coords))
             if e.core is not None:
                 res = jnp.full(shape, e.fill, dtype=x.dtype)
@@ -267,7 +266,7 @@ def redistribute(x: Sharded, placements: PlacementsArg, sizes: SizesArg = None,
 def _fold_layout(layout: Layout) -> Layout:
     """The layout a fold of ``layout`` combines in: float32 for the dtypes the core's
     combine does not take (float16, bfloat16, float8), itself otherwise."""
-    if layout.dtype in _KIND_CODE:
+    if layout.dtype in FOLD_KIND:
         return layout
     return Layout(layout.shape, np.dtype(np.float32), layout.mesh_shape, layout.placements,
                   layout.sizes)

@@ -24,13 +24,13 @@ from jax.ffi import ffi_lowering, register_ffi_target
 from jax.interpreters import batching, mlir
 
 from .. import _core
-from ..executor import _KINDS
-from ..halo import _KIND_CODE, FOLD_TAG, HALO_TAG, fold_geometry, update_geometry
+from ..executor import step_executor
+from ..halo import mpi_exchange
 from ..halo_planner import HaloSpec, halo_plan
 from ..layout import Layout, Shard
 from ..mesh import Mesh
 from ..planner import Step
-from ..route import choose_algorithm, core_transport, halo_route, route
+from ..route import FOLD_KIND, choose_algorithm, route
 from ._compat import Primitive, abstract_token, apply_primitive, effect, set_token_out, token_in
 
 TARGET = "pyshard_step"
@@ -55,7 +55,7 @@ def _step_id(step: Step, mesh: Mesh, algorithm: str) -> int:
     key = ("step", step.kind, step.mesh_dims, step.src, step.dst, step.op, mesh, algorithm)
     hit = _registered.get(key)
     if hit is None:
-        e = _KINDS[step.kind](step, mesh, route(step, mesh, algorithm, False), False)
+        e = step_executor(step, mesh, route(step, mesh, algorithm, False))
         dt = e.upcast if e.upcast is not None else step.src.dtype
         sb = prod(step.src.local_shape(mesh.coords)) * dt.itemsize
         db = prod(e.out_shape) * dt.itemsize
@@ -69,14 +69,8 @@ def _halo_id(layout: Layout, spec: HaloSpec, mesh: Mesh, fold: bool, kind: int) 
     hit = _registered.get(key)
     if hit is None:
         p = halo_plan(layout, spec, mesh.coords)
-        r = halo_route(layout, spec, mesh, "p2p", False, fold=fold)
-        core = _core.HaloStep(
-            mesh.core_comm(tuple(range(mesh.ndim))),
-            fold_geometry(p) if fold else update_geometry(p),
-            _core.HaloMethod.p2p,  # no requests bound to one address: XLA's buffers move
-            FOLD_TAG if fold else HALO_TAG,
-            core_transport(r),
-        )
+        # p2p: no requests bound to one address (XLA's buffers move between calls)
+        core = mpi_exchange(layout, spec, mesh, "p2p", fold).core
         nbytes = prod(p.padded_shape) * layout.dtype.itemsize
         hit = (core, int(_core.jax_register_halo(core, nbytes, fold, 0, kind)))
         _registered[key] = hit
@@ -153,7 +147,7 @@ def _halo_abstract(x: Any, *, layout: Layout, spec: HaloSpec, mesh: Mesh, fold: 
 
 def _halo_lower(ctx: Any, x: Any, *, layout: Layout, spec: HaloSpec, mesh: Mesh,
                 fold: bool) -> list:  # fmt: skip
-    kind = _KIND_CODE[np.dtype(layout.dtype)] if fold else -1
+    kind = FOLD_KIND[np.dtype(layout.dtype)] if fold else -1
     return _lower_call(ctx, x, _halo_id(layout, spec, mesh, fold, kind), True)
 
 
