@@ -141,8 +141,10 @@ def _check(x: object, what: str) -> Sharded:
     elif np.dtype(x.local.dtype) != lay.dtype:
         bad = f"local dtype {np.dtype(x.local.dtype)}, the layout's is {lay.dtype}"
     if _validate.enabled:  # every rank learns who is wrong, and every rank raises
-        _validate.agree(mesh.comm, f"pyshard.jax.{what}", {"ok": "" if not bad else "bad",
-                                                           "layout": repr(lay)})
+        _validate.agree(mesh.comm, f"pyshard.jax.{what}", {
+            "local array": f"not its shard: {bad}" if bad else "its shard",
+            "layout": repr(lay),
+        })
     if bad:
         raise ValueError(f"{what}: {bad}")
     return x

@@ -464,3 +464,24 @@ def test_heat_example_matches_the_serial_run(comm, mesh_ndim):
     spec.loader.exec_module(ex)
     r = ex.run(comm, n=2 * comm.size + 6, steps=4, mesh_ndim=mesh_ndim)
     assert r["max_diff_state"] < 1e-12 and r["max_diff_grad"] < 1e-12, r
+
+
+@pytest.mark.mpi(min_size=2)
+def test_a_rank_that_fails_to_trace_makes_every_rank_raise_under_validation(comm):
+    """Rank 0 alone passes a local array that is not its shard. Without validation only rank 0
+    would raise (and the others wait in the first collective); with PYSHARD_VALIDATE on, the
+    trace-time check agrees across the ranks first: every rank raises the same ValueError,
+    before any exchange."""
+    mesh = ps.Mesh(comm, (comm.size,))
+    g = global_array((2 * comm.size + 1, 3), "float64", 1)
+    x = psj.distribute(g, mesh, [Shard(0)])
+    local = x.local if comm.rank else jnp.zeros((x.local.shape[0] + 1, 3))
+    ps.set_validation(True)
+    try:
+        with pytest.raises(ValueError) as e:
+            jax.jit(lambda x: psj.redistribute(x, [Shard(1)]))(psj.Sharded(local, x.layout, mesh))
+    finally:
+        ps.set_validation(False)
+    msgs = comm.allgather(str(e.value))
+    assert len(set(msgs)) == 1 and "redistribute" in msgs[0], msgs
+    mesh.free()
