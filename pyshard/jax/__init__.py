@@ -51,6 +51,9 @@ from .._grad import grad_in_layout, grad_out_layout
 from ..array import ShardedArray
 from ..array import distribute as _np_distribute
 from ..executor import local_slices, step_executor
+from ..fft.api import plan as fft_plan
+from ..fft.kinds import pass_in_dtype
+from ..fft.planner import Local
 from ..halo_planner import HaloSpec, PeriodicArg, WidthArg, halo_plan, halo_spec
 from ..layout import Layout, PlacementsArg, SizesArg, relaid
 from ..mesh import Mesh
@@ -62,11 +65,15 @@ from ._ops import mpi_algorithm, registered, run_halo, run_step
 __all__ = [
     "Sharded",
     "distribute",
+    "fftn",
     "fold",
     "from_local",
     "full",
     "halo_pad",
+    "ifftn",
+    "irfftn",
     "redistribute",
+    "rfftn",
     "registered",
 ]
 
@@ -357,3 +364,80 @@ def fold(padded: Any, like: Sharded, width: WidthArg, periodic: PeriodicArg = Fa
         raise ValueError(f"fold: padded has shape {tuple(padded.shape)}, this rank's padded "
                          f"shard is {want}")
     return Sharded(_fold(padded, (like.layout, spec, like.mesh)), like.layout, like.mesh)
+
+
+# ----------------------------------------------------------------------------- FFTs
+
+FFT_KINDS = ("fftn", "ifftn", "rfftn", "irfftn")
+
+
+def _local_pass(a: Any, p: Local, norm: Optional[str]) -> Any:
+    """One local pass of an FFT plan with ``jnp.fft``: the pyshard.fft engine's pass (the
+    same dtypes, lengths and resizing)."""
+    want = pass_in_dtype(p.func, np.dtype(a.dtype))
+    if np.dtype(a.dtype) != want:
+        a = a.astype(want)
+    shape = list(a.shape)
+    for ax, o in zip(p.axes, p.outs):
+        shape[ax] = o
+    if a.size == 0 or prod(shape) == 0:  # an empty shard: nothing to compute
+        return jnp.zeros(shape, p.dst.dtype)
+    if p.func in ("rfft", "irfft"):
+        r = getattr(jnp.fft, p.func)(a, n=p.ns[0], axis=p.axes[0], norm=norm)
+    elif p.func in ("fftn", "ifftn"):
+        r = getattr(jnp.fft, p.func)(a, s=p.ns, axes=p.axes, norm=norm)
+    else:  # pragma: no cover - the kinds offered have no other pass
+        raise NotImplementedError(f"pyshard.jax: no {p.func} pass")
+    if tuple(r.shape) != tuple(shape):  # zero-pad or truncate to the pass's output
+        sl = tuple(slice(0, min(m, n)) for m, n in zip(r.shape, shape))
+        r = jnp.zeros(shape, r.dtype).at[sl].set(r[sl])
+    return r.astype(p.dst.dtype)
+
+
+def _fft(kind: str, x: Sharded, s: Optional[Sequence[int]], axes: Optional[Sequence[int]],
+         norm: Optional[str], placements: Any, sizes: SizesArg, algorithm: str) -> Sharded:
+    x = _check(x, kind)
+    fp = fft_plan(x.layout, kind, axes, s, norm, placements, sizes)
+    local = x.local
+    for p in fp.passes:
+        if isinstance(p, Local):
+            local = _local_pass(local, p, norm)
+        elif p.plan.steps:
+            gout = grad_out_layout(p.dst, None)
+            gin, div = grad_in_layout(p.src)
+            local = _redistribute(local, (p.src, p.dst, gout, gin, div, x.mesh, algorithm))
+    return Sharded(local, fp.dst, x.mesh)
+
+
+def fftn(x: Sharded, s: Optional[Sequence[int]] = None, axes: Optional[Sequence[int]] = None,
+         norm: Optional[str] = None, placements: Any = None, sizes: SizesArg = None,
+         algorithm: str = "auto") -> Sharded:  # fmt: skip
+    """``jnp.fft.fftn`` of the global array, inside ``jit`` as outside: ``jnp.fft`` along
+    the axes a rank holds whole, redistributes (one exchange each) between, as
+    :func:`pyshard.fft.fftn` plans them; ``placements``/``sizes`` the result's layout
+    (``None``: the input's, ``"any"``: wherever the last pass ends, the fewest transposes).
+    Differentiable (``jnp.fft``'s own VJPs, the redistributes' as :func:`redistribute`)."""
+    return _fft("fftn", x, s, axes, norm, placements, sizes, algorithm)
+
+
+def ifftn(x: Sharded, s: Optional[Sequence[int]] = None, axes: Optional[Sequence[int]] = None,
+          norm: Optional[str] = None, placements: Any = None, sizes: SizesArg = None,
+          algorithm: str = "auto") -> Sharded:  # fmt: skip
+    """``jnp.fft.ifftn`` of the global array (see :func:`fftn`)."""
+    return _fft("ifftn", x, s, axes, norm, placements, sizes, algorithm)
+
+
+def rfftn(x: Sharded, s: Optional[Sequence[int]] = None, axes: Optional[Sequence[int]] = None,
+          norm: Optional[str] = None, placements: Any = None, sizes: SizesArg = None,
+          algorithm: str = "auto") -> Sharded:  # fmt: skip
+    """``jnp.fft.rfftn`` of the global real array (the last axis first, real to complex;
+    see :func:`fftn`)."""
+    return _fft("rfftn", x, s, axes, norm, placements, sizes, algorithm)
+
+
+def irfftn(x: Sharded, s: Optional[Sequence[int]] = None, axes: Optional[Sequence[int]] = None,
+           norm: Optional[str] = None, placements: Any = None, sizes: SizesArg = None,
+           algorithm: str = "auto") -> Sharded:  # fmt: skip
+    """``jnp.fft.irfftn`` of the global array (the last axis last, complex to real; see
+    :func:`fftn`)."""
+    return _fft("irfftn", x, s, axes, norm, placements, sizes, algorithm)

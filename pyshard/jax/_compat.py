@@ -44,13 +44,15 @@ from jax._src.dispatch import apply_primitive  # noqa: E402,F401
 from jax.extend.core import Primitive  # noqa: E402,F401
 from jax.interpreters.mlir import TokenSet  # noqa: E402
 
+_EFFECT_HASH = int(hashlib.md5(b"pyshard.jax ordered MPI effect").hexdigest()[:15], 16)
+
 
 class PyshardEffect(_effects.Effect):
     """The ordered effect of every pyshard.jax call that communicates: XLA runs them one at a
     time, in program order, on every rank."""
 
     def __hash__(self) -> int:  # the same in every process: part of the compiled program
-        return int(hashlib.md5(b"pyshard.jax ordered MPI effect").hexdigest()[:15], 16)
+        return _EFFECT_HASH
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, PyshardEffect)
