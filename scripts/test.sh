@@ -18,6 +18,9 @@
 #                                 memory within a host, MPI between (2x2 meshes); where root
 #                                 cannot make the hosts, simulated nodes of 2 instead
 #                                 (PYSHARD_NODE_SIZE=2)
+#     4 ranks, jax                tests/mpi/test_jax.py alone, on one host (pyshard.jax takes MPI
+#                                 whatever the node map; in the two-host run above its compiles
+#                                 and TCP messages cost 2-3x as much)
 #     6 ranks, MPI only           PYSHARD_TRANSPORT=mpi: every auto exchange through MPI (2x3);
 #                                 without the `numerics` (FFT, torch, PIC...: the same Python
 #                                 over the exchanges this run checks, run at every other count)
@@ -98,10 +101,11 @@ two_hosts_run() {
     ${marks:+-m "$marks"}
 }
 if [ $TWO_HOSTS = 1 ]; then
-  two_hosts_run 4 "4 ranks, two hosts" "not slow" tests/mpi PYSHARD_SHM_MIN_BYTES=0
+  two_hosts_run 4 "4 ranks, two hosts" "not slow and not jax" tests/mpi PYSHARD_SHM_MIN_BYTES=0
 else
-  mpich_run 4 "4 ranks, nodes of 2" "not slow" PYSHARD_NODE_SIZE=2 PYSHARD_SHM_MIN_BYTES=0
+  mpich_run 4 "4 ranks, nodes of 2" "not slow and not jax" PYSHARD_NODE_SIZE=2 PYSHARD_SHM_MIN_BYTES=0
 fi
+mpich_run 4 "4 ranks, jax" "jax"
 mpich_run 6 "6 ranks, MPI only" "not slow and not numerics" PYSHARD_TRANSPORT=mpi
 if [ $TWO_HOSTS = 1 ]; then
   two_hosts_run 6 "6 ranks, two hosts (its tests)" "not slow" "tests/mpi/test_two_hosts.py" \

@@ -24,6 +24,9 @@ psj = pytest.importorskip("pyshard.jax")
 import jax.numpy as jnp  # noqa: E402
 
 jax.config.update("jax_enable_x64", True)
+# what these tests pay for is XLA compiling a program per case on every rank (2 cores shared
+# by up to 4 ranks): XLA's optimisations change no bit of a redistribute or a halo
+jax.config.update("jax_disable_most_optimizations", True)
 
 pytestmark = [pytest.mark.mpi, pytest.mark.jax, pytest.mark.numerics]  # not per MPI library
 
@@ -32,7 +35,8 @@ DTYPES = ["float64", "float32", "bfloat16", "int32"]
 
 
 def meshes(n):
-    return [(n,)] + [m for m in MESHES.get(n, []) if len(m) == 2]
+    """The 1-D mesh and the first 2-D one test_redistribute_nd takes (2x2 at 4 ranks)."""
+    return [(n,)] + [m for m in MESHES.get(n, []) if len(m) == 2][:1]
 
 
 def global_array(shape, dtype, seed):
@@ -101,7 +105,7 @@ def test_redistribute_matches_numpy(comm, dtype):
     for ms in meshes(comm.size):
         mesh = ps.Mesh(comm, ms)
         rng = random.Random(7 + len(ms))
-        for k in range(6):
+        for k in range(6 if dtype == "float64" else 2):
             shape = [(7, 5), (6, 3, 4), (1, 9), (0, 4)][k % 4]
             pl0, sz0 = random_layout(rng, shape, ms, partial=True)
             pl1, sz1 = random_layout(rng, shape, ms)
@@ -151,7 +155,7 @@ def test_gradient_equals_the_serial_gradient(comm, dtype):
     for ms in meshes(comm.size):
         mesh = ps.Mesh(comm, ms)
         rng = random.Random(31 + len(ms))
-        for k in range(4):
+        for k in range(3):
             shape = [(7, 5), (5, 2, 3), (9, 1)][k % 3]
             pl0, sz0 = random_layout(rng, shape, ms, partial=True)
             hops = [random_layout(rng, shape, ms) for _ in range(2)]
@@ -190,7 +194,7 @@ def test_redistribute_adjoint_dot_product(comm):
     for ms in meshes(comm.size):
         mesh = ps.Mesh(comm, ms)
         rng = random.Random(5)
-        for k in range(3):
+        for k in range(2):
             shape = [(7, 6), (3, 5, 4)][k % 2]
             pls = []
             for _ in range(2):
@@ -273,7 +277,8 @@ def test_halo_pad_values_and_fold_adjoint(comm, dtype):
     for ms in meshes(comm.size):
         mesh = ps.Mesh(comm, ms)
         rng = random.Random(13 + len(ms))
-        for shape, pl, sizes, width, periodic, corners in halo_cases(rng, ms, 4):
+        for shape, pl, sizes, width, periodic, corners in halo_cases(
+                rng, ms, 4 if dtype == "float64" else 2):
             if any(w > 0 and p and s > shape[d] for d, (w, p, s) in
                    enumerate(zip(width, periodic, shape))):
                 continue
@@ -469,8 +474,8 @@ def test_fft_matches_numpy(comm, kind):
     for ms in meshes(comm.size):
         mesh = ps.Mesh(comm, ms)
         rng = random.Random(17 + len(ms))
-        for k in range(3):
-            shape = [(6, 5, 4), (7, 6), (4, 3, 5)][k]
+        for k in range(2):
+            shape = [(6, 5, 4), (7, 6)][k]
             g = np.random.default_rng(k).standard_normal(shape)
             s = axes = None
             if kind == "irfftn":
