@@ -187,9 +187,15 @@ def test_gradient_equals_the_serial_gradient(comm, dtype):
     agree(comm, failures)
 
 
-def test_redistribute_adjoint_dot_product(comm):
+def f64dot(a, b):
+    return float(np.vdot(np.asarray(a).astype(np.float64), np.asarray(b).astype(np.float64)))
+
+
+@pytest.mark.parametrize("dtype", ["float64", "float32", "bfloat16"])
+def test_redistribute_adjoint_dot_product(comm, dtype):
     """<R x, y> = <x, R^T y> summed over the ranks, R^T from jax.vjp, for Shard layouts
-    (every element held once) with uneven and empty shards, float64 (exact on small ints)."""
+    (every element held once) with uneven and empty shards; small integers, exact in every
+    dtype here, the products summed in float64."""
     failures = []
     for ms in meshes(comm.size):
         mesh = ps.Mesh(comm, ms)
@@ -202,10 +208,10 @@ def test_redistribute_adjoint_dot_product(comm):
                 pl = [Shard(d) for d in dims]
                 sizes = {d: cut(rng, shape[d], ms[m]) for m, d in enumerate(dims)}
                 pls.append((pl, sizes))
-            gx = global_array(shape, "float64", k)
-            gy = global_array(shape, "float64", 50 + k)
+            gx = global_array(shape, dtype, k)
+            gy = global_array(shape, dtype, 50 + k)
             x, _ = sharded(gx[None], mesh, *pls[0])
-            y_lay = layout_of(shape, "float64", mesh, *pls[1])
+            y_lay = layout_of(shape, dtype, mesh, *pls[1])
             y = jnp.asarray(gy[y_lay.box(mesh.coords)])
 
             def f(local, x=x, pl=pls[1]):
@@ -213,9 +219,9 @@ def test_redistribute_adjoint_dot_product(comm):
 
             rx, vjp = jax.vjp(f, x.local)
             (rty,) = vjp(y)
-            lhs = comm.allreduce(float(jnp.vdot(rx, y)))
-            rhs = comm.allreduce(float(jnp.vdot(x.local, rty)))
-            if lhs != rhs or lhs != float(np.vdot(gx, gy)):
+            lhs = comm.allreduce(f64dot(rx, y))
+            rhs = comm.allreduce(f64dot(x.local, rty))
+            if lhs != rhs or lhs != f64dot(gx, gy):
                 failures.append(f"{ms} {pls}: {lhs} vs {rhs}")
         mesh.free()
     agree(comm, failures)
@@ -313,11 +319,10 @@ def test_halo_pad_values_and_fold_adjoint(comm, dtype):
                 np.add.at(acc, gi, Pr[idx])
             if not np.array_equal(np.asarray(folded.local).astype(np.float64), acc[box]):
                 failures.append(f"fold {case}")
-            if dtype == "float64":
-                lhs = comm.allreduce(float(jnp.vdot(pad, jnp.asarray(P))))
-                rhs = comm.allreduce(float(jnp.vdot(x.local, folded.local)))
-                if lhs != rhs:
-                    failures.append(f"dot {case}: {lhs} vs {rhs}")
+            lhs = comm.allreduce(f64dot(pad, P))
+            rhs = comm.allreduce(f64dot(x.local, folded.local))
+            if lhs != rhs:
+                failures.append(f"dot {case}: {lhs} vs {rhs}")
         mesh.free()
     agree(comm, failures)
 
