@@ -158,6 +158,15 @@ class HaloExchange(Exchange):
         self.method = method
 
 
+def _mpi_step(p: HaloPlan, comm: Any, method: str, reverse: bool, r: Any) -> Any:
+    """The core's MPI step of plan ``p``'s update (or, ``reverse``, fold) by ``method``, on
+    the transport of route ``r``."""
+    return _core.HaloStep(
+        comm, fold_geometry(p) if reverse else update_geometry(p),
+        getattr(_core.HaloMethod, method), FOLD_TAG if reverse else HALO_TAG, core_transport(r),
+    )
+
+
 def mpi_exchange(layout: Layout, spec: Any, mesh: Mesh, method: str, fold: bool) -> HaloExchange:
     """The halo update (or, ``fold=True``, fold) of ``layout`` with ``spec`` on ``mesh`` by
     the MPI ``method`` (one of :data:`pyshard.route.HALO_MPI`) for host arrays, built as a
@@ -166,13 +175,7 @@ def mpi_exchange(layout: Layout, spec: Any, mesh: Mesh, method: str, fold: bool)
     shape at each call."""
     p = halo_plan(layout, spec, mesh.coords)
     r = halo_route(layout, spec, mesh, method, False, fold=fold)
-    core = _core.HaloStep(
-        mesh.core_comm(tuple(range(mesh.ndim))),
-        fold_geometry(p) if fold else update_geometry(p),
-        getattr(_core.HaloMethod, method),
-        FOLD_TAG if fold else HALO_TAG,
-        core_transport(r),
-    )
+    core = _mpi_step(p, mesh.core_comm(tuple(range(mesh.ndim))), method, fold, r)
     return HaloExchange("fold" if fold else "halo", r, core, method)
 
 
@@ -332,11 +335,7 @@ class HaloArray:
         if method == "shm":
             core = _shm_step(p, comm, self._route.node, self._buf, reverse)
         else:
-            geom = fold_geometry(p) if reverse else update_geometry(p)
-            core = _core.HaloStep(
-                comm, geom, getattr(_core.HaloMethod, method), FOLD_TAG if reverse else HALO_TAG,
-                core_transport(r),
-            )
+            core = _mpi_step(p, comm, method, reverse, r)
         x = HaloExchange("fold" if reverse else "halo", r, core, method)
         sent = sum(prod(e) for q, _, bs in p.sends if q != p.rank for _, e in bs) * p.itemsize
         received = sum(prod(e) for q, _, bs in p.recvs if q != p.rank for _, e in bs) * p.itemsize
