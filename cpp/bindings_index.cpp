@@ -39,7 +39,7 @@ void bind_index(py::module_& m) {
         IndexRequests r;
         {
           py::gil_scoped_release nogil;
-          r = index_requests(*comm, algorithm, counts.data(), code, sig, req.data());
+          r = index_requests(comm, algorithm, counts.data(), code, sig, req.data());
         }
         I64Array rc(static_cast<py::ssize_t>(r.rcounts.size()));
         std::copy(r.rcounts.begin(), r.rcounts.end(), rc.mutable_data());
@@ -59,16 +59,21 @@ void bind_index(py::module_& m) {
       .def(py::init([](std::shared_ptr<Comm> comm, std::vector<int> rpeer,
                        const I64Array& rcount, const I64Array& slot, const I64Array& self_rows,
                        std::vector<int> opeer, const I64Array& ooff, const I64Array& own_rows,
-                       i64 n_local) {
+                       i64 n_local, int method) {
+             if (method < 0 || method > 2)
+               throw std::invalid_argument("pyshard: unknown message method");
              return std::make_shared<IndexExchange>(std::move(comm), std::move(rpeer),
                                                     vec(rcount), vec(slot), vec(self_rows),
                                                     std::move(opeer), vec(ooff), vec(own_rows),
-                                                    n_local);
+                                                    n_local, static_cast<PeerMethod>(method));
            }),
            py::arg("comm"), py::arg("rpeer"), py::arg("rcount"), py::arg("slot"),
            py::arg("self_rows"), py::arg("opeer"), py::arg("ooff"), py::arg("own_rows"),
-           py::arg("n_local"),
-           "The pattern of an index exchange on this rank (cpp/index_exchange.h); no MPI call.")
+           py::arg("n_local"), py::arg("method") = 0,
+           "The pattern of an index exchange on this rank (cpp/index_exchange.h); no MPI call. "
+           "method: 0 p2p, 1 persistent, 2 neighbor (cpp/peer_messages.h); the neighbor "
+           "method builds its graph communicators at the first gather and the first scatter "
+           "(collective).")
       .def(
           "start_forward",
           [](IndexExchange& x, const py::array& src, py::array& out) {
@@ -102,6 +107,8 @@ void bind_index(py::module_& m) {
       .def("test", &IndexExchange::test, py::call_guard<py::gil_scoped_release>())
       .def("wait", &IndexExchange::wait, py::call_guard<py::gil_scoped_release>())
       .def_property_readonly("active", &IndexExchange::active)
+      .def_property_readonly("method",
+                             [](const IndexExchange& x) { return static_cast<int>(x.method()); })
       .def_property_readonly("messages_out", &IndexExchange::messages_out)
       .def_property_readonly("rows_in", &IndexExchange::rows_in)
       .def_property_readonly("rows_out", &IndexExchange::rows_out)

@@ -4,7 +4,6 @@
 #include <cstring>
 #include <stdexcept>
 
-#include "p2p.h"
 #include "tags.h"
 
 namespace pyshard {
@@ -118,7 +117,8 @@ ExchangeStep::ExchangeStep(std::shared_ptr<Comm> comm, std::shared_ptr<ExchangeG
       g_(std::move(g)),
       ws_(std::move(ws)),
       tr_(tr),
-      nonblocking_(nonblocking) {
+      nonblocking_(nonblocking),
+      msgs_(comm_, tags::kExchange) {
   const int P = comm_->size();
   if (g_->size != P) throw std::invalid_argument("pyshard: geometry for another communicator");
   if (g_->algo == Algorithm::p2p) {  // messages to the peers it has: nothing O(ranks)
@@ -261,10 +261,9 @@ void ExchangeStep::p2p(const char* src, char* dst, char* work, Packer& pk, bool 
   char* sbase = staged ? bounce : work;  // where packed blocks are sent from
   char* rbase = staged ? bounce + S : work + S;
   auto via_ws = [&](const Block& b) { return staged || !b.contiguous; };
-  const size_t nr = g.recvs.size(), ns = g.sends.size();
-  reqs_.assign(nr + ns, MPI_REQUEST_NULL);
+  const size_t ns = g.sends.size();
   const bool pipelined = pk.kind() == Mem::host && !staged;
-  post_p2p(tags::kExchange, sbase, rbase, src, dst, staged, reqs_.data(),
+  post_p2p(msgs_, sbase, rbase, src, dst, staged,
            [&] {
              if (pipelined) return;  // one pass (one kernel launch on a GPU), then wait once
              for (size_t i = 0; i < ns; ++i)
@@ -278,7 +277,7 @@ void ExchangeStep::p2p(const char* src, char* dst, char* work, Packer& pk, bool 
            });
   if (pipelined) pk.copy_all(g.local, src, dst);
   char* rwork = work + S;
-  p2p::complete(nr, ns, reqs_.data(), [&](size_t i) {
+  msgs_.wait_each([&](size_t i) {
     const Block& b = g.recvs[i];
     if (!via_ws(b)) return;
     if (staged) pk.from_host(rwork + b.ws_off, rbase + b.ws_off, b.bytes);
@@ -286,25 +285,25 @@ void ExchangeStep::p2p(const char* src, char* dst, char* work, Packer& pk, bool 
   });
 }
 
-// The p2p algorithm's messages (p2p.h): block i's receive into rbase (through the workspace)
-// or straight into dst, its send from sbase or straight from src, in order of distance.
+// The p2p algorithm's messages (peer_messages.h): block i's receive into rbase (through the
+// workspace) or straight into dst; then ready(), then per send in order of distance pack(i)
+// and its send, from sbase or straight from src.
 template <class Ready, class Pack>
-void ExchangeStep::post_p2p(int tag, const char* sbase, char* rbase, const char* src, char* dst,
-                            bool staged, MPI_Request* reqs, Ready&& ready, Pack&& pack) {
+void ExchangeStep::post_p2p(PeerMessages& msgs, const char* sbase, char* rbase, const char* src,
+                            char* dst, bool staged, Ready&& ready, Pack&& pack) {
   const ExchangeGeometry& g = *g_;
   auto via_ws = [&](const Block& b) { return staged || !b.contiguous; };
-  p2p::post(
-      comm_->get(), tag, g.recvs.size(),
-      [&](size_t i) {
-        const Block& b = g.recvs[i];
-        return p2p::Msg{via_ws(b) ? rbase + b.ws_off : dst + b.array_off, b.bytes, b.peer};
-      },
-      ready, g.sends.size(), order_.data(), pack,
-      [&](size_t i) {
-        const Block& b = g.sends[i];
-        return p2p::Msg{via_ws(b) ? sbase + b.ws_off : src + b.array_off, b.bytes, b.peer};
-      },
-      reqs);
+  rmsg_.clear();
+  for (const Block& b : g.recvs)
+    rmsg_.push_back(PeerMsg{via_ws(b) ? rbase + b.ws_off : dst + b.array_off, b.bytes, b.peer});
+  msgs.post_recvs(rmsg_);
+  ready();
+  for (size_t i : order_) {
+    pack(i);
+    const Block& b = g.sends[i];
+    msgs.post_send(PeerMsg{const_cast<char*>(via_ws(b) ? sbase + b.ws_off : src + b.array_off),
+                           b.bytes, b.peer});
+  }
 }
 
 void ExchangeStep::staged(const char* src, char* dst, Packer& pk) {
@@ -344,9 +343,9 @@ void ExchangeStep::start(const char* src, char* dst, Packer& pk, PendingExchange
   p.arrived = false;
   p.reqs.clear();
   if (g.algo == Algorithm::p2p) {
-    p.reqs.assign(g.recvs.size() + g.sends.size(), MPI_REQUEST_NULL);
-    post_p2p(tags::kPending, staged ? bounce : work, staged ? bounce + S : work + S, src, dst,
-             staged, p.reqs.data(),
+    if (!p.msgs || &p.msgs->comm() != comm_.get())
+      p.msgs = std::make_unique<PeerMessages>(comm_, tags::kPending);
+    post_p2p(*p.msgs, staged ? bounce : work, staged ? bounce + S : work + S, src, dst, staged,
              [&] {
                for (size_t i = 0; i < g.sends.size(); ++i)
                  if (staged || !g.sends[i].contiguous) pk.copy(g.pack, i, i + 1, src, work);
@@ -383,11 +382,7 @@ void ExchangeStep::complete(PendingExchange& p, Packer& pk) {
     const auto unpack = [&](size_t i) {
       if (!staged && !g.recvs[i].contiguous) pk.copy(g.unpack, i, i + 1, work + S, p.dst);
     };
-    if (p.arrived) {  // test() saw every message complete
-      for (size_t i = 0; i < g.recvs.size(); ++i) unpack(i);
-    } else {
-      p2p::complete(g.recvs.size(), g.sends.size(), p.reqs.data(), unpack);
-    }
+    p.msgs->wait_each(unpack);  // (all at once when test() saw every message complete)
     if (staged) {
       pk.from_host(work + S, p.ws.bounce(pk, S + R) + S, R);
       for (size_t i = 0; i < g.recvs.size(); ++i) pk.copy(g.unpack, i, i + 1, work + S, p.dst);
@@ -404,7 +399,7 @@ void ExchangeStep::complete(PendingExchange& p, Packer& pk) {
 
 bool ExchangeStep::test(PendingExchange& p) {
   if (!p.active || p.arrived) return true;
-  p.arrived = mpi::testall(p.reqs.size(), p.reqs.data());
+  p.arrived = g_->algo == Algorithm::p2p ? p.msgs->test() : mpi::testall(p.reqs.size(), p.reqs.data());
   return p.arrived;
 }
 

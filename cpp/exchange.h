@@ -10,6 +10,7 @@
 
 #include "comm.h"
 #include "mpi_calls.h"
+#include "peer_messages.h"
 
 namespace pyshard {
 
@@ -43,7 +44,8 @@ struct ExchangeGeometry {
 // completes. Reused by later calls once complete.
 struct PendingExchange {
   Workspace ws;
-  std::vector<MPI_Request> reqs;  // p2p: receives, then sends; otherwise one Ialltoallv
+  std::unique_ptr<PeerMessages> msgs;  // p2p (made by the first start on a communicator)
+  std::vector<MPI_Request> reqs;       // alltoallv: one Ialltoallv
   const char* src = nullptr;
   char* dst = nullptr;
   bool active = false;
@@ -78,8 +80,8 @@ class ExchangeStep {
   void p2p(const char* src, char* dst, char* work, Packer& pk, bool staged);
   void build_types();
   template <class Ready, class Pack>
-  void post_p2p(int tag, const char* sbase, char* rbase, const char* src, char* dst, bool staged,
-                MPI_Request* reqs, Ready&& ready, Pack&& pack);
+  void post_p2p(PeerMessages& msgs, const char* sbase, char* rbase, const char* src, char* dst,
+                bool staged, Ready&& ready, Pack&& pack);
 
   std::shared_ptr<Comm> comm_;
   std::shared_ptr<ExchangeGeometry> g_;
@@ -93,7 +95,8 @@ class ExchangeStep {
   mpi::Counts wscounts_, wrcounts_;
   mpi::Displs wdispls_;
   std::vector<size_t> order_;       // p2p: the sends in order of distance from this rank
-  std::vector<MPI_Request> reqs_;   // p2p: receives, then sends
+  PeerMessages msgs_;               // p2p: the messages of run()
+  std::vector<PeerMsg> rmsg_;
 };
 
 }  // namespace pyshard

@@ -8,7 +8,7 @@
 #include <stdexcept>
 #include <type_traits>
 
-#include "p2p.h"
+#include "peer_messages.h"
 
 namespace pyshard {
 
@@ -384,9 +384,20 @@ void HaloGeometry::copy_local(Packer& pk, const char* src, char* dst) const {
   }
 }
 
+namespace {
+PeerMethod peer_method(HaloMethod m) {
+  switch (m) {
+    case HaloMethod::p2p: return PeerMethod::p2p;
+    case HaloMethod::neighbor: return PeerMethod::neighbor;
+    default: return PeerMethod::persistent;  // persistent, datatype
+  }
+}
+}  // namespace
+
 HaloStep::HaloStep(std::shared_ptr<Comm> comm, std::shared_ptr<HaloGeometry> g,
                    HaloMethod method, int tag, Transport tr)
-    : comm_(std::move(comm)), g_(std::move(g)), method_(method), tag_(tag), tr_(tr) {
+    : comm_(comm), g_(std::move(g)), method_(method), tr_(tr),
+      msgs_(std::move(comm), tag, peer_method(method)) {
   if (method_ == HaloMethod::datatype && tr_ != Transport::direct)
     throw std::invalid_argument(
         "pyshard: the datatype halo method takes host arrays on the direct transport");
@@ -398,151 +409,44 @@ HaloStep::HaloStep(std::shared_ptr<Comm> comm, std::shared_ptr<HaloGeometry> g,
 
 HaloStep::~HaloStep() {
   if (mpi::finalized()) return;
-  if (active_)  // started and dropped: complete it, so the peers' messages are matched
-    mpi::waitall_unchecked(reqs_.size(), reqs_.data());
-  free_requests();
+  msgs_.drop();  // started and dropped: complete it, so the peers' messages are matched
   for (MPI_Datatype& t : types_)
     if (t != MPI_BYTE) mpi::type_free(&t);
-  if (graph_ != MPI_COMM_NULL) mpi::comm_free(&graph_);
 }
 
-void HaloStep::free_requests() {
-  for (MPI_Request& r : reqs_)
-    if (r != MPI_REQUEST_NULL) mpi::request_free(&r);
-  reqs_.clear();
-  bound_[0] = bound_[1] = bound_[2] = nullptr;
-}
-
-// Bind the requests to the buffers: persistent requests once per set of buffers (receives
-// first, then sends); the p2p method makes fresh ones in start_all.
-void HaloStep::bind(char* arr, char* sb, char* rb, bool in_place) {
+// The messages of one exchange on the packed buffers `sb` and `rb` (a receive that is one
+// run of the array lands there when `in_place`), started by the step's method.
+void HaloStep::post(char* arr, char* sb, char* rb, bool in_place) {
   const HaloGeometry& g = *g_;
-  const size_t n = g.recvs.size() + g.sends.size();
-  if (method_ == HaloMethod::p2p) {
-    reqs_.assign(n, MPI_REQUEST_NULL);
-  } else {
-    const bool same = reqs_.size() == n && bound_[0] == (in_place ? arr : nullptr) &&
-                      bound_[1] == sb && bound_[2] == rb && bound_in_place_ == in_place;
-    if (!same) {
-      free_requests();
-      MPI_Comm c = comm_->get();
-      reqs_.assign(n, MPI_REQUEST_NULL);
-      size_t i = 0;
-      for (const HaloMessage& m : g.recvs)
-        mpi::recv_init(recv_ptr(m, arr, rb, in_place), m.bytes, m.peer, tag_, c, &reqs_[i++]);
-      for (const HaloMessage& m : g.sends)
-        mpi::send_init(sb + m.off, m.bytes, m.peer, tag_, c, &reqs_[i++]);
-    }
-  }
-  bound_[0] = in_place ? arr : nullptr;
-  bound_[1] = sb;
-  bound_[2] = rb;
-  bound_in_place_ = in_place;
+  rmsg_.clear();
+  smsg_.clear();
+  for (const HaloMessage& m : g.recvs)
+    rmsg_.push_back(PeerMsg{in_place && m.contiguous ? arr + m.array_off : rb + m.off, m.bytes,
+                            m.peer});
+  for (const HaloMessage& m : g.sends) smsg_.push_back(PeerMsg{sb + m.off, m.bytes, m.peer});
+  msgs_.start(rmsg_, smsg_, rb, sb);
 }
 
-char* HaloStep::recv_ptr(const HaloMessage& m, char* arr, char* rb, bool in_place) const {
-  return in_place && m.contiguous ? arr + m.array_off : rb + m.off;
-}
-
-// Receives first (a peer's message can be matched as soon as it arrives), then sends.
-void HaloStep::start_all() {
-  const HaloGeometry& g = *g_;
-  if (reqs_.empty()) return;
-  if (method_ == HaloMethod::p2p) {  // packed already (start): nothing to do between
-    p2p::post(
-        comm_->get(), tag_, g.recvs.size(),
-        [&](size_t i) {
-          const HaloMessage& m = g.recvs[i];
-          return p2p::Msg{recv_ptr(m, bound_[0], bound_[2], bound_in_place_), m.bytes, m.peer};
-        },
-        [] {}, g.sends.size(), nullptr, [](size_t) {},
-        [&](size_t i) {
-          const HaloMessage& m = g.sends[i];
-          return p2p::Msg{bound_[1] + m.off, m.bytes, m.peer};
-        },
-        reqs_.data());
-    return;
-  }
-  mpi::startall(reqs_.size(), reqs_.data());
-}
-
-// The neighbor method: the first call builds the graph communicator (collective over the
-// mesh: every rank is in start() too), then one neighbourhood all-to-all on the packed
-// buffers: persistent (MPI-4) and bound once, or started afresh (MPI-3).
-void HaloStep::post_neighbor(char* sb, char* rb) {
-  const HaloGeometry& g = *g_;
-  if (graph_ == MPI_COMM_NULL) {
-    std::vector<int> src, dst;
-    for (const HaloMessage& m : g.recvs) src.push_back(m.peer);
-    for (const HaloMessage& m : g.sends) dst.push_back(m.peer);
-    graph_ = mpi::dist_graph(comm_->get(), comm_->rank(), src, dst);
-  }
-  // kept as members: a nonblocking call reads them until it completes
-  mpi::Counts& sc = ncounts_[0];
-  mpi::Counts& rc = ncounts_[1];
-  mpi::Displs& sd = ndispls_[0];
-  mpi::Displs& rd = ndispls_[1];
-  if (sc.empty()) {
-    for (const HaloMessage& m : g.sends) {
-      sc.push_back(to_count(m.bytes, "a halo message"));
-      sd.push_back(static_cast<DisplT>(m.off));
-    }
-    for (const HaloMessage& m : g.recvs) {
-      rc.push_back(to_count(m.bytes, "a halo message"));
-      rd.push_back(static_cast<DisplT>(m.off));
-    }
-    // a valid pointer even for no peers (MPI reads only the degrees' worth)
-    sc.push_back(0);
-    sd.push_back(0);
-    rc.push_back(0);
-    rd.push_back(0);
-  }
-  if (mpi::neighbor_persistent()) {
-    const bool same = reqs_.size() == 1 && bound_[1] == sb && bound_[2] == rb;
-    if (!same) {
-      free_requests();
-      reqs_.assign(1, MPI_REQUEST_NULL);
-      mpi::neighbor_alltoallv_init(sb, sc, sd, rb, rc, rd, graph_, &reqs_[0]);
-      bound_[1] = sb;
-      bound_[2] = rb;
-    }
-    mpi::start(&reqs_[0]);
-  } else {
-    free_requests();  // one bound while the library took the persistent path (a test's limit)
-    reqs_.assign(1, MPI_REQUEST_NULL);
-    mpi::ineighbor_alltoallv(sb, sc, sd, rb, rc, rd, graph_, &reqs_[0]);
-  }
-}
-
-// The datatype method: persistent requests on the padded array, one MPI datatype per
-// message; bound once per array address.
+// The datatype method: the messages are the boxes of the padded array itself, one MPI
+// datatype each (made once); a fold's receives land in the buffer (they combine at wait()).
 void HaloStep::post_typed(char* arr) {
   const HaloGeometry& g = *g_;
   if (types_.empty())
     for (const auto* v : {&g.recvs, &g.sends})
       for (const HaloMessage& m : *v)
         types_.push_back(m.bytes ? mpi::subarrays(g.shape, m.starts, m.exts, g.item) : MPI_BYTE);
-  if (reqs_.empty() || bound_[0] != arr || (g.reverse && bound_[2] != work_)) {
-    free_requests();
-    MPI_Comm c = comm_->get();
-    reqs_.assign(g.recvs.size() + g.sends.size(), MPI_REQUEST_NULL);
-    size_t i = 0;
-    for (const HaloMessage& m : g.recvs) {
-      if (g.reverse)  // a fold's receives land in the buffer (they combine at wait())
-        mpi::recv_init(work_ + m.off, m.bytes, m.peer, tag_, c, &reqs_[i]);
-      else
-        mpi::recv_init_typed(arr, m.bytes ? 1 : 0, types_[i], m.peer, tag_, c, &reqs_[i]);
-      ++i;
-    }
-    for (const HaloMessage& m : g.sends) {
-      mpi::send_init_typed(arr, m.bytes ? 1 : 0, types_[i], m.peer, tag_, c, &reqs_[i]);
-      ++i;
-    }
-    bound_[0] = arr;
-    bound_[2] = g.reverse ? work_ : nullptr;
+  rmsg_.clear();
+  smsg_.clear();
+  size_t i = 0;
+  for (const HaloMessage& m : g.recvs) {
+    if (g.reverse)
+      rmsg_.push_back(PeerMsg{work_ + m.off, m.bytes, m.peer});
+    else
+      rmsg_.push_back(PeerMsg{arr, m.bytes, m.peer, types_[i]});
+    ++i;
   }
-  if (!reqs_.empty())
-    mpi::startall(reqs_.size(), reqs_.data());
+  for (const HaloMessage& m : g.sends) smsg_.push_back(PeerMsg{arr, m.bytes, m.peer, types_[i++]});
+  msgs_.start(rmsg_, smsg_);
 }
 
 void HaloStep::start(char* arr, Packer& pk) {
@@ -578,12 +482,8 @@ void HaloStep::start(char* arr, Packer& pk) {
     g.copy_local(pk, arr, arr);  // periodic wrap onto this rank: interior -> ghosts
   if (staged) pk.to_host(bounce, work, S);
   pk.sync();  // MPI reads the packed bytes next
-  if (method_ == HaloMethod::neighbor) {
-    post_neighbor(staged ? bounce : work, staged ? bounce + S : work + S);
-  } else {
-    bind(arr, staged ? bounce : work, staged ? bounce + S : work + S, !staged && !g.reverse);
-    start_all();
-  }
+  post(arr, staged ? bounce : work, staged ? bounce + S : work + S,
+       !staged && !g.reverse && method_ != HaloMethod::neighbor);
   active_ = true;
 }
 
@@ -631,17 +531,8 @@ void HaloStep::wait(char* arr, Packer& pk, FoldOp op, FoldKind kind) {
   pk.finish();
 }
 
-bool HaloStep::test() {
-  if (!active_ || reqs_.empty()) return true;
-  // one request (the neighbourhood collective): MPI_Test, as MPICH 5's MPI_Testall reports an
-  // error on a persistent MPI_Neighbor_alltoallv_init request (its wait is checked)
-  if (reqs_.size() == 1) return mpi::test(&reqs_[0]);
-  return mpi::testall(reqs_.size(), reqs_.data());
-}
+bool HaloStep::test() { return !active_ || msgs_.test(); }
 
-void HaloStep::waitall() {
-  if (!reqs_.empty())
-    mpi::waitall(reqs_.size(), reqs_.data());
-}
+void HaloStep::waitall() { msgs_.wait(); }
 
 }  // namespace pyshard

@@ -22,6 +22,7 @@
 #include "geometry.h"
 #include "memory.h"
 #include "mpi_calls.h"
+#include "peer_messages.h"
 
 namespace pyshard {
 
@@ -130,27 +131,18 @@ class HaloStep {
   void set_counted(bool c) { counted_ = c; }
 
  private:
-  void bind(char* arr, char* sb, char* rb, bool in_place);
-  char* recv_ptr(const HaloMessage& m, char* arr, char* rb, bool in_place) const;
-  void start_all();
-  void waitall();
+  void post(char* arr, char* sb, char* rb, bool in_place);
   void post_typed(char* arr);
-  void post_neighbor(char* sb, char* rb);
-  void free_requests();
+  void waitall();
 
   std::shared_ptr<Comm> comm_;
   std::shared_ptr<HaloGeometry> g_;
   HaloMethod method_;
-  int tag_;
   Transport tr_;
-  Workspace ws_;                   // this step's own buffers: persistent requests bind them
-  std::vector<MPI_Request> reqs_;  // receives, then sends
+  Workspace ws_;                     // this step's own buffers: persistent requests bind them
   std::vector<MPI_Datatype> types_;  // datatype method: one per message, receives first
-  MPI_Comm graph_ = MPI_COMM_NULL;    // neighbor method: the peers as a graph communicator
-  mpi::Counts ncounts_[2];  // neighbor method: send, receive counts (bytes)
-  mpi::Displs ndispls_[2];
-  char* bound_[3] = {nullptr, nullptr, nullptr};  // array, send and receive buffers bound
-  bool bound_in_place_ = false;
+  PeerMessages msgs_;                // the messages, by the method (peer_messages.h)
+  std::vector<PeerMsg> rmsg_, smsg_;
   bool active_ = false;
   bool counted_ = true;
   char* work_ = nullptr;  // the packed buffer of the last start()

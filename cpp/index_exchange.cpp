@@ -12,6 +12,7 @@
 #include <utility>
 
 #include "migrate.h"
+#include "peer_messages.h"
 #include "tags.h"
 
 namespace pyshard {
@@ -106,10 +107,10 @@ void with_combiner(FoldKind kind, IndexOp op, F&& f) {
 
 }  // namespace
 
-IndexRequests index_requests(const Comm& comm, int algorithm, const i64* counts, i64 code,
-                             i64 sig, const i64* req) {
-  const int P = comm.size(), me = comm.rank();
-  CountResult c = migrate_counts(comm, algorithm, counts, code, sig);
+IndexRequests index_requests(const std::shared_ptr<Comm>& comm, int algorithm,
+                             const i64* counts, i64 code, i64 sig, const i64* req) {
+  const int P = comm->size(), me = comm->rank();
+  CountResult c = migrate_counts(*comm, algorithm, counts, code, sig);
   stats()["index_setup"] += 1;
   IndexRequests r;
   r.rcounts = c.rcounts;
@@ -121,36 +122,35 @@ IndexRequests index_requests(const Comm& comm, int algorithm, const i64* counts,
   i64 total = 0;
   for (int p = 0; p < P; ++p) total += r.rcounts[p];
   r.rows.assign(static_cast<size_t>(total), 0);
-  std::vector<MPI_Request> reqs;
-  reqs.reserve(2 * static_cast<size_t>(P));
+  std::vector<PeerMsg> recvs, sends;
   i64 at = 0;
   for (int p = 0; p < P; ++p) {
-    if (r.rcounts[p] > 0) {
-      reqs.push_back(MPI_REQUEST_NULL);
-      mpi::irecv(r.rows.data() + at, r.rcounts[p] * 8, p, tags::kIndexSetup, comm.get(),
-                 &reqs.back());
-    }
+    if (r.rcounts[p] > 0)
+      recvs.push_back(PeerMsg{reinterpret_cast<char*>(r.rows.data() + at), r.rcounts[p] * 8, p});
     at += r.rcounts[p];
   }
   at = 0;
   for (int p = 0; p < P; ++p) {
     if (p != me && counts[p] > 0) {
-      reqs.push_back(MPI_REQUEST_NULL);
-      mpi::isend(req + at, counts[p] * 8, p, tags::kIndexSetup, comm.get(), &reqs.back());
+      sends.push_back(PeerMsg{reinterpret_cast<char*>(const_cast<i64*>(req + at)), counts[p] * 8, p});
       at += counts[p];
     }
   }
-  mpi::waitall(reqs.size(), reqs.data());
+  PeerMessages msgs(comm, tags::kIndexSetup);
+  msgs.start(recvs, sends);
+  msgs.wait();
   return r;
 }
 
 IndexExchange::IndexExchange(std::shared_ptr<Comm> comm, std::vector<int> rpeer,
                              std::vector<i64> rcount, std::vector<i64> slot,
                              std::vector<i64> self_rows, std::vector<int> opeer,
-                             std::vector<i64> ooff, std::vector<i64> own_rows, i64 n_local)
+                             std::vector<i64> ooff, std::vector<i64> own_rows, i64 n_local,
+                             PeerMethod method)
     : comm_(std::move(comm)), rpeer_(std::move(rpeer)), rcount_(std::move(rcount)),
       slot_(std::move(slot)), self_rows_(std::move(self_rows)), opeer_(std::move(opeer)),
-      ooff_(std::move(ooff)), own_rows_(std::move(own_rows)), n_local_(n_local) {
+      ooff_(std::move(ooff)), own_rows_(std::move(own_rows)), n_local_(n_local),
+      fwd_(comm_, tags::kIndex, method), rev_(comm_, tags::kIndexReverse, method) {
   const int P = comm_->size(), me = comm_->rank();
   if (rpeer_.size() != rcount_.size() || ooff_.size() != opeer_.size() + 1 ||
       (ooff_.empty() ? 0 : ooff_.back()) != static_cast<i64>(own_rows_.size()))
@@ -187,8 +187,10 @@ IndexExchange::IndexExchange(std::shared_ptr<Comm> comm, std::vector<int> rpeer,
       ++hits[j];
     }
   }
+  // (the neighbor method sends and receives every group through the buffers)
+  const bool direct = method != PeerMethod::neighbor;
   for (size_t j = 0; j < rpeer_.size(); ++j)
-    if (run[j] && hits[j] == rcount_[j] && rcount_[j] > 0) rdirect_[j] = start[j];
+    if (direct && run[j] && hits[j] == rcount_[j] && rcount_[j] > 0) rdirect_[j] = start[j];
   skip_.assign(slot_.size(), 0);
   for (size_t j = 0; j < rpeer_.size(); ++j)
     if (rdirect_[j] >= 0)
@@ -200,7 +202,7 @@ IndexExchange::IndexExchange(std::shared_ptr<Comm> comm, std::vector<int> rpeer,
     const i64 a = ooff_[i], b = ooff_[i + 1];
     bool asc = b > a;
     for (i64 t = a + 1; t < b && asc; ++t) asc = own_rows_[t] == own_rows_[t - 1] + 1;
-    if (asc) odirect_[i] = own_rows_[a];
+    if (asc && direct) odirect_[i] = own_rows_[a];
   }
   // owner groups and this rank, ascending: the reverse's combine order
   bool placed = false;
@@ -212,12 +214,9 @@ IndexExchange::IndexExchange(std::shared_ptr<Comm> comm, std::vector<int> rpeer,
     order_.push_back(static_cast<i64>(i));
   }
   if (!placed) order_.push_back(-1);
-  reqs_.assign(rpeer_.size() + opeer_.size(), MPI_REQUEST_NULL);
 }
 
-IndexExchange::~IndexExchange() {
-  if (active_ && !mpi::finalized()) mpi::waitall_unchecked(reqs_.size(), reqs_.data());
-}
+IndexExchange::~IndexExchange() = default;  // the PeerMessages complete what is in flight
 
 void IndexExchange::combine(char* dst, const char* src, i64 rb) const {
   with_combiner(kind_, op_, [&](auto C) { C.row(dst, src, rb); });
@@ -225,13 +224,14 @@ void IndexExchange::combine(char* dst, const char* src, i64 rb) const {
 
 void IndexExchange::start_forward(const char* x, i64 rb, char* out) {
   if (active_) throw std::runtime_error("pyshard: an index exchange is already in flight");
-  const MPI_Comm c = comm_->get();
   const size_t nr = rpeer_.size(), no = opeer_.size();
   rbuf_.resize(static_cast<size_t>(rtotal_ * rb));
   obuf_.resize(static_cast<size_t>(rows_out() * rb));
+  rmsg_.clear();
+  smsg_.clear();
   for (size_t j = 0; j < nr; ++j) {
     char* at = rdirect_[j] >= 0 ? out + rdirect_[j] * rb : rbuf_.data() + roff_[j] * rb;
-    mpi::irecv(at, rcount_[j] * rb, rpeer_[j], tags::kIndex, c, &reqs_[j]);
+    rmsg_.push_back(PeerMsg{at, rcount_[j] * rb, rpeer_[j]});
   }
   for (size_t i = 0; i < no; ++i) {
     const i64 a = ooff_[i], b = ooff_[i + 1];
@@ -243,8 +243,9 @@ void IndexExchange::start_forward(const char* x, i64 rb, char* out) {
       for (i64 t = a; t < b; ++t) copy_row(o + (t - a) * rb, x + own_rows_[t] * rb, rb);
       from = o;
     }
-    mpi::isend(from, (b - a) * rb, opeer_[i], tags::kIndex, c, &reqs_[nr + i]);
+    smsg_.push_back(PeerMsg{const_cast<char*>(from), (b - a) * rb, opeer_[i]});
   }
+  fwd_.start(rmsg_, smsg_, rbuf_.data(), obuf_.data());
   // the rows this rank reads of its own: x -> out, once
   for (size_t k = 0; k < slot_.size(); ++k)
     if (slot_[k] >= rtotal_)
@@ -252,7 +253,6 @@ void IndexExchange::start_forward(const char* x, i64 rb, char* out) {
   stats()["index_messages"] += static_cast<i64>(no);
   active_ = true;
   reverse_ = false;
-  completed_ = false;
   x_ = x;
   out_ = out;
   rb_ = rb;
@@ -268,15 +268,19 @@ void IndexExchange::start_reverse(const char* values, i64 rb, char* into, FoldKi
     throw std::invalid_argument("pyshard: scatter max/min on complex data");
   kind_ = kind;
   op_ = op;
-  const MPI_Comm c = comm_->get();
   const size_t nr = rpeer_.size(), no = opeer_.size();
   const i64 S = static_cast<i64>(self_rows_.size());
   rbuf_.resize(static_cast<size_t>(rtotal_ * rb));
   obuf_.resize(static_cast<size_t>(rows_out() * rb));
   sbuf_.resize(static_cast<size_t>(S * rb));
+  rmsg_.clear();
+  smsg_.clear();
   for (size_t i = 0; i < no; ++i)
-    mpi::irecv(obuf_.data() + ooff_[i] * rb, (ooff_[i + 1] - ooff_[i]) * rb, opeer_[i],
-               tags::kIndexReverse, c, &reqs_[nr + i]);
+    rmsg_.push_back(PeerMsg{obuf_.data() + ooff_[i] * rb, (ooff_[i + 1] - ooff_[i]) * rb,
+                            opeer_[i]});
+  // p2p: the receives go before the reduction below (the owners' rows may arrive during it)
+  const bool steps = rev_.method() == PeerMethod::p2p;
+  if (steps) rev_.post_recvs(rmsg_);
   // R and S reduced from the values in the order of k (groups sent from the values skipped)
   with_combiner(kind, op, [&](auto C) {
     for (size_t k = 0; k < slot_.size(); ++k) {
@@ -297,26 +301,29 @@ void IndexExchange::start_reverse(const char* values, i64 rb, char* into, FoldKi
   });
   for (size_t j = 0; j < nr; ++j) {
     const char* from = rdirect_[j] >= 0 ? values + rdirect_[j] * rb : rbuf_.data() + roff_[j] * rb;
-    mpi::isend(from, rcount_[j] * rb, rpeer_[j], tags::kIndexReverse, c, &reqs_[j]);
+    smsg_.push_back(PeerMsg{const_cast<char*>(from), rcount_[j] * rb, rpeer_[j]});
+  }
+  if (steps) {
+    for (const PeerMsg& m : smsg_) rev_.post_send(m);
+  } else {
+    rev_.start(rmsg_, smsg_, obuf_.data(), rbuf_.data());
   }
   stats()["index_messages"] += static_cast<i64>(nr);
   active_ = true;
   reverse_ = true;
-  completed_ = false;
   out_ = into;
   rb_ = rb;
 }
 
 bool IndexExchange::test() {
   if (!active_) return true;
-  if (!completed_) completed_ = mpi::testall(reqs_.size(), reqs_.data());
-  return completed_;
+  return reverse_ ? rev_.test() : fwd_.test();
 }
 
 void IndexExchange::wait() {
   if (!active_) return;
   active_ = false;
-  if (!completed_) mpi::waitall(reqs_.size(), reqs_.data());
+  if (reverse_) rev_.wait(); else fwd_.wait();
   const i64 rb = rb_;
   if (!reverse_) {
     for (size_t k = 0; k < slot_.size(); ++k) {

@@ -31,6 +31,7 @@
 #include "comm.h"
 #include "halo.h"  // FoldKind: the element types the host combine runs in
 #include "mpi_calls.h"
+#include "peer_messages.h"
 
 namespace pyshard {
 
@@ -52,14 +53,15 @@ struct IndexRequests {
 // (global indices) owner after owner; the counts by `algorithm` (0 MPI_Alltoall, 1 NBX: no
 // collective over all ranks but a nonblocking reduction of the error and signature), with
 // this rank's error `code` and signature `sig`; then the rows by one message per pair.
-IndexRequests index_requests(const Comm& comm, int algorithm, const i64* counts, i64 code,
-                             i64 sig, const i64* req);
+IndexRequests index_requests(const std::shared_ptr<Comm>& comm, int algorithm,
+                             const i64* counts, i64 code, i64 sig, const i64* req);
 
 class IndexExchange {
  public:
   IndexExchange(std::shared_ptr<Comm> comm, std::vector<int> rpeer, std::vector<i64> rcount,
                 std::vector<i64> slot, std::vector<i64> self_rows, std::vector<int> opeer,
-                std::vector<i64> ooff, std::vector<i64> own_rows, i64 n_local);
+                std::vector<i64> ooff, std::vector<i64> own_rows, i64 n_local,
+                PeerMethod method = PeerMethod::p2p);
   ~IndexExchange();
   IndexExchange(const IndexExchange&) = delete;
   IndexExchange& operator=(const IndexExchange&) = delete;
@@ -72,6 +74,7 @@ class IndexExchange {
   void start_reverse(const char* values, i64 rb, char* into, FoldKind kind, IndexOp op);
   // True once every message has completed (drives progress; wait() then only unpacks).
   bool test();
+  PeerMethod method() const { return fwd_.method(); }
   void wait();
   bool active() const { return active_; }
 
@@ -98,8 +101,9 @@ class IndexExchange {
   std::vector<char> first_;   // per output row: the first occurrence of its slot
   std::vector<i64> order_;    // owner groups and this rank (-1), ascending rank
   std::vector<char> rbuf_, obuf_, sbuf_;
-  std::vector<MPI_Request> reqs_;
-  bool active_ = false, reverse_ = false, completed_ = false;
+  PeerMessages fwd_, rev_;  // gather's messages, scatter's (each its own pattern of peers)
+  std::vector<PeerMsg> rmsg_, smsg_;
+  bool active_ = false, reverse_ = false;
   const char* x_ = nullptr;
   char* out_ = nullptr;
   i64 rb_ = 0;

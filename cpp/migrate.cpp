@@ -350,40 +350,32 @@ CountResult migrate_counts(const Comm& comm, int algorithm, const i64* counts, i
 }
 
 MigratePeers::MigratePeers(std::shared_ptr<Comm> comm, std::vector<int> peers)
-    : comm_(std::move(comm)), peers_(std::move(peers)) {
+    : comm_(std::move(comm)), peers_(std::move(peers)),
+      msgs_(comm_, tags::kMigratePeers, PeerMethod::persistent) {
   const size_t K = peers_.size();
   sb_.assign(2 * K, 0);
   rb_.assign(2 * K, 0);
-  reqs_.assign(2 * K, MPI_REQUEST_NULL);
-  constexpr int kPair = 2 * sizeof(i64);
+  constexpr i64 kPair = 2 * sizeof(i64);  // two int64 as 16 bytes
   for (size_t k = 0; k < K; ++k) {
-    // two int64 as 16 bytes of MPI_BYTE: an int count under any count limit
-    mpi::recv_init_typed(&rb_[2 * k], kPair, MPI_BYTE, peers_[k], tags::kMigratePeers,
-                         comm_->get(), &reqs_[2 * k]);
-    mpi::send_init_typed(&sb_[2 * k], kPair, MPI_BYTE, peers_[k], tags::kMigratePeers,
-                         comm_->get(), &reqs_[2 * k + 1]);
+    rmsg_.push_back(PeerMsg{reinterpret_cast<char*>(&rb_[2 * k]), kPair, peers_[k]});
+    smsg_.push_back(PeerMsg{reinterpret_cast<char*>(&sb_[2 * k]), kPair, peers_[k]});
   }
 }
 
-MigratePeers::~MigratePeers() {
-  if (mpi::finalized()) return;
-  for (MPI_Request& r : reqs_)
-    if (r != MPI_REQUEST_NULL) mpi::request_free(&r);
-}
+MigratePeers::~MigratePeers() = default;
 
 CountResult MigratePeers::exchange(const i64* counts, i64 code, i64 sig) {
   const int P = comm_->size(), me = comm_->rank();
   fill_peer_counts(sb_, peers_, counts, code, sig);
-  if (!reqs_.empty()) {
-    mpi::startall(reqs_.size(), reqs_.data());
-    mpi::waitall(reqs_.size(), reqs_.data());
-  }
+  msgs_.start(rmsg_, smsg_);  // persistent: bound at the first exchange
+  msgs_.wait();
   stats()["migrate_peers"] += 1;
   return read_peer_counts(rb_, peers_, P, me, counts, code, sig);
 }
 
 MigrateExchange::MigrateExchange(std::shared_ptr<Comm> comm, std::shared_ptr<NodeShm> node)
-    : comm_(std::move(comm)), node_(std::move(node)) {
+    : comm_(std::move(comm)), node_(std::move(node)),
+      rows_(comm_, tags::kMigrateRows), back_rows_(comm_, tags::kMigrateBack) {
   P_ = comm_->size();
   rank_ = comm_->rank();
   if (node_) {
@@ -395,7 +387,7 @@ MigrateExchange::MigrateExchange(std::shared_ptr<Comm> comm, std::shared_ptr<Nod
 
 MigrateExchange::~MigrateExchange() {
   if (mpi::finalized()) return;
-  if (active_) mpi::waitall_unchecked(reqs_.size(), reqs_.data());
+  msgs().drop();
   for (MPI_Datatype& t : types_) mpi::type_free(&t);
 }
 
@@ -415,24 +407,23 @@ void MigrateExchange::handshake(char* block, i64 bytes, F&& copy) {
     if (!mine) throw std::logic_error("pyshard: a migration's block is not in node-shared memory");
     node_->exchange_all(mine, off, std::forward<F>(copy));
   } catch (...) {  // a node peer failed: this rank's messages still complete, then it raises
-    if (active_) mpi::waitall_unchecked(reqs_.size(), reqs_.data());
+    msgs().drop();
     active_ = false;
     throw;
   }
 }
 
-void MigrateExchange::post_recvs(const i64* rbytes, char* recv, int tag) {
+void MigrateExchange::post_recvs(const i64* rbytes, char* recv) {
   // point-to-point messages from the ranks with rows only, whichever count exchange ran
   // (measured: faster than an MPI_Alltoallv of the same bytes, which must also be unpacked,
   // docs/particles.md); node peers on the shm path write into this rank's memory instead
   const int P = P_;
-  reqs_.clear();
   direct_.assign(P, false);
+  msg_.clear();
   std::vector<i64> ro = exclusive_scan(rbytes, P, 1);
   for (int p = 0; p < P; ++p) {
     if (on_node(p)) direct_[p] = true;  // nothing to unpack: written in place
     if (p == rank_ || rbytes[p] == 0 || on_node(p)) continue;
-    reqs_.push_back(MPI_REQUEST_NULL);
     MPI_Datatype t = MPI_DATATYPE_NULL;
     if (!back_) {  // forward: the message lands in the result's columns, no unpack
       std::vector<char*> at;
@@ -446,21 +437,21 @@ void MigrateExchange::post_recvs(const i64* rbytes, char* recv, int tag) {
     if (t != MPI_DATATYPE_NULL) {
       types_.push_back(t);
       direct_[p] = true;
-      mpi::irecv_typed(t, p, tag, comm_->get(), &reqs_.back());
+      msg_.push_back(PeerMsg{nullptr, rbytes[p], p, t});  // at absolute addresses
     } else {
-      mpi::irecv(recv + ro[p], rbytes[p], p, tag, comm_->get(), &reqs_.back());
+      msg_.push_back(PeerMsg{recv + ro[p], rbytes[p], p});
     }
   }
+  msgs().post_recvs(msg_);
   active_ = true;
 }
 
-void MigrateExchange::post_sends(const i64* sbytes, char* send, int tag) {
+void MigrateExchange::post_sends(const i64* sbytes, char* send) {
   const int P = P_;
   std::vector<i64> so = exclusive_scan(sbytes, P, 1);
   for (int p = 0; p < P; ++p)
     if (p != rank_ && sbytes[p] > 0 && !on_node(p)) {
-      reqs_.push_back(MPI_REQUEST_NULL);
-      mpi::isend(send + so[p], sbytes[p], p, tag, comm_->get(), &reqs_.back());
+      msgs().post_send(PeerMsg{send + so[p], sbytes[p], p});
       stats()["migrate_messages"] += 1;
     }
   if (node_) stats()[back_ ? "migrate_back_shm" : "migrate_shm"] += 1;
@@ -516,10 +507,10 @@ void MigrateExchange::start_forward(const void* dest, int item, i64 n, const i64
       pack_t(static_cast<const std::int64_t*>(dest), n, rank_, tgt, src, dst, row_off[rank_], P,
              cnt[rank_]);
   };
-  post_recvs(rbytes.data(), recv, tags::kMigrateRows);
+  post_recvs(rbytes.data(), recv);
   if (!node_) {
     pack();
-    post_sends(sbytes.data(), send, tags::kMigrateRows);
+    post_sends(sbytes.data(), send);
     return;
   }
   // this rank's table: where each column lies in the block, and each node peer's group
@@ -543,7 +534,7 @@ void MigrateExchange::start_forward(const void* dest, int item, i64 n, const i64
         tgt[p * C + c] = at[idx] + t[c] + t[C + me] * src.rb[c];
     }
     pack();
-    post_sends(sbytes.data(), send, tags::kMigrateRows);
+    post_sends(sbytes.data(), send);
   });
 }
 
@@ -579,8 +570,8 @@ void MigrateExchange::start_back(const void* dest, int item, i64 n, const i64* c
   };
   for (int p = 0; p < P; ++p)
     if (sbytes[p] > 0) put(send + so[p], sbytes[p], p);
-  post_recvs(rbytes.data(), recv_, tags::kMigrateBack);
-  post_sends(sbytes.data(), send, tags::kMigrateBack);
+  post_recvs(rbytes.data(), recv_);
+  post_sends(sbytes.data(), send);
   if (node_) node_back(recv, recv_bytes, rbytes.data(), put);
 }
 
@@ -615,12 +606,12 @@ void MigrateExchange::back_error(const i64* cnt, const i64* rcnt, i64 sig, i64 c
   // what the others send back is received and dropped, so that no rank waits for it
   const int P = P_;
   const i64 head[2] = {sig, code};
-  std::vector<MPI_Request> req;
+  PeerMessages heads(comm_, tags::kMigrateBack);
+  std::vector<PeerMsg> to;
   for (int p = 0; p < P; ++p)
-    if (p != rank_ && rcnt[p] > 0 && !on_node(p)) {
-      req.push_back(MPI_REQUEST_NULL);
-      mpi::isend(head, kBackHeader, p, tags::kMigrateBack, comm_->get(), &req.back());
-    }
+    if (p != rank_ && rcnt[p] > 0 && !on_node(p))
+      to.push_back(PeerMsg{reinterpret_cast<char*>(const_cast<i64*>(head)), kBackHeader, p});
+  heads.start({}, to);
   if (node_) {
     back_ = true;
     cnt_.assign(cnt, cnt + P);
@@ -628,27 +619,20 @@ void MigrateExchange::back_error(const i64* cnt, const i64* rcnt, i64 sig, i64 c
     std::vector<i64> rbytes(P);  // room for the headers only: the rows are dropped
     for (int p = 0; p < P; ++p) rbytes[p] = p == rank_ || cnt[p] == 0 ? 0 : kBackHeader;
     roff_ = exclusive_scan(rbytes.data(), P, 1);
-    try {
-      node_back(recv, recv_bytes, rbytes.data(),
-                [&](char* to, i64, int) { std::memcpy(to, head, kBackHeader); });
-    } catch (...) {
-      mpi::waitall_unchecked(req.size(), req.data());
-      throw;
-    }
+    node_back(recv, recv_bytes, rbytes.data(),
+              [&](char* to, i64, int) { std::memcpy(to, head, kBackHeader); });
+    // (a throw completes `heads` in its destructor, errors ignored)
   }
   for (int p = 0; p < P; ++p)
     if (p != rank_ && cnt[p] > 0 && !on_node(p)) mpi::drain(p, tags::kMigrateBack, comm_->get());
-  mpi::waitall(req.size(), req.data());
+  heads.wait();
 }
 
-bool MigrateExchange::test() {
-  if (!active_ || reqs_.empty()) return true;
-  return mpi::testall(reqs_.size(), reqs_.data());
-}
+bool MigrateExchange::test() { return !active_ || msgs().test(); }
 
 void MigrateExchange::wait() {
   if (!active_) return;
-  mpi::waitall(reqs_.size(), reqs_.data());
+  msgs().wait();
   active_ = false;
   for (MPI_Datatype& t : types_) mpi::type_free(&t);
   types_.clear();

@@ -14,6 +14,7 @@
 
 #include "comm.h"
 #include "mpi_calls.h"
+#include "peer_messages.h"
 
 namespace pyshard {
 class NodeShm;
@@ -71,7 +72,8 @@ class MigratePeers {
   std::shared_ptr<Comm> comm_;
   std::vector<int> peers_;
   std::vector<i64> sb_, rb_;
-  std::vector<MPI_Request> reqs_;
+  PeerMessages msgs_;  // persistent: one [count, signature] pair each way per peer
+  std::vector<PeerMsg> rmsg_, smsg_;
 };
 
 // One exchange of rows, forward (each row to its dest) or back (each received row to where it
@@ -133,8 +135,9 @@ class MigrateExchange {
   void keep(bool back, const void* dest, int item, i64 n, i64 sig, const i64* cnt,
             const i64* rcnt, const Cols& src, const Cols& dst, const i64* row_off, char* recv);
   // receives from (sends to) the ranks that are not node peers on the shm path
-  void post_recvs(const i64* rbytes, char* recv, int tag);
-  void post_sends(const i64* sbytes, char* send, int tag);
+  void post_recvs(const i64* rbytes, char* recv);
+  void post_sends(const i64* sbytes, char* send);
+  PeerMessages& msgs() { return back_ ? back_rows_ : rows_; }
   // back's node handshake: this rank's table of sections (offset, bytes) per node peer, then
   // put(section, bytes, p) into each node peer p's block that is owed rows
   template <class F>
@@ -157,7 +160,8 @@ class MigrateExchange {
   std::vector<i64> cnt_, rcnt_, row_off_, roff_;
   Cols src_, dst_;
   char* recv_ = nullptr;
-  std::vector<MPI_Request> reqs_;
+  PeerMessages rows_, back_rows_;    // forward's messages, back's (p2p)
+  std::vector<PeerMsg> msg_;
   std::vector<MPI_Datatype> types_;  // receives straight into the result's columns
   std::vector<bool> direct_;         // per peer: received that way (no unpack)
 };

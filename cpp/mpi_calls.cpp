@@ -558,8 +558,14 @@ MPI_Datatype hindexed_bytes(const std::vector<char*>& ptrs, const std::vector<i6
   return t;
 }
 
-void irecv_typed(MPI_Datatype t, int peer, int tag, MPI_Comm comm, MPI_Request* req) {
-  check_mpi(MPI_Irecv(MPI_BOTTOM, 1, t, peer, tag, comm, req), "MPI_Irecv");
+void irecv_typed(void* p, int count, MPI_Datatype t, int peer, int tag, MPI_Comm comm,
+                 MPI_Request* req) {
+  check_mpi(MPI_Irecv(p, count, t, peer, tag, comm, req), "MPI_Irecv");
+}
+
+void isend_typed(const void* p, int count, MPI_Datatype t, int peer, int tag, MPI_Comm comm,
+                 MPI_Request* req) {
+  check_mpi(MPI_Isend(p, count, t, peer, tag, comm, req), "MPI_Isend");
 }
 
 void drain(int source, int tag, MPI_Comm comm) {

@@ -143,7 +143,11 @@ void iallreduce_min_i64(i64* inout, int n, MPI_Comm comm, MPI_Request* req);
 // message received with it lands in several arrays at once. MPI_DATATYPE_NULL where a block
 // is past the count limit (the caller receives into a buffer instead). The caller frees it.
 MPI_Datatype hindexed_bytes(const std::vector<char*>& ptrs, const std::vector<i64>& lens);
-void irecv_typed(MPI_Datatype t, int peer, int tag, MPI_Comm comm, MPI_Request* req);
+// `count` elements of datatype `t` at `p` (MPI_BOTTOM for absolute addresses).
+void irecv_typed(void* p, int count, MPI_Datatype t, int peer, int tag, MPI_Comm comm,
+                 MPI_Request* req);
+void isend_typed(const void* p, int count, MPI_Datatype t, int peer, int tag, MPI_Comm comm,
+                 MPI_Request* req);
 // Receive and drop the next message of `tag` from `source`, whatever its size (blocking).
 void drain(int source, int tag, MPI_Comm comm);
 
@@ -204,10 +208,10 @@ inline bool finalized() {
 MPI_Comm comm_dup(i64 fhandle, int* size, int* rank);
 inline void comm_free(MPI_Comm* c) { MPI_Comm_free(c); }
 // A distributed-graph communicator over the ranks of `comm` with these in- and out-neighbours
-// (the halo's neighbor method; the caller frees it).
+// (the neighbor method of peer_messages.h; the caller frees it).
 MPI_Comm dist_graph(MPI_Comm comm, int rank, const std::vector<int>& sources,
                     const std::vector<int>& destinations);
-// Persistent requests of `count` elements of datatype `t` (the halo's datatype method).
+// Persistent requests of `count` elements of datatype `t` (typed messages, peer_messages.h).
 void send_init_typed(const void* p, int count, MPI_Datatype t, int peer, int tag, MPI_Comm comm,
                      MPI_Request* req);
 void recv_init_typed(void* p, int count, MPI_Datatype t, int peer, int tag, MPI_Comm comm,

@@ -5,7 +5,7 @@
 #include <stdexcept>
 
 #include "mpi_calls.h"
-#include "p2p.h"
+#include "peer_messages.h"
 #include "shm_copy.h"
 #include "tags.h"
 
@@ -25,7 +25,8 @@ ShmExchangeStep::ShmExchangeStep(
       ws_(std::move(ws)),
       item_(item),
       src_shape_(std::move(src_shape)),
-      dst_shape_(std::move(dst_shape)) {
+      dst_shape_(std::move(dst_shape)),
+      off_(comm_, tags::kShmOffNode) {
   if (!node_->usable()) throw std::invalid_argument("pyshard: node-shared memory is not usable");
   dst_bytes_ = volume(dst_shape_) * item_;
   push_.resize(node_->node_size());
@@ -63,28 +64,17 @@ ShmExchangeStep::ShmExchangeStep(
   local_.end_block();
 }
 
-void ShmExchangeStep::post(const char* src, char* work, MPI_Request* reqs) {
+void ShmExchangeStep::post(const char* src, char* work) {
   char* rbase = work + off_send_;
-  p2p::post(
-      comm_->get(), tags::kShmOffNode, off_recvs_.size(),
-      [&](size_t i) {
-        const Msg& m = off_recvs_[i];
-        return p2p::Msg{rbase + m.off, m.bytes, m.peer};
-      },
-      [&] {
-        if (!off_sends_.empty()) host_packer().copy_all(off_pack_, src, work);
-      },
-      off_sends_.size(), nullptr, [](size_t) {},
-      [&](size_t i) {
-        const Msg& m = off_sends_[i];
-        return p2p::Msg{work + m.off, m.bytes, m.peer};
-      },
-      reqs);
+  msg_.clear();
+  for (const Msg& m : off_recvs_) msg_.push_back(PeerMsg{rbase + m.off, m.bytes, m.peer});
+  off_.post_recvs(msg_);
+  if (!off_sends_.empty()) host_packer().copy_all(off_pack_, src, work);
+  for (const Msg& m : off_sends_) off_.post_send(PeerMsg{work + m.off, m.bytes, m.peer});
 }
 
-void ShmExchangeStep::complete(const char* work, char* target, MPI_Request* reqs) const {
-  if (n_requests() == 0) return;
-  p2p::complete(off_recvs_.size(), off_sends_.size(), reqs, [&](size_t i) {
+void ShmExchangeStep::complete(const char* work, char* target) {
+  off_.wait_each([&](size_t i) {
     host_packer().copy(off_unpack_, i, i + 1, work + off_send_, target);
   });
 }
@@ -112,17 +102,16 @@ void ShmExchangeStep::run(const char* src, char* dst) {
     target = tmp->ptr;
   }
   char* work = off_bytes() > 0 ? ws_->work(pk, off_bytes()) : nullptr;
-  reqs_.assign(n_requests(), MPI_REQUEST_NULL);
-  post(src, work, reqs_.data());
+  post(src, work);
   try {
     node_->exchange_all(mine, off,
                         [&](const std::vector<char*>& bases) { copy_all(src, bases, target); });
   } catch (...) {  // a node peer failed: this rank's messages still complete, then it raises
-    mpi::waitall_unchecked(reqs_.size(), reqs_.data());
+    off_.drop();
     if (tmp) node_->give(std::move(tmp));
     throw;
   }
-  complete(work, target, reqs_.data());
+  complete(work, target);
   if (tmp) {
     std::memcpy(dst, target, static_cast<size_t>(dst_bytes_));
     node_->give(std::move(tmp));
@@ -163,7 +152,6 @@ ShmFusedStep::ShmFusedStep(std::shared_ptr<NodeShm> node,
     bytes_ = std::max(bytes_, mine_[k] + parts_[k]->dst_bytes());
     work_off_[k] = off_;
     off_ += align_up(parts_[k]->off_bytes());
-    nreq_ += parts_[k]->n_requests();
   }
 }
 
@@ -174,12 +162,7 @@ void ShmFusedStep::run(const std::vector<const char*>& srcs, char* dst) {
   ShmSegment* mine = node_->find(dst, std::max<i64>(bytes_, 1), &off);
   if (!mine) throw std::invalid_argument("pyshard: a fused batch's results lie in node-shared memory");
   char* work = off_ > 0 ? ws_->work(host_packer(), off_) : nullptr;
-  reqs_.assign(nreq_, MPI_REQUEST_NULL);
-  size_t q = 0;
-  for (size_t k = 0; k < parts_.size(); ++k) {
-    parts_[k]->post(srcs[k], work + work_off_[k], reqs_.data() + q);
-    q += parts_[k]->n_requests();
-  }
+  for (size_t k = 0; k < parts_.size(); ++k) parts_[k]->post(srcs[k], work + work_off_[k]);
   const size_t np = parts_.size();
   try {
     node_->exchange_all(mine, off, [&](const std::vector<char*>& bases) {
@@ -192,14 +175,10 @@ void ShmFusedStep::run(const std::vector<const char*>& srcs, char* dst) {
       }
     });
   } catch (...) {  // a node peer failed: this rank's messages still complete, then it raises
-    mpi::waitall_unchecked(reqs_.size(), reqs_.data());
+    for (auto& part : parts_) part->drop();
     throw;
   }
-  q = 0;
-  for (size_t k = 0; k < np; ++k) {
-    parts_[k]->complete(work + work_off_[k], dst + mine_[k], reqs_.data() + q);
-    q += parts_[k]->n_requests();
-  }
+  for (size_t k = 0; k < np; ++k) parts_[k]->complete(work + work_off_[k], dst + mine_[k]);
   auto& s = stats();
   s["shm"] += 1;
 }

@@ -11,6 +11,7 @@
 #include "comm.h"
 #include "geometry.h"
 #include "memory.h"
+#include "peer_messages.h"
 #include "shm_node.h"
 
 namespace pyshard {
@@ -31,16 +32,16 @@ class ShmExchangeStep {
 
   // The phases of run(), for a fused step (ShmFusedStep) that runs many in one handshake:
   // post: post the receives from peers on other nodes, pack and send the blocks for them
-  // (p2p.h), in `work` (off_bytes() of it), filling n_requests() of `reqs`; copy_all: the
-  // blocks for the node peers and this rank's own; complete: wait for those messages,
-  // unpacking each received block from `work` into `target` as it lands.
+  // (its PeerMessages, p2p), in `work` (off_bytes() of it); copy_all: the blocks for the node
+  // peers and this rank's own; complete: wait for those messages, unpacking each received
+  // block from `work` into `target` as it lands; drop: complete them on an error path.
   i64 off_bytes() const { return off_send_ + off_recv_; }
-  size_t n_requests() const { return off_sends_.size() + off_recvs_.size(); }
-  void post(const char* src, char* work, MPI_Request* reqs);
+  void post(const char* src, char* work);
+  void drop() { off_.drop(); }
   // every node peer's block (bases[idx]) and this rank's own (into target), walking the
   // source once for all of them (see copy_interleaved in shm_copy.cpp)
   void copy_all(const char* src, const std::vector<char*>& bases, char* target) const;
-  void complete(const char* work, char* target, MPI_Request* reqs) const;
+  void complete(const char* work, char* target);
   i64 dst_bytes() const { return dst_bytes_; }
   NodeShm& node() const { return *node_; }
   const Shape& src_shape() const { return src_shape_; }
@@ -66,7 +67,8 @@ class ShmExchangeStep {
   std::vector<Msg> off_sends_, off_recvs_;
   DescTable off_pack_, off_unpack_;
   i64 off_send_ = 0, off_recv_ = 0;
-  std::vector<MPI_Request> reqs_;
+  PeerMessages off_;  // the messages to and from other nodes
+  std::vector<PeerMsg> msg_;
 };
 
 // Many exchanges on one communicator in one handshake (redistribute_many): every rank's
@@ -92,9 +94,7 @@ class ShmFusedStep {
   std::vector<std::vector<i64>> peer_off_;  // per node peer index: array k's offset there
   std::vector<i64> mine_, work_off_;
   i64 bytes_ = 0, off_ = 0;
-  size_t nreq_ = 0;
   std::shared_ptr<Workspace> ws_;
-  std::vector<MPI_Request> reqs_;
   std::vector<char*> at_;  // the node peers' destinations of one array
 };
 

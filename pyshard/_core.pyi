@@ -973,9 +973,10 @@ class IndexExchange:
         ooff: typing.Annotated[numpy.typing.ArrayLike, numpy.int64],
         own_rows: typing.Annotated[numpy.typing.ArrayLike, numpy.int64],
         n_local: typing.SupportsInt | typing.SupportsIndex,
+        method: typing.SupportsInt | typing.SupportsIndex = 0,
     ) -> None:
         """
-        The pattern of an index exchange on this rank (cpp/index_exchange.h); no MPI call.
+        The pattern of an index exchange on this rank (cpp/index_exchange.h); no MPI call. method: 0 p2p, 1 persistent, 2 neighbor (cpp/peer_messages.h); the neighbor method builds its graph communicators at the first gather and the first scatter (collective).
         """
     def start_forward(self, x: numpy.ndarray, out: numpy.ndarray) -> None: ...
     def start_reverse(
@@ -991,6 +992,8 @@ class IndexExchange:
     def active(self) -> bool: ...
     @property
     def messages_out(self) -> int: ...
+    @property
+    def method(self) -> int: ...
     @property
     def rows_in(self) -> int: ...
     @property

@@ -1,0 +1,116 @@
+// The exchange family's MPI point-to-point transport: one message per peer each way, the
+// pattern's messages given by the operation (a redistribute's blocks, a halo's faces, a
+// migration's rows, an index exchange's rows), the requests, their methods and their
+// completion kept here. Every step that sends messages runs them through a PeerMessages:
+// ExchangeStep's p2p algorithm and its exchanges in flight, the node transport's messages to
+// other nodes, HaloStep, MigrateExchange and MigratePeers, IndexExchange. The collectives
+// (MPI_Alltoallv and the rest) are the other MPI transport; node-shared memory (NodeShm) the
+// third.
+//
+// Methods (how one start() posts the messages):
+// - p2p: a fresh MPI_Irecv per receive, then MPI_Isend per send;
+// - persistent: MPI_Recv_init/MPI_Send_init once per message list, MPI_Startall per start
+//   (bound again only when a message changes: a buffer moved, a count changed);
+// - neighbor: one neighbourhood all-to-all on a distributed-graph communicator of the peers
+//   (built at the first start, collective over the communicator), persistent where the
+//   library has MPI-4's MPI_Neighbor_alltoallv_init (mpi_calls.h). Byte messages only, each
+//   at an offset from the receive or send base, one per peer.
+// The order of a start: every receive first (a peer's message is matched as soon as it
+// arrives), then the sends. PETSc's PetscSF has the same shape: a pattern set up once, then
+// begin / end.
+#pragma once
+
+#include <mpi.h>
+
+#include <memory>
+#include <vector>
+
+#include "comm.h"
+#include "mpi_calls.h"
+
+namespace pyshard {
+
+// One message: `bytes` at `at`, to or from `peer`. With a `type` other than MPI_BYTE, one
+// element of that datatype at `at` (nullptr: MPI_BOTTOM, absolute addresses), none when
+// `bytes` is 0.
+struct PeerMsg {
+  char* at;
+  i64 bytes;
+  int peer;
+  MPI_Datatype type = MPI_BYTE;
+};
+
+enum class PeerMethod { p2p = 0, persistent = 1, neighbor = 2 };
+
+class PeerMessages {
+ public:
+  PeerMessages(std::shared_ptr<Comm> comm, int tag, PeerMethod method = PeerMethod::p2p);
+  ~PeerMessages();  // completes messages still in flight (unchecked), frees what it made
+  PeerMessages(const PeerMessages&) = delete;
+  PeerMessages& operator=(const PeerMessages&) = delete;
+
+  // Post every receive, then every send, by the method. neighbor: byte messages at offsets
+  // from `rbase` (receives) and `sbase` (sends).
+  void start(const std::vector<PeerMsg>& recvs, const std::vector<PeerMsg>& sends,
+             char* rbase = nullptr, const char* sbase = nullptr);
+  // The p2p method in steps, for an operation that packs each send just before it goes:
+  // post the receives, then each send as it is ready (post_send), in any order.
+  void post_recvs(const std::vector<PeerMsg>& recvs);
+  void post_send(const PeerMsg& m);
+  // Have the messages completed? MPI_Testall (MPI_Test for one request: MPICH 5's Testall
+  // reports an error on a persistent neighbourhood request): never blocks, drives progress.
+  bool test();
+  // Complete every message (checked).
+  void wait();
+  // Complete the receives one at a time as they land (MPI_Waitany), arrived(i) for the i-th
+  // receive of the last start, then the sends. A neighbourhood all-to-all lands whole.
+  template <class F>
+  void wait_each(F&& arrived);
+  // Complete whatever is in flight, errors ignored: the error path of an operation that is
+  // about to raise, so no peer waits for this rank's messages.
+  void drop();
+
+  bool active() const { return active_; }
+  PeerMethod method() const { return method_; }
+  size_t receives() const { return nrecv_; }
+  size_t sends() const { return nsend_; }
+  const Comm& comm() const { return *comm_; }
+
+ private:
+  void free_requests();
+  void start_neighbor(const std::vector<PeerMsg>& recvs, const std::vector<PeerMsg>& sends,
+                      char* rbase, const char* sbase);
+  std::shared_ptr<Comm> comm_;
+  int tag_;
+  PeerMethod method_;
+  std::vector<MPI_Request> reqs_;  // receives, then sends
+  size_t nrecv_ = 0, nsend_ = 0;
+  bool active_ = false;
+  bool arrived_ = false;  // test() saw every message complete
+  // persistent and neighbor: what the requests are bound to
+  std::vector<PeerMsg> bound_r_, bound_s_;
+  const char* bound_base_[2] = {nullptr, nullptr};
+  bool bound_ = false;
+  MPI_Comm graph_ = MPI_COMM_NULL;
+  mpi::Counts ncounts_[2];  // neighbor: receive, send counts (bytes); read until completion
+  mpi::Displs ndispls_[2];
+};
+
+template <class F>
+void PeerMessages::wait_each(F&& arrived) {
+  if (!active_) return;
+  if (arrived_ || method_ == PeerMethod::neighbor) {
+    wait();
+    for (size_t i = 0; i < nrecv_; ++i) arrived(i);
+    return;
+  }
+  active_ = false;
+  for (size_t k = 0; k < nrecv_; ++k) {
+    const int idx = mpi::waitany(nrecv_, reqs_.data());
+    if (idx == MPI_UNDEFINED) break;
+    arrived(static_cast<size_t>(idx));
+  }
+  mpi::waitall(nsend_, reqs_.data() + nrecv_);
+}
+
+}  // namespace pyshard
