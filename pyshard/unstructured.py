@@ -49,6 +49,7 @@ __all__ = ["GatherPlan", "IndexExchange", "IndexRoute", "PendingIndex", "gather_
 OPS = ("sum", "max", "min", "replace")
 _OP_CODE = {op: k for k, op in enumerate(OPS)}  # cpp/index_exchange.h IndexOp
 _ALGORITHMS = {"alltoall": 0, "nbx": 1}
+METHODS = ("p2p", "persistent", "neighbor")  # cpp/peer_messages.h PeerMethod, in its order
 _ERRORS = {1: "an index outside [0, N)", 2: "indices not integers", 3: "indices not 1-D"}
 
 
@@ -57,23 +58,35 @@ class IndexRoute:
     """Where an index exchange goes: ``path`` ``"local"`` (one rank) or ``"mpi"``
     (point-to-point messages, one to and from each peer); ``algorithm``: the setup's count
     exchange (``"nbx"``: synchronous sends and one nonblocking reduction; ``"alltoall"``:
-    one ``MPI_Alltoall``); ``why``, in words."""
+    one ``MPI_Alltoall``); ``method``: how each call's messages are posted (``"p2p"``: fresh
+    ``MPI_Isend``/``MPI_Irecv``; ``"persistent"``: requests bound once, started each call;
+    ``"neighbor"``: one neighbourhood all-to-all on a graph communicator of the peers);
+    ``why``, in words."""
 
     path: str
     algorithm: str
     why: str
+    method: str = "p2p"
 
 
-def index_route(mesh: Any, algorithm: str) -> IndexRoute:
+def index_route(mesh: Any, algorithm: str, method: str = "auto") -> IndexRoute:
     """The rule for :func:`gather_plan`: ``auto`` -> NBX (no collective over every rank
-    beyond its one nonblocking reduction), else as asked. No MPI call."""
+    beyond its one nonblocking reduction) and fresh point-to-point messages, else as asked.
+    No MPI call."""
     if algorithm not in ("auto",) + tuple(_ALGORITHMS):
         raise ValueError(f"pyshard.gather_plan: algorithm must be 'auto' or one of "
                          f"{tuple(_ALGORITHMS)}, got {algorithm!r}")
+    if method not in ("auto",) + METHODS:
+        raise ValueError(f"pyshard.gather_plan: method must be 'auto' or one of {METHODS}, "
+                         f"got {method!r}")
     path = "mpi" if mesh.size > 1 else "local"
+    m = "p2p" if method == "auto" else method
+    mwhy = ("messages posted fresh each call (p2p)" if method == "auto"
+            else f"messages by {method}, as asked")
     if algorithm == "auto":
-        return IndexRoute(path, "nbx", "setup counts by NBX: messages only to the owners read")
-    return IndexRoute(path, algorithm, f"setup counts by {algorithm}, as asked")
+        return IndexRoute(path, "nbx",
+                          f"setup counts by NBX: messages only to the owners read; {mwhy}", m)
+    return IndexRoute(path, algorithm, f"setup counts by {algorithm}, as asked; {mwhy}", m)
 
 
 class IndexExchange(Exchange):
@@ -362,7 +375,8 @@ class GatherPlan:
         return "\n".join([
             f"gather plan on {P} ranks, rank {me}: {self.n} indices ({distinct} distinct rows, "
             f"{self.n - distinct} duplicates) into {self.layout.shape[0]} rows; path {r.path} "
-            f"(point-to-point, no collective per call); setup {r.algorithm} ({r.why})",
+            f"(point-to-point by {r.method}, no collective over every rank per call); setup "
+            f"{r.algorithm} ({r.why})",
             f"  own rows read locally: {int(c.self_rows)} (copied once, never sent)",
             f"  gather: {len(frm)} messages in from {frm} ({int(c.rows_in)} rows), "
             f"{len(to)} out to {to} ({int(c.rows_out)} rows); scatter: the same reversed, "
@@ -375,19 +389,25 @@ class GatherPlan:
                 f"{int(self.exchange.core.messages_out)} owners read>")
 
 
-def gather_plan(indices: Any, like: ShardedArray, algorithm: str = "auto") -> GatherPlan:
+def gather_plan(indices: Any, like: ShardedArray, algorithm: str = "auto",
+                method: str = "auto") -> GatherPlan:
     """Plan reading the rows ``indices`` (this rank's global rows of ``like``'s dim 0: a 1-D
     integer array, any order, duplicates allowed, any length including 0) from their owners.
 
     ``like``: a :class:`ShardedArray` whose dim 0 is the index space, sharded by every mesh
     dim (``[Shard(0)]`` on a 1-D mesh; uneven and empty shards allowed); the plan runs on any
     array with that dim-0 layout. ``algorithm``: the setup's count exchange, ``"auto"``
-    (``"nbx"``) or ``"alltoall"``. Collective over the mesh.
+    (``"nbx"``) or ``"alltoall"``. ``method``: how each gather's and scatter's messages are
+    posted, ``"auto"`` (``"p2p"``), ``"p2p"`` (fresh ``MPI_Isend``/``MPI_Irecv``),
+    ``"persistent"`` (``MPI_Send_init``/``MPI_Recv_init`` once, started each call) or
+    ``"neighbor"`` (one ``MPI_Neighbor_alltoallv`` on a graph communicator of the peers, made
+    at the first gather and the first scatter: collective over the mesh; every row goes
+    through the plan's buffers). Collective over the mesh.
 
     Bad indices (outside ``[0, N)``, not integers, not 1-D) raise ``ValueError`` on every
     rank, naming the first rank at fault: the error travels with the setup's counts."""
     mesh, lay, offsets = _index_layout(like, "gather_plan")
-    route = index_route(mesh, algorithm)
+    route = index_route(mesh, algorithm, method)
     P, me = mesh.size, mesh.rank
     N = int(lay.shape[0])
     idx, code, detail = _check_indices(indices, N)
@@ -433,7 +453,7 @@ def gather_plan(indices: Any, like: ShardedArray, algorithm: str = "auto") -> Ga
     own_rows = np.ascontiguousarray(rows - offsets[me], dtype=np.int64)
     n_local = int(offsets[me + 1] - offsets[me])
     core = _core.IndexExchange(comm, rpeer, send_counts[rpeer], slot, self_rows, opeer, ooff,
-                               own_rows, n_local)
+                               own_rows, n_local, METHODS.index(route.method))
     x = IndexExchange("gather", route, core)
     if log.isEnabledFor(logging.DEBUG):
         log.debug("gather_plan: %d indices, %d owners read, %d readers served", idx.size,

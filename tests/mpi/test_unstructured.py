@@ -272,6 +272,36 @@ def test_plan_reused(mesh):
     assert st["gather"] == 3 and st["scatter"] == 3
 
 
+@pytest.mark.parametrize("method", ["p2p", "persistent", "neighbor"])
+@pytest.mark.parametrize("layout,pattern", [("uneven", "random"), ("balanced", "runs")])
+def test_every_method_gives_the_same_rows(mesh, method, layout, pattern):
+    """Each way of posting the messages (fresh, persistent, a neighbourhood all-to-all) gives
+    G[indices] and the order rule's bits, through repeated calls with new buffers (persistent
+    requests bound again), out=, and wait=False driven by test()."""
+    P, me = mesh.size, mesh.rank
+    sizes = layout_sizes(layout, N, P)
+    idxs = [indices_of(pattern, 13, q) for q in range(P)]
+    g = make_global((N, 3), "float64")
+    x = dist(g, mesh, sizes)
+    plan = ps.gather_plan(idxs[me], like=x, method=method)
+    assert plan.route.method == method and f"by {method}" in plan.explain()
+    want_idx = np.asarray(idxs[me], np.int64)
+    for step in range(3):
+        out = np.full((len(idxs[me]), 3), -1.0)
+        if step == 1:
+            got = wait_by_test(plan.gather(x, out=out, wait=False))
+        else:
+            got = plan.gather(x, out=out)
+        np.testing.assert_array_equal(got, g[want_idx], err_msg=f"{method} gather {step}")
+        vals = [values_of(30 + step, q, len(idxs[q]), "float64", (3,), "sum") for q in range(P)]
+        if step == 2:
+            assert wait_by_test(plan.scatter(vals[me].copy(), into=x, wait=False)) is None
+        else:
+            plan.scatter(vals[me].copy(), into=x)
+        g = scatter_expected(g, idxs, vals, "sum")
+        np.testing.assert_array_equal(x.local, g[x.box], err_msg=f"{method} scatter {step}")
+
+
 def test_take_and_scatter_add(mesh):
     P, me = mesh.size, mesh.rank
     sizes = layout_sizes("uneven", N, P)
@@ -382,6 +412,8 @@ def test_local_errors(mesh):
     np.testing.assert_array_equal(plan.gather(x), g[idx])
     with pytest.raises(ValueError, match="algorithm must be"):
         ps.gather_plan(idx, like=x, algorithm="fast")
+    with pytest.raises(ValueError, match="method must be"):
+        ps.gather_plan(idx, like=x, method="rdma")
     with pytest.raises(ValueError, match="index space"):
         ps.gather_plan(idx, like=ps.distribute(g, mesh, [Replicate()]))
 
