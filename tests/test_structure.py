@@ -722,3 +722,46 @@ def test_the_core_calls_mpi_only_in_mpi_calls(tmp_path):
                 "void f(MPI_Request* r) {\n  MPI_Startall (2, r);\n}\n")
     lines = (cpp / "migrate.cpp").read_text(encoding="utf-8").count("\n")
     assert raw_mpi_calls(cpp) == [f"cpp/migrate.cpp:{lines - 1}: MPI_Startall"]
+
+
+# The point-to-point transport: every message an operation sends or receives is posted by
+# cpp/peer_messages.cpp (PeerMessages: p2p, persistent, neighbor), not by each operation.
+P2P_POSTS = ("isend", "irecv", "isend_typed", "irecv_typed", "send_init", "recv_init",
+             "send_init_typed", "recv_init_typed", "start", "startall", "waitany",
+             "ineighbor_alltoallv", "neighbor_alltoallv_init", "dist_graph")
+
+
+def message_posts(cpp: Path) -> List[str]:
+    """Calls ``mpi::<post>(`` of :data:`P2P_POSTS` outside cpp/peer_messages.cpp and
+    cpp/mpi_calls (comments and string literals left out)."""
+    import re
+
+    call = re.compile(r"\bmpi::(" + "|".join(P2P_POSTS) + r")\s*\(")
+    noise = re.compile(r'//[^\n]*|/\*.*?\*/|"(?:\\.|[^"\\\n])*"', re.S)
+    out: List[str] = []
+    for path in sorted(cpp.rglob("*")):
+        if path.suffix not in (".cpp", ".h", ".cu", ".cuh", ".hpp") or path.stem in (
+                "mpi_calls", "peer_messages"):
+            continue
+        text = noise.sub(lambda m: re.sub(r"[^\n]", " ", m.group()),
+                         path.read_text(encoding="utf-8"))
+        for m in call.finditer(text):
+            out.append(f"{path.relative_to(cpp.parent)}:{text.count(chr(10), 0, m.start()) + 1}: "
+                       f"mpi::{m.group(1)}")
+    return out
+
+
+def test_messages_are_posted_only_by_the_transport(tmp_path):
+    found = message_posts(CPP_DIR)
+    assert not found, "post messages through PeerMessages (cpp/peer_messages.h):\n" + \
+        "\n".join(found)  # fmt: skip
+    # and the check fails where it should: a halo that posts its own receive again
+    cpp = tmp_path / "cpp"
+    cpp.mkdir()
+    for name in ("peer_messages.cpp", "halo.cpp"):
+        (cpp / name).write_text((CPP_DIR / name).read_text(encoding="utf-8"), encoding="utf-8")
+    with (cpp / "halo.cpp").open("a", encoding="utf-8") as f:
+        f.write("// mpi::irecv(p, n) in a comment\n"
+                "void f(char* p, MPI_Request* r) { mpi::irecv (p, 1, 0, 0, c, r); }\n")
+    lines = (cpp / "halo.cpp").read_text(encoding="utf-8").count("\n")
+    assert message_posts(cpp) == [f"cpp/halo.cpp:{lines}: mpi::irecv"]

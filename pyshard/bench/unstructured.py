@@ -10,6 +10,8 @@ the slowest rank:
 - ``gather``: ``plan.gather(x, out=buf)`` (a plan built once); ``scatter``:
   ``plan.scatter(values, into=y)`` (sum); ``setup``: ``gather_plan(rows, like=x)`` (NBX),
   and ``setup_alltoall`` (the count exchange forced to one ``MPI_Alltoall``);
+  ``gather_persistent``/``scatter_persistent`` and ``gather_neighbor``/``scatter_neighbor``:
+  the same with ``method="persistent"`` and ``method="neighbor"``;
 - ``floor``: the same bytes to and from the same peers, already packed, through one raw
   ``MPI_Alltoallv`` (``floor_a2a``), ``Irecv``/``Isend``/``Waitall`` (``floor_p2p``) or
   ``MPI_Neighbor_alltoallv`` on a distributed-graph communicator of the peers
@@ -294,6 +296,14 @@ def _pattern(pat: str, n: int, frac: float, x: Any, local: np.ndarray, mesh: Mes
     hand.scatter(values, y3)
     ok = bool(collectives.all_true(comm, ok and np.array_equal(buf2, want)
                                    and np.array_equal(y3, y1)))
+    # the same plan with its messages persistent, or one neighbourhood all-to-all
+    by_method = {m: gather_plan(idx, like=x, method=m) for m in ("persistent", "neighbor")}
+    for m, pl in by_method.items():
+        y4 = local.copy()
+        pl.scatter(values, into=from_local(y4, mesh, [Shard(0)], global_shape=x.shape))
+        ok = ok and np.array_equal(pl.gather(x, out=np.empty_like(buf)), want) and \
+            np.array_equal(y4, y1)  # fmt: skip
+    ok = bool(collectives.all_true(comm, ok))
     acc = local.copy()
     t = _timed({
         "floor_a2a": fwd.a2a,
@@ -311,6 +321,9 @@ def _pattern(pat: str, n: int, frac: float, x: Any, local: np.ndarray, mesh: Mes
         "planned_scatter": lambda: hand.scatter(values, y3),
         "setup": lambda: gather_plan(idx, like=x),
         "setup_alltoall": lambda: gather_plan(idx, like=x, algorithm="alltoall"),
+        **{f"gather_{m}": (lambda pl=pl: pl.gather(x, out=buf)) for m, pl in by_method.items()},
+        **{f"scatter_{m}": (lambda pl=pl: pl.scatter(values, into=y))
+           for m, pl in by_method.items()},
     }, comm, reps, warmup)
     t["gather_start"], t["gather_wait"] = _splits(
         lambda: plan.gather(x, out=buf, wait=False), comm, reps)
@@ -373,6 +386,13 @@ def format_unstructured(r: Dict[str, Any]) -> str:
             f"{m['setup_alltoall']:7.2f} | {m['gather_start']:6.2f} {m['gather_wait']:6.2f} "
             f"{m['scatter_start']:6.2f} {m['scatter_wait']:6.2f} "
             f"{o['max_peers']:>5} {o['check']}")
+    for o in r["rows"]:
+        m = o["ms"]
+        lines.append(
+            f"  {o['pattern']:>7} by method (gather, scatter): p2p {m['gather']:.2f}, "
+            f"{m['scatter']:.2f}; persistent {m['gather_persistent']:.2f}, "
+            f"{m['scatter_persistent']:.2f}; neighbor {m['gather_neighbor']:.2f}, "
+            f"{m['scatter_neighbor']:.2f}")
     s = r["simulated"]
     lines.append(
         f"  simulated {s['ranks']} ranks, {s['rows_per_rank']} rows a rank: a 2-D mesh's "
