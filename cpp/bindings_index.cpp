@@ -12,6 +12,7 @@
 
 #include "bindings_common.h"
 #include "index_exchange.h"
+#include "shm_node.h"
 
 namespace pyshard::bind {
 
@@ -59,21 +60,24 @@ void bind_index(py::module_& m) {
       .def(py::init([](std::shared_ptr<Comm> comm, std::vector<int> rpeer,
                        const I64Array& rcount, const I64Array& slot, const I64Array& self_rows,
                        std::vector<int> opeer, const I64Array& ooff, const I64Array& own_rows,
-                       i64 n_local, int method) {
+                       i64 n_local, int method, std::shared_ptr<NodeShm> node) {
              if (method < 0 || method > 2)
                throw std::invalid_argument("pyshard: unknown message method");
              return std::make_shared<IndexExchange>(std::move(comm), std::move(rpeer),
                                                     vec(rcount), vec(slot), vec(self_rows),
                                                     std::move(opeer), vec(ooff), vec(own_rows),
-                                                    n_local, static_cast<PeerMethod>(method));
+                                                    n_local, static_cast<PeerMethod>(method),
+                                                    std::move(node));
            }),
            py::arg("comm"), py::arg("rpeer"), py::arg("rcount"), py::arg("slot"),
            py::arg("self_rows"), py::arg("opeer"), py::arg("ooff"), py::arg("own_rows"),
-           py::arg("n_local"), py::arg("method") = 0,
+           py::arg("n_local"), py::arg("method") = 0, py::arg("node") = nullptr,
            "The pattern of an index exchange on this rank (cpp/index_exchange.h); no MPI call. "
            "method: 0 p2p, 1 persistent, 2 neighbor (cpp/peer_messages.h); the neighbor "
            "method builds its graph communicators at the first gather and the first scatter "
-           "(collective).")
+           "(collective). node: the communicator's node transport (NodeShm) or None: groups "
+           "between ranks of one node go through node-shared memory, in a handshake of the "
+           "node's ranks at every gather and scatter.")
       .def(
           "start_forward",
           [](IndexExchange& x, const py::array& src, py::array& out) {
@@ -107,6 +111,9 @@ void bind_index(py::module_& m) {
       .def("test", &IndexExchange::test, py::call_guard<py::gil_scoped_release>())
       .def("wait", &IndexExchange::wait, py::call_guard<py::gil_scoped_release>())
       .def_property_readonly("active", &IndexExchange::active)
+      .def_property_readonly("node_groups_in", &IndexExchange::node_groups_in)
+      .def_property_readonly("node_groups_out", &IndexExchange::node_groups_out)
+      .def_property_readonly("on_node_transport", &IndexExchange::on_node_transport)
       .def_property_readonly("method",
                              [](const IndexExchange& x) { return static_cast<int>(x.method()); })
       .def_property_readonly("messages_out", &IndexExchange::messages_out)

@@ -13,6 +13,7 @@
 
 #include "migrate.h"
 #include "peer_messages.h"
+#include "shm_node.h"
 #include "tags.h"
 
 namespace pyshard {
@@ -146,12 +147,17 @@ IndexExchange::IndexExchange(std::shared_ptr<Comm> comm, std::vector<int> rpeer,
                              std::vector<i64> rcount, std::vector<i64> slot,
                              std::vector<i64> self_rows, std::vector<int> opeer,
                              std::vector<i64> ooff, std::vector<i64> own_rows, i64 n_local,
-                             PeerMethod method)
-    : comm_(std::move(comm)), rpeer_(std::move(rpeer)), rcount_(std::move(rcount)),
+                             PeerMethod method, std::shared_ptr<NodeShm> node)
+    : comm_(std::move(comm)), node_(std::move(node)), rpeer_(std::move(rpeer)), rcount_(std::move(rcount)),
       slot_(std::move(slot)), self_rows_(std::move(self_rows)), opeer_(std::move(opeer)),
       ooff_(std::move(ooff)), own_rows_(std::move(own_rows)), n_local_(n_local),
       fwd_(comm_, tags::kIndex, method), rev_(comm_, tags::kIndexReverse, method) {
   const int P = comm_->size(), me = comm_->rank();
+  if (node_) {
+    if (!node_->usable()) throw std::invalid_argument("pyshard: node-shared memory is not usable");
+    local_.assign(P, -1);
+    for (int p = 0; p < P; ++p) local_[p] = node_->local_index(p);
+  }
   if (rpeer_.size() != rcount_.size() || ooff_.size() != opeer_.size() + 1 ||
       (ooff_.empty() ? 0 : ooff_.back()) != static_cast<i64>(own_rows_.size()))
     throw std::invalid_argument("pyshard: IndexExchange: inconsistent group tables");
@@ -189,8 +195,10 @@ IndexExchange::IndexExchange(std::shared_ptr<Comm> comm, std::vector<int> rpeer,
   }
   // (the neighbor method sends and receives every group through the buffers)
   const bool direct = method != PeerMethod::neighbor;
+  // (a node peer's group lands in R: the owner writes it there, where it finds it)
   for (size_t j = 0; j < rpeer_.size(); ++j)
-    if (direct && run[j] && hits[j] == rcount_[j] && rcount_[j] > 0) rdirect_[j] = start[j];
+    if (direct && run[j] && hits[j] == rcount_[j] && rcount_[j] > 0 && !on_node(rpeer_[j]))
+      rdirect_[j] = start[j];
   skip_.assign(slot_.size(), 0);
   for (size_t j = 0; j < rpeer_.size(); ++j)
     if (rdirect_[j] >= 0)
@@ -216,43 +224,116 @@ IndexExchange::IndexExchange(std::shared_ptr<Comm> comm, std::vector<int> rpeer,
   if (!placed) order_.push_back(-1);
 }
 
-IndexExchange::~IndexExchange() = default;  // the PeerMessages complete what is in flight
+IndexExchange::~IndexExchange() {
+  if (mpi::finalized()) return;
+  fwd_.drop();  // messages in flight may still land in the block
+  rev_.drop();
+  if (block_) node_->give(std::move(block_));
+}
 
 void IndexExchange::combine(char* dst, const char* src, i64 rb) const {
   with_combiner(kind_, op_, [&](auto C) { C.row(dst, src, rb); });
 }
 
+i64 IndexExchange::table_bytes() const {
+  return node_ ? (static_cast<i64>(node_->node_size()) * 8 + 63) / 64 * 64 : 0;
+}
+
+i64 IndexExchange::node_groups_in() const {
+  i64 n = 0;
+  for (int p : rpeer_) n += on_node(p);
+  return n;
+}
+
+i64 IndexExchange::node_groups_out() const {
+  i64 n = 0;
+  for (int p : opeer_) n += on_node(p);
+  return n;
+}
+
+char* IndexExchange::node_block(i64 bytes) {
+  const i64 need = table_bytes() + std::max<i64>(bytes, 1);
+  if (!block_ || block_->cap < need) {
+    if (block_) node_->give(std::move(block_));
+    block_ = node_->take(need);
+  }
+  return block_->ptr;
+}
+
+template <class F>
+void IndexExchange::handshake(F&& copy) {
+  try {
+    node_->exchange_all(block_.get(), 0, std::forward<F>(copy));
+  } catch (...) {  // a node peer failed: this rank's messages still complete, then it raises
+    fwd_.drop();
+    rev_.drop();
+    active_ = false;
+    throw;
+  }
+}
+
 void IndexExchange::start_forward(const char* x, i64 rb, char* out) {
   if (active_) throw std::runtime_error("pyshard: an index exchange is already in flight");
   const size_t nr = rpeer_.size(), no = opeer_.size();
-  rbuf_.resize(static_cast<size_t>(rtotal_ * rb));
+  // R: where the owners' rows land (this rank's node-shared block on the node path)
+  char* table = nullptr;
+  if (node_) {
+    table = node_block(rtotal_ * rb);
+    R_ = table + table_bytes();
+  } else {
+    rbuf_.resize(static_cast<size_t>(rtotal_ * rb));
+    R_ = rbuf_.data();
+  }
   obuf_.resize(static_cast<size_t>(rows_out() * rb));
+  O_ = obuf_.data();
   rmsg_.clear();
   smsg_.clear();
   for (size_t j = 0; j < nr; ++j) {
-    char* at = rdirect_[j] >= 0 ? out + rdirect_[j] * rb : rbuf_.data() + roff_[j] * rb;
+    if (on_node(rpeer_[j])) continue;
+    char* at = rdirect_[j] >= 0 ? out + rdirect_[j] * rb : R_ + roff_[j] * rb;
     rmsg_.push_back(PeerMsg{at, rcount_[j] * rb, rpeer_[j]});
   }
   for (size_t i = 0; i < no; ++i) {
+    if (on_node(opeer_[i])) continue;
     const i64 a = ooff_[i], b = ooff_[i + 1];
     const char* from;
     if (odirect_[i] >= 0) {
       from = x + odirect_[i] * rb;
     } else {
-      char* o = obuf_.data() + a * rb;
+      char* o = O_ + a * rb;
       for (i64 t = a; t < b; ++t) copy_row(o + (t - a) * rb, x + own_rows_[t] * rb, rb);
       from = o;
     }
     smsg_.push_back(PeerMsg{const_cast<char*>(from), (b - a) * rb, opeer_[i]});
   }
-  fwd_.start(rmsg_, smsg_, rbuf_.data(), obuf_.data());
+  fwd_.start(rmsg_, smsg_, R_, O_);
+  active_ = true;
+  reverse_ = false;
+  if (node_) {
+    // this rank's table: per node peer, where its group lands in R (byte offset in the block)
+    auto* t = reinterpret_cast<i64*>(table);
+    std::fill(t, t + node_->node_size(), -1);
+    for (size_t j = 0; j < nr; ++j)
+      if (on_node(rpeer_[j])) t[local_[rpeer_[j]]] = table_bytes() + roff_[j] * rb;
+    const int me = node_->self();
+    handshake([&](const std::vector<char*>& at) {
+      // each node reader's rows, straight from x into its R
+      for (size_t i = 0; i < no; ++i) {
+        const int q = opeer_[i];
+        if (!on_node(q) || !at[local_[q]]) continue;
+        const i64 to = reinterpret_cast<const i64*>(at[local_[q]])[me];
+        if (to < 0) continue;  // (the plans agree: never)
+        char* dst = at[local_[q]] + to;
+        for (i64 t2 = ooff_[i]; t2 < ooff_[i + 1]; ++t2)
+          copy_row(dst + (t2 - ooff_[i]) * rb, x + own_rows_[t2] * rb, rb);
+      }
+    });
+  }
   // the rows this rank reads of its own: x -> out, once
   for (size_t k = 0; k < slot_.size(); ++k)
     if (slot_[k] >= rtotal_)
       copy_row(out + static_cast<i64>(k) * rb, x + self_rows_[slot_[k] - rtotal_] * rb, rb);
-  stats()["index_messages"] += static_cast<i64>(no);
-  active_ = true;
-  reverse_ = false;
+  stats()["index_messages"] += static_cast<i64>(smsg_.size());
   x_ = x;
   out_ = out;
   rb_ = rb;
@@ -271,16 +352,27 @@ void IndexExchange::start_reverse(const char* values, i64 rb, char* into, FoldKi
   const size_t nr = rpeer_.size(), no = opeer_.size();
   const i64 S = static_cast<i64>(self_rows_.size());
   rbuf_.resize(static_cast<size_t>(rtotal_ * rb));
-  obuf_.resize(static_cast<size_t>(rows_out() * rb));
+  R_ = rbuf_.data();
+  // O: where the readers' groups land (this rank's node-shared block on the node path)
+  char* table = nullptr;
+  if (node_) {
+    table = node_block(rows_out() * rb);
+    O_ = table + table_bytes();
+  } else {
+    obuf_.resize(static_cast<size_t>(rows_out() * rb));
+    O_ = obuf_.data();
+  }
   sbuf_.resize(static_cast<size_t>(S * rb));
   rmsg_.clear();
   smsg_.clear();
   for (size_t i = 0; i < no; ++i)
-    rmsg_.push_back(PeerMsg{obuf_.data() + ooff_[i] * rb, (ooff_[i + 1] - ooff_[i]) * rb,
-                            opeer_[i]});
+    if (!on_node(opeer_[i]))
+      rmsg_.push_back(PeerMsg{O_ + ooff_[i] * rb, (ooff_[i + 1] - ooff_[i]) * rb, opeer_[i]});
   // p2p: the receives go before the reduction below (the owners' rows may arrive during it)
   const bool steps = rev_.method() == PeerMethod::p2p;
   if (steps) rev_.post_recvs(rmsg_);
+  active_ = true;
+  reverse_ = true;
   // R and S reduced from the values in the order of k (groups sent from the values skipped)
   with_combiner(kind, op, [&](auto C) {
     for (size_t k = 0; k < slot_.size(); ++k) {
@@ -290,7 +382,7 @@ void IndexExchange::start_reverse(const char* values, i64 rb, char* into, FoldKi
         dst = sbuf_.data() + (s - rtotal_) * rb;
       } else {
         if (skip_[k]) continue;
-        dst = rbuf_.data() + s * rb;
+        dst = R_ + s * rb;
       }
       const char* v = values + static_cast<i64>(k) * rb;
       if (first_[k])
@@ -299,18 +391,36 @@ void IndexExchange::start_reverse(const char* values, i64 rb, char* into, FoldKi
         C.row(dst, v, rb);
     }
   });
-  for (size_t j = 0; j < nr; ++j) {
-    const char* from = rdirect_[j] >= 0 ? values + rdirect_[j] * rb : rbuf_.data() + roff_[j] * rb;
-    smsg_.push_back(PeerMsg{const_cast<char*>(from), rcount_[j] * rb, rpeer_[j]});
-  }
+  auto group = [&](size_t j) {
+    return rdirect_[j] >= 0 ? values + rdirect_[j] * rb : R_ + roff_[j] * rb;
+  };
+  for (size_t j = 0; j < nr; ++j)
+    if (!on_node(rpeer_[j]))
+      smsg_.push_back(PeerMsg{const_cast<char*>(group(j)), rcount_[j] * rb, rpeer_[j]});
   if (steps) {
     for (const PeerMsg& m : smsg_) rev_.post_send(m);
   } else {
-    rev_.start(rmsg_, smsg_, obuf_.data(), rbuf_.data());
+    rev_.start(rmsg_, smsg_, O_, R_);
   }
-  stats()["index_messages"] += static_cast<i64>(nr);
-  active_ = true;
-  reverse_ = true;
+  if (node_) {
+    // this rank's table: per node peer, where the group it sends here lands in O
+    auto* t = reinterpret_cast<i64*>(table);
+    std::fill(t, t + node_->node_size(), -1);
+    for (size_t i = 0; i < no; ++i)
+      if (on_node(opeer_[i])) t[local_[opeer_[i]]] = table_bytes() + ooff_[i] * rb;
+    const int me = node_->self();
+    handshake([&](const std::vector<char*>& at) {
+      // each combined group for a node owner, straight into its O
+      for (size_t j = 0; j < nr; ++j) {
+        const int p = rpeer_[j];
+        if (!on_node(p) || !at[local_[p]]) continue;
+        const i64 to = reinterpret_cast<const i64*>(at[local_[p]])[me];
+        if (to < 0) continue;  // (the plans agree: never)
+        std::memcpy(at[local_[p]] + to, group(j), static_cast<size_t>(rcount_[j] * rb));
+      }
+    });
+  }
+  stats()["index_messages"] += static_cast<i64>(smsg_.size());
   out_ = into;
   rb_ = rb;
 }
@@ -329,7 +439,7 @@ void IndexExchange::wait() {
     for (size_t k = 0; k < slot_.size(); ++k) {
       const i64 s = slot_[k];
       if (s >= rtotal_ || skip_[k]) continue;
-      copy_row(out_ + static_cast<i64>(k) * rb, rbuf_.data() + s * rb, rb);
+      copy_row(out_ + static_cast<i64>(k) * rb, R_ + s * rb, rb);
     }
     return;
   }
@@ -344,7 +454,7 @@ void IndexExchange::wait() {
         n = static_cast<i64>(self_rows_.size());
       } else {
         rows = own_rows_.data() + ooff_[g];
-        src = obuf_.data() + ooff_[g] * rb;
+        src = O_ + ooff_[g] * rb;
         n = ooff_[g + 1] - ooff_[g];
       }
       char* out = out_;

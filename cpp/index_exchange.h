@@ -13,6 +13,14 @@
 //   (own_rows[ooff[i]..ooff[i+1]), distinct), in the order it receives them; their
 //   concatenation is the owner buffer O.
 //
+// With a node transport (`node`: the communicator's NodeShm), the groups between ranks of one
+// node go through node-shared memory instead of messages: R (forward) and O (reverse) lie in
+// a block of this rank's node-shared memory led by a table (per node peer, where its group
+// lands, or -1); in one handshake (NodeShm::exchange_all) each owner copies its rows for a
+// node reader straight from x into that reader's R (forward: one copy per ghost byte, no
+// pack), and each reader its combined group into the owner's O (reverse). Groups with ranks
+// on other nodes stay messages. The order rule and every result are the same.
+//
 // Forward: O packed from x (a group that is one ascending run of rows is sent from x itself),
 // one message per reader; R received (a group whose output rows are one run, in slot order,
 // lands in the result itself); the rows this rank reads of its own copied x -> out once.
@@ -34,6 +42,9 @@
 #include "peer_messages.h"
 
 namespace pyshard {
+
+class NodeShm;
+struct ShmSegment;
 
 // How a scatter combines: sum, max, min (NaN wins, as numpy's), replace (the last in the
 // order rule wins).
@@ -61,9 +72,10 @@ class IndexExchange {
   IndexExchange(std::shared_ptr<Comm> comm, std::vector<int> rpeer, std::vector<i64> rcount,
                 std::vector<i64> slot, std::vector<i64> self_rows, std::vector<int> opeer,
                 std::vector<i64> ooff, std::vector<i64> own_rows, i64 n_local,
-                PeerMethod method = PeerMethod::p2p);
+                PeerMethod method = PeerMethod::p2p, std::shared_ptr<NodeShm> node = nullptr);
   ~IndexExchange();
   IndexExchange(const IndexExchange&) = delete;
+  IndexExchange(IndexExchange&&) = delete;
   IndexExchange& operator=(const IndexExchange&) = delete;
 
   // Gather: `out` (slot.size() rows of `rb` bytes) gets x's rows (n_local rows) in the order
@@ -82,12 +94,26 @@ class IndexExchange {
   i64 rows_in() const { return rtotal_; }
   i64 rows_out() const { return ooff_.empty() ? 0 : ooff_.back(); }
   i64 self_rows() const { return static_cast<i64>(self_rows_.size()); }
+  // groups through node-shared memory (node peers read from, node peers served)
+  i64 node_groups_in() const;
+  i64 node_groups_out() const;
+  bool on_node_transport() const { return node_ != nullptr; }
   i64 size() const { return static_cast<i64>(slot_.size()); }
   i64 n_local() const { return n_local_; }
 
  private:
   void combine(char* dst, const char* src, i64 rb) const;
+  bool on_node(int p) const { return node_ && local_[p] >= 0 && p != comm_->rank(); }
+  // this rank's block of node-shared memory for `bytes` of rows after the table; its rows
+  char* node_block(i64 bytes);
+  i64 table_bytes() const;
+  // The handshake around `copy(bases)`; completes this exchange's messages if it throws.
+  template <class F>
+  void handshake(F&& copy);
   std::shared_ptr<Comm> comm_;
+  std::shared_ptr<NodeShm> node_;
+  std::vector<int> local_;  // comm rank -> node index or -1 (node_ only)
+  std::shared_ptr<ShmSegment> block_;
   std::vector<int> rpeer_;
   std::vector<i64> rcount_, roff_;   // reader groups: rows, first row in R
   std::vector<i64> slot_;            // per output row
@@ -101,6 +127,8 @@ class IndexExchange {
   std::vector<char> first_;   // per output row: the first occurrence of its slot
   std::vector<i64> order_;    // owner groups and this rank (-1), ascending rank
   std::vector<char> rbuf_, obuf_, sbuf_;
+  char* R_ = nullptr;  // the exchange in flight's R and O: private, or in block_
+  char* O_ = nullptr;
   PeerMessages fwd_, rev_;  // gather's messages, scatter's (each its own pattern of peers)
   std::vector<PeerMsg> rmsg_, smsg_;
   bool active_ = false, reverse_ = false;

@@ -974,9 +974,10 @@ class IndexExchange:
         own_rows: typing.Annotated[numpy.typing.ArrayLike, numpy.int64],
         n_local: typing.SupportsInt | typing.SupportsIndex,
         method: typing.SupportsInt | typing.SupportsIndex = 0,
+        node: NodeShm = None,
     ) -> None:
         """
-        The pattern of an index exchange on this rank (cpp/index_exchange.h); no MPI call. method: 0 p2p, 1 persistent, 2 neighbor (cpp/peer_messages.h); the neighbor method builds its graph communicators at the first gather and the first scatter (collective).
+        The pattern of an index exchange on this rank (cpp/index_exchange.h); no MPI call. method: 0 p2p, 1 persistent, 2 neighbor (cpp/peer_messages.h); the neighbor method builds its graph communicators at the first gather and the first scatter (collective). node: the communicator's node transport (NodeShm) or None: groups between ranks of one node go through node-shared memory, in a handshake of the node's ranks at every gather and scatter.
         """
     def start_forward(self, x: numpy.ndarray, out: numpy.ndarray) -> None: ...
     def start_reverse(
@@ -994,6 +995,12 @@ class IndexExchange:
     def messages_out(self) -> int: ...
     @property
     def method(self) -> int: ...
+    @property
+    def node_groups_in(self) -> int: ...
+    @property
+    def node_groups_out(self) -> int: ...
+    @property
+    def on_node_transport(self) -> bool: ...
     @property
     def rows_in(self) -> int: ...
     @property

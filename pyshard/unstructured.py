@@ -34,7 +34,7 @@ from typing import Any, Dict, Optional, Tuple
 
 import numpy as np
 
-from . import _backend, _core, _dtypes
+from . import _backend, _core, _dtypes, _shm
 from .array import ShardedArray
 from .exchange import Exchange, Request
 from .layout import Shard
@@ -71,18 +71,29 @@ class IndexRoute:
 
 def index_route(mesh: Any, algorithm: str, method: str = "auto") -> IndexRoute:
     """The rule for :func:`gather_plan`: ``auto`` -> NBX (no collective over every rank
-    beyond its one nonblocking reduction) and fresh point-to-point messages, else as asked.
-    No MPI call."""
+    beyond its one nonblocking reduction); ``method`` ``auto`` -> node-shared memory between
+    ranks of one node (``path`` ``"shm"``; ``PYSHARD_SHM=off`` turns it off) and fresh
+    point-to-point messages to the others, ``shm`` -> the same, any other -> MPI messages by
+    that method to every peer. No MPI call."""
     if algorithm not in ("auto",) + tuple(_ALGORITHMS):
         raise ValueError(f"pyshard.gather_plan: algorithm must be 'auto' or one of "
                          f"{tuple(_ALGORITHMS)}, got {algorithm!r}")
-    if method not in ("auto",) + METHODS:
-        raise ValueError(f"pyshard.gather_plan: method must be 'auto' or one of {METHODS}, "
-                         f"got {method!r}")
+    if method not in ("auto", "shm") + METHODS:
+        raise ValueError(f"pyshard.gather_plan: method must be 'auto', 'shm' or one of "
+                         f"{METHODS}, got {method!r}")
     path = "mpi" if mesh.size > 1 else "local"
-    m = "p2p" if method == "auto" else method
-    mwhy = ("messages posted fresh each call (p2p)" if method == "auto"
-            else f"messages by {method}, as asked")
+    m = "p2p" if method in ("auto", "shm") else method
+    if path == "mpi" and method in ("auto", "shm") and \
+            _shm.node(mesh, tuple(range(mesh.ndim))) is not None:  # fmt: skip
+        path = "shm"
+        mwhy = ("node peers through node-shared memory (one copy per row, no message), "
+                "messages to the others posted fresh each call (p2p)")
+    elif method in ("auto", "shm"):
+        mwhy = "messages posted fresh each call (p2p)" + (
+            "" if path == "local" else ": no other rank of the mesh shares this rank's node "
+            "(or PYSHARD_SHM=off)")
+    else:
+        mwhy = f"messages by {method}, as asked"
     if algorithm == "auto":
         return IndexRoute(path, "nbx",
                           f"setup counts by NBX: messages only to the owners read; {mwhy}", m)
@@ -375,12 +386,15 @@ class GatherPlan:
         return "\n".join([
             f"gather plan on {P} ranks, rank {me}: {self.n} indices ({distinct} distinct rows, "
             f"{self.n - distinct} duplicates) into {self.layout.shape[0]} rows; path {r.path} "
-            f"(point-to-point by {r.method}, no collective over every rank per call); setup "
+            f"({'node peers through node-shared memory, the others ' if r.path == 'shm' else ''}"
+            f"point-to-point by {r.method}, no collective over every rank per call); setup "
             f"{r.algorithm} ({r.why})",
             f"  own rows read locally: {int(c.self_rows)} (copied once, never sent)",
             f"  gather: {len(frm)} messages in from {frm} ({int(c.rows_in)} rows), "
             f"{len(to)} out to {to} ({int(c.rows_out)} rows); scatter: the same reversed, "
             f"duplicates combined before they are sent",
+            *([f"  through node-shared memory: {int(c.node_groups_in)} of the groups in, "
+               f"{int(c.node_groups_out)} of those out (no message)"] if r.path == "shm" else []),
             "  bytes per call: rows x the row's bytes (x.shape[1:] x itemsize)",
         ])
 
@@ -398,7 +412,10 @@ def gather_plan(indices: Any, like: ShardedArray, algorithm: str = "auto",
     dim (``[Shard(0)]`` on a 1-D mesh; uneven and empty shards allowed); the plan runs on any
     array with that dim-0 layout. ``algorithm``: the setup's count exchange, ``"auto"``
     (``"nbx"``) or ``"alltoall"``. ``method``: how each gather's and scatter's messages are
-    posted, ``"auto"`` (``"p2p"``), ``"p2p"`` (fresh ``MPI_Isend``/``MPI_Irecv``),
+    posted, ``"auto"`` (``"shm"`` where some rank of the mesh shares this rank's node, else
+    ``"p2p"``), ``"shm"`` (rows between ranks of one node copied through node-shared memory,
+    in a handshake of the node's ranks at each call; messages to the other ranks by
+    ``"p2p"``), ``"p2p"`` (fresh ``MPI_Isend``/``MPI_Irecv``),
     ``"persistent"`` (``MPI_Send_init``/``MPI_Recv_init`` once, started each call) or
     ``"neighbor"`` (one ``MPI_Neighbor_alltoallv`` on a graph communicator of the peers, made
     at the first gather and the first scatter: collective over the mesh; every row goes
@@ -452,8 +469,9 @@ def gather_plan(indices: Any, like: ShardedArray, algorithm: str = "auto",
     ooff = np.concatenate(([0], np.cumsum(rcounts[opeer]))).astype(np.int64)
     own_rows = np.ascontiguousarray(rows - offsets[me], dtype=np.int64)
     n_local = int(offsets[me + 1] - offsets[me])
+    node = _shm.node(mesh, tuple(range(mesh.ndim))) if route.path == "shm" else None
     core = _core.IndexExchange(comm, rpeer, send_counts[rpeer], slot, self_rows, opeer, ooff,
-                               own_rows, n_local, METHODS.index(route.method))
+                               own_rows, n_local, METHODS.index(route.method), node)
     x = IndexExchange("gather", route, core)
     if log.isEnabledFor(logging.DEBUG):
         log.debug("gather_plan: %d indices, %d owners read, %d readers served", idx.size,

@@ -10,8 +10,10 @@ the slowest rank:
 - ``gather``: ``plan.gather(x, out=buf)`` (a plan built once); ``scatter``:
   ``plan.scatter(values, into=y)`` (sum); ``setup``: ``gather_plan(rows, like=x)`` (NBX),
   and ``setup_alltoall`` (the count exchange forced to one ``MPI_Alltoall``);
-  ``gather_persistent``/``scatter_persistent`` and ``gather_neighbor``/``scatter_neighbor``:
-  the same with ``method="persistent"`` and ``method="neighbor"``;
+  ``gather_p2p``/``scatter_p2p``, ``gather_persistent``/``scatter_persistent`` and
+  ``gather_neighbor``/``scatter_neighbor``: the same with every peer by MPI messages, by
+  ``method="p2p"``, ``"persistent"`` and ``"neighbor"`` (``auto`` takes node-shared memory
+  between ranks of one node: ``path`` says which it took);
 - ``floor``: the same bytes to and from the same peers, already packed, through one raw
   ``MPI_Alltoallv`` (``floor_a2a``), ``Irecv``/``Isend``/``Waitall`` (``floor_p2p``) or
   ``MPI_Neighbor_alltoallv`` on a distributed-graph communicator of the peers
@@ -296,9 +298,11 @@ def _pattern(pat: str, n: int, frac: float, x: Any, local: np.ndarray, mesh: Mes
     hand.scatter(values, y3)
     ok = bool(collectives.all_true(comm, ok and np.array_equal(buf2, want)
                                    and np.array_equal(y3, y1)))
-    # the same plan with its messages persistent, or one neighbourhood all-to-all
-    by_method = {m: gather_plan(idx, like=x, method=m) for m in ("persistent", "neighbor")}
-    for m, pl in by_method.items():
+    # the same plan with every peer by MPI messages: fresh, persistent, or one neighbourhood
+    # all-to-all (auto takes node-shared memory between ranks of a node)
+    by_method = {m: gather_plan(idx, like=x, method=m)
+                 for m in ("p2p", "persistent", "neighbor")}
+    for pl in by_method.values():
         y4 = local.copy()
         pl.scatter(values, into=from_local(y4, mesh, [Shard(0)], global_shape=x.shape))
         ok = ok and np.array_equal(pl.gather(x, out=np.empty_like(buf)), want) and \
@@ -339,6 +343,7 @@ def _pattern(pat: str, n: int, frac: float, x: Any, local: np.ndarray, mesh: Mes
     own = int((owners(idx, n) == me).sum())
     return {
         "pattern": pat,
+        "path": plan.route.path,
         "reads": int(collectives.max_all(comm, idx.shape[0])),
         "own_reads": int(collectives.max_all(comm, own)),
         "max_peers": int(collectives.max_all(comm, len(fwd.frm))),
@@ -389,8 +394,9 @@ def format_unstructured(r: Dict[str, Any]) -> str:
     for o in r["rows"]:
         m = o["ms"]
         lines.append(
-            f"  {o['pattern']:>7} by method (gather, scatter): p2p {m['gather']:.2f}, "
-            f"{m['scatter']:.2f}; persistent {m['gather_persistent']:.2f}, "
+            f"  {o['pattern']:>7} by method (gather, scatter): auto ({o['path']}) "
+            f"{m['gather']:.2f}, {m['scatter']:.2f}; p2p {m['gather_p2p']:.2f}, "
+            f"{m['scatter_p2p']:.2f}; persistent {m['gather_persistent']:.2f}, "
             f"{m['scatter_persistent']:.2f}; neighbor {m['gather_neighbor']:.2f}, "
             f"{m['scatter_neighbor']:.2f}")
     s = r["simulated"]

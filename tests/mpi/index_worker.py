@@ -4,11 +4,12 @@ one rank); counts every MPI call of a plan's setup (a second plan: the first mad
 mesh's communicator), of a steady gather, of a gather with wait=False driven by test(), and
 of a scatter; prints one JSON line on rank 0 with every rank's calls, the owners it reads
 from and the readers it serves (from every rank's indices, not from the plan), and whether
-the results equal the oracle."""
+the results equal the oracle. argv[1]: the plan's method (default "p2p")."""
 
 from __future__ import annotations
 
 import json
+import sys
 
 import numpy as np
 from count_worker import counts, since
@@ -40,10 +41,11 @@ def main() -> None:
         return set((np.searchsorted(offsets[:-1], np.unique(i), side="right") - 1).tolist())
 
     mine = idxs[me]
-    plan = ps.gather_plan(mine, like=x)
+    method = sys.argv[1] if len(sys.argv) > 1 else "p2p"
+    plan = ps.gather_plan(mine, like=x, method=method)
     comm.Barrier()
     c0 = counts()
-    plan = ps.gather_plan(mine, like=x)
+    plan = ps.gather_plan(mine, like=x, method=method)
     setup = since(c0, counts())
     vals = np.ones((len(mine), 2))
     plan.gather(x)  # warm: the first call's buffers
@@ -73,7 +75,7 @@ def main() -> None:
         "setup": setup, "gather": gather, "pending": pending, "scatter": scatter,
         "owners": sorted(owners(mine) - {me}),
         "readers": sorted(q for q in range(P) if q != me and me in owners(idxs[q])),
-        "ok": ok,
+        "ok": ok, "path": plan.route.path,
     }  # fmt: skip
     everything = comm.gather(out, root=0)  # after all the counting
     if me == 0:

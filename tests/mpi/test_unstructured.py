@@ -272,19 +272,28 @@ def test_plan_reused(mesh):
     assert st["gather"] == 3 and st["scatter"] == 3
 
 
-@pytest.mark.parametrize("method", ["p2p", "persistent", "neighbor"])
+@pytest.mark.parametrize("method", ["p2p", "persistent", "neighbor", "shm"])
 @pytest.mark.parametrize("layout,pattern", [("uneven", "random"), ("balanced", "runs")])
 def test_every_method_gives_the_same_rows(mesh, method, layout, pattern):
-    """Each way of posting the messages (fresh, persistent, a neighbourhood all-to-all) gives
-    G[indices] and the order rule's bits, through repeated calls with new buffers (persistent
-    requests bound again), out=, and wait=False driven by test()."""
+    """Each way of moving the rows (fresh messages, persistent requests, a neighbourhood
+    all-to-all, node-shared memory between ranks of a node) gives G[indices] and the order
+    rule's bits, through repeated calls with new buffers (persistent requests bound again),
+    out=, and wait=False driven by test()."""
     P, me = mesh.size, mesh.rank
     sizes = layout_sizes(layout, N, P)
     idxs = [indices_of(pattern, 13, q) for q in range(P)]
     g = make_global((N, 3), "float64")
     x = dist(g, mesh, sizes)
     plan = ps.gather_plan(idxs[me], like=x, method=method)
-    assert plan.route.method == method and f"by {method}" in plan.explain()
+    r = plan.route
+    if method == "shm":
+        # every rank of these jobs shares a node with another (two hosts: two each)
+        want = "local" if P == 1 else "mpi" if ps.config.get("PYSHARD_SHM") == "off" else "shm"
+        assert r.path == want and r.method == "p2p", r
+        assert ("node-shared memory" in plan.explain()) == (want == "shm"), plan.explain()
+        assert plan.exchange.core.on_node_transport == (want == "shm")
+    else:
+        assert r.method == method and f"by {method}" in plan.explain()
     want_idx = np.asarray(idxs[me], np.int64)
     for step in range(3):
         out = np.full((len(idxs[me]), 3), -1.0)
@@ -454,7 +463,7 @@ def test_explain_and_comm_stats(mesh, layout, algorithm):
     g = make_global((N, 3), "float64")
     x = dist(g, mesh, sizes)
     before = ps.comm_stats()
-    plan = ps.gather_plan(idxs[me], like=x, algorithm=algorithm)
+    plan = ps.gather_plan(idxs[me], like=x, algorithm=algorithm, method="p2p")
     setup = {k: v - before.get(k, 0) for k, v in ps.comm_stats().items()
              if v != before.get(k, 0)}
     assert setup.get("index_setup") == 1
@@ -497,13 +506,15 @@ P2P = {"Isend", "Irecv", "Isend_c", "Irecv_c"}
 
 
 @pytest.mark.spawns  # starts mpiexec jobs of its own (the matrix's 1-rank run)
-def test_index_calls_by_pmpi(comm, shim):  # noqa: F811
+@pytest.mark.parametrize("method", ["p2p", "auto"])
+def test_index_calls_by_pmpi(comm, shim, method):  # noqa: F811
     """4 ranks with the PMPI shim preloaded (index_worker.py): the setup's one collective is
     the NBX reduction; a steady gather (blocking, and wait=False driven by test()) and
-    scatter make only Isend and Irecv, one per peer the plan names, and no collective."""
+    scatter make only Isend and Irecv, one per peer the plan names, and no collective. With
+    method auto on one node (node-shared memory between its ranks) they make no MPI call."""
     launch.require(comm)
     r = launch.run(4, ["env", f"LD_PRELOAD={shim}", sys.executable,
-                       os.path.join(HERE, "index_worker.py")],
+                       os.path.join(HERE, "index_worker.py"), method],
                    env={"PYSHARD_TEST_PMPI": shim}, timeout=240)  # fmt: skip
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-4000:]
     ranks = json.loads([ln for ln in r.stdout.splitlines() if ln.startswith("[")][-1])
@@ -511,6 +522,7 @@ def test_index_calls_by_pmpi(comm, shim):  # noqa: F811
     assert any(o["owners"] for o in ranks) and any(not o["owners"] for o in ranks)
     for me, o in enumerate(ranks):
         assert o["ok"], me
+        assert o["path"] == ("shm" if method == "auto" else "mpi"), (me, o["path"])
         owners, readers = o["owners"], o["readers"]
         s = o["setup"]
         assert {k: v for k, v in s.items() if k in COLLECTIVE} == {"Iallreduce": 1}, (me, s)
@@ -520,6 +532,9 @@ def test_index_calls_by_pmpi(comm, shim):  # noqa: F811
         for call, out, into in (("gather", readers, owners), ("pending", readers, owners),
                                 ("scatter", owners, readers)):
             c = o[call]
+            if method == "auto":  # every peer on this node: no MPI call at all
+                assert not c, (me, call, c)
+                continue
             assert set(c) <= P2P, (me, call, c)  # no collective, no other message
             assert c.get("Isend", 0) + c.get("Isend_c", 0) == len(out), (me, call, c, out)
             assert c.get("Irecv", 0) + c.get("Irecv_c", 0) == len(into), (me, call, c, into)
