@@ -71,10 +71,11 @@ class IndexRoute:
 
 def index_route(mesh: Any, algorithm: str, method: str = "auto") -> IndexRoute:
     """The rule for :func:`gather_plan`: ``auto`` -> NBX (no collective over every rank
-    beyond its one nonblocking reduction); ``method`` ``auto`` -> node-shared memory between
-    ranks of one node (``path`` ``"shm"``; ``PYSHARD_SHM=off`` turns it off) and fresh
-    point-to-point messages to the others, ``shm`` -> the same, any other -> MPI messages by
-    that method to every peer. No MPI call."""
+    beyond its one nonblocking reduction); ``method`` ``auto`` -> fresh point-to-point
+    messages to every peer (measured no slower than the other methods, docs/unstructured.md),
+    ``shm`` -> node-shared memory between ranks of one node (``path`` ``"shm"``;
+    ``PYSHARD_SHM=off`` turns it off) and fresh messages to the others, any other -> MPI
+    messages by that method to every peer. No MPI call."""
     if algorithm not in ("auto",) + tuple(_ALGORITHMS):
         raise ValueError(f"pyshard.gather_plan: algorithm must be 'auto' or one of "
                          f"{tuple(_ALGORITHMS)}, got {algorithm!r}")
@@ -83,15 +84,17 @@ def index_route(mesh: Any, algorithm: str, method: str = "auto") -> IndexRoute:
                          f"{METHODS}, got {method!r}")
     path = "mpi" if mesh.size > 1 else "local"
     m = "p2p" if method in ("auto", "shm") else method
-    if path == "mpi" and method in ("auto", "shm") and \
+    if path == "mpi" and method == "shm" and \
             _shm.node(mesh, tuple(range(mesh.ndim))) is not None:  # fmt: skip
         path = "shm"
         mwhy = ("node peers through node-shared memory (one copy per row, no message), "
                 "messages to the others posted fresh each call (p2p)")
-    elif method in ("auto", "shm"):
+    elif method == "shm":
         mwhy = "messages posted fresh each call (p2p)" + (
             "" if path == "local" else ": no other rank of the mesh shares this rank's node "
             "(or PYSHARD_SHM=off)")
+    elif method == "auto":
+        mwhy = "messages posted fresh each call (p2p)"
     else:
         mwhy = f"messages by {method}, as asked"
     if algorithm == "auto":
@@ -412,8 +415,8 @@ def gather_plan(indices: Any, like: ShardedArray, algorithm: str = "auto",
     dim (``[Shard(0)]`` on a 1-D mesh; uneven and empty shards allowed); the plan runs on any
     array with that dim-0 layout. ``algorithm``: the setup's count exchange, ``"auto"``
     (``"nbx"``) or ``"alltoall"``. ``method``: how each gather's and scatter's messages are
-    posted, ``"auto"`` (``"shm"`` where some rank of the mesh shares this rank's node, else
-    ``"p2p"``), ``"shm"`` (rows between ranks of one node copied through node-shared memory,
+    posted, ``"auto"`` (``"p2p"``), ``"shm"`` (rows between ranks of one node copied through
+    node-shared memory,
     in a handshake of the node's ranks at each call; messages to the other ranks by
     ``"p2p"``), ``"p2p"`` (fresh ``MPI_Isend``/``MPI_Irecv``),
     ``"persistent"`` (``MPI_Send_init``/``MPI_Recv_init`` once, started each call) or

@@ -10,10 +10,10 @@ the slowest rank:
 - ``gather``: ``plan.gather(x, out=buf)`` (a plan built once); ``scatter``:
   ``plan.scatter(values, into=y)`` (sum); ``setup``: ``gather_plan(rows, like=x)`` (NBX),
   and ``setup_alltoall`` (the count exchange forced to one ``MPI_Alltoall``);
-  ``gather_p2p``/``scatter_p2p``, ``gather_persistent``/``scatter_persistent`` and
-  ``gather_neighbor``/``scatter_neighbor``: the same with every peer by MPI messages, by
-  ``method="p2p"``, ``"persistent"`` and ``"neighbor"`` (``auto`` takes node-shared memory
-  between ranks of one node: ``path`` says which it took);
+  ``gather_shm``/``scatter_shm``, ``gather_persistent``/``scatter_persistent`` and
+  ``gather_neighbor``/``scatter_neighbor``: the same plan by ``method="shm"`` (node-shared
+  memory between ranks of one node), ``"persistent"`` and ``"neighbor"`` (``auto`` is
+  ``"p2p"``);
 - ``floor``: the same bytes to and from the same peers, already packed, through one raw
   ``MPI_Alltoallv`` (``floor_a2a``), ``Irecv``/``Isend``/``Waitall`` (``floor_p2p``) or
   ``MPI_Neighbor_alltoallv`` on a distributed-graph communicator of the peers
@@ -298,10 +298,10 @@ def _pattern(pat: str, n: int, frac: float, x: Any, local: np.ndarray, mesh: Mes
     hand.scatter(values, y3)
     ok = bool(collectives.all_true(comm, ok and np.array_equal(buf2, want)
                                    and np.array_equal(y3, y1)))
-    # the same plan with every peer by MPI messages: fresh, persistent, or one neighbourhood
-    # all-to-all (auto takes node-shared memory between ranks of a node)
+    # the same plan by the other methods: node-shared memory between ranks of a node,
+    # persistent requests, one neighbourhood all-to-all (auto: fresh messages, p2p)
     by_method = {m: gather_plan(idx, like=x, method=m)
-                 for m in ("p2p", "persistent", "neighbor")}
+                 for m in ("shm", "persistent", "neighbor")}
     for pl in by_method.values():
         y4 = local.copy()
         pl.scatter(values, into=from_local(y4, mesh, [Shard(0)], global_shape=x.shape))
@@ -395,8 +395,8 @@ def format_unstructured(r: Dict[str, Any]) -> str:
         m = o["ms"]
         lines.append(
             f"  {o['pattern']:>7} by method (gather, scatter): auto ({o['path']}) "
-            f"{m['gather']:.2f}, {m['scatter']:.2f}; p2p {m['gather_p2p']:.2f}, "
-            f"{m['scatter_p2p']:.2f}; persistent {m['gather_persistent']:.2f}, "
+            f"{m['gather']:.2f}, {m['scatter']:.2f}; shm {m['gather_shm']:.2f}, "
+            f"{m['scatter_shm']:.2f}; persistent {m['gather_persistent']:.2f}, "
             f"{m['scatter_persistent']:.2f}; neighbor {m['gather_neighbor']:.2f}, "
             f"{m['scatter_neighbor']:.2f}")
     s = r["simulated"]
