@@ -260,11 +260,30 @@ char* IndexExchange::node_block(i64 bytes) {
   return block_->ptr;
 }
 
-template <class F>
-void IndexExchange::handshake(F&& copy) {
+// One direction's node handshake: this rank's table (per node peer of `in`, whose groups land
+// here, the byte offset of its group: the table, then in_first[j] rows of rb bytes), then,
+// once every node peer has published its own, put(k, dst) for each node peer out[k], dst
+// where that peer's table says this rank's group goes. A failed handshake completes this
+// exchange's messages, then raises (on every rank of the node).
+template <class Put>
+void IndexExchange::node_exchange(char* table, i64 rb, const std::vector<int>& in,
+                                  const std::vector<i64>& in_first, const std::vector<int>& out,
+                                  Put&& put) {
+  auto* t = reinterpret_cast<i64*>(table);
+  std::fill(t, t + node_->node_size(), -1);
+  for (size_t j = 0; j < in.size(); ++j)
+    if (on_node(in[j])) t[local_[in[j]]] = table_bytes() + in_first[j] * rb;
+  const int me = node_->self();
   try {
-    node_->exchange_all(block_.get(), 0, std::forward<F>(copy));
-  } catch (...) {  // a node peer failed: this rank's messages still complete, then it raises
+    node_->exchange_all(block_.get(), 0, [&](const std::vector<char*>& at) {
+      for (size_t k = 0; k < out.size(); ++k) {
+        const int q = out[k];
+        if (!on_node(q) || !at[local_[q]]) continue;
+        const i64 to = reinterpret_cast<const i64*>(at[local_[q]])[me];
+        if (to >= 0) put(k, at[local_[q]] + to);  // (the plans agree: always)
+      }
+    });
+  } catch (...) {
     fwd_.drop();
     rev_.drop();
     active_ = false;
@@ -309,26 +328,11 @@ void IndexExchange::start_forward(const char* x, i64 rb, char* out) {
   fwd_.start(rmsg_, smsg_, R_, O_);
   active_ = true;
   reverse_ = false;
-  if (node_) {
-    // this rank's table: per node peer, where its group lands in R (byte offset in the block)
-    auto* t = reinterpret_cast<i64*>(table);
-    std::fill(t, t + node_->node_size(), -1);
-    for (size_t j = 0; j < nr; ++j)
-      if (on_node(rpeer_[j])) t[local_[rpeer_[j]]] = table_bytes() + roff_[j] * rb;
-    const int me = node_->self();
-    handshake([&](const std::vector<char*>& at) {
-      // each node reader's rows, straight from x into its R
-      for (size_t i = 0; i < no; ++i) {
-        const int q = opeer_[i];
-        if (!on_node(q) || !at[local_[q]]) continue;
-        const i64 to = reinterpret_cast<const i64*>(at[local_[q]])[me];
-        if (to < 0) continue;  // (the plans agree: never)
-        char* dst = at[local_[q]] + to;
-        for (i64 t2 = ooff_[i]; t2 < ooff_[i + 1]; ++t2)
-          copy_row(dst + (t2 - ooff_[i]) * rb, x + own_rows_[t2] * rb, rb);
-      }
+  if (node_)  // each node reader's rows, straight from x into its R
+    node_exchange(table, rb, rpeer_, roff_, opeer_, [&](size_t i, char* dst) {
+      for (i64 t = ooff_[i]; t < ooff_[i + 1]; ++t)
+        copy_row(dst + (t - ooff_[i]) * rb, x + own_rows_[t] * rb, rb);
     });
-  }
   // the rows this rank reads of its own: x -> out, once
   for (size_t k = 0; k < slot_.size(); ++k)
     if (slot_[k] >= rtotal_)
@@ -402,24 +406,10 @@ void IndexExchange::start_reverse(const char* values, i64 rb, char* into, FoldKi
   } else {
     rev_.start(rmsg_, smsg_, O_, R_);
   }
-  if (node_) {
-    // this rank's table: per node peer, where the group it sends here lands in O
-    auto* t = reinterpret_cast<i64*>(table);
-    std::fill(t, t + node_->node_size(), -1);
-    for (size_t i = 0; i < no; ++i)
-      if (on_node(opeer_[i])) t[local_[opeer_[i]]] = table_bytes() + ooff_[i] * rb;
-    const int me = node_->self();
-    handshake([&](const std::vector<char*>& at) {
-      // each combined group for a node owner, straight into its O
-      for (size_t j = 0; j < nr; ++j) {
-        const int p = rpeer_[j];
-        if (!on_node(p) || !at[local_[p]]) continue;
-        const i64 to = reinterpret_cast<const i64*>(at[local_[p]])[me];
-        if (to < 0) continue;  // (the plans agree: never)
-        std::memcpy(at[local_[p]] + to, group(j), static_cast<size_t>(rcount_[j] * rb));
-      }
+  if (node_)  // each combined group for a node owner, straight into its O
+    node_exchange(table, rb, opeer_, ooff_, rpeer_, [&](size_t j, char* dst) {
+      std::memcpy(dst, group(j), static_cast<size_t>(rcount_[j] * rb));
     });
-  }
   stats()["index_messages"] += static_cast<i64>(smsg_.size());
   out_ = into;
   rb_ = rb;

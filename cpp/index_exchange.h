@@ -107,9 +107,10 @@ class IndexExchange {
   // this rank's block of node-shared memory for `bytes` of rows after the table; its rows
   char* node_block(i64 bytes);
   i64 table_bytes() const;
-  // The handshake around `copy(bases)`; completes this exchange's messages if it throws.
-  template <class F>
-  void handshake(F&& copy);
+  // one direction's node handshake (index_exchange.cpp)
+  template <class Put>
+  void node_exchange(char* table, i64 rb, const std::vector<int>& in,
+                     const std::vector<i64>& in_first, const std::vector<int>& out, Put&& put);
   std::shared_ptr<Comm> comm_;
   std::shared_ptr<NodeShm> node_;
   std::vector<int> local_;  // comm rank -> node index or -1 (node_ only)

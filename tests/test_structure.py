@@ -29,6 +29,7 @@ so that they are seen to fail.
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 from typing import Dict, FrozenSet, List, Set, Tuple
 
@@ -688,17 +689,15 @@ def test_python_collectives_check_fails_where_it_should(tmp_path):
 CPP_DIR = PKG_DIR.parent / "cpp"
 
 
-def raw_mpi_calls(cpp: Path) -> List[str]:
-    """Calls ``MPI_Name(...)`` (and ``PMPI_``, ``MPIX_``) in the core's sources outside
-    cpp/mpi_calls.{h,cpp}, the one place the core calls MPI (comments and string literals
-    left out; constants, types and handles are not calls)."""
+def cpp_calls(cpp: Path, call: re.Pattern[str], skip: Tuple[str, ...]) -> List[str]:
+    """``path:line: name`` of every match of ``call`` (group 1: the name) in the core's
+    sources but those whose stem is in ``skip`` (comments and string literals left out)."""
     import re
 
-    call = re.compile(r"\b(P?MPIX?_[A-Z][A-Za-z0-9_]*)\s*\(")
     noise = re.compile(r'//[^\n]*|/\*.*?\*/|"(?:\\.|[^"\\\n])*"', re.S)
     out: List[str] = []
     for path in sorted(cpp.rglob("*")):
-        if path.suffix not in (".cpp", ".h", ".cu", ".cuh", ".hpp") or path.stem == "mpi_calls":
+        if path.suffix not in (".cpp", ".h", ".cu", ".cuh", ".hpp") or path.stem in skip:
             continue
         # blank out comments and strings, keeping line breaks so line numbers hold
         text = noise.sub(lambda m: re.sub(r"[^\n]", " ", m.group()),
@@ -707,6 +706,15 @@ def raw_mpi_calls(cpp: Path) -> List[str]:
             out.append(f"{path.relative_to(cpp.parent)}:{text.count(chr(10), 0, m.start()) + 1}: "
                        f"{m.group(1)}")
     return out
+
+
+def raw_mpi_calls(cpp: Path) -> List[str]:
+    """Calls ``MPI_Name(...)`` (and ``PMPI_``, ``MPIX_``) in the core's sources outside
+    cpp/mpi_calls.{h,cpp}, the one place the core calls MPI (comments and string literals
+    left out; constants, types and handles are not calls)."""
+    import re
+
+    return cpp_calls(cpp, re.compile(r"\b(P?MPIX?_[A-Z][A-Za-z0-9_]*)\s*\("), ("mpi_calls",))
 
 
 def test_the_core_calls_mpi_only_in_mpi_calls(tmp_path):
@@ -736,19 +744,8 @@ def message_posts(cpp: Path) -> List[str]:
     cpp/mpi_calls (comments and string literals left out)."""
     import re
 
-    call = re.compile(r"\bmpi::(" + "|".join(P2P_POSTS) + r")\s*\(")
-    noise = re.compile(r'//[^\n]*|/\*.*?\*/|"(?:\\.|[^"\\\n])*"', re.S)
-    out: List[str] = []
-    for path in sorted(cpp.rglob("*")):
-        if path.suffix not in (".cpp", ".h", ".cu", ".cuh", ".hpp") or path.stem in (
-                "mpi_calls", "peer_messages"):
-            continue
-        text = noise.sub(lambda m: re.sub(r"[^\n]", " ", m.group()),
-                         path.read_text(encoding="utf-8"))
-        for m in call.finditer(text):
-            out.append(f"{path.relative_to(cpp.parent)}:{text.count(chr(10), 0, m.start()) + 1}: "
-                       f"mpi::{m.group(1)}")
-    return out
+    call = re.compile(r"\b(mpi::(?:" + "|".join(P2P_POSTS) + r"))\s*\(")
+    return cpp_calls(cpp, call, ("mpi_calls", "peer_messages"))
 
 
 def test_messages_are_posted_only_by_the_transport(tmp_path):
