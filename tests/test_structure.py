@@ -692,8 +692,6 @@ CPP_DIR = PKG_DIR.parent / "cpp"
 def cpp_calls(cpp: Path, call: re.Pattern[str], skip: Tuple[str, ...]) -> List[str]:
     """``path:line: name`` of every match of ``call`` (group 1: the name) in the core's
     sources but those whose stem is in ``skip`` (comments and string literals left out)."""
-    import re
-
     noise = re.compile(r'//[^\n]*|/\*.*?\*/|"(?:\\.|[^"\\\n])*"', re.S)
     out: List[str] = []
     for path in sorted(cpp.rglob("*")):
@@ -712,8 +710,6 @@ def raw_mpi_calls(cpp: Path) -> List[str]:
     """Calls ``MPI_Name(...)`` (and ``PMPI_``, ``MPIX_``) in the core's sources outside
     cpp/mpi_calls.{h,cpp}, the one place the core calls MPI (comments and string literals
     left out; constants, types and handles are not calls)."""
-    import re
-
     return cpp_calls(cpp, re.compile(r"\b(P?MPIX?_[A-Z][A-Za-z0-9_]*)\s*\("), ("mpi_calls",))
 
 
@@ -742,8 +738,6 @@ P2P_POSTS = ("isend", "irecv", "isend_typed", "irecv_typed", "send_init", "recv_
 def message_posts(cpp: Path) -> List[str]:
     """Calls ``mpi::<post>(`` of :data:`P2P_POSTS` outside cpp/peer_messages.cpp and
     cpp/mpi_calls (comments and string literals left out)."""
-    import re
-
     call = re.compile(r"\b(mpi::(?:" + "|".join(P2P_POSTS) + r"))\s*\(")
     return cpp_calls(cpp, call, ("mpi_calls", "peer_messages"))
 
