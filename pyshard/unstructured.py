@@ -28,13 +28,14 @@ member).
 from __future__ import annotations
 
 import logging
+import time
 import zlib
 from dataclasses import dataclass
 from typing import Any, Dict, Optional, Tuple
 
 import numpy as np
 
-from . import _backend, _core, _dtypes, _shm
+from . import _backend, _core, _dtypes, _shm, collectives
 from .array import ShardedArray
 from .exchange import Exchange, Request
 from .layout import Shard
@@ -50,6 +51,7 @@ OPS = ("sum", "max", "min", "replace")
 _OP_CODE = {op: k for k, op in enumerate(OPS)}  # cpp/index_exchange.h IndexOp
 _ALGORITHMS = {"alltoall": 0, "nbx": 1}
 METHODS = ("p2p", "persistent", "neighbor")  # cpp/peer_messages.h PeerMethod, in its order
+TUNE_REPS = 5  # calls per candidate when method="tune"
 _ERRORS = {1: "an index outside [0, N)", 2: "indices not integers", 3: "indices not 1-D"}
 
 
@@ -74,15 +76,23 @@ def index_route(mesh: Any, algorithm: str, method: str = "auto") -> IndexRoute:
     beyond its one nonblocking reduction); ``method`` ``auto`` -> fresh point-to-point
     messages to every peer (measured no slower than the other methods, docs/unstructured.md),
     ``shm`` -> node-shared memory between ranks of one node (``path`` ``"shm"``;
-    ``PYSHARD_SHM=off`` turns it off) and fresh messages to the others, any other -> MPI
-    messages by that method to every peer. No MPI call."""
+    ``PYSHARD_SHM=off`` turns it off) and fresh messages to the others, ``tune`` -> measured
+    at the first calls (``path`` ``"tune"``), any other -> MPI messages by that method to
+    every peer. No MPI call."""
     if algorithm not in ("auto",) + tuple(_ALGORITHMS):
         raise ValueError(f"pyshard.gather_plan: algorithm must be 'auto' or one of "
                          f"{tuple(_ALGORITHMS)}, got {algorithm!r}")
-    if method not in ("auto", "shm") + METHODS:
-        raise ValueError(f"pyshard.gather_plan: method must be 'auto', 'shm' or one of "
-                         f"{METHODS}, got {method!r}")
+    if method not in ("auto", "shm", "tune") + METHODS:
+        raise ValueError(f"pyshard.gather_plan: method must be 'auto', 'shm', 'tune' or one "
+                         f"of {METHODS}, got {method!r}")
     path = "mpi" if mesh.size > 1 else "local"
+    if method == "tune" and path == "mpi":
+        node = _shm.node(mesh, tuple(range(mesh.ndim))) is not None
+        cands = METHODS + (("shm",) if node else ())
+        why = (f"messages by the fastest of {', '.join(cands)}, measured at the first gather "
+               f"and at the first scatter")
+        algo = "nbx" if algorithm == "auto" else algorithm
+        return IndexRoute("tune", algo, f"setup counts by {algo}; {why}", "tune")
     m = "p2p" if method in ("auto", "shm") else method
     if path == "mpi" and method == "shm" and \
             _shm.node(mesh, tuple(range(mesh.ndim))) is not None:  # fmt: skip
@@ -93,7 +103,8 @@ def index_route(mesh: Any, algorithm: str, method: str = "auto") -> IndexRoute:
         mwhy = "messages posted fresh each call (p2p)" + (
             "" if path == "local" else ": no other rank of the mesh shares this rank's node "
             "(or PYSHARD_SHM=off)")
-    elif method == "auto":
+    elif method in ("auto", "tune"):
+        m = "p2p"
         mwhy = "messages posted fresh each call (p2p)"
     else:
         mwhy = f"messages by {method}, as asked"
@@ -168,12 +179,13 @@ class PendingIndex(Request):
     messages, True once they have completed (``wait`` then only unpacks). The arrays it reads
     and writes must not be touched until then."""
 
-    __slots__ = ("_plan", "_result", "_keep", "_finish", "_done")
+    __slots__ = ("_plan", "_result", "_keep", "_finish", "_done", "_core")
 
     def __init__(self, plan: GatherPlan, result: Any, keep: Tuple[Any, ...],
-                 finish: Any = None) -> None:
+                 finish: Any = None, core: Any = None) -> None:
         self._plan, self._result, self._keep, self._finish = plan, result, keep, finish
         self._done = False
+        self._core = core if core is not None else plan.exchange.core
 
     @property
     def done(self) -> bool:
@@ -182,12 +194,12 @@ class PendingIndex(Request):
     def test(self) -> bool:
         """True when every message of the exchange has completed (then :meth:`wait` returns
         at once); never blocks."""
-        return self._done or bool(self._plan.exchange.core.test())
+        return self._done or bool(self._core.test())
 
     def wait(self) -> Any:
         """Complete the exchange; the gathered rows (gather) or None (scatter)."""
         if not self._done:
-            self._plan.exchange.core.wait()
+            self._core.wait()
             self._plan._inflight = None
             if self._finish is not None:
                 self._finish()
@@ -213,7 +225,8 @@ class GatherPlan:
     array laid out as the plan's ``like`` (same index layout; any trailing shape and dtype)."""
 
     def __init__(self, mesh: Any, layout: Any, offsets: np.ndarray, indices: np.ndarray,
-                 exchange: IndexExchange, counts: np.ndarray, rcounts: np.ndarray) -> None:
+                 exchange: IndexExchange, counts: np.ndarray, rcounts: np.ndarray,
+                 make: Any = None, candidates: Tuple[str, ...] = ()) -> None:
         self.mesh, self.layout = mesh, layout
         self.offsets = offsets
         self.indices = indices
@@ -225,6 +238,36 @@ class GatherPlan:
                                        "messages_received": 0, "bytes_sent": 0,
                                        "bytes_received": 0}
         exchange.plan_stats = self._stats  # the exchange's comm_stats() reads the plan's
+        # the core each direction runs on: the exchange's, or (method "tune") the fastest of
+        # `candidates`, each made by `make`, measured at the direction's first call
+        self._make, self._candidates = make, candidates
+        self._cores: Dict[str, Any] = {} if candidates else {"gather": exchange.core,
+                                                             "scatter": exchange.core}
+        self.chosen: Dict[str, str] = {}  # method "tune": what each direction measured best
+
+    def _core_for(self, direction: str, trial: Any) -> Any:
+        """The core ``direction`` (``"gather"``, ``"scatter"``) runs on. Tuning: each
+        candidate runs ``trial(core)`` a few times, and the one whose median on the slowest
+        rank is least is kept: the same on every rank (one allreduce per candidate, every
+        rank in the same call)."""
+        core = self._cores.get(direction)
+        if core is not None:
+            return core
+        best: Tuple[float, str, Any] = (float("inf"), "", None)
+        for m in self._candidates:
+            c = self._make(m)
+            times = []
+            for _ in range(TUNE_REPS):
+                t0 = time.perf_counter()
+                trial(c)
+                times.append(time.perf_counter() - t0)
+            t = collectives.max_all(self.mesh.comm, sorted(times)[len(times) // 2])
+            if t < best[0]:
+                best = (t, m, c)
+        self.chosen[direction], self._cores[direction] = best[1], best[2]
+        log.info("pyshard: gather plan's %s tuned: %s (%.1f us)", direction, best[1],
+                 best[0] * 1e6)
+        return best[2]
 
     @property
     def n(self) -> int:
@@ -287,7 +330,8 @@ class GatherPlan:
         else:
             res = allocate(shape, host.dtype)
         rb = host.dtype.itemsize * int(np.prod(shape[1:], dtype=np.int64))
-        self.exchange.core.start_forward(host, res)
+        core = self._core_for("gather", lambda c: (c.start_forward(host, res), c.wait()))
+        core.start_forward(host, res)
         self._count("gather", rb, True)
         finish = None
         result: Any = res
@@ -302,10 +346,10 @@ class GatherPlan:
                 else:
                     box["r"] = d
 
-            p = _DevicePending(self, box, (host, res), finish)
+            p = _DevicePending(self, box, (host, res), finish, core)
             self._inflight = p
             return p.wait() if wait else p
-        p = PendingIndex(self, result, (host, res), finish)
+        p = PendingIndex(self, result, (host, res), finish, core)
         self._inflight = p
         return p.wait() if wait else p
 
@@ -357,7 +401,12 @@ class GatherPlan:
         if kind is None:
             kind = -1  # replace: bytes only
         rb = acc.dtype.itemsize * int(np.prod(shape[1:], dtype=np.int64))
-        self.exchange.core.start_reverse(v, acc, kind, _OP_CODE[op])
+        if "scatter" not in self._cores:  # tuning: on a copy (a scatter changes `into`)
+            scratch = acc.copy()
+            core = self._core_for("scatter", lambda c: (
+                c.start_reverse(v, scratch, kind, _OP_CODE[op]), c.wait()))
+        core = self._cores["scatter"]
+        core.start_reverse(v, acc, kind, _OP_CODE[op])
         self._count("scatter", rb, False)
 
         def finish() -> None:
@@ -366,7 +415,7 @@ class GatherPlan:
             if device:
                 local[...] = _backend.cupy().asarray(tgt)
 
-        p = PendingIndex(self, None, (v, acc, tgt), finish)
+        p = PendingIndex(self, None, (v, acc, tgt), finish, core)
         self._inflight = p
         return p.wait() if wait else p
 
@@ -398,6 +447,9 @@ class GatherPlan:
             f"duplicates combined before they are sent",
             *([f"  through node-shared memory: {int(c.node_groups_in)} of the groups in, "
                f"{int(c.node_groups_out)} of those out (no message)"] if r.path == "shm" else []),
+            *([f"  tune: gather by {self.chosen.get('gather', '(not measured yet)')}, scatter "
+               f"by {self.chosen.get('scatter', '(not measured yet)')}, of "
+               f"{', '.join(self._candidates)}"] if r.path == "tune" else []),
             "  bytes per call: rows x the row's bytes (x.shape[1:] x itemsize)",
         ])
 
@@ -414,15 +466,21 @@ def gather_plan(indices: Any, like: ShardedArray, algorithm: str = "auto",
     ``like``: a :class:`ShardedArray` whose dim 0 is the index space, sharded by every mesh
     dim (``[Shard(0)]`` on a 1-D mesh; uneven and empty shards allowed); the plan runs on any
     array with that dim-0 layout. ``algorithm``: the setup's count exchange, ``"auto"``
-    (``"nbx"``) or ``"alltoall"``. ``method``: how each gather's and scatter's messages are
-    posted, ``"auto"`` (``"p2p"``), ``"shm"`` (rows between ranks of one node copied through
-    node-shared memory,
-    in a handshake of the node's ranks at each call; messages to the other ranks by
-    ``"p2p"``), ``"p2p"`` (fresh ``MPI_Isend``/``MPI_Irecv``),
-    ``"persistent"`` (``MPI_Send_init``/``MPI_Recv_init`` once, started each call) or
-    ``"neighbor"`` (one ``MPI_Neighbor_alltoallv`` on a graph communicator of the peers, made
-    at the first gather and the first scatter: collective over the mesh; every row goes
-    through the plan's buffers). Collective over the mesh.
+    (``"nbx"``) or ``"alltoall"``. ``method``: how each gather's and scatter's rows move:
+
+    - ``"auto"``: ``"p2p"`` (measured no slower than the others; docs/unstructured.md);
+    - ``"p2p"``: fresh ``MPI_Isend``/``MPI_Irecv`` each call;
+    - ``"persistent"``: ``MPI_Send_init``/``MPI_Recv_init`` once, started each call;
+    - ``"neighbor"``: one ``MPI_Neighbor_alltoallv`` on a graph communicator of the peers,
+      made at the first gather and the first scatter (collective over the mesh); every row
+      goes through the plan's buffers;
+    - ``"shm"``: rows between ranks of one node copied through node-shared memory, in a
+      handshake of the node's ranks at each call; messages to the other ranks by ``"p2p"``;
+    - ``"tune"``: each of the above (``"shm"`` where node peers exist) timed at the first
+      gather and at the first scatter (the scatter's trials on a copy of ``into``); the
+      fastest on the slowest rank is kept for that direction (``plan.chosen``).
+
+    Collective over the mesh.
 
     Bad indices (outside ``[0, N)``, not integers, not 1-D) raise ``ValueError`` on every
     rank, naming the first rank at fault: the error travels with the setup's counts."""
@@ -472,14 +530,23 @@ def gather_plan(indices: Any, like: ShardedArray, algorithm: str = "auto",
     ooff = np.concatenate(([0], np.cumsum(rcounts[opeer]))).astype(np.int64)
     own_rows = np.ascontiguousarray(rows - offsets[me], dtype=np.int64)
     n_local = int(offsets[me + 1] - offsets[me])
-    node = _shm.node(mesh, tuple(range(mesh.ndim))) if route.path == "shm" else None
-    core = _core.IndexExchange(comm, rpeer, send_counts[rpeer], slot, self_rows, opeer, ooff,
-                               own_rows, n_local, METHODS.index(route.method), node)
+    dims = tuple(range(mesh.ndim))
+
+    def make(m: str) -> Any:  # the core of method m ("shm": node-shared memory and p2p)
+        node = _shm.node(mesh, dims) if m == "shm" else None
+        return _core.IndexExchange(comm, rpeer, send_counts[rpeer], slot, self_rows, opeer,
+                                   ooff, own_rows, n_local, METHODS.index(
+                                       "p2p" if m == "shm" else m), node)
+
+    tune = route.path == "tune"
+    cands = METHODS + (("shm",) if tune and _shm.node(mesh, dims) is not None else ())
+    core = make("shm" if route.path == "shm" else "p2p" if tune else route.method)
     x = IndexExchange("gather", route, core)
     if log.isEnabledFor(logging.DEBUG):
         log.debug("gather_plan: %d indices, %d owners read, %d readers served", idx.size,
                   len(rpeer), len(opeer))
-    return GatherPlan(mesh, lay, offsets, idx, x, counts, rcounts)
+    return GatherPlan(mesh, lay, offsets, idx, x, counts, rcounts, make if tune else None,
+                      cands if tune else ())
 
 
 def take(x: ShardedArray, indices: Any) -> np.ndarray:

@@ -13,7 +13,7 @@ the slowest rank:
   ``gather_shm``/``scatter_shm``, ``gather_persistent``/``scatter_persistent`` and
   ``gather_neighbor``/``scatter_neighbor``: the same plan by ``method="shm"`` (node-shared
   memory between ranks of one node), ``"persistent"`` and ``"neighbor"`` (``auto`` is
-  ``"p2p"``);
+  ``"p2p"``), and ``gather_tune``/``scatter_tune`` by ``"tune"`` (``tuned``: what it kept);
 - ``floor``: the same bytes to and from the same peers, already packed, through one raw
   ``MPI_Alltoallv`` (``floor_a2a``), ``Irecv``/``Isend``/``Waitall`` (``floor_p2p``) or
   ``MPI_Neighbor_alltoallv`` on a distributed-graph communicator of the peers
@@ -301,7 +301,7 @@ def _pattern(pat: str, n: int, frac: float, x: Any, local: np.ndarray, mesh: Mes
     # the same plan by the other methods: node-shared memory between ranks of a node,
     # persistent requests, one neighbourhood all-to-all (auto: fresh messages, p2p)
     by_method = {m: gather_plan(idx, like=x, method=m)
-                 for m in ("shm", "persistent", "neighbor")}
+                 for m in ("shm", "persistent", "neighbor", "tune")}
     for pl in by_method.values():
         y4 = local.copy()
         pl.scatter(values, into=from_local(y4, mesh, [Shard(0)], global_shape=x.shape))
@@ -344,6 +344,7 @@ def _pattern(pat: str, n: int, frac: float, x: Any, local: np.ndarray, mesh: Mes
     return {
         "pattern": pat,
         "path": plan.route.path,
+        "tuned": dict(by_method["tune"].chosen),
         "reads": int(collectives.max_all(comm, idx.shape[0])),
         "own_reads": int(collectives.max_all(comm, own)),
         "max_peers": int(collectives.max_all(comm, len(fwd.frm))),
@@ -398,7 +399,8 @@ def format_unstructured(r: Dict[str, Any]) -> str:
             f"{m['gather']:.2f}, {m['scatter']:.2f}; shm {m['gather_shm']:.2f}, "
             f"{m['scatter_shm']:.2f}; persistent {m['gather_persistent']:.2f}, "
             f"{m['scatter_persistent']:.2f}; neighbor {m['gather_neighbor']:.2f}, "
-            f"{m['scatter_neighbor']:.2f}")
+            f"{m['scatter_neighbor']:.2f}; tune ({o['tuned'].get('gather', '-')}, "
+            f"{o['tuned'].get('scatter', '-')}) {m['gather_tune']:.2f}, {m['scatter_tune']:.2f}")
     s = r["simulated"]
     lines.append(
         f"  simulated {s['ranks']} ranks, {s['rows_per_rank']} rows a rank: a 2-D mesh's "

@@ -311,6 +311,36 @@ def test_every_method_gives_the_same_rows(mesh, method, layout, pattern):
         np.testing.assert_array_equal(x.local, g[x.box], err_msg=f"{method} scatter {step}")
 
 
+def test_tune_picks_one_method_on_every_rank(mesh):
+    """method="tune": the first gather and the first scatter each time every candidate and
+    keep the fastest, the same on every rank; the results are the oracle's, and the scatter's
+    trials (on a copy) leave into= changed once."""
+    P, me = mesh.size, mesh.rank
+    sizes = layout_sizes("uneven", N, P)
+    idxs = [indices_of("random", 17, q) for q in range(P)]
+    g = make_global((N, 2), "float64")
+    x = dist(g, mesh, sizes)
+    plan = ps.gather_plan(idxs[me], like=x, method="tune")
+    assert plan.route.path == ("tune" if P > 1 else "local")
+    want_idx = np.asarray(idxs[me], np.int64)
+    np.testing.assert_array_equal(plan.gather(x), g[want_idx])
+    vals = [values_of(40, q, len(idxs[q]), "float64", (2,), "sum") for q in range(P)]
+    plan.scatter(vals[me].copy(), into=x)
+    g = scatter_expected(g, idxs, vals, "sum")
+    np.testing.assert_array_equal(x.local, g[x.box])
+    if P > 1:
+        chosen = MPI.COMM_WORLD.allgather(dict(plan.chosen))
+        assert all(c == chosen[0] for c in chosen), chosen
+        assert set(chosen[0]) == {"gather", "scatter"}
+        assert set(chosen[0].values()) <= {"p2p", "persistent", "neighbor", "shm"}
+        assert f"tune: gather by {chosen[0]['gather']}, scatter by " in plan.explain()
+    else:
+        assert plan.chosen == {}
+    np.testing.assert_array_equal(wait_by_test(plan.gather(x, wait=False)), g[want_idx])
+    plan.scatter(vals[me].copy(), into=x)
+    np.testing.assert_array_equal(x.local, scatter_expected(g, idxs, vals, "sum")[x.box])
+
+
 def test_take_and_scatter_add(mesh):
     P, me = mesh.size, mesh.rank
     sizes = layout_sizes("uneven", N, P)
