@@ -206,6 +206,20 @@ void combine_together_n(const CopyDesc* const* ds, size_t k, const char* src, ch
     delta[j][1] = ds[j]->dst_off - d.dst_off;
   }
   const i64 n = d.run / static_cast<i64>(sizeof(T));
+  if constexpr (N > 0) {
+    if (d.nd == 1) {  // a 2-D array's wraps (one run a row): a plain loop, all in registers
+      const i64 ss = d.sstr[0], ts = d.dstr[0], rows = d.ext[0];
+      const char* s0 = src + d.src_off;
+      char* t0 = dst + d.dst_off;
+      for (i64 i = 0; i < rows; ++i, s0 += ss, t0 += ts)
+        for (size_t j = 0; j < k; ++j) {
+          T* o = reinterpret_cast<T*>(t0 + delta[j][1]);
+          const T* v = reinterpret_cast<const T*>(s0 + delta[j][0]);
+          for (i64 e = 0; e < N; ++e) o[e] = f(o[e], v[e]);
+        }
+      return;
+    }
+  }
   for_each_run(d, [&](i64 so, i64 to) {
     for (size_t j = 0; j < k; ++j) {
       char* o = dst + to + delta[j][1];
