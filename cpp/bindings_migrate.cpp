@@ -4,6 +4,7 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <algorithm>
 #include <memory>
 #include <optional>
 #include <stdexcept>
@@ -157,6 +158,29 @@ void bind_migrate(py::module_& m) {
           },
           py::arg("dest"), py::arg("cnt"), py::arg("rcnt"), py::arg("src"), py::arg("dst"),
           py::arg("row_off"), py::arg("send"), py::arg("recv"), py::arg("block") = py::none())
+      .def(
+          "start_inplace",
+          [](MigrateExchange& x, const py::array& dest, const I64Array& cnt,
+             const I64Array& rcnt, const py::list& cols, py::array& send, py::array& recv) {
+            int item = 8;
+            const void* d = dest_ptr(dest, &item);
+            const i64 P = cnt.size();
+            const i64 *c = checked(cnt, P, "cnt"), *rc = checked(rcnt, P, "rcnt");
+            Cols t = cols_of(cols, true, "a column");
+            i64 cap = -1;
+            for (const auto& h : cols) {
+              const i64 len = py::reinterpret_borrow<py::array>(h).shape(0);
+              cap = cap < 0 ? len : std::min(cap, len);
+            }
+            char *sb = bytes_of(send, "send"), *rb = bytes_of(recv, "recv");
+            py::gil_scoped_release nogil;
+            x.start_inplace(d, item, dest.size(), c, rc, t, std::max<i64>(cap, 0), sb, rb);
+          },
+          py::arg("dest"), py::arg("cnt"), py::arg("rcnt"), py::arg("cols"), py::arg("send"),
+          py::arg("recv"),
+          "Forward in place: `cols` (len(dest) rows held, room for as many as their length) "
+          "are source and result; wait() fills the leavers' rows with arrivals (see "
+          "MigrateExchange::start_inplace).")
       .def("table_bytes", &MigrateExchange::table_bytes, py::arg("back"), py::arg("columns"),
            "The bytes of the table that leads a node-shared block (forward: the result's, "
            "with `columns` columns; back: the received sections').")

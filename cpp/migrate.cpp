@@ -190,6 +190,36 @@ void pack_t(const T* dest, i64 n, int rank, const std::vector<char*>& tgt, const
   if (stream) stream_fence();
 }
 
+// In place: the leaving rows listed (a branch-free scan of dest into `holes`), then packed
+// column by column (tgt as pack_t's): one column's rows at a time is one ascending stream
+// for the hardware prefetcher, where a row at a time interleaves every column's.
+template <class T>
+void pack_leavers_t(const T* dest, i64 n, int rank, const std::vector<char*>& tgt,
+                    const Cols& src, int P, std::vector<i64>& holes) {
+  const size_t C = src.rb.size();
+  holes.resize(static_cast<size_t>(n));
+  i64* H = holes.data();
+  i64 L = 0;
+  for (i64 i = 0; i < n; ++i) {
+    H[L] = i;
+    L += static_cast<int>(dest[i]) != rank;
+  }
+  holes.resize(static_cast<size_t>(L));
+  std::vector<i64> cur(static_cast<size_t>(P), 0), slot(static_cast<size_t>(L));
+  std::vector<int> peer(static_cast<size_t>(L));
+  for (i64 k = 0; k < L; ++k) {
+    const int d = static_cast<int>(dest[H[k]]);
+    peer[k] = d;
+    slot[k] = cur[d]++;
+  }
+  for (size_t c = 0; c < C; ++c) {
+    const i64 rb = src.rb[c];
+    const char* s = src.ptr[c];
+    for (i64 k = 0; k < L; ++k)
+      copy_row(tgt[static_cast<size_t>(peer[k]) * C + c] + slot[k] * rb, s + H[k] * rb, rb);
+  }
+}
+
 // Back in one pass over the rows: row i gets the next row of its dest's group (this rank's own
 // group from `src` at row k0, the others' from `recv`). False when a group's count does not
 // match (dest changed since the forward exchange).
@@ -425,7 +455,7 @@ void MigrateExchange::post_recvs(const i64* rbytes, char* recv) {
     if (on_node(p)) direct_[p] = true;  // nothing to unpack: written in place
     if (p == rank_ || rbytes[p] == 0 || on_node(p)) continue;
     MPI_Datatype t = MPI_DATATYPE_NULL;
-    if (!back_) {  // forward: the message lands in the result's columns, no unpack
+    if (!back_ && !inplace_) {  // forward: the message lands in the result's columns
       std::vector<char*> at;
       std::vector<i64> len;
       for (size_t c = 0; c < dst_.rb.size(); ++c) {
@@ -474,6 +504,7 @@ void MigrateExchange::keep(bool back, const void* dest, int item, i64 n, i64 sig
   src_ = src;
   dst_ = dst;
   recv_ = recv;
+  inplace_ = false;
 }
 
 void MigrateExchange::start_forward(const void* dest, int item, i64 n, const i64* cnt,
@@ -536,6 +567,89 @@ void MigrateExchange::start_forward(const void* dest, int item, i64 n, const i64
     pack();
     post_sends(sbytes.data(), send);
   });
+}
+
+void MigrateExchange::start_inplace(const void* dest, int item, i64 n, const i64* cnt,
+                                    const i64* rcnt, const Cols& cols, i64 cap, char* send,
+                                    char* recv) {
+  if (node_)
+    throw std::invalid_argument("pyshard: an in-place migration takes the message path");
+  const int P = P_;
+  i64 m = 0;
+  for (int p = 0; p < P; ++p) m += rcnt[p];
+  if (m > cap || n > cap)
+    throw std::invalid_argument("pyshard: an in-place migration's columns have room for " +
+                                std::to_string(cap) + " rows, not " + std::to_string(m));
+  const std::vector<i64> zero(static_cast<size_t>(P), 0);
+  keep(false, dest, item, n, 0, cnt, rcnt, cols, cols, zero.data(), recv);
+  inplace_ = true;
+  const size_t C = cols.rb.size();
+  const i64 R = cols.row_bytes();
+  std::vector<i64> sbytes(P), rbytes(P);
+  for (int p = 0; p < P; ++p) {
+    sbytes[p] = p != rank_ ? cnt[p] * R : 0;
+    rbytes[p] = p != rank_ ? rcnt[p] * R : 0;
+  }
+  std::vector<i64> so = exclusive_scan(sbytes.data(), P, 1);
+  roff_ = exclusive_scan(rbytes.data(), P, 1);
+  std::vector<i64> base = bases(so.data(), cnt, P, cols);
+  std::vector<char*> tgt(static_cast<size_t>(P) * C, nullptr);
+  for (int p = 0; p < P; ++p)
+    if (sbytes[p] > 0)
+      for (size_t c = 0; c < C; ++c) tgt[p * C + c] = send + base[p * C + c];
+  post_recvs(rbytes.data(), recv);
+  if (item == 4)
+    pack_leavers_t(static_cast<const std::int32_t*>(dest), n, rank_, tgt, cols, P, holes_);
+  else
+    pack_leavers_t(static_cast<const std::int64_t*>(dest), n, rank_, tgt, cols, P, holes_);
+  post_sends(sbytes.data(), send);
+}
+
+void MigrateExchange::fill_holes() {
+  const int P = P_;
+  const size_t C = dst_.rb.size();
+  const auto L = static_cast<i64>(holes_.size());
+  const i64* H = holes_.data();
+  i64 a = 0;  // rows that arrive
+  for (int p = 0; p < P; ++p)
+    if (p != rank_) a += rcnt_[p];
+  // arrival k goes to the k-th hole, past the holes to row n + (k - L)
+  i64 prefix = 0;  // row bytes of the columns before c
+  for (size_t c = 0; c < C; ++c) {
+    const i64 rb = dst_.rb[c];
+    char* col = dst_.ptr[c];
+    i64 k = 0;
+    for (int p = 0; p < P; ++p) {
+      if (p == rank_ || rcnt_[p] == 0) continue;
+      const char* s = recv_ + roff_[p] + rcnt_[p] * prefix;
+      const i64 r = rcnt_[p];
+      const i64 in_holes = std::max<i64>(0, std::min(r, L - k));
+      for (i64 j = 0; j < in_holes; ++j) copy_row(col + H[k + j] * rb, s + j * rb, rb);
+      if (r > in_holes)  // the rest in one block past row n
+        std::memcpy(col + (n_ + k + in_holes - L) * rb, s + in_holes * rb,
+                    static_cast<size_t>((r - in_holes) * rb));
+      k += r;
+    }
+    prefix += rb;
+  }
+  if (a >= L) return;
+  // fewer arrived than left: the staying rows from row m on fill the holes left, in order
+  const i64 m = n_ - L + a;
+  auto tail = [&](const auto* dest) {
+    i64 h = a;
+    for (i64 i = m; i < n_; ++i) {
+      if (static_cast<int>(dest[i]) != rank_) continue;
+      for (size_t c = 0; c < C; ++c) {
+        const i64 rb = dst_.rb[c];
+        copy_row(dst_.ptr[c] + H[h] * rb, dst_.ptr[c] + i * rb, rb);
+      }
+      ++h;
+    }
+  };
+  if (item_ == 4)
+    tail(static_cast<const std::int32_t*>(dest_));
+  else
+    tail(static_cast<const std::int64_t*>(dest_));
 }
 
 void MigrateExchange::start_back(const void* dest, int item, i64 n, const i64* cnt,
@@ -637,6 +751,10 @@ void MigrateExchange::wait() {
   for (MPI_Datatype& t : types_) mpi::type_free(&t);
   types_.clear();
   const int P = P_;
+  if (!back_ && inplace_) {
+    fill_holes();
+    return;
+  }
   if (!back_) {
     const size_t C = dst_.rb.size();
     for (int p = 0; p < P; ++p) {

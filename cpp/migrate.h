@@ -107,6 +107,15 @@ class MigrateExchange {
   void start_forward(const void* dest, int item, i64 n, const i64* cnt, const i64* rcnt,
                      const Cols& src, const Cols& dst, const i64* row_off, char* send,
                      char* recv, char* block = nullptr, i64 block_bytes = 0);
+  // Forward in place (pyshard.migrate(..., inplace=True); the message path, no node
+  // transport): `cols` (n valid rows, room for `cap`) are both source and result. The leaving
+  // rows are packed into `send` (their rows recorded as holes) and sent, receives into `recv`
+  // posted; wait() puts arrivals (by source rank, each in its source's order) into the holes in
+  // increasing order, then past row n, and where fewer arrive than leave moves the last
+  // staying rows (from row m on, in order) into the holes left, so rows [0, m) are the result.
+  // The staying rows below m do not move. Throws if m > cap.
+  void start_inplace(const void* dest, int item, i64 n, const i64* cnt, const i64* rcnt,
+                     const Cols& cols, i64 cap, char* send, char* recv);
   // Back (always point-to-point: the counts are known, no collective): `src` holds rcnt[s] rows from each rank s at row_off[s] (what forward gave); each
   // group goes back to its rank, and `dst` (n rows) gets every row at its original index.
   // With a node transport, `recv` (recv_bytes) is this rank's node-shared block: the table
@@ -149,8 +158,11 @@ class MigrateExchange {
   std::shared_ptr<Comm> comm_;
   std::shared_ptr<NodeShm> node_;
   std::vector<int> local_;  // comm rank -> node index or -1 (node_ only)
+  void fill_holes();  // wait() of an in-place forward
   bool active_ = false;
   bool back_ = false;
+  bool inplace_ = false;
+  std::vector<i64> holes_;  // in place: the rows that left, increasing
   int P_ = 0, rank_ = 0;
   // what wait() needs
   const void* dest_ = nullptr;

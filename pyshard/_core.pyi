@@ -949,6 +949,18 @@ class MigrateExchange:
         recv: numpy.ndarray,
         block: numpy.ndarray | None = None,
     ) -> None: ...
+    def start_inplace(
+        self,
+        dest: numpy.ndarray,
+        cnt: typing.Annotated[numpy.typing.ArrayLike, numpy.int64],
+        rcnt: typing.Annotated[numpy.typing.ArrayLike, numpy.int64],
+        cols: list,
+        send: numpy.ndarray,
+        recv: numpy.ndarray,
+    ) -> None:
+        """
+        Forward in place: `cols` (len(dest) rows held, room for as many as their length) are source and result; wait() fills the leavers' rows with arrivals (see MigrateExchange::start_inplace).
+        """
     def table_bytes(self, back: bool, columns: typing.SupportsInt | typing.SupportsIndex) -> int:
         """
         The bytes of the table that leads a node-shared block (forward: the result's, with `columns` columns; back: the received sections').

@@ -43,6 +43,7 @@ _ERRORS = {
     4: "columns of different lengths",
     5: "a column of a dtype pyshard cannot move (object, or not an array)",
     6: "no columns",
+    7: "inplace=True takes writeable C-contiguous numpy columns with room for dest's rows",
 }
 
 
@@ -100,7 +101,9 @@ def _signature(st: _Structure, cols: List[np.ndarray]) -> int:
     return zlib.crc32(text.encode())
 
 
-def _dest(dest: Any, n: int) -> Tuple[Optional[np.ndarray], int, str]:
+def _dest(dest: Any, n: int, room: bool = False) -> Tuple[Optional[np.ndarray], int, str]:
+    """``dest`` as a C-contiguous int32 or int64 array of ``n`` entries (``room``: at most
+    ``n``, the columns' length, for an in-place migration), an error code and its detail."""
     try:
         d = _backend.as_array(dest, "dest")
     except TypeError as e:
@@ -109,8 +112,9 @@ def _dest(dest: Any, n: int) -> Tuple[Optional[np.ndarray], int, str]:
         d = _backend.to_host(d)
     if d.dtype.kind not in "iu" or d.ndim != 1:
         return None, 2, f"dest must be a 1-D integer array, got dtype {d.dtype}, shape {d.shape}"
-    if d.shape[0] != n:
-        return None, 3, f"dest has {d.shape[0]} entries for {n} rows"
+    if d.shape[0] > n if room else d.shape[0] != n:
+        what = f"columns with room for {n} rows" if room else f"{n} rows"
+        return None, 3, f"dest has {d.shape[0]} entries for {what}"
     if d.dtype not in (np.dtype(np.int64), np.dtype(np.int32)):
         d = d.astype(np.int64)  # uint64 past 2^63 turns negative: out of range, as it should
     return np.ascontiguousarray(d), 0, ""
@@ -173,11 +177,35 @@ class Migrated:
 
     def __init__(self, mesh: Any, rows: Rows, counts: np.ndarray, sent: np.ndarray,
                  dest: np.ndarray, route: Any, sig: int, device: bool,
-                 row_bytes: Tuple[int, int] = (0, 0)) -> None:
+                 row_bytes: Tuple[int, int] = (0, 0), storage: Rows = None) -> None:
         self.mesh, self.rows, self.counts, self.sent = mesh, rows, counts, sent
         self._row_bytes = row_bytes
         self._dest, self.route, self._sig, self._device = dest, route, sig, device
         self._row_off = np.concatenate(([0], np.cumsum(counts)[:-1])).astype(np.int64)
+        self._order: Optional[np.ndarray] = None
+        #: an in-place migration's columns (their first :attr:`m` rows are :attr:`rows`):
+        #: the input's own arrays where they had room, else new ones with room to grow; None
+        #: for a result grouped by source rank
+        self.storage = storage
+        self.storage_is_input = False
+
+    @property
+    def inplace(self) -> bool:
+        """Did this migration run in place (``migrate(..., inplace=True)``)?"""
+        return self.storage is not None
+
+    @property
+    def order(self) -> np.ndarray:
+        """Where each row of the grouped order lies in :attr:`rows` (int64, length :attr:`m`):
+        row ``order[k]`` is the one that the grouped order (source rank increasing, each group
+        in its source's order) puts at ``k``. ``arange(m)`` for a grouped result; an in-place
+        result's rows are ``rows[order]`` in that order."""
+        if self._order is None:
+            if self.storage is None:
+                self._order = np.arange(self.m, dtype=np.int64)
+            else:
+                self._order = _inplace_order(self._dest, self.mesh.rank, self.counts)
+        return self._order
 
     @property
     def dest(self) -> np.ndarray:
@@ -188,7 +216,8 @@ class Migrated:
     @property
     def offsets(self) -> np.ndarray:
         """The first row of each source rank's group in :attr:`rows` (int64, length P): this
-        rank's own (staying) rows are ``offsets[rank] : offsets[rank] + counts[rank]``."""
+        rank's own (staying) rows are ``offsets[rank] : offsets[rank] + counts[rank]``. An
+        in-place result is not grouped: its groups are ``rows[order[offsets[p]:...]]``."""
         return self._row_off
 
     @property
@@ -218,6 +247,8 @@ class Migrated:
                                        f"{self.m} rows this rank received")
                     break
         sig = _signature(st, cols) if not code else 0
+        if not code and self.storage is not None:  # into the grouped order back() sends
+            cols = [a[self.order] for a in cols]
         node = self.route.node if self.route.path == "shm" else None
         comm = self.mesh.core_comm(tuple(range(self.mesh.ndim)))
         x = RowExchange("back", self.route, _core.MigrateExchange(comm, node))
@@ -262,6 +293,10 @@ class Migrated:
             f"{int(self.counts.sum() - self.counts[me])} arrive from {len(frm)} ranks {frm}",
         ]
         on = _on_node(self.route.node if self.route.path == "shm" else None, P)
+        if self.inplace:
+            held = "the input's own columns" if self.storage_is_input else "new columns"
+            lines.append(f"  in place: the result in {held}; the staying rows below row "
+                         f"{self.m} did not move, arrivals filled the leavers' rows")
         if on.any():
             lines.append(
                 f"  node-shared memory: rows written straight into the results of "
@@ -400,16 +435,19 @@ def _to_device(cols: List[np.ndarray]) -> List[Any]:
 
 @overload
 def migrate(rows: Rows, dest: Any, mesh: Any, algorithm: str = ...,
-            wait: Literal[True] = ..., peers: Optional[Sequence[int]] = ...) -> Migrated: ...
+            wait: Literal[True] = ..., peers: Optional[Sequence[int]] = ...,
+            inplace: bool = ...) -> Migrated: ...
 
 
 @overload
 def migrate(rows: Rows, dest: Any, mesh: Any, algorithm: str = ..., *,
-            wait: Literal[False], peers: Optional[Sequence[int]] = ...) -> PendingMigration: ...
+            wait: Literal[False], peers: Optional[Sequence[int]] = ...,
+            inplace: bool = ...) -> PendingMigration: ...
 
 
 def migrate(rows: Rows, dest: Any, mesh: Any, algorithm: str = "auto", wait: bool = True,
-            peers: Optional[Sequence[int]] = None) -> Union[Migrated, PendingMigration]:
+            peers: Optional[Sequence[int]] = None,
+            inplace: bool = False) -> Union[Migrated, PendingMigration]:
     """Send each row of ``rows`` to the rank ``dest`` names (a rank of ``mesh.comm``).
 
     ``rows``: an array, or a tuple, list or dict of arrays (the columns), each with the same
@@ -427,6 +465,20 @@ def migrate(rows: Rows, dest: Any, mesh: Any, algorithm: str = "auto", wait: boo
     relation on every rank (``q`` in ``peers`` of ``p`` iff ``p`` in ``peers`` of ``q``): the
     counts go only to them, with no collective at all.
 
+    ``inplace=True``: the rows stay in the input's columns, and only those that move are
+    copied (a particle step that keeps most rows copies a tenth of them, not all). The
+    columns are writeable C-contiguous numpy arrays whose length is their room; their first
+    ``len(dest)`` rows are this rank's rows. The result's order differs from the grouped one:
+    the staying rows keep their places; the arriving rows (by source rank, each in its
+    source's order) take the leavers' places in increasing order, then rows ``n, n+1, ...``;
+    where fewer arrive than leave, the last staying rows (those at row ``m`` and past, in
+    order) fill the places left, so the result is the first ``m`` rows (:attr:`Migrated.order`
+    maps it to the grouped order; :meth:`Migrated.back` is exact). Where ``m`` exceeds the
+    columns' room on a rank, that rank's result goes into new columns with room for
+    ``1.25 m`` rows (:attr:`Migrated.storage`; the next step can pass them). The rows go by
+    messages (no node-shared path); ``algorithm="tune"`` is refused (its trials would move the
+    rows).
+
     Returns a :class:`Migrated` (``rows``, ``counts``, ``back``, ``explain``), or with
     ``wait=False`` a :class:`PendingMigration` whose ``wait()`` gives it; the inputs must not
     be written until then.
@@ -437,14 +489,21 @@ def migrate(rows: Rows, dest: Any, mesh: Any, algorithm: str = "auto", wait: boo
     travels with the counts, so no collective is added."""
     P, me = mesh.size, mesh.rank
     r = migrate_route(mesh, algorithm, peers)
+    if inplace and r.algorithm == "tune":
+        raise ValueError("pyshard.migrate: inplace=True does not take algorithm='tune' (its "
+                         "trials would move the rows); name the count exchange")
     if r.algorithm == "tune":
         return _tuned(rows, dest, mesh, wait)
     device = _any_device(rows)
     st, cols, code, detail = _split(rows, "rows")
+    if inplace and not code:
+        code, detail = _inplace_code(rows, st, cols)
     d: Optional[np.ndarray] = None
     n = cols[0].shape[0] if cols else 0
     if not code:
-        d, code, detail = _dest(dest, n)
+        d, code, detail = _dest(dest, n, inplace)
+        if inplace and d is not None:
+            n = d.shape[0]
     counts = np.zeros(P, np.int64)
     if not code:
         counts, bad = _core.migrate_count(d, P)
@@ -475,8 +534,10 @@ def migrate(rows: Rows, dest: Any, mesh: Any, algorithm: str = "auto", wait: boo
         )
     assert d is not None
     m = int(rcounts.sum())
-    row_off = np.concatenate(([0], np.cumsum(rcounts)[:-1])).astype(np.int64)
     R = sum(a.dtype.itemsize * int(np.prod(a.shape[1:], dtype=np.int64)) for a in cols)
+    if inplace:
+        return _migrate_inplace(mesh, r, st, cols, d, counts, rcounts, sig, R, wait)
+    row_off = np.concatenate(([0], np.cumsum(rcounts)[:-1])).astype(np.int64)
     node = r.node if r.path == "shm" else None
     x = RowExchange("migrate", r, _core.MigrateExchange(comm, node))
     block = None
@@ -497,6 +558,73 @@ def migrate(rows: Rows, dest: Any, mesh: Any, algorithm: str = "auto", wait: boo
     if log.isEnabledFor(logging.DEBUG):
         log.debug("migrate: %d rows, %d stay, path %s", n, int(counts[me]), r.algorithm)
     return pend.wait() if wait else pend
+
+
+def _inplace_code(rows: Rows, st: _Structure, cols: List[np.ndarray]) -> Tuple[int, str]:
+    """Error 7 where a column of an in-place migration is not the caller's own writeable
+    C-contiguous numpy array (a copy would leave the caller's columns unchanged)."""
+    items = (list(rows.values()) if isinstance(rows, dict) else
+             list(rows) if isinstance(rows, (tuple, list)) else [rows])
+    for k, obj, a in zip(st.keys, items, cols):
+        if not (isinstance(obj, np.ndarray) and a is obj and obj.flags.writeable):
+            why = ("not a numpy array" if not isinstance(obj, np.ndarray) else
+                   "not C-contiguous" if a is not obj else "read-only")
+            return 7, f"inplace=True: rows[{k!r}] is {why}"
+    return 0, ""
+
+
+GROW = 1.25  # an in-place result without room goes into new columns with room for GROW * m
+
+
+def _migrate_inplace(mesh: Any, r: MigrateRoute, st: _Structure, cols: List[np.ndarray],
+                     d: np.ndarray, counts: np.ndarray, rcounts: np.ndarray, sig: int, R: int,
+                     wait: bool) -> Union[Migrated, PendingMigration]:
+    """``migrate(..., inplace=True)`` once the counts are known: the leavers packed and sent,
+    the arrivals put into their places at ``wait`` (the core's ``start_inplace``)."""
+    P, me = mesh.size, mesh.rank
+    n, m = d.shape[0], int(rcounts.sum())
+    cap = cols[0].shape[0]
+    own = m <= cap
+    if not own:  # no room on this rank: new columns, this rank's rows copied once
+        room = max(m, int(GROW * m))
+        log.info("migrate(inplace=True): %d rows arrive for room of %d; new columns of %d rows",
+                 m, cap, room)
+        new = []
+        for a in cols:
+            b = np.empty((room,) + a.shape[1:], a.dtype)
+            b[:n] = a[:n]
+            new.append(b)
+        cols = new
+    if r.path == "shm":  # in place, the rows go by messages
+        r = MigrateRoute("mpi", r.algorithm, r.why.split("; ")[-1] + "; in place: the rows by "
+                         "messages", r.peers)
+    comm = mesh.core_comm(tuple(range(mesh.ndim)))
+    x = RowExchange("migrate", r, _core.MigrateExchange(comm, None))
+    others = np.arange(P) != me
+    sbytes, rbytes = int(counts[others].sum() * R), int(rcounts[others].sum() * R)
+    x.calls, x.sent, x.received = 1, sbytes, rbytes
+    bufs = _state(mesh)["buffers"]
+    send, recv = bufs.take(sbytes), bufs.take(rbytes)
+    x.core.start_inplace(d, counts, rcounts, cols, send, recv)
+    result = Migrated(mesh, None, rcounts, counts, d, r, sig, False, (R, len(cols)),
+                      st.build(cols))
+    result.storage_is_input = own
+    pend = PendingMigration(x, bufs, send, recv, result, [a[:m] for a in cols], st)
+    return pend.wait() if wait else pend
+
+
+def _inplace_order(dest: np.ndarray, me: int, rcounts: np.ndarray) -> np.ndarray:
+    """:attr:`Migrated.order` of an in-place migration, from the rule of ``start_inplace``."""
+    stay = dest == me
+    sp, holes = np.flatnonzero(stay), np.flatnonzero(~stay)
+    n, m = dest.shape[0], int(rcounts.sum())
+    a, L = m - sp.size, holes.size
+    arrivals = np.concatenate((holes[:min(a, L)], n + np.arange(max(a - L, 0))))
+    if a < L:  # the staying rows at m and past took the holes the arrivals left
+        tail = sp >= m
+        sp[tail] = holes[a:a + int(tail.sum())]
+    before = int(rcounts[:me].sum())
+    return np.concatenate((arrivals[:before], sp, arrivals[before:])).astype(np.int64)
 
 
 _U8 = np.dtype(np.uint8)

@@ -8,7 +8,10 @@ rows) and uniform random, next to what users write by hand and the floor, in one
 - ``fused by hand``: the same with the rows gathered into one structured array and one
   ``MPI_Alltoallv``;
 - ``floor``: one ``MPI_Alltoallv`` of the moving bytes already packed, the counts known, plus
-  a copy of the staying rows by streaming stores (the fastest copy of them here).
+  a copy of the staying rows by streaming stores (the fastest copy of them here);
+  ``exchange``: that ``MPI_Alltoallv`` alone;
+- ``inplace``: ``migrate(..., inplace=True)`` on columns with room (the staying rows do not
+  move; the input restored before each call, untimed).
 
 Also the messages per rank that NBX sends (``comm_stats``), and a simulated count at 65,536
 ranks (no MPI): how many ranks one rank's particles go to when they move at most one cell.
@@ -86,10 +89,34 @@ class Floor:
         self.comm = comm
 
     def __call__(self) -> None:
-        self.comm.Alltoallv([self.send, (self.sc, None), MPI.BYTE],
-                            [self.recv, (self.rc, None), MPI.BYTE])
+        self.exchange()
         for dst, src in self.stay:
             _core.stream_copy(src, dst)
+
+    def exchange(self) -> None:
+        """The Alltoallv of the moving bytes alone (what an in-place migration's rows cost
+        at least, the staying rows not copied)."""
+        self.comm.Alltoallv([self.send, (self.sc, None), MPI.BYTE],
+                            [self.recv, (self.rc, None), MPI.BYTE])
+
+
+class InPlace:
+    """``migrate(..., inplace=True)`` on columns with room for 10% more rows, the input
+    restored before each call (untimed)."""
+
+    def __init__(self, cols: Dict[str, np.ndarray], dest: np.ndarray, mesh: Mesh) -> None:
+        n = dest.shape[0]
+        self.orig, self.dest, self.mesh = cols, dest, mesh
+        self.buf = {k: np.empty((n + n // 10 + 1024,) + a.shape[1:], a.dtype)
+                    for k, a in cols.items()}
+
+    def restore(self) -> None:
+        n = self.dest.shape[0]
+        for k, a in self.orig.items():
+            self.buf[k][:n] = a
+
+    def __call__(self) -> Any:
+        return migrate(self.buf, self.dest, self.mesh, inplace=True)
 
 
 def simulated_peers(side: int = 256, n: int = 4096, cells: int = 64) -> Dict[str, Any]:
@@ -115,8 +142,11 @@ def simulated_peers(side: int = 256, n: int = 4096, cells: int = 64) -> Dict[str
 def _times(cols: Dict[str, np.ndarray], dest: np.ndarray, mesh: Mesh, r: Any, floor: Floor,
            reps: int, warmup: int) -> Dict[str, float]:
     comm = mesh.comm
+    ip = InPlace(cols, dest, mesh)
     return {
         "floor": median_s(floor, comm, reps, warmup),
+        "exchange": median_s(floor.exchange, comm, reps, warmup),
+        "inplace": median_s(ip, comm, reps, warmup, ip.restore),
         "pyshard": median_s(lambda: migrate(cols, dest, mesh), comm, reps, warmup),
         "alltoall": median_s(lambda: migrate(cols, dest, mesh, "alltoall"), comm, reps, warmup),
         "nbx": median_s(lambda: migrate(cols, dest, mesh, "nbx"), comm, reps, warmup),
@@ -142,6 +172,10 @@ def bench_migrate(comm: MPI.Comm, rows: int = 1_000_000, reps: int = 5, warmup: 
         ok = all(np.array_equal(a, b) for a, b in zip(r.rows.values(), ref))
         back = r.back(r.rows)
         ok = ok and all(np.array_equal(back[k], cols[k]) for k in cols)
+        ip = InPlace(cols, dest, mesh)  # in place: the grouped rows through `order`
+        ip.restore()
+        ri = ip()
+        ok = ok and all(np.array_equal(ri.rows[k][ri.order], r.rows[k]) for k in cols)
         ok = bool(collectives.all_true(comm, ok))
         floor = Floor(cols, dest, mesh.comm)
         t = _times(cols, dest, mesh, r, floor, reps, warmup)
@@ -161,7 +195,8 @@ def format_migrate(r: Dict[str, Any]) -> str:
              "rank (ms, median; x: pyshard over the row)"]
     head = (f"  {'pattern':>8} {'floor':>8} {'pyshard':>8} {'alltoall':>8} {'nbx':>8} "
             f"{'back':>8} {'by hand':>8} {'fused':>8}  {'/floor':>6} {'/hand':>6} "
-            f"{'back/fwd':>8} msgs ok")
+            f"{'back/fwd':>8} {'exchange':>8} {'inplace':>8} {'ip/floor':>8} {'ip/exch':>7}"
+            " msgs ok")
     lines.append(head)
     for o in r["rows"]:
         m = o["ms"]
@@ -169,7 +204,9 @@ def format_migrate(r: Dict[str, Any]) -> str:
             f"  {o['pattern']:>8} {m['floor']:8.2f} {m['pyshard']:8.2f} {m['alltoall']:8.2f} "
             f"{m['nbx']:8.2f} {m['back']:8.2f} {m['by_hand']:8.2f} {m['fused_by_hand']:8.2f}  "
             f"{m['pyshard'] / m['floor']:6.2f} {m['pyshard'] / m['by_hand']:6.3f} "
-            f"{m['back'] / m['pyshard']:8.2f} {o['max_messages_per_rank']:>4} {o['check']}"
+            f"{m['back'] / m['pyshard']:8.2f} {m['exchange']:8.2f} {m['inplace']:8.2f} "
+            f"{m['inplace'] / m['floor']:8.2f} {m['inplace'] / m['exchange']:7.2f} "
+            f"{o['max_messages_per_rank']:>4} {o['check']}"
         )
     s = r["simulated"]
     lines.append(f"  simulated {s['ranks']} ranks, particles moving up to one cell: NBX sends "

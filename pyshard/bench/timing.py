@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from typing import Callable, List
+from typing import Callable, List, Optional
 
 import numpy as np
 from mpi4py import MPI
@@ -11,13 +11,19 @@ from mpi4py import MPI
 from .. import collectives
 
 
-def timed(fn: Callable[[], object], comm: MPI.Comm, reps: int, warmup: int) -> List[float]:
+def timed(fn: Callable[[], object], comm: MPI.Comm, reps: int, warmup: int,
+          setup: Optional[Callable[[], object]] = None) -> List[float]:
     """Run ``fn`` ``warmup`` times untimed, then ``reps`` times with a barrier before each;
-    return each rep's time on the slowest rank (collective over ``comm``)."""
+    return each rep's time on the slowest rank (collective over ``comm``). ``setup``, where
+    given, runs before each call, untimed (an in-place call's input restored)."""
     for _ in range(warmup):
+        if setup is not None:
+            setup()
         fn()
     out = []
     for _ in range(reps):
+        if setup is not None:
+            setup()
         collectives.barrier(comm)
         t0 = time.perf_counter()
         fn()
@@ -25,6 +31,7 @@ def timed(fn: Callable[[], object], comm: MPI.Comm, reps: int, warmup: int) -> L
     return out
 
 
-def median_s(fn: Callable[[], object], comm: MPI.Comm, reps: int, warmup: int = 0) -> float:
+def median_s(fn: Callable[[], object], comm: MPI.Comm, reps: int, warmup: int = 0,
+             setup: Optional[Callable[[], object]] = None) -> float:
     """The median of :func:`timed` (collective over ``comm``)."""
-    return float(np.median(timed(fn, comm, reps, warmup)))
+    return float(np.median(timed(fn, comm, reps, warmup, setup)))
