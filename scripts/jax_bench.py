@@ -13,6 +13,11 @@ and a tiny call's overhead inside jit.
      ``n*n/P^2`` elements to each peer).
 2. The same at ``small x small``: the overhead of one tiny op inside ``jit`` against the raw
    ``MPI_Alltoall`` of its bytes.
+3. ``--fft N`` (256 by default; 0 skips it): an FFT round trip of an ``N^3`` complex64 array
+   on a 1-D mesh, ``Shard(0)``: ``fftn`` to wherever its last pass ends
+   (``placements="any"``), then ``ifftn`` back to ``Shard(0)``; ``jit``: both in one
+   ``jax.jit`` of ``pyshard.jax``, against ``pyshard.fft`` (numpy, its default engine) with
+   the same plans.
 
 Times are the slowest rank's medians (pyshard.bench.timing) of ``--reps`` calls (of batches
 of 20 calls for the small case); one line of JSON per measurement on rank 0.
@@ -76,16 +81,50 @@ def case(comm: MPI.Comm, mesh: ps.Mesh, n: int, reps: int, batch: int) -> dict:
     return out
 
 
+def fft_case(comm: MPI.Comm, mesh: ps.Mesh, n: int, reps: int) -> dict:
+    import pyshard.fft as pfft
+
+    shape = (n, n, n)
+    lay = ps.Layout(shape, np.complex64, mesh.shape, [Shard(0)])
+    rng = np.random.default_rng(comm.rank)
+    ls = lay.local_shape(mesh.coords)
+    local = (rng.random(ls, dtype=np.float32) + 1j * rng.random(ls, dtype=np.float32)).astype(
+        np.complex64)
+    x = ps.from_local(local, mesh, [Shard(0)], shape)
+    xj = psj.from_local(jax.numpy.asarray(local), mesh, [Shard(0)], shape)
+
+    def trip_np() -> ps.ShardedArray:
+        return pfft.ifftn(pfft.fftn(x, placements="any"), placements=[Shard(0)])
+
+    f = jax.jit(lambda v: psj.ifftn(psj.fftn(v, placements="any"), placements=[Shard(0)]))
+
+    def trip_jit() -> None:
+        f(xj).local.block_until_ready()
+
+    a, b = np.asarray(f(xj).local), trip_np().local  # correctness once: both give x back
+    ok = bool(np.allclose(a, local, atol=1e-4) and np.allclose(b, local, atol=1e-4))
+    out = {"case": f"fft round trip {n}^3 complex64, Shard(0)", "ranks": comm.size,
+           "check": bool(comm.allreduce(ok, op=MPI.LAND))}
+    for name, fn in (("jit_ms", trip_jit), ("numpy_ms", trip_np)):
+        out[name] = round(median_s(fn, comm, reps, warmup=2) * 1e3, 2)
+    out["jit_over_numpy"] = round(out["jit_ms"] / out["numpy_ms"], 3)
+    return out
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--n", type=int, default=4096)
     ap.add_argument("--small", type=int, default=64)
     ap.add_argument("--reps", type=int, default=9)
+    ap.add_argument("--fft", type=int, default=256)
     a = ap.parse_args(argv)
     comm = MPI.COMM_WORLD
     mesh = ps.Mesh(comm, (comm.size,))
-    for n, batch in ((a.n, 1), (a.small, 20)):
-        r = case(comm, mesh, n, a.reps, batch)
+    runs = [lambda n=n, b=b: case(comm, mesh, n, a.reps, b) for n, b in ((a.n, 1), (a.small, 20))]
+    if a.fft:
+        runs.append(lambda: fft_case(comm, mesh, a.fft, a.reps))
+    for run in runs:
+        r = run()
         r["jax"] = jax.__version__
         if comm.rank == 0:
             print(json.dumps(r), flush=True)
