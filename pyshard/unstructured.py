@@ -63,12 +63,13 @@ class IndexRoute:
     one ``MPI_Alltoall``); ``method``: how each call's messages are posted (``"p2p"``: fresh
     ``MPI_Isend``/``MPI_Irecv``; ``"persistent"``: requests bound once, started each call;
     ``"neighbor"``: one neighbourhood all-to-all on a graph communicator of the peers);
-    ``why``, in words."""
+    ``why``, in words; ``candidates``: the methods ``"tune"`` measures (empty otherwise)."""
 
     path: str
     algorithm: str
     why: str
     method: str = "p2p"
+    candidates: Tuple[str, ...] = ()
 
 
 def index_route(mesh: Any, algorithm: str, method: str = "auto") -> IndexRoute:
@@ -92,7 +93,7 @@ def index_route(mesh: Any, algorithm: str, method: str = "auto") -> IndexRoute:
         why = (f"messages by the fastest of {', '.join(cands)}, measured at the first gather "
                f"and at the first scatter")
         algo = "nbx" if algorithm == "auto" else algorithm
-        return IndexRoute("tune", algo, f"setup counts by {algo}; {why}", "tune")
+        return IndexRoute("tune", algo, f"setup counts by {algo}; {why}", "tune", cands)
     m = "p2p" if method in ("auto", "shm") else method
     if path == "mpi" and method == "shm" and \
             _shm.node(mesh, tuple(range(mesh.ndim))) is not None:  # fmt: skip
@@ -539,14 +540,13 @@ def gather_plan(indices: Any, like: ShardedArray, algorithm: str = "auto",
                                        "p2p" if m == "shm" else m), node)
 
     tune = route.path == "tune"
-    cands = METHODS + (("shm",) if tune and _shm.node(mesh, dims) is not None else ())
     core = make("shm" if route.path == "shm" else "p2p" if tune else route.method)
     x = IndexExchange("gather", route, core)
     if log.isEnabledFor(logging.DEBUG):
         log.debug("gather_plan: %d indices, %d owners read, %d readers served", idx.size,
                   len(rpeer), len(opeer))
     return GatherPlan(mesh, lay, offsets, idx, x, counts, rcounts, make if tune else None,
-                      cands if tune else ())
+                      route.candidates)
 
 
 def take(x: ShardedArray, indices: Any) -> np.ndarray:
