@@ -241,9 +241,21 @@ def serial(n: int, dim: int, ppc: int, steps: int, dt: float = 0.25, vth: float 
             "charge": charge}
 
 
+def with_room(cols: Tuple[np.ndarray, ...]) -> Tuple[np.ndarray, ...]:
+    """The columns copied into arrays with room for a quarter more rows (and 16): what
+    ``migrate(..., inplace=True)`` fills."""
+    n = len(cols[0])
+    out = []
+    for a in cols:
+        b = np.empty((n + n // 4 + 16,) + a.shape[1:], a.dtype)
+        b[:n] = a
+        out.append(b)
+    return tuple(out)
+
+
 def run(mesh: ps.Mesh, n: int, dim: int, ppc: int, steps: int, dt: float = 0.25,
         vth: float = 1.0, seed: int = 0, overlap: bool = False, method: Optional[str] = None,
-        cluster: float = 0.0, balance: int = 0) -> Dict[str, Any]:
+        cluster: float = 0.0, balance: int = 0, inplace: bool = False) -> Dict[str, Any]:
     """The k steps on the sharded grid. Returns this rank's final ``x, v, q, ids`` (in the
     migrations' order), ``rho`` (the last deposit, a ShardedArray), and the global
     ``crossed`` (particles that changed rank, per step), ``energy`` (field, kinetic per
@@ -251,7 +263,10 @@ def run(mesh: ps.Mesh, n: int, dim: int, ppc: int, steps: int, dt: float = 0.25,
     this rank's ``times`` (seconds per phase, summed over the steps). ``balance=K``: after
     every K-th step, ``ps.particle_cost`` counts the particles per cell, ``ps.balance``
     chooses new extents, and unless it keeps them the charge is redistributed to them and
-    the particles migrate to their new owners; ``balances`` lists the ``Balance`` results."""
+    the particles migrate to their new owners; ``balances`` lists the ``Balance`` results.
+    ``inplace``: the particles live in columns with room (``with_room``), the push writes
+    into them and ``migrate(..., inplace=True)`` copies only the particles that leave (the
+    blocking migration; ``overlap`` takes precedence)."""
     comm = mesh.comm
     shape = (n,) * dim
     if len(mesh.shape) > dim:
@@ -282,6 +297,10 @@ def run(mesh: ps.Mesh, n: int, dim: int, ppc: int, steps: int, dt: float = 0.25,
     balances: List[Any] = []
 
     x, v, q, ids = particles(n, dim, ppc, seed, vth, box, cluster)
+    store = None
+    if inplace and not overlap:  # the columns with room; x, v, q, ids: views of their rows
+        store = with_room((x, v, q, ids))
+        x, v, q, ids = (a[:len(q)] for a in store)
     total = comm.allreduce(float(q.sum()))
     t = dict.fromkeys(("deposit", "fold", "poisson", "field", "push", "migrate", "balance"), 0.0)
 
@@ -315,8 +334,12 @@ def run(mesh: ps.Mesh, n: int, dim: int, ppc: int, steps: int, dt: float = 0.25,
         e_h.update()
         t0 = clock("field", t0)
         fe, ke = _energy(e_h.interior, v, q)
-        v = v + QM * dt * gather(e_h.padded, x, origin)
-        x = wrap_positions(x + dt * v, n)
+        if store is not None:  # in place: into the columns migrate() will fill
+            v += QM * dt * gather(e_h.padded, x, origin)
+            x[...] = wrap_positions(x + dt * v, n)
+        else:
+            v = v + QM * dt * gather(e_h.padded, x, origin)
+            x = wrap_positions(x + dt * v, n)
         # (field, kinetic, ranks with a non-finite position): owner() would raise on those
         # ranks only, and the others would wait in migrate() for them
         sums = _sum(comm, [fe, ke, float(not np.isfinite(x).all())])
@@ -349,6 +372,13 @@ def run(mesh: ps.Mesh, n: int, dim: int, ppc: int, steps: int, dt: float = 0.25,
             deposit(rho_h.padded, x[new], q[new], origin)
             rho_h.wait()
             t0 = clock("fold", t0)
+        elif store is not None:
+            r = ps.migrate(store, dest, mesh, inplace=True)
+            t0 = clock("migrate", t0)
+            store = r.storage  # the same columns, or new ones where they had no room
+            x, v, q, ids = r.rows
+            deposit(rho_h.padded, x, q, origin)
+            t0 = fold(t0)
         else:
             r = ps.migrate((x, v, q, ids), dest, mesh)
             t0 = clock("migrate", t0)
@@ -367,6 +397,9 @@ def run(mesh: ps.Mesh, n: int, dim: int, ppc: int, steps: int, dt: float = 0.25,
                 rho_h.interior[...] = rho.local
                 r = ps.migrate((x, v, q, ids), ps.owner(x, rho, periodic=True), mesh)
                 x, v, q, ids = r.rows
+                if store is not None:
+                    store = with_room((x, v, q, ids))
+                    x, v, q, ids = (a[:len(q)] for a in store)
             t0 = clock("balance", t0)
     return {"x": x, "v": v, "q": q, "ids": ids, "rho": rho_h.array, "crossed": crossed,
             "energy": energy, "charge": charge, "total": total, "times": t,
@@ -420,6 +453,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap.add_argument("--vth", type=float, default=1.0, help="thermal velocity (cells / time)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--overlap", action="store_true")
+    ap.add_argument("--inplace", action="store_true",
+                    help="migrate in place (columns with room; only leavers copied)")
     ap.add_argument("--mesh", default=None, help="e.g. 2x2 (default: MPI.Compute_dims)")
     ap.add_argument("--method", default=None, help="halo method (default: PYSHARD_HALO_METHOD)")
     ap.add_argument("--check", default="yes", choices=["yes", "no"])
@@ -437,14 +472,15 @@ def main(argv: Optional[List[str]] = None) -> int:
     mesh = ps.Mesh(comm, mesh_shape)
     t0 = time.perf_counter()
     res = run(mesh, args.n, args.dim, ppc, args.steps, args.dt, args.vth, args.seed,
-              args.overlap, args.method, args.cluster, args.balance)
+              args.overlap, args.method, args.cluster, args.balance, args.inplace)
     elapsed = comm.allreduce(time.perf_counter() - t0, op=MPI.MAX)
     times = {k: comm.allreduce(s, op=MPI.MAX) for k, s in res["times"].items()}
     count = comm.allreduce(len(res["ids"]))
     if comm.rank == 0:
         print(f"pic {args.dim}-D, {args.n}^{args.dim} grid, {count} particles, mesh "
               f"{'x'.join(map(str, mesh_shape))}, {args.steps} steps of dt {args.dt} "
-              f"({'overlapped' if args.overlap else 'blocking'} migration): {elapsed:.3f} s")
+              f"({'overlapped' if args.overlap else 'in place' if args.inplace else 'blocking'}"
+              f" migration): {elapsed:.3f} s")
         print("  step  crossed  field energy  kinetic energy  total energy")
         for s, (c, (fe, ke)) in enumerate(zip(res["crossed"], res["energy"])):
             print(f"  {s:4d}  {c:7d}  {fe:12.6e}  {ke:14.6e}  {fe + ke:12.6e}")

@@ -5,8 +5,8 @@ particles, sorted by id, equal a serial numpy run of the same steps within 1e-9 
 summation orders), every particle is held by exactly one rank and lies in its owner's box,
 particles crossed boxes every step where P > 1, and the charge deposited each step equals the
 particles' total to round-off; blocking and overlapped migration (the staying particles
-deposited while the rows fly), 2-D and 3-D, a slab mesh; and the deposit + fold alone (k = 0)
-with every halo method."""
+deposited while the rows fly) and in place (only the leavers copied), 2-D and 3-D, a slab
+mesh; and the deposit + fold alone (k = 0) with every halo method."""
 
 from __future__ import annotations
 
@@ -57,11 +57,12 @@ def _assert_equal_to_serial(comm, res, ref, n, steps):
 
 
 @pytest.mark.parametrize("dim", [2, 3])
-@pytest.mark.parametrize("overlap", [False, True])
-def test_k_steps_equal_serial(comm, dim, overlap):
+@pytest.mark.parametrize("mode", ["blocking", "overlap", "inplace"])
+def test_k_steps_equal_serial(comm, dim, mode):
     n, ppc = SIZES[dim]
     mesh = ps.Mesh(comm, MPI.Compute_dims(comm.size, dim))
-    res = pic.run(mesh, n, dim, ppc, STEPS, seed=3, overlap=overlap)
+    res = pic.run(mesh, n, dim, ppc, STEPS, seed=3, overlap=mode == "overlap",
+                  inplace=mode == "inplace")
     _assert_equal_to_serial(comm, res, _serial(dim, STEPS, 3), n, STEPS)
     if comm.size > 1:  # every mesh dim here splits the grid: particles cross every step
         assert all(c > 0 for c in res["crossed"]), res["crossed"]
