@@ -62,7 +62,7 @@ def inplace_oracle(cols, dest, me, grouped, counts):
 
 
 @pytest.mark.parametrize("pattern", PATTERNS)
-@pytest.mark.parametrize("algorithm", ["alltoall", "nbx", "auto"])
+@pytest.mark.parametrize("algorithm", ["alltoall", "nbx", "auto", "peers"])
 @pytest.mark.parametrize("room", ["none", "some", "short"])
 @pytest.mark.parametrize("seed", [0, 1])
 def test_inplace_equals_the_rule(mesh, pattern, algorithm, room, seed):
@@ -76,7 +76,8 @@ def test_inplace_equals_the_rule(mesh, pattern, algorithm, room, seed):
     extra = {"none": max(m - n, 0), "some": 40 * P, "short": 0}[room]
     buf = with_room(cols, extra)
     orig = {k: a.copy() for k, a in buf.items()}
-    r = ps.migrate(buf, dest, mesh, algorithm=algorithm, inplace=True)
+    peers = range(P) if algorithm == "peers" else None  # (every rank: a superset)
+    r = ps.migrate(buf, dest, mesh, algorithm=algorithm, inplace=True, peers=peers)
     b = r.back(r.rows)  # (the collective calls first: a failed assert then stops no peer)
     for k in cols:
         same(b[k], cols[k])
