@@ -507,17 +507,15 @@ void MigrateExchange::keep(bool back, const void* dest, int item, i64 n, i64 sig
   inplace_ = false;
 }
 
-void MigrateExchange::start_forward(const void* dest, int item, i64 n, const i64* cnt,
-                                    const i64* rcnt, const Cols& src, const Cols& dst,
-                                    const i64* row_off, char* send, char* recv, char* block,
-                                    i64 block_bytes) {
-  if (node_ && !block)
-    throw std::invalid_argument("pyshard: the shm path needs the result's node-shared block");
-  keep(false, dest, item, n, 0, cnt, rcnt, src, dst, row_off, recv);
+std::vector<char*> MigrateExchange::forward_messages(const i64* cnt, const i64* rcnt,
+                                                     const Cols& src, char* send,
+                                                     std::vector<i64>& sbytes,
+                                                     std::vector<i64>& rbytes) {
   const int P = P_;
   const size_t C = src.rb.size();
   const i64 R = src.row_bytes();
-  std::vector<i64> sbytes(P), rbytes(P);
+  sbytes.assign(P, 0);
+  rbytes.assign(P, 0);
   for (int p = 0; p < P; ++p) {
     const bool msg = p != rank_ && !on_node(p);
     sbytes[p] = msg ? cnt[p] * R : 0;
@@ -530,6 +528,21 @@ void MigrateExchange::start_forward(const void* dest, int item, i64 n, const i64
   for (int p = 0; p < P; ++p)
     if (sbytes[p] > 0)
       for (size_t c = 0; c < C; ++c) tgt[p * C + c] = send + base[p * C + c];
+  return tgt;
+}
+
+void MigrateExchange::start_forward(const void* dest, int item, i64 n, const i64* cnt,
+                                    const i64* rcnt, const Cols& src, const Cols& dst,
+                                    const i64* row_off, char* send, char* recv, char* block,
+                                    i64 block_bytes) {
+  if (node_ && !block)
+    throw std::invalid_argument("pyshard: the shm path needs the result's node-shared block");
+  keep(false, dest, item, n, 0, cnt, rcnt, src, dst, row_off, recv);
+  const int P = P_;
+  const size_t C = src.rb.size();
+  const i64 R = src.row_bytes();
+  std::vector<i64> sbytes, rbytes;
+  std::vector<char*> tgt = forward_messages(cnt, rcnt, src, send, sbytes, rbytes);
   auto pack = [&] {
     if (item == 4)
       pack_t(static_cast<const std::int32_t*>(dest), n, rank_, tgt, src, dst, row_off[rank_], P,
@@ -583,20 +596,8 @@ void MigrateExchange::start_inplace(const void* dest, int item, i64 n, const i64
   const std::vector<i64> zero(static_cast<size_t>(P), 0);
   keep(false, dest, item, n, 0, cnt, rcnt, cols, cols, zero.data(), recv);
   inplace_ = true;
-  const size_t C = cols.rb.size();
-  const i64 R = cols.row_bytes();
-  std::vector<i64> sbytes(P), rbytes(P);
-  for (int p = 0; p < P; ++p) {
-    sbytes[p] = p != rank_ ? cnt[p] * R : 0;
-    rbytes[p] = p != rank_ ? rcnt[p] * R : 0;
-  }
-  std::vector<i64> so = exclusive_scan(sbytes.data(), P, 1);
-  roff_ = exclusive_scan(rbytes.data(), P, 1);
-  std::vector<i64> base = bases(so.data(), cnt, P, cols);
-  std::vector<char*> tgt(static_cast<size_t>(P) * C, nullptr);
-  for (int p = 0; p < P; ++p)
-    if (sbytes[p] > 0)
-      for (size_t c = 0; c < C; ++c) tgt[p * C + c] = send + base[p * C + c];
+  std::vector<i64> sbytes, rbytes;
+  std::vector<char*> tgt = forward_messages(cnt, rcnt, cols, send, sbytes, rbytes);
   post_recvs(rbytes.data(), recv);
   if (item == 4)
     pack_leavers_t(static_cast<const std::int32_t*>(dest), n, rank_, tgt, cols, P, holes_);

@@ -159,6 +159,11 @@ class MigrateExchange {
   std::shared_ptr<NodeShm> node_;
   std::vector<int> local_;  // comm rank -> node index or -1 (node_ only)
   void fill_holes();  // wait() of an in-place forward
+  // forward's message layout: bytes to and from each peer reached by messages (roff_ set),
+  // and where each peer's rows of each column go in `send` (tgt[p * C + c])
+  std::vector<char*> forward_messages(const i64* cnt, const i64* rcnt, const Cols& src,
+                                      char* send, std::vector<i64>& sbytes,
+                                      std::vector<i64>& rbytes);
   bool active_ = false;
   bool back_ = false;
   bool inplace_ = false;
