@@ -184,12 +184,6 @@ inline void waitall(size_t n, MPI_Request* r) {
 inline void waitall_unchecked(size_t n, MPI_Request* r) {
   MPI_Waitall(static_cast<int>(n), r, MPI_STATUSES_IGNORE);
 }
-// The index of a request that completed (now MPI_REQUEST_NULL), or MPI_UNDEFINED (none active).
-inline int waitany(size_t n, MPI_Request* r) {
-  int idx = MPI_UNDEFINED;
-  check_mpi(MPI_Waitany(static_cast<int>(n), r, &idx, MPI_STATUS_IGNORE), "MPI_Waitany");
-  return idx;
-}
 inline void start(MPI_Request* r) { check_mpi(MPI_Start(r), "MPI_Start"); }
 inline void startall(size_t n, MPI_Request* r) {
   check_mpi(MPI_Startall(static_cast<int>(n), r), "MPI_Startall");

@@ -63,15 +63,19 @@ class _Structure:
         return tuple(cols) if self.kind == "tuple" else list(cols)
 
 
+def _items(rows: Rows) -> Tuple[_Structure, List[Any]]:
+    """The structure of ``rows`` and its columns as given."""
+    if isinstance(rows, dict):
+        return _Structure("dict", tuple(rows)), list(rows.values())
+    if isinstance(rows, (tuple, list)):
+        st = _Structure("tuple" if isinstance(rows, tuple) else "list", tuple(range(len(rows))))
+        return st, list(rows)
+    return _Structure("array", (0,)), [rows]
+
+
 def _split(rows: Rows, what: str) -> Tuple[_Structure, List[Any], int, str]:
     """(structure, columns as C-contiguous host arrays, error code, its detail)."""
-    if isinstance(rows, dict):
-        st, items = _Structure("dict", tuple(rows)), list(rows.values())
-    elif isinstance(rows, (tuple, list)):
-        st = _Structure("tuple" if isinstance(rows, tuple) else "list", tuple(range(len(rows))))
-        items = list(rows)
-    else:
-        st, items = _Structure("array", (0,)), [rows]
+    st, items = _items(rows)
     if not items:
         return st, [], 6, f"{what} holds no columns"
     cols = []
@@ -177,7 +181,8 @@ class Migrated:
 
     def __init__(self, mesh: Any, rows: Rows, counts: np.ndarray, sent: np.ndarray,
                  dest: np.ndarray, route: Any, sig: int, device: bool,
-                 row_bytes: Tuple[int, int] = (0, 0), storage: Rows = None) -> None:
+                 row_bytes: Tuple[int, int] = (0, 0), storage: Rows = None,
+                 storage_is_input: bool = False) -> None:
         self.mesh, self.rows, self.counts, self.sent = mesh, rows, counts, sent
         self._row_bytes = row_bytes
         self._dest, self.route, self._sig, self._device = dest, route, sig, device
@@ -187,7 +192,8 @@ class Migrated:
         #: the input's own arrays where they had room, else new ones with room to grow; None
         #: for a result grouped by source rank
         self.storage = storage
-        self.storage_is_input = False
+        #: whether :attr:`storage` is the input's own columns (they had room)
+        self.storage_is_input = storage_is_input
 
     @property
     def inplace(self) -> bool:
@@ -488,10 +494,7 @@ def migrate(rows: Rows, dest: Any, mesh: Any, algorithm: str = "auto", wait: boo
     ``ValueError`` on every rank in this call, naming the first rank at fault; the error
     travels with the counts, so no collective is added."""
     P, me = mesh.size, mesh.rank
-    r = migrate_route(mesh, algorithm, peers)
-    if inplace and r.algorithm == "tune":
-        raise ValueError("pyshard.migrate: inplace=True does not take algorithm='tune' (its "
-                         "trials would move the rows); name the count exchange")
+    r = migrate_route(mesh, algorithm, peers, inplace)
     if r.algorithm == "tune":
         return _tuned(rows, dest, mesh, wait)
     device = _any_device(rows)
@@ -563,9 +566,7 @@ def migrate(rows: Rows, dest: Any, mesh: Any, algorithm: str = "auto", wait: boo
 def _inplace_code(rows: Rows, st: _Structure, cols: List[np.ndarray]) -> Tuple[int, str]:
     """Error 7 where a column of an in-place migration is not the caller's own writeable
     C-contiguous numpy array (a copy would leave the caller's columns unchanged)."""
-    items = (list(rows.values()) if isinstance(rows, dict) else
-             list(rows) if isinstance(rows, (tuple, list)) else [rows])
-    for k, obj, a in zip(st.keys, items, cols):
+    for k, obj, a in zip(st.keys, _items(rows)[1], cols):
         if not (isinstance(obj, np.ndarray) and a is obj and obj.flags.writeable):
             why = ("not a numpy array" if not isinstance(obj, np.ndarray) else
                    "not C-contiguous" if a is not obj else "read-only")
@@ -595,9 +596,6 @@ def _migrate_inplace(mesh: Any, r: MigrateRoute, st: _Structure, cols: List[np.n
             b[:n] = a[:n]
             new.append(b)
         cols = new
-    if r.path == "shm":  # in place, the rows go by messages
-        r = MigrateRoute("mpi", r.algorithm, r.why.split("; ")[-1] + "; in place: the rows by "
-                         "messages", r.peers)
     comm = mesh.core_comm(tuple(range(mesh.ndim)))
     x = RowExchange("migrate", r, _core.MigrateExchange(comm, None))
     others = np.arange(P) != me
@@ -607,8 +605,7 @@ def _migrate_inplace(mesh: Any, r: MigrateRoute, st: _Structure, cols: List[np.n
     send, recv = bufs.take(sbytes), bufs.take(rbytes)
     x.core.start_inplace(d, counts, rcounts, cols, send, recv)
     result = Migrated(mesh, None, rcounts, counts, d, r, sig, False, (R, len(cols)),
-                      st.build(cols))
-    result.storage_is_input = own
+                      st.build(cols), own)
     pend = PendingMigration(x, bufs, send, recv, result, [a[:m] for a in cols], st)
     return pend.wait() if wait else pend
 
@@ -700,9 +697,7 @@ def _tuned(rows: Rows, dest: Any, mesh: Any, wait: bool) -> Union[Migrated, Pend
 
 
 def _any_device(rows: Rows) -> bool:
-    items = rows.values() if isinstance(rows, dict) else (
-        rows if isinstance(rows, (tuple, list)) else [rows])
-    return any(_backend.is_device(a) for a in items)
+    return any(_backend.is_device(a) for a in _items(rows)[1])
 
 
 def _describe(st: _Structure, cols: List[np.ndarray]) -> str:

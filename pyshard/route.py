@@ -352,7 +352,8 @@ def _counts_rule(P: int) -> Tuple[str, str]:
     return "nbx", f"{P} ranks > {MIGRATE_DENSE_MAX}: NBX, messages only to the ranks that get rows"
 
 
-def migrate_route(mesh: Any, algorithm: str, peers: Any = None) -> MigrateRoute:
+def migrate_route(mesh: Any, algorithm: str, peers: Any = None,
+                  inplace: bool = False) -> MigrateRoute:
     """The rule for :func:`pyshard.migrate`, from what every rank holds alike (the mesh size,
     its node map, the settings, the arguments): ``peers`` given -> ``peers`` (point-to-point,
     no collective, no node handshake); ``auto`` -> the rows through node-shared memory where
@@ -361,7 +362,10 @@ def migrate_route(mesh: Any, algorithm: str, peers: Any = None) -> MigrateRoute:
     past it; ``shm`` -> that path with the counts by the same rule (by messages where no two
     ranks share a node); ``alltoall`` / ``nbx`` -> that count exchange, the rows by messages;
     ``tune`` -> measured at the first call on the mesh, the slowest rank's time deciding. No
-    MPI call; bad arguments raise ``ValueError`` before any communication."""
+    MPI call; bad arguments raise ``ValueError`` before any communication. ``inplace``
+    (``migrate(..., inplace=True)``): the rows by messages, never node-shared memory (the
+    result is the caller's own columns, which no node peer can write), and ``tune`` refused
+    (its trials would move the rows)."""
     P = mesh.size
     if algorithm not in ("auto", "tune") + MIGRATE_ALGORITHMS:
         raise ValueError(f"pyshard.migrate: algorithm must be 'auto', 'tune' or one of "
@@ -383,6 +387,9 @@ def migrate_route(mesh: Any, algorithm: str, peers: Any = None) -> MigrateRoute:
     if algorithm == "peers":
         raise ValueError("pyshard.migrate: algorithm 'peers' needs peers=")
     path = "mpi" if P > 1 else "local"
+    if algorithm == "tune" and inplace:
+        raise ValueError("pyshard.migrate: inplace=True does not take algorithm='tune' (its "
+                         "trials would move the rows); name the count exchange")
     if algorithm == "tune":
         return MigrateRoute(path, "tune", "measured at the first call on this mesh")
     if algorithm in ("alltoall", "nbx"):
@@ -390,6 +397,9 @@ def migrate_route(mesh: Any, algorithm: str, peers: Any = None) -> MigrateRoute:
     counts, why = _counts_rule(P)
     if P == 1:
         return MigrateRoute("local", counts, f"one rank: the rows stay; {why}")
+    if inplace:
+        return MigrateRoute("mpi", counts, f"in place: the rows by messages into this rank's "
+                            f"own columns; {why}")
     node = _shm.node(mesh, tuple(range(mesh.ndim)))
     if node is None:
         off = ("PYSHARD_SHM=off" if not _shm.enabled()
