@@ -7,6 +7,8 @@ from mpi4py import MPI as _MPI  # noqa: F401
 
 from . import _mpi
 
+_mpi.preload_ml_dtypes()
+
 try:
     from . import _core
 except ImportError as _e:  # pragma: no cover - depends on the build

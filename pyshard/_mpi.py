@@ -27,6 +27,26 @@ _NAMES = [
 ]
 
 
+def preload_ml_dtypes() -> None:
+    """Import ml_dtypes before the core loads, where cupy is installed.
+
+    On the GPU machine (Ubuntu 24.04's libstdc++, cupy-cuda13x 14.2, ml_dtypes 0.6.0, the core
+    built there with CUDA), importing ml_dtypes after the core had loaded crashed the process
+    (SIGSEGV in libstdc++'s ``ostream << double`` under ml_dtypes' ``finfo``); cupy and jax
+    import ml_dtypes, so ``import pyshard; import cupy`` crashed. Imported first, it does not
+    (measured there, 2026-12-04). cupy imports ml_dtypes anyway, so this costs a cupy user
+    nothing; elsewhere nothing is imported."""
+    if "ml_dtypes" in sys.modules:
+        return
+    try:
+        find = importlib.util.find_spec
+        if find("cupy") is None or find("ml_dtypes") is None:
+            return
+        import ml_dtypes  # noqa: F401
+    except Exception:  # noqa: BLE001 - a broken optional install must not stop pyshard loading
+        return
+
+
 def clean(text: str) -> str:
     """A library version text without the NUL some libraries end it with, and stripped."""
     return text.split("\0", 1)[0].strip()

@@ -16,7 +16,8 @@
 #   5. runs `python -m pyshard bench --device cuda --shape 8192x8192` at 2 and 4 ranks, and
 #      scripts/gpu_halo_time.py (halo updates on cupy against numpy) at 2 and 4 ranks;
 #   6. if time is left, all of tests/gpu at 8 ranks (the 2x2x2 mesh cases);
-# and prints one summary line. Every step runs under a timeout inside an overall budget
+# and prints one summary line. GPU_CHECK_THEN=FILE runs the bash script FILE after the build
+# (with the same MPI, PYTHONPATH and mpiexec) instead of steps 4-6. Every step runs under a timeout inside an overall budget
 # (GPU_CHECK_BUDGET seconds, default 450: done in under 8 minutes); a failing step is reported
 # and the script goes on to the summary. Exit status 0 when every step passed.
 # Logs: $OUT (when set; else /tmp/pyshard-gpu-check): gpu-check.log (everything),
@@ -169,6 +170,11 @@ main() {
   step build 240 200 build
   BUILD_OK=$?
 
+  if [ -n "${GPU_CHECK_THEN:-}" ]; then  # a given script instead of the standard steps
+    step then 300 0 bash "$GPU_CHECK_THEN"
+    echo "gpu-check (then $GPU_CHECK_THEN only): $(printf '%s; ' "${SUMMARY[@]}")"
+    return $FAILED
+  fi
   if [ -n "${GPU_CHECK_ONLY_HALO:-}" ]; then  # the halo timings alone (a short lease)
     for n in 1 2 4; do
       step "halo-n$n" 120 0 "$MPIEXEC" -n "$n" "$PY" scripts/gpu_halo_time.py

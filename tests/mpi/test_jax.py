@@ -543,3 +543,29 @@ def test_a_rank_that_fails_to_trace_makes_every_rank_raise_under_validation(comm
     msgs = comm.allgather(str(e.value))
     assert len(set(msgs)) == 1 and "redistribute" in msgs[0], msgs
     mesh.free()
+
+
+@pytest.mark.parametrize("untested", [False, True])
+def test_jax_outside_the_tested_versions(untested):
+    """A jax outside the tested range: ImportError naming the versions and the override; with
+    PYSHARD_JAX_UNTESTED=1 a warning and the import goes on (a fresh interpreter, where
+    jax.__version__ is set before pyshard.jax reads it)."""
+    import subprocess
+    import sys
+
+    import launch
+
+    code = ("import logging, jax; logging.basicConfig(); jax.__version__ = '0.99.0'\n"
+            "import pyshard.jax\nprint('imported')")  # fmt: skip
+    env = launch.child_env()  # a singleton MPI, not a rank of this job
+    env.pop("PYSHARD_JAX_UNTESTED", None)
+    if untested:
+        env["PYSHARD_JAX_UNTESTED"] = "1"
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                       timeout=120)  # fmt: skip
+    if untested:
+        assert r.returncode == 0 and "imported" in r.stdout, r.stderr
+        assert "jax 0.99.0 is outside the tested 0.10.x" in r.stderr
+    else:
+        assert r.returncode != 0 and "imported" not in r.stdout
+        assert "this is jax 0.99.0" in r.stderr and "PYSHARD_JAX_UNTESTED=1" in r.stderr
