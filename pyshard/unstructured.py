@@ -155,6 +155,11 @@ def _signature(lay: Any) -> int:
     return zlib.crc32(key) + 1
 
 
+def _increasing(a: np.ndarray) -> bool:
+    """Whether ``a`` is strictly increasing (distinct and sorted): one pass, no sort."""
+    return a.size < 2 or bool((a[1:] > a[:-1]).all())
+
+
 def _check_indices(indices: Any, N: int) -> Tuple[Optional[np.ndarray], int, str]:
     """The indices as int64, or an error code and its detail."""
     try:
@@ -166,7 +171,7 @@ def _check_indices(indices: Any, N: int) -> Tuple[Optional[np.ndarray], int, str
     if a.dtype.kind not in "iu" and not (a.size == 0 and a.dtype.kind == "f"):
         return None, 2, f"indices must be integers, got dtype {a.dtype}"
     a = a.astype(np.int64, copy=False)
-    if a.size:
+    if a.size and not (0 <= a[0] and a[-1] < N and _increasing(a)):
         bad = np.flatnonzero((a < 0) | (a >= N))
         if bad.size:
             k = int(bad[0])
@@ -495,19 +500,27 @@ def gather_plan(indices: Any, like: ShardedArray, algorithm: str = "auto",
     slot = self_rows = np.zeros(0, np.int64)
     if not code:
         assert idx is not None
-        uniq, inv = np.unique(idx, return_inverse=True)
-        owner = np.searchsorted(offsets[:-1], uniq, side="right") - 1
-        remote = owner != me
-        counts = np.bincount(owner, minlength=P).astype(np.int64)
+        # the distinct rows in increasing order; indices already so (a CSR matrix's ghost
+        # columns, say) skip the sort: one pass over the differences
+        if _increasing(idx):
+            uniq, inv = idx, None
+        else:
+            uniq, inv = np.unique(idx, return_inverse=True)
+        # each owner's rows are one run of uniq: its bounds from the layout's offsets
+        bounds = np.searchsorted(uniq, offsets)
+        counts = np.diff(bounds).astype(np.int64)
         send_counts = counts.copy()
         send_counts[me] = 0
-        req = np.ascontiguousarray(uniq[remote])
+        lo, hi = int(bounds[me]), int(bounds[me + 1])
+        req = np.concatenate((uniq[:lo], uniq[hi:]))
         nr = int(req.shape[0])
+        # slots: the requested rows first (in uniq's order), then this rank's own rows
         uslot = np.empty(uniq.shape[0], np.int64)
-        uslot[remote] = np.arange(nr)
-        uslot[~remote] = nr + np.arange(uniq.shape[0] - nr)
-        slot = uslot[inv.reshape(-1)] if idx.size else np.zeros(0, np.int64)
-        self_rows = uniq[~remote] - offsets[me]
+        uslot[:lo] = np.arange(lo)
+        uslot[lo:hi] = np.arange(nr, nr + hi - lo)
+        uslot[hi:] = np.arange(lo, nr)
+        slot = uslot if inv is None else uslot[inv.reshape(-1)]
+        self_rows = uniq[lo:hi] - offsets[me]
     else:
         send_counts = counts
     comm = mesh.core_comm(tuple(range(mesh.ndim)))

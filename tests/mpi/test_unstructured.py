@@ -358,7 +358,8 @@ def test_take_and_scatter_add(mesh):
 # --- errors -------------------------------------------------------------------------------
 
 REASON = {"range": "an index outside [0, N)", "negative": "an index outside [0, N)",
-          "float": "indices not integers", "2d": "indices not 1-D"}
+          "float": "indices not integers", "2d": "indices not 1-D",
+          "sorted_high": "an index outside [0, N)", "sorted_low": "an index outside [0, N)"}
 
 
 def bad_indices(kind, rank, good):
@@ -367,12 +368,17 @@ def bad_indices(kind, rank, good):
             f"outside [0, {N})"
     if kind == "negative":
         return np.array([0, -1, 2], np.int64), f"indices[1] = -1 is outside [0, {N})"
+    if kind == "sorted_high":  # increasing: the check's fast path reads the ends
+        return np.array([0, 1, N + 4], np.int64), f"indices[2] = {N + 4} is outside [0, {N})"
+    if kind == "sorted_low":
+        return np.array([-3, 0, 1], np.int64), f"indices[0] = -3 is outside [0, {N})"
     if kind == "float":
         return np.array([0.0, 1.5]), "indices must be integers, got dtype float64"
     return np.zeros((2, 2), np.int64), "indices must be 1-D, got shape (2, 2)"
 
 
 @pytest.mark.parametrize("kind,algorithm", [("range", "auto"), ("negative", "auto"),
+                                            ("sorted_high", "auto"), ("sorted_low", "alltoall"),
                                             ("float", "alltoall"), ("2d", "auto"),
                                             ("mixed", "auto"), ("mixed", "alltoall")])
 def test_bad_indices_raise_on_every_rank(mesh, kind, algorithm):
