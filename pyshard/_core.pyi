@@ -64,10 +64,12 @@ __all__: list[str] = [
     "device_pack",
     "halo_copy_local",
     "index_requests",
+    "jax_fft_handler",
     "jax_handler",
     "jax_register_halo",
     "jax_register_step",
     "jax_registered",
+    "jax_set_fft_function",
     "large_count",
     "large_count_method",
     "large_count_reduce_method",
@@ -1132,6 +1134,11 @@ def index_requests(
     The setup of an index exchange: the counts (algorithm 0: MPI_Alltoall, 1: NBX) with this rank's error code and signature, then the requested rows (global indices, owner after owner) to their owners: (rows each rank reads from this one, those rows rank after rank, rank * 256 + code of the first rank at fault or -1, signature mismatch, a rank whose signature differs or -1).
     """
 
+def jax_fft_handler() -> typing_extensions.CapsuleType:
+    """
+    The XLA FFI handler of pyshard.jax's local FFT passes (pyshard_fft: c2c in place on XLA's buffer, through the function jax_set_fft_function set).
+    """
+
 def jax_handler() -> typing_extensions.CapsuleType:
     """
     The XLA FFI handler of pyshard.jax's custom calls (a PyCapsule for jax.ffi.register_ffi_target).
@@ -1160,6 +1167,11 @@ def jax_register_step(
 def jax_registered() -> int:
     """
     How many steps pyshard_step custom calls can name.
+    """
+
+def jax_set_fft_function(fn: typing.Any) -> None:
+    """
+    Set the function pyshard_fft calls with (array, axes, inverse, norm): it transforms the array (a view of XLA's buffer) in place.
     """
 
 def large_count_method() -> str: ...

@@ -214,6 +214,13 @@ SETTINGS: Dict[str, Setting] = {s.name: s for s in (
             "imports, else numpy.fft; pyfftw (FFTW_ESTIMATE plans) and pyfftw-measure "
             "(FFTW_MEASURE: seconds per new shape, then cached) take pyFFTW",
             _choice("auto", "scipy", "numpy", "pyfftw", "pyfftw-measure")),
+    Setting("PYSHARD_JAX_UNTESTED", _BOOL, False,
+            "import pyshard.jax under a jax outside the tested versions (a warning, then "
+            "on) instead of raising ImportError", _bool),
+    Setting("PYSHARD_JAX_FFT", "auto, scipy or jnp", "auto",
+            "pyshard.jax's local c2c FFT passes on CPU: auto is scipy.fft in place on XLA's "
+            "buffer (a custom call) where scipy imports, else jnp.fft; jnp: always jnp.fft. "
+            "Read when a function is traced", _choice("auto", "scipy", "jnp")),
     Setting("PYSHARD_PEER_TIMEOUT", "a number of seconds > 0", 300.0,
             "the longest a rank waits for a node peer in node-shared memory (mesh setup, an "
             "exchange, a halo update or fold); past it every waiting rank raises RuntimeError "

@@ -45,13 +45,14 @@ except ImportError as _e:  # pragma: no cover - depends on the environment
 import numpy as np
 from jax.tree_util import register_pytree_node_class
 
-from .. import _validate
+from .. import _validate, config
 from .._dtypes import accumulator
 from .._grad import grad_in_layout, grad_out_layout
 from ..array import ShardedArray
 from ..array import distribute as _np_distribute
 from ..executor import local_slices, step_executor
 from ..fft.api import plan as fft_plan
+from ..fft.engine import have_scipy
 from ..fft.kinds import pass_in_dtype
 from ..fft.planner import Local
 from ..halo_planner import HaloSpec, PeriodicArg, WidthArg, halo_plan, halo_spec
@@ -60,7 +61,7 @@ from ..mesh import Mesh
 from ..planner import COLLECTIVE_KINDS, plan
 from ..route import FOLD_KIND, Route
 from . import _compat
-from ._ops import mpi_algorithm, registered, run_halo, run_step
+from ._ops import local_fft, mpi_algorithm, registered, run_halo, run_step
 
 __all__ = [
     "Sharded",
@@ -371,6 +372,17 @@ def fold(padded: Any, like: Sharded, width: WidthArg, periodic: PeriodicArg = Fa
 FFT_KINDS = ("fftn", "ifftn", "rfftn", "irfftn")
 
 
+def _scipy_pass(a: Any, p: Local) -> bool:
+    """Whether a c2c pass runs through ``pyshard_fft`` (scipy.fft in place on XLA's buffer,
+    on CPU; ``PYSHARD_JAX_FFT``): complex64/complex128, no resizing, scipy importable."""
+    choice = config.get("PYSHARD_JAX_FFT")
+    if choice == "jnp" or np.dtype(a.dtype) not in (np.complex64, np.complex128):
+        return False
+    if any(a.shape[ax] != n for ax, n in zip(p.axes, p.ns)) or tuple(p.ns) != tuple(p.outs):
+        return False
+    return have_scipy()
+
+
 def _local_pass(a: Any, p: Local, norm: Optional[str]) -> Any:
     """One local pass of an FFT plan with ``jnp.fft``: the pyshard.fft engine's pass (the
     same dtypes, lengths and resizing)."""
@@ -384,6 +396,8 @@ def _local_pass(a: Any, p: Local, norm: Optional[str]) -> Any:
         return jnp.zeros(shape, p.dst.dtype)
     if p.func in ("rfft", "irfft"):
         r = getattr(jnp.fft, p.func)(a, n=p.ns[0], axis=p.axes[0], norm=norm)
+    elif p.func in ("fftn", "ifftn") and _scipy_pass(a, p):
+        r = local_fft(a, p.axes, p.func == "ifftn", norm)
     elif p.func in ("fftn", "ifftn"):
         r = getattr(jnp.fft, p.func)(a, s=p.ns, axes=p.axes, norm=norm)
     else:  # pragma: no cover - the kinds offered have no other pass

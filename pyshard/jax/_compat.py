@@ -14,10 +14,11 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import os
 from typing import Any
 
 import jax
+
+from .. import config
 
 TESTED = ((0, 10), (0, 11))  # jax versions in [lo, hi)
 
@@ -33,7 +34,7 @@ def _version(v: str) -> tuple:
 
 
 JAX_VERSION = _version(jax.__version__)
-if not (TESTED[0] <= JAX_VERSION[:2] < TESTED[1]) and os.environ.get("PYSHARD_JAX_UNTESTED"):
+if not (TESTED[0] <= JAX_VERSION[:2] < TESTED[1]) and config.get("PYSHARD_JAX_UNTESTED"):
     logging.getLogger("pyshard.jax").warning(
         "jax %s is outside the tested 0.10.x; going on because PYSHARD_JAX_UNTESTED is set",
         jax.__version__)

@@ -21,7 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.core import ShapedArray
 from jax.ffi import ffi_lowering, register_ffi_target
-from jax.interpreters import batching, mlir
+from jax.interpreters import ad, batching, mlir
 
 from .. import _core
 from ..executor import step_executor
@@ -168,3 +168,66 @@ def run_halo(padded: Any, layout: Layout, spec: HaloSpec, mesh: Mesh, fold: bool
     """A halo update (the ghost cells filled from their owners) or fold (every ghost cell
     summed into its owner's cell) of this rank's padded array."""
     return halo_p.bind(padded, layout=layout, spec=spec, mesh=mesh, fold=fold)
+
+
+# ----------------------------------------------------------------------------- local FFT
+
+FFT_TARGET = "pyshard_fft"
+register_ffi_target(FFT_TARGET, _core.jax_fft_handler(), platform="cpu")
+NORMS = ("backward", "ortho", "forward")
+
+
+def _fft_in_place(a: np.ndarray, axes: tuple, inverse: bool, norm: int) -> None:
+    """pyshard_fft's Python side: ``a`` (a view of XLA's buffer) transformed in place by
+    scipy.fft (pocketfft transforms a complex array in place where told it may)."""
+    import scipy.fft as sfft
+
+    f = sfft.ifftn if inverse else sfft.fftn
+    r = f(a, axes=axes, norm=NORMS[norm], overwrite_x=True)
+    if r.ctypes.data != a.ctypes.data:  # (not in place after all: copy it in)
+        a[...] = r
+
+
+_core.jax_set_fft_function(_fft_in_place)
+
+fft_p = Primitive("pyshard_fft")
+fft_p.def_impl(lambda *a, **k: apply_primitive(fft_p, *a, **k))
+fft_p.def_abstract_eval(lambda x, *, axes, inverse, norm: ShapedArray(x.shape, x.dtype))
+
+
+def _fft_lower_cpu(ctx: Any, x: Any, *, axes: tuple, inverse: bool, norm: int) -> list:
+    # the result takes the source's buffer (XLA copies the source first where it is still
+    # needed), so the pass runs in place with no result page faulted in
+    return ffi_lowering(FFT_TARGET, operand_output_aliases={0: 0})(
+        ctx, x, axes=np.asarray(axes, np.int64), inverse=np.int64(inverse), norm=np.int64(norm))
+
+
+def _fft_jnp(x: Any, *, axes: tuple, inverse: bool, norm: int) -> Any:
+    f = jnp.fft.ifftn if inverse else jnp.fft.fftn
+    return f(x, axes=axes, norm=NORMS[norm])
+
+
+def _fft_batch(args: tuple, dims: tuple, *, axes: tuple, inverse: bool,
+               norm: int) -> Tuple[Any, int]:  # fmt: skip
+    (x,), (d,) = args, dims
+    x = jnp.moveaxis(x, d, 0) if d != 0 else x
+    return fft_p.bind(x, axes=tuple(a + 1 for a in axes), inverse=inverse, norm=norm), 0
+
+
+def _fft_transpose(ct: Any, x: Any, *, axes: tuple, inverse: bool, norm: int) -> list:
+    # the DFT matrix is symmetric: the transpose of a pass is the same pass (as lax.fft's rule)
+    return [fft_p.bind(ct, axes=axes, inverse=inverse, norm=norm)]
+
+
+mlir.register_lowering(fft_p, mlir.lower_fun(_fft_jnp, multiple_results=False))
+mlir.register_lowering(fft_p, _fft_lower_cpu, platform="cpu")
+batching.primitive_batchers[fft_p] = _fft_batch
+ad.deflinear2(fft_p, _fft_transpose)
+
+
+def local_fft(x: Any, axes: tuple, inverse: bool, norm: Any) -> Any:
+    """``jnp.fft.fftn`` (``ifftn`` where ``inverse``) of ``x`` along ``axes`` with no resizing,
+    for complex64 and complex128: on CPU through scipy.fft in place on XLA's buffer (the
+    ``pyshard_fft`` custom call), elsewhere ``jnp.fft``. Linear: its transpose is itself."""
+    code = NORMS.index(norm if norm is not None else "backward")
+    return fft_p.bind(x, axes=tuple(int(a) for a in axes), inverse=bool(inverse), norm=code)
