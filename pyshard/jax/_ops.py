@@ -88,6 +88,21 @@ def _lower_call(ctx: Any, x: Any, sid: int, alias: bool) -> list:
     return [out]
 
 
+def _cpu_only(name: str) -> Any:
+    """A lowering for platforms other than CPU: a clear error instead of JAX's "no MLIR
+    translation rule"."""
+
+    def lower(ctx: Any, *args: Any, **params: Any) -> list:
+        platforms = ", ".join(getattr(ctx.module_context, "platforms", ()) or ("?",))
+        raise NotImplementedError(
+            f"pyshard.jax: {name} runs on CPU devices only (the CUDA registration of its "
+            f"custom calls is not built); this program is lowered for {platforms}. Keep the "
+            f"local arrays on a CPU device (jax.device_put(x, jax.devices('cpu')[0])) or run "
+            f"with JAX_PLATFORMS=cpu")
+
+    return lower
+
+
 def batched(layout: Layout, n: int) -> Layout:
     """``layout`` with a leading, unsharded dim of ``n`` (vmap's batch dim)."""
     pl = [Shard(p.dim + 1) if isinstance(p, Shard) else p for p in layout.placements]
@@ -123,6 +138,7 @@ def _step_batch(args: tuple, dims: tuple, *, step: Step, mesh: Mesh, algorithm: 
 
 
 step_p.def_effectful_abstract_eval(_step_abstract)
+mlir.register_lowering(step_p, _cpu_only("a redistribute's collective step"))
 mlir.register_lowering(step_p, _step_lower, platform="cpu")
 batching.primitive_batchers[step_p] = _step_batch
 
@@ -160,6 +176,7 @@ def _halo_batch(args: tuple, dims: tuple, *, layout: Layout, spec: HaloSpec, mes
 
 
 halo_p.def_effectful_abstract_eval(_halo_abstract)
+mlir.register_lowering(halo_p, _cpu_only("a halo update or fold"))
 mlir.register_lowering(halo_p, _halo_lower, platform="cpu")
 batching.primitive_batchers[halo_p] = _halo_batch
 

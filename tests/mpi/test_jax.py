@@ -570,6 +570,26 @@ def test_fft_passes_take_the_custom_call_unless_told(comm, monkeypatch):
     mesh.free()
 
 
+def test_other_platforms_get_a_clear_error_or_jnp(comm):
+    """Lowered for CUDA (no GPU needed: JAX lowers for a named platform): a collective step
+    and a halo raise NotImplementedError saying pyshard.jax runs on CPU devices and what to
+    do; an FFT's local pass lowers to XLA's own fft there, not to pyshard_fft."""
+    mesh = ps.Mesh(comm, (comm.size,))
+    x = psj.distribute(np.zeros((2 * comm.size, 4), np.float32), mesh, [Shard(0)])
+    calls = [lambda x: psj.redistribute(x, [Shard(1)]),
+             lambda x: psj.halo_pad(x, 1, periodic=True)]
+    for f in calls if comm.size > 1 else calls[1:]:  # (one rank: the redistribute moves none)
+        with pytest.raises(NotImplementedError, match="runs on CPU devices only.*lowered "
+                           "for cuda.*JAX_PLATFORMS=cpu"):
+            jax.jit(f).trace(x).lower(lowering_platforms=("cuda",))
+    one = ps.Mesh(MPI.COMM_SELF, (1,))
+    y = psj.distribute(np.zeros((4, 4), np.complex64), one, [Replicate()])
+    text = jax.jit(lambda y: psj.fftn(y)).trace(y).lower(lowering_platforms=("cuda",)).as_text()
+    assert "pyshard_fft" not in text and "fft" in text
+    one.free()
+    mesh.free()
+
+
 def test_spectral_example_gradient_matches_the_serial_run(comm):
     """examples/jax_spectral.py at a small size: rfftn -> decay -> irfftn steps on an uneven
     2-D mesh, and jax.grad through them, equal the one-process jnp.fft run."""
