@@ -132,6 +132,10 @@ build() {
 print("pyshard from", ps.__file__)
 print(json.dumps(ps.build_info()))
 print("cuda_available:", ps.cuda_available())
+import importlib.util
+if importlib.util.find_spec("jax") is not None:  # (ml_dtypes after the core: a crash once)
+    import jax
+    print("jax", jax.__version__, "imports after pyshard and cupy")
 raise SystemExit(0 if ps.cuda_available() else 3)'
 }
 
