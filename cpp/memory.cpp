@@ -1,6 +1,9 @@
 #include "memory.h"
 
 #include <sys/mman.h>
+#include <unistd.h>
+
+#include <cstdint>
 
 #include <algorithm>
 #include <new>
@@ -8,13 +11,44 @@
 
 namespace pyshard {
 
+void advise_huge_pages(void* p, i64 n) {
+#ifdef MADV_HUGEPAGE
+  const auto a = (reinterpret_cast<std::uintptr_t>(p) + kHugePageBytes - 1) &
+                 ~(kHugePageBytes - 1);
+  const auto b = (reinterpret_cast<std::uintptr_t>(p) + static_cast<std::uintptr_t>(n)) &
+                 ~(kHugePageBytes - 1);
+  if (b > a) madvise(reinterpret_cast<void*>(a), b - a, MADV_HUGEPAGE);  // a hint: no error
+#else
+  (void)p;
+  (void)n;
+#endif
+}
+
 namespace {
 
+// Buffers of at least this many bytes start on a huge-page boundary and are advised to use
+// huge pages (MADV_HUGEPAGE; transparent huge pages are "madvise" on many systems): their
+// first touch then faults in 2 MiB at a time. Writing 64 MiB of fresh pages took 42 ms in
+// 4 KiB faults and 9.7 ms so advised, against 2.9 ms for pages already there (this VM).
+constexpr i64 kHugeFrom = i64{4} << 20;
+
 char* map_pages(i64 n) {
-  void* p = mmap(nullptr, static_cast<size_t>(n), PROT_READ | PROT_WRITE,
-                 MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  const bool huge = n >= kHugeFrom;
+  const size_t span = static_cast<size_t>(n) + (huge ? kHugePageBytes : 0);
+  void* p = mmap(nullptr, span, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   if (p == MAP_FAILED) throw std::bad_alloc();
-  return static_cast<char*>(p);
+  char* base = static_cast<char*>(p);
+  if (!huge) return base;
+  // keep [at, at + n) on a huge-page boundary, give back the rest (unmap_pages(at, n) then
+  // unmaps exactly what is left)
+  const auto b0 = reinterpret_cast<std::uintptr_t>(base);
+  char* at = reinterpret_cast<char*>((b0 + kHugePageBytes - 1) & ~(kHugePageBytes - 1));
+  const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+  char* end = at + (static_cast<size_t>(n) + page - 1) / page * page;
+  if (at > base) munmap(base, static_cast<size_t>(at - base));
+  if (end < base + span) munmap(end, static_cast<size_t>(base + span - end));
+  advise_huge_pages(at, n);
+  return at;
 }
 
 void unmap_pages(char* p, i64 n) {

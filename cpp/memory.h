@@ -50,6 +50,13 @@ class Packer {
 };
 
 Packer& host_packer();
+
+// The huge-page size that big host buffers are aligned to and advised to use.
+inline constexpr std::uintptr_t kHugePageBytes = std::uintptr_t{2} << 20;
+
+// Advise the huge-page-aligned interior of [p, p + n) to use transparent huge pages
+// (MADV_HUGEPAGE; a hint, errors ignored): its first touch faults in 2 MiB at a time.
+void advise_huge_pages(void* p, i64 n);
 Packer& cuda_packer();  // throws std::runtime_error when built without CUDA
 
 // CUDA facts for build_info() and cuda_available(); all false / -1 without CUDA.

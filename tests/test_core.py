@@ -231,3 +231,21 @@ def test_sparse_swap_at_65536_ranks_touches_one_peer():
     dst = ps.Layout((4096, 4096), "float32", (256, 256), [Shard(1), Shard(0)])
     step = plan(src, dst).steps[0]
     assert step.max_peers() == 1
+
+
+def test_big_host_buffers_start_on_a_huge_page_boundary():
+    """A pooled result of 4 MiB or more starts on a 2 MiB boundary (advised to use huge
+    pages: its first touch faults 2 MiB at a time where the kernel's THP setting allows);
+    smaller ones are plain pages. Both are whole, writable and give their pages back."""
+    import numpy as np
+
+    for nbytes, aligned in ((5 << 20, True), ((4 << 20) + 1, True), (64 << 10, False)):
+        b = _core.PooledBuffer(nbytes)
+        a = np.frombuffer(b, np.uint8)
+        assert a.size == nbytes
+        if aligned:
+            assert a.ctypes.data % (2 << 20) == 0, hex(a.ctypes.data)
+        a[:] = 7
+        a[-1] = 9
+        assert int(a[0]) == 7 and int(a[-1]) == 9
+        del a, b
