@@ -110,7 +110,7 @@ ffi::Error run_step(ffi::AnyBuffer src, ffi::Token, ffi::Result<ffi::AnyBuffer> 
     }
     // XLA's result is usually fresh pages (its allocator maps big buffers anew each call):
     // advised to use huge pages, the step's writes fault them in 2 MiB at a time
-    if (d != s && db >= (i64{4} << 20)) advise_huge_pages(d, db);
+    if (d != s && db >= kHugeFromBytes) advise_huge_pages(d, db);
     e->run(s, d);
   } catch (const std::exception& ex) {
     return ffi::Error(ffi::ErrorCode::kInternal, ex.what());
@@ -140,7 +140,7 @@ ffi::Error run_fft(ffi::AnyBuffer src, ffi::Result<ffi::AnyBuffer> dst,
   char* d = static_cast<char*>(dst->untyped_data());
   const char* s = static_cast<const char*>(src.untyped_data());
   if (s != d && nb) {  // (XLA did not give the source's buffer: a fresh one, most likely)
-    if (nb >= (size_t{4} << 20)) advise_huge_pages(d, static_cast<i64>(nb));
+    if (static_cast<i64>(nb) >= kHugeFromBytes) advise_huge_pages(d, static_cast<i64>(nb));
     std::memcpy(d, s, nb);
   }
   const auto dims = dst->dimensions();

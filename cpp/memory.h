@@ -50,14 +50,16 @@ class Packer {
 };
 
 Packer& host_packer();
+Packer& cuda_packer();  // throws std::runtime_error when built without CUDA
 
-// The huge-page size that big host buffers are aligned to and advised to use.
+// The huge-page size that big host buffers are aligned to and advised to use, and the
+// size from which they are (a fresh buffer of this size or more faults in 2 MiB at a time).
 inline constexpr std::uintptr_t kHugePageBytes = std::uintptr_t{2} << 20;
+inline constexpr i64 kHugeFromBytes = i64{4} << 20;
 
 // Advise the huge-page-aligned interior of [p, p + n) to use transparent huge pages
 // (MADV_HUGEPAGE; a hint, errors ignored): its first touch faults in 2 MiB at a time.
 void advise_huge_pages(void* p, i64 n);
-Packer& cuda_packer();  // throws std::runtime_error when built without CUDA
 
 // CUDA facts for build_info() and cuda_available(); all false / -1 without CUDA.
 bool cuda_built();

@@ -160,23 +160,25 @@ def _increasing(a: np.ndarray) -> bool:
     return a.size < 2 or bool((a[1:] > a[:-1]).all())
 
 
-def _check_indices(indices: Any, N: int) -> Tuple[Optional[np.ndarray], int, str]:
-    """The indices as int64, or an error code and its detail."""
+def _check_indices(indices: Any, N: int) -> Tuple[Optional[np.ndarray], int, str, bool]:
+    """The indices as int64, or an error code and its detail; and whether they are strictly
+    increasing (then the range check reads the two ends alone)."""
     try:
         a = _backend.to_host(indices) if _backend.is_device(indices) else np.asarray(indices)
     except Exception as e:  # noqa: BLE001 - the detail goes to every rank's message
-        return None, 2, f"indices cannot be read as an array ({e})"
+        return None, 2, f"indices cannot be read as an array ({e})", False
     if a.ndim != 1:
-        return None, 3, f"indices must be 1-D, got shape {a.shape}"
+        return None, 3, f"indices must be 1-D, got shape {a.shape}", False
     if a.dtype.kind not in "iu" and not (a.size == 0 and a.dtype.kind == "f"):
-        return None, 2, f"indices must be integers, got dtype {a.dtype}"
+        return None, 2, f"indices must be integers, got dtype {a.dtype}", False
     a = a.astype(np.int64, copy=False)
-    if a.size and not (0 <= a[0] and a[-1] < N and _increasing(a)):
+    inc = _increasing(a)
+    if a.size and not (inc and 0 <= a[0] and a[-1] < N):
         bad = np.flatnonzero((a < 0) | (a >= N))
         if bad.size:
             k = int(bad[0])
-            return None, 1, f"indices[{k}] = {int(a[k])} is outside [0, {N})"
-    return a, 0, ""
+            return None, 1, f"indices[{k}] = {int(a[k])} is outside [0, {N})", False
+    return a, 0, "", inc
 
 
 class PendingIndex(Request):
@@ -494,7 +496,7 @@ def gather_plan(indices: Any, like: ShardedArray, algorithm: str = "auto",
     route = index_route(mesh, algorithm, method)
     P, me = mesh.size, mesh.rank
     N = int(lay.shape[0])
-    idx, code, detail = _check_indices(indices, N)
+    idx, code, detail, increasing = _check_indices(indices, N)
     counts = np.zeros(P, np.int64)
     req = np.zeros(0, np.int64)
     slot = self_rows = np.zeros(0, np.int64)
@@ -502,7 +504,7 @@ def gather_plan(indices: Any, like: ShardedArray, algorithm: str = "auto",
         assert idx is not None
         # the distinct rows in increasing order; indices already so (a CSR matrix's ghost
         # columns, say) skip the sort: one pass over the differences
-        if _increasing(idx):
+        if increasing:
             uniq, inv = idx, None
         else:
             uniq, inv = np.unique(idx, return_inverse=True)

@@ -34,16 +34,17 @@ def _version(v: str) -> tuple:
 
 
 JAX_VERSION = _version(jax.__version__)
-if not (TESTED[0] <= JAX_VERSION[:2] < TESTED[1]) and config.get("PYSHARD_JAX_UNTESTED"):
-    logging.getLogger("pyshard.jax").warning(
-        "jax %s is outside the tested 0.10.x; going on because PYSHARD_JAX_UNTESTED is set",
-        jax.__version__)
-elif not (TESTED[0] <= JAX_VERSION[:2] < TESTED[1]):
+UNTESTED = not (TESTED[0] <= JAX_VERSION[:2] < TESTED[1])
+if UNTESTED and not config.get("PYSHARD_JAX_UNTESTED"):
     raise ImportError(
         f"pyshard.jax works with jax 0.10.x (it uses JAX's private effect and token API, which "
         f"moves between releases); this is jax {jax.__version__}: "
         f"pip install 'jax[cpu]>=0.10,<0.11' (or set PYSHARD_JAX_UNTESTED=1 to try it anyway)"
     )
+if UNTESTED:
+    logging.getLogger("pyshard.jax").warning(
+        "jax %s is outside the tested 0.10.x; going on because PYSHARD_JAX_UNTESTED is set",
+        jax.__version__)
 
 from jax._src import effects as _effects  # noqa: E402
 from jax._src.core import abstract_token  # noqa: E402,F401
