@@ -15,7 +15,7 @@ from . import _core, _tune
 from ._dtypes import accumulator, is_ml_float
 from ._dtypes import identity as ml_identity
 from .exchange import NONBLOCKING_MIN_BLOCK, Exchange, Request
-from .geometry import gather_push_specs, geometry, push_specs
+from .geometry import Pad, gather_push_specs, geometry, padded, push_specs
 from .layout import Layout, Shard
 from .memory import allocate, pooled
 from .mesh import Mesh
@@ -37,13 +37,15 @@ class _Step(Exchange):
     hot path)."""
 
     __slots__ = ("step", "out_shape", "dtype", "dev", "node", "pooled", "direct", "upcast",
-                 "wide", "spares", "bound")  # fmt: skip
+                 "wide", "spares", "bound", "pads")  # fmt: skip
 
-    def __init__(self, step: Step, mesh: Mesh, r: Route, dev: bool) -> None:
+    def __init__(self, step: Step, mesh: Mesh, r: Route, dev: bool,
+                 pads: Tuple[Pad, Pad] = (None, None)) -> None:
         super().__init__("redistribute", r)
         self.step = step
+        self.pads = pads  # the padded dims of the source's and the result's storage (exchange)
         self.node = r.node if r.path == "shm" else None  # results in node-shared memory
-        self.out_shape = step.dst.local_shape(mesh.coords)
+        self.out_shape = tuple(padded(step.dst.local_shape(mesh.coords), pads[1]))
         self.dtype = step.dst.dtype
         self.dev = dev
         self.pooled = not dev and pooled(prod(self.out_shape) * self.dtype.itemsize)
@@ -88,14 +90,14 @@ class _Exchange(_Step):
         comm, ws = mesh.core_comm(step.mesh_dims), mesh.cache.workspace
         self.direct = True
         if self.route.path == "shm":
-            self.core = _shm_step(step, coords, comm, self.node, ws, push_specs)
+            self.core = _shm_step(step, coords, comm, self.node, ws, push_specs, self.pads)
             return
         algo = getattr(_core.Algorithm, self.route.algorithm)
         block = step.max_block_volume() * step.src.dtype.itemsize  # the same on every rank
         pad = block if algo == _core.Algorithm.alltoall else 0
         # Ialltoallv (local copy overlapped) for large blocks, Alltoallv for small ones:
         # decided from the layouts, so every rank calls the same collective
-        g = geometry(step, coords, algo, pad)
+        g = geometry(step, coords, algo, pad, self.pads)
         self.core = _core.ExchangeStep(comm, g, ws, core_transport(self.route),
                                        block >= NONBLOCKING_MIN_BLOCK)
 
@@ -117,10 +119,11 @@ class _Gather(_Step):
 
 
 def _shm_step(step: Step, coords: Tuple[int, ...], comm: Any, node: Any, ws: Any,
-              specs: Callable[..., Any]) -> Any:  # fmt: skip
+              specs: Callable[..., Any], pads: Tuple[Pad, Pad] = (None, None)) -> Any:
     item = step.src.dtype.itemsize
-    sshape, dshape = list(step.src.local_shape(coords)), list(step.dst.local_shape(coords))
-    pushes, recvs, local = specs(step, coords)
+    sshape = padded(step.src.local_shape(coords), pads[0])
+    dshape = padded(step.dst.local_shape(coords), pads[1])
+    pushes, recvs, local = specs(step, coords) if pads[1] is None else specs(step, coords, pads[1])
     return _core.ShmExchangeStep(comm, node, item, sshape, dshape, pushes, recvs, local, ws)
 
 
@@ -289,15 +292,18 @@ def step_executor(s: Step, mesh: Mesh, r: Route, dev: bool = False) -> _Step:
     return _KINDS[s.kind](s, mesh, r, dev)
 
 
-def _exec(s: Step, mesh: Mesh, algorithm: str, dev: bool) -> _Step:
+def _exec(s: Step, mesh: Mesh, algorithm: str, dev: bool,
+          pads: Tuple[Pad, Pad] = (None, None)) -> _Step:
     """Step ``s`` bound on the path :func:`pyshard.route.route` takes (measured first where
-    it says ``tune``)."""
+    it says ``tune``); ``pads``: an exchange's storage padding (:func:`padded_executors`)."""
     r = route(s, mesh, algorithm, dev)
     if r.path == "tune":
         def build(a: str) -> _Step:
             return _KINDS[s.kind](s, mesh, route(s, mesh, a, dev), dev)
 
         r = route(s, mesh, _tune.choose(s, mesh, dev, build, r.candidates), dev)
+    if pads != (None, None):
+        return _Exchange(s, mesh, r, dev, pads)
     return _KINDS[s.kind](s, mesh, r, dev)
 
 
@@ -320,6 +326,30 @@ def executors(p: Plan, mesh: Mesh, algorithm: str = "auto", like: Any = None) ->
         cache.execs.put(key, execs)
         cache.note(execs)
         log.debug("pyshard: built %s (%s) for rank %d", p, algorithm, mesh.rank)
+    return execs
+
+
+def padded_executors(p: Plan, mesh: Mesh, algorithm: str,
+                     pads: Tuple[Pad, Pad]) -> Optional[list]:
+    """The executor of host plan ``p`` whose source and result storage are :func:`padded`
+    along the dims ``pads`` (None: not padded; the same on every rank): its
+    ``run(src, out=None)`` takes and returns that storage (the local arrays are its views). For
+    :mod:`pyshard.fft`, whose passes along a leading axis run faster there; None where ``p``
+    is not one all-to-all exchange (then the caller keeps C-contiguous arrays). Built once
+    and kept in the mesh's bounded cache, as :func:`executors`."""
+    if len(p.steps) != 1 or p.steps[0].kind != "alltoallv":
+        return None
+    key = (p, algorithm, False, pads)
+    cache = mesh.cache
+    execs = cache.execs.get(key)
+    if execs is None:
+        check_algorithm(algorithm)
+        execs = [_exec(p.steps[0], mesh, algorithm, False, pads)]
+        execs[0].sent, execs[0].received = p.rank_bytes(mesh.coords)[0]
+        cache.execs.put(key, execs)
+        cache.note(execs)
+        log.debug("pyshard: built %s (%s, storage padded %s) for rank %d", p, algorithm, pads,
+                  mesh.rank)
     return execs
 
 

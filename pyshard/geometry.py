@@ -6,16 +6,32 @@ lists of the node-local transport, where a sender writes straight into the recei
 from __future__ import annotations
 
 from math import prod
-from typing import Any, Tuple
+from typing import Any, Optional, Tuple
 
 from . import _core, _dtypes
 from .blocks import exchange_specs, member_specs, origin, relative
 from .planner import Coords, Step
 
-__all__ = ["exchange_specs", "gather_push_specs", "geometry", "member_specs", "push_specs"]
+__all__ = [
+    "exchange_specs", "gather_push_specs", "geometry", "member_specs", "padded", "push_specs",
+]  # fmt: skip
 
 
-def push_specs(s: Step, coords: Coords) -> Tuple[list, list, list]:
+Pad = Optional[int]  # the dim of a local array's storage that is one element longer, or None
+
+
+def padded(shape: Any, dim: Pad) -> list:
+    """``shape`` as a list, one element longer along ``dim`` (None: unchanged): the storage of
+    a local array that is its view ``[..., :n, ...]``, so that the dims before ``dim`` step by
+    no power of two (an FFT pass along a leading axis runs there without the cache aliasing
+    of a power-of-two stride, docs/fft.md); the dims after it stay one contiguous run."""
+    out = list(shape)
+    if dim is not None:
+        out[dim] += 1
+    return out
+
+
+def push_specs(s: Step, coords: Coords, pad: Pad = None) -> Tuple[list, list, list]:
     """The block lists of an alltoallv step at ``coords`` for the node-local transport, where
     a sender writes straight into the receiver's result: per block sent, ``(peer rank in the
     step's communicator, start in this rank's source, the peer's destination shape, start
@@ -26,7 +42,8 @@ def push_specs(s: Step, coords: Coords) -> Tuple[list, list, list]:
         if peer != coords:
             start, ext = relative(box, src_lo)
             pstart = relative(box, origin(s.dst, peer))[0]
-            pushes.append((s.group_rank(peer), start, list(s.dst.local_shape(peer)), pstart, ext))
+            pshape = padded(s.dst.local_shape(peer), pad)
+            pushes.append((s.group_rank(peer), start, pshape, pstart, ext))
     pushes.sort(key=lambda t: t[0])
     _, recvs, local = exchange_specs(s, coords)
     return pushes, recvs, local
@@ -46,14 +63,17 @@ def gather_push_specs(s: Step, coords: Coords) -> Tuple[list, list, list]:
     return pushes, recvs, [(zero, start, ext)]
 
 
-def geometry(s: Step, coords: Coords, algorithm: Any = None, pad: int = 0) -> Any:
+def geometry(s: Step, coords: Coords, algorithm: Any = None, pad: int = 0,
+             pads: Tuple[Pad, Pad] = (None, None)) -> Any:
     """The core's geometry of collective step ``s`` at ``coords`` (None for the others): the
     one rule for its block lists and workspace, which the executor binds; its
     ``workspace_bytes`` is what :func:`pyshard.blocks.workspace_bytes` reports for the
-    default algorithm."""
+    default algorithm. ``pad``: the bytes ``MPI_Alltoall`` pads each block to; ``pads``: the
+    dims along which the source's and the result's storage are :func:`padded` (an exchange)."""
     n = prod(s.group_shape)
     item = s.src.dtype.itemsize
-    sshape, dshape = list(s.src.local_shape(coords)), list(s.dst.local_shape(coords))
+    sshape = padded(s.src.local_shape(coords), pads[0])
+    dshape = padded(s.dst.local_shape(coords), pads[1])
     if s.kind == "alltoallv":
         algo = _core.Algorithm.alltoallv if algorithm is None else algorithm
         sends, recvs, local = exchange_specs(s, coords)
