@@ -43,7 +43,7 @@ class _Step(Exchange):
                  pads: Tuple[Pad, Pad] = (None, None)) -> None:
         super().__init__("redistribute", r)
         self.step = step
-        self.pads = pads  # the padded dims of the source's and the result's storage (exchange)
+        self.pads = pads  # how the source's and the result's storage are padded (exchange)
         self.node = r.node if r.path == "shm" else None  # results in node-shared memory
         self.out_shape = tuple(padded(step.dst.local_shape(mesh.coords), pads[1]))
         self.dtype = step.dst.dtype
@@ -332,7 +332,7 @@ def executors(p: Plan, mesh: Mesh, algorithm: str = "auto", like: Any = None) ->
 def padded_executors(p: Plan, mesh: Mesh, algorithm: str,
                      pads: Tuple[Pad, Pad]) -> Optional[list]:
     """The executor of host plan ``p`` whose source and result storage are :func:`padded`
-    along the dims ``pads`` (None: not padded; the same on every rank): its
+    as ``pads`` says (None: not padded; the same on every rank): its
     ``run(src, out=None)`` takes and returns that storage (the local arrays are its views). For
     :mod:`pyshard.fft`, whose passes along a leading axis run faster there; None where ``p``
     is not one all-to-all exchange (then the caller keeps C-contiguous arrays). Built once

@@ -17,17 +17,18 @@ __all__ = [
 ]  # fmt: skip
 
 
-Pad = Optional[int]  # the dim of a local array's storage that is one element longer, or None
+# (dim, elements): a local array's storage is that many elements longer along that dim; or None
+Pad = Optional[Tuple[int, int]]
 
 
-def padded(shape: Any, dim: Pad) -> list:
-    """``shape`` as a list, one element longer along ``dim`` (None: unchanged): the storage of
-    a local array that is its view ``[..., :n, ...]``, so that the dims before ``dim`` step by
-    no power of two (an FFT pass along a leading axis runs there without the cache aliasing
-    of a power-of-two stride, docs/fft.md); the dims after it stay one contiguous run."""
+def padded(shape: Any, pad: Pad) -> list:
+    """``shape`` as a list, longer as ``pad`` says (None: unchanged): the storage of a local
+    array that is its view ``[..., :n, ...]``, so that the dims before the padded one step by
+    no multiple of a page (an FFT pass along a leading axis runs there without the cache
+    aliasing of such a stride, docs/fft.md)."""
     out = list(shape)
-    if dim is not None:
-        out[dim] += 1
+    if pad is not None:
+        out[pad[0]] += pad[1]
     return out
 
 
@@ -68,8 +69,8 @@ def geometry(s: Step, coords: Coords, algorithm: Any = None, pad: int = 0,
     """The core's geometry of collective step ``s`` at ``coords`` (None for the others): the
     one rule for its block lists and workspace, which the executor binds; its
     ``workspace_bytes`` is what :func:`pyshard.blocks.workspace_bytes` reports for the
-    default algorithm. ``pad``: the bytes ``MPI_Alltoall`` pads each block to; ``pads``: the
-    dims along which the source's and the result's storage are :func:`padded` (an exchange)."""
+    default algorithm. ``pad``: the bytes ``MPI_Alltoall`` pads each block to; ``pads``: how
+    the source's and the result's storage are :func:`padded` (an exchange)."""
     n = prod(s.group_shape)
     item = s.src.dtype.itemsize
     sshape = padded(s.src.local_shape(coords), pads[0])

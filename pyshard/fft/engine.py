@@ -253,16 +253,20 @@ def _fftw(
 # ----------------------------------------------------------------------------- one pass
 
 
-def alias_pad(shape: Tuple[int, ...], itemsize: int, axes: Tuple[int, ...]) -> Optional[int]:
+def alias_pad(shape: Tuple[int, ...], itemsize: int,
+              axes: Tuple[int, ...]) -> Optional[Tuple[int, int]]:
     """Where a transform along ``axes`` of a C-contiguous ``shape`` array runs along a leading
-    axis whose byte stride is a multiple of :data:`ALIAS_BYTES`: the dim after the innermost
-    such axis, which a storage one element longer there (:func:`pyshard.geometry.padded`)
-    makes step by no such multiple; else None."""
+    axis whose byte stride is a multiple of :data:`ALIAS_BYTES`: the padding of its storage
+    (:func:`pyshard.geometry.padded`) that makes that axis step by no such multiple, as
+    ``(dim, elements)``: one element along the dim after the innermost such axis, or one
+    64-byte line where that dim is the last (rows stay aligned to a line, which the node
+    copies' streaming stores need); else None."""
+    nd = len(shape)
     for ax in sorted(axes, reverse=True):
-        if ax < len(shape) - 1:
+        if ax < nd - 1:
             stride = itemsize * prod(shape[ax + 1:])
             if stride and stride % ALIAS_BYTES == 0:
-                return ax + 1
+                return (ax + 1, 1 if ax + 1 < nd - 1 else max(1, 64 // itemsize))
     return None
 
 

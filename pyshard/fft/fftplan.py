@@ -155,15 +155,16 @@ def _one_exchange(p: Any) -> bool:
     return isinstance(p, Move) and len(p.plan.steps) == 1 and p.plan.steps[0].kind == "alltoallv"
 
 
-def padded_passes(passes: Sequence[Any]) -> List[Optional[int]]:
-    """For each pass, the dim along which its storage is one element longer (None: not
-    padded): a c2c transform along a leading axis whose stride is a multiple of
-    :data:`~pyshard.fft.engine.ALIAS_BYTES` runs 1.5-2.3x faster on such storage
+def padded_passes(passes: Sequence[Any]) -> List[Optional[Tuple[int, int]]]:
+    """For each pass, how its storage is padded (``(dim, elements)``, None: not padded;
+    :func:`~pyshard.geometry.padded`): a c2c transform along a leading axis whose stride is a
+    multiple of :data:`~pyshard.fft.engine.ALIAS_BYTES` runs 1.5-2.3x faster on such storage
     (:func:`~pyshard.fft.engine.alias_pad`, docs/fft.md). Only where a transpose next to the
-    pass writes or reads that storage for free (never a copy in and a copy out both). From
+    pass writes or reads that storage for free (never a copy in and a copy out both; a
+    padded last dim only between two transposes, no copy at all). From
     the layouts at mesh coords 0: the same on every rank, as the transposes writing into a
     peer's padded result need."""
-    out: List[Optional[int]] = [None] * len(passes)
+    out: List[Optional[Tuple[int, int]]] = [None] * len(passes)
     for i, p in enumerate(passes):
         if not isinstance(p, Local) or p.func not in ("fftn", "ifftn"):
             continue
@@ -172,9 +173,14 @@ def padded_passes(passes: Sequence[Any]) -> List[Optional[int]]:
         if any(p.src.shape[a] != n for a, n in zip(p.axes, p.ns)):
             continue
         shape = p.src.local_shape((0,) * len(p.src.mesh_shape))
-        if (i > 0 and _one_exchange(passes[i - 1])) or (
-                i + 1 < len(passes) and _one_exchange(passes[i + 1])):
-            out[i] = alias_pad(shape, p.src.dtype.itemsize, p.axes)
+        pad = alias_pad(shape, p.src.dtype.itemsize, p.axes)
+        before = i > 0 and _one_exchange(passes[i - 1])
+        after = i + 1 < len(passes) and _one_exchange(passes[i + 1])
+        # a padded last dim gains about what one copy costs (a 2-D pass along axis 0:
+        # 96 -> 75 ms at 4096 x 2048 complex128; the copy of it 14): only between transposes
+        if pad is not None and ((before and after) or (pad[0] < len(shape) - 1
+                                                       and (before or after))):
+            out[i] = pad
     return out
 
 

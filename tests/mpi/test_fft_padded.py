@@ -27,9 +27,9 @@ TOL = {np.dtype(np.complex64): 2e-5, np.dtype(np.complex128): 1e-12}
 
 
 def cases(size):
-    """(mesh shape, input placements, sizes, global shape) whose fftn plan pads at ``size``
-    ranks: the pass along axis 0 after the last transpose sees rows of 16 x 16 (complex128)
-    or 32 x 16 (complex64) elements, a 4 KiB stride."""
+    """(mesh shape, input placements, sizes, global shape, dtype) whose fftn plans pad at
+    ``size`` ranks: the pass along axis 0 after a transpose sees planes of 16 x 16
+    (complex128) or 32 x 16 (complex64) elements, or rows of 4 KiB, a 4 KiB stride."""
     dims = tuple(MPI.Compute_dims(size, 2))
     out = []
     for dt in (np.complex128, np.complex64):
@@ -40,6 +40,9 @@ def cases(size):
             sz = {0: [6 - (size - 2)] + [1] * (size - 2) + [0]}
             out.append(((size,), [Shard(0)], sz, (6, row, n), dt))
         out.append((dims, [Shard(0), Shard(1)], None, (5, row * dims[0], 16 * dims[1]), dt))
+        # 2-D: back to [Shard(0)], the pass along axis 0 sits between two transposes, on rows
+        # one 64-byte line longer
+        out.append(((size,), [Shard(0)], None, (7, (4096 // np.dtype(dt).itemsize) * size), dt))
     return out
 
 
@@ -51,19 +54,22 @@ def agree(comm, ok, where):
 def test_alias_pad_rule():
     # a 4 KiB stride along a leading axis pads the next dim; other strides, or only the last
     # axis transformed, do not
-    assert alias_pad((8, 16, 16), 16, (0,)) == 1
+    # (a 64-byte line where the padded dim is the last)
+    assert alias_pad((8, 16, 16), 16, (0,)) == (1, 1)
     assert alias_pad((8, 16, 16), 16, (2,)) is None
     assert alias_pad((8, 16, 15), 16, (0,)) is None
-    assert alias_pad((8, 16, 256), 16, (0, 1)) == 2  # the innermost aliasing axis: 1
-    assert alias_pad((8, 256, 16), 16, (0, 1)) == 1  # axis 1 steps by 256 B
-    assert alias_pad((4, 32, 16), 8, (0,)) == 1
+    assert alias_pad((8, 16, 256), 16, (0, 1)) == (2, 4)  # the innermost aliasing axis: 1
+    assert alias_pad((8, 256, 16), 16, (0, 1)) == (1, 1)  # axis 1 steps by 256 B
+    assert alias_pad((4, 32, 16), 8, (0,)) == (1, 1)
+    assert alias_pad((64, 512), 8, (0,)) == (1, 8)
     assert ALIAS_BYTES == 4096
-    assert padded((4, 5, 6), 1) == [4, 6, 6] and padded((4, 5, 6), None) == [4, 5, 6]
+    assert padded((4, 5, 6), (1, 1)) == [4, 6, 6] and padded((4, 5, 6), None) == [4, 5, 6]
+    assert padded((4, 5, 6), (2, 4)) == [4, 5, 10]
 
 
 @pytest.mark.parametrize("norm", [None, "ortho"])
 def test_padded_passes_match_numpy(comm, norm):
-    used = 0
+    used = lines = 0
     for ms, pl, sizes, shape, dt in cases(comm.size):
         mesh = ps.Mesh(comm, ms)
         g = make_global(shape, dt)
@@ -77,6 +83,7 @@ def test_padded_passes_match_numpy(comm, norm):
             pads = padded_passes(p.passes)
             back = padded_passes(p.backward_passes)
             used += sum(d is not None for d in pads + back)
+            lines += sum(d is not None and d[0] == len(shape) - 1 for d in pads + back)
             y = pf.fftn(x, norm=norm, placements=target)
             got = y.local
             ok = got.flags.c_contiguous and got.dtype == np.dtype(dt)
@@ -103,6 +110,7 @@ def test_padded_passes_match_numpy(comm, norm):
                   f"input changed {where}")
     if comm.size > 1:
         assert used > 0, "no case took the padded path: the test checks nothing new"
+        assert lines > 0, "no case padded a last dim"
 
 
 def test_padded_plan_explains_the_same_collectives(comm):
