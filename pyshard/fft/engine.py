@@ -271,14 +271,20 @@ def alias_pad(shape: Tuple[int, ...], itemsize: int,
 
 
 def inplace_pass(v: np.ndarray, func: str, axes: Tuple[int, ...], ns: Tuple[int, ...],
-                 norm: Optional[str], workers: Optional[int]) -> np.ndarray:
-    """A c2c pass (``fftn``/``ifftn``) in place in the host view ``v`` (any strides: a padded
-    storage's view) through scipy.fft, whose result is ``v`` itself."""
+                 norm: Optional[str], workers: Optional[int], type_: int = 2,
+                 orthogonalize: Optional[bool] = None) -> np.ndarray:
+    """A c2c pass (``fftn``/``ifftn``) or a DCT/DST (``type_``, scipy's ``orthogonalize``
+    where not None) in place in the host view ``v`` (any strides: a padded storage's view)
+    through scipy.fft, whose result is ``v`` itself."""
     if v.size == 0:
         return v
     kw: Dict[str, Any] = {"norm": norm, "overwrite_x": True}
     if workers is not None:
         kw["workers"] = workers
+    if func in R2R:
+        kw["type"] = type_
+        if orthogonalize is not None:
+            kw["orthogonalize"] = orthogonalize
     r = getattr(_sfft, func)(v, s=ns, axes=axes, **kw)
     if ptr(r) != ptr(v) or r.strides != v.strides:
         np.copyto(v, r)

@@ -157,18 +157,20 @@ def _one_exchange(p: Any) -> bool:
 
 def padded_passes(passes: Sequence[Any]) -> List[Optional[Tuple[int, int]]]:
     """For each pass, how its storage is padded (``(dim, elements)``, None: not padded;
-    :func:`~pyshard.geometry.padded`): a c2c transform along a leading axis whose stride is a
-    multiple of :data:`~pyshard.fft.engine.ALIAS_BYTES` runs 1.5-2.3x faster on such storage
-    (:func:`~pyshard.fft.engine.alias_pad`, docs/fft.md). Only where a transpose next to the
-    pass writes or reads that storage for free (never a copy in and a copy out both; a
-    padded last dim only between two transposes, no copy at all). From
-    the layouts at mesh coords 0: the same on every rank, as the transposes writing into a
-    peer's padded result need."""
+    :func:`~pyshard.geometry.padded`): a c2c transform or a DCT/DST along a leading axis
+    whose stride is a multiple of :data:`~pyshard.fft.engine.ALIAS_BYTES` runs 1.5-3x faster
+    on such storage (:func:`~pyshard.fft.engine.alias_pad`, docs/fft.md). Only where a
+    transpose next to the pass writes or reads that storage for free (never a copy in and a
+    copy out both; a padded last dim only between two transposes, no copy at all). From the
+    layouts at mesh coords 0: the same on every rank, as the transposes writing into a peer's
+    padded result need."""
     out: List[Optional[Tuple[int, int]]] = [None] * len(passes)
     for i, p in enumerate(passes):
-        if not isinstance(p, Local) or p.func not in ("fftn", "ifftn"):
+        if not isinstance(p, Local) or p.func not in ("fftn", "ifftn", *R2R):
             continue
-        if p.src.dtype != p.dst.dtype or p.src.dtype.kind != "c" or p.src.shape != p.dst.shape:
+        kinds = "fc" if p.func in R2R else "c"  # in place: the pass keeps the dtype
+        if (p.src.dtype != p.dst.dtype or p.src.dtype.kind not in kinds
+                or p.src.shape != p.dst.shape):
             continue
         if any(p.src.shape[a] != n for a, n in zip(p.axes, p.ns)):
             continue
@@ -225,7 +227,8 @@ def run_passes(passes: Sequence[Any], x: ShardedArray, out: Optional[Any],
                 view = store[tuple(slice(0, n) for n in local.shape)]
                 view[...] = local
                 local = view
-            local = inplace_pass(local, p.func, p.axes, p.ns, norm, workers)
+            local = inplace_pass(local, p.func, p.axes, p.ns, norm, workers, type_,
+                                 orthogonalize)
             if i == last or not _one_exchange(passes[i + 1]):  # C-contiguous again
                 res = out if (out is not None and i == last) else pooled_empty(local.shape,
                                                                                local.dtype)

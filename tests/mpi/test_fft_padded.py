@@ -23,17 +23,18 @@ from pyshard.geometry import padded
 
 pytestmark = [pytest.mark.mpi, pytest.mark.numerics]
 
-TOL = {np.dtype(np.complex64): 2e-5, np.dtype(np.complex128): 1e-12}
+TOL = {np.dtype(np.complex64): 2e-5, np.dtype(np.complex128): 1e-12,
+       np.dtype(np.float32): 2e-5, np.dtype(np.float64): 1e-12}
 
 
-def cases(size):
-    """(mesh shape, input placements, sizes, global shape, dtype) whose fftn plans pad at
-    ``size`` ranks: the pass along axis 0 after a transpose sees planes of 16 x 16
-    (complex128) or 32 x 16 (complex64) elements, or rows of 4 KiB, a 4 KiB stride."""
+def cases(size, dtypes=(np.complex128, np.complex64)):
+    """(mesh shape, input placements, sizes, global shape, dtype) whose plans pad at
+    ``size`` ranks: the pass along axis 0 after a transpose sees planes of 4 KiB (16 x 16
+    complex128, 32 x 16 complex64 or float64, 64 x 16 float32) or rows of 4 KiB."""
     dims = tuple(MPI.Compute_dims(size, 2))
     out = []
-    for dt in (np.complex128, np.complex64):
-        row = 16 if dt == np.complex128 else 32
+    for dt in dtypes:
+        row = 256 // np.dtype(dt).itemsize
         n = 16 * size
         out.append(((size,), [Shard(0)], None, (6, row, n), dt))  # balanced 1-D
         if size > 1:  # uneven, the last shard empty
@@ -111,6 +112,35 @@ def test_padded_passes_match_numpy(comm, norm):
     if comm.size > 1:
         assert used > 0, "no case took the padded path: the test checks nothing new"
         assert lines > 0, "no case padded a last dim"
+
+
+@pytest.mark.parametrize("kind", ["dctn", "idstn"])
+def test_padded_r2r_match_scipy(comm, kind):
+    sf = pytest.importorskip("scipy.fft")
+    used = 0
+    for ms, pl, sizes, shape, dt in cases(comm.size, (np.float64, np.float32)):
+        mesh = ps.Mesh(comm, ms)
+        g = make_global(shape, dt)
+        x = ps.distribute(g, mesh, pl, sizes=sizes)
+        for type_, norm, orth in ((2, None, None), (1, "ortho", None), (3, "ortho", False),
+                                  (4, "forward", None)):
+            ref = getattr(sf, kind)(g.astype(np.float64), type=type_, norm=norm,
+                                    orthogonalize=orth)
+            tol = TOL[np.dtype(dt)] * max(float(np.max(np.abs(ref))), 1) * 10
+            where = f"{kind} type {type_} norm={norm} {ms} {pl} {sizes} {shape} {np.dtype(dt)}"
+            for target in ("any", pl):
+                p = pf.plan(x.layout, kind, type=type_, norm=norm, placements=target,
+                            orthogonalize=orth)
+                used += sum(d is not None for d in padded_passes(p.passes))
+                y = p.forward(x)
+                ok = y.local.flags.c_contiguous and y.local.dtype == np.dtype(dt)
+                err = float(np.max(np.abs(y.local - ref[y.box]))) if y.local.size else 0.0
+                agree(comm, ok and err <= tol, f"{where} -> {target}: error {err}")
+                z = p.backward(y)
+                err = float(np.max(np.abs(z.local - g[z.box]))) if z.local.size else 0.0
+                agree(comm, err <= TOL[np.dtype(dt)] * 32 * 10, f"back {where}: error {err}")
+    if comm.size > 1:
+        assert used > 0, "no case took the padded path"
 
 
 def test_padded_plan_explains_the_same_collectives(comm):
