@@ -15,7 +15,7 @@ from . import _core, _tune
 from ._dtypes import accumulator, is_ml_float
 from ._dtypes import identity as ml_identity
 from .exchange import NONBLOCKING_MIN_BLOCK, Exchange, Request
-from .geometry import Pad, gather_push_specs, geometry, padded, push_specs
+from .geometry import Pads, gather_push_specs, geometry, pad_at, padded, push_specs
 from .layout import Layout, Shard
 from .memory import allocate, pooled
 from .mesh import Mesh
@@ -40,12 +40,13 @@ class _Step(Exchange):
                  "wide", "spares", "bound", "pads")  # fmt: skip
 
     def __init__(self, step: Step, mesh: Mesh, r: Route, dev: bool,
-                 pads: Tuple[Pad, Pad] = (None, None)) -> None:
+                 pads: Pads = (None, None)) -> None:
         super().__init__("redistribute", r)
         self.step = step
         self.pads = pads  # how the source's and the result's storage are padded (exchange)
         self.node = r.node if r.path == "shm" else None  # results in node-shared memory
-        self.out_shape = tuple(padded(step.dst.local_shape(mesh.coords), pads[1]))
+        self.out_shape = tuple(padded(step.dst.local_shape(mesh.coords),
+                                      pad_at(pads[1], mesh.coords)))
         self.dtype = step.dst.dtype
         self.dev = dev
         self.pooled = not dev and pooled(prod(self.out_shape) * self.dtype.itemsize)
@@ -119,10 +120,10 @@ class _Gather(_Step):
 
 
 def _shm_step(step: Step, coords: Tuple[int, ...], comm: Any, node: Any, ws: Any,
-              specs: Callable[..., Any], pads: Tuple[Pad, Pad] = (None, None)) -> Any:
+              specs: Callable[..., Any], pads: Pads = (None, None)) -> Any:
     item = step.src.dtype.itemsize
-    sshape = padded(step.src.local_shape(coords), pads[0])
-    dshape = padded(step.dst.local_shape(coords), pads[1])
+    sshape = padded(step.src.local_shape(coords), pad_at(pads[0], coords))
+    dshape = padded(step.dst.local_shape(coords), pad_at(pads[1], coords))
     pushes, recvs, local = specs(step, coords) if pads[1] is None else specs(step, coords, pads[1])
     return _core.ShmExchangeStep(comm, node, item, sshape, dshape, pushes, recvs, local, ws)
 
@@ -293,7 +294,7 @@ def step_executor(s: Step, mesh: Mesh, r: Route, dev: bool = False) -> _Step:
 
 
 def _exec(s: Step, mesh: Mesh, algorithm: str, dev: bool,
-          pads: Tuple[Pad, Pad] = (None, None)) -> _Step:
+          pads: Pads = (None, None)) -> _Step:
     """Step ``s`` bound on the path :func:`pyshard.route.route` takes (measured first where
     it says ``tune``); ``pads``: an exchange's storage padding (:func:`padded_executors`)."""
     r = route(s, mesh, algorithm, dev)
@@ -330,9 +331,9 @@ def executors(p: Plan, mesh: Mesh, algorithm: str = "auto", like: Any = None) ->
 
 
 def padded_executors(p: Plan, mesh: Mesh, algorithm: str,
-                     pads: Tuple[Pad, Pad]) -> Optional[list]:
-    """The executor of host plan ``p`` whose source and result storage are :func:`padded`
-    as ``pads`` says (None: not padded; the same on every rank): its
+                     pads: Pads) -> Optional[list]:
+    """The executor of host plan ``p`` whose source and result storage are :func:`padded` by
+    the rules ``pads`` (None: not padded; the same rules on every rank): its
     ``run(src, out=None)`` takes and returns that storage (the local arrays are its views). For
     :mod:`pyshard.fft`, whose passes along a leading axis run faster there; None where ``p``
     is not one all-to-all exchange (then the caller keeps C-contiguous arrays). Built once

@@ -5,20 +5,29 @@ lists of the node-local transport, where a sender writes straight into the recei
 
 from __future__ import annotations
 
+import itertools
+from dataclasses import dataclass
 from math import prod
-from typing import Any, Optional, Tuple
+from typing import Any, Optional, Sequence, Tuple
 
 from . import _core, _dtypes
 from .blocks import exchange_specs, member_specs, origin, relative
+from .layout import Layout
 from .planner import Coords, Step
 
 __all__ = [
-    "exchange_specs", "gather_push_specs", "geometry", "member_specs", "padded", "push_specs",
+    "ALIAS_BYTES", "Pad", "Pads", "StoragePad", "alias_pad", "exchange_specs", "gather_push_specs",
+    "geometry", "member_specs", "pad_at", "padded", "push_specs",
 ]  # fmt: skip
 
 
 # (dim, elements): a local array's storage is that many elements longer along that dim; or None
 Pad = Optional[Tuple[int, int]]
+
+# A transform along a leading axis whose byte stride is a multiple of this runs 1.5-3x slower
+# than on the same data with the next dim one element longer (measured, docs/fft.md): the
+# lanes pocketfft reads at once alias in the caches and the TLB
+ALIAS_BYTES = 4096
 
 
 def padded(shape: Any, pad: Pad) -> list:
@@ -32,7 +41,63 @@ def padded(shape: Any, pad: Pad) -> list:
     return out
 
 
-def push_specs(s: Step, coords: Coords, pad: Pad = None) -> Tuple[list, list, list]:
+def alias_pad(shape: Sequence[int], itemsize: int, axes: Sequence[int]) -> Pad:
+    """Where a pass along ``axes`` of a C-contiguous ``shape`` array runs along a leading axis
+    whose byte stride is a multiple of :data:`ALIAS_BYTES`: the padding of its storage that
+    makes that axis step by no such multiple, ``(dim, elements)``: one element along the dim
+    after the innermost such axis, or one 64-byte line where that dim is the last (rows stay
+    aligned to a line, which the node copies' streaming stores need); else None."""
+    nd = len(shape)
+    for ax in sorted(axes, reverse=True):
+        if ax < nd - 1:
+            stride = itemsize * prod(shape[ax + 1:])
+            if stride and stride % ALIAS_BYTES == 0:
+                return (ax + 1, 1 if ax + 1 < nd - 1 else max(1, 64 // itemsize))
+    return None
+
+
+@dataclass(frozen=True)
+class StoragePad:
+    """The storage rule of one pass along ``axes`` of arrays laid out as ``layout``: at any
+    mesh coords, :func:`alias_pad` of the local shape there (shards differ, so ranks may
+    differ: a 129-long dim split 65/64 aliases on the 64 side only); a padded last dim only
+    where ``last``. Every rank can say how any peer's storage is padded, as a sender writing
+    into a peer's result must (:func:`push_specs`)."""
+
+    layout: Layout
+    axes: Tuple[int, ...]
+    last: bool
+
+    def of(self, coords: Coords) -> Pad:
+        shape = self.layout.local_shape(coords)
+        pad = alias_pad(shape, self.layout.dtype.itemsize, self.axes)
+        if pad is None or (pad[0] == len(shape) - 1 and not self.last):
+            return None
+        return pad
+
+    def anywhere(self) -> bool:
+        """Whether some rank pads: every distinct local shape checked (the shard table's
+        distinct extents per dim; no loop over the ranks)."""
+        ext = [sorted(set(t[1])) for t in self.layout.table]
+        item = self.layout.dtype.itemsize
+        for shape in itertools.product(*ext):
+            pad = alias_pad(shape, item, self.axes)
+            if pad is not None and (pad[0] < len(shape) - 1 or self.last):
+                return True
+        return False
+
+
+# the rules of an exchange's source storage and result storage
+Pads = Tuple[Optional[StoragePad], Optional[StoragePad]]
+
+
+def pad_at(rule: Optional[StoragePad], coords: Coords) -> Pad:
+    """``rule.of(coords)``, None where there is no rule."""
+    return None if rule is None else rule.of(coords)
+
+
+def push_specs(s: Step, coords: Coords,
+               pad: Optional[StoragePad] = None) -> Tuple[list, list, list]:
     """The block lists of an alltoallv step at ``coords`` for the node-local transport, where
     a sender writes straight into the receiver's result: per block sent, ``(peer rank in the
     step's communicator, start in this rank's source, the peer's destination shape, start
@@ -43,7 +108,7 @@ def push_specs(s: Step, coords: Coords, pad: Pad = None) -> Tuple[list, list, li
         if peer != coords:
             start, ext = relative(box, src_lo)
             pstart = relative(box, origin(s.dst, peer))[0]
-            pshape = padded(s.dst.local_shape(peer), pad)
+            pshape = padded(s.dst.local_shape(peer), pad_at(pad, peer))
             pushes.append((s.group_rank(peer), start, pshape, pstart, ext))
     pushes.sort(key=lambda t: t[0])
     _, recvs, local = exchange_specs(s, coords)
@@ -65,16 +130,16 @@ def gather_push_specs(s: Step, coords: Coords) -> Tuple[list, list, list]:
 
 
 def geometry(s: Step, coords: Coords, algorithm: Any = None, pad: int = 0,
-             pads: Tuple[Pad, Pad] = (None, None)) -> Any:
+             pads: Pads = (None, None)) -> Any:
     """The core's geometry of collective step ``s`` at ``coords`` (None for the others): the
     one rule for its block lists and workspace, which the executor binds; its
     ``workspace_bytes`` is what :func:`pyshard.blocks.workspace_bytes` reports for the
-    default algorithm. ``pad``: the bytes ``MPI_Alltoall`` pads each block to; ``pads``: how
-    the source's and the result's storage are :func:`padded` (an exchange)."""
+    default algorithm. ``pad``: the bytes ``MPI_Alltoall`` pads each block to; ``pads``: the
+    rules the source's and the result's storage are :func:`padded` by (an exchange)."""
     n = prod(s.group_shape)
     item = s.src.dtype.itemsize
-    sshape = padded(s.src.local_shape(coords), pads[0])
-    dshape = padded(s.dst.local_shape(coords), pads[1])
+    sshape = padded(s.src.local_shape(coords), pad_at(pads[0], coords))
+    dshape = padded(s.dst.local_shape(coords), pad_at(pads[1], coords))
     if s.kind == "alltoallv":
         algo = _core.Algorithm.alltoallv if algorithm is None else algorithm
         sends, recvs, local = exchange_specs(s, coords)

@@ -31,13 +31,7 @@ try:  # pragma: no cover - depends on the environment
 except ImportError:  # pragma: no cover
     _sfft = None
 
-__all__ = ["alias_pad", "backend", "have_scipy", "inplace_pass", "local_pass", "ptr",
-           "select_backend"]  # fmt: skip
-
-# A transform along a leading axis whose byte stride is a multiple of this runs 1.5-2.3x
-# slower than on the same data with the next dim one element longer (measured, docs/fft.md):
-# the lanes pocketfft reads at once alias in the caches and the TLB
-ALIAS_BYTES = 4096
+__all__ = ["backend", "have_scipy", "inplace_pass", "local_pass", "ptr", "select_backend"]
 
 # numpy >= 2: numpy.fft takes out= (rfft/irfft write straight into pooled memory)
 _NP_OUT = "out" in inspect.signature(np.fft.rfft).parameters
@@ -251,23 +245,6 @@ def _fftw(
 
 
 # ----------------------------------------------------------------------------- one pass
-
-
-def alias_pad(shape: Tuple[int, ...], itemsize: int,
-              axes: Tuple[int, ...]) -> Optional[Tuple[int, int]]:
-    """Where a transform along ``axes`` of a C-contiguous ``shape`` array runs along a leading
-    axis whose byte stride is a multiple of :data:`ALIAS_BYTES`: the padding of its storage
-    (:func:`pyshard.geometry.padded`) that makes that axis step by no such multiple, as
-    ``(dim, elements)``: one element along the dim after the innermost such axis, or one
-    64-byte line where that dim is the last (rows stay aligned to a line, which the node
-    copies' streaming stores need); else None."""
-    nd = len(shape)
-    for ax in sorted(axes, reverse=True):
-        if ax < nd - 1:
-            stride = itemsize * prod(shape[ax + 1:])
-            if stride and stride % ALIAS_BYTES == 0:
-                return (ax + 1, 1 if ax + 1 < nd - 1 else max(1, 64 // itemsize))
-    return None
 
 
 def inplace_pass(v: np.ndarray, func: str, axes: Tuple[int, ...], ns: Tuple[int, ...],

@@ -18,10 +18,10 @@ from .. import executor
 from ..array import ShardedArray
 from ..exchange import default_algorithm
 from ..explain import explain
-from ..geometry import padded
+from ..geometry import StoragePad, pad_at, padded
 from ..layout import Layout
 from ..memory import pooled_empty
-from .engine import alias_pad, backend, have_scipy, inplace_pass, local_pass, ptr
+from .engine import backend, have_scipy, inplace_pass, local_pass, ptr
 from .kinds import INVERSE, R2R, SCALED, norm_factor, unscaled
 from .planner import Local, Move, build_passes, invert_passes
 
@@ -155,16 +155,16 @@ def _one_exchange(p: Any) -> bool:
     return isinstance(p, Move) and len(p.plan.steps) == 1 and p.plan.steps[0].kind == "alltoallv"
 
 
-def padded_passes(passes: Sequence[Any]) -> List[Optional[Tuple[int, int]]]:
-    """For each pass, how its storage is padded (``(dim, elements)``, None: not padded;
-    :func:`~pyshard.geometry.padded`): a c2c transform or a DCT/DST along a leading axis
-    whose stride is a multiple of :data:`~pyshard.fft.engine.ALIAS_BYTES` runs 1.5-3x faster
-    on such storage (:func:`~pyshard.fft.engine.alias_pad`, docs/fft.md). Only where a
-    transpose next to the pass writes or reads that storage for free (never a copy in and a
-    copy out both; a padded last dim only between two transposes, no copy at all). From the
-    layouts at mesh coords 0: the same on every rank, as the transposes writing into a peer's
-    padded result need."""
-    out: List[Optional[Tuple[int, int]]] = [None] * len(passes)
+def padded_passes(passes: Sequence[Any]) -> List[Optional[StoragePad]]:
+    """For each pass, the rule its storage is padded by (:class:`~pyshard.geometry.StoragePad`;
+    None: never): a c2c transform or a DCT/DST along a leading axis whose stride is a
+    multiple of :data:`~pyshard.geometry.ALIAS_BYTES` runs 1.5-3x faster on storage one
+    element longer along the next dim (docs/fft.md). Only where a transpose next to the pass
+    writes or reads that storage for free (never a copy in and a copy out both; a padded last
+    dim only between two transposes, no copy at all), and where some rank's shard aliases.
+    Each rank pads where its own shard aliases (the rule's ``of(coords)``); the rules, from
+    the layouts alone, are the same on every rank."""
+    out: List[Optional[StoragePad]] = [None] * len(passes)
     for i, p in enumerate(passes):
         if not isinstance(p, Local) or p.func not in ("fftn", "ifftn", *R2R):
             continue
@@ -174,15 +174,15 @@ def padded_passes(passes: Sequence[Any]) -> List[Optional[Tuple[int, int]]]:
             continue
         if any(p.src.shape[a] != n for a, n in zip(p.axes, p.ns)):
             continue
-        shape = p.src.local_shape((0,) * len(p.src.mesh_shape))
-        pad = alias_pad(shape, p.src.dtype.itemsize, p.axes)
         before = i > 0 and _one_exchange(passes[i - 1])
         after = i + 1 < len(passes) and _one_exchange(passes[i + 1])
+        if not (before or after):
+            continue
         # a padded last dim gains about what one copy costs (a 2-D pass along axis 0:
         # 96 -> 75 ms at 4096 x 2048 complex128; the copy of it 14): only between transposes
-        if pad is not None and ((before and after) or (pad[0] < len(shape) - 1
-                                                       and (before or after))):
-            out[i] = pad
+        rule = StoragePad(p.src, tuple(p.axes), before and after)
+        if rule.anywhere():
+            out[i] = rule
     return out
 
 
@@ -221,9 +221,10 @@ def run_passes(passes: Sequence[Any], x: ShardedArray, out: Optional[Any],
     for i, p in enumerate(passes):
         o = out if i == into else None
         t0 = time.perf_counter() if times is not None else 0.0
-        if isinstance(p, Local) and pads[i] is not None:
+        pad = pad_at(pads[i], mesh.coords) if isinstance(p, Local) else None
+        if pad is not None:  # this rank's shard of the pass aliases: on padded storage
             if store is None:  # from the caller or a local pass: into padded storage once
-                store = pooled_empty(tuple(padded(local.shape, pads[i])), local.dtype)
+                store = pooled_empty(tuple(padded(local.shape, pad)), local.dtype)
                 view = store[tuple(slice(0, n) for n in local.shape)]
                 view[...] = local
                 local = view
@@ -247,19 +248,20 @@ def run_passes(passes: Sequence[Any], x: ShardedArray, out: Optional[Any],
                 else:
                     bk.xp_of(local).copyto(out, local)
                     local = out
-        elif p.plan.steps and (store is not None or (i < last and pads[i + 1] is not None)):
-            # a transpose from or into padded storage
-            sp = (pads[i - 1] if store is not None else None, pads[i + 1] if i < last else None)
+        elif _one_exchange(p) and ((i > 0 and pads[i - 1] is not None)
+                                   or (i < last and pads[i + 1] is not None)):
+            # a transpose from or into padded storage (the rules are every rank's; this
+            # rank's storage is padded where its rule says so at its coords)
+            sp = (pads[i - 1] if i > 0 else None, pads[i + 1] if i < last else None)
+            assert (store is not None) == (pad_at(sp[0], mesh.coords) is not None)
             e = executor.padded_executors(p.plan, mesh, alg, sp)[0]
-            res = e.run(store if store is not None else local)
-            if sp[1] is not None:
+            into_out = pad_at(sp[1], mesh.coords) is None
+            res = e.run(store if store is not None else local, o if into_out else None)
+            if into_out:
+                store, local = None, res
+            else:
                 store = res
                 local = res[tuple(slice(0, n) for n in p.dst.local_shape(mesh.coords))]
-            else:
-                store, local = None, res
-                if o is not None:
-                    o[...] = local
-                    local = o
         elif p.plan.steps:
             execs = executor.executors(p.plan, mesh, alg, local)
             local = executor.run_steps(execs, p.plan, mesh, local, o)

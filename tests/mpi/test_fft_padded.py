@@ -17,9 +17,8 @@ from oracle import make_global
 import pyshard as ps
 from pyshard import Shard
 from pyshard import fft as pf
-from pyshard.fft.engine import ALIAS_BYTES, alias_pad
 from pyshard.fft.fftplan import padded_passes
-from pyshard.geometry import padded
+from pyshard.geometry import ALIAS_BYTES, alias_pad, padded
 
 pytestmark = [pytest.mark.mpi, pytest.mark.numerics]
 
@@ -37,6 +36,8 @@ def cases(size, dtypes=(np.complex128, np.complex64)):
         row = 256 // np.dtype(dt).itemsize
         n = 16 * size
         out.append(((size,), [Shard(0)], None, (6, row, n), dt))  # balanced 1-D
+        if size > 1:  # 16 x 16 planes on all ranks but the last (15): it does not pad
+            out.append(((size,), [Shard(0)], None, (6, row, n - 1), dt))
         if size > 1:  # uneven, the last shard empty
             sz = {0: [6 - (size - 2)] + [1] * (size - 2) + [0]}
             out.append(((size,), [Shard(0)], sz, (6, row, n), dt))
@@ -70,7 +71,7 @@ def test_alias_pad_rule():
 
 @pytest.mark.parametrize("norm", [None, "ortho"])
 def test_padded_passes_match_numpy(comm, norm):
-    used = lines = 0
+    used = lines = mixed = 0
     for ms, pl, sizes, shape, dt in cases(comm.size):
         mesh = ps.Mesh(comm, ms)
         g = make_global(shape, dt)
@@ -83,8 +84,11 @@ def test_padded_passes_match_numpy(comm, norm):
             p = pf.plan(x.layout, "fftn", norm=norm, placements=target)
             pads = padded_passes(p.passes)
             back = padded_passes(p.backward_passes)
-            used += sum(d is not None for d in pads + back)
-            lines += sum(d is not None and d[0] == len(shape) - 1 for d in pads + back)
+            rules = [r for r in pads + back if r is not None]
+            used += len(rules)
+            lines += sum(r.last for r in rules)
+            every = [tuple(int(c) for c in np.unravel_index(k, ms)) for k in range(comm.size)]
+            mixed += sum(len({r.of(c) is None for c in every}) == 2 for r in rules)
             y = pf.fftn(x, norm=norm, placements=target)
             got = y.local
             ok = got.flags.c_contiguous and got.dtype == np.dtype(dt)
@@ -112,6 +116,7 @@ def test_padded_passes_match_numpy(comm, norm):
     if comm.size > 1:
         assert used > 0, "no case took the padded path: the test checks nothing new"
         assert lines > 0, "no case padded a last dim"
+        assert mixed > 0, "no case padded some ranks and not others"
 
 
 @pytest.mark.parametrize("kind", ["dctn", "idstn"])
