@@ -296,7 +296,7 @@ def step_executor(s: Step, mesh: Mesh, r: Route, dev: bool = False) -> _Step:
 def _exec(s: Step, mesh: Mesh, algorithm: str, dev: bool,
           pads: Pads = (None, None)) -> _Step:
     """Step ``s`` bound on the path :func:`pyshard.route.route` takes (measured first where
-    it says ``tune``); ``pads``: an exchange's storage padding (:func:`padded_executors`)."""
+    it says ``tune``); ``pads``: an exchange's storage padding (:func:`executors`)."""
     r = route(s, mesh, algorithm, dev)
     if r.path == "tune":
         def build(a: str) -> _Step:
@@ -308,18 +308,27 @@ def _exec(s: Step, mesh: Mesh, algorithm: str, dev: bool,
     return _KINDS[s.kind](s, mesh, r, dev)
 
 
-def executors(p: Plan, mesh: Mesh, algorithm: str = "auto", like: Any = None) -> list:
+def executors(p: Plan, mesh: Mesh, algorithm: str = "auto", like: Any = None,
+              pads: Pads = (None, None)) -> list:
     """The executors of plan ``p`` on this rank for arrays like ``like`` (numpy by default),
-    built once and kept in the mesh's bounded cache."""
+    built once and kept in the mesh's bounded cache. ``pads``: for a host plan of one
+    exchange, the rules (the same on every rank) by which its source's and its result's
+    storage are :func:`~pyshard.geometry.padded`: its ``run`` then takes and returns that
+    storage, whose views are the local arrays (:mod:`pyshard.fft`'s passes along a leading
+    axis run faster there)."""
     dev = bk.is_device(like)
-    key = (p, algorithm, dev)
+    key = (p, algorithm, dev, pads)
     cache = mesh.cache
     execs = cache.execs.get(key)
     if execs is None:
         check_algorithm(algorithm)  # the precise error, whatever the plan
+        if pads != (None, None) and (dev or len(p.steps) != 1
+                                     or p.steps[0].kind != "alltoallv"):
+            raise ValueError("executors: padded storage is for host plans of one exchange, "
+                             f"not {p}")
         if dev:
             bk.announce()
-        execs = [_exec(s, mesh, algorithm, dev) for s in p.steps]
+        execs = [_exec(s, mesh, algorithm, dev, pads) for s in p.steps]
         for e, (sent, received) in zip(execs, p.rank_bytes(mesh.coords)):
             e.sent, e.received = sent, received
         for a, b in zip(execs, execs[1:]):  # reductions in a row: accumulate, round once
@@ -327,30 +336,6 @@ def executors(p: Plan, mesh: Mesh, algorithm: str = "auto", like: Any = None) ->
         cache.execs.put(key, execs)
         cache.note(execs)
         log.debug("pyshard: built %s (%s) for rank %d", p, algorithm, mesh.rank)
-    return execs
-
-
-def padded_executors(p: Plan, mesh: Mesh, algorithm: str,
-                     pads: Pads) -> Optional[list]:
-    """The executor of host plan ``p`` whose source and result storage are :func:`padded` by
-    the rules ``pads`` (None: not padded; the same rules on every rank): its
-    ``run(src, out=None)`` takes and returns that storage (the local arrays are its views). For
-    :mod:`pyshard.fft`, whose passes along a leading axis run faster there; None where ``p``
-    is not one all-to-all exchange (then the caller keeps C-contiguous arrays). Built once
-    and kept in the mesh's bounded cache, as :func:`executors`."""
-    if len(p.steps) != 1 or p.steps[0].kind != "alltoallv":
-        return None
-    key = (p, algorithm, False, pads)
-    cache = mesh.cache
-    execs = cache.execs.get(key)
-    if execs is None:
-        check_algorithm(algorithm)
-        execs = [_exec(p.steps[0], mesh, algorithm, False, pads)]
-        execs[0].sent, execs[0].received = p.rank_bytes(mesh.coords)[0]
-        cache.execs.put(key, execs)
-        cache.note(execs)
-        log.debug("pyshard: built %s (%s, storage padded %s) for rank %d", p, algorithm, pads,
-                  mesh.rank)
     return execs
 
 

@@ -69,22 +69,20 @@ class StoragePad:
     last: bool
 
     def of(self, coords: Coords) -> Pad:
-        shape = self.layout.local_shape(coords)
-        pad = alias_pad(shape, self.layout.dtype.itemsize, self.axes)
-        if pad is None or (pad[0] == len(shape) - 1 and not self.last):
-            return None
-        return pad
+        """The padding of the storage at mesh coords ``coords``."""
+        return self._for(self.layout.local_shape(coords))
 
     def anywhere(self) -> bool:
         """Whether some rank pads: every distinct local shape checked (the shard table's
         distinct extents per dim; no loop over the ranks)."""
         ext = [sorted(set(t[1])) for t in self.layout.table]
-        item = self.layout.dtype.itemsize
-        for shape in itertools.product(*ext):
-            pad = alias_pad(shape, item, self.axes)
-            if pad is not None and (pad[0] < len(shape) - 1 or self.last):
-                return True
-        return False
+        return any(self._for(shape) is not None for shape in itertools.product(*ext))
+
+    def _for(self, shape: Sequence[int]) -> Pad:
+        pad = alias_pad(shape, self.layout.dtype.itemsize, self.axes)
+        if pad is None or (pad[0] == len(shape) - 1 and not self.last):
+            return None
+        return pad
 
 
 # the rules of an exchange's source storage and result storage

@@ -155,6 +155,11 @@ def _one_exchange(p: Any) -> bool:
     return isinstance(p, Move) and len(p.plan.steps) == 1 and p.plan.steps[0].kind == "alltoallv"
 
 
+def _view(store: Any, shape: Sequence[int]) -> Any:
+    """The local array of shape ``shape`` that padded storage ``store`` holds."""
+    return store[tuple(slice(0, n) for n in shape)]
+
+
 def padded_passes(passes: Sequence[Any]) -> List[Optional[StoragePad]]:
     """For each pass, the rule its storage is padded by (:class:`~pyshard.geometry.StoragePad`;
     None: never): a c2c transform or a DCT/DST along a leading axis whose stride is a
@@ -225,7 +230,7 @@ def run_passes(passes: Sequence[Any], x: ShardedArray, out: Optional[Any],
         if pad is not None:  # this rank's shard of the pass aliases: on padded storage
             if store is None:  # from the caller or a local pass: into padded storage once
                 store = pooled_empty(tuple(padded(local.shape, pad)), local.dtype)
-                view = store[tuple(slice(0, n) for n in local.shape)]
+                view = _view(store, local.shape)
                 view[...] = local
                 local = view
             local = inplace_pass(local, p.func, p.axes, p.ns, norm, workers, type_,
@@ -254,14 +259,14 @@ def run_passes(passes: Sequence[Any], x: ShardedArray, out: Optional[Any],
             # rank's storage is padded where its rule says so at its coords)
             sp = (pads[i - 1] if i > 0 else None, pads[i + 1] if i < last else None)
             assert (store is not None) == (pad_at(sp[0], mesh.coords) is not None)
-            e = executor.padded_executors(p.plan, mesh, alg, sp)[0]
+            e = executor.executors(p.plan, mesh, alg, local, pads=sp)[0]
             into_out = pad_at(sp[1], mesh.coords) is None
             res = e.run(store if store is not None else local, o if into_out else None)
             if into_out:
                 store, local = None, res
             else:
                 store = res
-                local = res[tuple(slice(0, n) for n in p.dst.local_shape(mesh.coords))]
+                local = _view(res, p.dst.local_shape(mesh.coords))
         elif p.plan.steps:
             execs = executor.executors(p.plan, mesh, alg, local)
             local = executor.run_steps(execs, p.plan, mesh, local, o)
