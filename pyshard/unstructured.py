@@ -17,11 +17,12 @@ values one rank sends to one row are combined first, in the order of that rank's
 row in ascending rank order, its own at its place: ``row op c_0 op c_1 op ...``.
 ``"replace"`` keeps the last in that order (the highest rank's last occurrence).
 
-The setup is collective over the mesh and sends no P-wide collective's worth of data: each
-reader's list of rows goes to each owner it reads from by NBX (one synchronous send to each,
-and one nonblocking reduction that also carries every rank's error flag): one round. A
-gather or scatter then runs no collective at all: one message to and from each peer, packed
-and unpacked by the core (:class:`IndexExchange`, the family's point-to-point member).
+The setup is collective over the mesh and sends no P-wide collective's worth of data: the
+counts go by NBX (synchronous sends to the owners this rank reads from, and one nonblocking
+reduction that also carries every rank's error flag), then each reader's list of rows to
+each owner. A gather or scatter then runs no collective at all: one message to and from each
+peer, packed and unpacked by the core (:class:`IndexExchange`, the family's point-to-point
+member).
 """
 
 from __future__ import annotations

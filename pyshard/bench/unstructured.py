@@ -240,8 +240,9 @@ def simulated_setup(side: int = 256, block: int = 64, seed: int = 7) -> Dict[str
       ghosts, its block's ring of width 1;
     - ``random``: a random graph, a tenth of the rank's row count read uniformly,
 
-    with the messages the NBX setup sends from that rank (its row list to each owner, and one
-    nonblocking reduction), next to the ``side^2 - 1`` counts of a dense count exchange."""
+    with the messages the NBX setup sends from that rank (a count and a row list to each
+    owner, and one nonblocking reduction), next to the ``side^2 - 1`` counts of a dense
+    count exchange."""
     P = side * side
     n = block * block
     offsets = np.arange(P + 1, dtype=np.int64) * n
@@ -265,7 +266,7 @@ def simulated_setup(side: int = 256, block: int = 64, seed: int = 7) -> Dict[str
         own = np.searchsorted(offsets[:-1], uniq, side="right") - 1  # gather_plan's rule
         peers = int(np.unique(own[own != me]).shape[0])
         out[name] = {"reads": int(uniq.shape[0]), "owners": peers,
-                     "nbx_messages": peers}
+                     "nbx_messages": 2 * peers}
     return out
 
 
