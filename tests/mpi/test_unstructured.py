@@ -410,18 +410,24 @@ def test_setup_lists_past_the_count_limit(mesh, bad):
     """Where a list of N rows would pass the MPI count limit (lowered here to 64 bytes), the
     NBX setup carries the counts alone and the lists follow in a second round: the same
     plans, the same errors on every rank. The one-round setup is what every other test runs."""
+    from pyshard import _core
+
     P, me = mesh.size, mesh.rank
     sizes = layout_sizes("uneven", N, P)
     g = make_global((N, 2), "float64")
     x = dist(g, mesh, sizes)
     good = np.asarray(indices_of("random", 11, me), np.int64)
-    with ps.config.override(PYSHARD_COUNT_LIMIT=64):  # (N + 1) * 8 > 64: two rounds
+    limit = _core.count_limit()
+    _core.set_count_limit(64)  # (N + 1) * 8 > 64: two rounds
+    try:
         if bad:
             idx = good if me != P - 1 else np.concatenate([good, [N]]).astype(np.int64)
             with pytest.raises(ValueError, match=f"rank {P - 1}'s indices are bad"):
                 ps.gather_plan(idx, like=x)
         plan = ps.gather_plan(good, like=x)
         got = plan.gather(x)
+    finally:
+        _core.set_count_limit(limit)
     np.testing.assert_array_equal(got, g[good])
 
 
