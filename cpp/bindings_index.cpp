@@ -34,13 +34,13 @@ void bind_index(py::module_& m) {
   m.def(
       "index_requests",
       [](std::shared_ptr<Comm> comm, int algorithm, const I64Array& counts, i64 code, i64 sig,
-         const I64Array& req, i64 rows_max) {
+         const I64Array& req) {
         if (counts.size() != comm->size())
           throw std::invalid_argument("pyshard: counts must have one entry per rank");
         IndexRequests r;
         {
           py::gil_scoped_release nogil;
-          r = index_requests(comm, algorithm, counts.data(), code, sig, req.data(), rows_max);
+          r = index_requests(comm, algorithm, counts.data(), code, sig, req.data());
         }
         I64Array rc(static_cast<py::ssize_t>(r.rcounts.size()));
         std::copy(r.rcounts.begin(), r.rcounts.end(), rc.mutable_data());
@@ -49,11 +49,10 @@ void bind_index(py::module_& m) {
         return py::make_tuple(rc, rows, r.bad, r.sig_mismatch, r.sig_rank);
       },
       py::arg("comm"), py::arg("algorithm"), py::arg("counts"), py::arg("code"), py::arg("sig"),
-      py::arg("req"), py::arg("rows_max"),
-      "The setup of an index exchange: the requested rows (global indices, owner after owner) "
-      "to their owners with this rank's error code and signature (algorithm 0: the counts by "
-      "MPI_Alltoall, then the rows; 1: NBX whose messages carry the rows, one round, where "
-      "rows_max rows fit one message): (rows each rank reads from this one, those rows rank "
+      py::arg("req"),
+      "The setup of an index exchange: the counts (algorithm 0: MPI_Alltoall, 1: NBX) with "
+      "this rank's error code and signature, then the requested rows (global indices, owner "
+      "after owner) to their owners: (rows each rank reads from this one, those rows rank "
       "after rank, rank * 256 + code of the first rank at fault or -1, signature mismatch, a "
       "rank whose signature differs or -1).");
 

@@ -2,8 +2,6 @@
 // index_exchange.h).
 #include "index_exchange.h"
 
-#include <sched.h>
-
 #include <algorithm>
 #include <complex>
 #include <cstdint>
@@ -14,7 +12,6 @@
 #include <utility>
 
 #include "migrate.h"
-#include "mpi_calls.h"
 #include "peer_messages.h"
 #include "shm_node.h"
 #include "tags.h"
@@ -111,90 +108,9 @@ void with_combiner(FoldKind kind, IndexOp op, F&& f) {
 
 }  // namespace
 
-namespace {
-
-// NBX carrying the lists (index_requests, algorithm 1): Hoefler, Siebert and Lumsdaine's
-// protocol as migrate_counts runs it, each message [sig, rows...].
-IndexRequests lists_by_nbx(const Comm& comm, const i64* counts, i64 code, i64 sig,
-                           const i64* req) {
-  const int P = comm.size(), me = comm.rank();
-  IndexRequests r;
-  r.rcounts.assign(static_cast<size_t>(P), 0);
-  const int tag = comm.next_round() % 2 ? tags::kIndexListsOdd : tags::kIndexLists;
-  std::vector<int> to;
-  std::vector<i64> sb;
-  if (!code) {
-    i64 total = 0;
-    for (int p = 0; p < P; ++p)
-      if (p != me && counts[p] > 0) {
-        to.push_back(p);
-        total += counts[p] + 1;
-      }
-    sb.resize(static_cast<size_t>(total));
-  }
-  std::vector<MPI_Request> sends(to.size(), MPI_REQUEST_NULL);
-  i64 at = 0, from = 0;
-  for (int p = 0, k = 0; p < P && !code; ++p) {
-    if (p == me || counts[p] <= 0) continue;
-    sb[at] = sig;
-    std::memcpy(&sb[at + 1], req + from, static_cast<size_t>(counts[p]) * sizeof(i64));
-    mpi::issend_bytes(&sb[at], static_cast<int>((counts[p] + 1) * 8), p, tag, comm.get(),
-                      &sends[k++]);
-    at += counts[p] + 1;
-    from += counts[p];
-  }
-  std::vector<std::vector<i64>> lists(static_cast<size_t>(P));
-  i64 red[3] = {code ? static_cast<i64>(me) * 256 + code : INT64_MAX, sig, -sig};
-  MPI_Request barrier = MPI_REQUEST_NULL;
-  bool joined = false;
-  int idle = 0;
-  for (;;) {
-    int src = -1;
-    i64 bytes = 0;
-    if (++idle > 64) sched_yield();  // as migrate_counts: the rank waited for gets the core
-    while (mpi::iprobe_size(tag, comm.get(), &src, &bytes)) {
-      idle = 0;
-      std::vector<i64>& l = lists[static_cast<size_t>(src)];
-      l.resize(static_cast<size_t>(bytes / 8));
-      mpi::recv_bytes(l.data(), static_cast<int>(bytes), src, tag, comm.get());
-      r.rcounts[src] = static_cast<i64>(l.size()) - 1;
-      if (l.empty() || l[0] != sig) {
-        if (r.sig_rank < 0) r.sig_rank = src;
-        r.rcounts[src] = 0;
-      }
-    }
-    if (!joined) {
-      if (sends.empty() || mpi::testall(sends.size(), sends.data())) {
-        mpi::iallreduce_min_i64(red, 3, comm.get(), &barrier);
-        joined = true;
-      }
-    } else if (mpi::test(&barrier)) {
-      break;
-    }
-  }
-  stats()["migrate_nbx"] += 1;
-  if (red[0] != INT64_MAX) r.bad = red[0];
-  if (red[1] != -red[2]) r.sig_mismatch = true;
-  if (r.bad >= 0 || r.sig_mismatch || code) return r;  // every rank raises
-  i64 total = 0;
-  for (int p = 0; p < P; ++p) total += r.rcounts[p];
-  r.rows.reserve(static_cast<size_t>(total));
-  for (int p = 0; p < P; ++p)
-    if (r.rcounts[p] > 0) r.rows.insert(r.rows.end(), lists[p].begin() + 1, lists[p].end());
-  return r;
-}
-
-}  // namespace
-
 IndexRequests index_requests(const std::shared_ptr<Comm>& comm, int algorithm,
-                             const i64* counts, i64 code, i64 sig, const i64* req,
-                             i64 rows_max) {
+                             const i64* counts, i64 code, i64 sig, const i64* req) {
   const int P = comm->size(), me = comm->rank();
-  if (algorithm == 1 && (rows_max + 1) * 8 <= mpi::count_limit()) {
-    IndexRequests r = lists_by_nbx(*comm, counts, code, sig, req);
-    stats()["index_setup"] += 1;
-    return r;
-  }
   CountResult c = migrate_counts(*comm, algorithm, counts, code, sig);
   stats()["index_setup"] += 1;
   IndexRequests r;

@@ -61,17 +61,11 @@ struct IndexRequests {
 };
 
 // The setup: `counts[p]` rows this rank reads from rank p (its own entry 0), `req` those rows
-// (global indices) owner after owner, with this rank's error `code` and signature `sig`.
-// algorithm 0: the counts by MPI_Alltoall, then the rows by one message per pair. 1: NBX
-// with the lists in it: one synchronous message per pair carries [sig, rows...] (its size
-// says the count), probed for until this rank's sends are matched, then a nonblocking
-// reduction of the error and signature in place of NBX's barrier: one round of messages, no
-// collective over all ranks. `rows_max`: the index space's size (the same on every rank):
-// where a list of that many rows would pass the MPI count limit, NBX carries the counts
-// alone and the rows follow by one message per pair (two rounds).
+// (global indices) owner after owner; the counts by `algorithm` (0 MPI_Alltoall, 1 NBX: no
+// collective over all ranks but a nonblocking reduction of the error and signature), with
+// this rank's error `code` and signature `sig`; then the rows by one message per pair.
 IndexRequests index_requests(const std::shared_ptr<Comm>& comm, int algorithm,
-                             const i64* counts, i64 code, i64 sig, const i64* req,
-                             i64 rows_max);
+                             const i64* counts, i64 code, i64 sig, const i64* req);
 
 class IndexExchange {
  public:

@@ -539,22 +539,6 @@ bool iprobe_recv(void* p, int n, int tag, MPI_Comm comm, int* source) {
   return true;
 }
 
-bool iprobe_size(int tag, MPI_Comm comm, int* source, i64* bytes) {
-  int flag = 0;
-  MPI_Status st;
-  check_mpi(MPI_Iprobe(MPI_ANY_SOURCE, tag, comm, &flag, &st), "MPI_Iprobe");
-  if (!flag) return false;
-  int n = 0;
-  check_mpi(MPI_Get_count(&st, MPI_BYTE, &n), "MPI_Get_count");
-  *source = st.MPI_SOURCE;
-  *bytes = n;
-  return true;
-}
-
-void recv_bytes(void* p, int n, int source, int tag, MPI_Comm comm) {
-  check_mpi(MPI_Recv(p, n, MPI_BYTE, source, tag, comm, MPI_STATUS_IGNORE), "MPI_Recv");
-}
-
 MPI_Datatype hindexed_bytes(const std::vector<char*>& ptrs, const std::vector<i64>& lens) {
   std::vector<int> bl;
   std::vector<MPI_Aint> at;

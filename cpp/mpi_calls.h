@@ -138,10 +138,6 @@ void recv_init(void* p, i64 n, int peer, int tag, MPI_Comm comm, MPI_Request* re
 void issend_bytes(const void* p, int n, int peer, int tag, MPI_Comm comm, MPI_Request* req);
 // Is a message of `tag` from any rank waiting? Then its source, and it is received (n bytes).
 bool iprobe_recv(void* p, int n, int tag, MPI_Comm comm, int* source);
-// Is a message of `tag` from any rank waiting? Then its source and its size in bytes (the
-// caller receives it: recv_bytes).
-bool iprobe_size(int tag, MPI_Comm comm, int* source, i64* bytes);
-void recv_bytes(void* p, int n, int source, int tag, MPI_Comm comm);
 void iallreduce_min_i64(i64* inout, int n, MPI_Comm comm, MPI_Request* req);
 // One committed datatype of byte blocks at absolute addresses (MPI_BOTTOM-relative): a
 // message received with it lands in several arrays at once. MPI_DATATYPE_NULL where a block

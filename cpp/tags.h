@@ -32,9 +32,6 @@ constexpr int kMigratePeers = 15;
 constexpr int kIndexSetup = 16;
 constexpr int kIndex = 17;
 constexpr int kIndexReverse = 18;
-// the setup's one NBX round that carries the row lists themselves (rounds alternate)
-constexpr int kIndexLists = 19;
-constexpr int kIndexListsOdd = 20;
 // The node-local transport's messages to peers on other nodes (ShmExchangeStep).
 constexpr int kShmOffNode = 7301;
 

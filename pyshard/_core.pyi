@@ -1129,10 +1129,9 @@ def index_requests(
     code: typing.SupportsInt | typing.SupportsIndex,
     sig: typing.SupportsInt | typing.SupportsIndex,
     req: typing.Annotated[numpy.typing.ArrayLike, numpy.int64],
-    rows_max: typing.SupportsInt | typing.SupportsIndex,
 ) -> tuple[numpy.typing.NDArray[numpy.int64], numpy.typing.NDArray[numpy.int64], int, bool, int]:
     """
-    The setup of an index exchange: the requested rows (global indices, owner after owner) to their owners with this rank's error code and signature (algorithm 0: the counts by MPI_Alltoall, then the rows; 1: NBX whose messages carry the rows, one round, where rows_max rows fit one message): (rows each rank reads from this one, those rows rank after rank, rank * 256 + code of the first rank at fault or -1, signature mismatch, a rank whose signature differs or -1).
+    The setup of an index exchange: the counts (algorithm 0: MPI_Alltoall, 1: NBX) with this rank's error code and signature, then the requested rows (global indices, owner after owner) to their owners: (rows each rank reads from this one, those rows rank after rank, rank * 256 + code of the first rank at fault or -1, signature mismatch, a rank whose signature differs or -1).
     """
 
 def jax_fft_handler() -> typing_extensions.CapsuleType:

@@ -528,7 +528,7 @@ def gather_plan(indices: Any, like: ShardedArray, algorithm: str = "auto",
     comm = mesh.core_comm(tuple(range(mesh.ndim)))
     sig = _signature(lay)
     rcounts, rows, bad, mismatch, sig_rank = _core.index_requests(
-        comm, _ALGORITHMS[route.algorithm], send_counts, code, sig, req, N)
+        comm, _ALGORITHMS[route.algorithm], send_counts, code, sig, req)
     if bad >= 0:
         rank, c = divmod(int(bad), 256)
         own = f": {detail}" if rank == me else ""
