@@ -22,7 +22,7 @@ from .mesh import Mesh
 from .planner import Plan, Step
 from .route import ALGORITHMS, Route, check_algorithm, choose_algorithm, core_transport, route
 
-__all__ = ["ALGORITHMS", "Pending", "choose_algorithm", "executors", "start"]
+__all__ = ["ALGORITHMS", "Pending", "choose_algorithm", "executors", "one_exchange", "start"]
 
 log = logging.getLogger("pyshard")
 
@@ -308,6 +308,11 @@ def _exec(s: Step, mesh: Mesh, algorithm: str, dev: bool,
     return _KINDS[s.kind](s, mesh, r, dev)
 
 
+def one_exchange(p: Plan) -> bool:
+    """Is plan ``p`` one all-to-all exchange (the plans whose storage can be padded)?"""
+    return len(p.steps) == 1 and p.steps[0].kind == "alltoallv"
+
+
 def executors(p: Plan, mesh: Mesh, algorithm: str = "auto", like: Any = None,
               pads: Pads = (None, None)) -> list:
     """The executors of plan ``p`` on this rank for arrays like ``like`` (numpy by default),
@@ -322,8 +327,7 @@ def executors(p: Plan, mesh: Mesh, algorithm: str = "auto", like: Any = None,
     execs = cache.execs.get(key)
     if execs is None:
         check_algorithm(algorithm)  # the precise error, whatever the plan
-        if pads != (None, None) and (dev or len(p.steps) != 1
-                                     or p.steps[0].kind != "alltoallv"):
+        if pads != (None, None) and (dev or not one_exchange(p)):
             raise ValueError("executors: padded storage is for host plans of one exchange, "
                              f"not {p}")
         if dev:

@@ -152,7 +152,7 @@ def _check_out(out: Optional[Any], dst: Layout, x: ShardedArray) -> None:
 
 def _one_exchange(p: Any) -> bool:
     """A transpose that is one all-to-all exchange (it can read and write padded storage)."""
-    return isinstance(p, Move) and len(p.plan.steps) == 1 and p.plan.steps[0].kind == "alltoallv"
+    return isinstance(p, Move) and executor.one_exchange(p.plan)
 
 
 def _view(store: Any, shape: Sequence[int]) -> Any:
