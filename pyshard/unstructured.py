@@ -234,7 +234,8 @@ class GatherPlan:
 
     def __init__(self, mesh: Any, layout: Any, offsets: np.ndarray, indices: np.ndarray,
                  exchange: IndexExchange, counts: np.ndarray, rcounts: np.ndarray,
-                 make: Any = None, candidates: Tuple[str, ...] = ()) -> None:
+                 make: Any = None, candidates: Tuple[str, ...] = (),
+                 touched: Optional[np.ndarray] = None, method: str = "p2p") -> None:
         self.mesh, self.layout = mesh, layout
         self.offsets = offsets
         self.indices = indices
@@ -248,22 +249,34 @@ class GatherPlan:
         exchange.plan_stats = self._stats  # the exchange's comm_stats() reads the plan's
         # the core each direction runs on: the exchange's, or (method "tune") the fastest of
         # `candidates`, each made by `make`, measured at the direction's first call
-        self._make, self._candidates = make, candidates
+        # make(m, compact): a core of method m, over the local rows or the compact ones
+        self._make, self._candidates, self._method = make, candidates, method
         self._cores: Dict[str, Any] = {} if candidates else {"gather": exchange.core,
                                                              "scatter": exchange.core}
         self.chosen: Dict[str, str] = {}  # method "tune": what each direction measured best
+        # cupy arrays: the local rows any peer or this rank reads (ascending), packed on the
+        # device, and the cores over that compact row space ("gather/dev", "scatter/dev"),
+        # made at a direction's first device call with the method its host core runs
+        self.touched = touched if touched is not None else np.zeros(0, np.int64)
+        self._touched_dev: Any = None
 
-    def _core_for(self, direction: str, trial: Any) -> Any:
-        """The core ``direction`` (``"gather"``, ``"scatter"``) runs on. Tuning: each
-        candidate runs ``trial(core)`` a few times, and the one whose median on the slowest
-        rank is least is kept: the same on every rank (one allreduce per candidate, every
-        rank in the same call)."""
-        core = self._cores.get(direction)
+    def _core_for(self, direction: str, trial: Any, device: bool = False) -> Any:
+        """The core ``direction`` (``"gather"``, ``"scatter"``) runs on (``device``: the one
+        over the compact rows a cupy array's device pack gives). Tuning: each candidate runs
+        ``trial(core)`` a few times, and the one whose median on the slowest rank is least is
+        kept: the same on every rank (one allreduce per candidate, every rank in the same
+        call)."""
+        key = direction + "/dev" if device else direction
+        core = self._cores.get(key)
         if core is not None:
+            return core
+        if not self._candidates:  # the host core's method, over the compact rows
+            core = self._make(self._method, True)
+            self._cores[key] = core
             return core
         best: Tuple[float, str, Any] = (float("inf"), "", None)
         for m in self._candidates:
-            c = self._make(m)
+            c = self._make(m, device)
             times = []
             for _ in range(TUNE_REPS):
                 t0 = time.perf_counter()
@@ -272,7 +285,7 @@ class GatherPlan:
             t = collectives.max_all(self.mesh.comm, sorted(times)[len(times) // 2])
             if t < best[0]:
                 best = (t, m, c)
-        self.chosen[direction], self._cores[direction] = best[1], best[2]
+        self.chosen[key], self._cores[key] = best[1], best[2]
         log.info("pyshard: gather plan's %s tuned: %s (%.1f us)", direction, best[1],
                  best[0] * 1e6)
         return best[2]
@@ -318,16 +331,33 @@ class GatherPlan:
             s["bytes_sent"] += rin * rb
             s["bytes_received"] += rout * rb
 
+    def _packed(self, local: Any) -> np.ndarray:
+        """A cupy array's rows that this plan reads (``touched``), packed on the device by
+        one gather and copied to host memory: all a device call moves through the host."""
+        cp = _backend.cupy()
+        if self._touched_dev is None:
+            self._touched_dev = cp.asarray(self.touched)
+        packed = cp.take(local, self._touched_dev, axis=0)
+        host = allocate(packed.shape, packed.dtype)
+        packed.get(out=host)
+        return host
+
+    def _unpack(self, local: Any, host: np.ndarray) -> None:
+        """The compact rows ``host`` (after a scatter) back into their rows of ``local``."""
+        if host.shape[0]:
+            local[self._touched_dev] = _backend.cupy().asarray(host)
+
     def gather(self, x: ShardedArray, out: Any = None, wait: bool = True) -> Any:
         """``x_global[indices]`` on this rank: an array of shape ``(n, *x.shape[1:])`` (into
         ``out`` where given: C-contiguous, that shape and x's dtype). ``wait=False`` returns a
         :class:`PendingIndex` whose ``wait()`` gives it. Every rank of the mesh calls it; no
-        collective runs, only messages to this rank's peers. cupy arrays go through host
-        memory (staged)."""
+        collective runs, only messages to this rank's peers. A cupy array's rows that peers
+        or this rank read are packed on the device (one gather kernel) and only they go
+        through host memory (staged); the result is copied to the device at ``wait()``."""
         local = self._check(x, "gather")
         device = _backend.is_device(local)
-        host = _backend.to_host(local)
-        shape = (self.n,) + tuple(host.shape[1:])
+        host = self._packed(local) if device else _backend.to_host(local)
+        shape = (self.n,) + tuple(local.shape[1:])
         if out is not None and not device:
             if not isinstance(out, np.ndarray) or out.shape != shape or out.dtype != host.dtype \
                     or not out.flags.c_contiguous or not out.flags.writeable:
@@ -338,11 +368,10 @@ class GatherPlan:
         else:
             res = allocate(shape, host.dtype)
         rb = host.dtype.itemsize * int(np.prod(shape[1:], dtype=np.int64))
-        core = self._core_for("gather", lambda c: (c.start_forward(host, res), c.wait()))
+        core = self._core_for("gather", lambda c: (c.start_forward(host, res), c.wait()),
+                              device)
         core.start_forward(host, res)
         self._count("gather", rb, True)
-        finish = None
-        result: Any = res
         if device:
             box: Dict[str, Any] = {}
 
@@ -354,10 +383,9 @@ class GatherPlan:
                 else:
                     box["r"] = d
 
-            p = _DevicePending(self, box, (host, res), finish, core)
-            self._inflight = p
-            return p.wait() if wait else p
-        p = PendingIndex(self, result, (host, res), finish, core)
+            p: PendingIndex = _DevicePending(self, box, (host, res), finish, core)
+        else:
+            p = PendingIndex(self, res, (host, res), None, core)
         self._inflight = p
         return p.wait() if wait else p
 
@@ -374,11 +402,12 @@ class GatherPlan:
         local = self._check(into, "scatter")
         device = _backend.is_device(local)
         vals = _backend.to_host(values) if _backend.is_device(values) else np.asarray(values)
-        tgt = _backend.to_host(local) if device else np.asarray(local)
-        shape = (self.n,) + tuple(tgt.shape[1:])
-        if vals.shape != shape or vals.dtype != tgt.dtype:
+        shape = (self.n,) + tuple(local.shape[1:])
+        if vals.shape != shape or vals.dtype != local.dtype:
             raise ValueError(f"pyshard.GatherPlan.scatter: values must have shape {shape} and "
-                             f"dtype {tgt.dtype} (into's), got {vals.shape} {vals.dtype}")
+                             f"dtype {local.dtype} (into's), got {vals.shape} {vals.dtype}")
+        # a cupy array: only the rows this plan combines into, packed on the device
+        tgt = self._packed(local) if device else np.asarray(local)
         if not device and not (tgt.flags.c_contiguous and tgt.flags.writeable):
             raise ValueError("pyshard.GatherPlan.scatter: into's local array must be writable "
                              "and C-contiguous")
@@ -409,11 +438,12 @@ class GatherPlan:
         if kind is None:
             kind = -1  # replace: bytes only
         rb = acc.dtype.itemsize * int(np.prod(shape[1:], dtype=np.int64))
-        if "scatter" not in self._cores:  # tuning: on a copy (a scatter changes `into`)
-            scratch = acc.copy()
-            core = self._core_for("scatter", lambda c: (
-                c.start_reverse(v, scratch, kind, _OP_CODE[op]), c.wait()))
-        core = self._cores["scatter"]
+        key = "scatter/dev" if device else "scatter"
+        if key not in self._cores:  # tuning: on a copy (a scatter changes `into`)
+            scratch = acc.copy() if self._candidates else acc  # (no trials: no copy)
+            self._core_for("scatter", lambda c: (
+                c.start_reverse(v, scratch, kind, _OP_CODE[op]), c.wait()), device)
+        core = self._cores[key]
         core.start_reverse(v, acc, kind, _OP_CODE[op])
         self._count("scatter", rb, False)
 
@@ -421,7 +451,7 @@ class GatherPlan:
             if narrow is not None:
                 narrow()
             if device:
-                local[...] = _backend.cupy().asarray(tgt)
+                self._unpack(local, tgt)
 
         p = PendingIndex(self, None, (v, acc, tgt), finish, core)
         self._inflight = p
@@ -548,20 +578,31 @@ def gather_plan(indices: Any, like: ShardedArray, algorithm: str = "auto",
     n_local = int(offsets[me + 1] - offsets[me])
     dims = tuple(range(mesh.ndim))
 
-    def make(m: str) -> Any:  # the core of method m ("shm": node-shared memory and p2p)
+    # the local rows read by anyone (ascending): what a cupy array's device pack copies out
+    touched = np.union1d(own_rows, self_rows).astype(np.int64)
+
+    def make(m: str, compact: bool = False) -> Any:
+        """The core of method m ("shm": node-shared memory and p2p), over the local rows or
+        (compact) over ``touched``'s."""
         node = _shm.node(mesh, dims) if m == "shm" else None
-        return _core.IndexExchange(comm, rpeer, send_counts[rpeer], slot, self_rows, opeer,
-                                   ooff, own_rows, n_local, METHODS.index(
-                                       "p2p" if m == "shm" else m), node)
+        if compact:
+            own, mine, n = (np.searchsorted(touched, own_rows).astype(np.int64),
+                            np.searchsorted(touched, self_rows).astype(np.int64),
+                            int(touched.shape[0]))
+        else:
+            own, mine, n = own_rows, self_rows, n_local
+        return _core.IndexExchange(comm, rpeer, send_counts[rpeer], slot, mine, opeer,
+                                   ooff, own, n, METHODS.index("p2p" if m == "shm" else m),
+                                   node)
 
     tune = route.path == "tune"
-    core = make("shm" if route.path == "shm" else "p2p" if tune else route.method)
-    x = IndexExchange("gather", route, core)
+    method = "shm" if route.path == "shm" else "p2p" if tune else route.method
+    x = IndexExchange("gather", route, make(method))
     if log.isEnabledFor(logging.DEBUG):
         log.debug("gather_plan: %d indices, %d owners read, %d readers served", idx.size,
                   len(rpeer), len(opeer))
-    return GatherPlan(mesh, lay, offsets, idx, x, counts, rcounts, make if tune else None,
-                      route.candidates)
+    return GatherPlan(mesh, lay, offsets, idx, x, counts, rcounts, make,
+                      route.candidates, touched, method)
 
 
 def take(x: ShardedArray, indices: Any) -> np.ndarray:
