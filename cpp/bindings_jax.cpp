@@ -16,7 +16,11 @@
 // through a Python function pyshard.jax sets (scipy.fft, whose pocketfft takes a strided axis
 // at about a third of jnp.fft's time on XLA:CPU): no MPI, no token.
 //
-// Host buffers only: the CUDA registration (the pack kernels on XLA's stream) is not built.
+// A third, `pyshard_step` registered for the CUDA platform, runs the same steps on device
+// buffers: the core's CUDA packer on XLA's stream (pack kernel, then MPI, staged through host
+// memory or CUDA-aware as the step's transport says, then unpack), as cupy arrays run. Its
+// steps are registered with device=True (pyshard.jax builds them on the device route); a
+// halo fold on device is not registered (its combine runs on the host only).
 // The XLA FFI headers are vendored (third_party/xla, Apache-2.0, from jaxlib 0.10.2): the
 // handler builds whether or not jax is installed.
 #include <pybind11/numpy.h>
@@ -44,10 +48,11 @@ namespace pyshard::bind {
 namespace {
 
 struct JaxEntry {
-  std::function<void(const char*, char*)> run;
+  std::function<void(const char*, char*, Packer&)> run;
   int64_t src_bytes, dst_bytes;
   std::string what;
   bool in_place = false;  // a halo step: XLA hands one buffer as both (operand_output_aliases)
+  bool device = false;    // runs on device buffers (the CUDA handler), else host buffers
 };
 
 std::mutex registry_mu;
@@ -68,28 +73,41 @@ const JaxEntry* find(int64_t id) {
 template <class StepT>
 std::unique_ptr<JaxEntry> step_entry(StepT* s, int64_t sb, int64_t db, const char* what) {
   auto e = std::make_unique<JaxEntry>();
-  e->run = [s](const char* src, char* dst) { s->run(src, dst, host_packer()); };
+  e->run = [s](const char* src, char* dst, Packer& pk) { s->run(src, dst, pk); };
   e->src_bytes = sb;
   e->dst_bytes = db;
   e->what = what;
   return e;
 }
 
-ffi::Error run_step(ffi::AnyBuffer src, ffi::Token, ffi::Result<ffi::AnyBuffer> dst,
-                    ffi::Result<ffi::Token>, int64_t step) {
+// The entry a call names, checked against the buffers' sizes and the handler's memory.
+ffi::Error entry_for(int64_t step, bool device, int64_t sb, int64_t db, const JaxEntry** out) {
   const JaxEntry* e = find(step);
   if (e == nullptr)
     return ffi::Error(ffi::ErrorCode::kInvalidArgument,
                       "pyshard: custom call names step " + std::to_string(step) +
                           ", which this process never registered (a program lowered in "
                           "another process?)");
-  const int64_t sb = static_cast<int64_t>(src.size_bytes());
-  const int64_t db = static_cast<int64_t>(dst->size_bytes());
+  if (e->device != device)
+    return ffi::Error(ffi::ErrorCode::kInvalidArgument,
+                      "pyshard: " + e->what + " registered for " +
+                          (e->device ? "device" : "host") + " buffers runs on " +
+                          (device ? "a GPU" : "the CPU"));
   if (sb != e->src_bytes || db != e->dst_bytes)
     return ffi::Error(ffi::ErrorCode::kInvalidArgument,
                       "pyshard: " + e->what + " got " + std::to_string(sb) + " -> " +
                           std::to_string(db) + " bytes, planned " +
                           std::to_string(e->src_bytes) + " -> " + std::to_string(e->dst_bytes));
+  *out = e;
+  return ffi::Error::Success();
+}
+
+ffi::Error run_step(ffi::AnyBuffer src, ffi::Token, ffi::Result<ffi::AnyBuffer> dst,
+                    ffi::Result<ffi::Token>, int64_t step) {
+  const int64_t sb = static_cast<int64_t>(src.size_bytes());
+  const int64_t db = static_cast<int64_t>(dst->size_bytes());
+  const JaxEntry* e = nullptr;
+  if (ffi::Error err = entry_for(step, false, sb, db, &e); err.failure()) return err;
   const char* s = static_cast<const char*>(src.untyped_data());
   char* d = static_cast<char*>(dst->untyped_data());
   try {
@@ -111,7 +129,35 @@ ffi::Error run_step(ffi::AnyBuffer src, ffi::Token, ffi::Result<ffi::AnyBuffer> 
     // XLA's result is usually fresh pages (its allocator maps big buffers anew each call):
     // advised to use huge pages, the step's writes fault them in 2 MiB at a time
     if (d != s && db >= kHugeFromBytes) advise_huge_pages(d, db);
-    e->run(s, d);
+    e->run(s, d, host_packer());
+  } catch (const std::exception& ex) {
+    return ffi::Error(ffi::ErrorCode::kInternal, ex.what());
+  }
+  return ffi::Error::Success();
+}
+
+// The CUDA platform's handler: the step on XLA's device buffers, its kernels on XLA's stream
+// (the step synchronizes that stream before MPI touches the buffers, as a cupy call does).
+ffi::Error run_step_cuda(void* stream, ffi::AnyBuffer src, ffi::Token,
+                         ffi::Result<ffi::AnyBuffer> dst, ffi::Result<ffi::Token>, int64_t step) {
+  const int64_t sb = static_cast<int64_t>(src.size_bytes());
+  const int64_t db = static_cast<int64_t>(dst->size_bytes());
+  const JaxEntry* e = nullptr;
+  if (ffi::Error err = entry_for(step, true, sb, db, &e); err.failure()) return err;
+  const char* s = static_cast<const char*>(src.untyped_data());
+  char* d = static_cast<char*>(dst->untyped_data());
+  try {
+    Packer& pk = cuda_packer();
+    pk.set_stream(reinterpret_cast<std::uintptr_t>(stream));
+    // the source aliasing the result (see run_step): copied aside on the device first
+    char* aside = nullptr;
+    if (!e->in_place && sb > 0 && db > 0 && s < d + db && d < s + sb) {
+      aside = pk.alloc(sb);
+      pk.copy_bytes(aside, s, sb);
+      s = aside;
+    }
+    e->run(s, d, pk);
+    if (aside != nullptr) pk.release(aside, sb);
   } catch (const std::exception& ex) {
     return ffi::Error(ffi::ErrorCode::kInternal, ex.what());
   }
@@ -180,13 +226,26 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(pyshard_step_ffi, run_step,
                                   .Ret<ffi::Token>()
                                   .Attr<int64_t>("step"));
 
+XLA_FFI_DEFINE_HANDLER_SYMBOL(pyshard_step_cuda_ffi, run_step_cuda,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::PlatformStream<void*>>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::Token>()
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Ret<ffi::Token>()
+                                  .Attr<int64_t>("step"));
+
 void bind_jax(py::module_& m) {
+  m.def("jax_cuda_handler",
+        []() { return py::capsule(reinterpret_cast<void*>(&pyshard_step_cuda_ffi)); },
+        "The XLA FFI handler of pyshard.jax's custom calls on the CUDA platform (device "
+        "buffers, XLA's stream); its steps are registered with device=True.");
   m.def("jax_handler", []() { return py::capsule(reinterpret_cast<void*>(&pyshard_step_ffi)); },
         "The XLA FFI handler of pyshard.jax's custom calls (a PyCapsule for "
         "jax.ffi.register_ffi_target).");
   m.def(
       "jax_register_step",
-      [](py::object step, int64_t src_bytes, int64_t dst_bytes) -> int64_t {
+      [](py::object step, int64_t src_bytes, int64_t dst_bytes, bool device) -> int64_t {
         std::unique_ptr<JaxEntry> e;
         if (py::isinstance<ExchangeStep>(step))
           e = step_entry(step.cast<ExchangeStep*>(), src_bytes, dst_bytes, "an exchange");
@@ -201,32 +260,38 @@ void bind_jax(py::module_& m) {
           throw std::invalid_argument("pyshard: jax_register_step takes an MPI step of the core "
                                       "(ExchangeStep, AllgathervStep, AllreduceStep, "
                                       "ReduceScatterStep)");
+        e->device = device;
         return add(std::move(e));
       },
-      py::arg("step"), py::arg("src_bytes"), py::arg("dst_bytes"),
-      "Register a core step for pyshard_step custom calls; returns its id. The caller keeps "
-      "the step alive.");
+      py::arg("step"), py::arg("src_bytes"), py::arg("dst_bytes"), py::arg("device") = false,
+      "Register a core step for pyshard_step custom calls (device: on the CUDA platform's "
+      "handler, device buffers); returns its id. The caller keeps the step alive.");
   m.def(
       "jax_register_halo",
-      [](HaloStep* s, int64_t bytes, bool fold, int op, int kind) -> int64_t {
+      [](HaloStep* s, int64_t bytes, bool fold, int op, int kind, bool device) -> int64_t {
+        if (device && fold)
+          throw std::invalid_argument("pyshard: a halo fold on device buffers is not built "
+                                      "(its combine runs on the host)");
         auto e = std::make_unique<JaxEntry>();
-        e->run = [s, bytes, fold, op, kind](const char* src, char* dst) {
-          if (src != dst) std::memcpy(dst, src, static_cast<size_t>(bytes));
-          s->start(dst, host_packer());
+        e->run = [s, bytes, fold, op, kind](const char* src, char* dst, Packer& pk) {
+          if (src != dst) pk.copy_bytes(dst, src, bytes);
+          s->start(dst, pk);
           if (fold)
-            s->wait(dst, host_packer(), static_cast<FoldOp>(op), static_cast<FoldKind>(kind));
+            s->wait(dst, pk, static_cast<FoldOp>(op), static_cast<FoldKind>(kind));
           else
-            s->wait(dst, host_packer());
+            s->wait(dst, pk);
         };
         e->src_bytes = e->dst_bytes = bytes;
         e->in_place = true;
+        e->device = device;
         e->what = fold ? "a halo fold" : "a halo update";
         return add(std::move(e));
       },
       py::arg("step"), py::arg("bytes"), py::arg("fold"), py::arg("op") = 0,
-      py::arg("kind") = -1,
+      py::arg("kind") = -1, py::arg("device") = false,
       "Register a halo step's update (fold=False) or fold (op, kind: cpp/halo.h FoldOp, "
-      "FoldKind) of a padded array of `bytes` for pyshard_step custom calls; returns its id.");
+      "FoldKind) of a padded array of `bytes` for pyshard_step custom calls (device: an "
+      "update on the CUDA platform's handler); returns its id.");
   m.def("jax_fft_handler",
         []() { return py::capsule(reinterpret_cast<void*>(&pyshard_fft_ffi)); },
         "The XLA FFI handler of pyshard.jax's local FFT passes (pyshard_fft: c2c in place on "

@@ -65,6 +65,11 @@ class CudaPacker final : public Packer {
       check(cudaMemcpyAsync(mem, host, static_cast<size_t>(n), cudaMemcpyHostToDevice, stream_),
             "cudaMemcpyAsync (host to device)");
   }
+  void copy_bytes(char* dst, const char* src, i64 n) override {
+    if (n > 0)
+      check(cudaMemcpyAsync(dst, src, static_cast<size_t>(n), cudaMemcpyDeviceToDevice, stream_),
+            "cudaMemcpyAsync (device to device)");
+  }
   void sync() override { check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize"); }
   void finish() override { check(cudaEventRecord(done_, stream_), "cudaEventRecord"); }
   char* alloc(i64 n) override {

@@ -70,6 +70,9 @@ class HostPacker final : public Packer {
   void from_host(char* mem, const char* host, i64 n) override {
     if (n > 0) std::memcpy(mem, host, static_cast<size_t>(n));
   }
+  void copy_bytes(char* dst, const char* src, i64 n) override {
+    if (n > 0) std::memcpy(dst, src, static_cast<size_t>(n));
+  }
   void sync() override {}
   void finish() override {}
   char* alloc(i64 n) override { return map_pages(n); }

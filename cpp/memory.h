@@ -38,6 +38,8 @@ class Packer {
   // Contiguous copies between this memory and host memory; may return before they are done.
   virtual void to_host(char* host, const char* mem, i64 n) = 0;
   virtual void from_host(char* mem, const char* host, i64 n) = 0;
+  // A contiguous copy within this memory; may return before it is done.
+  virtual void copy_bytes(char* dst, const char* src, i64 n) = 0;
   // Wait until everything queued so far is done (before MPI reads or writes the buffers).
   virtual void sync() = 0;
   // The end of a step: later steps on any stream wait for what this one queued.

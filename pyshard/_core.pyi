@@ -64,6 +64,7 @@ __all__: list[str] = [
     "device_pack",
     "halo_copy_local",
     "index_requests",
+    "jax_cuda_handler",
     "jax_fft_handler",
     "jax_handler",
     "jax_register_halo",
@@ -1134,6 +1135,11 @@ def index_requests(
     The setup of an index exchange: the counts (algorithm 0: MPI_Alltoall, 1: NBX) with this rank's error code and signature, then the requested rows (global indices, owner after owner) to their owners: (rows each rank reads from this one, those rows rank after rank, rank * 256 + code of the first rank at fault or -1, signature mismatch, a rank whose signature differs or -1).
     """
 
+def jax_cuda_handler() -> typing_extensions.CapsuleType:
+    """
+    The XLA FFI handler of pyshard.jax's custom calls on the CUDA platform (device buffers, XLA's stream); its steps are registered with device=True.
+    """
+
 def jax_fft_handler() -> typing_extensions.CapsuleType:
     """
     The XLA FFI handler of pyshard.jax's local FFT passes (pyshard_fft: c2c in place on XLA's buffer, through the function jax_set_fft_function set).
@@ -1150,18 +1156,20 @@ def jax_register_halo(
     fold: bool,
     op: typing.SupportsInt | typing.SupportsIndex = 0,
     kind: typing.SupportsInt | typing.SupportsIndex = -1,
+    device: bool = False,
 ) -> int:
     """
-    Register a halo step's update (fold=False) or fold (op, kind: cpp/halo.h FoldOp, FoldKind) of a padded array of `bytes` for pyshard_step custom calls; returns its id.
+    Register a halo step's update (fold=False) or fold (op, kind: cpp/halo.h FoldOp, FoldKind) of a padded array of `bytes` for pyshard_step custom calls (device: an update on the CUDA platform's handler); returns its id.
     """
 
 def jax_register_step(
     step: typing.Any,
     src_bytes: typing.SupportsInt | typing.SupportsIndex,
     dst_bytes: typing.SupportsInt | typing.SupportsIndex,
+    device: bool = False,
 ) -> int:
     """
-    Register a core step for pyshard_step custom calls; returns its id. The caller keeps the step alive.
+    Register a core step for pyshard_step custom calls (device: on the CUDA platform's handler, device buffers); returns its id. The caller keeps the step alive.
     """
 
 def jax_registered() -> int:

@@ -167,14 +167,15 @@ def _mpi_step(p: HaloPlan, comm: Any, method: str, reverse: bool, r: Any) -> Any
     )
 
 
-def mpi_exchange(layout: Layout, spec: Any, mesh: Mesh, method: str, fold: bool) -> HaloExchange:
+def mpi_exchange(layout: Layout, spec: Any, mesh: Mesh, method: str, fold: bool,
+                 device: bool = False) -> HaloExchange:  # fmt: skip
     """The halo update (or, ``fold=True``, fold) of ``layout`` with ``spec`` on ``mesh`` by
-    the MPI ``method`` (one of :data:`pyshard.route.HALO_MPI`) for host arrays, built as a
-    :class:`HaloArray` builds its own: for front ends that run its core step on buffers of
-    their own (pyshard.jax, on XLA's). Its core step takes any padded array of the plan's
-    shape at each call."""
+    the MPI ``method`` (one of :data:`pyshard.route.HALO_MPI`) for host arrays (``device``:
+    GPU arrays, on the GPU route's transport), built as a :class:`HaloArray` builds its own:
+    for front ends that run its core step on buffers of their own (pyshard.jax, on XLA's).
+    Its core step takes any padded array of the plan's shape at each call."""
     p = halo_plan(layout, spec, mesh.coords)
-    r = halo_route(layout, spec, mesh, method, False, fold=fold)
+    r = halo_route(layout, spec, mesh, method, device, fold=fold)
     core = _mpi_step(p, mesh.core_comm(tuple(range(mesh.ndim))), method, fold, r)
     return HaloExchange("fold" if fold else "halo", r, core, method)
 

@@ -17,7 +17,8 @@
 #      scripts/gpu_halo_time.py (halo updates on cupy against numpy) at 2 and 4 ranks;
 #   6. if time is left, all of tests/gpu at 8 ranks (the 2x2x2 mesh cases);
 # and prints one summary line. GPU_CHECK_THEN=FILE runs the bash script FILE after the build
-# (with the same MPI, PYTHONPATH and mpiexec) instead of steps 4-6. Every step runs under a timeout inside an overall budget
+# (with the same MPI, PYTHONPATH and mpiexec; GPU_CHECK_THEN_MAX seconds, default 300) instead
+# of steps 4-6. Every step runs under a timeout inside an overall budget
 # (GPU_CHECK_BUDGET seconds, default 450: done in under 8 minutes); a failing step is reported
 # and the script goes on to the summary. Exit status 0 when every step passed.
 # Logs: $OUT (when set; else /tmp/pyshard-gpu-check): gpu-check.log (everything),
@@ -175,7 +176,7 @@ main() {
   BUILD_OK=$?
 
   if [ -n "${GPU_CHECK_THEN:-}" ]; then  # a given script instead of the standard steps
-    step then 300 0 bash "$GPU_CHECK_THEN"
+    step then "${GPU_CHECK_THEN_MAX:-300}" 0 bash "$GPU_CHECK_THEN"
     echo "gpu-check (then $GPU_CHECK_THEN only): $(printf '%s; ' "${SUMMARY[@]}")"
     return $FAILED
   fi

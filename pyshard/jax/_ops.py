@@ -8,8 +8,12 @@ numpy path builds from the same plans. Every call threads the ordered effect's t
 (_compat), so XLA runs pyshard's collectives one at a time in program order on every rank.
 Outside ``jit`` a primitive runs eagerly (compiled on its own, as JAX does).
 
-Host (CPU) buffers and MPI only: an XLA buffer is not in node-shared memory, so the node
-transport's steps, which write into their peers' results, do not apply; the route is MPI.
+MPI only: an XLA buffer is not in node-shared memory, so the node transport's steps, which
+write into their peers' results, do not apply. On the CPU platform the steps run on host
+buffers; on the CUDA platform (a core built with CUDA) the same custom call runs them on XLA's
+device buffers with the core's pack kernels on XLA's stream, built on the GPU route (staged
+through host memory, or CUDA-aware MPI), as cupy arrays run. A halo fold on a GPU is not
+built (its combine runs on the host): lowering one raises NotImplementedError.
 """
 
 from __future__ import annotations
@@ -35,6 +39,8 @@ from ._compat import Primitive, abstract_token, apply_primitive, effect, set_tok
 
 TARGET = "pyshard_step"
 register_ffi_target(TARGET, _core.jax_handler(), platform="cpu")
+# (a jaxlib without CUDA only queues this registration)
+register_ffi_target(TARGET, _core.jax_cuda_handler(), platform="CUDA")
 
 # (what the step is) -> (the executor or core step kept alive, its id in the core)
 _registered: Dict[tuple, Tuple[Any, int]] = {}
@@ -51,28 +57,30 @@ def mpi_algorithm(step: Step, algorithm: str) -> str:
     return choose_algorithm(step, algorithm, False) if step.kind == "alltoallv" else "alltoallv"
 
 
-def _step_id(step: Step, mesh: Mesh, algorithm: str) -> int:
-    key = ("step", step.kind, step.mesh_dims, step.src, step.dst, step.op, mesh, algorithm)
+def _step_id(step: Step, mesh: Mesh, algorithm: str, device: bool = False) -> int:
+    key = ("step", step.kind, step.mesh_dims, step.src, step.dst, step.op, mesh, algorithm,
+           device)
     hit = _registered.get(key)
     if hit is None:
-        e = step_executor(step, mesh, route(step, mesh, algorithm, False))
+        e = step_executor(step, mesh, route(step, mesh, algorithm, device))
         dt = e.upcast if e.upcast is not None else step.src.dtype
         sb = prod(step.src.local_shape(mesh.coords)) * dt.itemsize
         db = prod(e.out_shape) * dt.itemsize
-        hit = (e, int(_core.jax_register_step(e.core, sb, db)))
+        hit = (e, int(_core.jax_register_step(e.core, sb, db, device)))
         _registered[key] = hit
     return hit[1]
 
 
-def _halo_id(layout: Layout, spec: HaloSpec, mesh: Mesh, fold: bool, kind: int) -> int:
-    key = ("halo", layout, spec, mesh, fold, kind)
+def _halo_id(layout: Layout, spec: HaloSpec, mesh: Mesh, fold: bool, kind: int,
+             device: bool = False) -> int:  # fmt: skip
+    key = ("halo", layout, spec, mesh, fold, kind, device)
     hit = _registered.get(key)
     if hit is None:
         p = halo_plan(layout, spec, mesh.coords)
         # p2p: no requests bound to one address (XLA's buffers move between calls)
-        core = mpi_exchange(layout, spec, mesh, "p2p", fold).core
+        core = mpi_exchange(layout, spec, mesh, "p2p", fold, device).core
         nbytes = prod(p.padded_shape) * layout.dtype.itemsize
-        hit = (core, int(_core.jax_register_halo(core, nbytes, fold, 0, kind)))
+        hit = (core, int(_core.jax_register_halo(core, nbytes, fold, 0, kind, device)))
         _registered[key] = hit
     return hit[1]
 
@@ -88,19 +96,31 @@ def _lower_call(ctx: Any, x: Any, sid: int, alias: bool) -> list:
     return [out]
 
 
-def _cpu_only(name: str) -> Any:
-    """A lowering for platforms other than CPU: a clear error instead of JAX's "no MLIR
-    translation rule"."""
+def _platforms(ctx: Any) -> str:
+    return ", ".join(getattr(ctx.module_context, "platforms", ()) or ("?",))
+
+
+def _unsupported(name: str) -> Any:
+    """A lowering for platforms other than CPU and CUDA: a clear error instead of JAX's "no
+    MLIR translation rule"."""
 
     def lower(ctx: Any, *args: Any, **params: Any) -> list:
-        platforms = ", ".join(getattr(ctx.module_context, "platforms", ()) or ("?",))
         raise NotImplementedError(
-            f"pyshard.jax: {name} runs on CPU devices only (the CUDA registration of its "
-            f"custom calls is not built); this program is lowered for {platforms}. Keep the "
-            f"local arrays on a CPU device (jax.device_put(x, jax.devices('cpu')[0])) or run "
-            f"with JAX_PLATFORMS=cpu")
+            f"pyshard.jax: {name} runs on CPU and CUDA devices only; this program is lowered "
+            f"for {_platforms(ctx)}. Keep the local arrays on a CPU device "
+            f"(jax.device_put(x, jax.devices('cpu')[0])) or run with JAX_PLATFORMS=cpu")
 
     return lower
+
+
+def _cuda_core(ctx: Any, name: str) -> None:
+    """NotImplementedError unless the core was built with CUDA."""
+    if _core.cuda_build_version() < 0:
+        raise NotImplementedError(
+            f"pyshard.jax: {name} on a GPU needs pyshard's core built with CUDA (this one is "
+            f"not: PYSHARD_CUDA=ON bash scripts/setup.sh); this program is lowered for "
+            f"{_platforms(ctx)}. Or keep the local arrays on a CPU device "
+            f"(jax.device_put(x, jax.devices('cpu')[0])) or run with JAX_PLATFORMS=cpu")
 
 
 def batched(layout: Layout, n: int) -> Layout:
@@ -127,6 +147,12 @@ def _step_lower(ctx: Any, x: Any, *, step: Step, mesh: Mesh, algorithm: str, sha
     return _lower_call(ctx, x, _step_id(step, mesh, algorithm), False)
 
 
+def _step_lower_cuda(ctx: Any, x: Any, *, step: Step, mesh: Mesh, algorithm: str,
+                     shape: tuple, dtype: np.dtype) -> list:  # fmt: skip
+    _cuda_core(ctx, "a redistribute's collective step")
+    return _lower_call(ctx, x, _step_id(step, mesh, algorithm, True), False)
+
+
 def _step_batch(args: tuple, dims: tuple, *, step: Step, mesh: Mesh, algorithm: str,
                 shape: tuple, dtype: np.dtype) -> Tuple[Any, int]:  # fmt: skip
     (x,), (d,) = args, dims
@@ -138,8 +164,9 @@ def _step_batch(args: tuple, dims: tuple, *, step: Step, mesh: Mesh, algorithm: 
 
 
 step_p.def_effectful_abstract_eval(_step_abstract)
-mlir.register_lowering(step_p, _cpu_only("a redistribute's collective step"))
+mlir.register_lowering(step_p, _unsupported("a redistribute's collective step"))
 mlir.register_lowering(step_p, _step_lower, platform="cpu")
+mlir.register_lowering(step_p, _step_lower_cuda, platform="cuda")
 batching.primitive_batchers[step_p] = _step_batch
 
 
@@ -167,6 +194,19 @@ def _halo_lower(ctx: Any, x: Any, *, layout: Layout, spec: HaloSpec, mesh: Mesh,
     return _lower_call(ctx, x, _halo_id(layout, spec, mesh, fold, kind), True)
 
 
+def _halo_lower_cuda(ctx: Any, x: Any, *, layout: Layout, spec: HaloSpec, mesh: Mesh,
+                     fold: bool) -> list:  # fmt: skip
+    name = "a halo fold (the gradient of halo_pad)" if fold else "a halo update"
+    _cuda_core(ctx, name)
+    if fold:
+        raise NotImplementedError(
+            f"pyshard.jax: {name} on a GPU is not built: its combine runs on the host only. "
+            f"Keep the local arrays on a CPU device (jax.device_put(x, "
+            f"jax.devices('cpu')[0])) for this part, or use pyshard.HaloArray.fold on cupy "
+            f"arrays outside jit")
+    return _lower_call(ctx, x, _halo_id(layout, spec, mesh, False, -1, True), True)
+
+
 def _halo_batch(args: tuple, dims: tuple, *, layout: Layout, spec: HaloSpec, mesh: Mesh,
                 fold: bool) -> Tuple[Any, int]:  # fmt: skip
     (x,), (d,) = args, dims
@@ -176,8 +216,9 @@ def _halo_batch(args: tuple, dims: tuple, *, layout: Layout, spec: HaloSpec, mes
 
 
 halo_p.def_effectful_abstract_eval(_halo_abstract)
-mlir.register_lowering(halo_p, _cpu_only("a halo update or fold"))
+mlir.register_lowering(halo_p, _unsupported("a halo update or fold"))
 mlir.register_lowering(halo_p, _halo_lower, platform="cpu")
+mlir.register_lowering(halo_p, _halo_lower_cuda, platform="cuda")
 batching.primitive_batchers[halo_p] = _halo_batch
 
 

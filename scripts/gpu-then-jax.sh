@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# The device check of issue 42's device pack and issue 43's CUDA registration, run by
+# scripts/gpu-check.sh after its build (GPU_CHECK_THEN=scripts/gpu-then-jax.sh, with its MPI,
+# PYTHONPATH and mpiexec): gather plans on cupy (tests and timings), then pyshard.jax on the
+# GPU (tests/gpu/test_jax_gpu.py) at 2 and 4 ranks. JAX there is 0.11 (pyshard.jax is
+# tested on 0.10): PYSHARD_JAX_UNTESTED=1. Each part under its own timeout; the last line
+# says which parts passed.
+set -uo pipefail
+cd "$(dirname "$0")/.." || exit 2
+PY=${PY:-python3}
+export PYSHARD_JAX_UNTESTED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false
+RES=()
+FAIL=0
+part() {
+  local name=$1 t=$2
+  shift 2
+  echo "--- $name"
+  local s0=$SECONDS
+  timeout -k 5 "$t" "$@" 2>&1 | grep -v "^$" | tail -25
+  local rc=${PIPESTATUS[0]}
+  RES+=("$name rc=$rc $((SECONDS - s0))s")
+  [ "$rc" -eq 0 ] || FAIL=1
+}
+part unstructured-n3 60 mpiexec -n 3 "$PY" -m pytest tests/gpu/test_gpu_unstructured.py -q -p no:cacheprovider --with-mpi
+part gather-time-n2 40 mpiexec -n 2 "$PY" scripts/gpu_gather_time.py
+part gather-time-n4 40 mpiexec -n 4 "$PY" scripts/gpu_gather_time.py
+for n in 2 4; do
+  part "jax-n$n" 150 mpiexec -n "$n" "$PY" -m pytest tests/gpu/test_jax_gpu.py -q -p no:cacheprovider --with-mpi -x
+done
+echo "gpu-then-jax: $(printf '%s; ' "${RES[@]}")"
+exit $FAIL
