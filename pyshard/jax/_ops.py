@@ -62,7 +62,7 @@ def _step_id(step: Step, mesh: Mesh, algorithm: str, device: bool = False) -> in
            device)
     hit = _registered.get(key)
     if hit is None:
-        e = step_executor(step, mesh, route(step, mesh, algorithm, device))
+        e = step_executor(step, mesh, route(step, mesh, algorithm, device), device)
         dt = e.upcast if e.upcast is not None else step.src.dtype
         sb = prod(step.src.local_shape(mesh.coords)) * dt.itemsize
         db = prod(e.out_shape) * dt.itemsize
