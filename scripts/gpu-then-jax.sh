@@ -3,8 +3,9 @@
 # scripts/gpu-check.sh after its build (GPU_CHECK_THEN=scripts/gpu-then-jax.sh, with its MPI,
 # PYTHONPATH and mpiexec): gather plans on cupy (tests and timings), then pyshard.jax on the
 # GPU (tests/gpu/test_jax_gpu.py) at 2 and 4 ranks. JAX there is 0.11 (pyshard.jax is
-# tested on 0.10): PYSHARD_JAX_UNTESTED=1. Each part under its own timeout; the last line
-# says which parts passed.
+# tested on 0.10): PYSHARD_JAX_UNTESTED=1. GPU_THEN_PARTS picks the parts (default
+# "unstructured gather jax"; "diag": scripts/gpu_jax_diag.py). Each part under its own
+# timeout; the last line says which parts passed.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 2
 PY=${PY:-python3}
@@ -16,16 +17,27 @@ part() {
   shift 2
   echo "--- $name"
   local s0=$SECONDS
-  timeout -k 5 "$t" "$@" 2>&1 | grep -v "^$" | tail -25
+  timeout -k 5 "$t" "$@" 2>&1 | grep -v "^$\|^MPI\|^MPICH\|^mpi4py\|^rank: \|^size: \|=== MPI" | tail -40
   local rc=${PIPESTATUS[0]}
   RES+=("$name rc=$rc $((SECONDS - s0))s")
   [ "$rc" -eq 0 ] || FAIL=1
 }
-part unstructured-n3 60 mpiexec -n 3 "$PY" -m pytest tests/gpu/test_gpu_unstructured.py -q -p no:cacheprovider --with-mpi
-part gather-time-n2 40 mpiexec -n 2 "$PY" scripts/gpu_gather_time.py
-part gather-time-n4 40 mpiexec -n 4 "$PY" scripts/gpu_gather_time.py
-for n in 2 4; do
-  part "jax-n$n" 150 mpiexec -n "$n" "$PY" -m pytest tests/gpu/test_jax_gpu.py -q -p no:cacheprovider --with-mpi -x
+PARTS=${GPU_THEN_PARTS:-unstructured gather jax}  # which parts, e.g. "diag jax"
+for p in $PARTS; do
+  case $p in
+    unstructured)
+      part unstructured-n3 60 mpiexec -n 3 "$PY" -m pytest tests/gpu/test_gpu_unstructured.py \
+        -q -p no:cacheprovider --with-mpi ;;
+    gather)
+      for n in 2 4; do part "gather-time-n$n" 40 mpiexec -n "$n" "$PY" scripts/gpu_gather_time.py; done ;;
+    diag)  # one redistribute, halo and FFT each, eager and jit: every rank's difference
+      part jax-diag-n2 90 mpiexec -n 2 "$PY" scripts/gpu_jax_diag.py ;;
+    jax)
+      for n in ${GPU_THEN_JAX_RANKS:-2 4}; do
+        part "jax-n$n" 150 mpiexec -n "$n" "$PY" -m pytest tests/gpu/test_jax_gpu.py -q \
+          -p no:cacheprovider --with-mpi -rf --tb=line ${GPU_THEN_PYTEST_ARGS:-}
+      done ;;
+  esac
 done
 echo "gpu-then-jax: $(printf '%s; ' "${RES[@]}")"
 exit $FAIL

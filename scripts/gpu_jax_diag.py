@@ -1,0 +1,75 @@
+"""A first look at pyshard.jax on a GPU when tests/gpu/test_jax_gpu.py fails (scripts/gpu-check.sh
+with GPU_CHECK_THEN): one redistribute, one halo update and one FFT per line, eager and under
+jit, each rank's largest difference from numpy. ``mpiexec -n 2 python scripts/gpu_jax_diag.py``."""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+from mpi4py import MPI  # noqa: E402
+
+import pyshard as ps  # noqa: E402
+import pyshard.jax as psj  # noqa: E402
+from pyshard import Shard  # noqa: E402
+
+jax.config.update("jax_enable_x64", True)
+
+
+def main() -> None:
+    comm = MPI.COMM_WORLD
+    mesh = ps.Mesh(comm, (comm.size,))
+    r = comm.rank
+    g = np.arange(6 * comm.size * 5, dtype=np.float64).reshape(6 * comm.size, 5)
+    x = psj.distribute(g, mesh, [Shard(0)])
+    lines = [f"rank {r}: x on {list(x.local.devices())}"]
+
+    def check(name, fn):
+        try:
+            y = fn()
+            got, want = y
+            d = float(np.max(np.abs(np.asarray(got) - want))) if np.size(want) else 0.0
+            lines.append(f"rank {r}: {name}: max diff {d:.3g}" + (
+                "" if d < 1e-9 else f"\n  got {np.asarray(got).ravel()[:12]}\n  want "
+                f"{np.asarray(want).ravel()[:12]}"))
+        except Exception as e:  # noqa: BLE001 - a diagnostic: report and go on
+            lines.append(f"rank {r}: {name}: {type(e).__name__}: {str(e)[:300]}")
+
+    for how, wrap in (("eager", lambda f: f), ("jit", jax.jit)):
+        def red(x=x, wrap=wrap):
+            y = wrap(lambda x: psj.redistribute(x, [Shard(1)]))(x)
+            return y.local, g[y.layout.box(mesh.coords)]
+        check(f"{how} redistribute S0->S1", red)
+
+        def rep(x=x, wrap=wrap):
+            y = wrap(lambda x: psj.redistribute(x, [ps.Replicate()]))(x)
+            return y.local, g
+        check(f"{how} redistribute S0->R", rep)
+
+        def halo(x=x, wrap=wrap):
+            p = wrap(lambda x: psj.halo_pad(x, (1, 0), periodic=True))(x)
+            box = x.layout.box(mesh.coords)
+            rows = np.arange(box[0].start - 1, box[0].stop + 1) % g.shape[0]
+            return p, g[rows]
+        check(f"{how} halo_pad", halo)
+
+        gc = g + 1j * g[::-1]
+        xc = psj.distribute(gc, mesh, [Shard(0)])
+        for out in ("any", None):
+            def fft(xc=xc, wrap=wrap, out=out):
+                y = wrap(lambda x: psj.fftn(x, placements=out))(xc)
+                return y.local, np.fft.fftn(gc)[y.layout.box(mesh.coords)]
+            check(f"{how} fftn -> {out}", fft)
+    for rr in range(comm.size):
+        if rr == r:
+            print("\n".join(lines), flush=True)
+        comm.Barrier()
+    mesh.free()
+
+
+if __name__ == "__main__":
+    main()
