@@ -17,7 +17,7 @@ part() {
   shift 2
   echo "--- $name"
   local s0=$SECONDS
-  timeout -k 5 "$t" "$@" 2>&1 | grep -v "^$\|^MPI\|^MPICH\|^mpi4py\|^rank: \|^size: \|=== MPI" | tail -40
+  timeout -k 5 "$t" "$@" 2>&1 | grep -v "^$\|^MPI\|^MPICH\|^mpi4py\|^rank: \|^size: \|=== MPI" | tail -60
   local rc=${PIPESTATUS[0]}
   RES+=("$name rc=$rc $((SECONDS - s0))s")
   [ "$rc" -eq 0 ] || FAIL=1
@@ -31,7 +31,13 @@ for p in $PARTS; do
     gather)
       for n in 2 4; do part "gather-time-n$n" 40 mpiexec -n "$n" "$PY" scripts/gpu_gather_time.py; done ;;
     diag)  # one redistribute, halo and FFT each, eager and jit: every rank's difference
-      part jax-diag-n2 90 mpiexec -n 2 "$PY" scripts/gpu_jax_diag.py ;;
+      part jax-diag-n2 60 mpiexec -n 2 "$PY" scripts/gpu_jax_diag.py
+      part jax-diag-sync-n2 60 mpiexec -n 2 "$PY" scripts/gpu_jax_diag.py --sync ;;
+    jaxsync)  # the tests with the CUDA handler waiting for the whole device first
+      part jax-sync-n2 150 mpiexec -n 2 "$PY" -c "import sys, pytest; import pyshard._core as c
+c.jax_cuda_sync(True)
+sys.exit(pytest.main(['tests/gpu/test_jax_gpu.py', '-q', '-p', 'no:cacheprovider',
+                      '--with-mpi', '-rf', '--tb=line']))" ;;
     jax)
       for n in ${GPU_THEN_JAX_RANKS:-2 4}; do
         part "jax-n$n" 150 mpiexec -n "$n" "$PY" -m pytest tests/gpu/test_jax_gpu.py -q \

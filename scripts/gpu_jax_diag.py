@@ -1,6 +1,7 @@
 """A first look at pyshard.jax on a GPU when tests/gpu/test_jax_gpu.py fails (scripts/gpu-check.sh
 with GPU_CHECK_THEN): one redistribute, one halo update and one FFT per line, eager and under
-jit, each rank's largest difference from numpy. ``mpiexec -n 2 python scripts/gpu_jax_diag.py``."""
+jit, each rank's largest difference from numpy. ``mpiexec -n 2 python scripts/gpu_jax_diag.py
+[--sync]`` (``--sync``: the CUDA handler first waits for every stream of the device)."""
 
 from __future__ import annotations
 
@@ -21,12 +22,18 @@ jax.config.update("jax_enable_x64", True)
 
 
 def main() -> None:
+    import sys
+
+    if "--sync" in sys.argv:  # the CUDA handler waits for the whole device before each step
+        from pyshard import _core
+
+        _core.jax_cuda_sync(True)
     comm = MPI.COMM_WORLD
     mesh = ps.Mesh(comm, (comm.size,))
     r = comm.rank
     g = np.arange(6 * comm.size * 5, dtype=np.float64).reshape(6 * comm.size, 5)
     x = psj.distribute(g, mesh, [Shard(0)])
-    lines = [f"rank {r}: x on {list(x.local.devices())}"]
+    lines = [f"rank {r}: x on {list(x.local.devices())}, sync {'--sync' in sys.argv}"]
 
     def check(name, fn):
         try:
