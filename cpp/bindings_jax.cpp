@@ -26,7 +26,6 @@
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 
-#include <atomic>
 #include <cstring>
 #include <exception>
 #include <functional>
@@ -137,9 +136,6 @@ ffi::Error run_step(ffi::AnyBuffer src, ffi::Token, ffi::Result<ffi::AnyBuffer> 
   return ffi::Error::Success();
 }
 
-// Whether the CUDA handler waits for the whole device before it runs (jax_cuda_sync)
-std::atomic<bool> cuda_sync_first{false};
-
 // The CUDA platform's handler: the step on XLA's device buffers, its kernels on XLA's stream
 // (the step synchronizes that stream before MPI touches the buffers, as a cupy call does).
 ffi::Error run_step_cuda(void* stream, ffi::AnyBuffer src, ffi::Token,
@@ -152,7 +148,6 @@ ffi::Error run_step_cuda(void* stream, ffi::AnyBuffer src, ffi::Token,
   char* d = static_cast<char*>(dst->untyped_data());
   try {
     Packer& pk = cuda_packer();
-    if (cuda_sync_first.load()) pk.sync_device();
     pk.set_stream(reinterpret_cast<std::uintptr_t>(stream));
     // the source aliasing the result (see run_step): copied aside on the device first
     char* aside = nullptr;
@@ -162,6 +157,11 @@ ffi::Error run_step_cuda(void* stream, ffi::AnyBuffer src, ffi::Token,
       s = aside;
     }
     e->run(s, d, pk);
+    // done before XLA goes on: on the GPU (2026-12-04) eager calls returned results that our
+    // unpack had not written yet on one rank, and a gradient program read freed memory, as if
+    // XLA's completion event did not cover what the step queued; waiting here makes the call
+    // synchronous (the step already waited before its MPI call)
+    pk.sync();
     if (aside != nullptr) pk.release(aside, sb);
   } catch (const std::exception& ex) {
     return ffi::Error(ffi::ErrorCode::kInternal, ex.what());
@@ -310,9 +310,6 @@ void bind_jax(py::module_& m) {
       py::arg("fn"),
       "Set the function pyshard_fft calls with (array, axes, inverse, norm): it transforms "
       "the array (a view of XLA's buffer) in place.");
-  m.def(
-      "jax_cuda_sync", [](bool on) { cuda_sync_first.store(on); }, py::arg("on"),
-      "Make the CUDA handler wait for the whole device (every stream) before each step.");
   m.def(
       "jax_registered", []() {
         std::lock_guard<std::mutex> lock(registry_mu);

@@ -65,7 +65,6 @@ __all__: list[str] = [
     "halo_copy_local",
     "index_requests",
     "jax_cuda_handler",
-    "jax_cuda_sync",
     "jax_fft_handler",
     "jax_handler",
     "jax_register_halo",
@@ -1139,11 +1138,6 @@ def index_requests(
 def jax_cuda_handler() -> typing_extensions.CapsuleType:
     """
     The XLA FFI handler of pyshard.jax's custom calls on the CUDA platform (device buffers, XLA's stream); its steps are registered with device=True.
-    """
-
-def jax_cuda_sync(on: bool) -> None:
-    """
-    Make the CUDA handler wait for the whole device (every stream) before each step.
     """
 
 def jax_fft_handler() -> typing_extensions.CapsuleType:

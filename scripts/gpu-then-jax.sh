@@ -31,13 +31,7 @@ for p in $PARTS; do
     gather)
       for n in 2 4; do part "gather-time-n$n" 40 mpiexec -n "$n" "$PY" scripts/gpu_gather_time.py; done ;;
     diag)  # one redistribute, halo and FFT each, eager and jit: every rank's difference
-      part jax-diag-n2 60 mpiexec -n 2 "$PY" scripts/gpu_jax_diag.py
-      part jax-diag-sync-n2 60 mpiexec -n 2 "$PY" scripts/gpu_jax_diag.py --sync ;;
-    jaxsync)  # the tests with the CUDA handler waiting for the whole device first
-      part jax-sync-n2 150 mpiexec -n 2 "$PY" -c "import sys, pytest; import pyshard._core as c
-c.jax_cuda_sync(True)
-sys.exit(pytest.main(['tests/gpu/test_jax_gpu.py', '-q', '-p', 'no:cacheprovider',
-                      '--with-mpi', '-rf', '--tb=line']))" ;;
+      part jax-diag-n2 60 mpiexec -n 2 "$PY" scripts/gpu_jax_diag.py ;;
     jax)
       for n in ${GPU_THEN_JAX_RANKS:-2 4}; do
         part "jax-n$n" 150 mpiexec -n "$n" "$PY" -m pytest tests/gpu/test_jax_gpu.py -q \

@@ -1,7 +1,6 @@
 """A first look at pyshard.jax on a GPU when tests/gpu/test_jax_gpu.py fails (scripts/gpu-check.sh
 with GPU_CHECK_THEN): one redistribute, one halo update and one FFT per line, eager and under
-jit, each rank's largest difference from numpy. ``mpiexec -n 2 python scripts/gpu_jax_diag.py
-[--sync]`` (``--sync``: the CUDA handler first waits for every stream of the device)."""
+jit, each rank's largest difference from numpy. ``mpiexec -n 2 python scripts/gpu_jax_diag.py``."""
 
 from __future__ import annotations
 
@@ -9,8 +8,9 @@ import os
 
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 
+from typing import Any, Callable, Tuple  # noqa: E402
+
 import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 from mpi4py import MPI  # noqa: E402
 
@@ -22,20 +22,15 @@ jax.config.update("jax_enable_x64", True)
 
 
 def main() -> None:
-    import sys
-
-    if "--sync" in sys.argv:  # the CUDA handler waits for the whole device before each step
-        from pyshard import _core
-
-        _core.jax_cuda_sync(True)
+    ps.config.set("PYSHARD_JAX_CUDA", True)  # (experimental: docs/jax.md)
     comm = MPI.COMM_WORLD
     mesh = ps.Mesh(comm, (comm.size,))
     r = comm.rank
     g = np.arange(6 * comm.size * 5, dtype=np.float64).reshape(6 * comm.size, 5)
     x = psj.distribute(g, mesh, [Shard(0)])
-    lines = [f"rank {r}: x on {list(x.local.devices())}, sync {'--sync' in sys.argv}"]
+    lines = [f"rank {r}: x on {list(x.local.devices())}"]
 
-    def check(name, fn):
+    def check(name: str, fn: Callable[[], Tuple[Any, np.ndarray]]) -> None:
         try:
             y = fn()
             got, want = y
@@ -47,17 +42,17 @@ def main() -> None:
             lines.append(f"rank {r}: {name}: {type(e).__name__}: {str(e)[:300]}")
 
     for how, wrap in (("eager", lambda f: f), ("jit", jax.jit)):
-        def red(x=x, wrap=wrap):
+        def red(x: Any = x, wrap: Any = wrap) -> Tuple[Any, np.ndarray]:
             y = wrap(lambda x: psj.redistribute(x, [Shard(1)]))(x)
             return y.local, g[y.layout.box(mesh.coords)]
         check(f"{how} redistribute S0->S1", red)
 
-        def rep(x=x, wrap=wrap):
+        def rep(x: Any = x, wrap: Any = wrap) -> Tuple[Any, np.ndarray]:
             y = wrap(lambda x: psj.redistribute(x, [ps.Replicate()]))(x)
             return y.local, g
         check(f"{how} redistribute S0->R", rep)
 
-        def halo(x=x, wrap=wrap):
+        def halo(x: Any = x, wrap: Any = wrap) -> Tuple[Any, np.ndarray]:
             p = wrap(lambda x: psj.halo_pad(x, (1, 0), periodic=True))(x)
             box = x.layout.box(mesh.coords)
             rows = np.arange(box[0].start - 1, box[0].stop + 1) % g.shape[0]
@@ -67,7 +62,8 @@ def main() -> None:
         gc = g + 1j * g[::-1]
         xc = psj.distribute(gc, mesh, [Shard(0)])
         for out in ("any", None):
-            def fft(xc=xc, wrap=wrap, out=out):
+            def fft(xc: Any = xc, wrap: Any = wrap, out: Any = out,
+                    gc: np.ndarray = gc) -> Tuple[Any, np.ndarray]:  # fmt: skip
                 y = wrap(lambda x: psj.fftn(x, placements=out))(xc)
                 return y.local, np.fft.fftn(gc)[y.layout.box(mesh.coords)]
             check(f"{how} fftn -> {out}", fft)

@@ -12,8 +12,9 @@ MPI only: an XLA buffer is not in node-shared memory, so the node transport's st
 write into their peers' results, do not apply. On the CPU platform the steps run on host
 buffers; on the CUDA platform (a core built with CUDA) the same custom call runs them on XLA's
 device buffers with the core's pack kernels on XLA's stream, built on the GPU route (staged
-through host memory, or CUDA-aware MPI), as cupy arrays run. A halo fold on a GPU is not
-built (its combine runs on the host): lowering one raises NotImplementedError.
+through host memory, or CUDA-aware MPI), as cupy arrays run; experimental, so only where
+PYSHARD_JAX_CUDA is on (docs/jax.md: what its first GPU run showed). A halo fold on a GPU is
+not built (its combine runs on the host): lowering one raises NotImplementedError.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from jax.core import ShapedArray
 from jax.ffi import ffi_lowering, register_ffi_target
 from jax.interpreters import ad, batching, mlir
 
-from .. import _core
+from .. import _core, config
 from ..executor import step_executor
 from ..halo import mpi_exchange
 from ..halo_planner import HaloSpec, halo_plan
@@ -114,7 +115,15 @@ def _unsupported(name: str) -> Any:
 
 
 def _cuda_core(ctx: Any, name: str) -> None:
-    """NotImplementedError unless the core was built with CUDA."""
+    """NotImplementedError unless the core was built with CUDA and PYSHARD_JAX_CUDA is on
+    (the CUDA registration is experimental: docs/jax.md)."""
+    if not config.get("PYSHARD_JAX_CUDA"):
+        raise NotImplementedError(
+            f"pyshard.jax: {name} on a GPU is experimental and off: its first GPU run "
+            f"(2026-12-04) gave wrong results for eager calls on one rank (docs/jax.md). "
+            f"Set PYSHARD_JAX_CUDA=1 to try it; this program is lowered for "
+            f"{_platforms(ctx)}. Or keep the local arrays on a CPU device "
+            f"(jax.device_put(x, jax.devices('cpu')[0])) or run with JAX_PLATFORMS=cpu")
     if _core.cuda_build_version() < 0:
         raise NotImplementedError(
             f"pyshard.jax: {name} on a GPU needs pyshard's core built with CUDA (this one is "

@@ -1,6 +1,7 @@
 """pyshard.jax on a GPU: the local arrays are JAX arrays on the CUDA device, and every
 collective step and halo update runs through the ``pyshard_step`` custom call registered for
-the CUDA platform (the core's pack kernels on XLA's stream, then MPI, staged or CUDA-aware).
+the CUDA platform (the core's pack kernels on XLA's stream, then MPI, staged or CUDA-aware),
+switched on by PYSHARD_JAX_CUDA (experimental: docs/jax.md).
 
 The value tests are tests/mpi/test_jax.py's own, run here with JAX's default device a GPU
 (they build their arrays with ``jnp.asarray``): redistributes of random uneven layouts
@@ -52,6 +53,13 @@ from test_jax import (  # noqa: E402, F401 - the value tests, collected here on 
 )
 
 pytestmark = [pytest.mark.mpi, pytest.mark.jax]
+
+
+@pytest.fixture(autouse=True)
+def _cuda_lowering():
+    """The CUDA registration is experimental: on for these tests (PYSHARD_JAX_CUDA)."""
+    with ps.config.override(PYSHARD_JAX_CUDA=True):
+        yield
 
 
 def on_gpu(a):

@@ -571,10 +571,12 @@ def test_fft_passes_take_the_custom_call_unless_told(comm, monkeypatch):
 
 
 def test_cuda_lowering_or_a_clear_error(comm):
-    """Lowered for CUDA (no GPU needed: JAX lowers for a named platform). A core built with
-    CUDA lowers a collective step and a halo update to the pyshard_step custom call, and a
-    halo fold (halo_pad's gradient) raises NotImplementedError saying it is not built on a
-    GPU; a core built without CUDA raises NotImplementedError for each, saying what to do.
+    """Lowered for CUDA (no GPU needed: JAX lowers for a named platform). By default a
+    collective step and a halo raise NotImplementedError (the CUDA registration is
+    experimental) naming PYSHARD_JAX_CUDA; with it on, a core built with CUDA lowers them to
+    the pyshard_step custom call and a halo fold (halo_pad's gradient) raises
+    NotImplementedError saying it is not built on a GPU, and a core built without CUDA raises
+    NotImplementedError for each, saying what to do.
     An FFT's local pass lowers to XLA's own fft there, not to pyshard_fft."""
     mesh = ps.Mesh(comm, (comm.size,))
     x = psj.distribute(np.zeros((2 * comm.size, 4), np.float32), mesh, [Shard(0)])
@@ -582,19 +584,23 @@ def test_cuda_lowering_or_a_clear_error(comm):
              lambda x: psj.halo_pad(x, 1, periodic=True)]
     cuda = ps.build_info()["cuda"] is not None
     for f in calls if comm.size > 1 else calls[1:]:  # (one rank: the redistribute moves none)
-        if cuda:
-            text = jax.jit(f).trace(x).lower(lowering_platforms=("cuda",)).as_text()
-            assert "pyshard_step" in text
-        else:
-            with pytest.raises(NotImplementedError, match="needs pyshard's core built with "
-                               "CUDA.*lowered for cuda.*JAX_PLATFORMS=cpu"):
-                jax.jit(f).trace(x).lower(lowering_platforms=("cuda",))
+        with pytest.raises(NotImplementedError, match="experimental and off.*"
+                           "PYSHARD_JAX_CUDA=1.*lowered for cuda.*JAX_PLATFORMS=cpu"):
+            jax.jit(f).trace(x).lower(lowering_platforms=("cuda",))
+        with ps.config.override(PYSHARD_JAX_CUDA=True):
+            if cuda:
+                text = jax.jit(f).trace(x).lower(lowering_platforms=("cuda",)).as_text()
+                assert "pyshard_step" in text
+            else:
+                with pytest.raises(NotImplementedError, match="needs pyshard's core built "
+                                   "with CUDA.*lowered for cuda.*JAX_PLATFORMS=cpu"):
+                    jax.jit(f).trace(x).lower(lowering_platforms=("cuda",))
 
     def loss(x):
         return (psj.halo_pad(x, 1, periodic=True) ** 2).sum()
 
-    with pytest.raises(NotImplementedError, match="fold.*GPU is not built" if cuda
-                       else "built with CUDA"):
+    with ps.config.override(PYSHARD_JAX_CUDA=True), pytest.raises(
+            NotImplementedError, match="fold.*GPU is not built" if cuda else "built with CUDA"):
         jax.jit(jax.grad(loss)).trace(x).lower(lowering_platforms=("cuda",))
     one = ps.Mesh(MPI.COMM_SELF, (1,))
     y = psj.distribute(np.zeros((4, 4), np.complex64), one, [Replicate()])
