@@ -147,7 +147,15 @@ ffi::Error run_step_cuda(void* stream, ffi::AnyBuffer src, ffi::Token,
   const char* s = static_cast<const char*>(src.untyped_data());
   char* d = static_cast<char*>(dst->untyped_data());
   try {
+    // Synchronous on both ends. On the GPU (2026-12-04) eager calls returned results that
+    // the step's unpack had not written yet, on one rank per run, and a gradient program read
+    // freed memory: as if the stream handed over were not the one XLA orders the call's
+    // operands and consumers on. So the call waits for every stream before it reads its
+    // operand, and for its own stream before it returns (a device-wide wait at the start
+    // alone moved the wrong results to the other rank). Not yet run on a GPU: the CUDA
+    // lowering stays opt-in (PYSHARD_JAX_CUDA, docs/jax.md).
     Packer& pk = cuda_packer();
+    pk.sync_device();
     pk.set_stream(reinterpret_cast<std::uintptr_t>(stream));
     // the source aliasing the result (see run_step): copied aside on the device first
     char* aside = nullptr;
@@ -157,10 +165,6 @@ ffi::Error run_step_cuda(void* stream, ffi::AnyBuffer src, ffi::Token,
       s = aside;
     }
     e->run(s, d, pk);
-    // done before XLA goes on: on the GPU (2026-12-04) eager calls returned results that our
-    // unpack had not written yet on one rank, and a gradient program read freed memory, as if
-    // XLA's completion event did not cover what the step queued; waiting here makes the call
-    // synchronous (the step already waited before its MPI call)
     pk.sync();
     if (aside != nullptr) pk.release(aside, sb);
   } catch (const std::exception& ex) {

@@ -71,6 +71,7 @@ class CudaPacker final : public Packer {
             "cudaMemcpyAsync (device to device)");
   }
   void sync() override { check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize"); }
+  void sync_device() override { check(cudaDeviceSynchronize(), "cudaDeviceSynchronize"); }
   void finish() override { check(cudaEventRecord(done_, stream_), "cudaEventRecord"); }
   char* alloc(i64 n) override {
     void* p = nullptr;

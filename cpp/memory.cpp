@@ -74,6 +74,7 @@ class HostPacker final : public Packer {
     if (n > 0) std::memcpy(dst, src, static_cast<size_t>(n));
   }
   void sync() override {}
+  void sync_device() override {}
   void finish() override {}
   char* alloc(i64 n) override { return map_pages(n); }
   void release(char* p, i64 n) override { unmap_pages(p, n); }

@@ -42,6 +42,8 @@ class Packer {
   virtual void copy_bytes(char* dst, const char* src, i64 n) = 0;
   // Wait until everything queued so far is done (before MPI reads or writes the buffers).
   virtual void sync() = 0;
+  // Wait until everything queued on this device, on any stream, is done.
+  virtual void sync_device() = 0;
   // The end of a step: later steps on any stream wait for what this one queued.
   virtual void finish() = 0;
   // Memory of this kind, and host memory to stage it through.
