@@ -272,6 +272,23 @@ def test_plan_reused(mesh):
     assert st["gather"] == 3 and st["scatter"] == 3
 
 
+@pytest.mark.parametrize("layout,pattern", CASES)
+def test_touched_rows_are_every_local_row_read(mesh, layout, pattern):
+    """plan.touched (the rows a cupy array's device pack copies out: docs/unstructured.md) is
+    every local row that any rank reads, this one included, each once and ascending: from
+    every rank's indices, the ones that fall in this rank's shard."""
+    P, me = mesh.size, mesh.rank
+    sizes = layout_sizes(layout, N, P)
+    idxs = [np.asarray(indices_of(pattern, 5, q), np.int64) for q in range(P)]
+    x = dist(np.zeros(N), mesh, sizes)
+    plan = ps.gather_plan(idxs[me], like=x)
+    lo, hi = x.box[0].start, x.box[0].stop
+    allrows = np.concatenate(idxs)
+    want = np.unique(allrows[(allrows >= lo) & (allrows < hi)]) - lo
+    np.testing.assert_array_equal(plan.touched, want)
+    assert plan.touched.dtype == np.int64
+
+
 @pytest.mark.parametrize("method", ["p2p", "persistent", "neighbor", "shm"])
 @pytest.mark.parametrize("layout,pattern", [("uneven", "random"), ("balanced", "runs")])
 def test_every_method_gives_the_same_rows(mesh, method, layout, pattern):
