@@ -235,7 +235,7 @@ class GatherPlan:
     def __init__(self, mesh: Any, layout: Any, offsets: np.ndarray, indices: np.ndarray,
                  exchange: IndexExchange, counts: np.ndarray, rcounts: np.ndarray,
                  make: Any = None, candidates: Tuple[str, ...] = (),
-                 touched: Optional[np.ndarray] = None, method: str = "p2p") -> None:
+                 touched: Any = None, method: str = "p2p") -> None:
         self.mesh, self.layout = mesh, layout
         self.offsets = offsets
         self.indices = indices
@@ -257,7 +257,7 @@ class GatherPlan:
         # cupy arrays: the local rows any peer or this rank reads (ascending), packed on the
         # device, and the cores over that compact row space ("gather/dev", "scatter/dev"),
         # made at a direction's first device call with the method its host core runs
-        self.touched = touched if touched is not None else np.zeros(0, np.int64)
+        self._touched = touched
         self._touched_dev: Any = None
 
     def _core_for(self, direction: str, trial: Any, device: bool = False) -> Any:
@@ -289,6 +289,13 @@ class GatherPlan:
         log.info("pyshard: gather plan's %s tuned: %s (%.1f us)", direction, best[1],
                  best[0] * 1e6)
         return best[2]
+
+    @property
+    def touched(self) -> np.ndarray:
+        """The local rows that any rank reads, this one included (ascending, each once, as
+        local row numbers): what a cupy array's gather and scatter copy between the device
+        and the host."""
+        return self._touched() if self._touched is not None else np.zeros(0, np.int64)
 
     @property
     def n(self) -> int:
@@ -578,17 +585,27 @@ def gather_plan(indices: Any, like: ShardedArray, algorithm: str = "auto",
     n_local = int(offsets[me + 1] - offsets[me])
     dims = tuple(range(mesh.ndim))
 
-    # the local rows read by anyone (ascending): what a cupy array's device pack copies out
-    touched = np.union1d(own_rows, self_rows).astype(np.int64)
+    memo: Dict[str, np.ndarray] = {}
+
+    def touched() -> np.ndarray:
+        """The local rows read by anyone, ascending: what a cupy array's device pack copies
+        out (made at the first device call: host plans never pay for it)."""
+        t = memo.get("t")
+        if t is None:
+            mark = np.zeros(n_local, bool)
+            mark[own_rows] = True
+            mark[self_rows] = True
+            t = memo["t"] = np.flatnonzero(mark).astype(np.int64)
+        return t
 
     def make(m: str, compact: bool = False) -> Any:
         """The core of method m ("shm": node-shared memory and p2p), over the local rows or
-        (compact) over ``touched``'s."""
+        (compact) over ``touched()``'s."""
         node = _shm.node(mesh, dims) if m == "shm" else None
         if compact:
-            own, mine, n = (np.searchsorted(touched, own_rows).astype(np.int64),
-                            np.searchsorted(touched, self_rows).astype(np.int64),
-                            int(touched.shape[0]))
+            t = touched()
+            own, mine, n = (np.searchsorted(t, own_rows).astype(np.int64),
+                            np.searchsorted(t, self_rows).astype(np.int64), int(t.shape[0]))
         else:
             own, mine, n = own_rows, self_rows, n_local
         return _core.IndexExchange(comm, rpeer, send_counts[rpeer], slot, mine, opeer,
