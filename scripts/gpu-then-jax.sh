@@ -17,8 +17,11 @@ part() {
   shift 2
   echo "--- $name"
   local s0=$SECONDS
-  timeout -k 5 "$t" "$@" 2>&1 | grep -v "^$\|^MPI\|^MPICH\|^mpi4py\|^rank: \|^size: \|=== MPI" | tail -60
-  local rc=${PIPESTATUS[0]}
+  # the whole output in $LOGDIR/part-NAME.log (brought back with the others), its tail here
+  local log=${LOGDIR:-/tmp}/part-$name.log
+  timeout -k 5 "$t" "$@" >"$log" 2>&1
+  local rc=$?
+  grep -v "^$\|^MPI\|^MPICH\|^mpi4py\|^rank: \|^size: \|=== MPI" "$log" | tail -60
   RES+=("$name rc=$rc $((SECONDS - s0))s")
   [ "$rc" -eq 0 ] || FAIL=1
 }
