@@ -180,8 +180,14 @@ def from_local(local: Any, mesh: Mesh, placements: PlacementsArg,
 def distribute(global_array: Any, mesh: Mesh, placements: PlacementsArg,
                sizes: SizesArg = None) -> Sharded:  # fmt: skip
     """Every rank passes the same full array (numpy or jax) and gets its shard as a jax
-    array; no communication. Eager (outside ``jit``)."""
-    x = _np_distribute(np.asarray(global_array), mesh, placements, sizes)
+    array; no communication. Eager (outside ``jit``). The dtype is JAX's for that array
+    (``jnp.asarray``'s: float64 becomes float32 without ``jax_enable_x64``), the layout's
+    too."""
+    g = np.asarray(global_array)
+    dt = jax.dtypes.canonicalize_dtype(g.dtype)
+    if dt != g.dtype:
+        g = g.astype(dt)
+    x = _np_distribute(g, mesh, placements, sizes)
     return Sharded(jnp.asarray(x.local), x.layout, mesh)
 
 

@@ -123,6 +123,23 @@ def test_redistribute_matches_numpy(comm, dtype):
     agree(comm, failures)
 
 
+def test_distribute_takes_jax_dtype_rules(comm):
+    """Without jax_enable_x64, distribute of a float64 array gives float32 shards and a
+    float32 layout (what jnp.asarray holds), so a redistribute takes them; before, the layout
+    said float64 and the redistribute raised."""
+    mesh = ps.Mesh(comm, (comm.size,))
+    g = global_array((3 * comm.size + 1, 4), "float64", 1)
+    with jax.enable_x64(False):
+        x = psj.distribute(g, mesh, [Shard(0)])
+        assert x.local.dtype == np.float32 and x.layout.dtype == np.float32
+        y = jax.jit(lambda x: psj.redistribute(x, [Shard(1)]))(x)
+        np.testing.assert_array_equal(np.asarray(y.local),
+                                      g.astype(np.float32)[y.layout.box(mesh.coords)])
+    x = psj.distribute(g, mesh, [Shard(0)])  # (x64 on, as in this module: float64 stays)
+    assert x.local.dtype == np.float64 and x.layout.dtype == np.float64
+    mesh.free()
+
+
 def test_eager_and_jit_agree_and_the_program_holds_no_pointer(comm):
     """Outside jit the same call runs eagerly; the lowered program names the step by a small
     id (no pointer, no communicator handle): lowering twice gives the same text."""
