@@ -34,27 +34,41 @@ void bind_index(py::module_& m) {
   m.def(
       "index_requests",
       [](std::shared_ptr<Comm> comm, int algorithm, const I64Array& counts, i64 code, i64 sig,
-         const I64Array& req) {
+         const I64Array& req, i64 own) {
         if (counts.size() != comm->size())
           throw std::invalid_argument("pyshard: counts must have one entry per rank");
+        i64 want = own;
+        for (int p = 0; p < comm->size(); ++p)
+          if (p != comm->rank()) want += counts.data()[p];
+        if (own < 0 || (code == 0 && req.size() < want))
+          throw std::invalid_argument("pyshard: index_requests: req has " +
+                                      std::to_string(req.size()) + " rows, the counts say " +
+                                      std::to_string(want));
         IndexRequests r;
         {
           py::gil_scoped_release nogil;
-          r = index_requests(comm, algorithm, counts.data(), code, sig, req.data());
+          r = index_requests(comm, algorithm, counts.data(), code, sig, req.data(), own);
         }
         I64Array rc(static_cast<py::ssize_t>(r.rcounts.size()));
         std::copy(r.rcounts.begin(), r.rcounts.end(), rc.mutable_data());
-        I64Array rows(static_cast<py::ssize_t>(r.rows.size()));
-        std::copy(r.rows.begin(), r.rows.end(), rows.mutable_data());
+        if (!r.rows) {  // an error: no rows exchanged
+          I64Array none(0);
+          return py::make_tuple(rc, none, r.bad, r.sig_mismatch, r.sig_rank);
+        }
+        // the received rows handed to numpy as they are (no copy)
+        i64* data = r.rows.get();
+        py::capsule owner(r.rows.release(), [](void* q) { delete[] static_cast<i64*>(q); });
+        I64Array rows(static_cast<py::ssize_t>(r.n_rows), data, owner);
         return py::make_tuple(rc, rows, r.bad, r.sig_mismatch, r.sig_rank);
       },
       py::arg("comm"), py::arg("algorithm"), py::arg("counts"), py::arg("code"), py::arg("sig"),
-      py::arg("req"),
+      py::arg("req"), py::arg("own") = 0,
       "The setup of an index exchange: the counts (algorithm 0: MPI_Alltoall, 1: NBX) with "
       "this rank's error code and signature, then the requested rows (global indices, owner "
-      "after owner) to their owners: (rows each rank reads from this one, those rows rank "
-      "after rank, rank * 256 + code of the first rank at fault or -1, signature mismatch, a "
-      "rank whose signature differs or -1).");
+      "after owner; own: how many of this rank's own rows lie at its place in that order, not "
+      "sent) to their owners: (rows each rank reads from this one, those rows rank after "
+      "rank, rank * 256 + code of the first rank at fault or -1, signature mismatch, a rank "
+      "whose signature differs or -1).");
 
   py::class_<IndexExchange, std::shared_ptr<IndexExchange>>(m, "IndexExchange")
       .def(py::init([](std::shared_ptr<Comm> comm, std::vector<int> rpeer,

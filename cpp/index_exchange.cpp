@@ -109,7 +109,7 @@ void with_combiner(FoldKind kind, IndexOp op, F&& f) {
 }  // namespace
 
 IndexRequests index_requests(const std::shared_ptr<Comm>& comm, int algorithm,
-                             const i64* counts, i64 code, i64 sig, const i64* req) {
+                             const i64* counts, i64 code, i64 sig, const i64* req, i64 own) {
   const int P = comm->size(), me = comm->rank();
   CountResult c = migrate_counts(*comm, algorithm, counts, code, sig);
   stats()["index_setup"] += 1;
@@ -122,17 +122,20 @@ IndexRequests index_requests(const std::shared_ptr<Comm>& comm, int algorithm,
   if (r.bad >= 0 || r.sig_mismatch || code) return r;  // every rank raises (no list exchange)
   i64 total = 0;
   for (int p = 0; p < P; ++p) total += r.rcounts[p];
-  r.rows.assign(static_cast<size_t>(total), 0);
+  r.rows.reset(new i64[static_cast<size_t>(std::max<i64>(total, 1))]);
+  r.n_rows = total;
   std::vector<PeerMsg> recvs, sends;
   i64 at = 0;
   for (int p = 0; p < P; ++p) {
     if (r.rcounts[p] > 0)
-      recvs.push_back(PeerMsg{reinterpret_cast<char*>(r.rows.data() + at), r.rcounts[p] * 8, p});
+      recvs.push_back(PeerMsg{reinterpret_cast<char*>(r.rows.get() + at), r.rcounts[p] * 8, p});
     at += r.rcounts[p];
   }
   at = 0;
   for (int p = 0; p < P; ++p) {
-    if (p != me && counts[p] > 0) {
+    if (p == me) {
+      at += own;
+    } else if (counts[p] > 0) {
       sends.push_back(PeerMsg{reinterpret_cast<char*>(const_cast<i64*>(req + at)), counts[p] * 8, p});
       at += counts[p];
     }
@@ -170,24 +173,33 @@ IndexExchange::IndexExchange(std::shared_ptr<Comm> comm, std::vector<int> rpeer,
   }
   rtotal_ = roff_.back();
   const i64 S = static_cast<i64>(self_rows_.size());
-  for (i64 r : self_rows_)
-    if (r < 0 || r >= n_local_) throw std::invalid_argument("pyshard: IndexExchange: bad self row");
-  for (i64 r : own_rows_)
-    if (r < 0 || r >= n_local_) throw std::invalid_argument("pyshard: IndexExchange: bad own row");
+  // the row checks as one min/max pass each (vectorised: no branch a row)
+  auto in_range = [this](const std::vector<i64>& v) {
+    i64 lo = 0, hi = 0;
+    for (i64 r : v) {
+      lo = std::min(lo, r);
+      hi = std::max(hi, r);
+    }
+    return lo >= 0 && (v.empty() || hi < n_local_);
+  };
+  if (!in_range(self_rows_)) throw std::invalid_argument("pyshard: IndexExchange: bad self row");
+  if (!in_range(own_rows_)) throw std::invalid_argument("pyshard: IndexExchange: bad own row");
   // first occurrences, and the reader groups that land in the output as one run
   std::vector<char> seen(static_cast<size_t>(rtotal_ + S), 0);
   first_.assign(slot_.size(), 0);
   rdirect_.assign(rpeer_.size(), -1);
   std::vector<i64> hits(rpeer_.size(), 0), start(rpeer_.size(), -1);
   std::vector<char> run(rpeer_.size(), 1);
+  size_t j = 0;  // the reader group of the last slot: sorted indices stay in it for a run
   for (size_t k = 0; k < slot_.size(); ++k) {
     const i64 s = slot_[k];
     if (s < 0 || s >= rtotal_ + S) throw std::invalid_argument("pyshard: IndexExchange: bad slot");
     first_[k] = !seen[s];
     seen[s] = 1;
     if (s < rtotal_) {
-      const size_t j = static_cast<size_t>(
-          std::upper_bound(roff_.begin(), roff_.end(), s) - roff_.begin() - 1);
+      if (s < roff_[j] || s >= roff_[j + 1])
+        j = static_cast<size_t>(std::upper_bound(roff_.begin(), roff_.end(), s) - roff_.begin() -
+                                1);
       if (hits[j] == 0) start[j] = static_cast<i64>(k);
       if (s != roff_[j] + hits[j] || static_cast<i64>(k) != start[j] + hits[j]) run[j] = 0;
       ++hits[j];

@@ -54,18 +54,21 @@ enum class IndexOp { sum = 0, max = 1, min = 2, replace = 3 };
 // rows themselves (global indices, rank after rank), with the error flag and the signature.
 struct IndexRequests {
   std::vector<i64> rcounts;
-  std::vector<i64> rows;
+  std::unique_ptr<i64[]> rows;  // n_rows entries, not zeroed first (every one is received)
+  i64 n_rows = 0;
   i64 bad = -1;
   bool sig_mismatch = false;
   i64 sig_rank = -1;
 };
 
 // The setup: `counts[p]` rows this rank reads from rank p (its own entry 0), `req` those rows
-// (global indices) owner after owner; the counts by `algorithm` (0 MPI_Alltoall, 1 NBX: no
-// collective over all ranks but a nonblocking reduction of the error and signature), with
-// this rank's error `code` and signature `sig`; then the rows by one message per pair.
+// (global indices) owner after owner, with `own` rows of this rank's own at its place in that
+// order (not sent: the distinct indices as they are, no copy without them); the counts by
+// `algorithm` (0 MPI_Alltoall, 1 NBX: no collective over all ranks but a nonblocking
+// reduction of the error and signature), with this rank's error `code` and signature `sig`;
+// then the rows by one message per pair.
 IndexRequests index_requests(const std::shared_ptr<Comm>& comm, int algorithm,
-                             const i64* counts, i64 code, i64 sig, const i64* req);
+                             const i64* counts, i64 code, i64 sig, const i64* req, i64 own = 0);
 
 class IndexExchange {
  public:

@@ -1130,9 +1130,10 @@ def index_requests(
     code: typing.SupportsInt | typing.SupportsIndex,
     sig: typing.SupportsInt | typing.SupportsIndex,
     req: typing.Annotated[numpy.typing.ArrayLike, numpy.int64],
+    own: typing.SupportsInt | typing.SupportsIndex = 0,
 ) -> tuple[numpy.typing.NDArray[numpy.int64], numpy.typing.NDArray[numpy.int64], int, bool, int]:
     """
-    The setup of an index exchange: the counts (algorithm 0: MPI_Alltoall, 1: NBX) with this rank's error code and signature, then the requested rows (global indices, owner after owner) to their owners: (rows each rank reads from this one, those rows rank after rank, rank * 256 + code of the first rank at fault or -1, signature mismatch, a rank whose signature differs or -1).
+    The setup of an index exchange: the counts (algorithm 0: MPI_Alltoall, 1: NBX) with this rank's error code and signature, then the requested rows (global indices, owner after owner; own: how many of this rank's own rows lie at its place in that order, not sent) to their owners: (rows each rank reads from this one, those rows rank after rank, rank * 256 + code of the first rank at fault or -1, signature mismatch, a rank whose signature differs or -1).
     """
 
 def jax_cuda_handler() -> typing_extensions.CapsuleType:

@@ -536,6 +536,7 @@ def gather_plan(indices: Any, like: ShardedArray, algorithm: str = "auto",
     idx, code, detail, increasing = _check_indices(indices, N)
     counts = np.zeros(P, np.int64)
     req = np.zeros(0, np.int64)
+    own = 0  # req's rows of this rank's own, at its place (not sent)
     slot = self_rows = np.zeros(0, np.int64)
     if not code:
         assert idx is not None
@@ -551,13 +552,12 @@ def gather_plan(indices: Any, like: ShardedArray, algorithm: str = "auto",
         send_counts = counts.copy()
         send_counts[me] = 0
         lo, hi = int(bounds[me]), int(bounds[me + 1])
-        req = np.concatenate((uniq[:lo], uniq[hi:]))
-        nr = int(req.shape[0])
+        req, own = uniq, hi - lo  # the owners' runs as they lie in uniq, this rank's skipped
+        nr = int(uniq.shape[0]) - own
         # slots: the requested rows first (in uniq's order), then this rank's own rows
-        uslot = np.empty(uniq.shape[0], np.int64)
-        uslot[:lo] = np.arange(lo)
-        uslot[lo:hi] = np.arange(nr, nr + hi - lo)
-        uslot[hi:] = np.arange(lo, nr)
+        uslot = np.arange(uniq.shape[0], dtype=np.int64)
+        uslot[lo:hi] += nr - lo
+        uslot[hi:] -= own
         slot = uslot if inv is None else uslot[inv.reshape(-1)]
         self_rows = uniq[lo:hi] - offsets[me]
     else:
@@ -565,7 +565,7 @@ def gather_plan(indices: Any, like: ShardedArray, algorithm: str = "auto",
     comm = mesh.core_comm(tuple(range(mesh.ndim)))
     sig = _signature(lay)
     rcounts, rows, bad, mismatch, sig_rank = _core.index_requests(
-        comm, _ALGORITHMS[route.algorithm], send_counts, code, sig, req)
+        comm, _ALGORITHMS[route.algorithm], send_counts, code, sig, req, own)
     if bad >= 0:
         rank, c = divmod(int(bad), 256)
         own = f": {detail}" if rank == me else ""
@@ -581,7 +581,7 @@ def gather_plan(indices: Any, like: ShardedArray, algorithm: str = "auto",
     rpeer = [int(p) for p in np.flatnonzero(send_counts)]
     opeer = [int(q) for q in np.flatnonzero(rcounts)]
     ooff = np.concatenate(([0], np.cumsum(rcounts[opeer]))).astype(np.int64)
-    own_rows = np.ascontiguousarray(rows - offsets[me], dtype=np.int64)
+    own_rows = np.subtract(rows, offsets[me], out=rows)  # (rows is the core's fresh array)
     n_local = int(offsets[me + 1] - offsets[me])
     dims = tuple(range(mesh.ndim))
 
