@@ -272,6 +272,24 @@ def test_plan_reused(mesh):
     assert st["gather"] == 3 and st["scatter"] == 3
 
 
+@pytest.mark.parametrize("form", ["strided", "int32", "readonly"])
+def test_increasing_indices_in_any_form(mesh, form):
+    """Strictly increasing indices skip the sort and are sent from where they lie (the setup's
+    own= path): as a strided view, as int32 and read-only, each gathers G[indices]."""
+    P, me = mesh.size, mesh.rank
+    sizes = layout_sizes("uneven", N, P)
+    base = np.arange((3 * me) % 4, N, dtype=np.int64)  # ascending, every rank's start differs
+    idx = {"strided": base[::2], "int32": base[::3].astype(np.int32), "readonly": base.copy()}[form]
+    if form == "readonly":
+        idx.flags.writeable = False
+    g = make_global((N, 3), "float64", seed=8)
+    x = dist(g, mesh, sizes)
+    plan = ps.gather_plan(idx, like=x)
+    np.testing.assert_array_equal(plan.gather(x), g[np.asarray(idx, np.int64)])
+    np.testing.assert_array_equal(idx, {"strided": base[::2], "int32": base[::3],
+                                        "readonly": base}[form])  # the input left as it was
+
+
 @pytest.mark.parametrize("layout,pattern", CASES)
 def test_touched_rows_are_every_local_row_read(mesh, layout, pattern):
     """plan.touched (the rows a cupy array's device pack copies out: docs/unstructured.md) is
