@@ -134,8 +134,36 @@ const DescTable& table_of(const HaloGeometry& g, const std::string& name) {
   if (name == "unpack") return g.unpack;
   if (name == "unpack_packed") return g.unpack_packed;
   if (name == "local") return g.local;
+  if (name == "local_unpack") return g.local_unpack;
   throw std::invalid_argument(
-      "pyshard: a HaloGeometry's tables: pack, unpack, unpack_packed, local");
+      "pyshard: a HaloGeometry's tables: pack, unpack, unpack_packed, local, local_unpack");
+}
+
+// The fold-combine kernel on the host (kernel=True) or the host fold (fold_combine: the
+// oracle), over blocks [b0, b1) of `t`; dst may be src itself (same=True: a fold's wraps).
+py::object run_combine(const DescTable& t, int kind, int op, const py::array& src,
+                       py::array& dst, std::optional<size_t> b1_, size_t b0, bool same,
+                       bool kernel) {
+  if (kind < -1 || kind > 11) throw std::invalid_argument("pyshard: unknown fold element kind");
+  if (op < 0 || op > 2) throw std::invalid_argument("pyshard: unknown fold op");
+  const Bytes d = bytes_of(dst, 0, true, "destination");
+  const Bytes s = same ? d : bytes_of(src, 0, false, "source");
+  const size_t b1 = b1_ ? *b1_ : t.blocks();
+  const auto k = static_cast<FoldKind>(kind);
+  const auto o = static_cast<FoldOp>(op);
+  if (!kernel) {
+    if (b0 > t.blocks() || b1 > t.blocks())
+      throw std::out_of_range("pyshard: block range outside the descriptor table");
+    py::gil_scoped_release nogil;
+    fold_combine(k, o, t, b0, b1, s.ptr, d.ptr);
+    return py::none();
+  }
+  i64 launches;
+  {
+    py::gil_scoped_release nogil;
+    launches = combine_kernel_on_host(k, o, t, b0, b1, s.ptr, s.n, d.ptr, d.n);
+  }
+  return py::int_(launches);
 }
 
 template <class G>
@@ -148,6 +176,15 @@ void def_geometry(py::module_& m) {
       },
       py::arg("geometry"), py::arg("table"), py::arg("src"), py::arg("dst"), py::arg("b0") = 0,
       py::arg("b1") = py::none(), py::arg("src_offset") = 0, py::arg("dst_offset") = 0,
+      py::arg("kernel") = true);
+  m.def(
+      "combine_kernel_on_host",
+      [](const G& g, const std::string& table, int kind, int op, const py::array& src,
+         py::array& dst, size_t b0, std::optional<size_t> b1, bool same, bool kernel) {
+        return run_combine(table_of(g, table), kind, op, src, dst, b1, b0, same, kernel);
+      },
+      py::arg("geometry"), py::arg("table"), py::arg("kind"), py::arg("op"), py::arg("src"),
+      py::arg("dst"), py::arg("b0") = 0, py::arg("b1") = py::none(), py::arg("same") = false,
       py::arg("kernel") = true);
 }
 
@@ -238,6 +275,22 @@ void bind_kernels_on_host(py::module_& m) {
       "of a descriptor table (from boxes, or a geometry's 'pack'/'unpack'/'local' table), from "
       "src + src_offset to dst + dst_offset (bytes), with the device table and grid the CUDA "
       "packer would use; returns what was launched. kernel=False: the host packer instead.");
+  m.def(
+      "combine_kernel_on_host",
+      [](const py::sequence& blocks, i64 itemsize, int kind, int op, const py::array& src,
+         py::array& dst, size_t b0, std::optional<size_t> b1, bool same, bool kernel) {
+        const DescTable t = table_from_boxes(blocks, itemsize);
+        return run_combine(t, kind, op, src, dst, b1, b0, same, kernel);
+      },
+      py::arg("blocks"), py::arg("itemsize"), py::arg("kind"), py::arg("op"), py::arg("src"),
+      py::arg("dst"), py::arg("b0") = 0, py::arg("b1") = py::none(), py::arg("same") = false,
+      py::arg("kernel") = true,
+      "Run the CUDA fold-combine kernel's body (combine_kernel.h) on the host: dst = op(dst, "
+      "src) over blocks [b0, b1) of a descriptor table (from boxes, or a geometry's table), "
+      "one launch a descriptor in table order, as the CUDA packer runs a fold; same=True "
+      "combines within dst (src is ignored: a fold's wraps). kind: FoldKind (0 float32, 1 "
+      "float64, 2-9 int8..uint64, 10 complex64, 11 complex128), op: 0 sum, 1 max, 2 min. "
+      "Returns the launches; kernel=False runs the host fold instead (the oracle).");
 }
 
 }  // namespace pyshard

@@ -11,7 +11,9 @@
 #include <stdexcept>
 #include <string>
 
+#include "combine_kernel.h"
 #include "copy_kernel.h"
+#include "device_fold.h"
 #include "kernel_launch.h"
 #include "memory.h"
 
@@ -34,8 +36,19 @@ __global__ void copy_kernel(const CopyDesc* __restrict__ descs, int ndesc,
   copy_kernel_thread(descs, ndesc, src, dst, ptr_align, at);
 }
 
+// The fold's combine: one thread of combine_kernel.h's body per CUDA thread over the runs of
+// one descriptor (passed by value: no table to upload), launched per descriptor in order.
+template <class T, class F>
+__global__ void combine_kernel(CopyDesc d, const char* src, char* dst, F f) {
+  const ThreadIndex at{static_cast<int>(blockIdx.x), static_cast<int>(blockIdx.y),
+                       static_cast<int>(threadIdx.x), static_cast<int>(gridDim.x),
+                       static_cast<int>(gridDim.y), static_cast<int>(blockDim.x)};
+  combine_kernel_thread<T>(d, src, dst, f, at);
+}
+
 class CudaPacker final : public Packer {
  public:
+  cudaStream_t stream() const { return stream_; }
   Mem kind() const override { return Mem::cuda; }
   void set_stream(std::uintptr_t s) override {
     stream_ = reinterpret_cast<cudaStream_t>(s);
@@ -115,6 +128,27 @@ class CudaPacker final : public Packer {
 };
 
 }  // namespace
+
+void device_fold_combine(Packer& pk, FoldKind kind, FoldOp op, const DescTable& t, size_t b0,
+                         size_t b1, const char* src, char* dst) {
+  if (pk.kind() != Mem::cuda)
+    throw std::invalid_argument("pyshard: device_fold_combine takes the CUDA packer");
+  if (!with_fold_type(kind, op, [](auto, auto) {}))
+    throw std::invalid_argument("pyshard: the combine kernel has no combine for this element "
+                                "kind and op");
+  cudaStream_t stream = static_cast<CudaPacker&>(pk).stream();
+  for (size_t b = b0; b < b1 && b < t.blocks(); ++b)
+    for (size_t i = t.first[b]; i < t.first[b + 1]; ++i) {
+      const CopyDesc& d = t.host[i];
+      const KernelLaunch l = combine_launch(d);
+      if (l.n == 0) continue;
+      with_fold_type(kind, op, [&](auto tag, auto f) {
+        using T = typename decltype(tag)::type;
+        combine_kernel<T, decltype(f)><<<l.grid_x, l.block_x, 0, stream>>>(d, src, dst, f);
+      });
+      check(cudaGetLastError(), "the combine kernel launch");
+    }
+}
 
 Packer& cuda_packer() {
   static CudaPacker p;

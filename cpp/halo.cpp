@@ -8,6 +8,7 @@
 #include <stdexcept>
 #include <type_traits>
 
+#include "device_fold.h"
 #include "peer_messages.h"
 
 namespace pyshard {
@@ -505,20 +506,24 @@ void HaloStep::wait(char* arr, Packer& pk, FoldOp op, FoldKind kind) {
   if (!active_) throw std::logic_error("pyshard: halo wait() called without start()");
   const HaloGeometry& g = *g_;
   if (g.reverse) {
-    if (kind != FoldKind::none && (pk.kind() != Mem::host || kind_size(kind) == 0 ||
-                                   g.item % kind_size(kind) != 0 || g.item != kind_size(kind)))
+    if (kind != FoldKind::none && (kind_size(kind) == 0 || g.item != kind_size(kind)))
       throw std::invalid_argument("pyshard: a fold's element kind does not fit the array");
     active_ = false;
     const i64 S = method_ == HaloMethod::datatype ? 0 : g.send_bytes, R = g.recv_bytes;
     char* work = work_;
     waitall();
     if (tr_ == Transport::staged) pk.from_host(work + S, ws_.bounce(pk, S + R) + S, R);
-    if (kind != FoldKind::none) {
+    if (kind != FoldKind::none && pk.kind() == Mem::host) {
       // the fixed order: messages by peer rank, this rank's own copies at its rank's place
       const size_t at = static_cast<size_t>(g.local_at);
       fold_combine(kind, op, g.unpack, 0, at, work + S, arr);
       fold_combine_wraps(kind, op, g.local_unpack, g.local_unpack_groups, arr);
       fold_combine(kind, op, g.unpack, at, g.unpack.blocks(), work + S, arr);
+    } else if (kind != FoldKind::none) {  // on the device, in the same order (device_fold.h)
+      const size_t at = static_cast<size_t>(g.local_at);
+      device_fold_combine(pk, kind, op, g.unpack, 0, at, work + S, arr);
+      device_fold_combine(pk, kind, op, g.local_unpack, 0, g.local_unpack.blocks(), arr, arr);
+      device_fold_combine(pk, kind, op, g.unpack, at, g.unpack.blocks(), work + S, arr);
     }
     if (counted_) count_call("halo_fold", pk, tr_);
     pk.finish();

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "comm.h"
+#include "fold_kind.h"
 #include "geometry.h"
 #include "memory.h"
 #include "mpi_calls.h"
@@ -37,16 +38,6 @@ using PeerBoxes = std::tuple<int, std::vector<BoxSpec>>;
 // peers (MPI_Dist_graph_create_adjacent once), persistent where the library has MPI-4's
 // MPI_Neighbor_alltoallv_init, else MPI_Ineighbor_alltoallw per update (mpi_calls.h).
 enum class HaloMethod { persistent = 0, p2p = 1, datatype = 2, neighbor = 3 };
-
-// The fold (the reverse exchange, HaloArray.fold): how a received value combines into the
-// cell it lands on, and the element type the host combine runs in (`none`: wait() leaves
-// the received bytes in the step's buffer and the caller combines them: device arrays and
-// the low-precision floats, which accumulate in float32 in Python).
-enum class FoldOp { sum = 0, max = 1, min = 2 };
-enum class FoldKind {
-  none = -1, f32 = 0, f64 = 1, i8 = 2, i16 = 3, i32 = 4, i64 = 5, u8 = 6, u16 = 7, u32 = 8,
-  u64 = 9, c64 = 10, c128 = 11
-};
 
 struct HaloMessage {
   int peer;

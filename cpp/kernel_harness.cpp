@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <stdexcept>
 
+#include "combine_kernel.h"
+
 namespace pyshard {
 
 namespace {
@@ -48,6 +50,37 @@ CopyKernelReport copy_kernel_on_host(const DescTable& t, size_t b0, size_t b1, c
     copy_kernel_thread(descs, l.n, src, dst, ptr_align, at);
   });
   return rep;
+}
+
+i64 combine_kernel_on_host(FoldKind kind, FoldOp op, const DescTable& t, size_t b0, size_t b1,
+                           const char* src, i64 src_bytes, char* dst, i64 dst_bytes) {
+  if (b0 > t.blocks() || b1 > t.blocks())
+    throw std::out_of_range("pyshard: block range outside the descriptor table");
+  if (!with_fold_type(kind, op, [](auto, auto) {}))
+    throw std::invalid_argument("pyshard: the combine kernel has no combine for this element "
+                                "kind and op");
+  if (b1 <= b0) return 0;
+  const size_t d0 = t.first[b0], d1 = t.first[b1];
+  for (size_t i = d0; i < d1; ++i) {
+    const CopyDesc& d = t.host[i];
+    if (d.runs > 0 &&
+        (!inside(d.src_off, d.sstr, d, src_bytes) || !inside(d.dst_off, d.dstr, d, dst_bytes)))
+      throw std::out_of_range("pyshard: a descriptor reaches outside the source or destination");
+  }
+  i64 launches = 0;
+  for (size_t i = d0; i < d1; ++i) {
+    const CopyDesc& d = t.host[i];
+    const KernelLaunch l = combine_launch(d);
+    if (l.n == 0) continue;
+    ++launches;
+    with_fold_type(kind, op, [&](auto tag, auto f) {
+      using T = typename decltype(tag)::type;
+      for_each_thread(l, [&](const ThreadIndex& at) {
+        combine_kernel_thread<T>(d, src, dst, f, at);
+      });
+    });
+  }
+  return launches;
 }
 
 }  // namespace pyshard

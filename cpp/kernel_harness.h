@@ -19,6 +19,7 @@
 //      width, misaligned pointers, empty tables and many descriptors.
 #pragma once
 
+#include "fold_kind.h"
 #include "kernel_launch.h"
 
 namespace pyshard {
@@ -49,5 +50,14 @@ struct CopyKernelReport {
 // and std::runtime_error when the kernel moves a misaligned word (a fault on the device).
 CopyKernelReport copy_kernel_on_host(const DescTable& t, size_t b0, size_t b1, const char* src,
                                      i64 src_bytes, char* dst, i64 dst_bytes);
+
+// dst = op(dst, src) over blocks [b0, b1) of `t` with the CUDA fold-combine kernel's body
+// (combine_kernel.h) run on the host, one launch a descriptor in table order, as the CUDA
+// packer launches it (device_fold.h); src and dst may be one buffer (a fold's wraps).
+// Returns the launches. Throws std::out_of_range, before combining anything, where a
+// descriptor reaches outside either buffer; std::invalid_argument for a kind or op the
+// kernel has no combine for; std::runtime_error for a misaligned element.
+i64 combine_kernel_on_host(FoldKind kind, FoldOp op, const DescTable& t, size_t b0, size_t b1,
+                           const char* src, i64 src_bytes, char* dst, i64 dst_bytes);
 
 }  // namespace pyshard

@@ -36,4 +36,15 @@ KernelLaunch copy_launch(const std::vector<size_t>& first, i64 max_runs, size_t 
   return l;
 }
 
+KernelLaunch combine_launch(const CopyDesc& d) {
+  KernelLaunch l;
+  if (d.runs <= 0 || d.run <= 0) return l;
+  l.n = 1;
+  const i64 blocks = (d.runs * 32 + kThreads - 1) / kThreads;
+  l.grid_x = static_cast<int>(std::min<i64>(std::max<i64>(blocks, 1), 4096));
+  l.grid_y = 1;
+  l.block_x = kThreads;
+  return l;
+}
+
 }  // namespace pyshard

@@ -34,6 +34,10 @@ struct KernelLaunch {
 // `first` and `max_runs` of a kernel table (uploaded or not).
 KernelLaunch copy_launch(const std::vector<size_t>& first, i64 max_runs, size_t b0, size_t b1);
 
+// One launch of the fold-combine kernel (combine_kernel.h) over the runs of descriptor `d`:
+// a warp per run up to about 4096 blocks, grid_y 1; n == 0 (no launch) when it has no runs.
+KernelLaunch combine_launch(const CopyDesc& d);
+
 // Blocks [b0, b1) of `t` hold no descriptor: the packer neither uploads nor launches.
 inline bool copies_nothing(const DescTable& t, size_t b0, size_t b1) {
   return b1 <= b0 || t.first[b1] == t.first[b0];

@@ -9,6 +9,8 @@
 #include <new>
 #include <stdexcept>
 
+#include "device_fold.h"
+
 namespace pyshard {
 
 void advise_huge_pages(void* p, i64 n) {
@@ -162,6 +164,10 @@ Packer& cuda_packer() {
 bool cuda_built() { return false; }
 int cuda_build_version() { return -1; }
 bool cuda_device_present() { return false; }
+void device_fold_combine(Packer&, FoldKind, FoldOp, const DescTable&, size_t, size_t,
+                         const char*, char*) {
+  cuda_packer();  // throws: no CUDA in this build
+}
 #endif
 
 }  // namespace pyshard

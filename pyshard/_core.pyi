@@ -54,6 +54,7 @@ __all__: list[str] = [
     "allgather_i64",
     "built_with",
     "built_with_compiler",
+    "combine_kernel_on_host",
     "copy_box",
     "copy_kernel_on_host",
     "count_limit",
@@ -1031,6 +1032,75 @@ class PooledBuffer:
 def allgather_i64(
     comm: Comm, values: collections.abc.Sequence[typing.SupportsInt | typing.SupportsIndex]
 ) -> list[int]: ...
+@typing.overload
+def combine_kernel_on_host(
+    geometry: ExchangeGeometry,
+    table: str,
+    kind: typing.SupportsInt | typing.SupportsIndex,
+    op: typing.SupportsInt | typing.SupportsIndex,
+    src: numpy.ndarray,
+    dst: numpy.ndarray,
+    b0: typing.SupportsInt | typing.SupportsIndex = 0,
+    b1: typing.SupportsInt | typing.SupportsIndex | None = None,
+    same: bool = False,
+    kernel: bool = True,
+) -> typing.Any: ...
+@typing.overload
+def combine_kernel_on_host(
+    geometry: GatherGeometry,
+    table: str,
+    kind: typing.SupportsInt | typing.SupportsIndex,
+    op: typing.SupportsInt | typing.SupportsIndex,
+    src: numpy.ndarray,
+    dst: numpy.ndarray,
+    b0: typing.SupportsInt | typing.SupportsIndex = 0,
+    b1: typing.SupportsInt | typing.SupportsIndex | None = None,
+    same: bool = False,
+    kernel: bool = True,
+) -> typing.Any: ...
+@typing.overload
+def combine_kernel_on_host(
+    geometry: ScatterGeometry,
+    table: str,
+    kind: typing.SupportsInt | typing.SupportsIndex,
+    op: typing.SupportsInt | typing.SupportsIndex,
+    src: numpy.ndarray,
+    dst: numpy.ndarray,
+    b0: typing.SupportsInt | typing.SupportsIndex = 0,
+    b1: typing.SupportsInt | typing.SupportsIndex | None = None,
+    same: bool = False,
+    kernel: bool = True,
+) -> typing.Any: ...
+@typing.overload
+def combine_kernel_on_host(
+    geometry: HaloGeometry,
+    table: str,
+    kind: typing.SupportsInt | typing.SupportsIndex,
+    op: typing.SupportsInt | typing.SupportsIndex,
+    src: numpy.ndarray,
+    dst: numpy.ndarray,
+    b0: typing.SupportsInt | typing.SupportsIndex = 0,
+    b1: typing.SupportsInt | typing.SupportsIndex | None = None,
+    same: bool = False,
+    kernel: bool = True,
+) -> typing.Any: ...
+@typing.overload
+def combine_kernel_on_host(
+    blocks: collections.abc.Sequence,
+    itemsize: typing.SupportsInt | typing.SupportsIndex,
+    kind: typing.SupportsInt | typing.SupportsIndex,
+    op: typing.SupportsInt | typing.SupportsIndex,
+    src: numpy.ndarray,
+    dst: numpy.ndarray,
+    b0: typing.SupportsInt | typing.SupportsIndex = 0,
+    b1: typing.SupportsInt | typing.SupportsIndex | None = None,
+    same: bool = False,
+    kernel: bool = True,
+) -> typing.Any:
+    """
+    Run the CUDA fold-combine kernel's body (combine_kernel.h) on the host: dst = op(dst, src) over blocks [b0, b1) of a descriptor table (from boxes, or a geometry's table), one launch a descriptor in table order, as the CUDA packer runs a fold; same=True combines within dst (src is ignored: a fold's wraps). kind: FoldKind (0 float32, 1 float64, 2-9 int8..uint64, 10 complex64, 11 complex128), op: 0 sum, 1 max, 2 min. Returns the launches; kernel=False runs the host fold instead (the oracle).
+    """
+
 def copy_box(
     src: numpy.ndarray,
     src_start: collections.abc.Sequence[typing.SupportsInt | typing.SupportsIndex],

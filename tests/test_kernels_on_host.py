@@ -439,3 +439,154 @@ def test_halo_geometry_tables(dtype, corners):
         assert p.local  # the periodic dims wrap onto this rank
         _core.copy_kernel_on_host(g, "local", src, out, src_offset=so, dst_offset=do)
         np.testing.assert_array_equal(out, want)
+
+
+# --- the fold-combine kernel (cpp/combine_kernel.h) ---------------------------------------
+
+# FoldKind codes (cpp/fold_kind.h) of the dtypes the kernel combines
+FOLD_KINDS = {np.float32: 0, np.float64: 1, np.int8: 2, np.int16: 3, np.int32: 4, np.int64: 5,
+              np.uint8: 6, np.uint16: 7, np.uint32: 8, np.uint64: 9, np.complex64: 10,
+              np.complex128: 11}
+FOLD_OPS = {"sum": 0, "max": 1, "min": 2}
+
+
+def _fold_values(dtype, shape):
+    """Values whose float sums depend on the order (so a different order shows), with NaNs in
+    the floats (max/min: NaN wins), and ints that wrap when summed."""
+    dt = np.dtype(dtype)
+    n = int(np.prod(shape))
+    if dt.kind == "f":
+        v = (RNG.standard_normal(n) * 10.0 ** RNG.integers(-8, 9, n)).astype(dt)
+        v[RNG.random(n) < 0.02] = np.nan
+    elif dt.kind == "c":
+        v = (RNG.standard_normal(n) * 10.0 ** RNG.integers(-8, 9, n)
+             + 1j * RNG.standard_normal(n)).astype(dt)
+    else:
+        info = np.iinfo(dt)
+        v = RNG.integers(info.min, info.max, n, dtype=dt, endpoint=True)
+    return v.reshape(shape)
+
+
+def _numpy_fold(acc, src, boxes, op):
+    """numpy's combine of (src_start, dst_start, extent) boxes in order, as the host fold."""
+    f = {"sum": np.add, "max": np.maximum, "min": np.minimum}[op]
+    with np.errstate(over="ignore", invalid="ignore"):
+        for s, d, e in boxes:
+            t = tuple(slice(a, a + k) for a, k in zip(d, e))
+            acc[t] = f(acc[t], src[tuple(slice(a, a + k) for a, k in zip(s, e))])
+    return acc
+
+
+@pytest.mark.parametrize("dtype", list(FOLD_KINDS))
+@pytest.mark.parametrize("op", ["sum", "max", "min"])
+def test_combine_kernel_against_host_fold_and_numpy(dtype, op):
+    """Overlapping destination boxes combined in table order (the fold's order rule): the
+    kernel's body, one launch a descriptor, gives the host fold's bits and numpy's, for every
+    element kind and op (complex: sum only, max/min refused as on the host)."""
+    dt = np.dtype(dtype)
+    sshape, dshape = [7, 9, 5], [6, 8, 6]
+    boxes = [([0, 0, 0], [1, 1, 0], [4, 5, 5]), ([2, 3, 1], [2, 2, 1], [4, 6, 4]),
+             ([1, 1, 0], [0, 0, 0], [6, 8, 3]), ([6, 8, 4], [3, 4, 2], [1, 1, 1]),
+             ([0, 0, 0], [5, 7, 5], [0, 1, 1])]  # overlapping, plus an empty one
+    src = _fold_values(dt, sshape)
+    dst = _fold_values(dt, dshape)
+    blocks = [[(sshape, s, dshape, d, e) for s, d, e in boxes[:2]], [],
+              [(sshape, s, dshape, d, e) for s, d, e in boxes[2:]]]
+    if dt.kind == "c" and op != "sum":
+        with pytest.raises(ValueError, match="no combine"):
+            _core.combine_kernel_on_host(blocks, dt.itemsize, FOLD_KINDS[dtype], FOLD_OPS[op],
+                                         src, dst.copy())
+        return
+    out, host = dst.copy(), dst.copy()
+    launches = _core.combine_kernel_on_host(blocks, dt.itemsize, FOLD_KINDS[dtype],
+                                            FOLD_OPS[op], src, out)
+    _core.combine_kernel_on_host(blocks, dt.itemsize, FOLD_KINDS[dtype], FOLD_OPS[op], src,
+                                 host, kernel=False)
+    assert launches == 4  # the empty box launches nothing
+    want = _numpy_fold(dst.copy(), src, boxes, op)
+    assert out.tobytes() == host.tobytes()
+    assert out.tobytes() == want.tobytes()
+    # a block range: the second half only
+    out2 = dst.copy()
+    _core.combine_kernel_on_host(blocks, dt.itemsize, FOLD_KINDS[dtype], FOLD_OPS[op], src,
+                                 out2, b0=1, b1=3)
+    assert out2.tobytes() == _numpy_fold(dst.copy(), src, boxes[2:], op).tobytes()
+
+
+def test_combine_kernel_long_runs_and_many_warps():
+    """Runs longer than a warp's 32 lanes (not split, unlike the copy kernel's), more runs
+    than one block has warps, and a contiguous 1-D box of 10^5 elements: a grid of many
+    blocks, every element combined once."""
+    for sshape, dshape, box in [([3, 1000], [4, 1003], ([0, 1], [1, 2], [3, 999])),
+                                ([300, 40], [301, 41], ([0, 0], [1, 1], [300, 40])),
+                                ([100_000], [100_003], ([0], [3], [100_000]))]:
+        src = RNG.standard_normal(sshape)
+        dst = RNG.standard_normal(dshape)
+        out = dst.copy()
+        n = _core.combine_kernel_on_host([[(sshape, *box[:1], dshape, *box[1:])]], 8, 1, 0,
+                                         src, out)
+        assert n == 1
+        assert out.tobytes() == _numpy_fold(dst.copy(), src, [box], "sum").tobytes()
+
+
+def test_combine_kernel_refuses_bad_input():
+    """Out-of-bounds boxes refused before anything is combined; a misaligned element (an
+    8-byte kind at a 4-byte offset) trapped as the device would; unknown kinds and ops."""
+    src, dst = np.zeros((4, 4)), np.zeros((4, 4))
+    with pytest.raises(IndexError):
+        _core.combine_kernel_on_host([[([4, 4], [0, 0], [4, 4], [1, 1], [3, 4])]], 8, 1, 0,
+                                     src, dst)
+    raw = np.zeros(8 * 16 + 4, np.uint8)
+    mis = raw[4:4 + 8 * 16]  # float64 elements 4 bytes off their alignment
+    with pytest.raises(RuntimeError, match="misaligned"):
+        _core.combine_kernel_on_host([[([16], [0], [16], [0], [16])]], 8, 1, 0, mis, mis.copy())
+    with pytest.raises(ValueError, match="kind"):
+        _core.combine_kernel_on_host([[([4], [0], [4], [0], [4])]], 8, 12, 0, src, dst)
+    with pytest.raises(ValueError, match="op"):
+        _core.combine_kernel_on_host([[([4], [0], [4], [0], [4])]], 8, 1, 3, src, dst)
+    with pytest.raises(ValueError, match="no combine"):
+        _core.combine_kernel_on_host([[([4], [0], [4], [0], [4])]], 8, -1, 0, src, dst)
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32, np.int64, np.complex64])
+@pytest.mark.parametrize("corners", [True, False])
+def test_combine_kernel_runs_a_halo_fold(dtype, corners):
+    """A fold's whole combine as HaloStep::wait runs it on a device (cpp/device_fold.h): the
+    received messages before this rank's place, its periodic wraps within the array (ghost
+    boxes -> interior, overlapping at the corners), then the rest; against numpy in the
+    fold's order rule (pyshard.halo's own combine for cupy arrays), bit for bit."""
+    from pyshard import Layout, Shard, halo_plan, halo_spec
+    from pyshard.halo import fold_geometry
+
+    dt = np.dtype(dtype)
+    layout = Layout((9, 7, 6), dt, (3, 2, 1), [Shard(0), Shard(1), Shard(2)],
+                    sizes={0: (2, 3, 4)})
+    spec = halo_spec(layout, (3, 1, 2), periodic=(True, False, True), corners=corners)
+    p = halo_plan(layout, spec, (1, 0, 0))
+    g = fold_geometry(p)
+    shape = list(p.padded_shape)
+    kind = FOLD_KINDS[dtype]
+    arr0 = _fold_values(dt, shape)
+    recv = _fold_values(dt, (g.recv_bytes // dt.itemsize,)).view(np.uint8)
+    out = arr0.copy()
+    at = g.local_at
+    _core.combine_kernel_on_host(g, "unpack", kind, 0, recv, out, b0=0, b1=at)
+    _core.combine_kernel_on_host(g, "local_unpack", kind, 0, out, out, same=True)
+    _core.combine_kernel_on_host(g, "unpack", kind, 0, recv, out, b0=at)
+    # numpy, in the order rule: messages by peer, this rank's wraps at its place
+    want = arr0.copy()
+    assert p.local  # (the periodic dims wrap onto this rank)
+
+    def messages(lo, hi):
+        for (_, _, boxes), off in list(zip(p.sends, g.recv_offsets))[lo:hi]:
+            for s, e in boxes:
+                n = int(np.prod(e)) * dt.itemsize
+                piece = recv[off: off + n].view(dt).reshape(e)
+                _numpy_fold(want, piece, [([0] * len(e), s, e)], "sum")
+                off += n
+
+    messages(0, at)
+    for s, t, e in p.local:  # ghost box t into interior box s
+        _numpy_fold(want, want, [(t, s, e)], "sum")
+    messages(at, len(p.sends))
+    assert out.tobytes() == want.tobytes()

@@ -13,8 +13,9 @@ write into their peers' results, do not apply. On the CPU platform the steps run
 buffers; on the CUDA platform (a core built with CUDA) the same custom call runs them on XLA's
 device buffers with the core's pack kernels on XLA's stream, built on the GPU route (staged
 through host memory, or CUDA-aware MPI), as cupy arrays run; experimental, so only where
-PYSHARD_JAX_CUDA is on (docs/jax.md: what its first GPU run showed). A halo fold on a GPU is
-not built (its combine runs on the host): lowering one raises NotImplementedError.
+PYSHARD_JAX_CUDA is on (docs/jax.md: what its first GPU run showed). A halo fold on a GPU
+combines with the core's combine kernel, one launch a box in the fold's order (the host
+fold's bits; the kernel's body is tested on the host, tests/test_kernels_on_host.py).
 """
 
 from __future__ import annotations
@@ -207,13 +208,10 @@ def _halo_lower_cuda(ctx: Any, x: Any, *, layout: Layout, spec: HaloSpec, mesh: 
                      fold: bool) -> list:  # fmt: skip
     name = "a halo fold (the gradient of halo_pad)" if fold else "a halo update"
     _cuda_core(ctx, name)
-    if fold:
-        raise NotImplementedError(
-            f"pyshard.jax: {name} on a GPU is not built: its combine runs on the host only. "
-            f"Keep the local arrays on a CPU device (jax.device_put(x, "
-            f"jax.devices('cpu')[0])) for this part, or use pyshard.HaloArray.fold on cupy "
-            f"arrays outside jit")
-    return _lower_call(ctx, x, _halo_id(layout, spec, mesh, False, -1, True), True)
+    # a fold combines on the device (the core's combine kernel, one launch a box in the
+    # fold's order: cpp/device_fold.h)
+    kind = FOLD_KIND[np.dtype(layout.dtype)] if fold else -1
+    return _lower_call(ctx, x, _halo_id(layout, spec, mesh, fold, kind, True), True)
 
 
 def _halo_batch(args: tuple, dims: tuple, *, layout: Layout, spec: HaloSpec, mesh: Mesh,

@@ -7,10 +7,12 @@ The value tests are tests/mpi/test_jax.py's own, run here with JAX's default dev
 (they build their arrays with ``jnp.asarray``): redistributes of random uneven layouts
 (Partial sources among them) against numpy, the adjoint dot product of a redistribute, the
 gradient against the serial program's, two independent collectives in one ``jit``, ``vmap``,
-``lax.scan`` and the FFTs. Added here: halo updates against numpy's padded blocks, that results
-stay on the GPU and that the program calls pyshard_step, and that a halo fold (halo_pad's
-gradient) raises NotImplementedError on a GPU. Skipped without a GPU, without pyshard's CUDA
-core or without a JAX with a CUDA backend."""
+``lax.scan``, the FFTs, and halo folds (``fold`` against numpy's accumulation and its adjoint
+dot product, ``jax.grad`` through ``halo_pad`` against the serial gradient: the fold's
+combine runs in the core's combine kernel on the GPU). Added here: halo updates against
+numpy's padded blocks, and that results stay on the GPU and that the program calls
+pyshard_step. Skipped without a GPU, without pyshard's CUDA core or without a JAX with a CUDA
+backend."""
 
 from __future__ import annotations
 
@@ -35,7 +37,6 @@ if jax.default_backend() != "gpu":
     pytest.skip(f"JAX's default backend is {jax.default_backend()}, not a GPU",
                 allow_module_level=True)
 
-import jax.numpy as jnp  # noqa: E402
 from test_jax import (  # noqa: E402, F401 - the value tests, collected here on the GPU
     agree,
     global_array,
@@ -45,6 +46,8 @@ from test_jax import (  # noqa: E402, F401 - the value tests, collected here on 
     sharded,
     test_fft_matches_numpy,
     test_gradient_equals_the_serial_gradient,
+    test_halo_pad_gradient_is_fold,
+    test_halo_pad_values_and_fold_adjoint,
     test_redistribute_adjoint_dot_product,
     test_redistribute_matches_numpy,
     test_scan_loop,
@@ -113,14 +116,3 @@ def test_halo_pad_values_on_the_gpu(comm, dtype):
                 failures.append(f"{ms} {shape} {pl} {sizes} w{width} p{periodic} c{corners}")
         mesh.free()
     agree(comm, failures)
-
-
-def test_fold_on_the_gpu_is_a_clear_error(comm):
-    """halo_pad's gradient (a fold) is not built on a GPU: NotImplementedError at lowering,
-    on every rank, naming what to do."""
-    mesh = ps.Mesh(comm, (comm.size,))
-    x = psj.distribute(np.ones((2 * comm.size, 3), np.float32), mesh, [Shard(0)])
-    with pytest.raises(NotImplementedError, match="fold.*GPU is not built"):
-        jax.jit(jax.grad(lambda x: (psj.halo_pad(x, 1) ** 2).sum()))(x)
-    assert jnp.sum(x.local) == x.local.size
-    mesh.free()
