@@ -8,6 +8,7 @@
 #include <stdexcept>
 #include <type_traits>
 
+#include "combine_kernel.h"
 #include "device_fold.h"
 #include "peer_messages.h"
 
@@ -67,38 +68,15 @@ std::vector<HaloMessage> describe_messages(const std::vector<PeerBoxes>& in, con
 
 // The fold's combine on the host: dst = op(dst, src) element by element over the blocks
 // [b0, b1) of table `t`, descriptor by descriptor, run by run, in order (serial: two
-// contributions to one cell always combine in the same order).
+// contributions to one cell always combine in the same order). The element rules (sums that
+// wrap around, max/min where NaN wins) are the combine kernel's: one definition for the host
+// and the device folds (combine_kernel.h).
 template <class T>
-struct SumOp {
-  T operator()(T a, T b) const {
-    if constexpr (std::is_integral_v<T>) {  // wrap around, as numpy does (no UB)
-      using U = std::make_unsigned_t<T>;
-      return static_cast<T>(static_cast<U>(a) + static_cast<U>(b));
-    } else {
-      return a + b;
-    }
-  }
-};
+using SumOp = DevSum<T>;
 template <class T>
-struct MaxOp {  // NaN wins, as numpy.maximum
-  T operator()(T a, T b) const {
-    if constexpr (std::is_floating_point_v<T>) {
-      if (a != a) return a;
-      if (b != b) return b;
-    }
-    return b > a ? b : a;
-  }
-};
+using MaxOp = DevMax<T>;
 template <class T>
-struct MinOp {
-  T operator()(T a, T b) const {
-    if constexpr (std::is_floating_point_v<T>) {
-      if (a != a) return a;
-      if (b != b) return b;
-    }
-    return b < a ? b : a;
-  }
-};
+using MinOp = DevMin<T>;
 
 // One run: n elements of `s` combined into `o` (never overlapping: a ghost box and an
 // interior box, or a buffer and the array). Aligned runs go through typed restrict pointers,
