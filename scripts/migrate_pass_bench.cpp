@@ -1,0 +1,141 @@
+// migrate's local pass alone, against the floor's copy (docs/particles.md, "The pass alone"):
+// one process, 10^6 rows in the bench's four columns (24, 24, 8 and 8 bytes a row), a
+// fraction of them leaving at random. Times, median of 7 after 2 warm-ups:
+//   floor   the staying bytes as one block a column by streaming stores (the bench's floor);
+//   runs    migrate's pass (cpp/migrate.cpp pack_t): each run of staying rows memcpy'd a
+//           column at a time, each leaver copied to its own buffer;
+//   staged  the same rows copied branch-free into a small buffer per column (in L1) that is
+//           streamed out whenever it fills (full lines, no read of the destination first).
+// Checks that runs and staged give the same bytes. Build and run (THP=1: the buffers are
+// advised to use transparent huge pages, as numpy's large arrays are; unset: 4 KiB pages, as
+// node-shared memory here):
+//   g++ -O3 -march=x86-64-v2 -o /tmp/mpb scripts/migrate_pass_bench.cpp && THP=1 /tmp/mpb 0.1
+#include <immintrin.h>
+#include <sys/mman.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <random>
+#include <vector>
+
+using i64 = long long;
+
+static char* buffer(size_t n) {
+  const size_t huge = size_t(2) << 20, cap = (n + 64 + huge) / huge * huge;
+  void* p = aligned_alloc(huge, cap);
+  if (!p) std::abort();
+  if (std::getenv("THP")) madvise(p, cap, MADV_HUGEPAGE);
+  std::memset(p, 0, cap);  // faulted in: the timed passes write warm pages
+  return static_cast<char*>(p);
+}
+
+static void stream_copy(char* d, const char* s, i64 bytes) {
+  i64 t = 0;
+  for (; t < bytes && (reinterpret_cast<uintptr_t>(d + t) & 15); t += 8) {
+    long long v;
+    std::memcpy(&v, s + t, 8);
+    _mm_stream_si64(reinterpret_cast<long long*>(d + t), v);
+  }
+  for (; t + 16 <= bytes; t += 16)
+    _mm_stream_si128(reinterpret_cast<__m128i*>(d + t),
+                     _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + t)));
+  for (; t < bytes; t += 8) {
+    long long v;
+    std::memcpy(&v, s + t, 8);
+    _mm_stream_si64(reinterpret_cast<long long*>(d + t), v);
+  }
+}
+
+static double now() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+int main(int argc, char** argv) {
+  const i64 n = 1000000;
+  constexpr int C = 4;
+  const i64 rb[C] = {24, 24, 8, 8};
+  const double frac = argc > 1 ? std::atof(argv[1]) : 0.1;
+  char *src[C], *floor_dst[C], *runs_dst[C], *staged_dst[C], *leave[C];
+  for (int c = 0; c < C; ++c) {
+    src[c] = buffer(n * rb[c]);
+    for (i64 i = 0; i < n * rb[c]; ++i) src[c][i] = static_cast<char>(i * 7 + c);
+    floor_dst[c] = buffer(n * rb[c]) + 16;  // numpy's large arrays: 16 bytes past a page
+    runs_dst[c] = buffer(n * rb[c]) + 16;
+    staged_dst[c] = buffer(n * rb[c]) + 16;
+    leave[c] = buffer(n * rb[c]);
+  }
+  std::vector<int> dest(n);
+  std::mt19937_64 g(1);
+  std::uniform_real_distribution<double> u(0, 1);
+  for (i64 i = 0; i < n; ++i) dest[i] = u(g) < frac ? 1 : 0;
+  const i64 stay = std::count(dest.begin(), dest.end(), 0);
+  std::vector<double> tf, tr, ts;
+  for (int rep = 0; rep < 9; ++rep) {
+    const double t0 = now();
+    for (int c = 0; c < C; ++c) stream_copy(floor_dst[c], src[c], stay * rb[c]);
+    _mm_sfence();
+    const double t1 = now();
+    {
+      i64 k = 0, i = 0, L = 0;
+      while (i < n) {
+        if (dest[i] == 0) {
+          i64 j = i + 1;
+          while (j < n && dest[j] == 0) ++j;
+          for (int c = 0; c < C; ++c)
+            std::memcpy(runs_dst[c] + k * rb[c], src[c] + i * rb[c], (j - i) * rb[c]);
+          k += j - i;
+          i = j;
+          continue;
+        }
+        for (int c = 0; c < C; ++c) std::memcpy(leave[c] + L * rb[c], src[c] + i * rb[c], rb[c]);
+        ++L;
+        ++i;
+      }
+    }
+    const double t2 = now();
+    {
+      constexpr i64 S = 128;  // rows a staging buffer holds
+      alignas(64) static char stage[C][S * 24];
+      i64 k = 0, L = 0, ks = 0;
+      for (i64 i = 0; i < n; ++i) {
+        std::memcpy(stage[0] + ks * 24, src[0] + i * 24, 24);
+        std::memcpy(stage[1] + ks * 24, src[1] + i * 24, 24);
+        std::memcpy(stage[2] + ks * 8, src[2] + i * 8, 8);
+        std::memcpy(stage[3] + ks * 8, src[3] + i * 8, 8);
+        if (dest[i] != 0) {
+          for (int c = 0; c < C; ++c) std::memcpy(leave[c] + L * rb[c], src[c] + i * rb[c], rb[c]);
+          ++L;
+        } else if (++ks == S) {
+          for (int c = 0; c < C; ++c) stream_copy(staged_dst[c] + k * rb[c], stage[c], S * rb[c]);
+          k += S;
+          ks = 0;
+        }
+      }
+      for (int c = 0; c < C; ++c) stream_copy(staged_dst[c] + k * rb[c], stage[c], ks * rb[c]);
+      _mm_sfence();
+    }
+    const double t3 = now();
+    if (rep >= 2) {
+      tf.push_back(t1 - t0);
+      tr.push_back(t2 - t1);
+      ts.push_back(t3 - t2);
+    }
+  }
+  for (int c = 0; c < C; ++c)
+    if (std::memcmp(runs_dst[c], staged_dst[c], stay * rb[c]) != 0) {
+      std::printf("MISMATCH in column %d\n", c);
+      return 1;
+    }
+  auto med = [](std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    return v[v.size() / 2] * 1e3;
+  };
+  std::printf("%s pages, %.0f%% leaving: floor %.2f ms, runs %.2f ms (%.2fx), staged %.2f ms "
+              "(%.2fx)\n", std::getenv("THP") ? "huge" : "4 KiB", frac * 100, med(tf), med(tr),
+              med(tr) / med(tf), med(ts), med(ts) / med(tf));
+  return 0;
+}
