@@ -11,6 +11,7 @@
 #include <type_traits>
 #include <utility>
 
+#include "combine_kernel.h"  // DevSum, DevMax, DevMin: the fold's element rules
 #include "migrate.h"
 #include "peer_messages.h"
 #include "shm_node.h"
@@ -31,40 +32,20 @@ inline void copy_row(char* dst, const char* src, i64 rb) {
   }
 }
 
-template <class T>
-T add(T a, T b) {
-  if constexpr (std::is_integral_v<T>) {  // wrap around, as numpy does (no UB)
-    using U = std::make_unsigned_t<T>;
-    return static_cast<T>(static_cast<U>(a) + static_cast<U>(b));
-  } else {
-    return a + b;
-  }
-}
-
-// One row combined into another, element type and op fixed at compile time: O is the op
-// (0 sum, 1 max, 2 min; NaN wins in max and min, as numpy's maximum/minimum).
-template <class T, int O>
-struct Combine {
-  static inline T f(T a, T b) {
-    if constexpr (O == 0) {
-      return add(a, b);
-    } else {
-      if constexpr (std::is_floating_point_v<T>) {
-        if (a != a) return a;
-        if (b != b) return b;
-      }
-      if constexpr (O == 1) return b > a ? b : a;
-      else return b < a ? b : a;
-    }
-  }
+// One row of a scatter combined into its destination, dst = F(dst, src) element by element,
+// by the fold's element rules (combine_kernel.h: sums wrap around, NaN wins in max and min).
+// (Rows of a constant element count, unrolled, were no faster: the loop waits on memory.)
+template <class T, class F>
+struct RowCombine {
   static inline void row(char* dst, const char* src, i64 rb) {
+    const F f{};
     const i64 n = rb / static_cast<i64>(sizeof(T));
     for (i64 e = 0; e < n; ++e) {
-      T a, b;
+      T a, v;
       std::memcpy(&a, dst + e * sizeof(T), sizeof(T));
-      std::memcpy(&b, src + e * sizeof(T), sizeof(T));
-      const T c = f(a, b);
-      std::memcpy(dst + e * sizeof(T), &c, sizeof(T));
+      std::memcpy(&v, src + e * sizeof(T), sizeof(T));
+      a = f(a, v);
+      std::memcpy(dst + e * sizeof(T), &a, sizeof(T));
     }
   }
 };
@@ -73,12 +54,12 @@ struct Replace {
   static inline void row(char* dst, const char* src, i64 rb) { copy_row(dst, src, rb); }
 };
 
-template <class T, class F>
-void by_op(IndexOp op, F&& f) {
-  if (op == IndexOp::sum) return f(Combine<T, 0>{});
+template <class T, class G>
+void by_op(IndexOp op, G&& g) {
+  if (op == IndexOp::sum) return g(RowCombine<T, DevSum<T>>{});
   if constexpr (std::is_arithmetic_v<T>) {
-    if (op == IndexOp::max) return f(Combine<T, 1>{});
-    return f(Combine<T, 2>{});
+    if (op == IndexOp::max) return g(RowCombine<T, DevMax<T>>{});
+    return g(RowCombine<T, DevMin<T>>{});
   } else {
     throw std::invalid_argument("pyshard: scatter max/min on complex data");
   }
@@ -241,10 +222,6 @@ IndexExchange::~IndexExchange() {
   fwd_.drop();  // messages in flight may still land in the block
   rev_.drop();
   if (block_) node_->give(std::move(block_));
-}
-
-void IndexExchange::combine(char* dst, const char* src, i64 rb) const {
-  with_combiner(kind_, op_, [&](auto C) { C.row(dst, src, rb); });
 }
 
 i64 IndexExchange::table_bytes() const {

@@ -105,7 +105,6 @@ class IndexExchange {
   i64 n_local() const { return n_local_; }
 
  private:
-  void combine(char* dst, const char* src, i64 rb) const;
   bool on_node(int p) const { return node_ && local_[p] >= 0 && p != comm_->rank(); }
   // this rank's block of node-shared memory for `bytes` of rows after the table; its rows
   char* node_block(i64 bytes);
