@@ -7,7 +7,8 @@ global rows it needs, any order, duplicates allowed; :func:`gather_plan` learns 
 what from whom, and the plan then runs many times:
 
 - :meth:`GatherPlan.gather`: ``x_global[indices]`` on every rank (the rows this rank owns
-  copied locally, the others one message per owner);
+  copied locally, the others one message per owner, or by default from owners on this
+  rank's node straight through node-shared memory);
 - :meth:`GatherPlan.scatter`: the reverse, each value combined into its owner's row
   (``"sum"``, ``"max"``, ``"min"`` or ``"replace"``) in a fixed order (below).
 
@@ -22,7 +23,8 @@ counts go by NBX (synchronous sends to the owners this rank reads from, and one 
 reduction that also carries every rank's error flag), then each reader's list of rows to
 each owner. A gather or scatter then runs no collective at all: one message to and from each
 peer, packed and unpacked by the core (:class:`IndexExchange`, the family's point-to-point
-member).
+member), or for a gather's node peers under ``method="auto"`` one copy through node-shared
+memory in a handshake of the node's ranks.
 """
 
 from __future__ import annotations
@@ -63,23 +65,29 @@ class IndexRoute:
     one ``MPI_Alltoall``); ``method``: how each call's messages are posted (``"p2p"``: fresh
     ``MPI_Isend``/``MPI_Irecv``; ``"persistent"``: requests bound once, started each call;
     ``"neighbor"``: one neighbourhood all-to-all on a graph communicator of the peers);
-    ``why``, in words; ``candidates``: the methods ``"tune"`` measures (empty otherwise)."""
+    ``why``, in words; ``candidates``: the methods ``"tune"`` measures (empty otherwise);
+    ``scatter_by``: where the scatter takes another way than the gather, the MPI method it
+    runs by (``method="auto"`` on a node: gathers through node-shared memory, scatters by
+    ``"p2p"``), else empty."""
 
     path: str
     algorithm: str
     why: str
     method: str = "p2p"
     candidates: Tuple[str, ...] = ()
+    scatter_by: str = ""
 
 
 def index_route(mesh: Any, algorithm: str, method: str = "auto") -> IndexRoute:
     """The rule for :func:`gather_plan`: ``auto`` -> NBX (no collective over every rank
-    beyond its one nonblocking reduction); ``method`` ``auto`` -> fresh point-to-point
-    messages to every peer (measured no slower than the other methods, docs/unstructured.md),
-    ``shm`` -> node-shared memory between ranks of one node (``path`` ``"shm"``;
-    ``PYSHARD_SHM=off`` turns it off) and fresh messages to the others, ``tune`` -> measured
-    at the first calls (``path`` ``"tune"``), any other -> MPI messages by that method to
-    every peer. No MPI call."""
+    beyond its one nonblocking reduction); ``method`` ``auto`` -> where ranks of the mesh
+    share a node, gathers through node-shared memory between them and scatters by fresh
+    point-to-point messages (``path`` ``"shm"``, ``scatter_by`` ``"p2p"``: each measured the
+    faster for its direction, docs/unstructured.md), else fresh messages to every peer;
+    ``shm`` -> node-shared memory between ranks of one node both ways (``path`` ``"shm"``)
+    and fresh messages to the others (``PYSHARD_SHM=off`` turns node-shared memory off for
+    both), ``tune`` -> measured at the first calls (``path`` ``"tune"``), any other -> MPI
+    messages by that method to every peer. No MPI call."""
     if algorithm not in ("auto",) + tuple(_ALGORITHMS):
         raise ValueError(f"pyshard.gather_plan: algorithm must be 'auto' or one of "
                          f"{tuple(_ALGORITHMS)}, got {algorithm!r}")
@@ -95,8 +103,16 @@ def index_route(mesh: Any, algorithm: str, method: str = "auto") -> IndexRoute:
         algo = "nbx" if algorithm == "auto" else algorithm
         return IndexRoute("tune", algo, f"setup counts by {algo}; {why}", "tune", cands)
     m = "p2p" if method in ("auto", "shm") else method
-    if path == "mpi" and method == "shm" and \
-            _shm.node(mesh, tuple(range(mesh.ndim))) is not None:  # fmt: skip
+    node = path == "mpi" and method in ("auto", "shm") and \
+        _shm.node(mesh, tuple(range(mesh.ndim))) is not None  # fmt: skip
+    scatter_by = ""
+    if node and method == "auto":
+        path, scatter_by = "shm", "p2p"
+        mwhy = ("gathers: node peers through node-shared memory (one copy per row, no "
+                "message), messages to the others posted fresh each call (p2p); scatters: "
+                "messages posted fresh each call (p2p); each measured the faster way for "
+                "its direction")
+    elif node:
         path = "shm"
         mwhy = ("node peers through node-shared memory (one copy per row, no message), "
                 "messages to the others posted fresh each call (p2p)")
@@ -111,8 +127,10 @@ def index_route(mesh: Any, algorithm: str, method: str = "auto") -> IndexRoute:
         mwhy = f"messages by {method}, as asked"
     if algorithm == "auto":
         return IndexRoute(path, "nbx",
-                          f"setup counts by NBX: messages only to the owners read; {mwhy}", m)
-    return IndexRoute(path, algorithm, f"setup counts by {algorithm}, as asked; {mwhy}", m)
+                          f"setup counts by NBX: messages only to the owners read; {mwhy}", m,
+                          scatter_by=scatter_by)
+    return IndexRoute(path, algorithm, f"setup counts by {algorithm}, as asked; {mwhy}", m,
+                      scatter_by=scatter_by)
 
 
 class IndexExchange(Exchange):
@@ -235,7 +253,7 @@ class GatherPlan:
     def __init__(self, mesh: Any, layout: Any, offsets: np.ndarray, indices: np.ndarray,
                  exchange: IndexExchange, counts: np.ndarray, rcounts: np.ndarray,
                  make: Any = None, candidates: Tuple[str, ...] = (),
-                 touched: Any = None, method: str = "p2p") -> None:
+                 touched: Any = None, method: str = "p2p", scatter_by: str = "") -> None:
         self.mesh, self.layout = mesh, layout
         self.offsets = offsets
         self.indices = indices
@@ -249,10 +267,14 @@ class GatherPlan:
         exchange.plan_stats = self._stats  # the exchange's comm_stats() reads the plan's
         # the core each direction runs on: the exchange's, or (method "tune") the fastest of
         # `candidates`, each made by `make`, measured at the direction's first call
-        # make(m, compact): a core of method m, over the local rows or the compact ones
-        self._make, self._candidates, self._method = make, candidates, method
-        self._cores: Dict[str, Any] = {} if candidates else {"gather": exchange.core,
-                                                             "scatter": exchange.core}
+        # make(m, compact): a core of method m, over the local rows or the compact ones; a
+        # scatter by another method than the gather's (scatter_by) gets its own core at its
+        # first call
+        self._make, self._candidates = make, candidates
+        self._methods = {"gather": method, "scatter": scatter_by or method}
+        self._cores: Dict[str, Any] = {} if candidates else {"gather": exchange.core}
+        if not candidates and not scatter_by:
+            self._cores["scatter"] = exchange.core
         self.chosen: Dict[str, str] = {}  # method "tune": what each direction measured best
         # cupy arrays: the local rows any peer or this rank reads (ascending), packed on the
         # device, and the cores over that compact row space ("gather/dev", "scatter/dev"),
@@ -270,8 +292,8 @@ class GatherPlan:
         core = self._cores.get(key)
         if core is not None:
             return core
-        if not self._candidates:  # the host core's method, over the compact rows
-            core = self._make(self._method, True)
+        if not self._candidates:  # the direction's method, over the compact rows (device)
+            core = self._make(self._methods[direction], device)
             self._cores[key] = core
             return core
         best: Tuple[float, str, Any] = (float("inf"), "", None)
@@ -483,15 +505,18 @@ class GatherPlan:
         return "\n".join([
             f"gather plan on {P} ranks, rank {me}: {self.n} indices ({distinct} distinct rows, "
             f"{self.n - distinct} duplicates) into {self.layout.shape[0]} rows; path {r.path} "
-            f"({'node peers through node-shared memory, the others ' if r.path == 'shm' else ''}"
-            f"point-to-point by {r.method}, no collective over every rank per call); setup "
-            f"{r.algorithm} ({r.why})",
+            f"({'gathers: ' if r.scatter_by else ''}"
+            f"{'node peers through node-shared memory, the others ' if r.path == 'shm' else ''}"
+            f"point-to-point by {r.method}"
+            f"{'; scatters: point-to-point by ' + r.scatter_by if r.scatter_by else ''}"
+            f", no collective over every rank per call); setup {r.algorithm} ({r.why})",
             f"  own rows read locally: {int(c.self_rows)} (copied once, never sent)",
             f"  gather: {len(frm)} messages in from {frm} ({int(c.rows_in)} rows), "
             f"{len(to)} out to {to} ({int(c.rows_out)} rows); scatter: the same reversed, "
             f"duplicates combined before they are sent",
-            *([f"  through node-shared memory: {int(c.node_groups_in)} of the groups in, "
-               f"{int(c.node_groups_out)} of those out (no message)"] if r.path == "shm" else []),
+            *([f"  through node-shared memory{' (gathers)' if r.scatter_by else ''}: "
+               f"{int(c.node_groups_in)} of the groups in, {int(c.node_groups_out)} of those "
+               f"out (no message)"] if r.path == "shm" else []),
             *([f"  tune: gather by {self.chosen.get('gather', '(not measured yet)')}, scatter "
                f"by {self.chosen.get('scatter', '(not measured yet)')}, of "
                f"{', '.join(self._candidates)}"] if r.path == "tune" else []),
@@ -513,7 +538,9 @@ def gather_plan(indices: Any, like: ShardedArray, algorithm: str = "auto",
     array with that dim-0 layout. ``algorithm``: the setup's count exchange, ``"auto"``
     (``"nbx"``) or ``"alltoall"``. ``method``: how each gather's and scatter's rows move:
 
-    - ``"auto"``: ``"p2p"`` (measured no slower than the others; docs/unstructured.md);
+    - ``"auto"``: where ranks of the mesh share a node, gathers as ``"shm"`` and scatters as
+      ``"p2p"`` (each measured the faster for its direction; docs/unstructured.md), else
+      ``"p2p"``;
     - ``"p2p"``: fresh ``MPI_Isend``/``MPI_Irecv`` each call;
     - ``"persistent"``: ``MPI_Send_init``/``MPI_Recv_init`` once, started each call;
     - ``"neighbor"``: one ``MPI_Neighbor_alltoallv`` on a graph communicator of the peers,
@@ -619,7 +646,7 @@ def gather_plan(indices: Any, like: ShardedArray, algorithm: str = "auto",
         log.debug("gather_plan: %d indices, %d owners read, %d readers served", idx.size,
                   len(rpeer), len(opeer))
     return GatherPlan(mesh, lay, offsets, idx, x, counts, rcounts, make,
-                      route.candidates, touched, method)
+                      route.candidates, touched, method, route.scatter_by)
 
 
 def take(x: ShardedArray, indices: Any) -> np.ndarray:

@@ -344,6 +344,7 @@ def _pattern(pat: str, n: int, frac: float, x: Any, local: np.ndarray, mesh: Mes
     return {
         "pattern": pat,
         "path": plan.route.path,
+        "scatter_by": plan.route.scatter_by,
         "tuned": dict(by_method["tune"].chosen),
         "reads": int(collectives.max_all(comm, idx.shape[0])),
         "own_reads": int(collectives.max_all(comm, own)),
@@ -395,7 +396,8 @@ def format_unstructured(r: Dict[str, Any]) -> str:
     for o in r["rows"]:
         m = o["ms"]
         lines.append(
-            f"  {o['pattern']:>7} by method (gather, scatter): auto ({o['path']}) "
+            f"  {o['pattern']:>7} by method (gather, scatter): auto ({o['path']}"
+            f"{', scatters ' + o['scatter_by'] if o.get('scatter_by') else ''}) "
             f"{m['gather']:.2f}, {m['scatter']:.2f}; shm {m['gather_shm']:.2f}, "
             f"{m['scatter_shm']:.2f}; persistent {m['gather_persistent']:.2f}, "
             f"{m['scatter_persistent']:.2f}; neighbor {m['gather_neighbor']:.2f}, "

@@ -307,11 +307,12 @@ def test_touched_rows_are_every_local_row_read(mesh, layout, pattern):
     assert plan.touched.dtype == np.int64
 
 
-@pytest.mark.parametrize("method", ["p2p", "persistent", "neighbor", "shm"])
+@pytest.mark.parametrize("method", ["p2p", "persistent", "neighbor", "shm", "auto"])
 @pytest.mark.parametrize("layout,pattern", [("uneven", "random"), ("balanced", "runs")])
 def test_every_method_gives_the_same_rows(mesh, method, layout, pattern):
     """Each way of moving the rows (fresh messages, persistent requests, a neighbourhood
-    all-to-all, node-shared memory between ranks of a node) gives G[indices] and the order
+    all-to-all, node-shared memory between ranks of a node, and auto's gathers through
+    node-shared memory with scatters by fresh messages) gives G[indices] and the order
     rule's bits, through repeated calls with new buffers (persistent requests bound again),
     out=, and wait=False driven by test()."""
     P, me = mesh.size, mesh.rank
@@ -321,12 +322,15 @@ def test_every_method_gives_the_same_rows(mesh, method, layout, pattern):
     x = dist(g, mesh, sizes)
     plan = ps.gather_plan(idxs[me], like=x, method=method)
     r = plan.route
-    if method == "shm":
+    if method in ("shm", "auto"):
         # every rank of these jobs shares a node with another (two hosts: two each)
         want = "local" if P == 1 else "mpi" if ps.config.get("PYSHARD_SHM") == "off" else "shm"
         assert r.path == want and r.method == "p2p", r
         assert ("node-shared memory" in plan.explain()) == (want == "shm"), plan.explain()
         assert plan.exchange.core.on_node_transport == (want == "shm")
+        split = method == "auto" and want == "shm"  # auto: scatters by p2p
+        assert r.scatter_by == ("p2p" if split else ""), r
+        assert ("scatters: point-to-point by p2p" in plan.explain()) == split, plan.explain()
     else:
         assert r.method == method and f"by {method}" in plan.explain()
     want_idx = np.asarray(idxs[me], np.int64)
