@@ -42,6 +42,7 @@ from . import collectives, config
 log = logging.getLogger("pyshard")
 
 _warned = False  # the "not usable" warning is logged once a process
+_threads_warned = False  # config.threads_note's warning: once a process
 fail_setup: Optional[str] = None  # pyshard.memory.failing_node_setup: "segment", "map" or None
 
 
@@ -160,6 +161,13 @@ class NodeMap:
         self.info = collectives.allgather_rows(comm, mine)  # the one collective
         key = self.info[:, _KEY]
         peers = [r for r in range(len(key)) if key[r] == key[self.rank] and self.info[r, _OK]]
+        here = [r for r in range(len(key)) if key[r] == key[self.rank]]
+        global _threads_warned
+        if not _threads_warned and here[0] == self.rank:  # the machine's first rank says it
+            note = config.threads_note(len(here), int(self.info[self.rank, _CORES]))
+            if note:
+                _threads_warned = True
+                log.warning(note)
         if self.ctl.ok:
             self.ctl.connect(
                 self.rank, peers, [int(self.info[r, _PID]) for r in peers],

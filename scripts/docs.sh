@@ -10,6 +10,7 @@
 #
 # Installs requirements/docs.txt into the venv (PYSHARD_VENV, default .venv) first.
 set -euo pipefail
+export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}  # one BLAS thread a rank: docs/performance.md, "Threads"
 cd "$(dirname "$0")/.."
 VENV=${PYSHARD_VENV:-.venv}
 PY="$VENV/bin/python"

@@ -14,6 +14,9 @@
 # Bytecode is written (PYTHONDONTWRITEBYTECODE unset): every rank of every run would otherwise
 # compile pyshard and rewrite the test modules' asserts again (about 2 s of CPU a rank).
 unset PYTHONDONTWRITEBYTECODE
+# One BLAS/torch thread a rank unless the caller chose (ranks fill the cores here; threads per
+# core in every rank spin where other ranks wait: docs/performance.md, "Threads").
+export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 
 MATRIX_FILE=${MATRIX_FILE:-$(mktemp "${TMPDIR:-/tmp}/pyshard-matrix.XXXXXX")}
 

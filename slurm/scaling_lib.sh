@@ -15,6 +15,9 @@
 #   srun --mpi=none starts with pip's MPICH, fail loudly), and appends them to
 #   $OUT_DIR/<kind>_<jobid>.jsonl.
 
+# One BLAS/torch thread per core a rank has (docs/performance.md, "Threads"), unless set.
+export OMP_NUM_THREADS=${OMP_NUM_THREADS:-${SLURM_CPUS_PER_TASK:-1}}
+
 scaling_die() {
     echo "ERROR: $*" >&2
     exit 1

@@ -220,3 +220,17 @@ def test_process_settings_are_applied_at_once():
         config.get("PYSHARD_COUNT_LIMIT") or (1 << 31) - 1, config.get("PYSHARD_PEER_TIMEOUT"))
     assert ps.cache_limit() == config.get("PYSHARD_CACHE_LIMIT")
     assert ps.validation() is config.get("PYSHARD_VALIDATE")
+
+
+def test_threads_note():
+    """The unbounded-threads warning's rule: ranks sharing a machine, none of the thread
+    variables set; the advice divides the cores among the ranks."""
+    note = config.threads_note(4, 16, {})
+    assert note and "4 ranks share this machine's 16 cores" in note
+    assert "Set OMP_NUM_THREADS=4 " in note, note
+    assert "Set OMP_NUM_THREADS=1 " in config.threads_note(8, 2, {"OTHER": "x"})
+    assert "share this machine and" in config.threads_note(2, 0, {})
+    assert config.threads_note(1, 16, {}) is None  # one rank: its threads are its own
+    for v in config.THREAD_VARIABLES:
+        assert config.threads_note(4, 16, {v: "2"}) is None, v
+    assert config.threads_note(4, 16, {"OMP_NUM_THREADS": ""}) is not None  # empty: unset

@@ -60,9 +60,11 @@ def require(comm):
         pytest.skip("no mpiexec (set PYSHARD_MPIEXEC)")
 
 
-def child_env(extra=None):
-    """This process's environment for a job of its own (see the module docstring)."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(_JOB_VARS)}
+def child_env(extra=None, unset=()):
+    """This process's environment for a job of its own (see the module docstring), with
+    ``extra`` added and the variables ``unset`` names left out."""
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(_JOB_VARS) and k not in unset}
     env.update(extra or {})
     return env
 
@@ -73,15 +75,16 @@ def command(n, args):
     return [mpiexec(), *extra, "-n", str(n), *args]
 
 
-def run(n, args, env=None, timeout=120, **kwargs):
+def run(n, args, env=None, timeout=120, unset=(), **kwargs):
     """Run ``args`` (usually ``[sys.executable, script, ...]``) on ``n`` ranks; the completed
-    process (output captured as text). ``env``: variables added to the child environment. A
+    process (output captured as text). ``env``: variables added to the child environment;
+    ``unset``: variables left out of it. A
     job still running after ``timeout`` seconds is killed whole (:func:`kill_job`: every rank,
     not only the launcher) and ``subprocess.TimeoutExpired`` raised."""
     cmd = command(n, args)
     files = shm_files()
     proc = subprocess.Popen(
-        cmd, env=child_env(env), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        cmd, env=child_env(env, unset), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         start_new_session=True, **kwargs,
     )  # fmt: skip
     try:
