@@ -22,10 +22,12 @@ print("done", flush=True)
 
 @pytest.mark.spawns  # starts mpiexec jobs of its own (the matrix's 1-rank run)
 @pytest.mark.parametrize("setting", [None, "OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS"])
-def test_unbounded_threads_are_named_once(comm, setting):
+def test_unbounded_threads_are_named_once(comm, setting, tmp_path):
     launch.require(comm)
+    # (run from elsewhere: `python -c` puts the working directory first on sys.path, and the
+    # checkout's pyshard/ is not the installed one where `pip install .` built the core)
     r = launch.run(2, [sys.executable, "-c", SCRIPT], env={setting: "1"} if setting else None,
-                   unset=THREAD_VARIABLES)
+                   unset=THREAD_VARIABLES, cwd=str(tmp_path))
     assert r.returncode == 0 and r.stdout.count("done") == 2, r.stdout + r.stderr
     n = r.stderr.count("ranks share this machine's")
     assert n == (0 if setting else 1), r.stderr
