@@ -69,14 +69,8 @@ std::vector<HaloMessage> describe_messages(const std::vector<PeerBoxes>& in, con
 // The fold's combine on the host: dst = op(dst, src) element by element over the blocks
 // [b0, b1) of table `t`, descriptor by descriptor, run by run, in order (serial: two
 // contributions to one cell always combine in the same order). The element rules (sums that
-// wrap around, max/min where NaN wins) are the combine kernel's: one definition for the host
-// and the device folds (combine_kernel.h).
-template <class T>
-using SumOp = DevSum<T>;
-template <class T>
-using MaxOp = DevMax<T>;
-template <class T>
-using MinOp = DevMin<T>;
+// wrap around, max/min where NaN wins) are the combine kernel's DevSum, DevMax and DevMin:
+// one definition for the host and the device folds and the scatter (combine_kernel.h).
 
 // One run: n elements of `s` combined into `o` (never overlapping: a ghost box and an
 // interior box, or a buffer and the array). Aligned runs go through typed restrict pointers,
@@ -135,14 +129,14 @@ template <class T>
 void combine_typed(FoldOp op, const DescTable& t, size_t b0, size_t b1, const char* src,
                    char* dst) {
   if (op == FoldOp::sum) {
-    combine_blocks<T>(t, b0, b1, src, dst, SumOp<T>{});
+    combine_blocks<T>(t, b0, b1, src, dst, DevSum<T>{});
     return;
   }
   if constexpr (std::is_arithmetic_v<T>) {
     if (op == FoldOp::max)
-      combine_blocks<T>(t, b0, b1, src, dst, MaxOp<T>{});
+      combine_blocks<T>(t, b0, b1, src, dst, DevMax<T>{});
     else
-      combine_blocks<T>(t, b0, b1, src, dst, MinOp<T>{});
+      combine_blocks<T>(t, b0, b1, src, dst, DevMin<T>{});
   } else {
     throw std::invalid_argument("pyshard: fold max/min on complex data");
   }
@@ -237,12 +231,12 @@ void combine_wraps_typed(FoldOp op, const DescTable& t,
     for (size_t at = 0; at < ds.size(); at += 8) {
       const size_t k = std::min<size_t>(8, ds.size() - at);
       if (op == FoldOp::sum) {
-        combine_together<T>(ds.data() + at, k, arr, arr, SumOp<T>{});
+        combine_together<T>(ds.data() + at, k, arr, arr, DevSum<T>{});
       } else if constexpr (std::is_arithmetic_v<T>) {
         if (op == FoldOp::max)
-          combine_together<T>(ds.data() + at, k, arr, arr, MaxOp<T>{});
+          combine_together<T>(ds.data() + at, k, arr, arr, DevMax<T>{});
         else
-          combine_together<T>(ds.data() + at, k, arr, arr, MinOp<T>{});
+          combine_together<T>(ds.data() + at, k, arr, arr, DevMin<T>{});
       } else {
         throw std::invalid_argument("pyshard: fold max/min on complex data");
       }

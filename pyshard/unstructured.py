@@ -106,16 +106,14 @@ def index_route(mesh: Any, algorithm: str, method: str = "auto") -> IndexRoute:
     node = path == "mpi" and method in ("auto", "shm") and \
         _shm.node(mesh, tuple(range(mesh.ndim))) is not None  # fmt: skip
     scatter_by = ""
-    if node and method == "auto":
-        path, scatter_by = "shm", "p2p"
-        mwhy = ("gathers: node peers through node-shared memory (one copy per row, no "
-                "message), messages to the others posted fresh each call (p2p); scatters: "
-                "messages posted fresh each call (p2p); each measured the faster way for "
-                "its direction")
-    elif node:
+    if node:
         path = "shm"
         mwhy = ("node peers through node-shared memory (one copy per row, no message), "
                 "messages to the others posted fresh each call (p2p)")
+        if method == "auto":
+            scatter_by = "p2p"
+            mwhy = (f"gathers: {mwhy}; scatters: messages posted fresh each call (p2p); each "
+                    f"measured the faster way for its direction")
     elif method == "shm":
         mwhy = "messages posted fresh each call (p2p)" + (
             "" if path == "local" else ": no other rank of the mesh shares this rank's node "
