@@ -5,8 +5,12 @@
 //   runs    migrate's pass (cpp/migrate.cpp pack_t): each run of staying rows memcpy'd a
 //           column at a time, each leaver copied to its own buffer;
 //   staged  the same rows copied branch-free into a small buffer per column (in L1) that is
-//           streamed out whenever it fills (full lines, no read of the destination first).
-// Checks that runs and staged give the same bytes. Build and run (THP=1: the buffers are
+//           streamed out whenever it fills (full lines, no read of the destination first);
+//   compact the staying rows moved down in place (row by row, every column, branch-free),
+//           each leaver copied to its own buffer: a result that is the input compacted. Its
+//           input is restored before each pass, then 128 MiB read to push it out of the
+//           caches (both untimed).
+// Checks that runs, staged and compact give the same bytes. Build and run (THP=1: the buffers are
 // advised to use transparent huge pages, as numpy's large arrays are; unset: 4 KiB pages, as
 // node-shared memory here):
 //   g++ -O3 -march=x86-64-v2 -o /tmp/mpb scripts/migrate_pass_bench.cpp && THP=1 /tmp/mpb 0.1
@@ -59,7 +63,7 @@ int main(int argc, char** argv) {
   constexpr int C = 4;
   const i64 rb[C] = {24, 24, 8, 8};
   const double frac = argc > 1 ? std::atof(argv[1]) : 0.1;
-  char *src[C], *floor_dst[C], *runs_dst[C], *staged_dst[C], *leave[C];
+  char *src[C], *floor_dst[C], *runs_dst[C], *staged_dst[C], *leave[C], *work[C];
   for (int c = 0; c < C; ++c) {
     src[c] = buffer(n * rb[c]);
     for (i64 i = 0; i < n * rb[c]; ++i) src[c][i] = static_cast<char>(i * 7 + c);
@@ -67,13 +71,17 @@ int main(int argc, char** argv) {
     runs_dst[c] = buffer(n * rb[c]) + 16;
     staged_dst[c] = buffer(n * rb[c]) + 16;
     leave[c] = buffer(n * rb[c]);
+    work[c] = buffer(n * rb[c]) + 16;
   }
   std::vector<int> dest(n);
   std::mt19937_64 g(1);
   std::uniform_real_distribution<double> u(0, 1);
   for (i64 i = 0; i < n; ++i) dest[i] = u(g) < frac ? 1 : 0;
   const i64 stay = std::count(dest.begin(), dest.end(), 0);
-  std::vector<double> tf, tr, ts;
+  std::vector<double> tf, tr, ts, tc;
+  const i64 flush_bytes = i64(128) << 20;  // read between the restore and compact: past L3
+  char* flush = buffer(flush_bytes);
+  long flush_sum = 0;
   for (int rep = 0; rep < 9; ++rep) {
     const double t0 = now();
     for (int c = 0; c < C; ++c) stream_copy(floor_dst[c], src[c], stay * rb[c]);
@@ -119,14 +127,41 @@ int main(int argc, char** argv) {
       _mm_sfence();
     }
     const double t3 = now();
+    for (int c = 0; c < C; ++c) std::memcpy(work[c], src[c], n * rb[c]);  // (untimed)
+    for (i64 i = 0; i < flush_bytes; i += 64) flush_sum += flush[i];         // (untimed)
+    const double t4 = now();
+    {
+      i64 k = 0, L = 0;
+      for (i64 i = 0; i < n; ++i) {
+        char a[24], b[24], e[8], f[8];
+        std::memcpy(a, work[0] + i * 24, 24);
+        std::memcpy(b, work[1] + i * 24, 24);
+        std::memcpy(e, work[2] + i * 8, 8);
+        std::memcpy(f, work[3] + i * 8, 8);
+        std::memcpy(work[0] + k * 24, a, 24);
+        std::memcpy(work[1] + k * 24, b, 24);
+        std::memcpy(work[2] + k * 8, e, 8);
+        std::memcpy(work[3] + k * 8, f, 8);
+        std::memcpy(leave[0] + L * 24, a, 24);  // (a staying row's copy is overwritten)
+        std::memcpy(leave[1] + L * 24, b, 24);
+        std::memcpy(leave[2] + L * 8, e, 8);
+        std::memcpy(leave[3] + L * 8, f, 8);
+        k += dest[i] == 0;
+        L += dest[i] != 0;
+      }
+    }
+    const double t5 = now();
     if (rep >= 2) {
       tf.push_back(t1 - t0);
       tr.push_back(t2 - t1);
       ts.push_back(t3 - t2);
+      tc.push_back(t5 - t4);
     }
   }
+  if (flush_sum == 42) std::printf(" ");  // (keeps the flush's reads)
   for (int c = 0; c < C; ++c)
-    if (std::memcmp(runs_dst[c], staged_dst[c], stay * rb[c]) != 0) {
+    if (std::memcmp(runs_dst[c], staged_dst[c], stay * rb[c]) != 0 ||
+        std::memcmp(runs_dst[c], work[c], stay * rb[c]) != 0) {
       std::printf("MISMATCH in column %d\n", c);
       return 1;
     }
@@ -135,7 +170,8 @@ int main(int argc, char** argv) {
     return v[v.size() / 2] * 1e3;
   };
   std::printf("%s pages, %.0f%% leaving: floor %.2f ms, runs %.2f ms (%.2fx), staged %.2f ms "
-              "(%.2fx)\n", std::getenv("THP") ? "huge" : "4 KiB", frac * 100, med(tf), med(tr),
-              med(tr) / med(tf), med(ts), med(ts) / med(tf));
+              "(%.2fx), compact %.2f ms (%.2fx)\n", std::getenv("THP") ? "huge" : "4 KiB",
+              frac * 100, med(tf), med(tr), med(tr) / med(tf), med(ts), med(ts) / med(tf),
+              med(tc), med(tc) / med(tf));
   return 0;
 }
