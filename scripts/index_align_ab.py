@@ -22,6 +22,7 @@ from mpi4py import MPI
 import pyshard as ps
 from pyshard.array import from_local
 from pyshard.bench.ghosts import read_rows, row_values
+from pyshard.bench.timing import alternated
 
 
 def at_offset(a: np.ndarray, off: int = 0) -> np.ndarray:
@@ -54,20 +55,13 @@ def main() -> None:
         valss = {"np": vals, "al": at_offset(vals)}
         ys = {"np": from_local(local.copy(), mesh, [ps.Shard(0)], global_shape=shape),
               "al": from_local(at_offset(local), mesh, [ps.Shard(0)], global_shape=shape)}
-        ts: dict = {}
-        for _ in range(a.rounds):
-            for k in ("np", "al"):
-                for d in ("gather", "scatter"):
-                    comm.Barrier()
-                    t = time.perf_counter()
-                    if d == "gather":
-                        plan.gather(xs[k], out=bufs[k])
-                    else:
-                        plan.scatter(valss[k], into=ys[k])
-                    t = time.perf_counter() - t
-                    ts.setdefault((d, k), []).append(comm.allreduce(t, op=MPI.MAX))
+        fns = {}
+        for k in ("np", "al"):
+            fns[("gather", k)] = lambda p=plan, x=xs[k], b=bufs[k]: p.gather(x, out=b)
+            fns[("scatter", k)] = lambda p=plan, v=valss[k], t=ys[k]: p.scatter(v, into=t)
+        ts = alternated(fns, comm, a.rounds)
         lines.append(f"{pat:>7}: " + "  ".join(
-            f"{d} {k} {np.median(v[3:]) * 1e3:.2f}" for (d, k), v in sorted(ts.items())))
+            f"{d} {k} {v * 1e3:.2f}" for (d, k), v in sorted(ts.items())))
     if me == 0:
         print(f"{P} ranks, {n} rows of 64 B a rank, median of {a.rounds - 3} rounds (ms):")
         print("\n".join(lines))

@@ -6,14 +6,14 @@ the same machine (the evidence for ``gather_plan``'s ``method="auto"``: docs/uns
 
 The bench's graph (``pyshard/bench/ghosts.py``: rows of 64 B, each rank reading a tenth of
 its row count, the ``mesh`` and ``random`` patterns). One plan per method; each round runs a
-gather then a scatter by each method in turn. Prints, per pattern, the slowest rank's median
+gather then a scatter by each method in turn
+(``pyshard.bench.timing.alternated``). Prints, per pattern, the slowest rank's median
 in ms of each (direction, method), the first three rounds left out.
 """
 
 from __future__ import annotations
 
 import argparse
-import time
 
 import numpy as np
 from mpi4py import MPI
@@ -21,6 +21,7 @@ from mpi4py import MPI
 import pyshard as ps
 from pyshard.array import from_local
 from pyshard.bench.ghosts import read_rows, row_values
+from pyshard.bench.timing import alternated
 
 
 def main() -> None:
@@ -41,20 +42,13 @@ def main() -> None:
         buf = np.empty((idx.shape[0], local.shape[1]))
         vals = np.random.default_rng([5, me]).standard_normal(buf.shape)
         y = from_local(local.copy(), mesh, [ps.Shard(0)], global_shape=x.shape)
-        ts: dict = {}
-        for _ in range(a.rounds):
-            for m, plan in plans.items():
-                for d in ("gather", "scatter"):
-                    comm.Barrier()
-                    t = time.perf_counter()
-                    if d == "gather":
-                        plan.gather(x, out=buf)
-                    else:
-                        plan.scatter(vals, into=y)
-                    t = time.perf_counter() - t
-                    ts.setdefault((d, m), []).append(comm.allreduce(t, op=MPI.MAX))
+        fns = {}
+        for m, plan in plans.items():
+            fns[("gather", m)] = lambda p=plan, b=buf: p.gather(x, out=b)
+            fns[("scatter", m)] = lambda p=plan, v=vals, t=y: p.scatter(v, into=t)
+        ts = alternated(fns, comm, a.rounds)
         lines.append(f"{pat:>7}: " + "  ".join(
-            f"{d} {m} {np.median(v[3:]) * 1e3:.2f}" for (d, m), v in sorted(ts.items())))
+            f"{d} {m} {v * 1e3:.2f}" for (d, m), v in sorted(ts.items())))
     if me == 0:
         print(f"{P} ranks, {n} rows of 64 B a rank, median of {a.rounds - 3} rounds (ms):")
         print("\n".join(lines))

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from typing import Callable, List, Optional
+from typing import Callable, Dict, List, Optional
 
 import numpy as np
 from mpi4py import MPI
@@ -35,3 +35,18 @@ def median_s(fn: Callable[[], object], comm: MPI.Comm, reps: int, warmup: int = 
              setup: Optional[Callable[[], object]] = None) -> float:
     """The median of :func:`timed` (collective over ``comm``)."""
     return float(np.median(timed(fn, comm, reps, warmup, setup)))
+
+
+def alternated(fns: Dict[str, Callable[[], object]], comm: MPI.Comm, rounds: int,
+               skip: int = 3) -> Dict[str, float]:
+    """Each of ``fns`` once a round, in turn, for ``rounds`` rounds (so a busy machine slows
+    them alike), a barrier before each call; per name, the median of the slowest rank's times
+    in seconds, the first ``skip`` rounds left out (collective over ``comm``)."""
+    ts: Dict[str, List[float]] = {k: [] for k in fns}
+    for _ in range(rounds):
+        for k, fn in fns.items():
+            collectives.barrier(comm)
+            t0 = time.perf_counter()
+            fn()
+            ts[k].append(collectives.max_all(comm, time.perf_counter() - t0))
+    return {k: float(np.median(v[skip:])) for k, v in ts.items()}
