@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from typing import Callable, Dict, List, Optional
+from typing import Callable, Dict, Hashable, List, Optional
 
 import numpy as np
 from mpi4py import MPI
@@ -37,12 +37,12 @@ def median_s(fn: Callable[[], object], comm: MPI.Comm, reps: int, warmup: int = 
     return float(np.median(timed(fn, comm, reps, warmup, setup)))
 
 
-def alternated(fns: Dict[str, Callable[[], object]], comm: MPI.Comm, rounds: int,
-               skip: int = 3) -> Dict[str, float]:
+def alternated(fns: Dict[Hashable, Callable[[], object]], comm: MPI.Comm, rounds: int,
+               skip: int = 3) -> Dict[Hashable, float]:
     """Each of ``fns`` once a round, in turn, for ``rounds`` rounds (so a busy machine slows
     them alike), a barrier before each call; per name, the median of the slowest rank's times
     in seconds, the first ``skip`` rounds left out (collective over ``comm``)."""
-    ts: Dict[str, List[float]] = {k: [] for k in fns}
+    ts: Dict[Hashable, List[float]] = {k: [] for k in fns}
     for _ in range(rounds):
         for k, fn in fns.items():
             collectives.barrier(comm)
