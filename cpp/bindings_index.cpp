@@ -94,18 +94,33 @@ void bind_index(py::module_& m) {
            "node's ranks at every gather and scatter.")
       .def(
           "start_forward",
-          [](IndexExchange& x, const py::array& src, py::array& out) {
+          [](IndexExchange& x, const py::array& src, py::array& out, py::object block) {
             Buf s = get_buf(src, false, "x");
             Buf o = get_buf(out, true, "out");
+            char* b = nullptr;
+            if (!block.is_none()) {
+              py::array a = block.cast<py::array>();
+              Buf bb = get_buf(a, true, "block");
+              if (static_cast<i64>(a.nbytes()) < x.gather_block_bytes(row_bytes(s)))
+                throw std::invalid_argument("pyshard: block is too small");
+              b = bb.ptr;
+            }
             const i64 rb = row_bytes(s);
             if (s.shape.empty() || s.shape[0] != x.n_local())
               throw std::invalid_argument("pyshard: x has the wrong number of rows");
             if (o.shape.empty() || o.shape[0] != x.size() || row_bytes(o) != rb)
               throw std::invalid_argument("pyshard: out has the wrong shape");
             py::gil_scoped_release nogil;
-            x.start_forward(s.ptr, rb, o.ptr);
+            x.start_forward(s.ptr, rb, o.ptr, b);
           },
-          py::arg("x"), py::arg("out"))
+          py::arg("x"), py::arg("out"), py::arg("block") = py::none(),
+          "block: None, or this rank's node-shared uint8 array of at least "
+          "gather_block_bytes(row bytes) that `out` follows in the same segment (node owners "
+          "then write the groups that land as one run straight into `out`)")
+      .def("gather_block_bytes", &IndexExchange::gather_block_bytes, py::arg("row_bytes"))
+      .def_property_readonly("node_groups_direct", &IndexExchange::node_groups_direct)
+      .def_property_readonly("node", &IndexExchange::node,
+                             "The node transport (NodeShm) it was built with, or None")
       .def(
           "start_reverse",
           [](IndexExchange& x, const py::array& values, py::array& into, int kind, int op) {

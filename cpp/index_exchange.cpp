@@ -188,14 +188,29 @@ IndexExchange::IndexExchange(std::shared_ptr<Comm> comm, std::vector<int> rpeer,
   }
   // (the neighbor method sends and receives every group through the buffers)
   const bool direct = method != PeerMethod::neighbor;
-  // (a node peer's group lands in R: the owner writes it there, where it finds it)
-  for (size_t j = 0; j < rpeer_.size(); ++j)
-    if (direct && run[j] && hits[j] == rcount_[j] && rcount_[j] > 0 && !on_node(rpeer_[j]))
-      rdirect_[j] = start[j];
+  // (a node peer's group lands in R, where the owner writes it, unless the result follows a
+  // block of node-shared memory: then a group that is one run lands in the result itself)
+  ndirect_.assign(rpeer_.size(), -1);
+  for (size_t j = 0; j < rpeer_.size(); ++j) {
+    const bool one_run = run[j] && hits[j] == rcount_[j] && rcount_[j] > 0;
+    if (!on_node(rpeer_[j])) {
+      if (direct && one_run) rdirect_[j] = start[j];
+    } else if (one_run) {
+      ndirect_[j] = start[j];
+    } else {
+      nd_all_ = false;
+    }
+  }
   skip_.assign(slot_.size(), 0);
   for (size_t j = 0; j < rpeer_.size(); ++j)
     if (rdirect_[j] >= 0)
       std::fill(skip_.begin() + rdirect_[j], skip_.begin() + rdirect_[j] + rcount_[j], 1);
+  if (node_) {
+    skipn_ = skip_;
+    for (size_t j = 0; j < rpeer_.size(); ++j)
+      if (ndirect_[j] >= 0)
+        std::fill(skipn_.begin() + ndirect_[j], skipn_.begin() + ndirect_[j] + rcount_[j], 1);
+  }
   odirect_.assign(opeer_.size(), -1);
   for (size_t i = 0; i < opeer_.size(); ++i) {
     if (opeer_[i] < 0 || opeer_[i] >= P || opeer_[i] == me || (i && opeer_[i] <= opeer_[i - 1]))
@@ -240,6 +255,18 @@ i64 IndexExchange::node_groups_out() const {
   return n;
 }
 
+i64 IndexExchange::gather_block_bytes(i64 rb) const {
+  if (!node_) return 0;
+  const i64 r = nd_all_ ? 0 : rtotal_ * rb;  // R here only where a node group lands in it
+  return (table_bytes() + r + 63) / 64 * 64;
+}
+
+i64 IndexExchange::node_groups_direct() const {
+  i64 n = 0;
+  for (i64 s : ndirect_) n += s >= 0;
+  return n;
+}
+
 char* IndexExchange::node_block(i64 bytes) {
   const i64 need = table_bytes() + std::max<i64>(bytes, 1);
   if (!block_ || block_->cap < need) {
@@ -249,27 +276,26 @@ char* IndexExchange::node_block(i64 bytes) {
   return block_->ptr;
 }
 
-// One direction's node handshake: this rank's table (per node peer of `in`, whose groups land
-// here, the byte offset of its group: the table, then in_first[j] rows of rb bytes), then,
-// once every node peer has published its own, put(k, dst) for each node peer out[k], dst
-// where that peer's table says this rank's group goes. A failed handshake completes this
+// One direction's node handshake: this rank's table at `off` in `seg` (per node peer of
+// `in`, whose groups land here, at(j): the byte offset from the table where group j lands),
+// then, once every node peer has published its own, put(k, dst) for each node peer out[k],
+// dst where that peer's table says this rank's group goes. A failed handshake completes this
 // exchange's messages, then raises (on every rank of the node).
-template <class Put>
-void IndexExchange::node_exchange(char* table, i64 rb, const std::vector<int>& in,
-                                  const std::vector<i64>& in_first, const std::vector<int>& out,
-                                  Put&& put) {
-  auto* t = reinterpret_cast<i64*>(table);
+template <class At, class Put>
+void IndexExchange::node_exchange(ShmSegment* seg, i64 off, const std::vector<int>& in, At&& at,
+                                  const std::vector<int>& out, Put&& put) {
+  auto* t = reinterpret_cast<i64*>(seg->ptr + off);
   std::fill(t, t + node_->node_size(), -1);
   for (size_t j = 0; j < in.size(); ++j)
-    if (on_node(in[j])) t[local_[in[j]]] = table_bytes() + in_first[j] * rb;
+    if (on_node(in[j])) t[local_[in[j]]] = at(j);
   const int me = node_->self();
   try {
-    node_->exchange_all(block_.get(), 0, [&](const std::vector<char*>& at) {
+    node_->exchange_all(seg, off, [&](const std::vector<char*>& base) {
       for (size_t k = 0; k < out.size(); ++k) {
         const int q = out[k];
-        if (!on_node(q) || !at[local_[q]]) continue;
-        const i64 to = reinterpret_cast<const i64*>(at[local_[q]])[me];
-        if (to >= 0) put(k, at[local_[q]] + to);  // (the plans agree: always)
+        if (!on_node(q) || !base[local_[q]]) continue;
+        const i64 to = reinterpret_cast<const i64*>(base[local_[q]])[me];
+        if (to >= 0) put(k, base[local_[q]] + to);  // (the plans agree: always)
       }
     });
   } catch (...) {
@@ -280,13 +306,33 @@ void IndexExchange::node_exchange(char* table, i64 rb, const std::vector<int>& i
   }
 }
 
-void IndexExchange::start_forward(const char* x, i64 rb, char* out) {
+void IndexExchange::start_forward(const char* x, i64 rb, char* out, char* block) {
   if (active_) throw std::runtime_error("pyshard: an index exchange is already in flight");
   const size_t nr = rpeer_.size(), no = opeer_.size();
   // R: where the owners' rows land (this rank's node-shared block on the node path)
+  ShmSegment* seg = nullptr;
+  i64 seg_off = 0;
   char* table = nullptr;
-  if (node_) {
+  skip_now_ = &skip_;
+  if (node_ && block) {  // the caller's block, the result after it in the same segment
+    const i64 head = gather_block_bytes(rb);
+    i64 out_off = 0;
+    seg = node_->find(block, std::max<i64>(head, 1), &seg_off);
+    if (!seg || node_->find(out, std::max<i64>(size() * rb, 1), &out_off) != seg ||
+        out_off < seg_off + head)
+      throw std::invalid_argument(
+          "pyshard: a gather's block and result are not one region of node-shared memory");
+    table = block;
+    if (nd_all_) {
+      rbuf_.resize(static_cast<size_t>(rtotal_ * rb));
+      R_ = rbuf_.data();
+    } else {
+      R_ = table + table_bytes();
+    }
+    skip_now_ = &skipn_;
+  } else if (node_) {
     table = node_block(rtotal_ * rb);
+    seg = block_.get();
     R_ = table + table_bytes();
   } else {
     rbuf_.resize(static_cast<size_t>(rtotal_ * rb));
@@ -317,11 +363,17 @@ void IndexExchange::start_forward(const char* x, i64 rb, char* out) {
   fwd_.start(rmsg_, smsg_, R_, O_);
   active_ = true;
   reverse_ = false;
-  if (node_)  // each node reader's rows, straight from x into its R
-    node_exchange(table, rb, rpeer_, roff_, opeer_, [&](size_t i, char* dst) {
+  if (node_) {  // each node reader's rows, straight from x into its R (or its result)
+    const bool into_out = skip_now_ == &skipn_;
+    auto at = [&](size_t j) {
+      if (into_out && ndirect_[j] >= 0) return static_cast<i64>(out - table) + ndirect_[j] * rb;
+      return table_bytes() + roff_[j] * rb;
+    };
+    node_exchange(seg, seg_off, rpeer_, at, opeer_, [&](size_t i, char* dst) {
       for (i64 t = ooff_[i]; t < ooff_[i + 1]; ++t)
         copy_row(dst + (t - ooff_[i]) * rb, x + own_rows_[t] * rb, rb);
     });
+  }
   // the rows this rank reads of its own: x -> out, once
   for (size_t k = 0; k < slot_.size(); ++k)
     if (slot_[k] >= rtotal_)
@@ -396,7 +448,8 @@ void IndexExchange::start_reverse(const char* values, i64 rb, char* into, FoldKi
     rev_.start(rmsg_, smsg_, O_, R_);
   }
   if (node_)  // each combined group for a node owner, straight into its O
-    node_exchange(table, rb, opeer_, ooff_, rpeer_, [&](size_t j, char* dst) {
+    node_exchange(block_.get(), 0, opeer_, [&](size_t i) { return table_bytes() + ooff_[i] * rb; },
+                  rpeer_, [&](size_t j, char* dst) {
       std::memcpy(dst, group(j), static_cast<size_t>(rcount_[j] * rb));
     });
   stats()["index_messages"] += static_cast<i64>(smsg_.size());
@@ -415,9 +468,10 @@ void IndexExchange::wait() {
   if (reverse_) rev_.wait(); else fwd_.wait();
   const i64 rb = rb_;
   if (!reverse_) {
+    const std::vector<char>& skip = *skip_now_;
     for (size_t k = 0; k < slot_.size(); ++k) {
       const i64 s = slot_[k];
-      if (s >= rtotal_ || skip_[k]) continue;
+      if (s >= rtotal_ || skip[k]) continue;
       copy_row(out_ + static_cast<i64>(k) * rb, R_ + s * rb, rb);
     }
     return;

@@ -82,8 +82,15 @@ class IndexExchange {
   IndexExchange& operator=(const IndexExchange&) = delete;
 
   // Gather: `out` (slot.size() rows of `rb` bytes) gets x's rows (n_local rows) in the order
-  // of the indices. wait() completes it.
-  void start_forward(const char* x, i64 rb, char* out);
+  // of the indices. wait() completes it. With a node transport, `block` may lead a region of
+  // this rank's node-shared memory (one live segment) of gather_block_bytes(rb) bytes that
+  // `out` follows in the same segment: then node owners write each reader group that lands
+  // as one run straight into `out` (no copy at wait()), and the table and R lie in `block`.
+  void start_forward(const char* x, i64 rb, char* out, char* block = nullptr);
+  // The bytes `block` needs before `out` (a multiple of 64; 0 without a node transport).
+  i64 gather_block_bytes(i64 rb) const;
+  // reader groups from node peers that land in the result itself where it follows a block
+  i64 node_groups_direct() const;
   // Scatter: the values (slot.size() rows) combined into `into` (n_local rows) by `op` in
   // element type `kind` (replace: any). wait() completes it.
   void start_reverse(const char* values, i64 rb, char* into, FoldKind kind, IndexOp op);
@@ -101,6 +108,7 @@ class IndexExchange {
   i64 node_groups_in() const;
   i64 node_groups_out() const;
   bool on_node_transport() const { return node_ != nullptr; }
+  const std::shared_ptr<NodeShm>& node() const { return node_; }
   i64 size() const { return static_cast<i64>(slot_.size()); }
   i64 n_local() const { return n_local_; }
 
@@ -110,9 +118,11 @@ class IndexExchange {
   char* node_block(i64 bytes);
   i64 table_bytes() const;
   // one direction's node handshake (index_exchange.cpp)
-  template <class Put>
-  void node_exchange(char* table, i64 rb, const std::vector<int>& in,
-                     const std::vector<i64>& in_first, const std::vector<int>& out, Put&& put);
+  // (table: the start of `seg`'s region at `off`; at(j): where in group j lands, in bytes
+  // from the table)
+  template <class At, class Put>
+  void node_exchange(ShmSegment* seg, i64 off, const std::vector<int>& in, At&& at,
+                     const std::vector<int>& out, Put&& put);
   std::shared_ptr<Comm> comm_;
   std::shared_ptr<NodeShm> node_;
   std::vector<int> local_;  // comm rank -> node index or -1 (node_ only)
@@ -126,7 +136,11 @@ class IndexExchange {
   i64 n_local_ = 0, rtotal_ = 0;
   std::vector<i64> rdirect_;  // per reader group: the output row it lands at as one run, or -1
   std::vector<i64> odirect_;  // per owner group: its first local row when one ascending run, or -1
+  std::vector<i64> ndirect_;  // per reader group from a node peer: as rdirect_, or -1
+  bool nd_all_ = true;        // every node peer's reader group is in ndirect_
   std::vector<char> skip_;    // per output row: in a reader group that lands as one run
+  std::vector<char> skipn_;   // the same, node groups in ndirect_ included (a gather's block)
+  const std::vector<char>* skip_now_ = &skip_;  // the gather in flight's
   std::vector<char> first_;   // per output row: the first occurrence of its slot
   std::vector<i64> order_;    // owner groups and this rank (-1), ascending rank
   std::vector<char> rbuf_, obuf_, sbuf_;

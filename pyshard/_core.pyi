@@ -995,7 +995,11 @@ class IndexExchange:
         """
         The pattern of an index exchange on this rank (cpp/index_exchange.h); no MPI call. method: 0 p2p, 1 persistent, 2 neighbor (cpp/peer_messages.h); the neighbor method builds its graph communicators at the first gather and the first scatter (collective). node: the communicator's node transport (NodeShm) or None: groups between ranks of one node go through node-shared memory, in a handshake of the node's ranks at every gather and scatter.
         """
-    def start_forward(self, x: numpy.ndarray, out: numpy.ndarray) -> None: ...
+    def gather_block_bytes(self, row_bytes: typing.SupportsInt | typing.SupportsIndex) -> int: ...
+    def start_forward(self, x: numpy.ndarray, out: numpy.ndarray, block: typing.Any = None) -> None:
+        """
+        block: None, or this rank's node-shared uint8 array of at least gather_block_bytes(row bytes) that `out` follows in the same segment (node owners then write the groups that land as one run straight into `out`)
+        """
     def start_reverse(
         self,
         values: numpy.ndarray,
@@ -1011,6 +1015,13 @@ class IndexExchange:
     def messages_out(self) -> int: ...
     @property
     def method(self) -> int: ...
+    @property
+    def node(self) -> NodeShm:
+        """
+        The node transport (NodeShm) it was built with, or None
+        """
+    @property
+    def node_groups_direct(self) -> int: ...
     @property
     def node_groups_in(self) -> int: ...
     @property

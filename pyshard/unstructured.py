@@ -45,6 +45,7 @@ from .memory import allocate
 from .route import FOLD_KIND
 
 log = logging.getLogger(__name__)
+_U8 = np.dtype(np.uint8)
 
 __all__ = ["GatherPlan", "IndexExchange", "IndexRoute", "PendingIndex", "gather_plan",
            "scatter_add", "take"]
@@ -374,6 +375,20 @@ class GatherPlan:
         if host.shape[0]:
             local[self._touched_dev] = _backend.cupy().asarray(host)
 
+    def _result(self, core: Any, shape: Tuple[int, ...], dtype: np.dtype,
+                rb: int) -> Tuple[np.ndarray, Optional[np.ndarray]]:
+        """A gather's result, and the block of node-shared memory it follows where ``core``
+        runs on a node transport (node owners then write their groups straight into the
+        result: no copy at ``wait``; the result, 64-byte aligned, holds the block), else
+        None."""
+        node = core.node
+        n = shape[0] * rb
+        if node is None or n == 0:
+            return allocate(shape, dtype), None
+        head = int(core.gather_block_bytes(rb))
+        block = _shm.empty(node, (head + n,), _U8)
+        return block[head:].view(dtype).reshape(shape), block
+
     def gather(self, x: ShardedArray, out: Any = None, wait: bool = True) -> Any:
         """``x_global[indices]`` on this rank: an array of shape ``(n, *x.shape[1:])`` (into
         ``out`` where given: C-contiguous, that shape and x's dtype). ``wait=False`` returns a
@@ -391,13 +406,20 @@ class GatherPlan:
                 raise ValueError(f"pyshard.GatherPlan.gather: out must be a writable "
                                  f"C-contiguous numpy array of shape {shape} and dtype "
                                  f"{host.dtype}")
-            res = out
-        else:
-            res = allocate(shape, host.dtype)
         rb = host.dtype.itemsize * int(np.prod(shape[1:], dtype=np.int64))
-        core = self._core_for("gather", lambda c: (c.start_forward(host, res), c.wait()),
-                              device)
-        core.start_forward(host, res)
+
+        def trial(c: Any) -> None:
+            r, b = (out, None) if out is not None and not device else \
+                self._result(c, shape, host.dtype, rb)
+            c.start_forward(host, r, b)
+            c.wait()
+
+        core = self._core_for("gather", trial, device)
+        if out is not None and not device:
+            res, block = out, None
+        else:
+            res, block = self._result(core, shape, host.dtype, rb)
+        core.start_forward(host, res, block)
         self._count("gather", rb, True)
         if device:
             box: Dict[str, Any] = {}

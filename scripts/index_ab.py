@@ -1,19 +1,21 @@
 """Gathers and scatters of one graph in two or more variants, alternated in one process, so
 all see the same machine (docs/unstructured.md): by method (the evidence for ``gather_plan``'s
-``method="auto"``), or with the arrays at 64-byte boundaries against numpy's own allocations
-(16 bytes past a page: "Rows at 64-byte boundaries").
+``method="auto"``), with the arrays at 64-byte boundaries against numpy's own allocations
+(16 bytes past a page: "Rows at 64-byte boundaries"), or gathers into the caller's ``out=``
+against gathers that return their result (node owners write into it: "Node-shared memory").
 
     mpiexec -n P python scripts/index_ab.py [--rows 1000000] [--rounds 40]
-        [--methods p2p,shm | --align]
+        [--methods p2p,shm | --align | --result]
 
 The bench's graph (``pyshard/bench/ghosts.py``: rows of 64 B, each rank reading a tenth of
 its row count, the ``mesh`` and ``random`` patterns). ``--methods``: one plan per method, the
 same arrays. ``--align``: one plan (``auto``); ``np`` runs on numpy's allocations, ``al`` on
 copies of ``x``, ``into``, the values and ``out`` at 64-byte boundaries; then, on rank 0
-alone, ``np.take`` and ``a[idx] += v`` of the random rows at each offset. Each round runs a
-gather then a scatter of each variant in turn (``pyshard.bench.timing.alternated``). Prints,
-per pattern, the slowest rank's median in ms of each (direction, variant), the first three
-rounds left out.
+alone, ``np.take`` and ``a[idx] += v`` of the random rows at each offset. ``--result``: one
+plan (``auto``), gathers alone: ``out`` is ``plan.gather(x, out=buf)``, ``new``
+``plan.gather(x)``. Each round runs a gather then a scatter of each variant in turn
+(``pyshard.bench.timing.alternated``; ``--result``: gathers only). Prints, per pattern, the
+slowest rank's median in ms of each (direction, variant), the first three rounds left out.
 """
 
 from __future__ import annotations
@@ -65,6 +67,8 @@ def main() -> None:
     ap.add_argument("--methods", default="p2p,shm")
     ap.add_argument("--align", action="store_true",
                     help="numpy's allocations against 64-byte boundaries (one plan, auto)")
+    ap.add_argument("--result", action="store_true",
+                    help="gathers into out= against gathers returning their result (auto)")
     a = ap.parse_args()
     comm = MPI.COMM_WORLD
     P, me, n = comm.size, comm.rank, a.rows
@@ -93,6 +97,14 @@ def main() -> None:
             for m in a.methods.split(","):
                 var[m] = (ps.gather_plan(idx, like=x, method=m), x, buf, vals, y)
         fns = {}
+        if a.result:
+            plan = ps.gather_plan(idx, like=x)
+            buf = np.empty_like(vals)
+            want = plan.gather(x, out=buf).copy()
+            assert np.array_equal(plan.gather(x), want), "gather(x) differs from out="
+            fns[("gather", "out")] = lambda p=plan, o=buf: p.gather(x, out=o)
+            fns[("gather", "new")] = lambda p=plan: p.gather(x)
+            var = {}
         for k, (pl, xk, b, v, t) in var.items():
             fns[("gather", k)] = lambda p=pl, xx=xk, o=b: p.gather(xx, out=o)
             fns[("scatter", k)] = lambda p=pl, vv=v, tt=t: p.scatter(vv, into=tt)

@@ -350,6 +350,40 @@ def test_every_method_gives_the_same_rows(mesh, method, layout, pattern):
         np.testing.assert_array_equal(x.local, g[x.box], err_msg=f"{method} scatter {step}")
 
 
+@pytest.mark.parametrize("pattern", ["runs", "random"])
+@pytest.mark.parametrize("dtype,feat", [("float64", (3,)), ("int64", (2,)), ("float32", ())])
+def test_shm_gather_results_owners_write(mesh, pattern, dtype, feat):
+    """On node-shared memory a gather without out= returns a result that node owners wrote
+    into (every group that lands as one run: the runs pattern has some on each reading rank);
+    each result is its own array, 64-byte aligned, and keeps its rows through later gathers
+    and scatters."""
+    P, me = mesh.size, mesh.rank
+    sizes = layout_sizes("uneven", N, P)
+    idxs = [indices_of(pattern, 7, q) for q in range(P)]
+    g = make_global((N,) + feat, dtype)
+    x = dist(g, mesh, sizes)
+    plan = ps.gather_plan(idxs[me], like=x, method="shm")
+    core = plan.exchange.core
+    want_idx = np.asarray(idxs[me], np.int64)
+    if core.on_node_transport and pattern == "runs":
+        peers = set(owner_of(want_idx, np.cumsum([0] + list(sizes)))) - {me}
+        assert (core.node_groups_direct > 0) == bool(peers), (me, core.node_groups_direct)
+    kept = []
+    for step in range(3):
+        got = wait_by_test(plan.gather(x, wait=False)) if step == 1 else plan.gather(x)
+        assert got.shape == (len(want_idx),) + feat and got.dtype == np.dtype(dtype)
+        np.testing.assert_array_equal(got, g[want_idx], err_msg=f"{pattern} gather {step}")
+        if got.size and core.on_node_transport:
+            assert got.ctypes.data % 64 == 0, got.ctypes.data
+        kept.append((got, g[want_idx].copy()))
+        vals = [values_of(50 + step, q, len(idxs[q]), dtype, feat, "sum") for q in range(P)]
+        plan.scatter(vals[me].copy(), into=x)
+        g = scatter_expected(g, idxs, vals, "sum")
+        np.testing.assert_array_equal(x.local, g[x.box], err_msg=f"{pattern} scatter {step}")
+    for step, (got, want) in enumerate(kept):
+        np.testing.assert_array_equal(got, want, err_msg=f"{pattern} kept result {step}")
+
+
 def test_tune_picks_one_method_on_every_rank(mesh):
     """method="tune": the first gather and the first scatter each time every candidate and
     keep the fastest, the same on every rank; the results are the oracle's, and the scatter's
