@@ -7,7 +7,9 @@ two patterns: ``mesh`` (a tenth its own rows, the rest from its two neighbours o
 ranks) and ``random`` (uniform over every rank's rows). Timed, each the median over reps of
 the slowest rank:
 
-- ``gather``: ``plan.gather(x, out=buf)`` (a plan built once); ``scatter``:
+- ``gather``: ``plan.gather(x, out=buf)`` (a plan built once); ``gather_result``:
+  ``plan.gather(x)``, the result pyshard's (on a node transport, node-shared memory its node
+  owners write into: no copy at ``wait``); ``scatter``:
   ``plan.scatter(values, into=y)`` (sum); ``setup``: ``gather_plan(rows, like=x)`` (NBX),
   and ``setup_alltoall`` (the count exchange forced to one ``MPI_Alltoall``);
   ``gather_shm``/``scatter_shm``, ``gather_persistent``/``scatter_persistent`` and
@@ -284,6 +286,7 @@ def _pattern(pat: str, n: int, frac: float, x: Any, local: np.ndarray, mesh: Mes
     buf = np.empty((idx.shape[0], WIDTH))
     want = idx[:, None].astype(np.float64) + np.arange(WIDTH) / (2 * WIDTH)
     ok = np.array_equal(plan.gather(x, out=buf), want)
+    ok = ok and np.array_equal(plan.gather(x), want)
     ok = ok and np.array_equal(by_hand_gather(local, idx, n, comm), want)
     values = np.random.default_rng([5, me]).standard_normal((idx.shape[0], WIDTH))
     y1, y2 = local.copy(), local.copy()
@@ -314,6 +317,7 @@ def _pattern(pat: str, n: int, frac: float, x: Any, local: np.ndarray, mesh: Mes
         "floor_p2p": fwd.p2p,
         "floor_nbr": fwd.nbr,
         "gather": lambda: plan.gather(x, out=buf),
+        "gather_result": lambda: plan.gather(x),
         "by_hand": lambda: by_hand_gather(local, idx, n, comm),
         "planned": lambda: hand.gather(local, buf2),
         "pack": lambda: hand.pack(local, buf2),
@@ -398,7 +402,8 @@ def format_unstructured(r: Dict[str, Any]) -> str:
         lines.append(
             f"  {o['pattern']:>7} by method (gather, scatter): auto ({o['path']}"
             f"{', scatters ' + o['scatter_by'] if o.get('scatter_by') else ''}) "
-            f"{m['gather']:.2f}, {m['scatter']:.2f}; shm {m['gather_shm']:.2f}, "
+            f"{m['gather']:.2f}, {m['scatter']:.2f} (no out=: {m['gather_result']:.2f}); "
+            f"shm {m['gather_shm']:.2f}, "
             f"{m['scatter_shm']:.2f}; persistent {m['gather_persistent']:.2f}, "
             f"{m['scatter_persistent']:.2f}; neighbor {m['gather_neighbor']:.2f}, "
             f"{m['scatter_neighbor']:.2f}; tune ({o['tuned'].get('gather', '-')}, "

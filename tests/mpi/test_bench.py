@@ -123,7 +123,7 @@ def test_bench_unstructured_writes_json(comm):
     assert row["case"] == "unstructured" and row["ranks"] == comm.size and row["check"] is True
     assert [o["pattern"] for o in row["rows"]] == ["mesh", "random"]
     for o in row["rows"]:
-        assert all(v > 0 for v in o["ms"].values())
+        assert all(v > 0 for v in o["ms"].values()) and "gather_result" in o["ms"]
         assert o["reads"] == 200 and 0 <= o["max_peers"] <= comm.size - 1
     # ring neighbours: at most 2 peers for the mesh pattern
     assert row["rows"][0]["max_peers"] <= 2
