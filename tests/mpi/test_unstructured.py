@@ -33,6 +33,7 @@ from test_first_call import shim  # noqa: F401  (the fixture that builds the shi
 
 import pyshard as ps
 from pyshard import Replicate, Shard
+from pyshard.memory import is_node_shared
 
 pytestmark = pytest.mark.mpi(min_size=1)
 
@@ -356,7 +357,16 @@ def test_shm_gather_results_owners_write(mesh, pattern, dtype, feat):
     """On node-shared memory a gather without out= returns a result that node owners wrote
     into (every group that lands as one run: the runs pattern has some on each reading rank);
     each result is its own array, 64-byte aligned, and keeps its rows through later gathers
-    and scatters."""
+    and scatters. Results below the result pool's threshold stay plain numpy arrays."""
+    if mesh.size > 1:
+        # (the default threshold, 1 MiB: these results are far smaller)
+        small = ps.gather_plan([0], like=dist(np.zeros(N), mesh, None), method="shm")
+        assert not is_node_shared(small.gather(dist(np.zeros(N), mesh, None)))
+    with ps.config.override(PYSHARD_POOL_MIN_BYTES=1):
+        owners_write_results(mesh, pattern, dtype, feat)
+
+
+def owners_write_results(mesh, pattern, dtype, feat):
     P, me = mesh.size, mesh.rank
     sizes = layout_sizes("uneven", N, P)
     idxs = [indices_of(pattern, 7, q) for q in range(P)]
@@ -374,7 +384,7 @@ def test_shm_gather_results_owners_write(mesh, pattern, dtype, feat):
         assert got.shape == (len(want_idx),) + feat and got.dtype == np.dtype(dtype)
         np.testing.assert_array_equal(got, g[want_idx], err_msg=f"{pattern} gather {step}")
         if got.size and core.on_node_transport:
-            assert got.ctypes.data % 64 == 0, got.ctypes.data
+            assert got.ctypes.data % 64 == 0 and is_node_shared(got), got.ctypes.data
         kept.append((got, g[want_idx].copy()))
         vals = [values_of(50 + step, q, len(idxs[q]), dtype, feat, "sum") for q in range(P)]
         plan.scatter(vals[me].copy(), into=x)
