@@ -376,8 +376,9 @@ def owners_write_results(mesh, pattern, dtype, feat):
     core = plan.exchange.core
     want_idx = np.asarray(idxs[me], np.int64)
     if core.on_node_transport and pattern == "runs":
-        peers = set(owner_of(want_idx, np.cumsum([0] + list(sizes)))) - {me}
-        assert (core.node_groups_direct > 0) == bool(peers), (me, core.node_groups_direct)
+        node_peers = set(owner_of(want_idx, np.cumsum([0] + list(sizes)))) - {me}
+        node_peers &= set(core.node.node_ranks)  # (two hosts: the others come by MPI)
+        assert core.node_groups_direct == len(node_peers), (me, core.node_groups_direct)
     kept = []
     for step in range(3):
         got = wait_by_test(plan.gather(x, wait=False)) if step == 1 else plan.gather(x)
