@@ -55,6 +55,12 @@ _OP_CODE = {op: k for k, op in enumerate(OPS)}  # cpp/index_exchange.h IndexOp
 _ALGORITHMS = {"alltoall": 0, "nbx": 1}
 METHODS = ("p2p", "persistent", "neighbor")  # cpp/peer_messages.h PeerMethod, in its order
 TUNE_REPS = 5  # calls per candidate when method="tune"
+# A gather's result of this many bytes or more lives in node-shared memory on a node transport
+# (node owners write into it); smaller ones are plain arrays: below about 512 KiB the
+# handshake's segment costs more than the copy at wait() it saves (scripts/index_ab.py
+# --result --rows 60000,80000,100000; docs/unstructured.md, "Gathers that return their
+# result").
+NODE_RESULT_MIN_BYTES = 512 << 10
 _ERRORS = {1: "an index outside [0, N)", 2: "indices not integers", 3: "indices not 1-D"}
 
 
@@ -378,14 +384,14 @@ class GatherPlan:
     def _result(self, core: Any, shape: Tuple[int, ...], dtype: np.dtype,
                 rb: int) -> Tuple[np.ndarray, Optional[np.ndarray]]:
         """A gather's result, and the block of node-shared memory it follows where ``core``
-        runs on a node transport and the result would come from the result pool (node owners
-        then write their groups straight into the result: no copy at ``wait``; the result,
-        64-byte aligned, holds the block), else None. Below the pool's threshold (1 MiB) the
-        handshake's extra segment costs more than the copy it saves (64 KB: 21 us against
-        19; 1 MB: 133 against 175; docs/unstructured.md)."""
+        runs on a node transport and the result is :data:`NODE_RESULT_MIN_BYTES` (512 KiB) or
+        more, or one the result pool would hold (``PYSHARD_POOL_MIN_BYTES`` set lower): node
+        owners then write their groups straight into the result, so ``wait`` copies nothing;
+        the result, 64-byte aligned, holds the block. Else None: below that size the
+        handshake's extra segment costs more than the copy it saves (docs/unstructured.md)."""
         node = core.node
         n = shape[0] * rb
-        if node is None or not pooled(n):
+        if node is None or not (n >= NODE_RESULT_MIN_BYTES or pooled(n)):
             return allocate(shape, dtype), None
         head = int(core.gather_block_bytes(rb))
         block = _shm.empty(node, (head + n,), _U8)

@@ -4,7 +4,7 @@ all see the same machine (docs/unstructured.md): by method (the evidence for ``g
 (16 bytes past a page: "Rows at 64-byte boundaries"), or gathers into the caller's ``out=``
 against gathers that return their result (node owners write into it: "Node-shared memory").
 
-    mpiexec -n P python scripts/index_ab.py [--rows 1000000] [--rounds 40]
+    mpiexec -n P python scripts/index_ab.py [--rows 1000000[,ROWS...]] [--rounds 40]
         [--methods p2p,shm | --align | --result]
 
 The bench's graph (``pyshard/bench/ghosts.py``: rows of 64 B, each rank reading a tenth of
@@ -13,7 +13,9 @@ same arrays. ``--align``: one plan (``auto``); ``np`` runs on numpy's allocation
 copies of ``x``, ``into``, the values and ``out`` at 64-byte boundaries; then, on rank 0
 alone, ``np.take`` and ``a[idx] += v`` of the random rows at each offset. ``--result``: one
 plan (``auto``), gathers alone: ``out`` is ``plan.gather(x, out=buf)``, ``new``
-``plan.gather(x)``. Each round runs a gather then a scatter of each variant in turn
+``plan.gather(x)``, ``node`` and ``plain`` the same with the result forced into node-shared
+memory or a plain array (the evidence for ``NODE_RESULT_MIN_BYTES``: give ``--rows`` several
+row counts). Each round runs a gather then a scatter of each variant in turn
 (``pyshard.bench.timing.alternated``; ``--result``: gathers only). Prints, per pattern, the
 slowest rank's median in ms of each (direction, variant), the first three rounds left out.
 """
@@ -28,6 +30,8 @@ import numpy as np
 from mpi4py import MPI
 
 import pyshard as ps
+import pyshard.memory as _memory
+import pyshard.unstructured as _unstructured
 from pyshard.array import from_local
 from pyshard.bench.ghosts import read_rows, row_values
 from pyshard.bench.timing import alternated
@@ -60,9 +64,22 @@ def alone(local: np.ndarray, n: int) -> None:
               f"{np.median(tt) * 1e3:.2f} ms, a[idx] += v {np.median(ta) * 1e3:.2f} ms")
 
 
+def forced(plan: Any, x: Any, node: bool) -> np.ndarray:
+    """``plan.gather(x)`` with its result in node-shared memory (``node``) or a plain array,
+    whatever its size."""
+    saved = _unstructured.NODE_RESULT_MIN_BYTES, _memory._pool_min[0]
+    _unstructured.NODE_RESULT_MIN_BYTES = 0 if node else 1 << 62
+    _memory._pool_min[0] = 1 << 62
+    try:
+        return plan.gather(x)
+    finally:
+        _unstructured.NODE_RESULT_MIN_BYTES, _memory._pool_min[0] = saved
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--rows", type=int, default=10**6, help="rows a rank")
+    ap.add_argument("--rows", default=str(10**6),
+                    help="rows a rank; several, comma-separated, run one after the other")
     ap.add_argument("--rounds", type=int, default=40)
     ap.add_argument("--methods", default="p2p,shm")
     ap.add_argument("--align", action="store_true",
@@ -71,8 +88,16 @@ def main() -> None:
                     help="gathers into out= against gathers returning their result (auto)")
     a = ap.parse_args()
     comm = MPI.COMM_WORLD
-    P, me, n = comm.size, comm.rank, a.rows
-    mesh = ps.Mesh(comm, (P,))
+    mesh = ps.Mesh(comm, (comm.size,))
+    for n in (int(r) for r in a.rows.split(",")):
+        run(a, mesh, n)
+    mesh.free()
+
+
+def run(a: argparse.Namespace, mesh: Any, n: int) -> None:
+    """Every variant of ``a`` at ``n`` rows a rank, both patterns; rank 0 prints."""
+    comm = mesh.comm
+    P, me = comm.size, comm.rank
     local = row_values(n, me)
     shape = (n * P, local.shape[1])
 
@@ -101,23 +126,25 @@ def main() -> None:
             plan = ps.gather_plan(idx, like=x)
             buf = np.empty_like(vals)
             want = plan.gather(x, out=buf).copy()
-            assert np.array_equal(plan.gather(x), want), "gather(x) differs from out="
+            for got in (plan.gather(x), forced(plan, x, True), forced(plan, x, False)):
+                assert np.array_equal(got, want), "gather(x) differs from out="
             fns[("gather", "out")] = lambda p=plan, o=buf: p.gather(x, out=o)
             fns[("gather", "new")] = lambda p=plan: p.gather(x)
+            fns[("gather", "node")] = lambda p=plan: forced(p, x, True)
+            fns[("gather", "plain")] = lambda p=plan: forced(p, x, False)
             var = {}
         for k, (pl, xk, b, v, t) in var.items():
             fns[("gather", k)] = lambda p=pl, xx=xk, o=b: p.gather(xx, out=o)
             fns[("scatter", k)] = lambda p=pl, vv=v, tt=t: p.scatter(vv, into=tt)
         ts = alternated(fns, comm, a.rounds)
         lines.append(f"{pat:>7}: " + "  ".join(
-            f"{d} {k} {v * 1e3:.2f}" for (d, k), v in sorted(ts.items())))
+            f"{d} {k} {v * 1e3:.3f}" for (d, k), v in sorted(ts.items())))
     if me == 0:
-        print(f"{P} ranks, {n} rows of 64 B a rank, median of {a.rounds - 3} rounds (ms):")
-        print("\n".join(lines))
+        kib = f" (results of {idx.shape[0] * 64 / 1024:.0f} KiB on rank 0)" if a.result else ""
+        print(f"{P} ranks, {n} rows of 64 B a rank{kib}, median of {a.rounds - 3} rounds (ms):")
+        print("\n".join(lines), flush=True)
         if a.align:
             alone(local, n)
-    mesh.free()
-
 
 if __name__ == "__main__":
     main()

@@ -34,6 +34,7 @@ from test_first_call import shim  # noqa: F401  (the fixture that builds the shi
 import pyshard as ps
 from pyshard import Replicate, Shard
 from pyshard.memory import is_node_shared
+from pyshard.unstructured import NODE_RESULT_MIN_BYTES
 
 pytestmark = pytest.mark.mpi(min_size=1)
 
@@ -357,11 +358,17 @@ def test_shm_gather_results_owners_write(mesh, pattern, dtype, feat):
     """On node-shared memory a gather without out= returns a result that node owners wrote
     into (every group that lands as one run: the runs pattern has some on each reading rank);
     each result is its own array, 64-byte aligned, and keeps its rows through later gathers
-    and scatters. Results below the result pool's threshold stay plain numpy arrays."""
+    and scatters. Results below NODE_RESULT_MIN_BYTES (512 KiB) stay plain numpy arrays."""
     if mesh.size > 1:
-        # (the default threshold, 1 MiB: these results are far smaller)
-        small = ps.gather_plan([0], like=dist(np.zeros(N), mesh, None), method="shm")
-        assert not is_node_shared(small.gather(dist(np.zeros(N), mesh, None)))
+        # at the threshold (row 0 read k times: k float64 rows), and one row under it
+        x0 = dist(np.arange(N, dtype=np.float64), mesh, None)
+        k = NODE_RESULT_MIN_BYTES // 8
+        for reads, shared in ((k, True), (k - 1, False)):
+            plan = ps.gather_plan(np.zeros(reads, np.int64), like=x0, method="shm")
+            got = plan.gather(x0)
+            assert np.all(got == 0.0) and got.shape == (reads,)
+            want = shared and plan.exchange.core.on_node_transport
+            assert is_node_shared(got) == want, (reads, want)
     with ps.config.override(PYSHARD_POOL_MIN_BYTES=1):
         owners_write_results(mesh, pattern, dtype, feat)
 
