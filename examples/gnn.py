@@ -129,9 +129,8 @@ class Partitioned:
         self.rows = torch.from_numpy(rows)  # each entry's local row
         self.weights = torch.from_numpy(local.data.copy())[:, None]  # Â's entries
         # layer 1 (pull): each distinct column of this rank's rows, once
-        cols = np.unique(local.indices)
-        self.pull = ps.gather_plan(cols, like=like)
-        self.slot = torch.from_numpy(np.searchsorted(cols, local.indices))
+        self.pull, slot = ps.csr_plan(local.indices, like=like)
+        self.slot = torch.from_numpy(slot)
         # layer 2 (push): one message per entry (j, i) of the owned rows j, to row i
         self.push = ps.gather_plan(local.indices, like=like)
         self.x = torch.from_numpy(np.ascontiguousarray(graph["x"][self.box]))

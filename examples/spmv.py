@@ -14,7 +14,7 @@ over the index space. Every rank builds the same matrix (it is small) and keeps 
 The rows are split over the ranks with uneven counts (``--split uneven``, the default: rank
 ``r`` gets a share in proportion to ``1 + r % 3``, and with more than two ranks the middle
 rank gets none) or pyshard's balanced split. Each rank's rows, in CSR, name the global columns
-they touch: :func:`csr_plan` builds one :func:`pyshard.gather_plan` for them (once), and
+they touch: :func:`pyshard.csr_plan` builds one gather plan for them (once), and
 relabels the columns to the positions of the gathered vector. Then ``y = A x`` is
 ``local_rows @ plan.gather(x)``: the ghost entries of ``x`` arrive in one message from each
 rank that owns some, this rank's own are copied, no collective runs.
@@ -96,18 +96,6 @@ def row_sizes(n: int, P: int, split: str = "uneven") -> Optional[List[int]]:
     return [int(s) for s in np.diff(np.concatenate(([0], cuts)))]
 
 
-def csr_plan(local: sp.csr_matrix, like: ps.ShardedArray) -> Tuple[ps.GatherPlan, sp.csr_matrix]:
-    """The gather plan of a row block's columns (each distinct column once: this rank's own
-    and the ghosts) and the block with its columns relabeled to the gathered vector's rows
-    (the entries in their order, so each row sums in scipy's order)."""
-    cols = np.unique(local.indices)
-    plan = ps.gather_plan(cols, like=like)
-    compact = sp.csr_matrix(
-        (local.data, np.searchsorted(cols, local.indices), local.indptr),
-        shape=(local.shape[0], len(cols)))
-    return plan, compact
-
-
 class DistMatrix:
     """This rank's rows of a square sparse matrix and the plan that reads their columns."""
 
@@ -118,7 +106,7 @@ class DistMatrix:
                                 None if sizes is None else {0: sizes})
         self.box = self.layout.box(mesh.coords)[0]
         like = ps.ShardedArray.wrap(np.zeros(self.box.stop - self.box.start), self.layout, mesh)
-        self.plan, self.local = csr_plan(a[self.box], like)
+        self.plan, self.local = ps.csr_plan(a[self.box], like)
 
     def vector(self, local: np.ndarray) -> ps.ShardedArray:
         """This rank's entries as a distributed vector of the matrix's rows."""

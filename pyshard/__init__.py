@@ -40,7 +40,14 @@ from .migration import Migrated, PendingMigration, migrate, owner  # noqa: E402
 from .planner import Plan, plan  # noqa: E402
 from .planner import Step as Step  # noqa: E402 (advanced: see __all__)
 from .planner import StepKind as StepKind  # noqa: E402 (advanced: see __all__)
-from .unstructured import GatherPlan, PendingIndex, gather_plan, scatter_add, take  # noqa: E402
+from .unstructured import (  # noqa: E402
+    GatherPlan,
+    PendingIndex,
+    csr_plan,
+    gather_plan,
+    scatter_add,
+    take,
+)
 
 
 def __getattr__(name: str) -> object:
@@ -122,6 +129,7 @@ __all__ = [
     "cuda_available",
     "distribute",
     "from_local",
+    "csr_plan",
     "gather_plan",
     "halo_plan",
     "halo_spec",

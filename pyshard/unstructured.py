@@ -677,6 +677,61 @@ def gather_plan(indices: Any, like: ShardedArray, algorithm: str = "auto",
                       route.candidates, touched, method, route.scatter_by)
 
 
+def csr_plan(a: Any, like: ShardedArray, algorithm: str = "auto",
+             method: str = "auto") -> Tuple[GatherPlan, Any]:
+    """The gather plan of ``y = A x`` for this rank's rows of a row-partitioned sparse matrix,
+    and those rows with their columns renumbered to the gathered vector's rows.
+
+    ``a``: this rank's rows of ``A``, numbered by global column: a scipy.sparse matrix or
+    array (CSR as it is, any other format through ``tocsr()``) with ``like.shape[0]`` columns;
+    or a 1-D integer array of global column indices (a CSR matrix's ``indices``, say).
+    ``like``: laid out as the vectors ``x`` will be (``gather_plan``'s ``like``, whose
+    ``algorithm`` and ``method`` these are).
+
+    Returns ``(plan, local)``. ``plan`` reads each distinct column once, in increasing order
+    (this rank's own entries and the ghosts; ``plan.indices``). For a matrix, ``local`` is
+    ``a`` in CSR with ``plan.n`` columns, column ``j`` renumbered to its row in
+    ``plan.gather(x)``, the entries in their order (their values and row pointers shared with
+    ``a``'s CSR form, not copied), so ``local @ plan.gather(x)`` is this rank's rows of
+    ``A @ x`` with every row summed in the order ``A[rows] @ x`` sums it. For an index array,
+    ``local`` is the int64 array of each index's row in ``plan.gather(x)``. The reverse,
+    ``plan.scatter(v, into=y)``, adds the columns' contributions back (``A.T`` products).
+
+    Collective over the mesh (:func:`gather_plan`; nothing else communicates). A matrix whose
+    column count is not ``like.shape[0]``, and bad indices, raise ``ValueError`` on every rank
+    in the same call, naming the first rank at fault (this rank's plan is set up with an index
+    the others' refuse in the same exchange)."""
+    N = int(like.shape[0]) if isinstance(like, ShardedArray) else -1
+    matrix = hasattr(a, "tocsr") and hasattr(a, "shape")
+    bad = ""
+    if matrix:
+        m = a if getattr(a, "format", None) == "csr" else a.tocsr()
+        if len(m.shape) != 2 or (N >= 0 and int(m.shape[1]) != N):
+            bad = f"the matrix has shape {tuple(m.shape)}: {N} columns needed (like's rows)"
+        given: Any = m.indices
+    else:
+        given = a
+    cols: Any = given
+    pos = None
+    if not bad:
+        arr = np.asarray(given)
+        if arr.ndim == 1 and (arr.dtype.kind in "iu" or arr.size == 0):
+            cols = np.unique(arr).astype(np.int64)
+            pos = np.searchsorted(cols, arr)
+    if bad:  # refused in the setup on every rank, then told here in full
+        try:
+            gather_plan(np.array([-1], np.int64), like, algorithm, method)
+        except ValueError as e:
+            raise ValueError(f"pyshard.csr_plan: {bad}") from e
+    plan = gather_plan(cols, like, algorithm, method)  # bad indices: refused on every rank
+    assert pos is not None
+    if not matrix:
+        return plan, pos.astype(np.int64)
+    local = type(m)((m.data, pos.astype(m.indices.dtype), m.indptr),
+                    shape=(int(m.shape[0]), plan.n))
+    return plan, local
+
+
 def take(x: ShardedArray, indices: Any) -> np.ndarray:
     """``x_global[indices]`` on this rank, in one call (a :func:`gather_plan` built and run
     once). Collective over ``x``'s mesh."""

@@ -446,6 +446,83 @@ def test_take_and_scatter_add(mesh):
     np.testing.assert_array_equal(y.local, scatter_expected(h, idxs, vals, "sum")[y.box])
 
 
+def sparse_global(n, seed):
+    """A deterministic n x n sparse matrix (scipy CSR): a few entries a row at random columns,
+    duplicates summed, values whose sums depend on their order; empty rows included."""
+    sp = pytest.importorskip("scipy.sparse")
+    rng = np.random.default_rng([seed, n])
+    k = rng.integers(0, 5, size=n)
+    k[::7] = 0
+    rows = np.repeat(np.arange(n), k)
+    cols = rng.integers(0, n, size=rows.size)
+    vals = rng.standard_normal(rows.size) * 10.0 ** rng.integers(-8, 8, size=rows.size)
+    return sp.csr_matrix((vals, (rows, cols)), shape=(n, n))
+
+
+@pytest.mark.parametrize("form", ["csr", "coo", "csr_array", "indices"])
+@pytest.mark.parametrize("layout", ["balanced", "uneven", "last"])
+def test_csr_plan_products_equal_scipy(mesh, form, layout):
+    """csr_plan: ``local @ plan.gather(x)`` is scipy's serial ``A @ x`` on this rank's rows,
+    bit for bit (each row summed in its entries' order); the plan reads each column once,
+    ascending; ``plan.scatter(local.T @ v)`` gives ``A.T @ v``; the index-array form gives
+    positions with ``cols[pos] == indices``."""
+    sp = pytest.importorskip("scipy.sparse")
+    P, me = mesh.size, mesh.rank
+    n = 3 * N
+    sizes = layout_sizes(layout, n, P)
+    a = sparse_global(n, 3)
+    xg = make_global((n,), "float64", seed=2) * 1.000001 ** np.arange(n)
+    x = dist(xg, mesh, sizes)
+    rows = a[x.box]
+    if form == "indices":
+        plan, pos = ps.csr_plan(rows.indices, like=x)
+        assert pos.dtype == np.int64
+        np.testing.assert_array_equal(plan.indices[pos], rows.indices)
+    else:
+        given = {"csr": rows, "coo": rows.tocoo(), "csr_array": sp.csr_array(rows)}[form]
+        plan, local = ps.csr_plan(given, like=x)
+        assert local.shape == (rows.shape[0], plan.n)
+        if form == "csr_array":
+            assert isinstance(local, sp.csr_array)
+        y = local @ plan.gather(x)
+        np.testing.assert_array_equal(y, rows @ xg)
+        # the transpose: each rank's contributions added into the columns' owners
+        v = make_global((rows.shape[0],), "float64", seed=me + 4)
+        out = dist(np.zeros(n), mesh, sizes)
+        plan.scatter(local.T @ v, into=out)
+        vg = np.concatenate([make_global((b.stop - b.start,), "float64", seed=q + 4)
+                             for q, b in enumerate(boxes_of(sizes, n, P))])
+        np.testing.assert_allclose(out.local, (a.T @ vg)[out.box], rtol=1e-12, atol=1e-300)
+    np.testing.assert_array_equal(plan.indices, np.unique(rows.indices))
+
+
+def boxes_of(sizes, n, P):
+    off = offsets_of(sizes, n, P)
+    return [slice(int(off[q]), int(off[q + 1])) for q in range(P)]
+
+
+def test_csr_plan_wrong_columns_raises_on_every_rank(mesh):
+    """One rank's matrix has a column too many: every rank raises in the same call (that rank
+    says what was wrong, the others name it), and a plan works afterwards."""
+    pytest.importorskip("scipy.sparse")
+    P, me = mesh.size, mesh.rank
+    a = sparse_global(N, 5)
+    x = dist(make_global((N,), "float64"), mesh, None)
+    rows = a[x.box]
+    bad = P - 1
+    if me == bad:
+        rows = type(rows)((rows.data, rows.indices, rows.indptr), shape=(rows.shape[0], N + 1))
+    with pytest.raises(ValueError) as e:
+        ps.csr_plan(rows, like=x)
+    if me == bad:
+        assert "csr_plan" in str(e.value) and f"{N} columns needed" in str(e.value)
+    else:
+        assert f"rank {bad}'s indices are bad" in str(e.value)
+    plan, local = ps.csr_plan(a[x.box], like=x)
+    np.testing.assert_array_equal(local @ plan.gather(x),
+                                  a[x.box] @ make_global((N,), "float64"))
+
+
 # --- errors -------------------------------------------------------------------------------
 
 REASON = {"range": "an index outside [0, N)", "negative": "an index outside [0, N)",
