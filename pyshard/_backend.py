@@ -330,6 +330,22 @@ def cuda_available() -> bool:
     return bool(_core.cuda_built() and _core.cuda_device_present() and cupy() is not None)
 
 
+def malloc_name() -> str:
+    """Which ``malloc`` serves this process: ``"tcmalloc"`` or ``"jemalloc"`` (preloaded,
+    say ``LD_PRELOAD=libtcmalloc_minimal.so.4``), ``"glibc"``, or ``"other"``. It matters
+    where another library allocates large buffers at every call (XLA:CPU's results under
+    ``pyshard.jax``): glibc returns a freed block of 32 MiB or more to the system, so the next
+    one is fresh pages, faulted in as they are written; tcmalloc keeps them (docs/jax.md)."""
+    try:
+        lib = ctypes.CDLL(None)
+    except OSError:
+        return "other"
+    for name, symbol in (("tcmalloc", "tc_malloc"), ("jemalloc", "mallctl")):
+        if hasattr(lib, symbol):
+            return name
+    return "glibc" if hasattr(lib, "mallinfo") else "other"
+
+
 def build_info() -> Dict[str, Any]:
     """What this build of pyshard is and which paths it takes.
 
@@ -346,7 +362,8 @@ def build_info() -> Dict[str, Any]:
     (:func:`transport`: ``"direct"`` or ``"staged"``); a step built earlier keeps its own.
     ``count_limit``: the largest count the core passes to one MPI call (2^31-1, or
     ``PYSHARD_COUNT_LIMIT``); ``peer_timeout``: the seconds a rank waits for a node peer
-    (``PYSHARD_PEER_TIMEOUT``): both as the core holds them now."""
+    (``PYSHARD_PEER_TIMEOUT``): both as the core holds them now. ``malloc``: the process's
+    allocator (:func:`malloc_name`)."""
     v = _core.cuda_build_version()
     text = _mpi.clean(_core.library_version())
     major, minor = _core.library_standard()
@@ -364,4 +381,5 @@ def build_info() -> Dict[str, Any]:
         "transport": transports(),
         "count_limit": int(_core.count_limit()),
         "peer_timeout": float(_core.peer_timeout()),
+        "malloc": malloc_name(),
     }

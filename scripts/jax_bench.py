@@ -36,6 +36,7 @@ from mpi4py import MPI
 import pyshard as ps
 import pyshard.jax as psj
 from pyshard import Shard
+from pyshard._backend import malloc_name
 from pyshard.bench.timing import median_s
 
 
@@ -126,6 +127,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     for run in runs:
         r = run()
         r["jax"] = jax.__version__
+        r["malloc"] = malloc_name()  # tcmalloc keeps XLA's freed buffers (docs/jax.md)
         if comm.rank == 0:
             print(json.dumps(r), flush=True)
     mesh.free()

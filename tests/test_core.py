@@ -3,6 +3,11 @@ build-info entry points; serial, no communication."""
 
 from __future__ import annotations
 
+import os
+import platform
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 
@@ -177,6 +182,28 @@ def test_build_info_and_cuda_available():
     assert isinstance(ps.cuda_available(), bool)
     if not info["cuda_device"]:
         assert ps.cuda_available() is False
+
+
+TCMALLOC = "/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4"
+
+
+@pytest.mark.parametrize("preload,want", [("", "glibc"), (TCMALLOC, "tcmalloc")])
+def test_build_info_names_the_malloc(preload, want):
+    """build_info()["malloc"] names the allocator a process runs with: glibc's without a
+    preload, tcmalloc's under LD_PRELOAD (where the library is installed)."""
+    if platform.libc_ver()[0] != "glibc":
+        pytest.skip("not a glibc system")
+    if preload and not os.path.exists(preload):
+        pytest.skip(f"{preload} is not installed (Debian: libtcmalloc-minimal4)")
+    env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
+    if preload:
+        env["LD_PRELOAD"] = preload
+    code = "import pyshard._backend as b; print(b.malloc_name())"
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == want
+    assert ps.build_info()["malloc"] in ("glibc", "tcmalloc", "jemalloc", "other")
 
 
 class _DLPackProducer:
