@@ -50,7 +50,13 @@ ShmExchangeStep::ShmExchangeStep(
   }
   for (const auto& [peer, dstart, ext] : recvs) {
     const i64 bytes = volume(ext) * item_;
-    if (bytes == 0 || node_->local_index(peer) >= 0) continue;
+    if (bytes == 0) continue;
+    if (node_->local_index(peer) >= 0) {
+      node_recv_.begin_block();
+      describe_copy(dst_shape_, dstart, dst_shape_, dstart, ext, item_, 0, 0, &node_recv_.host);
+      node_recv_.end_block();
+      continue;
+    }
     off_unpack_.begin_block();
     describe_copy(ext, Shape(ext.size(), 0), dst_shape_, dstart, ext, item_, off_recv_, 0,
                   &off_unpack_.host);
@@ -93,14 +99,16 @@ void ShmExchangeStep::run(const char* src, char* dst) {
   Packer& pk = host_packer();
   i64 off = 0;
   ShmSegment* mine = node_->find(dst, dst_bytes_, &off);
-  std::shared_ptr<ShmSegment> tmp;  // a destination in private memory (out=): land here first
-  char* target = dst;
+  // a destination in private memory (out=, XLA's buffers): node peers' blocks land in a
+  // segment of this rank's first and are copied over at the end; this rank's own blocks and
+  // those from other nodes go straight into dst
+  std::shared_ptr<ShmSegment> tmp;
   if (!mine) {
     tmp = node_->take(dst_bytes_);
     mine = tmp.get();
     off = 0;
-    target = tmp->ptr;
   }
+  char* target = dst;
   char* work = off_bytes() > 0 ? ws_->work(pk, off_bytes()) : nullptr;
   post(src, work);
   try {
@@ -113,7 +121,7 @@ void ShmExchangeStep::run(const char* src, char* dst) {
   }
   complete(work, target);
   if (tmp) {
-    std::memcpy(dst, target, static_cast<size_t>(dst_bytes_));
+    if (node_recv_.blocks()) pk.copy_all(node_recv_, tmp->ptr, dst);
     node_->give(std::move(tmp));
   }
   auto& s = stats();

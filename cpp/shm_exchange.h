@@ -66,6 +66,8 @@ class ShmExchangeStep {
   };
   std::vector<Msg> off_sends_, off_recvs_;
   DescTable off_pack_, off_unpack_;
+  // the blocks node peers write, from a segment to a destination in private memory (out=)
+  DescTable node_recv_;
   i64 off_send_ = 0, off_recv_ = 0;
   PeerMessages off_;  // the messages to and from other nodes
   std::vector<PeerMsg> msg_;
