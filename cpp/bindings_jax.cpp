@@ -40,6 +40,7 @@
 #include "gather.h"
 #include "halo.h"
 #include "reduce.h"
+#include "shm_exchange.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace ffi = xla::ffi;
@@ -262,6 +263,9 @@ void bind_jax(py::module_& m) {
           e = step_entry(step.cast<AllgathervStep*>(), src_bytes, dst_bytes, "a gather");
         else if (py::isinstance<AllreduceStep>(step))
           e = step_entry(step.cast<AllreduceStep*>(), src_bytes, dst_bytes, "an allreduce");
+        else if (py::isinstance<ShmExchangeStep>(step))
+          e = step_entry(step.cast<ShmExchangeStep*>(), src_bytes, dst_bytes,
+                         "an exchange through node-shared memory");
         else if (py::isinstance<ReduceScatterStep>(step))
           e = step_entry(step.cast<ReduceScatterStep*>(), src_bytes, dst_bytes,
                          "a reduce-scatter");

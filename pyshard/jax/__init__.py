@@ -63,7 +63,7 @@ from ..mesh import Mesh
 from ..planner import COLLECTIVE_KINDS, plan
 from ..route import FOLD_KIND, Route
 from . import _compat
-from ._ops import local_fft, mpi_algorithm, registered, run_halo, run_step
+from ._ops import local_fft, registered, run_halo, run_step
 
 log = logging.getLogger(__name__)
 if malloc_name() == "glibc":
@@ -224,7 +224,7 @@ def _apply(local: Any, src: Layout, dst: Layout, mesh: Mesh, algorithm: str) -> 
             dt = accumulator(s.src.dtype) if s.kind in REDUCTIONS else s.src.dtype
             if np.dtype(x.dtype) != dt:
                 x = x.astype(dt)
-            x = run_step(x, s, mesh, mpi_algorithm(s, algorithm), s.dst.local_shape(coords))
+            x = run_step(x, s, mesh, algorithm, s.dst.local_shape(coords))
             if s.op == "avg":
                 x = x * np.asarray(1.0 / prod(s.group_shape), dt)
             nxt = p.steps[i + 1].kind if i + 1 < len(p.steps) else None
@@ -271,8 +271,10 @@ def redistribute(x: Sharded, placements: PlacementsArg, sizes: SizesArg = None,
     """``x`` laid out as ``placements`` (and ``sizes``: the extents of the sharded dims,
     uneven and empty shards allowed); collective. Inside ``jit`` as outside: the plan's
     collective steps run as custom calls (a Shard->Shard transpose is one
-    ``MPI_Alltoallv``), ordered. ``algorithm``: the MPI algorithm of exchange steps
-    (``auto``: the route's rule; ``alltoallv``, ``alltoall``, ``p2p``, ``alltoallw``).
+    ``MPI_Alltoallv``), ordered. ``algorithm`` of exchange steps: ``auto`` (the route's
+    rule: node-shared memory where ranks of the mesh share a node and blocks move between
+    them, else its MPI algorithm), ``shm``, or an MPI algorithm (``alltoallv``,
+    ``alltoall``, ``p2p``, ``alltoallw``).
 
     Differentiable (``jax.grad``, ``jax.vjp``): the cotangent of the result goes back to
     ``x``'s layout by the reverse redistribute, with pyshard.torch's convention

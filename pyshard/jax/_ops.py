@@ -8,8 +8,11 @@ numpy path builds from the same plans. Every call threads the ordered effect's t
 (_compat), so XLA runs pyshard's collectives one at a time in program order on every rank.
 Outside ``jit`` a primitive runs eagerly (compiled on its own, as JAX does).
 
-MPI only: an XLA buffer is not in node-shared memory, so the node transport's steps, which
-write into their peers' results, do not apply. On the CPU platform the steps run on host
+An XLA buffer is not in node-shared memory, so node peers cannot write into it: an exchange
+on host buffers that the route sends through node-shared memory lands the node peers' blocks
+in a segment of the receiver's and copies them over (this rank's own blocks and those from
+other nodes go straight into XLA's buffer); every other step takes MPI (:func:`step_route`).
+On the CPU platform the steps run on host
 buffers; on the CUDA platform (a core built with CUDA) the same custom call runs them on XLA's
 device buffers with the core's pack kernels on XLA's stream, built on the GPU route (staged
 through host memory, or CUDA-aware MPI), as cupy arrays run; experimental, so only where
@@ -59,12 +62,25 @@ def mpi_algorithm(step: Step, algorithm: str) -> str:
     return choose_algorithm(step, algorithm, False) if step.kind == "alltoallv" else "alltoallv"
 
 
+def step_route(step: Step, mesh: Mesh, algorithm: str, device: bool = False) -> Any:
+    """The route of a step under pyshard.jax. An exchange on host buffers under ``auto`` (or
+    ``shm``) takes node-shared memory where the numpy route would: node peers write their
+    blocks into a segment of the receiver's, copied over into XLA's buffer, and this rank's
+    own blocks and those from other nodes go straight into it. Every other step takes MPI
+    (:func:`mpi_algorithm`)."""
+    if not device and step.kind == "alltoallv" and algorithm in ("auto", "shm"):
+        r = route(step, mesh, algorithm, device)
+        if r.path == "shm":
+            return r
+    return route(step, mesh, mpi_algorithm(step, algorithm), device)
+
+
 def _step_id(step: Step, mesh: Mesh, algorithm: str, device: bool = False) -> int:
     key = ("step", step.kind, step.mesh_dims, step.src, step.dst, step.op, mesh, algorithm,
            device)
     hit = _registered.get(key)
     if hit is None:
-        e = step_executor(step, mesh, route(step, mesh, algorithm, device), device)
+        e = step_executor(step, mesh, step_route(step, mesh, algorithm, device), device)
         dt = e.upcast if e.upcast is not None else step.src.dtype
         sb = prod(step.src.local_shape(mesh.coords)) * dt.itemsize
         db = prod(e.out_shape) * dt.itemsize

@@ -123,6 +123,54 @@ def test_redistribute_matches_numpy(comm, dtype):
     agree(comm, failures)
 
 
+@pytest.mark.parametrize("algorithm", ["shm", "auto"])
+def test_exchanges_through_node_shared_memory(comm, algorithm):
+    """Exchange steps on host buffers take node-shared memory where the route does
+    (``shm``: wherever usable; ``auto``: with PYSHARD_SHM_MIN_BYTES=0, every block): node
+    peers write into a segment of the receiver's, copied over into XLA's buffer, this rank's
+    own blocks straight into it. Under jit and eagerly, uneven and empty shards, 1-D and 2-D
+    meshes: every rank's result is the numpy slice, and each exchange's registered core step
+    is the node transport's where the numpy route's would be."""
+    from pyshard import _core, _shm
+    from pyshard.jax import _ops
+    from pyshard.planner import plan
+    from pyshard.route import route
+
+    failures = []
+    with ps.config.override(PYSHARD_SHM_MIN_BYTES=0):
+        for ms in meshes(comm.size):
+            mesh = ps.Mesh(comm, ms)
+            rng = random.Random(11 + len(ms))
+            for k in range(5):
+                shape = [(10, 7), (9, 7), (5, 8, 3), (0, 6), (13, 2)][k]
+                if k == 0:  # a transpose on mesh dim 0, the first dim of a 2-D mesh split too
+                    pl0 = [Shard(0)] + [Shard(1)] * (len(ms) - 1)
+                    pl1 = [Shard(1)] + [Shard(0)] * (len(ms) - 1)
+                    sz0 = sz1 = None
+                else:
+                    pl0, sz0 = random_layout(rng, shape, ms)
+                    pl1, sz1 = random_layout(rng, shape, ms)
+                g = global_array(shape, "float64", 40 + k)
+                x, _ = sharded(g[None], mesh, pl0, sz0)
+                f = jax.jit(lambda x, pl1=pl1, sz1=sz1: psj.redistribute(
+                    x, pl1, sz1, algorithm=algorithm))
+                for how, y in (("jit", f(x)), ("eager", psj.redistribute(
+                        x, pl1, sz1, algorithm=algorithm))):
+                    if not np.array_equal(np.asarray(y.local), g[y.layout.box(mesh.coords)]):
+                        failures.append(f"{how} {ms} {shape} {pl0} {sz0} -> {pl1} {sz1}")
+                for st in plan(x.layout, y.layout).steps:
+                    if st.kind != "alltoallv" or _shm.node(mesh, st.mesh_dims) is None:
+                        continue
+                    key = ("step", st.kind, st.mesh_dims, st.src, st.dst, st.op, mesh,
+                           algorithm, False)
+                    core = _ops._registered[key][0].core
+                    want = algorithm == "shm" or route(st, mesh, "auto").path == "shm"
+                    if isinstance(core, _core.ShmExchangeStep) != want:
+                        failures.append(f"{ms} {pl0} -> {pl1}: {type(core).__name__}")
+            mesh.free()
+    agree(comm, failures)
+
+
 def test_distribute_takes_jax_dtype_rules(comm):
     """Without jax_enable_x64, distribute of a float64 array gives float32 shards and a
     float32 layout (what jnp.asarray holds), so a redistribute takes them; before, the layout
