@@ -108,18 +108,17 @@ void ShmExchangeStep::run(const char* src, char* dst) {
     mine = tmp.get();
     off = 0;
   }
-  char* target = dst;
   char* work = off_bytes() > 0 ? ws_->work(pk, off_bytes()) : nullptr;
   post(src, work);
   try {
     node_->exchange_all(mine, off,
-                        [&](const std::vector<char*>& bases) { copy_all(src, bases, target); });
+                        [&](const std::vector<char*>& bases) { copy_all(src, bases, dst); });
   } catch (...) {  // a node peer failed: this rank's messages still complete, then it raises
     off_.drop();
     if (tmp) node_->give(std::move(tmp));
     throw;
   }
-  complete(work, target);
+  complete(work, dst);
   if (tmp) {
     if (node_recv_.blocks()) pk.copy_all(node_recv_, tmp->ptr, dst);
     node_->give(std::move(tmp));
