@@ -462,6 +462,10 @@ PYBIND11_MODULE(_core, m) {
   m.def("peer_timeout", &peer_timeout, "seconds a wait for a node peer may take (then RuntimeError)");
   m.def("set_peer_timeout", &set_peer_timeout, py::arg("seconds"),
         "bound every wait for a node peer (PYSHARD_PEER_TIMEOUT)");
+  m.def("cma_enabled", &cma_enabled,
+        "whether private destinations take cross-memory attach where the node can (PYSHARD_CMA)");
+  m.def("set_cma_enabled", &set_cma_enabled, py::arg("on"),
+        "take cross-memory attach for private destinations where the node can (PYSHARD_CMA)");
   m.def("set_count_limit", &mpi::set_count_limit, py::arg("n"),
         "Tests only: counts and displacements above n (>= 8) take the datatype/split path "
         "that MPI libraries without large-count calls take past 2^31-1.");

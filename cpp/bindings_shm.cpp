@@ -49,6 +49,9 @@ void bind_node_shared(py::module_& m) {
            "The node-local transport of comm, from the mesh's node map (no MPI call).")
       .def_property_readonly("usable", &NodeShm::usable)
       .def_property_readonly("why_not", &NodeShm::why_not)
+      .def_property_readonly("cma", &NodeShm::cma,
+                             "every rank of the node can write into its peers' private memory "
+                             "(process_vm_writev)")
       .def_property_readonly("node_size", &NodeShm::node_size)
       .def_property_readonly("nodes", &NodeShm::nodes)
       .def_property_readonly("oversubscribed", &NodeShm::oversubscribed)

@@ -68,6 +68,55 @@ ShmExchangeStep::ShmExchangeStep(
   for (const auto& [sstart, dstart, ext] : local)
     describe_copy(src_shape_, sstart, dst_shape_, dstart, ext, item_, 0, 0, &local_.host);
   local_.end_block();
+  if (node_->cma()) {
+    // one process_vm_writev moves at most about 2 GiB: runs split at 1 GiB, and a call takes
+    // at most kIov runs (write_remote)
+    constexpr i64 kMaxRun = i64(1) << 30;
+    runs_.resize(push_.size());
+    for (size_t idx = 0; idx < push_.size(); ++idx) {
+      auto& out = runs_[idx];
+      for (const CopyDesc& d : push_[idx].host)
+        for_each_run(d, [&](i64 s, i64 t) {
+          for (i64 done = 0; done < d.run; done += kMaxRun) {
+            const i64 n = std::min(kMaxRun, d.run - done);
+            if (!out.empty() && out.back().s + out.back().n == s + done &&
+                out.back().t + out.back().n == t + done && out.back().n + n <= kMaxRun)
+              out.back().n += n;
+            else
+              out.push_back(Run{s + done, t + done, n});
+          }
+        });
+    }
+  }
+}
+
+void ShmExchangeStep::write_remote(int idx, const char* src, std::uint64_t base) const {
+  constexpr size_t kIov = 1024;  // UIO_MAXIOV
+  iovec l[kIov], r[kIov];
+  const auto& runs = runs_[idx];
+  char* in = const_cast<char*>(src);
+  for (size_t i = 0; i < runs.size();) {
+    const size_t end = std::min(runs.size(), i + kIov);
+    size_t nl = 0, nr = 0;
+    i64 bytes = 0;
+    for (; i < end; ++i) {
+      const Run& u = runs[i];
+      char* a = in + u.s;
+      auto* b = reinterpret_cast<char*>(base + static_cast<std::uint64_t>(u.t));
+      const size_t n = static_cast<size_t>(u.n);
+      if (nl && static_cast<char*>(l[nl - 1].iov_base) + l[nl - 1].iov_len == a)
+        l[nl - 1].iov_len += n;
+      else
+        l[nl++] = iovec{a, n};
+      if (nr && static_cast<char*>(r[nr - 1].iov_base) + r[nr - 1].iov_len == b)
+        r[nr - 1].iov_len += n;
+      else
+        r[nr++] = iovec{b, n};
+      bytes += u.n;
+    }
+    // a refusal fails the call on every rank of the node after the handshake
+    if (!node_->write_remote(idx, l, nl, r, nr, bytes)) return;
+  }
 }
 
 void ShmExchangeStep::post(const char* src, char* work) {
@@ -89,6 +138,10 @@ void ShmExchangeStep::copy_all(const char* src, const std::vector<char*>& bases,
                                char* target) const {
   thread_local std::vector<Cursor> cs;
   cs.clear();
+  // node peers whose destination is their private memory first (they wait for these alone)
+  for (size_t idx = 0; idx < bases.size(); ++idx)
+    if (!bases[idx] && idx < runs_.size() && node_->remote(static_cast<int>(idx)))
+      write_remote(static_cast<int>(idx), src, node_->remote(static_cast<int>(idx)));
   for (size_t idx = 0; idx < bases.size(); ++idx)
     if (bases[idx]) add_cursors(cs, push_[idx], src, bases[idx]);
   add_cursors(cs, local_, src, target);
@@ -99,11 +152,13 @@ void ShmExchangeStep::run(const char* src, char* dst) {
   Packer& pk = host_packer();
   i64 off = 0;
   ShmSegment* mine = node_->find(dst, dst_bytes_, &off);
-  // a destination in private memory (out=, XLA's buffers): node peers' blocks land in a
-  // segment of this rank's first and are copied over at the end; this rank's own blocks and
-  // those from other nodes go straight into dst
+  // a destination in private memory (out=, XLA's buffers): node peers write their blocks
+  // straight into it by cross-memory attach where the node can (cma), else into a segment of
+  // this rank's, copied over at the end; this rank's own blocks and those from other nodes go
+  // straight into dst either way
   std::shared_ptr<ShmSegment> tmp;
-  if (!mine) {
+  const bool direct = !mine && node_->cma() && cma_enabled() && node_recv_.blocks() > 0;
+  if (!mine && !direct) {
     tmp = node_->take(dst_bytes_);
     mine = tmp.get();
     off = 0;
@@ -111,8 +166,8 @@ void ShmExchangeStep::run(const char* src, char* dst) {
   char* work = off_bytes() > 0 ? ws_->work(pk, off_bytes()) : nullptr;
   post(src, work);
   try {
-    node_->exchange_all(mine, off,
-                        [&](const std::vector<char*>& bases) { copy_all(src, bases, dst); });
+    node_->exchange_into(mine, off, dst,
+                         [&](const std::vector<char*>& bases) { copy_all(src, bases, dst); });
   } catch (...) {  // a node peer failed: this rank's messages still complete, then it raises
     off_.drop();
     if (tmp) node_->give(std::move(tmp));
@@ -125,6 +180,7 @@ void ShmExchangeStep::run(const char* src, char* dst) {
   }
   auto& s = stats();
   s["shm"] += 1;
+  if (direct) s["shm_cma"] += 1;
 }
 
 // ----------------------------------------------------------------------------- fused

@@ -68,6 +68,13 @@ class ShmExchangeStep {
   DescTable off_pack_, off_unpack_;
   // the blocks node peers write, from a segment to a destination in private memory (out=)
   DescTable node_recv_;
+  // push_ as runs (source offset, offset in the peer's destination, bytes), those adjacent on
+  // both sides merged, for writes into a peer's private memory (NodeShm::cma only)
+  struct Run {
+    i64 s, t, n;
+  };
+  std::vector<std::vector<Run>> runs_;
+  void write_remote(int idx, const char* src, std::uint64_t base) const;
   i64 off_send_ = 0, off_recv_ = 0;
   PeerMessages off_;  // the messages to and from other nodes
   std::vector<PeerMsg> msg_;

@@ -46,10 +46,14 @@ NodeShm::NodeShm(std::shared_ptr<Comm> comm, std::shared_ptr<NodeCtl> ctl, int s
   for (int i = 0; i < nn; ++i) local_of_[node_ranks_[i]] = i;
   ctl_.assign(nn, nullptr);
   maps_.resize(nn);
+  pids_.assign(nn, 0);
   for (int i = 0; i < nn; ++i) {
     ctl_[i] = ctl_owner_->page(i == me_ ? my_mesh_rank : mesh_ranks[i], slot);
     if (!ctl_[i]) throw std::invalid_argument("pyshard: NodeShm: a slot page is not mapped");
+    pids_[i] = reinterpret_cast<ShmSlot*>(ctl_[i])->pid;
   }
+  // the same answer on every rank of the node (each published what it found in connect)
+  cma_ = nn > 1 && ctl_owner_->cma(mesh_ranks);
 }
 
 NodeShm::~NodeShm() { release(); }
@@ -155,8 +159,28 @@ void NodeShm::publish(ShmSegment* mine, i64 off) {
   s.dst_fd = mine->fd;
   s.dst_cap = mine->cap;
   s.dst_off = off;
+  s.dst_addr = 0;
   s.epoch.store(epoch_, std::memory_order_release);
   signal(s);
+}
+
+void NodeShm::publish_private(char* p) {
+  ShmSlot& s = slot(me_);
+  s.dst_id = 0;
+  s.dst_addr = reinterpret_cast<std::uint64_t>(p);
+  s.epoch.store(epoch_, std::memory_order_release);
+  signal(s);
+}
+
+bool NodeShm::write_remote(int idx, const iovec* l, size_t nl, const iovec* r, size_t nr,
+                           i64 bytes) {
+  const ssize_t got = ::process_vm_writev(static_cast<pid_t>(pids_[idx]), l, nl, r, nr, 0);
+  if (got == static_cast<ssize_t>(bytes)) return true;
+  why_ = got < 0 ? errno_text("writing into a node peer's memory (process_vm_writev)")
+                 : "writing into a node peer's memory (process_vm_writev): " +
+                       std::to_string(got) + " of " + std::to_string(bytes) + " bytes written";
+  slot(me_).failed.store(epoch_, std::memory_order_relaxed);
+  return false;
 }
 
 void NodeShm::wait_epoch(int idx, std::uint64_t e) {
@@ -177,7 +201,7 @@ void NodeShm::check_failed() {
   for (int i = 0; i < node_size(); ++i)
     if (slot(i).failed.load(std::memory_order_relaxed) == epoch_)
       throw std::runtime_error("pyshard: node-shared memory: node rank " + std::to_string(i) +
-                               " could not map a peer's result (" +
+                               " could not reach a peer's result (" +
                                (i == me_ ? why_ : std::string("see that rank's error")) + ")");
 }
 

@@ -10,6 +10,8 @@
 #include <string>
 #include <vector>
 
+#include <sys/uio.h>
+
 #include "comm.h"
 #include "pool.h"
 #include "shm_segment.h"
@@ -64,6 +66,20 @@ class NodeShm {
   // done (no rank is left waiting; a step's MPI requests are completed by its caller).
   template <class F>
   void exchange_all(ShmSegment* mine, i64 off, F&& copy);
+  // The same for a step whose ranks may each publish a destination in private memory
+  // (`mine` null: `priv`; only where cma() and cma_enabled()): bases[idx] is null for a
+  // peer that did, and remote(idx) its address, which copy() writes through write_remote().
+  // A peer publishing private memory to exchange_all fails the call on every rank.
+  template <class F>
+  void exchange_into(ShmSegment* mine, i64 off, char* priv, F&& copy);
+  // Every rank of this node can write into its node peers' private memory (NodeCtl::cma).
+  bool cma() const { return cma_; }
+  // Node peer idx's private destination in this call (0: none)
+  std::uint64_t remote(int idx) const { return remote_[idx]; }
+  // Write the nl local pieces, `bytes` in all, into node peer idx's memory at the nr remote
+  // pieces (process_vm_writev). False, with the call failed on every rank of the node (as a
+  // segment that cannot be mapped), where the kernel refused or wrote less.
+  bool write_remote(int idx, const iovec* l, size_t nl, const iovec* r, size_t nr, i64 bytes);
 
   // One call that only trades where each rank's segment lies (a halo array's padded block,
   // shm_halo.h): publish `mine` at `off`; once every node peer has published its own,
@@ -95,6 +111,9 @@ class NodeShm {
   ShmSlot& slot(int idx) { return *reinterpret_cast<ShmSlot*>(ctl_[idx]); }
   void wait_epoch(int idx, std::uint64_t e);
   void publish(ShmSegment* mine, i64 off);
+  void publish_private(char* p);
+  template <class F>
+  void handshake(F& copy, bool allow_private);  // the part of exchange_all after publish
   void wait_arrivals();
   void arrive(int idx);
   template <class C, class W>
@@ -112,6 +131,9 @@ class NodeShm {
   std::vector<char*> ctl_;       // control page of each node peer (mine included)
   std::vector<std::vector<PeerMap>> maps_;  // per node peer: its segments mapped here
   std::vector<char*> bases_;                // exchange_all's destinations
+  std::vector<std::uint64_t> remote_;       // ... and those in node peers' private memory
+  std::vector<std::int64_t> pids_;          // node peers' process ids
+  bool cma_ = false;
   std::uint64_t epoch_ = 0, clock_ = 0, next_id_ = 1;
   mutable std::mutex mu_;
   struct Unref {  // a kept segment goes with its last reference
@@ -135,12 +157,39 @@ template <class F>
 void NodeShm::exchange_all(ShmSegment* mine, i64 off, F&& copy) {
   ++epoch_;
   publish(mine, off);
+  handshake(copy, false);
+}
+
+template <class F>
+void NodeShm::exchange_into(ShmSegment* mine, i64 off, char* priv, F&& copy) {
+  ++epoch_;
+  if (mine) {
+    publish(mine, off);
+  } else {
+    if (!cma_) throw std::logic_error("pyshard: a private destination without cross-memory attach");
+    publish_private(priv);
+  }
+  handshake(copy, true);
+}
+
+template <class F>
+void NodeShm::handshake(F& copy, bool allow_private) {
   const int n = node_size();
   bases_.assign(n, nullptr);
+  remote_.assign(n, 0);
   for (int k = 1; k < n; ++k) {
     const int idx = (me_ + k) % n;
     wait_epoch(idx, epoch_);
     ShmSlot& s = slot(idx);
+    if (s.dst_addr != 0) {  // its destination is its private memory
+      if (allow_private && cma_) {
+        remote_[idx] = s.dst_addr;
+      } else {
+        why_ = "a node peer published a private destination to a step that cannot write it";
+        slot(me_).failed.store(epoch_, std::memory_order_relaxed);
+      }
+      continue;
+    }
     char* p = map_peer(idx, s);
     if (p) {
       bases_[idx] = p + s.dst_off;

@@ -4,6 +4,7 @@
 #include <linux/futex.h>
 #include <sys/mman.h>
 #include <sys/syscall.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -70,6 +71,11 @@ void peer_timed_out(const std::string& what) {
                            " (PYSHARD_PEER_TIMEOUT): that rank died or stopped; the job "
                            "cannot go on");
 }
+
+static std::atomic<bool> g_cma{true};
+
+bool cma_enabled() { return g_cma.load(std::memory_order_relaxed); }
+void set_cma_enabled(bool on) { g_cma.store(on, std::memory_order_relaxed); }
 
 void futex_wake(std::atomic<std::uint32_t>* w) {
   ::syscall(SYS_futex, reinterpret_cast<std::uint32_t*>(w), FUTEX_WAKE, INT_MAX, nullptr, nullptr,
@@ -145,6 +151,41 @@ ShmSegment::~ShmSegment() {
 
 // ----------------------------------------------------------------------------- setup
 
+namespace {
+// the header: the owner's state, and how many of its peers have tried to map it
+std::atomic<std::uint32_t>& ctl_state(char* segment) {
+  return *reinterpret_cast<std::atomic<std::uint32_t>*>(segment);
+}
+std::atomic<std::uint32_t>& ctl_tried(char* segment) {
+  return *reinterpret_cast<std::atomic<std::uint32_t>*>(segment + 64);
+}
+// where the owner has its own segment mapped (written before the mesh's Allgather), and
+// whether the owner could write into each of its node peers by process_vm_writev (1: yes,
+// 2: no; published with the state)
+std::atomic<std::uint64_t>& ctl_self(char* segment) {
+  return *reinterpret_cast<std::atomic<std::uint64_t>*>(segment + 128);
+}
+std::atomic<std::uint32_t>& ctl_cma(char* segment) {
+  return *reinterpret_cast<std::atomic<std::uint32_t>*>(segment + 192);
+}
+// a word of the header that node peers write into (by process_vm_writev) to try it
+char* ctl_scratch(char* segment) { return segment + 256; }
+
+// Can this process write into process `pid` by cross-memory attach? Writes the word the
+// peer holds at `scratch` (its own address of it) with what is already there, read through
+// the mapping `seen`: the same permission check as every later write (ptrace's attach
+// mode: Yama's ptrace_scope, seccomp and containers may refuse it where /proc/<pid>/fd
+// opened).
+bool cma_works(std::int64_t pid, std::uint64_t scratch, const char* seen) {
+  if (scratch == 0) return false;
+  std::uint64_t v;
+  std::memcpy(&v, seen, sizeof v);
+  iovec l{&v, sizeof v}, r{reinterpret_cast<void*>(scratch), sizeof v};
+  return ::process_vm_writev(static_cast<pid_t>(pid), &l, 1, &r, 1, 0) ==
+         static_cast<ssize_t>(sizeof v);
+}
+}  // namespace
+
 NodeCtl::NodeCtl(int slots, bool fail) : slots_(slots) {
   try {
     if (fail)  // asked for: this rank cannot set up (the others follow)
@@ -160,7 +201,9 @@ NodeCtl::NodeCtl(int slots, bool fail) : slots_(slots) {
       s->sleepers.store(0);
       s->nids.store(0);
       s->pid = static_cast<std::int64_t>(::getpid());
+      s->dst_addr = 0;
     }
+    ctl_self(mine_->ptr).store(reinterpret_cast<std::uint64_t>(mine_->ptr));
     // a peer opens it through /proc/<pid>/fd/<fd>: check that this works here at all
     char* probe = map_foreign(::getpid(), mine_->fd, kPage);
     if (!probe) throw std::runtime_error(errno_text("opening node-shared memory through /proc/<pid>/fd"));
@@ -174,15 +217,6 @@ NodeCtl::NodeCtl(int slots, bool fail) : slots_(slots) {
 
 NodeCtl::~NodeCtl() { release(); }
 
-namespace {
-// the header: the owner's state, and how many of its peers have tried to map it
-std::atomic<std::uint32_t>& ctl_state(char* segment) {
-  return *reinterpret_cast<std::atomic<std::uint32_t>*>(segment);
-}
-std::atomic<std::uint32_t>& ctl_tried(char* segment) {
-  return *reinterpret_cast<std::atomic<std::uint32_t>*>(segment + 64);
-}
-}  // namespace
 
 void NodeCtl::release() {
   if (mine_ && expect_ > 0) {
@@ -209,7 +243,7 @@ bool NodeCtl::connect(int me, const std::vector<int>& ranks,
   if (!mine_) return false;
   expect_ = 0;
   for (int r : ranks) expect_ += r != me;
-  bool all = !fail;
+  bool all = !fail, cma = true;
   if (fail) why_ = "this rank's NodeCtl.connect was called with fail=True";
   for (size_t i = 0; i < ranks.size(); ++i) {
     if (ranks[i] == me) continue;
@@ -220,12 +254,27 @@ bool NodeCtl::connect(int me, const std::vector<int>& ranks,
       continue;
     }
     peers_.emplace_back(ranks[i], p);
+    const std::uint64_t at = ctl_self(p).load(std::memory_order_acquire);
+    cma = cma && cma_works(pids[i], at ? at + 256 : 0, ctl_scratch(p));
     ctl_tried(p).fetch_add(1, std::memory_order_acq_rel);  // it may close its segment now
     futex_wake(&ctl_tried(p));
   }
+  ctl_cma(mine_->ptr).store(cma ? 1 : 2, std::memory_order_relaxed);
   ctl_state(mine_->ptr).store(all ? 1 : 2, std::memory_order_release);
   futex_wake(&ctl_state(mine_->ptr));
   return all;
+}
+
+bool NodeCtl::cma(const std::vector<int>& ranks) const {
+  if (!mine_) return false;
+  for (int r : ranks) {
+    char* p = r == me_ ? mine_->ptr : nullptr;
+    for (const auto& [q, m] : peers_)
+      if (q == r) p = m;
+    // published before the state that healthy() waited for
+    if (!p || ctl_cma(p).load(std::memory_order_acquire) != 1) return false;
+  }
+  return true;
 }
 
 char* NodeCtl::page(int r, int slot) const {

@@ -50,6 +50,9 @@ struct alignas(64) ShmSlot {
   std::uint64_t dst_id;                // the segment holding this call's result
   std::int64_t dst_fd, dst_cap, dst_off;
   std::int64_t pid;
+  // this call's result in the owner's private memory (0: in the segment above): node peers
+  // write into it by cross-memory attach (process_vm_writev; NodeCtl::cma)
+  std::uint64_t dst_addr;
   // the last call in which the owner could not map a node peer's result (0: none): every
   // rank of the node raises after that call's handshake
   std::atomic<std::uint64_t> failed;
@@ -91,6 +94,11 @@ class NodeCtl {
   // Has every one of `ranks` (connected peers, this rank included) mapped all its node
   // peers? Waits until each has published its state (they are in or past Mesh()).
   bool healthy(const std::vector<int>& ranks) const;
+  // Can every one of `ranks` (connected, this rank included) write into its node peers'
+  // private memory by cross-memory attach (process_vm_writev)? Each rank tried it on each
+  // peer it mapped (connect), so every rank of the node gets the same answer. Call after
+  // healthy() is true.
+  bool cma(const std::vector<int>& ranks) const;
   // Unmap the peers' segments, and close this one once every peer has tried to map it.
   void release();
 
@@ -116,6 +124,18 @@ void futex_wake(std::atomic<std::uint32_t>* w);
 double peer_timeout();
 void set_peer_timeout(double seconds);
 [[noreturn]] void peer_timed_out(const std::string& what);
+
+// Whether a rank takes cross-memory attach for a private destination where its node can
+// (PYSHARD_CMA; set from Python). Each rank decides for its own destination, and its peers
+// follow what it publishes, so ranks may differ.
+bool cma_enabled();
+void set_cma_enabled(bool on);
+
+// Whether a rank takes cross-memory attach for a private destination where its node can
+// (PYSHARD_CMA; set from Python). Each rank decides for its own destination, and its peers
+// follow what it publishes, so ranks may differ.
+bool cma_enabled();
+void set_cma_enabled(bool on);
 
 // Wait until done(): `spin` short pauses, then sleep on the word `seq` (bumped by whoever
 // changes what done() reads: bump_and_wake) until it changes; `sleepers` counts the sleepers.

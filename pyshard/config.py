@@ -231,6 +231,11 @@ SETTINGS: Dict[str, Setting] = {s.name: s for s in (
             "the longest a rank waits for a node peer in node-shared memory (mesh setup, an "
             "exchange, a halo update or fold); past it every waiting rank raises RuntimeError "
             "naming the rank and what it waited for, instead of hanging", _seconds),
+    Setting("PYSHARD_CMA", _BOOL, True,
+            "a node-shared exchange into a rank's private memory (out=, pyshard.jax's buffers) "
+            "has its node peers write their blocks straight into it by cross-memory attach "
+            "(process_vm_writev) where every rank of the node can; off: into node-shared "
+            "memory first, then copied over. Each rank decides for its own result", _bool),
     Setting("PYSHARD_TUNE_FILE", "a file path", "",
             "where algorithm='tune' keeps its choices between jobs (empty: nowhere)", _text),
 )}  # fmt: skip
