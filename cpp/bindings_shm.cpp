@@ -36,7 +36,7 @@ void bind_node_shared(py::module_& m) {
       .def_property_readonly("fd", &NodeCtl::fd)
       .def_property_readonly("slots", &NodeCtl::slots)
       .def("connect", &NodeCtl::connect, py::arg("me"), py::arg("ranks"), py::arg("pids"),
-           py::arg("fds"), py::arg("fail") = false,
+           py::arg("fds"), py::arg("fail") = false, py::arg("no_cma") = false,
            py::call_guard<py::gil_scoped_release>())
       .def("release", &NodeCtl::release);
 

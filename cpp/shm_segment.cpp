@@ -238,12 +238,12 @@ void NodeCtl::release() {
 
 bool NodeCtl::connect(int me, const std::vector<int>& ranks,
                       const std::vector<std::int64_t>& pids, const std::vector<std::int64_t>& fds,
-                      bool fail) {
+                      bool fail, bool no_cma) {
   me_ = me;
   if (!mine_) return false;
   expect_ = 0;
   for (int r : ranks) expect_ += r != me;
-  bool all = !fail, cma = true;
+  bool all = !fail, cma = !no_cma;
   if (fail) why_ = "this rank's NodeCtl.connect was called with fail=True";
   for (size_t i = 0; i < ranks.size(); ++i) {
     if (ranks[i] == me) continue;

@@ -87,8 +87,9 @@ class NodeCtl {
   // Map the segments of the node peers (mesh ranks `ranks`, with their pids and fds; this
   // rank's own entry is skipped), then publish the header state. False where one could not
   // be mapped (`fail`, a test hook, pretends so).
+  // `no_cma` (a test hook) pretends that cross-memory attach is refused here (cma()).
   bool connect(int me, const std::vector<int>& ranks, const std::vector<std::int64_t>& pids,
-               const std::vector<std::int64_t>& fds, bool fail);
+               const std::vector<std::int64_t>& fds, bool fail, bool no_cma = false);
   // Slot page `slot` of mesh rank r (this rank's or a connected peer's), or null.
   char* page(int r, int slot) const;
   // Has every one of `ranks` (connected peers, this rank included) mapped all its node

@@ -54,6 +54,7 @@ __all__: list[str] = [
     "allgather_i64",
     "built_with",
     "built_with_compiler",
+    "cma_enabled",
     "combine_kernel_on_host",
     "copy_box",
     "copy_kernel_on_host",
@@ -87,6 +88,7 @@ __all__: list[str] = [
     "reset_stats",
     "result_pool_clear",
     "result_pool_held",
+    "set_cma_enabled",
     "set_count_limit",
     "set_peer_timeout",
     "set_result_pool_limit",
@@ -676,6 +678,7 @@ class NodeCtl:
         pids: collections.abc.Sequence[typing.SupportsInt | typing.SupportsIndex],
         fds: collections.abc.Sequence[typing.SupportsInt | typing.SupportsIndex],
         fail: bool = False,
+        no_cma: bool = False,
     ) -> bool: ...
     def release(self) -> None: ...
     @property
@@ -704,6 +707,11 @@ class NodeShm:
         """
     def release(self) -> None: ...
     def set_limit(self, bytes: typing.SupportsInt | typing.SupportsIndex) -> None: ...
+    @property
+    def cma(self) -> bool:
+        """
+        every rank of the node can write into its peers' private memory (process_vm_writev)
+        """
     @property
     def held(self) -> int: ...
     @property
@@ -1043,6 +1051,11 @@ class PooledBuffer:
 def allgather_i64(
     comm: Comm, values: collections.abc.Sequence[typing.SupportsInt | typing.SupportsIndex]
 ) -> list[int]: ...
+def cma_enabled() -> bool:
+    """
+    whether private destinations take cross-memory attach where the node can (PYSHARD_CMA)
+    """
+
 @typing.overload
 def combine_kernel_on_host(
     geometry: ExchangeGeometry,
@@ -1297,6 +1310,11 @@ def reset_large_count_stats() -> None: ...
 def reset_stats() -> None: ...
 def result_pool_clear() -> None: ...
 def result_pool_held() -> int: ...
+def set_cma_enabled(on: bool) -> None:
+    """
+    take cross-memory attach for private destinations where the node can (PYSHARD_CMA)
+    """
+
 def set_count_limit(n: typing.SupportsInt | typing.SupportsIndex) -> None:
     """
     Tests only: counts and displacements above n (>= 8) take the datatype/split path that MPI libraries without large-count calls take past 2^31-1.

@@ -43,7 +43,7 @@ log = logging.getLogger("pyshard")
 
 _warned = False  # the "not usable" warning is logged once a process
 _threads_warned = False  # config.threads_note's warning: once a process
-fail_setup: Optional[str] = None  # pyshard.memory.failing_node_setup: "segment", "map" or None
+fail_setup: Optional[str] = None  # pyshard.memory.failing_node_setup: "segment", "map", "cma" or None
 
 
 # ``auto`` takes node-shared memory for a step whose largest block (from the layouts: the
@@ -172,6 +172,7 @@ class NodeMap:
             self.ctl.connect(
                 self.rank, peers, [int(self.info[r, _PID]) for r in peers],
                 [int(self.info[r, _FD]) for r in peers], fail_setup == "map",
+                fail_setup == "cma",
             )  # fmt: skip
 
     def facts(self) -> Dict[str, List[int]]:

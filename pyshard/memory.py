@@ -77,7 +77,7 @@ def is_node_shared(a: Any) -> bool:
     return isinstance(a, _core.ShmBuffer)
 
 
-_STAGES = (None, "segment", "map")
+_STAGES = (None, "segment", "map", "cma")
 
 
 @contextmanager
@@ -85,8 +85,10 @@ def failing_node_setup(stage: Optional[str]) -> Iterator[None]:
     """Fault injection, for tests of the way back to MPI: meshes built inside fail their
     node-shared memory setup on this rank at ``stage``: ``"segment"`` (it cannot make its
     control segment; the mesh's one Allgather tells every rank) or ``"map"`` (it cannot map
-    its peers' segments; its node's ranks take MPI among themselves), ``None`` (no failure on
-    this rank). Every rank should enter it: inside, the warning that node-shared memory is
+    its peers' segments; its node's ranks take MPI among themselves), ``"cma"`` (it cannot
+    write into its peers' private memory, as where ptrace is refused: its node's ranks copy
+    results meant for private memory through node-shared memory, ``PYSHARD_CMA``), ``None``
+    (no failure on this rank). Every rank should enter it: inside, the warning that node-shared memory is
     not usable (logged once a process) is logged again at its next occasion."""
     if stage not in _STAGES:
         raise ValueError(f"stage must be one of {_STAGES}, got {stage!r}")

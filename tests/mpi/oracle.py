@@ -209,12 +209,12 @@ def member_coords(mesh, dims):
     return list(itertools.product(*ranges))
 
 
-def node_blocks(mesh, step):
+def node_blocks(mesh, step, receiver=None):
     """Does some block of exchange ``step`` go between two different ranks of one node of its
     communicator (node_groups)? By every (sender, receiver) pair of the communicator and their
     boxes in the step's layouts: a receiver takes each block from the rank that holds it and
     shares its coords on the mesh dims the source does not shard (its own replica). False
-    where node-shared memory is off."""
+    where node-shared memory is off. ``receiver``: mesh coords; only blocks to that rank."""
     from pyshard import Shard
 
     groups = node_groups(mesh, step.mesh_dims)
@@ -227,6 +227,8 @@ def node_blocks(mesh, step):
     for i, s in enumerate(coords):
         for j, r in enumerate(coords):
             if i == j or groups[i] != groups[j] or any(s[m] != r[m] for m in fixed):
+                continue
+            if receiver is not None and any(r[m] != receiver[m] for m in step.mesh_dims):
                 continue
             a, b = src.box(s), dst.box(r)
             if all(min(x.stop, y.stop) > max(x.start, y.start) for x, y in zip(a, b)):

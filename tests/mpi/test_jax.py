@@ -127,17 +127,20 @@ def test_redistribute_matches_numpy(comm, dtype):
 def test_exchanges_through_node_shared_memory(comm, algorithm):
     """Exchange steps on host buffers take node-shared memory where the route does
     (``shm``: wherever usable; ``auto``: with PYSHARD_SHM_MIN_BYTES=0, every block): node
-    peers write into a segment of the receiver's, copied over into XLA's buffer, this rank's
-    own blocks straight into it. Under jit and eagerly, uneven and empty shards, 1-D and 2-D
+    peers write their blocks straight into XLA's buffer by cross-memory attach where the node
+    can (``shm_cma``; else into a segment of the receiver's, copied over), this rank's own
+    blocks straight into it. Under jit and eagerly, uneven and empty shards, 1-D and 2-D
     meshes: every rank's result is the numpy slice, and the node path ran (``comm_stats()``'s
     ``shm``) exactly as often as the numpy route sends those exchanges through it."""
     from pyshard.planner import plan
     from pyshard.route import route
 
-    failures = []
+    failures, cma, able = [], ps.comm_stats().get("shm_cma", 0), 0
     with ps.config.override(PYSHARD_SHM_MIN_BYTES=0):
         for ms in meshes(comm.size):
             mesh = ps.Mesh(comm, ms)
+            nt = mesh.node_transport((0,))
+            able |= nt is not None and nt.cma
             rng = random.Random(11 + len(ms))
             for k in range(5):
                 shape = [(10, 7), (9, 7), (5, 8, 3), (0, 6), (13, 2)][k]
@@ -166,6 +169,9 @@ def test_exchanges_through_node_shared_memory(comm, algorithm):
                     failures.append(f"{ms} {pl0} -> {pl1}: {ran} node-path runs, {2 * node} "
                                     "expected")
             mesh.free()
+    cma = ps.comm_stats().get("shm_cma", 0) - cma
+    if comm.allreduce(int(able)) and comm.allreduce(cma) == 0:  # every rank calls both
+        failures.append("no node peer wrote into XLA's buffers by cross-memory attach")
     agree(comm, failures)
 
 

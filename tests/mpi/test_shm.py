@@ -240,18 +240,40 @@ def test_an_exchange_with_no_block_between_node_peers_takes_mpi(comm, monkeypatc
     assert not bad, "\n".join(bad)
 
 
+def check(failures, where, fn, *args):
+    """Run the check ``fn(*args)``; a failure is noted, not raised, so that this rank goes on
+    to the same collectives as the others (a rank that left a loop of collectives alone
+    would leave the rest waiting for it); ``agree`` fails the test on every rank."""
+    try:
+        fn(*args)
+    except AssertionError as e:
+        failures.append(f"{where}: {e}")
+
+
+def agree(comm, failures):
+    """Fail on every rank where some rank noted a failure (check), naming the ranks."""
+    bad = comm.allgather(failures)
+    assert not any(bad), [f"rank {r}: {f}" for r, fs in enumerate(bad) for f in fs][:8]
+
+
+def same(y, ref):
+    np.testing.assert_array_equal(y.local, ref[y.box])
+
+
 @pytest.mark.parametrize("dtype", ["bool", "int8", "float16", "complex128", "bfloat16"])
 def test_dtypes_and_private_out(comm, dtype):
     """Bytes are bytes: every dtype, into a result in shared memory and into ``out=`` in
-    private memory (landed in shared memory first, then copied)."""
+    private memory (written there by node peers, or landed in shared memory first and
+    copied)."""
     p = comm.size
     mesh = ps.Mesh(comm, (p,))
     g = make_global((3 * p + 1, 2 * p + 3), dtype)
     x = ps.distribute(g, mesh, [Shard(0)])
-    y = x.redistribute([Shard(1)])
-    np.testing.assert_array_equal(y.local, g[y.box])
-    into_private_out(x, [Shard(1)], g)
+    failures = []
+    check(failures, "shared", same, x.redistribute([Shard(1)]), g)
+    check(failures, "private out=", into_private_out, x, [Shard(1)], g)
     mesh.free()
+    agree(comm, failures)
 
 
 def takes_shm(mesh, step):
@@ -270,10 +292,20 @@ def takes_shm(mesh, step):
     return len(set(groups)) < len(groups)
 
 
+def writes_into_private(mesh, step):
+    """Do node peers write this rank's blocks of exchange ``step`` straight into its private
+    ``out=`` (cross-memory attach): where PYSHARD_CMA is on here, its node can (the transport's
+    probe, cma) and some block comes to it from a node peer (oracle.node_blocks)."""
+    node = mesh.node_transport(step.mesh_dims)
+    return bool(ps.config.get("PYSHARD_CMA") and node is not None and node.cma
+                and node_blocks(mesh, step, receiver=mesh.coords))
+
+
 def into_private_out(x, target, ref):
     """``x.redistribute(target, out=...)`` into a private numpy array: the reference's box,
     and one step through node-shared memory (where there are two ranks and the rule says so:
-    takes_shm; else MPI)."""
+    takes_shm; else MPI), whose node peers wrote into ``out`` by cross-memory attach where
+    writes_into_private says so (``shm_cma``)."""
     out = np.empty(x.layout.replace(target).local_shape(x.mesh.coords), ref.dtype)
     before = ps.comm_stats()
     y = x.redistribute(target, out=out)
@@ -283,7 +315,10 @@ def into_private_out(x, target, ref):
         (step,) = x.plan_to(target).steps
         got = counts_since(before)
         if takes_shm(x.mesh, step):
-            assert got == {"shm": 1}
+            want = {"shm": 1}
+            if writes_into_private(x.mesh, step):
+                want["shm_cma"] = 1
+            assert got == want, (got, want)
         else:
             assert "shm" not in got and sum(got.values()) == 1, got
 
@@ -299,16 +334,91 @@ def test_long_runs_and_outer_loops(comm, even):
     ny = 2 * p if even else 2 * p + 1
     g = make_global((3, ny, 1030 * p + 3), "float32", seed=5)
     pairs = [(2, 1), (1, 2), (0, 2), (2, 0), (1, 0), (0, 1)]
-    for a, b in pairs:
-        x = ps.distribute(g, mesh, [Shard(a)])
-        before = ps.comm_stats()
-        y = x.redistribute([Shard(b)])
-        np.testing.assert_array_equal(y.local, g[y.box], err_msg=f"S({a}) -> S({b})")
+    failures = []
+
+    def shared(y, before):
+        same(y, g)
         if p > 1:
             assert counts_since(before) == {"shm": 1}
             assert is_node_shared(y.local)
-        into_private_out(x, [Shard(b)], g)
+
+    for a, b in pairs:
+        x = ps.distribute(g, mesh, [Shard(a)])
+        before = ps.comm_stats()
+        check(failures, f"S({a}) -> S({b})", shared, x.redistribute([Shard(b)]), before)
+        check(failures, f"S({a}) -> S({b}) out=", into_private_out, x, [Shard(b)], g)
     mesh.free()
+    agree(comm, failures)
+
+
+@pytest.mark.parametrize("node_size", [0, 2])
+def test_private_out_written_by_node_peers(comm, monkeypatch, node_size):
+    """Node peers write their blocks straight into a rank's private ``out=`` by cross-memory
+    attach (PYSHARD_CMA, each rank deciding for its own result: on everywhere, off
+    everywhere, on at even ranks only), on one node and on simulated nodes of two ranks (the
+    blocks from other nodes by MPI in the same step): 2-D and 3-D arrays, uneven and empty
+    shards, 1-byte and 16-byte items, and blocks of more runs than one process_vm_writev
+    takes (1024); every result the numpy slice, and ``shm_cma`` counted exactly where
+    writes_into_private says."""
+    if node_size:
+        monkeypatch.setenv("PYSHARD_NODE_SIZE", str(node_size))
+    p = comm.size
+    mesh = ps.Mesh(comm, (p,))
+    node = node_of(mesh)
+    if p > 1 and node_size == 0:
+        if node is None or not node.cma:
+            pytest.skip("this machine refuses cross-memory attach between the ranks")
+    cases = [
+        ((2050 * p, 2 * p + 1), "float32", [Shard(0)], [Shard(1)], None),  # > 1024 runs a peer
+        ((7 * p + 3, 5, 3 * p + 2), "int8", [Shard(2)], [Shard(0)], None),
+        ((4, 3 * p + 1, 6), "complex128", [Shard(1)], [Shard(2)], None),
+        ((3 * p + 1, 4 * p), "float64", [Shard(0)], [Shard(1)], uneven(3 * p + 1, p, True)),
+    ]
+    failures, cma = [], 0
+    for mode in ("on", "off", "even"):
+        on = mode == "on" or (mode == "even" and comm.rank % 2 == 0)
+        with ps.config.override(PYSHARD_CMA=on):
+            for k, (shape, dtype, a, b, sizes) in enumerate(cases):
+                g = make_global(shape, dtype, seed=k)
+                x = ps.distribute(g, mesh, a, sizes={a[0].dim: sizes} if sizes else None)
+                before = ps.comm_stats()
+                check(failures, f"{mode} {shape} {dtype} {a}->{b}", into_private_out, x, b, g)
+                cma += counts_since(before).get("shm_cma", 0)
+    mesh.free()
+    agree(comm, failures)
+    able = comm.allreduce(int(node is not None and node.cma))  # every rank calls it
+    if p > 1 and able:
+        assert comm.allreduce(cma) > 0  # the path ran somewhere
+
+
+def test_a_rank_that_cannot_attach_makes_its_node_copy(comm, monkeypatch):
+    """One rank's probe of cross-memory attach fails (failing_node_setup("cma"), as where
+    ptrace is refused): every rank of its node learns it from the control segments (no MPI
+    call) and lands private results in node-shared memory and copies them over; results
+    exact, nothing counted as ``shm_cma`` there. On simulated nodes of two ranks (4 ranks or
+    more) the other nodes keep writing into private memory."""
+    p = comm.size
+    if p == 1:
+        pytest.skip("needs two ranks")
+    if p >= 4:
+        monkeypatch.setenv("PYSHARD_NODE_SIZE", "2")
+    with failing_node_setup("cma" if comm.rank == 1 else None):
+        mesh = ps.Mesh(comm, (p,))
+    node = node_of(mesh)
+    assert node is not None
+    mine = comm.rank in (0, 1)  # rank 1's node
+    if mine:
+        assert not node.cma
+    g = make_global((5 * p + 1, 3 * p + 2), "float64")
+    x = ps.distribute(g, mesh, [Shard(0)])
+    failures = []
+    for _ in range(2):
+        before = ps.comm_stats()
+        check(failures, "out=", into_private_out, x, [Shard(1)], g)
+        if mine and "shm_cma" in counts_since(before):
+            failures.append("written by cross-memory attach on a node that cannot")
+    mesh.free()
+    agree(comm, failures)
 
 
 def test_results_return_to_the_pool_and_outlive_free(comm):
