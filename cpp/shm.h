@@ -6,7 +6,11 @@
 // Memory: every rank owns its segments (Linux memfd: anonymous, never a name in /dev/shm, so
 // a killed job leaves nothing behind); a peer maps one by opening /proc/<pid>/fd/<fd> of its
 // owner. A rank's results come from its own pool of segments (one result per segment, kept
-// for reuse when the result is freed, bounded in bytes and count).
+// for reuse when the result is freed, bounded in bytes and count). A result in a rank's
+// private memory (out=, XLA's buffers) is written by its node peers with process_vm_writev
+// (cross-memory attach: the kernel copies once, from the sender's source into the receiver's
+// pages) where every rank of the node could write into every other when the mesh was built
+// (NodeCtl::cma), else landed in a segment and copied over.
 //
 // Ordering, per call on a communicator (calls run in the same order on every rank): a
 // receiver publishes where its result lies and bumps its epoch; a sender waits for its

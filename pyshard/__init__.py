@@ -66,7 +66,10 @@ def comm_stats() -> dict:
     """Collectives the core has run in this process, by kind (e.g. ``{"alltoallv": 3}``,
     ``"p2p"``, ``"allgatherv"``, ...), plus ``"staged"``: collectives whose data went
     through host bounce buffers (GPU arrays with an MPI that is not CUDA-aware), and
-    ``"device_direct"``: collectives that handed GPU memory to a CUDA-aware MPI."""
+    ``"device_direct"``: collectives that handed GPU memory to a CUDA-aware MPI, ``"shm"``:
+    exchanges, gathers and reductions through node-shared memory, and ``"shm_cma"``: those
+    exchanges into a private result (``out=``, pyshard.jax's buffers) that node peers wrote
+    into by cross-memory attach (``PYSHARD_CMA``)."""
     return dict(_core.stats())
 
 

@@ -295,8 +295,8 @@ def _count_limit(limit: Optional[int]) -> None:
 
 # The core's process-wide settings, given to it now and at every change (pyshard.config):
 # the count limit (PYSHARD_COUNT_LIMIT, tests: see build_info), the peer timeout
-# (PYSHARD_PEER_TIMEOUT) and cross-memory attach (PYSHARD_CMA). The transports are no state of the core: each step carries its own
-# (transport()).
+# (PYSHARD_PEER_TIMEOUT) and cross-memory attach (PYSHARD_CMA). The transports are no state
+# of the core: each step carries its own (transport()).
 config.apply_with("PYSHARD_COUNT_LIMIT", _count_limit)
 config.apply_with("PYSHARD_PEER_TIMEOUT", _core.set_peer_timeout)
 config.apply_with("PYSHARD_CMA", _core.set_cma_enabled)

@@ -43,7 +43,9 @@ log = logging.getLogger("pyshard")
 
 _warned = False  # the "not usable" warning is logged once a process
 _threads_warned = False  # config.threads_note's warning: once a process
-fail_setup: Optional[str] = None  # pyshard.memory.failing_node_setup: "segment", "map", "cma" or None
+_cma_noted = False  # the note that a node refuses cross-memory attach: once a process
+# pyshard.memory.failing_node_setup: "segment", "map", "cma" or None
+fail_setup: Optional[str] = None
 
 
 # ``auto`` takes node-shared memory for a step whose largest block (from the layouts: the
@@ -240,7 +242,15 @@ class NodeMap:
                 # every call (migrate of 10^7 rows of 64 B: 760 ms against 300 by messages)
                 n.set_limit(config.get("PYSHARD_RESULT_POOL_BYTES"))
                 log.debug("pyshard: node-shared memory on mesh dims %s: %d ranks on %d "
-                          "node(s)", dims, len(members), nodes)  # fmt: skip
+                          "node(s), cross-memory attach %s", dims, len(members), nodes,
+                          "on" if n.cma else "refused")  # fmt: skip
+                global _cma_noted
+                if not n.cma and n.node_size > 1 and not _cma_noted:
+                    _cma_noted = True
+                    log.info("pyshard: this node refuses cross-memory attach (process_vm_writev:"
+                             " ptrace's attach check, Yama's ptrace_scope or a seccomp profile);"
+                             " results in private memory (out=, pyshard.jax) are copied over "
+                             "from node-shared memory instead")  # fmt: skip
         self._nodes[dims] = n
         return n
 

@@ -88,8 +88,9 @@ def failing_node_setup(stage: Optional[str]) -> Iterator[None]:
     its peers' segments; its node's ranks take MPI among themselves), ``"cma"`` (it cannot
     write into its peers' private memory, as where ptrace is refused: its node's ranks copy
     results meant for private memory through node-shared memory, ``PYSHARD_CMA``), ``None``
-    (no failure on this rank). Every rank should enter it: inside, the warning that node-shared memory is
-    not usable (logged once a process) is logged again at its next occasion."""
+    (no failure on this rank). Every rank should enter it: inside, the warning that
+    node-shared memory is not usable (logged once a process) is logged again at its next
+    occasion."""
     if stage not in _STAGES:
         raise ValueError(f"stage must be one of {_STAGES}, got {stage!r}")
     old, was = _shm.fail_setup, _shm.set_warned(False)
