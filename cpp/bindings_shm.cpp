@@ -137,10 +137,10 @@ void bind_node_shared(py::module_& m) {
       .def(py::init<std::shared_ptr<Comm>, std::shared_ptr<NodeShm>, i64, Shape, Shape,
                     const std::vector<std::tuple<int, Shape, Shape, Shape, Shape>>&,
                     const std::vector<BlockSpec>&, const std::vector<LocalSpec>&,
-                    std::shared_ptr<Workspace>>(),
+                    std::shared_ptr<Workspace>, bool>(),
            py::arg("comm"), py::arg("node"), py::arg("item"), py::arg("src_shape"),
            py::arg("dst_shape"), py::arg("pushes"), py::arg("recvs"), py::arg("local"),
-           py::arg("workspace"))
+           py::arg("workspace"), py::arg("attach") = false)
       .def("run",
            [](ShmExchangeStep& s, const py::array& a, py::array& b) {
              run_host(s, a, b, &s.src_shape(), &s.dst_shape());

@@ -19,7 +19,7 @@ ShmExchangeStep::ShmExchangeStep(
     std::shared_ptr<Comm> comm, std::shared_ptr<NodeShm> node, i64 item, Shape src_shape,
     Shape dst_shape, const std::vector<std::tuple<int, Shape, Shape, Shape, Shape>>& pushes,
     const std::vector<BlockSpec>& recvs, const std::vector<LocalSpec>& local,
-    std::shared_ptr<Workspace> ws)
+    std::shared_ptr<Workspace> ws, bool attach)
     : comm_(std::move(comm)),
       node_(std::move(node)),
       ws_(std::move(ws)),
@@ -72,10 +72,10 @@ ShmExchangeStep::ShmExchangeStep(
     // one process_vm_writev moves at most about 2 GiB: runs split at 1 GiB, and a call takes
     // at most kIov runs (write_remote)
     constexpr i64 kMaxRun = i64(1) << 30;
+    attach_ = attach && node_recv_.blocks() > 0;
     runs_.resize(push_.size());
-    for (size_t idx = 0; idx < push_.size(); ++idx) {
-      auto& out = runs_[idx];
-      for (const CopyDesc& d : push_[idx].host)
+    auto add_runs = [&](std::vector<Run>& out, const std::vector<CopyDesc>& descs) {
+      for (const CopyDesc& d : descs)
         for_each_run(d, [&](i64 s, i64 t) {
           for (i64 done = 0; done < d.run; done += kMaxRun) {
             const i64 n = std::min(kMaxRun, d.run - done);
@@ -86,7 +86,8 @@ ShmExchangeStep::ShmExchangeStep(
               out.push_back(Run{s + done, t + done, n});
           }
         });
-    }
+    };
+    for (size_t idx = 0; idx < push_.size(); ++idx) add_runs(runs_[idx], push_[idx].host);
   }
 }
 
@@ -157,7 +158,7 @@ void ShmExchangeStep::run(const char* src, char* dst) {
   // this rank's, copied over at the end; this rank's own blocks and those from other nodes go
   // straight into dst either way
   std::shared_ptr<ShmSegment> tmp;
-  const bool direct = !mine && node_->cma() && cma_enabled() && node_recv_.blocks() > 0;
+  const bool direct = !mine && attach_ && cma_enabled();
   if (!mine && !direct) {
     tmp = node_->take(dst_bytes_);
     mine = tmp.get();

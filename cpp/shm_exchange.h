@@ -21,11 +21,14 @@ class ShmExchangeStep {
  public:
   // pushes: per block sent (peer, src start, the peer's destination shape, start there,
   // extent); recvs: per block received (peer, dst start, extent); local: this rank's own.
+  // attach: node peers may write into a private destination of this rank's by cross-memory
+  // attach (where the node can): the blocks come in runs long enough for it
+  // (pyshard.geometry.attach_runs, from the layouts).
   ShmExchangeStep(std::shared_ptr<Comm> comm, std::shared_ptr<NodeShm> node, i64 item,
                   Shape src_shape, Shape dst_shape,
                   const std::vector<std::tuple<int, Shape, Shape, Shape, Shape>>& pushes,
                   const std::vector<BlockSpec>& recvs, const std::vector<LocalSpec>& local,
-                  std::shared_ptr<Workspace> ws);
+                  std::shared_ptr<Workspace> ws, bool attach = false);
   void run(const char* src, char* dst);
   // as every step runs (host memory only: the node transport replaces MPI's)
   void run(const char* src, char* dst, Packer&) { run(src, dst); }
@@ -74,6 +77,7 @@ class ShmExchangeStep {
     i64 s, t, n;
   };
   std::vector<std::vector<Run>> runs_;
+  bool attach_ = false;  // node peers may write into a private destination (attach)
   void write_remote(int idx, const char* src, std::uint64_t base) const;
   i64 off_send_ = 0, off_recv_ = 0;
   PeerMessages off_;  // the messages to and from other nodes

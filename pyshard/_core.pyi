@@ -847,6 +847,7 @@ class ShmExchangeStep:
             ]
         ],
         workspace: Workspace,
+        attach: bool = False,
     ) -> None: ...
     def run(self, src: numpy.ndarray, dst: numpy.ndarray) -> None: ...
     @property

@@ -15,7 +15,15 @@ from . import _core, _tune
 from ._dtypes import accumulator, is_ml_float
 from ._dtypes import identity as ml_identity
 from .exchange import NONBLOCKING_MIN_BLOCK, Exchange, Request
-from .geometry import Pads, gather_push_specs, geometry, pad_at, padded, push_specs
+from .geometry import (
+    Pads,
+    attach_runs,
+    gather_push_specs,
+    geometry,
+    pad_at,
+    padded,
+    push_specs,
+)
 from .layout import Layout, Shard
 from .memory import allocate, pooled
 from .mesh import Mesh
@@ -125,7 +133,9 @@ def _shm_step(step: Step, coords: Tuple[int, ...], comm: Any, node: Any, ws: Any
     sshape = padded(step.src.local_shape(coords), pad_at(pads[0], coords))
     dshape = padded(step.dst.local_shape(coords), pad_at(pads[1], coords))
     pushes, recvs, local = specs(step, coords) if pads[1] is None else specs(step, coords, pads[1])
-    return _core.ShmExchangeStep(comm, node, item, sshape, dshape, pushes, recvs, local, ws)
+    attach = step.kind == "alltoallv" and attach_runs(step, coords, pads)
+    return _core.ShmExchangeStep(comm, node, item, sshape, dshape, pushes, recvs, local, ws,
+                                 attach)
 
 
 class _Reduction(_Step):

@@ -113,6 +113,53 @@ def push_specs(s: Step, coords: Coords,
     return pushes, recvs, local
 
 
+# Node peers write into a private result by cross-memory attach only where the kernel's
+# pieces are long: the runs contiguous in both the sender's source and the result average at
+# least ATTACH_MIN_RUN bytes, and the pieces contiguous in the result ATTACH_MIN_PIECE bytes
+# (each piece of another process's memory is looked up and pinned, under a lock that the
+# node peers writing into one rank share). Measured (scripts/cma_runs_ab.py: S0->S2 and
+# S2->S0 of 3-D float32 arrays of 32 MiB a rank, against the copy from a segment): at 2
+# ranks runs of 16 B took 5-17x the time, 512 B 1.2-1.3x, 2 KiB 0.9-1.1x, 8 KiB 0.6-0.7x;
+# at 4 ranks (3 writers a receiver) S0->S2 in runs of 4 KiB, its result contiguous, 0.72-0.78x,
+# and S2->S0 in pieces of 4 KiB 1.1-1.2x.
+ATTACH_MIN_RUN = 2048
+ATTACH_MIN_PIECE = 32768
+
+
+def attach_runs(s: Step, coords: Coords, pads: Any = (None, None)) -> bool:
+    """May the blocks other ranks send the rank at ``coords`` in exchange step ``s`` be
+    written straight into a private result of its by cross-memory attach? Where they come in
+    runs of at least :data:`ATTACH_MIN_RUN` bytes on average (contiguous on both sides), in
+    pieces of its result of at least :data:`ATTACH_MIN_PIECE`. From the layouts alone (each
+    sender's shard shape is known), no communication."""
+    item = s.src.dtype.itemsize
+    dshape = padded(s.dst.local_shape(coords), pad_at(pads[1], coords))
+    dst_lo = origin(s.dst, coords)
+    total = runs = pieces = 0
+    for peer, box in s.recvs(coords):
+        if tuple(peer) == tuple(coords):
+            continue
+        sshape = padded(s.src.local_shape(peer), pad_at(pads[0], peer))
+        _, ext = relative(box, dst_lo)
+        n = prod(ext)
+        if n == 0:
+            continue
+        run = piece = 1
+        both = True
+        for d in range(len(ext) - 1, -1, -1):  # trailing dims whole on one or both sides merge
+            if both:
+                run *= ext[d]
+            piece *= ext[d]
+            both = both and ext[d] == sshape[d] and ext[d] == dshape[d]
+            if ext[d] != dshape[d]:
+                break
+        total += n
+        runs += n // run
+        pieces += n // piece
+    b = total * item
+    return runs > 0 and b >= ATTACH_MIN_RUN * runs and b >= ATTACH_MIN_PIECE * pieces
+
+
 def gather_push_specs(s: Step, coords: Coords) -> Tuple[list, list, list]:
     """:func:`push_specs` of an allgatherv step: this rank's whole shard goes to every other
     member of the group, at the same place in each one's result (the results are replicated

@@ -33,6 +33,7 @@ from test_redistribute_nd import MESHES
 import pyshard as ps
 from pyshard import Partial, Replicate, Shard
 from pyshard.explain import explain
+from pyshard.geometry import ATTACH_MIN_PIECE, ATTACH_MIN_RUN, attach_runs
 from pyshard.memory import failing_node_setup, is_node_shared
 from pyshard.route import route
 
@@ -295,10 +296,12 @@ def takes_shm(mesh, step):
 def writes_into_private(mesh, step):
     """Do node peers write this rank's blocks of exchange ``step`` straight into its private
     ``out=`` (cross-memory attach): where PYSHARD_CMA is on here, its node can (the transport's
-    probe, cma) and some block comes to it from a node peer (oracle.node_blocks)."""
+    probe, cma), some block comes to it from a node peer (oracle.node_blocks) and the blocks
+    come in runs long enough (pyshard.geometry.attach_runs)."""
     node = mesh.node_transport(step.mesh_dims)
     return bool(ps.config.get("PYSHARD_CMA") and node is not None and node.cma
-                and node_blocks(mesh, step, receiver=mesh.coords))
+                and node_blocks(mesh, step, receiver=mesh.coords)
+                and attach_runs(step, mesh.coords))
 
 
 def into_private_out(x, target, ref):
@@ -358,8 +361,8 @@ def test_private_out_written_by_node_peers(comm, monkeypatch, node_size):
     everywhere, on at even ranks only), on one node and on simulated nodes of two ranks (the
     blocks from other nodes by MPI in the same step): 2-D and 3-D arrays, uneven and empty
     shards, 1-byte and 16-byte items, and blocks of more runs than one process_vm_writev
-    takes (1024); every result the numpy slice, and ``shm_cma`` counted exactly where
-    writes_into_private says."""
+    takes (1024), runs long enough for it and too short (through a segment); every result
+    the numpy slice, and ``shm_cma`` counted exactly where writes_into_private says."""
     if node_size:
         monkeypatch.setenv("PYSHARD_NODE_SIZE", str(node_size))
     p = comm.size
@@ -368,12 +371,15 @@ def test_private_out_written_by_node_peers(comm, monkeypatch, node_size):
     if p > 1 and node_size == 0:
         if node is None or not node.cma:
             pytest.skip("this machine refuses cross-memory attach between the ranks")
-    cases = [
-        ((2050 * p, 2 * p + 1), "float32", [Shard(0)], [Shard(1)], None),  # > 1024 runs a peer
+    cases = [  # runs of 2 KiB and more (attach_runs), then short ones (through a segment)
+        ((5, 16 * p + 1, 300 * p), "int64", [Shard(1)], [Shard(2)], None),
+        ((8 * p + 1, 600 * p), "complex128", [Shard(0)], [Shard(1)],
+         uneven(8 * p + 1, p, True)),
         ((7 * p + 3, 5, 3 * p + 2), "int8", [Shard(2)], [Shard(0)], None),
         ((4, 3 * p + 1, 6), "complex128", [Shard(1)], [Shard(2)], None),
-        ((3 * p + 1, 4 * p), "float64", [Shard(0)], [Shard(1)], uneven(3 * p + 1, p, True)),
     ]
+    if p <= 2:  # more runs a peer than one process_vm_writev takes (1024)
+        cases.append(((1100 * p, 512 * p), "float32", [Shard(0)], [Shard(1)], None))
     failures, cma = [], 0
     for mode in ("on", "off", "even"):
         on = mode == "on" or (mode == "even" and comm.rank % 2 == 0)
@@ -389,6 +395,21 @@ def test_private_out_written_by_node_peers(comm, monkeypatch, node_size):
     able = comm.allreduce(int(node is not None and node.cma))  # every rank calls it
     if p > 1 and able:
         assert comm.allreduce(cma) > 0  # the path ran somewhere
+
+
+def test_attach_takes_long_runs_only(comm):
+    """attach_runs, from the layouts: blocks in rows of ATTACH_MIN_RUN bytes or more, each
+    landing as a piece of ATTACH_MIN_PIECE bytes or more, qualify; shorter rows or smaller
+    pieces do not, and a rank that receives nothing from another never does."""
+    p = comm.size
+    mesh = ps.Mesh(comm, (p,))
+    w = ATTACH_MIN_RUN // 4  # float32 elements of one minimal run
+    r = -(-ATTACH_MIN_PIECE // ATTACH_MIN_RUN)  # rows of one minimal piece
+    for rows, cols, want in ((r, w, True), (r, w - 1, False), (r - 1, w, False), (r, 4, False)):
+        x = ps.distribute(make_global((rows * p, cols * p), "float32"), mesh, [Shard(0)])
+        (step,) = x.plan_to([Shard(1)]).steps
+        assert attach_runs(step, mesh.coords) == (want and p > 1), (rows, cols, want)
+    mesh.free()
 
 
 def test_a_rank_that_cannot_attach_makes_its_node_copy(comm, monkeypatch):
@@ -409,7 +430,7 @@ def test_a_rank_that_cannot_attach_makes_its_node_copy(comm, monkeypatch):
     mine = comm.rank in (0, 1)  # rank 1's node
     if mine:
         assert not node.cma
-    g = make_global((5 * p + 1, 3 * p + 2), "float64")
+    g = make_global((16 * p + 1, 300 * p + 2), "float64")  # pieces attach_runs takes
     x = ps.distribute(g, mesh, [Shard(0)])
     failures = []
     for _ in range(2):
