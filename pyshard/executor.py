@@ -133,7 +133,7 @@ def _shm_step(step: Step, coords: Tuple[int, ...], comm: Any, node: Any, ws: Any
     sshape = padded(step.src.local_shape(coords), pad_at(pads[0], coords))
     dshape = padded(step.dst.local_shape(coords), pad_at(pads[1], coords))
     pushes, recvs, local = specs(step, coords) if pads[1] is None else specs(step, coords, pads[1])
-    attach = step.kind == "alltoallv" and attach_runs(step, coords, pads)
+    attach = step.kind in ("alltoallv", "allgatherv") and attach_runs(step, coords, pads)
     return _core.ShmExchangeStep(comm, node, item, sshape, dshape, pushes, recvs, local, ws,
                                  attach)
 

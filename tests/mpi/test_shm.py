@@ -357,12 +357,13 @@ def test_long_runs_and_outer_loops(comm, even):
 @pytest.mark.parametrize("node_size", [0, 2])
 def test_private_out_written_by_node_peers(comm, monkeypatch, node_size):
     """Node peers write their blocks straight into a rank's private ``out=`` by cross-memory
-    attach (PYSHARD_CMA, each rank deciding for its own result: on everywhere, off
-    everywhere, on at even ranks only), on one node and on simulated nodes of two ranks (the
-    blocks from other nodes by MPI in the same step): 2-D and 3-D arrays, uneven and empty
-    shards, 1-byte and 16-byte items, and blocks of more runs than one process_vm_writev
-    takes (1024), runs long enough for it and too short (through a segment); every result
-    the numpy slice, and ``shm_cma`` counted exactly where writes_into_private says."""
+    attach, in exchanges and gathers (PYSHARD_CMA, each rank deciding for its own result: on
+    everywhere, off everywhere, on at even ranks only), on one node and on simulated nodes of
+    two ranks (the blocks from other nodes by MPI in the same step): 2-D and 3-D arrays,
+    uneven and empty shards, 1-byte and 16-byte items, and blocks of more runs than one
+    process_vm_writev takes (1024), runs long enough for it and too short (through a
+    segment); every result the numpy slice, and ``shm_cma`` counted exactly where
+    writes_into_private says."""
     if node_size:
         monkeypatch.setenv("PYSHARD_NODE_SIZE", str(node_size))
     p = comm.size
@@ -375,6 +376,8 @@ def test_private_out_written_by_node_peers(comm, monkeypatch, node_size):
         ((5, 16 * p + 1, 300 * p), "int64", [Shard(1)], [Shard(2)], None),
         ((8 * p + 1, 600 * p), "complex128", [Shard(0)], [Shard(1)],
          uneven(8 * p + 1, p, True)),
+        ((20 * p + 3, 512), "float32", [Shard(0)], [R], None),  # a gather: each shard whole
+        ((20, 64 * p + 1), "float64", [Shard(1)], [R], None),  # pieces of 512 B: a segment
         ((7 * p + 3, 5, 3 * p + 2), "int8", [Shard(2)], [Shard(0)], None),
         ((4, 3 * p + 1, 6), "complex128", [Shard(1)], [Shard(2)], None),
     ]
