@@ -4,10 +4,16 @@ Ranks other than 0 stay quiet but print their own failures (prefixed with the ra
 stderr, and at the end every rank agrees on the outcome, so a failure on any rank fails the
 run on every rank. A test that makes collective calls may skip by communicator size, never
 by rank.
+
+A test that runs past ``PYSHARD_TEST_TIMEOUT_EACH`` seconds (default 180; 0: no limit) under
+mpiexec ends the run: each rank prints every thread's stack (faulthandler) and exits, so a
+rank that left a loop of collective calls early shows where every rank waits, within that
+limit rather than the stage's (scripts/test.sh: 600 s for a whole run).
 """
 
 from __future__ import annotations
 
+import faulthandler
 import os
 import shutil
 import sys
@@ -25,10 +31,12 @@ def pytest_report_header(config):
 
 
 _OWN_BASETEMP = []
+_STDERR = []  # this rank's stderr, duplicated before pytest captures fd 2 during tests
 
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_configure(config):
+    _STDERR.append(os.fdopen(os.dup(sys.__stderr__.fileno()), "w"))  # noqa: SIM115
     if COMM.size > 1 and not config.option.basetemp:
         # every rank is its own pytest: give each its own tmp_path root, or their cleanups of
         # the shared /tmp/pytest-of-USER race each other
@@ -50,6 +58,31 @@ def pytest_runtest_logreport(report):
         sys.stderr.write(f"[rank {COMM.rank}] FAILED {report.nodeid} ({report.when})\n")
         sys.stderr.write(f"[rank {COMM.rank}] {report.longreprtext}\n")
         sys.stderr.flush()
+
+
+def _each_limit() -> float:
+    v = os.environ.get("PYSHARD_TEST_TIMEOUT_EACH", "180")
+    try:
+        return float(v)
+    except ValueError:
+        raise pytest.UsageError(f"PYSHARD_TEST_TIMEOUT_EACH must be seconds, got {v!r}") from None
+
+
+EACH = _each_limit()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    # the watchdog spans setup, call and teardown; a test that sets its own
+    # (faulthandler.dump_traceback_later) replaces it for the rest of that test
+    armed = COMM.size > 1 and EACH > 0
+    if armed:
+        faulthandler.dump_traceback_later(EACH, exit=True, file=_STDERR[0])
+    try:
+        yield
+    finally:
+        if armed:
+            faulthandler.cancel_dump_traceback_later()
 
 
 @pytest.hookimpl(tryfirst=True)

@@ -1,4 +1,5 @@
-"""Deterministic global arrays and per-rank partial contributions for the oracle tests."""
+"""Deterministic global arrays and per-rank partial contributions for the oracle tests, and
+``check``/``agree`` for tests that check inside a loop of collective calls."""
 
 from __future__ import annotations
 
@@ -359,3 +360,20 @@ def collectives_by_rule(src, dst):
             eff[m] = Replicate()
     target = ps.Layout(dst.shape, dst.dtype, dst.mesh_shape, eff, eff_sizes)
     return n + len(ops) + int(reduced != target and exchanges(reduced, target))
+
+
+def check(failures, where, fn, *args):
+    """Run the check ``fn(*args)``; a failure is noted, not raised, so that this rank goes on
+    to the same collectives as the others (a rank that left a loop of collectives alone
+    would leave the rest waiting for it); ``agree`` fails the test on every rank."""
+    try:
+        fn(*args)
+    except AssertionError as e:
+        failures.append(f"{where}: {e}")
+
+
+def agree(comm, failures):
+    """Fail on every rank where some rank noted a failure, naming the ranks (collective over
+    ``comm``, an mpi4py communicator)."""
+    bad = comm.allgather(failures)
+    assert not any(bad), [f"rank {r}: {f}" for r, fs in enumerate(bad) for f in fs][:8]

@@ -14,7 +14,6 @@ array dropped in flight."""
 
 from __future__ import annotations
 
-import faulthandler
 import gc
 import os
 import time
@@ -644,41 +643,37 @@ def test_auto_takes_node_shared_memory_by_the_largest_face(comm):
 def test_dropped_in_flight_does_not_hang(comm, method, who):
     """An array dropped after start() (or start_fold()) and collected: its destructor
     completes the exchange, so no other rank hangs (those that keep theirs wait() as usual
-    and get the right values), and the mesh keeps working. A hang ends the run with a
-    traceback after 120 s (faulthandler) instead of at the stage's limit."""
-    faulthandler.dump_traceback_later(120, exit=True)
-    try:
-        shape, mshape, placements, sizes = cases(comm.size)[-1]
-        mesh = ps.Mesh(comm, mshape)
-        g = make_global(shape, "float64", seed=6)
-        x = ps.distribute(g, mesh, placements, sizes)
-        drop = who == "every rank" or comm.rank % 2 == 0
-        for fold in (False, True):
-            h = x.with_halo(1, periodic=True, method=method)
-            padded_with_fill(h)
-            h.update()  # (the first exchange connects the node peers' buffers)
-            padded_with_fill(h)
-            if fold:
-                h.start_fold()
-            else:
-                h.start()
-            h.interior[...] = 0
-            if drop:
-                del h
-                gc.collect()
-            else:
-                time.sleep(0.01)
-                h.wait()
-                if not fold:
-                    h.interior[...] = x.local
-                    check_halo(g, x, h, f"kept while others dropped theirs ({method})")
-                del h
-            # the mesh and node-shared memory keep working
-            h2 = x.with_halo(2, periodic=False, method=method)
-            padded_with_fill(h2)
-            h2.update()
-            check_halo(g, x, h2, f"after a dropped {'fold' if fold else 'update'}")
-            del h2
-        mesh.free()
-    finally:
-        faulthandler.cancel_dump_traceback_later()
+    and get the right values), and the mesh keeps working. A hang ends the run with each
+    rank's stack after conftest's per-test limit (PYSHARD_TEST_TIMEOUT_EACH)."""
+    shape, mshape, placements, sizes = cases(comm.size)[-1]
+    mesh = ps.Mesh(comm, mshape)
+    g = make_global(shape, "float64", seed=6)
+    x = ps.distribute(g, mesh, placements, sizes)
+    drop = who == "every rank" or comm.rank % 2 == 0
+    for fold in (False, True):
+        h = x.with_halo(1, periodic=True, method=method)
+        padded_with_fill(h)
+        h.update()  # (the first exchange connects the node peers' buffers)
+        padded_with_fill(h)
+        if fold:
+            h.start_fold()
+        else:
+            h.start()
+        h.interior[...] = 0
+        if drop:
+            del h
+            gc.collect()
+        else:
+            time.sleep(0.01)
+            h.wait()
+            if not fold:
+                h.interior[...] = x.local
+                check_halo(g, x, h, f"kept while others dropped theirs ({method})")
+            del h
+        # the mesh and node-shared memory keep working
+        h2 = x.with_halo(2, periodic=False, method=method)
+        padded_with_fill(h2)
+        h2.update()
+        check_halo(g, x, h2, f"after a dropped {'fold' if fold else 'update'}")
+        del h2
+    mesh.free()

@@ -19,6 +19,8 @@ import pytest
 from mpi4py import MPI
 from oracle import (
     DTYPES,
+    agree,
+    check,
     collectives_by_rule,
     contributions,
     make_global,
@@ -239,22 +241,6 @@ def test_an_exchange_with_no_block_between_node_peers_takes_mpi(comm, monkeypatc
     mesh.free()
     sub.Free()
     assert not bad, "\n".join(bad)
-
-
-def check(failures, where, fn, *args):
-    """Run the check ``fn(*args)``; a failure is noted, not raised, so that this rank goes on
-    to the same collectives as the others (a rank that left a loop of collectives alone
-    would leave the rest waiting for it); ``agree`` fails the test on every rank."""
-    try:
-        fn(*args)
-    except AssertionError as e:
-        failures.append(f"{where}: {e}")
-
-
-def agree(comm, failures):
-    """Fail on every rank where some rank noted a failure (check), naming the ranks."""
-    bad = comm.allgather(failures)
-    assert not any(bad), [f"rank {r}: {f}" for r, fs in enumerate(bad) for f in fs][:8]
 
 
 def same(y, ref):

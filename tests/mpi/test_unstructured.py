@@ -28,7 +28,7 @@ import numpy as np
 import pytest
 from count_worker import COLLECTIVE
 from mpi4py import MPI
-from oracle import make_global
+from oracle import agree, make_global
 from test_first_call import shim  # noqa: F401  (the fixture that builds the shim)
 
 import pyshard as ps
@@ -145,7 +145,7 @@ def test_gather_equals_oracle(mesh, layout, pattern):
             failures.append(f"{dtype} {trail}: {got.shape} {got.dtype}")
         elif not np.array_equal(got, want, equal_nan=got.dtype.kind in "fc"):
             failures.append(f"{dtype} {trail} mode {mode}")
-    agree(mesh, failures)
+    agree(mesh.comm, failures)
     # rows of no bytes, and an index space of no rows (every rank reads nothing)
     g = make_global((N, 0), "float64")
     assert plan.gather(dist(g, mesh, sizes)).shape == (len(idx), 0)
@@ -359,14 +359,7 @@ def test_every_method_gives_the_same_rows(mesh, method, layout, pattern):
         g = scatter_expected(g, idxs, vals, "sum")
         if not np.array_equal(x.local, g[x.box]):
             failures.append(f"{method} scatter {step}")
-    agree(mesh, failures)
-
-
-def agree(mesh, failures):
-    """Fail on every rank where some rank noted a failure, naming the ranks (a rank that
-    raised inside a loop of collective calls would leave the others waiting)."""
-    bad = mesh.comm.allgather(failures)
-    assert not any(bad), [f"rank {r}: {f}" for r, fs in enumerate(bad) for f in fs][:6]
+    agree(mesh.comm, failures)
 
 
 @pytest.mark.parametrize("pattern", ["runs", "random"])
@@ -422,7 +415,7 @@ def owners_write_results(mesh, pattern, dtype, feat):
     for step, (got, want) in enumerate(kept):
         if not np.array_equal(got, want):
             failures.append(f"{pattern} kept result {step}")
-    agree(mesh, failures)
+    agree(mesh.comm, failures)
 
 
 def test_tune_picks_one_method_on_every_rank(mesh):
