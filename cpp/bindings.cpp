@@ -466,6 +466,10 @@ PYBIND11_MODULE(_core, m) {
         "whether private destinations take cross-memory attach where the node can (PYSHARD_CMA)");
   m.def("set_cma_enabled", &set_cma_enabled, py::arg("on"),
         "take cross-memory attach for private destinations where the node can (PYSHARD_CMA)");
+  m.def("allow_peer_attach", &allow_peer_attach, py::arg("scope_file"),
+        "Where scope_file (Yama's ptrace_scope) is not 0, let any process of this user attach "
+        "to this one (prctl PR_SET_PTRACER_ANY), so node peers can write into it by "
+        "cross-memory attach: 0 nothing needed, 1 set, -errno refused.");
   m.def("set_count_limit", &mpi::set_count_limit, py::arg("n"),
         "Tests only: counts and displacements above n (>= 8) take the datatype/split path "
         "that MPI libraries without large-count calls take past 2^31-1.");

@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <linux/futex.h>
 #include <sys/mman.h>
+#include <sys/prctl.h>
 #include <sys/syscall.h>
 #include <sys/uio.h>
 #include <unistd.h>
@@ -76,6 +77,20 @@ static std::atomic<bool> g_cma{true};
 
 bool cma_enabled() { return g_cma.load(std::memory_order_relaxed); }
 void set_cma_enabled(bool on) { g_cma.store(on, std::memory_order_relaxed); }
+
+int allow_peer_attach(const std::string& scope_file) {
+  std::FILE* f = std::fopen(scope_file.c_str(), "r");
+  if (f == nullptr) return 0;
+  const int c = std::fgetc(f);
+  std::fclose(f);
+  if (c == EOF || c == '0') return 0;
+#ifdef PR_SET_PTRACER
+  if (::prctl(PR_SET_PTRACER, PR_SET_PTRACER_ANY, 0, 0, 0) == 0) return 1;
+  return -errno;
+#else
+  return -ENOSYS;
+#endif
+}
 
 void futex_wake(std::atomic<std::uint32_t>* w) {
   ::syscall(SYS_futex, reinterpret_cast<std::uint32_t*>(w), FUTEX_WAKE, INT_MAX, nullptr, nullptr,

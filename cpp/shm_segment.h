@@ -132,11 +132,13 @@ void set_peer_timeout(double seconds);
 bool cma_enabled();
 void set_cma_enabled(bool on);
 
-// Whether a rank takes cross-memory attach for a private destination where its node can
-// (PYSHARD_CMA; set from Python). Each rank decides for its own destination, and its peers
-// follow what it publishes, so ranks may differ.
-bool cma_enabled();
-void set_cma_enabled(bool on);
+// Yama's ptrace_scope 1 (Ubuntu's default) lets a process attach only to its descendants, so
+// ranks (siblings under mpiexec) could not write into each other by process_vm_writev. Where
+// `scope_file` (/proc/sys/kernel/yama/ptrace_scope) says anything but 0, this process lets
+// any process of its user attach (prctl PR_SET_PTRACER_ANY: what scope 0 allows; Open MPI's
+// shared-memory transport does the same for its single copy). 0: nothing needed (no such
+// file, or scope 0); 1: set; -errno: prctl refused (no Yama in this kernel, scope 2 or 3).
+int allow_peer_attach(const std::string& scope_file);
 
 // Wait until done(): `spin` short pauses, then sleep on the word `seq` (bumped by whoever
 // changes what done() reads: bump_and_wake) until it changes; `sleepers` counts the sleepers.

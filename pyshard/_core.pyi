@@ -52,6 +52,7 @@ __all__: list[str] = [
     "Transport",
     "Workspace",
     "allgather_i64",
+    "allow_peer_attach",
     "built_with",
     "built_with_compiler",
     "cma_enabled",
@@ -1052,6 +1053,11 @@ class PooledBuffer:
 def allgather_i64(
     comm: Comm, values: collections.abc.Sequence[typing.SupportsInt | typing.SupportsIndex]
 ) -> list[int]: ...
+def allow_peer_attach(scope_file: str) -> int:
+    """
+    Where scope_file (Yama's ptrace_scope) is not 0, let any process of this user attach to this one (prctl PR_SET_PTRACER_ANY), so node peers can write into it by cross-memory attach: 0 nothing needed, 1 set, -errno refused.
+    """
+
 def cma_enabled() -> bool:
     """
     whether private destinations take cross-memory attach where the node can (PYSHARD_CMA)

@@ -43,6 +43,8 @@ log = logging.getLogger("pyshard")
 
 _warned = False  # the "not usable" warning is logged once a process
 _threads_warned = False  # config.threads_note's warning: once a process
+_YAMA_SCOPE = "/proc/sys/kernel/yama/ptrace_scope"
+_attach_allowed: Optional[int] = None  # allow_peer_attach's answer, asked once a process
 _cma_noted = False  # the note that a node refuses cross-memory attach: once a process
 # pyshard.memory.failing_node_setup: "segment", "map", "cma" or None
 fail_setup: Optional[str] = None
@@ -155,6 +157,16 @@ class NodeMap:
         self.sim = sim_node_size()
         self._nodes: Dict[Tuple[int, ...], Optional[Any]] = {}
         slots = (1 << len(shape)) - 1
+        global _attach_allowed
+        if _attach_allowed is None and config.get("PYSHARD_CMA") and fail_setup != "cma":
+            # before the Allgather below, after which node peers try to write into this rank
+            _attach_allowed = _core.allow_peer_attach(_YAMA_SCOPE)
+            if _attach_allowed == 1:
+                log.debug("pyshard: Yama's ptrace_scope is not 0: node peers may attach to "
+                          "this rank (PR_SET_PTRACER_ANY) for cross-memory attach")
+            elif _attach_allowed < 0:
+                log.debug("pyshard: Yama's ptrace_scope is not 0 and PR_SET_PTRACER_ANY was "
+                          "refused (%s)", os.strerror(-_attach_allowed))
         self.ctl = _core.NodeCtl(slots, fail_setup == "segment")
         mine = np.array(
             [_machine_key(), os.getpid(), os.cpu_count() or 0, int(self.ctl.ok), self.ctl.fd,

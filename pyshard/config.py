@@ -235,7 +235,9 @@ SETTINGS: Dict[str, Setting] = {s.name: s for s in (
             "a node-shared exchange into a rank's private memory (out=, pyshard.jax's buffers) "
             "has its node peers write their blocks straight into it by cross-memory attach "
             "(process_vm_writev) where every rank of the node can; off: into node-shared "
-            "memory first, then copied over. Each rank decides for its own result", _bool),
+            "memory first, then copied over. Each rank decides for its own result. On at "
+            "a mesh's build where Yama's ptrace_scope is not 0: the rank lets node peers "
+            "attach to it (prctl PR_SET_PTRACER_ANY), as Open MPI's single copy does", _bool),
     Setting("PYSHARD_TUNE_FILE", "a file path", "",
             "where algorithm='tune' keeps its choices between jobs (empty: nowhere)", _text),
 )}  # fmt: skip

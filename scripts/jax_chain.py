@@ -27,7 +27,7 @@ from pyshard.bench.timing import alternated
 
 
 def chain(k: int) -> Callable:
-    def f(x):
+    def f(x: psj.Sharded) -> psj.Sharded:
         for i in range(k):
             x = psj.redistribute(x, [Shard((i + 1) % 2)])
         return x

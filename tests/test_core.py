@@ -135,6 +135,20 @@ def test_a_node_control_segment_asked_to_fail_names_its_argument():
     ctl.release()
 
 
+def test_peer_attach_follows_yamas_scope(tmp_path):
+    """Where Yama's ptrace_scope file is missing or says 0 nothing is done (0); anything else
+    asks the kernel to let any process of this user attach (prctl PR_SET_PTRACER_ANY): 1
+    where it did, -EINVAL on a kernel without Yama (this one's answer is either)."""
+    assert _core.allow_peer_attach(str(tmp_path / "none")) == 0
+    scope = tmp_path / "ptrace_scope"
+    scope.write_text("0\n")
+    assert _core.allow_peer_attach(str(scope)) == 0
+    scope.write_text("1\n")
+    got = _core.allow_peer_attach(str(scope))
+    yama = os.path.exists("/proc/sys/kernel/yama/ptrace_scope")
+    assert got == 1 if yama else got < 0, got
+
+
 def test_count_limit_bounds():
     """The core's count limit takes [8, 2^31-1] (PYSHARD_COUNT_LIMIT checks the same)."""
     with pytest.raises(ValueError, match="count limit"):
