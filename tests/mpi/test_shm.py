@@ -386,6 +386,74 @@ def test_private_out_written_by_node_peers(comm, monkeypatch, node_size):
         assert comm.allreduce(cma) > 0  # the path ran somewhere
 
 
+def random_case(rng, p, mesh_shape):
+    """A random array (1-3 dims of 1 to 3p+5 cells, one of six dtypes) and a source and target
+    of Shard/Replicate placements, the source's shards uneven or empty half the time; or None
+    where a placement shards one array dim twice."""
+    nd = int(rng.integers(1, 4))
+    shape = tuple(int(v) for v in rng.integers(1, 3 * p + 6, nd))
+    dtype = ["int8", "int16", "float32", "float64", "complex128", "bool"][rng.integers(6)]
+    opts = [R] + [Shard(d) for d in range(nd)]
+    a, b = ([opts[rng.integers(len(opts))] for _ in mesh_shape] for _ in range(2))
+    for pl in (a, b):
+        dims = [q.dim for q in pl if isinstance(q, Shard)]
+        if len(dims) != len(set(dims)):
+            return None
+    sizes = None
+    if rng.random() < 0.5:
+        sizes = {}
+        for m, q in enumerate(a):
+            if isinstance(q, Shard):
+                cuts = np.sort(rng.integers(0, shape[q.dim] + 1, mesh_shape[m] - 1))
+                ext = np.diff(np.concatenate(([0], cuts, [shape[q.dim]])))
+                sizes[q.dim] = tuple(int(v) for v in ext)
+    return shape, dtype, a, b, sizes
+
+
+@pytest.mark.parametrize("node_size", [0, 2])
+def test_private_out_random_layouts(comm, monkeypatch, node_size):
+    """Cross-memory attach on every block however short (the attach rule's bounds set to one
+    byte) and node-shared memory for every exchange however small: 40 random arrays, layouts
+    and dtypes on 1-D and 2-D meshes, uneven and empty shards, each redistributed into a
+    private ``out=`` and compared with the numpy slice; on one node and on simulated nodes of
+    two (blocks from the other node by MPI in the same step)."""
+    import pyshard.geometry
+
+    monkeypatch.setattr(pyshard.geometry, "ATTACH_MIN_RUN", 1)
+    monkeypatch.setattr(pyshard.geometry, "ATTACH_MIN_PIECE", 1)
+    if node_size:
+        monkeypatch.setenv("PYSHARD_NODE_SIZE", str(node_size))
+    p = comm.size
+    rng = np.random.default_rng(11 + node_size)
+    shapes = meshes(p)[:2]
+    failures, cma, able = [], 0, 0
+    with ps.config.override(PYSHARD_SHM_MIN_BYTES=0):
+        for k in range(40):
+            mesh_shape = shapes[k % len(shapes)]
+            case = random_case(rng, p, mesh_shape)
+            if case is None:
+                continue
+            shape, dtype, a, b, sizes = case
+            mesh = ps.Mesh(comm, mesh_shape)
+            node = node_of(mesh)
+            able |= int(node is not None and node.cma)
+            g = make_global(shape, dtype, seed=k)
+            x = ps.distribute(g, mesh, a, sizes=sizes)
+            out = np.empty(x.layout.replace(b).local_shape(mesh.coords), g.dtype)
+            before = ps.comm_stats()
+            where = f"{mesh_shape} {shape} {dtype} {a}->{b} sizes {sizes}"
+            try:
+                y = x.redistribute(b, out=out)
+                check(failures, where, np.testing.assert_array_equal, out, g[y.box])
+            except Exception as e:  # noted, not raised: every rank goes on to the same calls
+                failures.append(f"{where}: {e!r}")
+            cma += counts_since(before).get("shm_cma", 0)
+            mesh.free()
+    agree(comm, failures)
+    if p > 1 and comm.allreduce(able):
+        assert comm.allreduce(cma) > 0  # the path ran
+
+
 def test_attach_takes_long_runs_only(comm):
     """attach_runs, from the layouts: blocks in rows of ATTACH_MIN_RUN bytes or more, each
     landing as a piece of ATTACH_MIN_PIECE bytes or more, qualify; shorter rows or smaller
