@@ -94,7 +94,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         "usage: mpiexec -n N python -m pyshard demo [--shape 4099x2050] [--dtype float64]\n"
         "       mpiexec -n N python -m pyshard bench [--cases ...] [--json FILE] (see --help)\n"
         "       python -m pyshard plot FILE... -o out.png\n"
-        "       python -m pyshard config   (every PYSHARD_* setting, as a Markdown table)"
+        "       python -m pyshard config   (every PYSHARD_* setting, as a Markdown table)\n"
+        "       mpiexec -n N python -m pyshard doctor   (what the machines give pyshard)"
     )
     if not argv or argv[0] in ("-h", "--help"):
         print(usage)
@@ -111,6 +112,10 @@ def main(argv: Optional[List[str]] = None) -> int:
 
         print(config.table(), end="")
         return 0
+    if cmd == "doctor":
+        from .doctor import main as doctor_main
+
+        return doctor_main(rest)
     if cmd == "plot":
         from .bench.plot import plot_main
 

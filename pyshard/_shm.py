@@ -43,7 +43,7 @@ log = logging.getLogger("pyshard")
 
 _warned = False  # the "not usable" warning is logged once a process
 _threads_warned = False  # config.threads_note's warning: once a process
-_YAMA_SCOPE = "/proc/sys/kernel/yama/ptrace_scope"
+YAMA_SCOPE = "/proc/sys/kernel/yama/ptrace_scope"  # Yama's ptrace_scope (allow_peer_attach)
 _attach_allowed: Optional[int] = None  # allow_peer_attach's answer, asked once a process
 _cma_noted = False  # the note that a node refuses cross-memory attach: once a process
 # pyshard.memory.failing_node_setup: "segment", "map", "cma" or None
@@ -160,7 +160,7 @@ class NodeMap:
         global _attach_allowed
         if _attach_allowed is None and config.get("PYSHARD_CMA") and fail_setup != "cma":
             # before the Allgather below, after which node peers try to write into this rank
-            _attach_allowed = _core.allow_peer_attach(_YAMA_SCOPE)
+            _attach_allowed = _core.allow_peer_attach(YAMA_SCOPE)
             if _attach_allowed == 1:
                 log.debug("pyshard: Yama's ptrace_scope is not 0: node peers may attach to "
                           "this rank (PR_SET_PTRACER_ANY) for cross-memory attach")

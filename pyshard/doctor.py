@@ -1,0 +1,233 @@
+"""``python -m pyshard doctor``: what this job's machines give pyshard, and what to change.
+
+Run it the way the job runs (``mpiexec -n N python -m pyshard doctor``, or ``srun``): every
+rank reports what it sees (cores, thread settings, ``malloc``, huge pages, whether node peers
+may write into it), one ``MPI_Allgather`` brings that to rank 0, and a mesh over all ranks
+says what the node transport can do. Rank 0 prints one block per node and a list of hints,
+each naming the setting or the page of the docs that fixes it. Nothing is timed and nothing
+is changed (beyond what building a mesh does: docs/performance.md, cross-memory attach).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+from typing import Any, Dict, List, Optional, Tuple
+
+from . import _mpi, collectives, config
+from ._backend import build_info, malloc_name
+
+__all__ = ["rank_facts", "report"]
+
+_THP = "/sys/kernel/mm/transparent_hugepage/enabled"
+_THP_SHMEM = "/sys/kernel/mm/transparent_hugepage/shmem_enabled"
+
+
+def _read(path: str) -> Optional[str]:
+    try:
+        with open(path) as f:
+            return f.read().strip()
+    except OSError:
+        return None
+
+
+def _chosen(text: Optional[str]) -> Optional[str]:
+    """The bracketed choice of a sysfs list (``always [madvise] never`` -> ``madvise``)."""
+    if text is None:
+        return None
+    for word in text.split():
+        if word.startswith("[") and word.endswith("]"):
+            return word[1:-1]
+    return text
+
+
+def rank_facts() -> Dict[str, Any]:
+    """What this rank sees of its machine and process, with no MPI call: ``host``, ``pid``,
+    ``cores`` (the CPUs this process may run on), ``threads`` (the thread-count variables that
+    are set), ``malloc``, ``thp`` and ``thp_shmem`` (transparent huge pages for private and
+    shared memory), ``ptrace_scope`` (Yama's, or None), ``settings`` (the ``PYSHARD_*``
+    settings whose value is not the default), ``mpi`` (the MPI library mpi4py runs),
+    ``core_mpi`` (the one pyshard's core runs), ``core_built`` (whose ``mpi.h`` it was built
+    with), and the CUDA facts of :func:`pyshard.build_info`."""
+    from . import _shm
+
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cores = os.cpu_count() or 0
+    scope = _read(_shm.YAMA_SCOPE)
+    changed = {}
+    for name, s in config.SETTINGS.items():
+        value = config.get(name)
+        if value != s.default:
+            changed[name] = value
+    info = build_info()
+    return {
+        "host": socket.gethostname(),
+        "pid": os.getpid(),
+        "cores": cores,
+        "threads": {v: os.environ[v] for v in config.THREAD_VARIABLES if os.environ.get(v)},
+        "malloc": malloc_name(),
+        "thp": _chosen(_read(_THP)),
+        "thp_shmem": _chosen(_read(_THP_SHMEM)),
+        "ptrace_scope": int(scope) if scope is not None and scope.isdigit() else None,
+        "settings": changed,
+        "mpi": _mpi.library_name(_mpi.library_line()),
+        "core_mpi": info.get("mpi_library"),
+        "core_built": info.get("mpi"),
+        "cuda": info.get("cuda"),
+        "cuda_device": info.get("cuda_device"),
+        "cuda_aware_mpi": info.get("cuda_aware_mpi"),
+    }
+
+
+def _ranks(rs: List[int]) -> str:
+    """``[0, 1, 2, 5]`` -> ``"0-2, 5"``."""
+    out: List[str] = []
+    i = 0
+    while i < len(rs):
+        j = i
+        while j + 1 < len(rs) and rs[j + 1] == rs[j] + 1:
+            j += 1
+        out.append(str(rs[i]) if i == j else f"{rs[i]}-{rs[j]}")
+        i = j + 1
+    return ", ".join(out)
+
+
+def report(comm: Any) -> Tuple[List[str], List[str]]:
+    """Collective over ``comm`` (an mpi4py communicator): builds a 1-D mesh over it, gathers
+    :func:`rank_facts` and what the node transport can do on each rank (one
+    ``MPI_Allgather``), and returns (lines, hints) on every rank: one block of lines per node,
+    then what to change, each hint naming its fix."""
+    from .mesh import Mesh
+
+    mesh = Mesh(comm, (comm.size,))
+    try:
+        node = mesh.node_transport((0,))
+        mine = rank_facts()
+        mine["shm"] = node is not None
+        mine["cma"] = bool(node is not None and node.cma)
+        info = mesh.node_info()
+        mine["shm_setup"] = bool(info is None or info["shm"][comm.rank])
+        facts: List[Dict[str, Any]] = collectives.allgather(comm, mine)
+        groups = mesh.node_groups((0,)) or {0: (0, 0)}
+    finally:
+        mesh.free()
+    by_node: Dict[Any, List[int]] = {}
+    for r in range(comm.size):
+        by_node.setdefault(groups[r], []).append(r)
+    f0 = facts[0]
+    lines = [f"pyshard {build_info()['version']}: {comm.size} rank(s) on {len(by_node)} "
+             f"node(s); MPI: {f0['mpi']} (mpi4py), {f0['core_mpi']} (pyshard's core, built "
+             f"with {f0['core_built']}'s mpi.h)"]
+    hints: List[str] = []
+    per_host: Dict[str, int] = {}
+    for f in facts:
+        per_host[f["host"]] = per_host.get(f["host"], 0) + 1
+    for rs in by_node.values():
+        f = facts[rs[0]]
+        cores = min(facts[r]["cores"] for r in rs)
+        on_host = per_host[f["host"]]
+        lines.append(f"node {f['host']}: ranks {_ranks(rs)}, {cores} core(s)"
+                     + (f" ({on_host} ranks on the machine)" if on_host > len(rs) else "")
+                     + (" (more ranks than cores)" if on_host > cores else ""))
+        if len(rs) > 1:
+            if all(facts[r]["shm"] for r in rs):
+                shm = "usable"
+            elif not all(facts[r]["shm_setup"] for r in rs):
+                bad = [r for r in rs if not facts[r]["shm_setup"]]
+                shm = f"not usable (ranks {_ranks(bad)} could not set it up): exchanges by MPI"
+            else:
+                shm = "off (PYSHARD_SHM, PYSHARD_TRANSPORT): exchanges by MPI"
+            lines.append(f"  node-shared memory: {shm}")
+            if all(facts[r]["shm"] for r in rs):
+                lines.append("  node peers write into private results (cross-memory attach): "
+                             + _cma_state(facts, rs, hints, f["host"]))
+        else:
+            lines.append("  node-shared memory: none needed (one rank on this node)")
+        lines.append(f"  transparent huge pages: {f['thp']} (private), {f['thp_shmem']} "
+                     f"(shared); malloc: {f['malloc']}")
+        threads = f["threads"]
+        lines.append("  threads: " + (", ".join(f"{k}={v}" for k, v in threads.items())
+                                      or "no OMP_NUM_THREADS (or BLAS variable) set"))
+        if on_host > cores:
+            hints.append(f"{f['host']}: {on_host} ranks on {cores} cores: ranks wait for each "
+                         "other to be scheduled; time runs with a core per rank")
+        note = config.threads_note(on_host, cores, dict(threads))
+        if note:
+            hints.append(f"{f['host']}: {note.removeprefix('pyshard: ')}")
+        if f["thp"] == "never":
+            hints.append(f"{f['host']}: transparent huge pages are off: large results fault "
+                         "in 4 KiB at a time (docs/performance.md, \"Huge pages for big host "
+                         "buffers\")")
+    if any(f["mpi"] != f["core_mpi"] for f in facts):
+        hints.append("mpi4py and pyshard's core run different MPI libraries: rebuild one "
+                     "against the other (docs/site/troubleshooting.md, \"Mismatched MPI "
+                     "libraries\")")
+    if f0["malloc"] == "glibc" and _jax_installed():
+        hints.append("pyshard.jax: glibc returns XLA's large results to the system at every "
+                     "call; preload tcmalloc (LD_PRELOAD=libtcmalloc_minimal.so.4) to keep "
+                     "them (docs/jax.md, \"XLA's buffers and the allocator\")")
+    if f0["settings"]:
+        lines.append("settings that differ from their defaults (rank 0): "
+                     + ", ".join(f"{k}={v!r}" for k, v in sorted(f0["settings"].items())))
+    if f0["cuda"]:
+        lines.append(f"CUDA: built ({f0['cuda']}), a device: {bool(f0['cuda_device'])}, "
+                     f"CUDA-aware MPI: {bool(f0['cuda_aware_mpi'])}")
+    return lines, list(dict.fromkeys(hints))  # each hint once (nodes of one machine)
+
+
+def _cma_state(facts: List[Dict[str, Any]], rs: List[int], hints: List[str],
+               host: str) -> str:
+    off = [r for r in rs if facts[r]["settings"].get("PYSHARD_CMA", True) is False]
+    if all(facts[r]["cma"] for r in rs):
+        if not off:
+            return "yes"
+        return (f"possible, but ranks {_ranks(off)} turned it off (PYSHARD_CMA=0): their "
+                "private results are copied over from node-shared memory")
+    scope = facts[rs[0]]["ptrace_scope"]
+    if off:
+        why = f"PYSHARD_CMA=0 on ranks {_ranks(off)} when the mesh was built"
+    elif scope is not None and scope >= 2:
+        why = f"Yama's ptrace_scope is {scope}"
+        hints.append(f"{host}: Yama's ptrace_scope {scope} lets no rank write into another's "
+                     "memory: an administrator can set kernel.yama.ptrace_scope=1 (pyshard "
+                     "lifts 1 for its ranks); results in private memory are copied once more "
+                     "meanwhile (docs/site/troubleshooting.md)")
+    else:
+        why = "the kernel refused it (a seccomp profile, or ranks of different users)"
+        hints.append(f"{host}: node peers cannot write into each other's memory "
+                     "(process_vm_writev refused): out= and pyshard.jax results are copied "
+                     "once more (docs/site/troubleshooting.md)")
+    return f"no ({why}): results in private memory are copied over from node-shared memory"
+
+
+def _jax_installed() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("jax") is not None
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    """The CLI: rank 0 prints the report; 0 always (a report, not a test)."""
+    import argparse
+
+    from mpi4py import MPI
+
+    ap = argparse.ArgumentParser(prog="python -m pyshard doctor", description=__doc__)
+    ap.parse_args(argv)
+    comm = MPI.COMM_WORLD
+    log = logging.getLogger("pyshard")
+    level = log.level
+    log.setLevel(logging.ERROR)  # the mesh's own notes (threads) are among the hints
+    try:
+        lines, hints = report(comm)
+    finally:
+        log.setLevel(level)
+    if comm.rank == 0:
+        print("\n".join(lines))
+        print("hints:" if hints else "hints: none")
+        for h in hints:
+            print(f"- {h}")
+    return 0

@@ -1,0 +1,136 @@
+"""``python -m pyshard doctor`` (pyshard.doctor.report): every rank in exactly one node's block,
+the same report on every rank, and what it says about node-shared memory and cross-memory
+attach following what the node transport does (one node, simulated nodes, a rank that cannot
+set up, attach refused, attach turned off); the CLI run as a user runs it."""
+
+from __future__ import annotations
+
+import re
+import sys
+
+import launch
+import numpy as np
+import pytest
+
+import pyshard as ps
+from pyshard.doctor import rank_facts, report
+from pyshard.memory import failing_node_setup
+
+pytestmark = pytest.mark.mpi
+
+
+def node_blocks(lines):
+    """{first rank of the node: (its ranks, the block's lines)} from the report's lines."""
+    blocks, cur = {}, None
+    for line in lines[1:]:
+        m = re.match(r"node \S+: ranks ([0-9, -]+), ", line)
+        if m:
+            ranks = []
+            for part in m.group(1).split(", "):
+                a, _, b = part.partition("-")
+                ranks += list(range(int(a), int(b or a) + 1))
+            cur = ranks[0]
+            blocks[cur] = (ranks, [])
+        elif cur is not None and line.startswith("  "):
+            blocks[cur][1].append(line.strip())
+    return blocks
+
+
+def transport(comm):
+    mesh = ps.Mesh(comm, (comm.size,))
+    node = mesh.node_transport((0,))
+    cma = bool(node is not None and node.cma)
+    groups = mesh.node_groups((0,))
+    mesh.free()
+    return node is not None, cma, groups
+
+
+def same_everywhere(comm, lines, hints):
+    assert comm.allgather((lines, hints)) == [(lines, hints)] * comm.size
+
+
+@pytest.mark.parametrize("node_size", [0, 2])
+def test_every_rank_in_one_node_block(comm, monkeypatch, node_size):
+    """The header counts the ranks and nodes; each rank is in exactly one node's block, with
+    the ranks the mesh's node groups put together; node-shared memory and attach as the node
+    transport says."""
+    if node_size:
+        monkeypatch.setenv("PYSHARD_NODE_SIZE", str(node_size))
+    shm, cma, groups = transport(comm)
+    lines, hints = report(comm)
+    same_everywhere(comm, lines, hints)
+    blocks = node_blocks(lines)
+    nodes = len(set(groups.values())) if groups else 1
+    assert lines[0].startswith(f"pyshard {ps.__version__}: {comm.size} rank(s) on {nodes} node")
+    assert sorted(r for rs, _ in blocks.values() for r in rs) == list(range(comm.size))
+    for rs, body in blocks.values():
+        if groups:
+            assert {groups[r] for r in rs} == {groups[rs[0]]}
+        if len(rs) == 1:
+            assert "node-shared memory: none needed (one rank on this node)" in body
+            continue
+        assert ("node-shared memory: usable" in body) == shm
+        if shm:
+            attach = [b for b in body if b.startswith("node peers write into")]
+            assert len(attach) == 1 and attach[0].endswith(": yes") == cma, attach
+
+
+def test_a_rank_that_cannot_set_up(comm):
+    """Rank 0 cannot make its control segment: every rank's report says node-shared memory
+    is not usable and names rank 0."""
+    if comm.size < 2:
+        pytest.skip("needs two ranks")
+    with failing_node_setup("segment" if comm.rank == 0 else None):
+        lines, hints = report(comm)
+    same_everywhere(comm, lines, hints)
+    body = node_blocks(lines)[0][1]
+    assert "node-shared memory: not usable (ranks 0 could not set it up): exchanges by MPI" in body
+
+
+def test_attach_refused_and_turned_off(comm):
+    """Attach refused on every rank (as where the kernel says no): 'no', with a hint that
+    names the fix; turned off by PYSHARD_CMA=0: the setting is listed and the ranks named."""
+    shm, cma, _ = transport(comm)
+    if comm.size < 2 or not shm:
+        pytest.skip("needs ranks that share node-shared memory")
+    with failing_node_setup("cma"):
+        lines, hints = report(comm)
+    same_everywhere(comm, lines, hints)
+    attach = [b for b in node_blocks(lines)[0][1] if b.startswith("node peers write into")]
+    assert attach and ": no (" in attach[0], attach
+    assert any("cannot write into each other's memory" in h or "ptrace_scope" in h
+               for h in hints), hints
+    if not cma:
+        return
+    with ps.config.override(PYSHARD_CMA=False):
+        lines, hints = report(comm)
+    same_everywhere(comm, lines, hints)
+    assert any(line.startswith("settings that differ") and "PYSHARD_CMA=False" in line
+               for line in lines), lines
+    attach = [b for b in node_blocks(lines)[0][1] if b.startswith("node peers write into")]
+    assert attach and "turned it off (PYSHARD_CMA=0)" in attach[0], attach
+
+
+def test_rank_facts():
+    """What a rank reports of itself, with no MPI call: its cores, its malloc, the thread
+    variables set, and the settings off their defaults."""
+    with ps.config.override(PYSHARD_CMA=False):
+        f = rank_facts()
+    assert f["cores"] >= 1 and f["malloc"] in ("glibc", "tcmalloc", "jemalloc", "other")
+    assert f["settings"].get("PYSHARD_CMA") is False
+    assert "PYSHARD_CMA" not in rank_facts()["settings"]
+    assert isinstance(f["threads"], dict) and f["mpi"] == f["core_mpi"]
+    assert f["ptrace_scope"] is None or f["ptrace_scope"] in range(4)
+
+
+def test_cli(comm):
+    """``mpiexec -n 2 python -m pyshard doctor`` as a user runs it: exit 0, the report on
+    rank 0 only, a hints list."""
+    launch.require(comm)
+    r = launch.run(2, [sys.executable, "-m", "pyshard", "doctor"],
+                   env={"OMP_NUM_THREADS": "1"})  # fmt: skip
+    assert r.returncode == 0, r.stdout + r.stderr
+    out = r.stdout
+    assert out.count("pyshard ") >= 1 and out.count(": 2 rank(s) on ") == 1, out
+    assert re.search(r"^hints:", out, re.M), out
+    assert np.all([not line.startswith("Traceback") for line in out.splitlines()])
