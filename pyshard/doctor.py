@@ -1,7 +1,7 @@
 """``python -m pyshard doctor``: what this job's machines give pyshard, and what to change.
 
 Run it the way the job runs (``mpiexec -n N python -m pyshard doctor``, or ``srun``): every
-rank reports what it sees (cores, thread settings, ``malloc``, huge pages, whether node peers
+rank reports what it sees (its CPUs, thread settings, ``malloc``, huge pages, whether node peers
 may write into it), one ``MPI_Allgather`` brings that to rank 0, and a mesh over all ranks
 says what the node transport can do. Rank 0 prints one block per node and a list of hints,
 each naming the setting or the page of the docs that fixes it. Nothing is timed and nothing
@@ -44,18 +44,19 @@ def _chosen(text: Optional[str]) -> Optional[str]:
 
 def rank_facts() -> Dict[str, Any]:
     """What this rank sees of its machine and process, with no MPI call: ``host``, ``pid``,
-    ``cores`` (the CPUs this process may run on), ``threads`` (the thread-count variables that
-    are set), ``malloc``, ``thp`` and ``thp_shmem`` (transparent huge pages for private and
-    shared memory), ``ptrace_scope`` (Yama's, or None), ``settings`` (the ``PYSHARD_*``
-    settings whose value is not the default), ``mpi`` (the MPI library mpi4py runs),
-    ``core_mpi`` (the one pyshard's core runs), ``core_built`` (whose ``mpi.h`` it was built
-    with), and the CUDA facts of :func:`pyshard.build_info`."""
+    ``cpus`` (the CPUs this process may run on: its affinity, where a launcher binds ranks),
+    ``threads`` (the thread-count variables that are set), ``malloc``, ``thp`` and
+    ``thp_shmem`` (transparent huge pages for private and shared memory), ``ptrace_scope``
+    (Yama's, or None), ``settings`` (the ``PYSHARD_*`` settings whose value is not the
+    default), ``mpi`` (the MPI library mpi4py runs), ``core_mpi`` (the one pyshard's core
+    runs), ``core_built`` (whose ``mpi.h`` it was built with), and the CUDA facts of
+    :func:`pyshard.build_info`."""
     from . import _shm
 
     try:
-        cores = len(os.sched_getaffinity(0))
+        cpus = sorted(os.sched_getaffinity(0))
     except (AttributeError, OSError):
-        cores = os.cpu_count() or 0
+        cpus = list(range(os.cpu_count() or 1))
     scope = _read(_shm.YAMA_SCOPE)
     changed = {}
     for name, s in config.SETTINGS.items():
@@ -66,7 +67,7 @@ def rank_facts() -> Dict[str, Any]:
     return {
         "host": socket.gethostname(),
         "pid": os.getpid(),
-        "cores": cores,
+        "cpus": cpus,
         "threads": {v: os.environ[v] for v in config.THREAD_VARIABLES if os.environ.get(v)},
         "malloc": malloc_name(),
         "thp": _chosen(_read(_THP)),
@@ -123,11 +124,13 @@ def report(comm: Any) -> Tuple[List[str], List[str]]:
              f"with {f0['core_built']}'s mpi.h)"]
     hints: List[str] = []
     per_host: Dict[str, int] = {}
+    cpus: Dict[str, set] = {}  # the CPUs the ranks of a machine may run on, together
     for f in facts:
         per_host[f["host"]] = per_host.get(f["host"], 0) + 1
+        cpus.setdefault(f["host"], set()).update(f["cpus"])
     for rs in by_node.values():
         f = facts[rs[0]]
-        cores = min(facts[r]["cores"] for r in rs)
+        cores = len(cpus[f["host"]])
         on_host = per_host[f["host"]]
         lines.append(f"node {f['host']}: ranks {_ranks(rs)}, {cores} core(s)"
                      + (f" ({on_host} ranks on the machine)" if on_host > len(rs) else "")

@@ -112,11 +112,11 @@ def test_attach_refused_and_turned_off(comm):
 
 
 def test_rank_facts():
-    """What a rank reports of itself, with no MPI call: its cores, its malloc, the thread
+    """What a rank reports of itself, with no MPI call: its CPUs, its malloc, the thread
     variables set, and the settings off their defaults."""
     with ps.config.override(PYSHARD_CMA=False):
         f = rank_facts()
-    assert f["cores"] >= 1 and f["malloc"] in ("glibc", "tcmalloc", "jemalloc", "other")
+    assert len(f["cpus"]) >= 1 and f["malloc"] in ("glibc", "tcmalloc", "jemalloc", "other")
     assert f["settings"].get("PYSHARD_CMA") is False
     assert "PYSHARD_CMA" not in rank_facts()["settings"]
     assert isinstance(f["threads"], dict) and f["mpi"] == f["core_mpi"]
