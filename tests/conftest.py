@@ -49,6 +49,9 @@ def pytest_configure(config):
 
 
 def pytest_unconfigure(config):
+    faulthandler.cancel_dump_traceback_later()
+    while _STDERR:
+        _STDERR.pop().close()
     for d in _OWN_BASETEMP:
         shutil.rmtree(d, ignore_errors=True)
 

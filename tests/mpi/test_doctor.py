@@ -57,6 +57,7 @@ def test_every_rank_in_one_node_block(comm, monkeypatch, node_size):
     if node_size:
         monkeypatch.setenv("PYSHARD_NODE_SIZE", str(node_size))
     shm, cma, groups = transport(comm)
+    every = comm.allgather((shm, cma))  # what each rank's node transport does
     lines, hints = report(comm)
     same_everywhere(comm, lines, hints)
     blocks = node_blocks(lines)
@@ -69,10 +70,12 @@ def test_every_rank_in_one_node_block(comm, monkeypatch, node_size):
         if len(rs) == 1:
             assert "node-shared memory: none needed (one rank on this node)" in body
             continue
-        assert ("node-shared memory: usable" in body) == shm
-        if shm:
+        shm_here = all(every[r][0] for r in rs)
+        assert ("node-shared memory: usable" in body) == shm_here, (rs, body)
+        if shm_here:
             attach = [b for b in body if b.startswith("node peers write into")]
-            assert len(attach) == 1 and attach[0].endswith(": yes") == cma, attach
+            assert len(attach) == 1, body
+            assert attach[0].endswith(": yes") == all(every[r][1] for r in rs), (rs, attach)
 
 
 def test_a_rank_that_cannot_set_up(comm):
