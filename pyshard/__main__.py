@@ -88,6 +88,31 @@ def demo(argv: Optional[List[str]] = None) -> int:
     return 1 if failed else 0
 
 
+def doctor(argv: Optional[List[str]] = None) -> int:
+    """``python -m pyshard doctor``: rank 0 prints :func:`pyshard.doctor.report`; 0 always (a
+    report, not a test)."""
+    import logging
+
+    from . import doctor as doc
+
+    ap = argparse.ArgumentParser(prog="python -m pyshard doctor", description=doc.__doc__)
+    ap.parse_args(argv)
+    comm = MPI.COMM_WORLD
+    log = logging.getLogger("pyshard")
+    level = log.level
+    log.setLevel(logging.ERROR)  # the mesh's own notes (threads) are among the hints
+    try:
+        lines, hints = doc.report(comm)
+    finally:
+        log.setLevel(level)
+    if comm.rank == 0:
+        print("\n".join(lines))
+        print("hints:" if hints else "hints: none")
+        for h in hints:
+            print(f"- {h}")
+    return 0
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     usage = (
@@ -113,9 +138,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         print(config.table(), end="")
         return 0
     if cmd == "doctor":
-        from .doctor import main as doctor_main
-
-        return doctor_main(rest)
+        return doctor(rest)
     if cmd == "plot":
         from .bench.plot import plot_main
 

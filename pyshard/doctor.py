@@ -4,13 +4,13 @@ Run it the way the job runs (``mpiexec -n N python -m pyshard doctor``, or ``sru
 rank reports what it sees (its CPUs, thread settings, ``malloc``, huge pages, whether node peers
 may write into it), one ``MPI_Allgather`` brings that to rank 0, and a mesh over all ranks
 says what the node transport can do. Rank 0 prints one block per node and a list of hints,
-each naming the setting or the page of the docs that fixes it. Nothing is timed and nothing
+each naming the setting or the page of the docs that fixes it (the command line is in
+``pyshard/__main__.py``). Nothing is timed and nothing
 is changed (beyond what building a mesh does: docs/performance.md, cross-memory attach).
 """
 
 from __future__ import annotations
 
-import logging
 import os
 import socket
 from typing import Any, Dict, List, Optional, Tuple
@@ -136,7 +136,8 @@ def report(comm: Any) -> Tuple[List[str], List[str]]:
                      + (f" ({on_host} ranks on the machine)" if on_host > len(rs) else "")
                      + (" (more ranks than cores)" if on_host > cores else ""))
         if len(rs) > 1:
-            if all(facts[r]["shm"] for r in rs):
+            shared = all(facts[r]["shm"] for r in rs)
+            if shared:
                 shm = "usable"
             elif not all(facts[r]["shm_setup"] for r in rs):
                 bad = [r for r in rs if not facts[r]["shm_setup"]]
@@ -144,7 +145,7 @@ def report(comm: Any) -> Tuple[List[str], List[str]]:
             else:
                 shm = "off (PYSHARD_SHM, PYSHARD_TRANSPORT): exchanges by MPI"
             lines.append(f"  node-shared memory: {shm}")
-            if all(facts[r]["shm"] for r in rs):
+            if shared:
                 lines.append("  node peers write into private results (cross-memory attach): "
                              + _cma_state(facts, rs, hints, f["host"]))
         else:
@@ -210,27 +211,3 @@ def _jax_installed() -> bool:
     import importlib.util
 
     return importlib.util.find_spec("jax") is not None
-
-
-def main(argv: Optional[List[str]] = None) -> int:
-    """The CLI: rank 0 prints the report; 0 always (a report, not a test)."""
-    import argparse
-
-    from mpi4py import MPI
-
-    ap = argparse.ArgumentParser(prog="python -m pyshard doctor", description=__doc__)
-    ap.parse_args(argv)
-    comm = MPI.COMM_WORLD
-    log = logging.getLogger("pyshard")
-    level = log.level
-    log.setLevel(logging.ERROR)  # the mesh's own notes (threads) are among the hints
-    try:
-        lines, hints = report(comm)
-    finally:
-        log.setLevel(level)
-    if comm.rank == 0:
-        print("\n".join(lines))
-        print("hints:" if hints else "hints: none")
-        for h in hints:
-            print(f"- {h}")
-    return 0
