@@ -137,6 +137,15 @@ ffi::Error run_step(ffi::AnyBuffer src, ffi::Token, ffi::Result<ffi::AnyBuffer> 
   return ffi::Error::Success();
 }
 
+// What the CUDA handler's last call saw (a diagnostic: scripts/gpu_jax_diag.py compares it
+// with the pointers of the arrays JAX hands back)
+struct LastCall {
+  std::uintptr_t src = 0, dst = 0, stream = 0;
+  int64_t step = -1, calls = 0;
+};
+std::mutex last_mu;
+LastCall last_cuda;
+
 // The CUDA platform's handler: the step on XLA's device buffers, its kernels on XLA's stream
 // (the step synchronizes that stream before MPI touches the buffers, as a cupy call does).
 ffi::Error run_step_cuda(void* stream, ffi::AnyBuffer src, ffi::Token,
@@ -147,6 +156,14 @@ ffi::Error run_step_cuda(void* stream, ffi::AnyBuffer src, ffi::Token,
   if (ffi::Error err = entry_for(step, true, sb, db, &e); err.failure()) return err;
   const char* s = static_cast<const char*>(src.untyped_data());
   char* d = static_cast<char*>(dst->untyped_data());
+  {
+    std::lock_guard<std::mutex> lock(last_mu);
+    last_cuda.src = reinterpret_cast<std::uintptr_t>(s);
+    last_cuda.dst = reinterpret_cast<std::uintptr_t>(d);
+    last_cuda.stream = reinterpret_cast<std::uintptr_t>(stream);
+    last_cuda.step = step;
+    ++last_cuda.calls;
+  }
   try {
     // Synchronous on both ends. On the GPU (2026-12-04) eager calls returned results that
     // the step's unpack had not written yet, on one rank per run, and a gradient program read
@@ -315,6 +332,20 @@ void bind_jax(py::module_& m) {
       py::arg("fn"),
       "Set the function pyshard_fft calls with (array, axes, inverse, norm): it transforms "
       "the array (a view of XLA's buffer) in place.");
+  m.def(
+      "jax_last_cuda_call",
+      []() {
+        std::lock_guard<std::mutex> lock(last_mu);
+        py::dict d;
+        d["src"] = last_cuda.src;
+        d["dst"] = last_cuda.dst;
+        d["stream"] = last_cuda.stream;
+        d["step"] = last_cuda.step;
+        d["calls"] = last_cuda.calls;
+        return d;
+      },
+      "What the CUDA handler's last pyshard_step call saw: its source and result pointers, "
+      "XLA's stream, the step id, and how many calls so far (a diagnostic).");
   m.def(
       "jax_registered", []() {
         std::lock_guard<std::mutex> lock(registry_mu);

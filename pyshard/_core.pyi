@@ -70,6 +70,7 @@ __all__: list[str] = [
     "jax_cuda_handler",
     "jax_fft_handler",
     "jax_handler",
+    "jax_last_cuda_call",
     "jax_register_halo",
     "jax_register_step",
     "jax_registered",
@@ -1250,6 +1251,11 @@ def jax_fft_handler() -> typing_extensions.CapsuleType:
 def jax_handler() -> typing_extensions.CapsuleType:
     """
     The XLA FFI handler of pyshard.jax's custom calls (a PyCapsule for jax.ffi.register_ffi_target).
+    """
+
+def jax_last_cuda_call() -> dict:
+    """
+    What the CUDA handler's last pyshard_step call saw: its source and result pointers, XLA's stream, the step id, and how many calls so far (a diagnostic).
     """
 
 def jax_register_halo(

@@ -34,7 +34,11 @@ for p in $PARTS; do
     gather)
       for n in 2 4; do part "gather-time-n$n" 40 mpiexec -n "$n" "$PY" scripts/gpu_gather_time.py; done ;;
     diag)  # one redistribute, halo and FFT each, eager and jit: every rank's difference
-      part jax-diag-n2 60 mpiexec -n 2 "$PY" scripts/gpu_jax_diag.py ;;
+      part jax-diag-n2 60 mpiexec -n 2 "$PY" scripts/gpu_jax_diag.py
+      # the same with XLA's command buffers (CUDA graphs) off: a handler captured into a
+      # graph would run its MPI once, at capture
+      part jax-diag-nocmdbuf-n2 60 env XLA_FLAGS="${XLA_FLAGS:-} --xla_gpu_enable_command_buffer=" \
+        mpiexec -n 2 "$PY" scripts/gpu_jax_diag.py ;;
     jax)
       for n in ${GPU_THEN_JAX_RANKS:-2 4}; do
         part "jax-n$n" 150 mpiexec -n "$n" "$PY" -m pytest tests/gpu/test_jax_gpu.py -q \

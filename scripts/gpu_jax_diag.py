@@ -46,6 +46,17 @@ def main() -> None:
         try:
             y = fn()
             got, want = y
+            # where the handler's last call wrote against where the result JAX hands back is
+            where = ""
+            if hasattr(ps._core, "jax_last_cuda_call") and ps._core.jax_last_cuda_call()["calls"]:
+                last = ps._core.jax_last_cuda_call()
+                try:
+                    gp = int(got.unsafe_buffer_pointer())
+                except Exception:  # noqa: BLE001 - a diagnostic
+                    gp = -1
+                where = (f" [handler calls {last['calls']}, step {last['step']}, stream "
+                         f"{last['stream']:#x}, wrote {last['dst']:#x}, result at {gp:#x}"
+                         f"{'' if gp == last['dst'] else ' DIFFERENT'}]")
             d = float(np.max(np.abs(np.asarray(got) - want))) if np.size(want) else 0.0
             # the same result read again after the whole device is idle, through a fresh
             # copy (JAX keeps the first host copy): right only now means writes that landed
@@ -55,7 +66,7 @@ def main() -> None:
                 time.sleep(0.05)
                 _device_sync()
                 late = float(np.max(np.abs(np.asarray(jnp.copy(got)) - want)))
-            lines.append(f"rank {r}: {name}: max diff {d:.3g}" + (
+            lines.append(f"rank {r}: {name}: max diff {d:.3g}{where}" + (
                 "" if d < 1e-9 else f", read again after a device sync {late:.3g}"
                 f"\n  got {np.asarray(got).ravel()[:12]}\n  want "
                 f"{np.asarray(want).ravel()[:12]}"))
