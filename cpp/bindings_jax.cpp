@@ -43,6 +43,11 @@
 #include "shm_exchange.h"
 #include "xla/ffi/api/ffi.h"
 
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <algorithm>
+
 namespace ffi = xla::ffi;
 
 namespace pyshard::bind {
@@ -141,10 +146,25 @@ ffi::Error run_step(ffi::AnyBuffer src, ffi::Token, ffi::Result<ffi::AnyBuffer> 
 // with the pointers of the arrays JAX hands back)
 struct LastCall {
   std::uintptr_t src = 0, dst = 0, stream = 0;
-  int64_t step = -1, calls = 0;
+  int64_t step = -1, calls = 0, tid = 0;
+  int64_t active = 0, overlaps = 0;  // calls running now; calls that began while one ran
+  std::vector<int64_t> tids;         // the threads that have run a call
 };
 std::mutex last_mu;
 LastCall last_cuda;
+
+// Counts the handler's calls in flight for jax_last_cuda_call (two at once in one process
+// would mean XLA runs two steps concurrently: their MPI could then meet the wrong peers').
+struct InFlight {
+  InFlight() {
+    std::lock_guard<std::mutex> lock(last_mu);
+    if (last_cuda.active++ > 0) ++last_cuda.overlaps;
+  }
+  ~InFlight() {
+    std::lock_guard<std::mutex> lock(last_mu);
+    --last_cuda.active;
+  }
+};
 
 // The CUDA platform's handler: the step on XLA's device buffers, its kernels on XLA's stream
 // (the step synchronizes that stream before MPI touches the buffers, as a cupy call does).
@@ -163,7 +183,12 @@ ffi::Error run_step_cuda(void* stream, ffi::AnyBuffer src, ffi::Token,
     last_cuda.stream = reinterpret_cast<std::uintptr_t>(stream);
     last_cuda.step = step;
     ++last_cuda.calls;
+    last_cuda.tid = static_cast<int64_t>(::syscall(SYS_gettid));
+    if (std::find(last_cuda.tids.begin(), last_cuda.tids.end(), last_cuda.tid) ==
+        last_cuda.tids.end())
+      last_cuda.tids.push_back(last_cuda.tid);
   }
+  InFlight in_flight;
   try {
     // Synchronous on both ends. On the GPU (2026-12-04) eager calls returned results that
     // the step's unpack had not written yet, on one rank per run, and a gradient program read
@@ -342,10 +367,16 @@ void bind_jax(py::module_& m) {
         d["stream"] = last_cuda.stream;
         d["step"] = last_cuda.step;
         d["calls"] = last_cuda.calls;
+        d["tid"] = last_cuda.tid;
+        py::list tids;
+        for (int64_t t : last_cuda.tids) tids.append(t);
+        d["tids"] = tids;
+        d["overlaps"] = last_cuda.overlaps;
         return d;
       },
       "What the CUDA handler's last pyshard_step call saw: its source and result pointers, "
-      "XLA's stream, the step id, and how many calls so far (a diagnostic).");
+      "XLA's stream, the step id, how many calls so far, the thread that ran it (tid; tids: "
+      "every thread so far) and how many calls began while another ran (a diagnostic).");
   m.def(
       "jax_registered", []() {
         std::lock_guard<std::mutex> lock(registry_mu);

@@ -1255,7 +1255,7 @@ def jax_handler() -> typing_extensions.CapsuleType:
 
 def jax_last_cuda_call() -> dict:
     """
-    What the CUDA handler's last pyshard_step call saw: its source and result pointers, XLA's stream, the step id, and how many calls so far (a diagnostic).
+    What the CUDA handler's last pyshard_step call saw: its source and result pointers, XLA's stream, the step id, how many calls so far, the thread that ran it (tid; tids: every thread so far) and how many calls began while another ran (a diagnostic).
     """
 
 def jax_register_halo(

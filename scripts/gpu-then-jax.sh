@@ -44,6 +44,12 @@ for p in $PARTS; do
         part "jax-n$n" 150 mpiexec -n "$n" "$PY" -m pytest tests/gpu/test_jax_gpu.py -q \
           -p no:cacheprovider --with-mpi -rf --tb=line ${GPU_THEN_PYTEST_ARGS:-}
       done ;;
+    jax-nocmdbuf)  # the same tests with XLA's command buffers (CUDA graphs) off
+      for n in ${GPU_THEN_JAX_RANKS:-2 4}; do
+        part "jax-nocmdbuf-n$n" 150 env XLA_FLAGS="${XLA_FLAGS:-} --xla_gpu_enable_command_buffer=" \
+          mpiexec -n "$n" "$PY" -m pytest tests/gpu/test_jax_gpu.py -q \
+          -p no:cacheprovider --with-mpi -rf --tb=line ${GPU_THEN_PYTEST_ARGS:-}
+      done ;;
   esac
 done
 echo "gpu-then-jax: $(printf '%s; ' "${RES[@]}")"

@@ -8,6 +8,7 @@ import os
 
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 
+import threading  # noqa: E402
 import time  # noqa: E402
 from typing import Any, Callable, Tuple  # noqa: E402
 
@@ -54,7 +55,9 @@ def main() -> None:
                     gp = int(got.unsafe_buffer_pointer())
                 except Exception:  # noqa: BLE001 - a diagnostic
                     gp = -1
-                where = (f" [handler calls {last['calls']}, step {last['step']}, stream "
+                where = (f" [handler calls {last['calls']}, step {last['step']}, thread "
+                         f"{last['tid']} (python {threading.get_native_id()}; all "
+                         f"{last['tids']}), overlaps {last['overlaps']}, stream "
                          f"{last['stream']:#x}, wrote {last['dst']:#x}, result at {gp:#x}"
                          f"{'' if gp == last['dst'] else ' DIFFERENT'}]")
             d = float(np.max(np.abs(np.asarray(got) - want))) if np.size(want) else 0.0

@@ -116,3 +116,14 @@ def test_halo_pad_values_on_the_gpu(comm, dtype):
                 failures.append(f"{ms} {shape} {pl} {sizes} w{width} p{periodic} c{corners}")
         mesh.free()
     agree(comm, failures)
+
+
+def test_zz_handler_calls_never_overlap(comm):
+    """Run last: no two calls of the CUDA handler ran at once in this process (two steps in
+    flight together could each meet the other's messages; the handler counts them)."""
+    info = ps._core.jax_last_cuda_call()
+    failures = []
+    if info["overlaps"]:
+        failures.append(f"rank {comm.rank}: {info['overlaps']} of {info['calls']} calls began "
+                        f"while another ran (threads {info['tids']})")
+    agree(comm, failures)
