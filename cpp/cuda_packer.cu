@@ -116,8 +116,15 @@ class CudaPacker final : public Packer {
     const std::vector<CopyDesc>& dev = k.descs;
     void* p = nullptr;
     check(cudaMalloc(&p, std::max<size_t>(1, dev.size() * sizeof(CopyDesc))), "cudaMalloc");
-    check(cudaMemcpy(p, dev.data(), dev.size() * sizeof(CopyDesc), cudaMemcpyHostToDevice),
-          "cudaMemcpy (descriptor table)");
+    // On the step's stream, and waited for: a plain cudaMemcpy runs on the legacy default
+    // stream and, from pageable memory, may return before the bytes land, and a kernel on a
+    // non-blocking stream (XLA's, or a cupy Stream(non_blocking=True)) is not ordered after
+    // it: the first call of each step then read a half-uploaded table (pyshard.jax on the
+    // GPU, 2026-12-04/05: wrong results on some ranks, an illegal memory access once).
+    check(cudaMemcpyAsync(p, dev.data(), dev.size() * sizeof(CopyDesc), cudaMemcpyHostToDevice,
+                          stream_),
+          "cudaMemcpyAsync (descriptor table)");
+    check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize (descriptor table)");
     t.device = std::shared_ptr<void>(p, [](void* q) { cudaFree(q); });
     t.device_max_runs = k.max_runs;
     t.device_first = std::move(k.first);

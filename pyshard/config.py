@@ -220,8 +220,9 @@ SETTINGS: Dict[str, Setting] = {s.name: s for s in (
             "on) instead of raising ImportError", _bool),
     Setting("PYSHARD_JAX_CUDA", _BOOL, False,
             "lower pyshard.jax's collectives and halo updates for a GPU (the CUDA "
-            "registration of its custom call): experimental, its first GPU run gave wrong "
-            "results for eager calls (docs/jax.md); off raises NotImplementedError saying so. "
+            "registration of its custom call): experimental, its GPU runs gave wrong results on "
+            "some ranks and the fix has not run on a GPU yet (docs/jax.md); off raises "
+            "NotImplementedError saying so. "
             "Read when a function is lowered", _bool),
     Setting("PYSHARD_JAX_FFT", "auto, scipy or jnp", "auto",
             "pyshard.jax's local c2c FFT passes on CPU: auto is scipy.fft in place on XLA's "

@@ -136,8 +136,9 @@ def _cuda_core(ctx: Any, name: str) -> None:
     (the CUDA registration is experimental: docs/jax.md)."""
     if not config.get("PYSHARD_JAX_CUDA"):
         raise NotImplementedError(
-            f"pyshard.jax: {name} on a GPU is experimental and off: its first GPU run "
-            f"(2026-12-04) gave wrong results for eager calls on one rank (docs/jax.md). "
+            f"pyshard.jax: {name} on a GPU is experimental and off: its GPU runs "
+            f"(2026-12-04/05) gave wrong results on some ranks, and the fix has not run on a "
+            f"GPU yet (docs/jax.md). "
             f"Set PYSHARD_JAX_CUDA=1 to try it; this program is lowered for "
             f"{_platforms(ctx)}. Or keep the local arrays on a CPU device "
             f"(jax.device_put(x, jax.devices('cpu')[0])) or run with JAX_PLATFORMS=cpu")

@@ -221,6 +221,24 @@ def test_result_ready_on_a_non_default_stream(comm, transport):
             np.testing.assert_array_equal(cp.asnumpy(y.local), 2 * g[y.box])
 
 
+def test_first_call_of_each_plan_on_a_non_blocking_stream(comm, transport):
+    """Each new plan uploads its kernel table once; on a non-blocking stream its first
+    kernel must still read the whole table (the upload once ran on the legacy default
+    stream, unordered with such a stream: pyshard.jax's results were wrong on XLA's
+    streams). Many fresh plans, each checked on its first call."""
+    mesh = ps.Mesh(comm, (comm.size,))
+    rng = np.random.default_rng(7)
+    g = make_global((61, 43), "float64", seed=5)
+    with cp.cuda.Stream(non_blocking=True):
+        x = ps.distribute(cp.asarray(g), mesh, [S0])
+        for case in range(24):
+            cuts = np.sort(rng.integers(0, g.shape[1] + 1, comm.size - 1))
+            sizes = np.diff(np.concatenate([[0], cuts, [g.shape[1]]])).tolist()
+            y = x.redistribute([S1], {1: sizes})
+            np.testing.assert_array_equal(cp.asnumpy(y.local), g[y.box],
+                                          err_msg=f"case {case} sizes {sizes}")
+
+
 class _DLPackOnly:
     """A producer that is not cupy: only the DLPack protocol (as torch or jax offer it)."""
 
