@@ -190,13 +190,13 @@ ffi::Error run_step_cuda(void* stream, ffi::AnyBuffer src, ffi::Token,
   }
   InFlight in_flight;
   try {
-    // Synchronous on both ends. On the GPU (2026-12-04) eager calls returned results that
-    // the step's unpack had not written yet, on one rank per run, and a gradient program read
-    // freed memory: as if the stream handed over were not the one XLA orders the call's
-    // operands and consumers on. So the call waits for every stream before it reads its
-    // operand, and for its own stream before it returns (a device-wide wait at the start
-    // alone moved the wrong results to the other rank). Not yet run on a GPU: the CUDA
-    // lowering stays opt-in (PYSHARD_JAX_CUDA, docs/jax.md).
+    // Synchronous on both ends: the call waits for every stream before it reads its
+    // operand, and for its own stream before it returns. The GPU runs of 2026-12-04/05 gave
+    // wrong results on some ranks (eager and in gradient programs) and once an illegal
+    // memory access; the cause found after them was the packer's kernel-table upload on the
+    // legacy default stream, unordered with XLA's non-blocking stream (cuda_packer.cu,
+    // upload). That is fixed and not yet run on a GPU: the CUDA lowering stays opt-in
+    // (PYSHARD_JAX_CUDA, docs/jax.md), and these waits stay until it has run clean.
     Packer& pk = cuda_packer();
     pk.sync_device();
     pk.set_stream(reinterpret_cast<std::uintptr_t>(stream));

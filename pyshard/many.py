@@ -53,7 +53,9 @@ SHM_ALIGN = 64  # bytes: where each result of a batch starts
 def _batches(plans: Sequence[Plan], ix: Sequence[int], dims: Tuple[int, ...], per_rank: int
              ) -> List[Tuple[Tuple[int, ...], Tuple[int, ...]]]:  # fmt: skip
     """``ix`` in batches of about ``per_rank`` bytes per rank, decided from global sizes
-    (the same on every rank)."""
+    (the same on every rank): each array counts its bytes over the ranks, rounded up, so an
+    array smaller than one byte a rank still counts one (with ``per_rank`` 1, every array is
+    a batch of its own, at any rank count)."""
     if not ix:
         return []
     ranks = prod(plans[ix[0]].src.mesh_shape[m] for m in dims)
@@ -63,8 +65,8 @@ def _batches(plans: Sequence[Plan], ix: Sequence[int], dims: Tuple[int, ...], pe
     for i in ix:
         batch.append(i)
         lay = plans[i].src
-        size += prod(lay.shape) * lay.dtype.itemsize
-        if size >= per_rank * ranks:
+        size += -(-prod(lay.shape) * lay.dtype.itemsize // ranks)
+        if size >= per_rank:
             out.append((dims, tuple(batch)))
             batch, size = [], 0
     if batch:
