@@ -152,6 +152,18 @@ def random_cases(rng, mesh_shape, shapes, ncases, ops=("sum",)):
 SHAPES = [(5, 3), (4, 0), (7,), (3, 4, 2), (2, 1, 5)]
 
 
+def same(got, want, op):
+    """Bitwise, except after Partial("avg"): a hop from it to Partial("sum") divides each
+    rank's addend by n before the sum, where the serial reference divides the sum (mean), so
+    the values (and the gradients through them) may differ in the last bits where n is not a
+    power of two (1 ulp seen at 5 ranks); there, within a few ulps."""
+    if op != "avg":
+        return torch.equal(got, want)
+    scale = float(want.abs().max()) if want.numel() else 0.0
+    return torch.allclose(got, want, rtol=8 * torch.finfo(want.dtype).eps,
+                          atol=8 * torch.finfo(want.dtype).eps * scale)
+
+
 def check_cases(comm, dtype, ncases, seed, ops=("sum",), algorithm=None):
     failures = []
     for mesh_shape in all_meshes(comm.size):
@@ -160,7 +172,7 @@ def check_cases(comm, dtype, ncases, seed, ops=("sum",), algorithm=None):
         for shape, src, hops in random_cases(rng, mesh_shape, SHAPES, ncases, ops):
             op = next((p.op for p in src[0] if isinstance(p, Partial)), "sum")
             got, want = run_chain(mesh, shape, dtype, src, hops, op=op, algorithm=algorithm)
-            if got is None or got.dtype != want.dtype or not torch.equal(got, want):
+            if got is None or got.dtype != want.dtype or not same(got, want, op):
                 failures.append(f"{mesh_shape} {shape} {src} -> {hops}: {got} vs {want}")
     assert not failures, f"{len(failures)} failures:\n" + "\n".join(failures[:5])
 
