@@ -467,6 +467,9 @@ UNIT_TESTS: Dict[str, FrozenSet[str]] = {
     # ml_dtypes, DLPack's dtype codes read from capsules (_backend.dltype), and the lazy
     # imports of ml_dtypes and cupy set to "not installed": internals with no public face.
     "tests/test_dtypes.py": frozenset({"_backend", "_dtypes"}),
+    # The core's CUDA handler for pyshard.jax counts its calls that overlap (two steps in
+    # flight at once in one process): a fact of the core's FFI handler, read on the GPU only.
+    "tests/gpu/test_jax_gpu.py": frozenset({"_core"}),
 }
 
 # calls that reach an attribute by name: X.<name>(obj, "attribute", ...) or <name>(obj, ...)

@@ -27,7 +27,7 @@ import pytest  # noqa: E402
 from gpu_helpers import skip_reason  # noqa: E402
 
 import pyshard as ps  # noqa: E402
-from pyshard import Shard  # noqa: E402
+from pyshard import Shard, _core  # noqa: E402
 
 if skip_reason():
     pytest.skip(skip_reason(), allow_module_level=True)
@@ -121,7 +121,7 @@ def test_halo_pad_values_on_the_gpu(comm, dtype):
 def test_zz_handler_calls_never_overlap(comm):
     """Run last: no two calls of the CUDA handler ran at once in this process (two steps in
     flight together could each meet the other's messages; the handler counts them)."""
-    info = ps._core.jax_last_cuda_call()
+    info = _core.jax_last_cuda_call()
     failures = []
     if info["overlaps"]:
         failures.append(f"rank {comm.rank}: {info['overlaps']} of {info['calls']} calls began "
