@@ -11,21 +11,22 @@ S0->S1 transpose into each kind of result memory, alternated in one run.
   ``MADV_HUGEPAGE``;
 - ``fresh``: ``out=`` a new ``np.empty`` each call (its pages faulted in by the writes).
 
-Milliseconds, the median of ``--reps`` calls on the slowest rank; one line per round on rank 0.
+Each case once a round, in turn (pyshard.bench.timing.alternated); milliseconds, the median
+of ``--reps`` rounds of the slowest rank's times; one line per ``--rounds`` on rank 0.
 """
 
 from __future__ import annotations
 
 import argparse
 import mmap
-import time
-from typing import Callable, Dict
+from typing import Callable, Dict, Hashable
 
 import numpy as np
 from mpi4py import MPI
 
 import pyshard as ps
 from pyshard import Shard
+from pyshard.bench.timing import alternated
 
 
 def main() -> None:
@@ -54,7 +55,7 @@ def main() -> None:
 
     private = np.zeros(shape, np.float32)
     p4k, phuge = mapped(mmap.MADV_NOHUGEPAGE), mapped(mmap.MADV_HUGEPAGE)
-    cases: Dict[str, Callable[[], object]] = {
+    cases: Dict[Hashable, Callable[[], object]] = {
         "auto": lambda: x.redistribute([Shard(1)]),
         "private": lambda: x.redistribute([Shard(1)], out=private),
         "private 4k": lambda: x.redistribute([Shard(1)], out=p4k),
@@ -62,20 +63,11 @@ def main() -> None:
         "fresh": lambda: x.redistribute([Shard(1)], out=np.empty(shape, np.float32)),
     }
 
-    def median_ms(f: Callable[[], object]) -> float:
-        ts = []
-        for _ in range(a.reps):
-            comm.Barrier()
-            t0 = time.perf_counter()
-            f()
-            ts.append(comm.allreduce(time.perf_counter() - t0, op=MPI.MAX))
-        return float(np.median(ts)) * 1e3
-
     for r in range(a.rounds):
-        got = {k: median_ms(f) for k, f in cases.items()}
+        got = alternated(cases, comm, a.reps + 3)  # the first 3 rounds left out
         if comm.rank == 0:
             print(f"round {r}, {comm.size} ranks, {n}^2 float32, ms: "
-                  + ", ".join(f"{k} {v:.2f}" for k, v in got.items()), flush=True)
+                  + ", ".join(f"{k} {v * 1e3:.2f}" for k, v in got.items()), flush=True)
     mesh.free()
 
 
