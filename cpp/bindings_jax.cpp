@@ -153,12 +153,21 @@ struct LastCall {
 std::mutex last_mu;
 LastCall last_cuda;
 
-// Counts the handler's calls in flight for jax_last_cuda_call (two at once in one process
-// would mean XLA runs two steps concurrently: their MPI could then meet the wrong peers').
+// Records a call for jax_last_cuda_call and counts it in flight while it lives (two at once
+// in one process would mean XLA runs two steps concurrently: their MPI could then meet the
+// wrong peers'), under one lock each way.
 struct InFlight {
-  InFlight() {
+  InFlight(const char* s, const char* d, void* stream, int64_t step) {
     std::lock_guard<std::mutex> lock(last_mu);
-    if (last_cuda.active++ > 0) ++last_cuda.overlaps;
+    LastCall& c = last_cuda;
+    c.src = reinterpret_cast<std::uintptr_t>(s);
+    c.dst = reinterpret_cast<std::uintptr_t>(d);
+    c.stream = reinterpret_cast<std::uintptr_t>(stream);
+    c.step = step;
+    ++c.calls;
+    c.tid = static_cast<int64_t>(::syscall(SYS_gettid));
+    if (std::find(c.tids.begin(), c.tids.end(), c.tid) == c.tids.end()) c.tids.push_back(c.tid);
+    if (c.active++ > 0) ++c.overlaps;
   }
   ~InFlight() {
     std::lock_guard<std::mutex> lock(last_mu);
@@ -176,19 +185,7 @@ ffi::Error run_step_cuda(void* stream, ffi::AnyBuffer src, ffi::Token,
   if (ffi::Error err = entry_for(step, true, sb, db, &e); err.failure()) return err;
   const char* s = static_cast<const char*>(src.untyped_data());
   char* d = static_cast<char*>(dst->untyped_data());
-  {
-    std::lock_guard<std::mutex> lock(last_mu);
-    last_cuda.src = reinterpret_cast<std::uintptr_t>(s);
-    last_cuda.dst = reinterpret_cast<std::uintptr_t>(d);
-    last_cuda.stream = reinterpret_cast<std::uintptr_t>(stream);
-    last_cuda.step = step;
-    ++last_cuda.calls;
-    last_cuda.tid = static_cast<int64_t>(::syscall(SYS_gettid));
-    if (std::find(last_cuda.tids.begin(), last_cuda.tids.end(), last_cuda.tid) ==
-        last_cuda.tids.end())
-      last_cuda.tids.push_back(last_cuda.tid);
-  }
-  InFlight in_flight;
+  InFlight in_flight(s, d, stream, step);
   try {
     // Synchronous on both ends: the call waits for every stream before it reads its
     // operand, and for its own stream before it returns. The GPU runs of 2026-12-04/05 gave

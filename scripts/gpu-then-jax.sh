@@ -13,6 +13,9 @@ export PYSHARD_JAX_UNTESTED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false
 # a test that hangs prints every rank's stacks and ends after 30 s (tests/conftest.py), not at
 # its part's limit with nothing said (2026-12-05: two parts hung to their 150 s, unexplained)
 export PYSHARD_TEST_TIMEOUT_EACH=${PYSHARD_TEST_TIMEOUT_EACH:-30}
+# XLA's command buffers (CUDA graphs) off: a handler captured into a graph would run its MPI
+# once, at capture (the *nocmdbuf parts)
+NOCMDBUF="${XLA_FLAGS:-} --xla_gpu_enable_command_buffer="
 RES=()
 FAIL=0
 part() {
@@ -38,10 +41,8 @@ for p in $PARTS; do
       for n in 2 4; do part "gather-time-n$n" 40 mpiexec -n "$n" "$PY" scripts/gpu_gather_time.py; done ;;
     diag)  # one redistribute, halo and FFT each, eager and jit: every rank's difference
       part jax-diag-n2 60 mpiexec -n 2 "$PY" scripts/gpu_jax_diag.py
-      # the same with XLA's command buffers (CUDA graphs) off: a handler captured into a
-      # graph would run its MPI once, at capture
-      part jax-diag-nocmdbuf-n2 60 env XLA_FLAGS="${XLA_FLAGS:-} --xla_gpu_enable_command_buffer=" \
-        mpiexec -n 2 "$PY" scripts/gpu_jax_diag.py ;;
+      part jax-diag-nocmdbuf-n2 60 env XLA_FLAGS="$NOCMDBUF" mpiexec -n 2 "$PY" \
+        scripts/gpu_jax_diag.py ;;
     jax)
       for n in ${GPU_THEN_JAX_RANKS:-2 4}; do
         part "jax-n$n" 150 mpiexec -n "$n" "$PY" -m pytest tests/gpu/test_jax_gpu.py -q \
@@ -50,11 +51,10 @@ for p in $PARTS; do
     cupy-stream)  # cupy redistributes on a non-blocking stream (each plan's first call)
       part cupy-stream-n2 90 mpiexec -n 2 "$PY" -m pytest tests/gpu/test_gpu_redistribute_1d.py \
         -q -p no:cacheprovider --with-mpi -rf -k "non_blocking or non_default" ;;
-    jax-nocmdbuf)  # the same tests with XLA's command buffers (CUDA graphs) off
+    jax-nocmdbuf)  # the same tests with XLA's command buffers off
       for n in ${GPU_THEN_JAX_RANKS:-2 4}; do
-        part "jax-nocmdbuf-n$n" 150 env XLA_FLAGS="${XLA_FLAGS:-} --xla_gpu_enable_command_buffer=" \
-          mpiexec -n "$n" "$PY" -m pytest tests/gpu/test_jax_gpu.py -q \
-          -p no:cacheprovider --with-mpi -rf --tb=line ${GPU_THEN_PYTEST_ARGS:-}
+        part "jax-nocmdbuf-n$n" 150 env XLA_FLAGS="$NOCMDBUF" mpiexec -n "$n" "$PY" -m pytest \
+          tests/gpu/test_jax_gpu.py -q -p no:cacheprovider --with-mpi -rf --tb=line ${GPU_THEN_PYTEST_ARGS:-}
       done ;;
   esac
 done
