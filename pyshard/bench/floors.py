@@ -197,7 +197,10 @@ class HostReference:
                 sbuf = self.sbuf
                 for g, sl in self.sends:
                     a = self.sd[g]
-                    sbuf[a : a + self.sc[g]] = local[sl].reshape(-1).view(np.uint8)
+                    # a block one column wide reshapes to a strided view, which has no byte view
+                    sbuf[a : a + self.sc[g]] = np.ascontiguousarray(local[sl]).reshape(-1).view(
+                        np.uint8
+                    )
                 scount, sdisp = self.sc, self.sd
             if self.recv_direct:
                 rbuf = out.reshape(-1).view(np.uint8)

@@ -38,9 +38,10 @@ def cases(size, dtypes=(np.complex128, np.complex64)):
         out.append(((size,), [Shard(0)], None, (6, row, n), dt))  # balanced 1-D
         if size > 1:  # 16 x 16 planes on all ranks but the last (15): it does not pad
             out.append(((size,), [Shard(0)], None, (6, row, n - 1), dt))
-        if size > 1:  # uneven, the last shard empty
-            sz = {0: [6 - (size - 2)] + [1] * (size - 2) + [0]}
-            out.append(((size,), [Shard(0)], sz, (6, row, n), dt))
+        if size > 1:  # uneven, the last shard empty (axis 0 longer past 7 ranks)
+            lead = max(6, size)
+            sz = {0: [lead - (size - 2)] + [1] * (size - 2) + [0]}
+            out.append(((size,), [Shard(0)], sz, (lead, row, n), dt))
         out.append((dims, [Shard(0), Shard(1)], None, (5, row * dims[0], 16 * dims[1]), dt))
         # 2-D: back to [Shard(0)], the pass along axis 0 sits between two transposes, on rows
         # one 64-byte line longer
