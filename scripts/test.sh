@@ -119,6 +119,10 @@ if [ $TWO_HOSTS = 1 ]; then
 fi
 mpich_run 7 "7 ranks" "not slow and not jax"
 mpich_run 8 "8 ranks" "not slow and (not numerics or mesh3d)"
+# 9 ranks on simulated nodes of 3: 3x3 meshes, more ranks than the small arrays' rows (a
+# bench floor and two tests failed only here, 2026-12-05); about 2.5 minutes
+mpich_run 9 "9 ranks, nodes of 3" "not slow and not jax" PYSHARD_NODE_SIZE=3 \
+  PYSHARD_SHM_MIN_BYTES=0
 # Packaging and docs: the sdist installed (not editable) into a fresh environment with only
 # pip's MPICH, mpi4py and numpy, and the demo run from outside the checkout; then the docs
 # (Sphinx, warnings as errors; every example in them run). Both before the CUDA variant

@@ -117,6 +117,25 @@ def test_attach_refused_and_turned_off(comm):
     assert attach and "turned it off (PYSHARD_CMA=0)" in attach[0], attach
 
 
+@pytest.mark.parametrize("setting", ["never", "advise"])
+def test_shared_huge_pages_hint(comm, monkeypatch, setting):
+    """Where shared memory gets no huge pages (shmem_enabled never) and ranks share node-shared
+    memory, a hint names the setting that gives them; with advise, none."""
+    import pyshard.doctor as doctor
+
+    shm = comm.bcast(transport(comm)[0], root=0)  # decided alike on every rank
+    if comm.size < 2 or not shm:
+        pytest.skip("needs ranks that share node-shared memory")
+    facts = doctor.rank_facts
+    monkeypatch.setattr(doctor, "rank_facts", lambda: {**facts(), "thp_shmem": setting})
+    lines, hints = report(comm)
+    same_everywhere(comm, lines, hints)
+    hinted = [h for h in hints if "shared memory gets no huge pages" in h]
+    assert bool(hinted) == (setting == "never"), hints
+    assert all("shmem_enabled to advise" in h for h in hinted)
+    assert any(f"{setting} (shared)" in b for b in node_blocks(lines)[0][1])
+
+
 def test_rank_facts():
     """What a rank reports of itself, with no MPI call: its CPUs, its malloc, the thread
     variables set, and the settings off their defaults."""
