@@ -639,7 +639,9 @@ def test_fft_passes_take_the_custom_call_unless_told(comm, monkeypatch):
     """A c2c FFT of a Sharded array lowers its passes to pyshard_fft; PYSHARD_JAX_FFT=jnp
     lowers them to XLA's own fft; both give numpy's result."""
     mesh = ps.Mesh(comm, (comm.size,))
-    g = np.random.default_rng(5).standard_normal((6, 5, 4)) * (1 + 1j)
+    # every rank's shard non-empty on both sharded axes (an empty one has no pass to lower)
+    shape = (max(6, comm.size), max(5, comm.size), 4)
+    g = np.random.default_rng(5).standard_normal(shape) * (1 + 1j)
     x = psj.distribute(g, mesh, [Shard(0)])
     for choice, custom in (("auto", True), ("jnp", False)):
         monkeypatch.setenv("PYSHARD_JAX_FFT", choice)
