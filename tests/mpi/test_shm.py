@@ -902,3 +902,49 @@ def test_node_info_is_what_every_rank_reported(comm):
             else:  # no other rank on this node: no node transport
                 assert node is None, info
     mesh.free()
+
+
+def _pmd_kib(addr):
+    """kB of the mapping holding ``addr`` that are mapped by huge pages (ShmemPmdMapped)."""
+    with open("/proc/self/smaps") as f:
+        inside = False
+        for line in f:
+            head = line.split()[0]
+            if "-" in head and not head.endswith(":"):
+                lo, hi = (int(v, 16) for v in head.split("-"))
+                inside = lo <= addr < hi
+            elif inside and head == "ShmemPmdMapped:":
+                return int(line.split()[1])
+    return 0
+
+
+def test_results_on_huge_pages_where_the_kernel_gives_them(comm):
+    """A result in node-shared memory asks for huge pages before its pages are faulted in
+    (cpp/shm_segment.cpp): where shared memory gets them on request (shmem_enabled advise, or
+    always/within_size unasked), a 16 MiB result is mapped by huge pages, on the rank that
+    owns it, and the values are right. Skips where the kernel gives shared memory none
+    ("never", Debian's default) or no node-shared memory is there."""
+    if comm.size < 2:
+        pytest.skip("needs two ranks")
+    mesh = ps.Mesh(comm, (comm.size,))
+    try:
+        setting = None
+        path = "/sys/kernel/mm/transparent_hugepage/shmem_enabled"
+        if os.path.exists(path):
+            with open(path) as f:
+                text = f.read().split()
+            setting = next((w[1:-1] for w in text if w.startswith("[")), None)
+        # rank 0 decides for every rank (the nodes of one job run one kernel setting each)
+        setting, shm = comm.bcast((setting, mesh.node_transport((0,)) is not None), root=0)
+        if setting not in ("advise", "always", "within_size") or not shm:
+            pytest.skip(f"shared memory gets no huge pages here (shmem_enabled={setting}) or "
+                        "no node-shared memory")
+        n = 1024 * comm.size  # a result of 1024 x 2048 float64 a rank: 16 MiB
+        g = make_global((n, 2048), np.float64)
+        y = ps.distribute(g, mesh, [Shard(0)]).redistribute([Shard(1)])
+        ok = np.array_equal(y.local, g[y.box]) and is_node_shared(y.local)
+        pmd = _pmd_kib(y.local.ctypes.data)
+        agree(comm, [] if ok and pmd >= 2048 else
+              [f"{pmd} kB mapped by huge pages (want 2048 at least), values right: {ok}"])
+    finally:
+        mesh.free()
