@@ -511,7 +511,8 @@ def layouts_for(P):
                 {0: [0] * (dims[0] - 1) + [11] if dims[0] > 1 else [11]}))
     out.append(((9, 6), dims, [Shard(1), Replicate()], None))
     ext = [0 if i % 2 else 2 for i in range(P - 1)]
-    out.append(((10,), (P,), [Shard(0)], {0: ext + [10 - sum(ext)]}))
+    n = max(10, sum(ext) + 2)  # past 10 ranks the twos outgrow 10 rows
+    out.append(((n,), (P,), [Shard(0)], {0: ext + [n - sum(ext)]}))
     out.append(((4, 6, 5), MPI.Compute_dims(P, 3), [Shard(0), Shard(1), Shard(2)], None))
     return out
 
