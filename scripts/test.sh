@@ -123,6 +123,10 @@ mpich_run 8 "8 ranks" "not slow and (not numerics or mesh3d)"
 # bench floor and two tests failed only here, 2026-12-05); about 2.5 minutes
 mpich_run 9 "9 ranks, nodes of 3" "not slow and not jax" PYSHARD_NODE_SIZE=3 \
   PYSHARD_SHM_MIN_BYTES=0
+# 12 ranks on simulated nodes of 4: more ranks than 10 rows (4x3 and 3x2x2 meshes; three
+# tests and an example failed only here, 2026-12-05); about 3.5 minutes
+mpich_run 12 "12 ranks, nodes of 4" "not slow and not jax" PYSHARD_NODE_SIZE=4 \
+  PYSHARD_SHM_MIN_BYTES=0
 # Packaging and docs: the sdist installed (not editable) into a fresh environment with only
 # pip's MPICH, mpi4py and numpy, and the demo run from outside the checkout; then the docs
 # (Sphinx, warnings as errors; every example in them run). Both before the CUDA variant
