@@ -119,14 +119,15 @@ if [ $TWO_HOSTS = 1 ]; then
 fi
 mpich_run 7 "7 ranks" "not slow and not jax"
 mpich_run 8 "8 ranks" "not slow and (not numerics or mesh3d)"
-# 9 ranks on simulated nodes of 3: 3x3 meshes, more ranks than the small arrays' rows (a
-# bench floor and two tests failed only here, 2026-12-05); about 2.5 minutes
-mpich_run 9 "9 ranks, nodes of 3" "not slow and not jax" PYSHARD_NODE_SIZE=3 \
-  PYSHARD_SHM_MIN_BYTES=0
-# 12 ranks on simulated nodes of 4: more ranks than 10 rows (4x3 and 3x2x2 meshes; three
-# tests and an example failed only here, 2026-12-05); about 3.5 minutes
-mpich_run 12 "12 ranks, nodes of 4" "not slow and not jax" PYSHARD_NODE_SIZE=4 \
-  PYSHARD_SHM_MIN_BYTES=0
+# 12 ranks on simulated nodes of 3 (each row of the 4x3 mesh a node): 4x3 and 3x2x2 meshes,
+# more ranks than the small arrays' rows. It replaced two runs, 9 ranks on nodes of 3 and 12 on
+# nodes of 4 (six minutes between them on a slow day): the bench floor, test_balance,
+# test_fft_padded, test_migrate and examples/torch_bf16.py failures they showed on 2026-12-05
+# fail here too with their fixes reverted. The staged transport's sweep of every 1-D pair (an
+# oracle that grows as the square of the rank count: 25 s here) runs at 1-8 ranks only.
+# About 3 minutes.
+mpich_run 12 "12 ranks, nodes of 3" "not slow and not jax" PYSHARD_NODE_SIZE=3 \
+  PYSHARD_SHM_MIN_BYTES=0 PYTEST_ADDOPTS=--deselect=tests/mpi/test_staged.py::test_1d_pairs_staged
 # Packaging and docs: the sdist installed (not editable) into a fresh environment with only
 # pip's MPICH, mpi4py and numpy, and the demo run from outside the checkout; then the docs
 # (Sphinx, warnings as errors; every example in them run). Both before the CUDA variant
