@@ -79,6 +79,44 @@ static void gather_any(char* out, const char* base, const unsigned short* idx, i
   }
 }
 
+// A chunk's staying rows (dest 0) into si and its leaving rows into li, branch-free.
+static void list_rows(const int* dest, int m, unsigned short* si, int& ns, unsigned short* li,
+                      int& nl) {
+  for (int j = 0; j < m; ++j) {
+    const bool st = dest[j] == 0;
+    si[ns] = static_cast<unsigned short>(j);
+    li[nl] = static_cast<unsigned short>(j);
+    ns += st;
+    nl += !st;
+  }
+}
+
+// The chunked forms: staged (gathered into a buffer in L1, streamed out) or direct.
+static void chunked_pass(const int* dest, i64 n, int C, const i64* rb, char* const* src,
+                         char* const* dst, char* const* leave, int R, bool staged) {
+  alignas(64) static char stage[4096 * 32];
+  unsigned short si[4096], li[4096];
+  i64 k = 0, L = 0;
+  for (i64 i0 = 0; i0 < n; i0 += R) {
+    const int m = int(std::min<i64>(R, n - i0));
+    int ns = 0, nl = 0;
+    list_rows(&dest[i0], m, si, ns, li, nl);
+    for (int c = 0; c < C; ++c) {
+      const char* base = src[c] + i0 * rb[c];
+      if (staged) {
+        gather_any(stage, base, si, ns, rb[c]);
+        stream_copy(dst[c] + k * rb[c], stage, ns * rb[c]);
+      } else {
+        gather_any(dst[c] + k * rb[c], base, si, ns, rb[c]);
+      }
+      gather_any(leave[c] + L * rb[c], base, li, nl, rb[c]);
+    }
+    k += ns;
+    L += nl;
+  }
+  if (staged) _mm_sfence();
+}
+
 static double now() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
       .count();
@@ -181,56 +219,9 @@ int main(int argc, char** argv) {
       }
     }
     const double t5 = now();
-    {
-      const int R = chunk_rows;
-      alignas(64) static char stage[4096 * 32];
-      unsigned short si[4096], li[4096];
-      i64 k = 0, L = 0;
-      for (i64 i0 = 0; i0 < n; i0 += R) {
-        const int m = int(std::min<i64>(R, n - i0));
-        int ns = 0, nl = 0;
-        for (int j = 0; j < m; ++j) {
-          const bool st = dest[i0 + j] == 0;
-          si[ns] = static_cast<unsigned short>(j);
-          li[nl] = static_cast<unsigned short>(j);
-          ns += st;
-          nl += !st;
-        }
-        for (int c = 0; c < C; ++c) {
-          const char* base = src[c] + i0 * rb[c];
-          gather_any(stage, base, si, ns, rb[c]);
-          stream_copy(chunk_dst[c] + k * rb[c], stage, ns * rb[c]);
-          gather_any(leave[c] + L * rb[c], base, li, nl, rb[c]);
-        }
-        k += ns;
-        L += nl;
-      }
-      _mm_sfence();
-    }
+    chunked_pass(dest.data(), n, C, rb, src, chunk_dst, leave, chunk_rows, true);
     const double t6 = now();
-    {
-      const int R = chunk_rows;
-      unsigned short si[4096], li[4096];
-      i64 k = 0, L = 0;
-      for (i64 i0 = 0; i0 < n; i0 += R) {
-        const int m = int(std::min<i64>(R, n - i0));
-        int ns = 0, nl = 0;
-        for (int j = 0; j < m; ++j) {
-          const bool st = dest[i0 + j] == 0;
-          si[ns] = static_cast<unsigned short>(j);
-          li[nl] = static_cast<unsigned short>(j);
-          ns += st;
-          nl += !st;
-        }
-        for (int c = 0; c < C; ++c) {
-          const char* base = src[c] + i0 * rb[c];
-          gather_any(direct_dst[c] + k * rb[c], base, si, ns, rb[c]);
-          gather_any(leave[c] + L * rb[c], base, li, nl, rb[c]);
-        }
-        k += ns;
-        L += nl;
-      }
-    }
+    chunked_pass(dest.data(), n, C, rb, src, direct_dst, leave, chunk_rows, false);
     const double t7 = now();
     {
       const int R = chunk_rows;
