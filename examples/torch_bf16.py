@@ -28,13 +28,18 @@ from pyshard import Partial, Replicate, Shard
 Row = Tuple[str, bool, str]
 
 
+def same_memory(t, a: np.ndarray) -> bool:  # noqa: ANN001 - t: a torch.Tensor
+    """Whether tensor t and array a start at the same address (an empty one always does: an
+    empty tensor's data_ptr() is 0 whatever memory it came from)."""
+    return a.size == 0 or t.data_ptr() == a.ctypes.data
+
+
 def to_torch(a: np.ndarray):  # noqa: ANN201 - a torch.Tensor
     """A pyshard result as a torch tensor on the same memory."""
     import torch
 
     t = torch.from_dlpack(ps.to_dlpack(a))
-    # (an empty tensor's data_ptr() is 0 whatever memory it came from)
-    assert a.size == 0 or t.data_ptr() == a.ctypes.data, "to_dlpack copied"
+    assert same_memory(t, a), "to_dlpack copied"
     return t
 
 
@@ -58,8 +63,7 @@ def run(comm: MPI.Comm, directory: str, rows: int = 13, cols: int = 10) -> List[
     # from_local wraps this rank's rows of the tensor: a bfloat16 view of its memory, no copy
     mine_t = t[x.box]
     x0 = ps.from_local(mine_t, mesh, [Shard(0)], global_shape=tuple(t.shape))
-    mine = torch.equal(to_torch(x.local), mine_t) and (
-        mine_t.numel() == 0 or x0.local.ctypes.data == mine_t.data_ptr())
+    mine = torch.equal(to_torch(x.local), mine_t) and same_memory(mine_t, x0.local)
     mine = comm.allreduce(int(mine), op=MPI.MIN)
     check(
         "distribute [S(0)]",
