@@ -121,9 +121,9 @@ mpich_run 7 "7 ranks" "not slow and not jax"
 mpich_run 8 "8 ranks" "not slow and (not numerics or mesh3d)"
 # 12 ranks on simulated nodes of 3 (each row of the 4x3 mesh a node): 4x3 and 3x2x2 meshes,
 # more ranks than the small arrays' rows. It replaced two runs, 9 ranks on nodes of 3 and 12 on
-# nodes of 4 (six minutes between them on a slow day): the bench floor, test_balance,
-# test_fft_padded, test_migrate and examples/torch_bf16.py failures they showed on 2026-12-05
-# fail here too with their fixes reverted. The staged transport's sweep of every 1-D pair (an
+# nodes of 4 (six minutes between them on a slow day): every failure they showed on 2026-12-05
+# (the bench floor, test_balance, test_fft_padded, test_migrate, test_redistribute_1d,
+# examples/torch_bf16.py) fails here too with its fix reverted. The staged transport's sweep of every 1-D pair (an
 # oracle that grows as the square of the rank count: 25 s here) runs at 1-8 ranks only.
 # About 3 minutes.
 mpich_run 12 "12 ranks, nodes of 3" "not slow and not jax" PYSHARD_NODE_SIZE=3 \
