@@ -123,7 +123,8 @@ void bind_index(py::module_& m) {
                              "The node transport (NodeShm) it was built with, or None")
       .def(
           "start_reverse",
-          [](IndexExchange& x, const py::array& values, py::array& into, int kind, int op) {
+          [](IndexExchange& x, const py::array& values, py::array& into, int kind, int op,
+             bool bad) {
             Buf v = get_buf(values, false, "values");
             Buf t = get_buf(into, true, "into");
             const i64 rb = row_bytes(t);
@@ -134,9 +135,12 @@ void bind_index(py::module_& m) {
             if (op < 0 || op > 3) throw std::invalid_argument("pyshard: unknown scatter op");
             py::gil_scoped_release nogil;
             x.start_reverse(v.ptr, rb, t.ptr, static_cast<FoldKind>(kind),
-                            static_cast<IndexOp>(op));
+                            static_cast<IndexOp>(op), bad);
           },
-          py::arg("values"), py::arg("into"), py::arg("kind"), py::arg("op"))
+          py::arg("values"), py::arg("into"), py::arg("kind"), py::arg("op"),
+          py::arg("bad") = false,
+          "bad: this rank's values were bad (the caller raises after wait()): it takes part "
+          "without values, and each owner it sends to raises at its wait(), naming it")
       .def("test", &IndexExchange::test, py::call_guard<py::gil_scoped_release>())
       .def("wait", &IndexExchange::wait, py::call_guard<py::gil_scoped_release>())
       .def_property_readonly("active", &IndexExchange::active)

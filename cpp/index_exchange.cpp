@@ -137,6 +137,7 @@ IndexExchange::IndexExchange(std::shared_ptr<Comm> comm, std::vector<int> rpeer,
       ooff_(std::move(ooff)), own_rows_(std::move(own_rows)), n_local_(n_local),
       fwd_(comm_, tags::kIndex, method), rev_(comm_, tags::kIndexReverse, method) {
   const int P = comm_->size(), me = comm_->rank();
+  rev_.set_check_sizes(true);  // a reader whose values were bad sends empty messages
   if (node_) {
     if (!node_->usable()) throw std::invalid_argument("pyshard: node-shared memory is not usable");
     local_.assign(P, -1);
@@ -283,14 +284,23 @@ char* IndexExchange::node_block(i64 bytes) {
 // exchange's messages, then raises (on every rank of the node).
 template <class At, class Put>
 void IndexExchange::node_exchange(ShmSegment* seg, i64 off, const std::vector<int>& in, At&& at,
-                                  const std::vector<int>& out, Put&& put) {
+                                  const std::vector<int>& out, Put&& put, bool bad) {
   auto* t = reinterpret_cast<i64*>(seg->ptr + off);
   std::fill(t, t + node_->node_size(), -1);
   for (size_t j = 0; j < in.size(); ++j)
     if (on_node(in[j])) t[local_[in[j]]] = at(j);
   const int me = node_->self();
+  if (bad) t[me] = kBadMark;  // (its own entry, else unused) this rank puts nothing
   try {
     node_->exchange_all(seg, off, [&](const std::vector<char*>& base) {
+      for (size_t j = 0; j < in.size(); ++j) {  // a node peer whose values were bad
+        const int q = in[j];
+        if (!on_node(q) || !base[local_[q]]) continue;
+        if (reinterpret_cast<const i64*>(base[local_[q]])[local_[q]] == kBadMark &&
+            (bad_peer_ < 0 || q < bad_peer_))
+          bad_peer_ = q;
+      }
+      if (bad) return;
       for (size_t k = 0; k < out.size(); ++k) {
         const int q = out[k];
         if (!on_node(q) || !base[local_[q]]) continue;
@@ -385,8 +395,10 @@ void IndexExchange::start_forward(const char* x, i64 rb, char* out, char* block)
 }
 
 void IndexExchange::start_reverse(const char* values, i64 rb, char* into, FoldKind kind,
-                                  IndexOp op) {
+                                  IndexOp op, bool bad) {
   if (active_) throw std::runtime_error("pyshard: an index exchange is already in flight");
+  bad_ = bad;
+  bad_peer_ = -1;
   if (op != IndexOp::replace && kind == FoldKind::none)
     throw std::invalid_argument("pyshard: scatter: no host combine for this element type");
   if ((op == IndexOp::max || op == IndexOp::min) &&
@@ -419,7 +431,7 @@ void IndexExchange::start_reverse(const char* values, i64 rb, char* into, FoldKi
   active_ = true;
   reverse_ = true;
   // R and S reduced from the values in the order of k (groups sent from the values skipped)
-  with_combiner(kind, op, [&](auto C) {
+  if (!bad) with_combiner(kind, op, [&](auto C) {
     for (size_t k = 0; k < slot_.size(); ++k) {
       const i64 s = slot_[k];
       char* dst;
@@ -439,9 +451,9 @@ void IndexExchange::start_reverse(const char* values, i64 rb, char* into, FoldKi
   auto group = [&](size_t j) {
     return rdirect_[j] >= 0 ? values + rdirect_[j] * rb : R_ + roff_[j] * rb;
   };
-  for (size_t j = 0; j < nr; ++j)
+  for (size_t j = 0; j < nr; ++j)  // bad values: an empty message, which the owner reports
     if (!on_node(rpeer_[j]))
-      smsg_.push_back(PeerMsg{const_cast<char*>(group(j)), rcount_[j] * rb, rpeer_[j]});
+      smsg_.push_back(PeerMsg{const_cast<char*>(group(j)), bad ? 0 : rcount_[j] * rb, rpeer_[j]});
   if (steps) {
     for (const PeerMsg& m : smsg_) rev_.post_send(m);
   } else {
@@ -451,7 +463,7 @@ void IndexExchange::start_reverse(const char* values, i64 rb, char* into, FoldKi
     node_exchange(block_.get(), 0, opeer_, [&](size_t i) { return table_bytes() + ooff_[i] * rb; },
                   rpeer_, [&](size_t j, char* dst) {
       std::memcpy(dst, group(j), static_cast<size_t>(rcount_[j] * rb));
-    });
+    }, bad);
   stats()["index_messages"] += static_cast<i64>(smsg_.size());
   out_ = into;
   rb_ = rb;
@@ -459,13 +471,35 @@ void IndexExchange::start_reverse(const char* values, i64 rb, char* into, FoldKi
 
 bool IndexExchange::test() {
   if (!active_) return true;
-  return reverse_ ? rev_.test() : fwd_.test();
+  if (!reverse_) return fwd_.test();
+  try {
+    return rev_.test();
+  } catch (const MessageSizeError& e) {  // completed; wait() reports it
+    if (e.longer) throw;
+    if (bad_peer_ < 0 || e.peer < bad_peer_) bad_peer_ = e.peer;
+    return true;
+  }
 }
 
 void IndexExchange::wait() {
   if (!active_) return;
   active_ = false;
-  if (reverse_) rev_.wait(); else fwd_.wait();
+  if (reverse_) {
+    try {
+      rev_.wait();
+    } catch (const MessageSizeError& e) {  // an empty message: that reader's values were bad
+      if (e.longer) throw;
+      if (bad_peer_ < 0 || e.peer < bad_peer_) bad_peer_ = e.peer;
+    }
+    if (bad_) return;  // this rank's own values were bad: the caller raises
+    if (bad_peer_ >= 0)
+      throw std::invalid_argument(
+          "pyshard: scatter: rank " + std::to_string(bad_peer_) +
+          "'s values were bad (its own error names them); nothing was combined into this "
+          "rank's rows");
+  } else {
+    fwd_.wait();
+  }
   const i64 rb = rb_;
   if (!reverse_) {
     const std::vector<char>& skip = *skip_now_;

@@ -93,7 +93,12 @@ class IndexExchange {
   i64 node_groups_direct() const;
   // Scatter: the values (slot.size() rows) combined into `into` (n_local rows) by `op` in
   // element type `kind` (replace: any). wait() completes it.
-  void start_reverse(const char* values, i64 rb, char* into, FoldKind kind, IndexOp op);
+  // `bad`: this rank's values were bad (the caller raises after wait()): it takes part in
+  // the exchange without values (an empty message to each owner, a mark in its node table,
+  // nothing put into node owners' blocks), so every owner it sends to raises at its wait()
+  // naming it, and combines nothing; no rank waits for a message that does not come.
+  void start_reverse(const char* values, i64 rb, char* into, FoldKind kind, IndexOp op,
+                     bool bad = false);
   // True once every message has completed (drives progress; wait() then only unpacks).
   bool test();
   PeerMethod method() const { return fwd_.method(); }
@@ -122,7 +127,8 @@ class IndexExchange {
   // from the table)
   template <class At, class Put>
   void node_exchange(ShmSegment* seg, i64 off, const std::vector<int>& in, At&& at,
-                     const std::vector<int>& out, Put&& put);
+                     const std::vector<int>& out, Put&& put, bool bad = false);
+  static constexpr i64 kBadMark = -2;  // a node table's own entry: this rank's values were bad
   std::shared_ptr<Comm> comm_;
   std::shared_ptr<NodeShm> node_;
   std::vector<int> local_;  // comm rank -> node index or -1 (node_ only)
@@ -149,6 +155,8 @@ class IndexExchange {
   PeerMessages fwd_, rev_;  // gather's messages, scatter's (each its own pattern of peers)
   std::vector<PeerMsg> rmsg_, smsg_;
   bool active_ = false, reverse_ = false;
+  bool bad_ = false;    // the scatter in flight: this rank's values were bad
+  int bad_peer_ = -1;   // the lowest reader rank whose values were bad (a scatter), or -1
   const char* x_ = nullptr;
   char* out_ = nullptr;
   i64 rb_ = 0;

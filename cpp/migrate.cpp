@@ -743,11 +743,37 @@ void MigrateExchange::back_error(const i64* cnt, const i64* rcnt, i64 sig, i64 c
   heads.wait();
 }
 
-bool MigrateExchange::test() { return !active_ || msgs().test(); }
+// A back() message longer than its receive: that peer's values are wider than this rank's.
+[[noreturn]] static void wider_values(const MessageSizeError& e) {
+  throw std::invalid_argument("pyshard: back(): rank " + std::to_string(e.peer) +
+                              "'s values have other columns (keys, dtypes or trailing "
+                              "shapes) than this rank's (its rows are wider)");
+}
+
+bool MigrateExchange::test() {
+  if (!active_) return true;
+  try {
+    return msgs().test();
+  } catch (const MessageSizeError& e) {
+    active_ = false;
+    for (MPI_Datatype& t : types_) mpi::type_free(&t);
+    types_.clear();
+    if (!back_) throw;
+    wider_values(e);
+  }
+}
 
 void MigrateExchange::wait() {
   if (!active_) return;
-  msgs().wait();
+  try {
+    msgs().wait();
+  } catch (const MessageSizeError& e) {
+    active_ = false;
+    for (MPI_Datatype& t : types_) mpi::type_free(&t);
+    types_.clear();
+    if (!back_) throw;
+    wider_values(e);
+  }
   active_ = false;
   for (MPI_Datatype& t : types_) mpi::type_free(&t);
   types_.clear();

@@ -181,6 +181,27 @@ inline bool testall(size_t n, MPI_Request* r) {
 inline void waitall(size_t n, MPI_Request* r) {
   check_mpi(MPI_Waitall(static_cast<int>(n), r, MPI_STATUSES_IGNORE), "MPI_Waitall");
 }
+// MPI's own answer, the statuses kept (PeerMessages reads them: a truncated receive).
+inline int wait_status(MPI_Request* r, MPI_Status* st) { return MPI_Wait(r, st); }
+inline int test_status(MPI_Request* r, int* done, MPI_Status* st) { return MPI_Test(r, done, st); }
+inline int waitall_status(size_t n, MPI_Request* r, MPI_Status* st) {
+  return MPI_Waitall(static_cast<int>(n), r, st);
+}
+inline int testall_status(size_t n, MPI_Request* r, int* done, MPI_Status* st) {
+  return MPI_Testall(static_cast<int>(n), r, done, st);
+}
+inline void wait_unchecked(MPI_Request* r) { MPI_Wait(r, MPI_STATUS_IGNORE); }
+// The bytes a completed receive got (its status), whatever the count.
+inline i64 received_bytes(const MPI_Status& st) {
+  MPI_Count n = 0;
+  MPI_Get_elements_x(&st, MPI_BYTE, &n);
+  return static_cast<i64>(n);
+}
+inline int error_class(int err) {
+  int c = err;
+  MPI_Error_class(err, &c);
+  return c;
+}
 inline void waitall_unchecked(size_t n, MPI_Request* r) {
   MPI_Waitall(static_cast<int>(n), r, MPI_STATUSES_IGNORE);
 }

@@ -1,6 +1,7 @@
 #include "peer_messages.h"
 
 #include <stdexcept>
+#include <string>
 
 namespace pyshard {
 
@@ -68,6 +69,12 @@ void PeerMessages::start(const std::vector<PeerMsg>& recvs, const std::vector<Pe
   }
   const MPI_Comm c = comm_->get();
   nrecv_ = recvs.size();
+  rpeer_.clear();
+  rbytes_.clear();
+  for (const PeerMsg& m : recvs) {
+    rpeer_.push_back(m.peer);
+    rbytes_.push_back(m.type == MPI_BYTE ? m.bytes : -1);
+  }
   nsend_ = sends.size();
   if (method_ == PeerMethod::p2p) {
     reqs_.assign(nrecv_ + nsend_, MPI_REQUEST_NULL);
@@ -137,6 +144,12 @@ void PeerMessages::start_neighbor(const std::vector<PeerMsg>& recvs,
     }
   }
   nrecv_ = recvs.size();
+  rpeer_.clear();
+  rbytes_.clear();
+  for (const PeerMsg& m : recvs) {
+    rpeer_.push_back(m.peer);
+    rbytes_.push_back(m.type == MPI_BYTE ? m.bytes : -1);
+  }
   nsend_ = sends.size();
   if (mpi::neighbor_persistent()) {
     if (again) {
@@ -167,6 +180,12 @@ void PeerMessages::post_recvs(const std::vector<PeerMsg>& recvs) {
     throw std::logic_error("pyshard: messages posted in steps take the p2p method");
   arrived_ = false;
   nrecv_ = recvs.size();
+  rpeer_.clear();
+  rbytes_.clear();
+  for (const PeerMsg& m : recvs) {
+    rpeer_.push_back(m.peer);
+    rbytes_.push_back(m.type == MPI_BYTE ? m.bytes : -1);
+  }
   nsend_ = 0;
   reqs_.assign(nrecv_, MPI_REQUEST_NULL);
   const MPI_Comm c = comm_->get();
@@ -184,17 +203,82 @@ void PeerMessages::post_send(const PeerMsg& m) {
 
 bool PeerMessages::test() {
   if (!active_ || arrived_ || reqs_.empty()) return true;
-  if (reqs_.size() == 1)
+  if (method_ == PeerMethod::neighbor) {
     arrived_ = mpi::test(&reqs_[0]);
-  else
-    arrived_ = mpi::testall(reqs_.size(), reqs_.data());
+    return arrived_;
+  }
+  std::vector<MPI_Status> st(reqs_.size());
+  int done = 0;
+  int err = MPI_SUCCESS;
+  if (reqs_.size() == 1) {  // one request's error is the call's answer, not its status's
+    err = mpi::test_status(&reqs_[0], &done, &st[0]);
+    if (err != MPI_SUCCESS) {
+      st[0].MPI_ERROR = err;
+      err = MPI_ERR_IN_STATUS;
+    }
+  } else {
+    err = mpi::testall_status(reqs_.size(), reqs_.data(), &done, st.data());
+  }
+  if (err != MPI_SUCCESS) failed(err, st, "MPI_Testall");
+  arrived_ = done != 0;
+  if (arrived_ && check_sizes_) check_sizes(st);
   return arrived_;
+}
+
+void PeerMessages::check_sizes(const std::vector<MPI_Status>& st) const {
+  if (method_ == PeerMethod::neighbor) return;  // one request: no status per peer
+  for (size_t i = 0; i < nrecv_ && i < rbytes_.size() && i < st.size(); ++i)
+    if (rbytes_[i] > 0 && mpi::received_bytes(st[i]) < rbytes_[i])
+      throw MessageSizeError(rpeer_[i], false);
 }
 
 void PeerMessages::wait() {
   if (!active_) return;
+  if (arrived_ || reqs_.empty()) {
+    active_ = false;
+    return;
+  }
+  std::vector<MPI_Status> st(reqs_.size());
+  int err = MPI_SUCCESS;
+  if (reqs_.size() == 1) {
+    err = mpi::wait_status(&reqs_[0], &st[0]);
+    if (err != MPI_SUCCESS) {
+      st[0].MPI_ERROR = err;
+      err = MPI_ERR_IN_STATUS;
+    }
+  } else {
+    err = mpi::waitall_status(reqs_.size(), reqs_.data(), st.data());
+  }
   active_ = false;
-  if (!arrived_ && !reqs_.empty()) mpi::waitall(reqs_.size(), reqs_.data());
+  if (err != MPI_SUCCESS) failed(err, st, "MPI_Waitall");
+  if (check_sizes_) check_sizes(st);
+}
+
+void PeerMessages::failed(int err, std::vector<MPI_Status>& st, const char* call) {
+  active_ = false;
+  if (err != MPI_ERR_IN_STATUS) {  // the call itself: no status to read
+    mpi::waitall_unchecked(reqs_.size(), reqs_.data());
+    check_mpi(err, call);
+  }
+  int first = MPI_SUCCESS;
+  long truncated = -1;
+  for (size_t i = 0; i < reqs_.size(); ++i) {
+    const int e = st[i].MPI_ERROR;
+    if (e == MPI_SUCCESS || e == MPI_ERR_PENDING) {
+      // not completed yet (or completed, its handle already MPI_REQUEST_NULL): waited for
+      if (reqs_[i] != MPI_REQUEST_NULL) mpi::wait_unchecked(&reqs_[i]);
+      continue;
+    }
+    if (mpi::error_class(e) == MPI_ERR_TRUNCATE && i < nrecv_ &&
+        method_ != PeerMethod::neighbor) {  // (one request for every peer there)
+      if (truncated < 0) truncated = static_cast<long>(i);
+    } else if (first == MPI_SUCCESS) {
+      first = e;
+    }
+  }
+  check_mpi(first, call);
+  if (truncated < 0) throw std::runtime_error(std::string("pyshard: ") + call + " failed");
+  throw MessageSizeError(rpeer_[static_cast<size_t>(truncated)], true);
 }
 
 }  // namespace pyshard

@@ -23,6 +23,8 @@
 #include <mpi.h>
 
 #include <memory>
+#include <stdexcept>
+#include <string>
 #include <vector>
 
 #include "comm.h"
@@ -38,6 +40,18 @@ struct PeerMsg {
   i64 bytes;
   int peer;
   MPI_Datatype type = MPI_BYTE;
+};
+
+// A receive whose message had another size than its buffer, from `peer`: longer (MPI's
+// MPI_ERR_TRUNCATE, always raised) or shorter (raised where set_check_sizes(true)).
+struct MessageSizeError : std::length_error {
+  int peer;
+  bool longer;
+  MessageSizeError(int p, bool l)
+      : std::length_error("pyshard: the message from rank " + std::to_string(p) + " was " +
+                          (l ? "longer" : "shorter") + " than this rank's receive for it"),
+        peer(p),
+        longer(l) {}
 };
 
 enum class PeerMethod { p2p = 0, persistent = 1, neighbor = 2 };
@@ -59,8 +73,15 @@ class PeerMessages {
   void post_send(const PeerMsg& m);
   // Have the messages completed? MPI_Testall (MPI_Test for one request: MPICH 5's Testall
   // reports an error on a persistent neighbourhood request): never blocks, drives progress.
+  // Checked as wait() is, except the neighbourhood request's MPI_Test.
   bool test();
-  // Complete every message (checked).
+  // Also raise a receive whose message was shorter than its buffer (byte messages, not the
+  // neighbor method): an exchange whose sender signals an error by an empty message.
+  void set_check_sizes(bool on) { check_sizes_ = on; }
+  // Complete every message (checked). A receive whose message was longer than its buffer
+  // (MPI_ERR_TRUNCATE: a peer that sent more than this rank expects, which only an exchange
+  // whose sizes are not both sides' knowledge can meet: migrate's back()) throws
+  // MessageSizeError naming the peer, after every other message has completed.
   void wait();
   // Complete the receives one at a time, arrived(i) for the i-th receive of the last start,
   // then the sends. In the order posted, by MPI_Wait: MPICH 5 over TCP (UCX) completed a
@@ -81,6 +102,11 @@ class PeerMessages {
 
  private:
   void free_requests();
+  // The messages after MPI_Waitall or MPI_Testall answered `err` (MPI_ERR_IN_STATUS: each
+  // status says): the rest completed, errors ignored; then the first error thrown.
+  [[noreturn]] void failed(int err, std::vector<MPI_Status>& st, const char* call);
+  // check_sizes_: the receives' statuses against their sizes (after a completion)
+  void check_sizes(const std::vector<MPI_Status>& st) const;
   void start_neighbor(const std::vector<PeerMsg>& recvs, const std::vector<PeerMsg>& sends,
                       char* rbase, const char* sbase);
   std::shared_ptr<Comm> comm_;
@@ -88,6 +114,9 @@ class PeerMessages {
   PeerMethod method_;
   std::vector<MPI_Request> reqs_;  // receives, then sends
   size_t nrecv_ = 0, nsend_ = 0;
+  std::vector<int> rpeer_;  // the peer of each receive of the last start (errors name it)
+  std::vector<i64> rbytes_;  // and its bytes (-1: a typed receive, not checked)
+  bool check_sizes_ = false;
   bool active_ = false;
   bool arrived_ = false;  // test() saw every message complete
   // persistent and neighbor: what the requests are bound to

@@ -1017,7 +1017,11 @@ class IndexExchange:
         into: numpy.ndarray,
         kind: typing.SupportsInt | typing.SupportsIndex,
         op: typing.SupportsInt | typing.SupportsIndex,
-    ) -> None: ...
+        bad: bool = False,
+    ) -> None:
+        """
+        bad: this rank's values were bad (the caller raises after wait()): it takes part without values, and each owner it sends to raises at its wait(), naming it
+        """
     def test(self) -> bool: ...
     def wait(self) -> None: ...
     @property

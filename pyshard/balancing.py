@@ -342,6 +342,14 @@ def _check_values(a: np.ndarray) -> None:
     neg, bad = int(np.count_nonzero(a < 0)), int(np.count_nonzero(~np.isfinite(a)))
     if neg or bad:
         raise ValueError(_bad_message(neg, bad))
+    with np.errstate(over="ignore"):
+        if not np.isfinite(a.sum()):
+            raise ValueError(_overflow_message())
+
+
+def _overflow_message() -> str:
+    return ("pyshard.balance: the costs are finite but their total overflows float64; "
+            "scale them down (only their ratios matter)")
 
 
 def _bad_message(neg: int, bad: int) -> str:
@@ -602,7 +610,11 @@ def balance(cost: ShardedArray, multiple_of: PerDim = 1, min_size: PerDim = 0,
     summed = collectives.sum_all_array(mesh.comm, np.concatenate(parts))
     if summed[0] or summed[1]:
         raise ValueError(_bad_message(int(summed[0]), int(summed[1])))
-    before_max = float(collectives.max_all(mesh.comm, float(local.sum())))
+    with np.errstate(over="ignore"):  # (an overflowing total raises below)
+        mine_sum = float(local.sum())
+        if dims and not np.isfinite(summed[2:2 + lengths[0]].sum()):  # the same on every rank
+            raise ValueError(_overflow_message())
+    before_max = float(collectives.max_all(mesh.comm, mine_sum))
     ncoll = 2
     if not dims:
         return _result(layout, {}, before_max, before_max, before_max, before_max, 0, [],

@@ -44,6 +44,7 @@ _ERRORS = {
     5: "a column of a dtype pyshard cannot move (object, or not an array)",
     6: "no columns",
     7: "inplace=True takes writeable C-contiguous numpy columns with room for dest's rows",
+    8: "a dest naming a rank outside peers",
 }
 
 
@@ -100,7 +101,9 @@ def _split(rows: Rows, what: str) -> Tuple[_Structure, List[Any], int, str]:
 
 def _signature(st: _Structure, cols: List[np.ndarray]) -> int:
     """A number that differs where two ranks' columns differ (keys, dtypes, trailing shapes)."""
-    text = repr((st.kind, st.keys, [(_dtypes.name(a.dtype), a.dtype.str, a.shape[1:])
+    # a structured dtype's str is its size alone ('|V16'): its fields go in by descr
+    text = repr((st.kind, st.keys, [(_dtypes.name(a.dtype), a.dtype.str,
+                                     a.dtype.descr if a.dtype.fields else None, a.shape[1:])
                                     for a in cols]))
     return zlib.crc32(text.encode())
 
@@ -490,7 +493,8 @@ def migrate(rows: Rows, dest: Any, mesh: Any, algorithm: str = "auto", wait: boo
     be written until then.
 
     Bad input (a ``dest`` out of range or not integer, columns of different lengths, a ``dest``
-    of the wrong length, an object dtype, or columns that differ between ranks) raises
+    of the wrong length, an object dtype, a ``dest`` naming a rank outside ``peers=``, or
+    columns that differ between ranks) raises
     ``ValueError`` on every rank in this call, naming the first rank at fault; the error
     travels with the counts, so no collective is added."""
     P, me = mesh.size, mesh.rank
@@ -513,6 +517,15 @@ def migrate(rows: Rows, dest: Any, mesh: Any, algorithm: str = "auto", wait: boo
         if bad >= 0:
             code = 1
             detail = f"dest[{bad}] = {int(d[bad])} is outside [0, {P})"
+    if not code and r.algorithm == "peers":
+        out = np.ones(P, bool)
+        out[list(r.peers)] = False
+        out[me] = False
+        if counts[out].any():
+            q = int(np.flatnonzero(out & (counts > 0))[0])
+            code = 8
+            detail = (f"dest sends {int(counts[q])} rows to rank {q}, which is not in "
+                      f"peers {r.peers}")
     sig = _signature(st, cols) if not code else 0
     comm = mesh.core_comm(tuple(range(mesh.ndim)))
     alg = {"alltoall": 0, "nbx": 1, "peers": 2}[r.algorithm]

@@ -47,8 +47,8 @@ from .route import FOLD_KIND
 log = logging.getLogger(__name__)
 _U8 = np.dtype(np.uint8)
 
-__all__ = ["GatherPlan", "IndexExchange", "IndexRoute", "PendingIndex", "gather_plan",
-           "scatter_add", "take"]
+__all__ = ["GatherPlan", "IndexExchange", "IndexRoute", "PendingIndex", "csr_plan",
+           "gather_plan", "scatter_add", "take"]
 
 OPS = ("sum", "max", "min", "replace")
 _OP_CODE = {op: k for k, op in enumerate(OPS)}  # cpp/index_exchange.h IndexOp
@@ -194,6 +194,9 @@ def _check_indices(indices: Any, N: int) -> Tuple[Optional[np.ndarray], int, str
         return None, 3, f"indices must be 1-D, got shape {a.shape}", False
     if a.dtype.kind not in "iu" and not (a.size == 0 and a.dtype.kind == "f"):
         return None, 2, f"indices must be integers, got dtype {a.dtype}", False
+    if a.dtype.kind == "u" and a.dtype.itemsize == 8 and a.size and int(a.max()) >= N:
+        k = int(np.flatnonzero(a >= N)[0])  # (before the cast, which would wrap it negative)
+        return None, 1, f"indices[{k}] = {int(a[k])} is outside [0, {N})", False
     a = a.astype(np.int64, copy=False)
     inc = _increasing(a)
     if a.size and not (inc and 0 <= a[0] and a[-1] < N):
@@ -210,13 +213,14 @@ class PendingIndex(Request):
     messages, True once they have completed (``wait`` then only unpacks). The arrays it reads
     and writes must not be touched until then."""
 
-    __slots__ = ("_plan", "_result", "_keep", "_finish", "_done", "_core")
+    __slots__ = ("_plan", "_result", "_keep", "_finish", "_done", "_core", "_error")
 
     def __init__(self, plan: GatherPlan, result: Any, keep: Tuple[Any, ...],
-                 finish: Any = None, core: Any = None) -> None:
+                 finish: Any = None, core: Any = None, error: str = "") -> None:
         self._plan, self._result, self._keep, self._finish = plan, result, keep, finish
         self._done = False
         self._core = core if core is not None else plan.exchange.core
+        self._error = error  # this rank's input was bad: raised at wait(), once its part ran
 
     @property
     def done(self) -> bool:
@@ -230,12 +234,19 @@ class PendingIndex(Request):
     def wait(self) -> Any:
         """Complete the exchange; the gathered rows (gather) or None (scatter)."""
         if not self._done:
-            self._core.wait()
-            self._plan._inflight = None
+            try:
+                self._core.wait()
+            except ValueError:  # a peer's values were bad: nothing combined here
+                if not self._error:
+                    raise
+            finally:
+                self._plan._inflight = None
+                self._done = True
+                self._keep = ()
+            if self._error:
+                raise ValueError(self._error)
             if self._finish is not None:
                 self._finish()
-            self._done = True
-            self._keep = ()
         return self._result
 
 
@@ -347,12 +358,15 @@ class GatherPlan:
                                f"still in flight; wait() for it first")
         return x.local
 
-    def _count(self, op: str, rb: int, forward: bool) -> None:
+    def _count(self, op: str, rb: int, forward: bool, core: Any) -> None:
         c = self.exchange.core
         s = self._stats
         s[op] += 1
         self.exchange.calls += 1
         peers_r, peers_o = int(c.messages_out), int((self.rcounts > 0).sum())
+        if core.on_node_transport:  # groups between node peers go by no message
+            peers_r -= int(core.node_groups_in)
+            peers_o -= int(core.node_groups_out)
         rin, rout = int(c.rows_in), int(c.rows_out)
         if forward:
             s["messages_sent"] += peers_o
@@ -408,12 +422,14 @@ class GatherPlan:
         device = _backend.is_device(local)
         host = self._packed(local) if device else _backend.to_host(local)
         shape = (self.n,) + tuple(local.shape[1:])
+        error = ""
         if out is not None and not device:
             if not isinstance(out, np.ndarray) or out.shape != shape or out.dtype != host.dtype \
                     or not out.flags.c_contiguous or not out.flags.writeable:
-                raise ValueError(f"pyshard.GatherPlan.gather: out must be a writable "
-                                 f"C-contiguous numpy array of shape {shape} and dtype "
-                                 f"{host.dtype}")
+                # this rank still serves its rows (into a result of its own), then raises
+                error = (f"pyshard.GatherPlan.gather: out must be a writable C-contiguous "
+                         f"numpy array of shape {shape} and dtype {host.dtype}")
+                out = None
         rb = host.dtype.itemsize * int(np.prod(shape[1:], dtype=np.int64))
 
         def trial(c: Any) -> None:
@@ -428,7 +444,7 @@ class GatherPlan:
         else:
             res, block = self._result(core, shape, host.dtype, rb)
         core.start_forward(host, res, block)
-        self._count("gather", rb, True)
+        self._count("gather", rb, True, core)
         if device:
             box: Dict[str, Any] = {}
 
@@ -442,7 +458,7 @@ class GatherPlan:
 
             p: PendingIndex = _DevicePending(self, box, (host, res), finish, core)
         else:
-            p = PendingIndex(self, res, (host, res), None, core)
+            p = PendingIndex(self, res, (host, res), None, core, error)
         self._inflight = p
         return p.wait() if wait else p
 
@@ -458,20 +474,36 @@ class GatherPlan:
             raise ValueError(f"pyshard.GatherPlan.scatter: op must be one of {OPS}, got {op!r}")
         local = self._check(into, "scatter")
         device = _backend.is_device(local)
-        vals = _backend.to_host(values) if _backend.is_device(values) else np.asarray(values)
-        shape = (self.n,) + tuple(local.shape[1:])
-        if vals.shape != shape or vals.dtype != local.dtype:
-            raise ValueError(f"pyshard.GatherPlan.scatter: values must have shape {shape} and "
-                             f"dtype {local.dtype} (into's), got {vals.shape} {vals.dtype}")
-        # a cupy array: only the rows this plan combines into, packed on the device
-        tgt = self._packed(local) if device else np.asarray(local)
-        if not device and not (tgt.flags.c_contiguous and tgt.flags.writeable):
-            raise ValueError("pyshard.GatherPlan.scatter: into's local array must be writable "
-                             "and C-contiguous")
-        dt = tgt.dtype
+        dt = np.dtype(local.dtype)
         if dt.kind == "c" and op in ("max", "min"):
             raise ValueError(f"pyshard.GatherPlan.scatter: op {op!r} is not defined for "
                              f"complex data ({dt}); use 'sum' or 'replace'")
+        # (into's dtype is the same on every rank: these raise on every rank alike)
+        wdt = dt
+        if dt != np.bool_ and FOLD_KIND.get(dt) is None and op != "replace":
+            # float16, the ml_dtypes floats: in float32; a byte-swapped dtype: in native order
+            wdt = _dtypes.accumulator(dt.newbyteorder("=") if not dt.isnative else dt)
+            if FOLD_KIND.get(np.dtype(wdt)) is None:
+                raise ValueError(f"pyshard.GatherPlan.scatter: op {op!r} does not combine "
+                                 f"{dt} (sum, max and min take bool, the integers, the floats "
+                                 f"up to float64 and complex up to complex128; 'replace' any "
+                                 f"dtype)")
+        vals = _backend.to_host(values) if _backend.is_device(values) else np.asarray(values)
+        shape = (self.n,) + tuple(local.shape[1:])
+        # A rank whose values (or into's local array) are bad still takes part in the exchange
+        # without values, so that every rank it sends to raises too and none waits; it raises
+        # at wait() (not for the neighbor method, whose collective cannot carry the error).
+        error = ""
+        if vals.shape != shape or vals.dtype != dt:
+            error = (f"pyshard.GatherPlan.scatter: values must have shape {shape} and dtype "
+                     f"{dt} (into's), got {vals.shape} {vals.dtype}")
+        # a cupy array: only the rows this plan combines into, packed on the device
+        tgt = self._packed(local) if device else np.asarray(local)
+        if not device and not (tgt.flags.c_contiguous and tgt.flags.writeable) and not error:
+            error = ("pyshard.GatherPlan.scatter: into's local array must be writable and "
+                     "C-contiguous")
+        if error:
+            tgt, vals = np.zeros(tgt.shape, dt), np.zeros(shape, dt)  # sizes only
         kind = FOLD_KIND.get(dt)
         acc, v, narrow = tgt, np.ascontiguousarray(vals), None
         if dt == np.bool_:
@@ -479,8 +511,7 @@ class GatherPlan:
             acc, v = tgt.view(np.uint8), v.view(np.uint8)
             if op == "sum":
                 op = "max"  # logical or
-        elif kind is None and op != "replace":  # float16, the ml_dtypes floats: in float32
-            wdt = _dtypes.accumulator(dt)
+        elif kind is None and op != "replace":
             ml = _dtypes.is_ml_float(dt)
 
             def wide(a: np.ndarray) -> np.ndarray:
@@ -496,13 +527,23 @@ class GatherPlan:
             kind = -1  # replace: bytes only
         rb = acc.dtype.itemsize * int(np.prod(shape[1:], dtype=np.int64))
         key = "scatter/dev" if device else "scatter"
+        bad = bool(error)
         if key not in self._cores:  # tuning: on a copy (a scatter changes `into`)
             scratch = acc.copy() if self._candidates else acc  # (no trials: no copy)
-            self._core_for("scatter", lambda c: (
-                c.start_reverse(v, scratch, kind, _OP_CODE[op]), c.wait()), device)
+
+            def trial(c: Any) -> None:
+                c.start_reverse(v, scratch, kind, _OP_CODE[op], bad and c.method != 2)
+                try:
+                    c.wait()
+                except ValueError:  # a peer's bad values: raised by the call itself below
+                    pass
+
+            self._core_for("scatter", trial, device)
         core = self._cores[key]
-        core.start_reverse(v, acc, kind, _OP_CODE[op])
-        self._count("scatter", rb, False)
+        if bad and core.method == 2:  # neighbor: raised here, before the collective
+            raise ValueError(error)
+        core.start_reverse(v, acc, kind, _OP_CODE[op], bad)
+        self._count("scatter", rb, False, core)
 
         def finish() -> None:
             if narrow is not None:
@@ -510,7 +551,7 @@ class GatherPlan:
             if device:
                 self._unpack(local, tgt)
 
-        p = PendingIndex(self, None, (v, acc, tgt), finish, core)
+        p = PendingIndex(self, None, (v, acc, tgt), finish, core, error)
         self._inflight = p
         return p.wait() if wait else p
 

@@ -138,6 +138,8 @@ def test_errors():
         ps.balance_array(np.array([1, -1, 0, 0, 0, 0, 0, 0.0]), lay)
     with pytest.raises(ValueError, match="non-finite"):
         ps.balance_array(np.array([1, np.nan, 0, 0, 0, 0, 0, 0.0]), lay)
+    with pytest.raises(ValueError, match="total overflows float64"):  # each finite
+        ps.balance_array(np.full(8, 1e308), lay)
     with pytest.raises(ValueError, match="min_size"):
         ps.balance_array(np.ones(8), lay, min_size=3)
     with pytest.raises(ValueError, match="multiple_of"):

@@ -70,6 +70,9 @@ def test_bad_cost_raises_on_every_rank(comm):
     cost = ps.distribute(c, mesh, [ps.Shard(0)])
     with pytest.raises(ValueError, match="1 negative"):
         ps.balance(cost)
+    # every cell finite, the total not: the same error on every rank
+    with pytest.raises(ValueError, match="total overflows float64"):
+        ps.balance(ps.distribute(np.full(2 * comm.size, 1e308), mesh, [ps.Shard(0)]))
     with pytest.raises(ValueError, match="min_size"):
         ps.balance(ps.distribute(np.ones(2 * comm.size), mesh, [ps.Shard(0)]), min_size=3)
     mesh.free()

@@ -221,6 +221,53 @@ def test_peers(mesh):
     assert r.route.algorithm == "peers"
 
 
+@pytest.mark.mpi(min_size=4)
+def test_dest_outside_peers_raises(mesh):
+    """A dest naming a rank outside peers=: that rank and its peers raise (no row is lost to
+    a rank that never posts its receive), and the next migrations are exact."""
+    P, me = mesh.size, mesh.rank
+    peers = [(me - 1) % P, (me + 1) % P]
+    dest = np.full(3, me, np.int64)
+    if me == 0:
+        dest[1] = 2  # outside rank 0's peers {P - 1, 1}
+    x = np.arange(3.0) + 10 * me
+    bad = me == 0
+    hit = me in (1, P - 1)
+    try:
+        r = ps.migrate(x, dest, mesh, peers=peers)
+        raised = ""
+    except ValueError as e:
+        raised = str(e)
+    if bad:
+        assert "rank 0's input is bad (a dest naming a rank outside peers)" in raised, raised
+        assert "not in peers" in raised, raised
+    elif hit:
+        assert "rank 0's input is bad" in raised, raised
+    else:
+        assert not raised, raised
+    MPI.COMM_WORLD.Barrier()
+    for algorithm in ("alltoall", "nbx"):  # a stray row message would land in these
+        d = np.full(3, (me + 1) % P, np.int64)
+        r = ps.migrate(np.arange(3.0) + 100 * me, d, mesh, algorithm=algorithm)
+        np.testing.assert_array_equal(r.rows, np.arange(3.0) + 100 * ((me - 1) % P))
+
+
+def test_structured_dtypes_that_differ_between_ranks(mesh):
+    """Two structured dtypes of one size but other fields are columns that differ."""
+    P, me = mesh.size, mesh.rank
+    a = np.dtype([("id", "i8"), ("w", "f8")])
+    b = np.dtype([("w", "f8"), ("id", "i8")])
+    x = np.zeros(4, a if me % 2 == 0 else b)
+    dest = np.full(4, (me + 1) % P)
+    if P > 1:
+        with pytest.raises(ValueError, match="columns differ between ranks"):
+            ps.migrate(x, dest, mesh)
+    y = np.zeros(4, a)
+    y["id"] = np.arange(4) + 10 * me
+    r = ps.migrate(y, dest, mesh)
+    np.testing.assert_array_equal(r.rows["id"], np.arange(4) + 10 * ((me - 1) % P))
+
+
 def test_nbx_sends_only_to_receivers(mesh):
     """The sparse path: no Alltoall, and one message per rank that gets rows."""
     P, me = mesh.size, mesh.rank
@@ -467,6 +514,26 @@ def test_back_bad_values_and_changed_dest(mesh):
         except ValueError:
             raised = True
         assert raised == (bad or bool(owes))
+    if P > 1:
+        # one rank's values are wider than the others' (other trailing shape): on the message
+        # path the ranks it owes rows to get more bytes than they expect; each raises the
+        # same ValueError, naming it, as for narrower ones
+        r2 = ps.migrate(x, dest, mesh, algorithm="alltoall")
+        if r2.route.path == "mpi":
+            wide = me == P - 1
+            owes = r2.sent[P - 1] > 0 and me != P - 1
+            try:
+                r2.back(np.zeros((r2.m, 3)) if wide else r2.rows)
+                msg = ""
+            except ValueError as e:
+                msg = str(e)
+            if owes:
+                assert f"rank {P - 1}'s values have other columns" in msg, msg
+            elif wide:
+                assert "values have other columns" in msg, msg
+            else:
+                assert not msg, msg
+            np.testing.assert_array_equal(r2.back(r2.rows), x)  # and back works after it
     dest[:] = me  # changed since the migration
     if P > 1 and r.sent[me] != 4:
         with pytest.raises(RuntimeError, match="dest changed"):

@@ -606,22 +606,29 @@ def test_local_errors(mesh):
     idx = np.asarray(indices_of("random", 6, me), np.int64)
     plan = ps.gather_plan(idx, like=x)
     n = len(idx)
-    no_messages(lambda: plan.scatter(np.zeros((n + 1, 2)), into=x), ValueError,
-                r"values must have shape", plan)
-    no_messages(lambda: plan.scatter(np.zeros((n, 2), np.float32), into=x), ValueError,
-                r"dtype float64", plan)
-    no_messages(lambda: plan.scatter(np.zeros((n, 3)), into=x), ValueError, "values must", plan)
+    # a rank's bad values or out: it takes part without them (so a peer never waits) and
+    # raises its own error; here every rank does, so each names its own fault
+    before = x.local.copy()
+    for fn, match in [
+            (lambda: plan.scatter(np.zeros((n + 1, 2)), into=x), r"values must have shape"),
+            (lambda: plan.scatter(np.zeros((n, 2), np.float32), into=x), r"dtype float64"),
+            (lambda: plan.scatter(np.zeros((n, 3)), into=x), "values must"),
+            (lambda: plan.gather(x, out=np.zeros((n + 1, 2))), "out must"),
+            (lambda: plan.gather(x, out=np.zeros((n, 2), np.float32)), "out must")]:
+        with pytest.raises(ValueError, match=match):
+            fn()
+        np.testing.assert_array_equal(x.local, before)  # nothing combined
     no_messages(lambda: plan.scatter(np.zeros((n, 2)), into=x, op="prod"), ValueError,
                 "op must be one of", plan)
+    no_messages(lambda: plan.scatter(np.zeros((n, 2), np.longdouble),
+                                     into=dist(g.astype(np.longdouble), mesh, sizes)),
+                ValueError, "does not combine", plan)
     xc = dist(make_global((N, 2), "complex128"), mesh, sizes)
     no_messages(lambda: plan.scatter(np.zeros((n, 2), np.complex128), into=xc, op="max"),
                 ValueError, "not defined for complex", plan)
-    no_messages(lambda: plan.gather(x, out=np.zeros((n + 1, 2))), ValueError, "out must", plan)
-    no_messages(lambda: plan.gather(x, out=np.zeros((n, 2), np.float32)), ValueError,
-                "out must", plan)
     if all(len(indices_of("random", 6, q)) > 1 for q in range(P)):  # an empty out is both
-        no_messages(lambda: plan.gather(x, out=np.zeros((2, n)).T), ValueError, "out must",
-                    plan)
+        with pytest.raises(ValueError, match="out must"):
+            plan.gather(x, out=np.zeros((2, n)).T)
     # into= laid out differently from like=: more rows, another split, another placement
     other = [dist(make_global((N + 1, 2), "float64"), mesh, None),
              ps.distribute(g, mesh, [Replicate()])]
@@ -645,6 +652,73 @@ def test_local_errors(mesh):
         ps.gather_plan(idx, like=x, method="rdma")
     with pytest.raises(ValueError, match="index space"):
         ps.gather_plan(idx, like=ps.distribute(g, mesh, [Replicate()]))
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("method", ["p2p", "persistent", "shm"])
+@pytest.mark.parametrize("fault", ["rows", "dtype", "into"])
+def test_bad_values_on_one_rank(mesh, method, fault):
+    """One rank's scatter values are bad (or its into is read-only): it raises its own error,
+    every owner it sends rows to raises naming it and combines nothing, the other ranks'
+    rows get what the order rule gives without it, and the next scatter is exact: no rank
+    waits, no message is left over (by messages, persistent requests and node-shared
+    memory). A gather with one rank's out wrong: that rank raises, the others get their
+    rows."""
+    P, me = mesh.size, mesh.rank
+    sizes = layout_sizes("uneven", N, P)
+    offsets = offsets_of(sizes, N, P)
+    idxs = [indices_of("random", 21, q) for q in range(P)]
+    f = max(q for q in range(P) if len(idxs[q]))  # the rank at fault: it sends values
+    g = make_global((N, 2), "float64")
+    x = dist(g, mesh, sizes)
+    plan = ps.gather_plan(idxs[me], like=x, method=method)
+    vals = [values_of(22, q, len(idxs[q]), "float64", (2,), "sum") for q in range(P)]
+    mine = vals[me]
+    into = x
+    if me == f:
+        if fault == "rows":
+            mine = np.zeros((len(idxs[me]), 3))
+        elif fault == "dtype":
+            mine = mine.astype(np.float32)
+        else:
+            ro = x.local.copy()
+            ro.flags.writeable = False
+            into = ps.ShardedArray.wrap(ro, x.layout, mesh)
+    hit = {int(o) for o in owner_of(np.asarray(idxs[f], np.int64), offsets)} - {f}
+    failures = []
+    try:
+        plan.scatter(mine, into=into)
+        if me == f or me in hit:
+            failures.append("no error")
+    except ValueError as e:
+        want = ("values must" if fault != "into" else "into's local array") if me == f \
+            else f"rank {f}'s values were bad"
+        if want not in str(e) or (me != f and me not in hit):
+            failures.append(f"error {e}")
+    kept = [v if q != f else np.zeros((0, 2)) for q, v in enumerate(vals)]
+    ids = [i if q != f else [] for q, i in enumerate(idxs)]
+    want = g if me == f or me in hit else scatter_expected(g, ids, kept, "sum")
+    if not np.array_equal(x.local, want[x.box]):
+        failures.append("rows after the failed scatter")
+    # the next scatter and gather are exact on every rank
+    x = dist(g, mesh, sizes)
+    plan.scatter(vals[me], into=x)
+    if not np.array_equal(x.local, scatter_expected(g, idxs, vals, "sum")[x.box]):
+        failures.append("the next scatter")
+    h = scatter_expected(g, idxs, vals, "sum")[np.asarray(idxs[me], np.int64)]
+    n = len(idxs[me])
+    try:
+        got = plan.gather(x, out=np.zeros((n + 1, 2)) if me == f else None)
+        if me == f:
+            failures.append("gather: no error")
+        elif not np.array_equal(got, h):
+            failures.append("gather beside a wrong out")
+    except ValueError as e:
+        if me != f or "out must" not in str(e):
+            failures.append(f"gather error {e}")
+    if not np.array_equal(plan.gather(x), h):
+        failures.append("the next gather")
+    agree(mesh.comm, failures)
 
 
 @pytest.mark.mpi(min_size=2)
