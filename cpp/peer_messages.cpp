@@ -207,7 +207,8 @@ bool PeerMessages::test() {
     arrived_ = mpi::test(&reqs_[0]);
     return arrived_;
   }
-  std::vector<MPI_Status> st(reqs_.size());
+  std::vector<MPI_Status>& st = statuses_;  // kept: no allocation a call
+  st.resize(reqs_.size());
   int done = 0;
   int err = MPI_SUCCESS;
   if (reqs_.size() == 1) {  // one request's error is the call's answer, not its status's
@@ -238,7 +239,8 @@ void PeerMessages::wait() {
     active_ = false;
     return;
   }
-  std::vector<MPI_Status> st(reqs_.size());
+  std::vector<MPI_Status>& st = statuses_;  // kept: no allocation a call
+  st.resize(reqs_.size());
   int err = MPI_SUCCESS;
   if (reqs_.size() == 1) {
     err = mpi::wait_status(&reqs_[0], &st[0]);

@@ -117,6 +117,7 @@ class PeerMessages {
   std::vector<int> rpeer_;  // the peer of each receive of the last start (errors name it)
   std::vector<i64> rbytes_;  // and its bytes (-1: a typed receive, not checked)
   bool check_sizes_ = false;
+  std::vector<MPI_Status> statuses_;  // the last completion's (MPI fills them)
   bool active_ = false;
   bool arrived_ = false;  // test() saw every message complete
   // persistent and neighbor: what the requests are bound to
