@@ -86,8 +86,11 @@ def test_missing_manifest(ckpt, tmp_path):
     with pytest.raises(FileNotFoundError, match=r"no manifest\.json") as ei:
         ps.checkpoint_info(path)
     assert str(path) in str(ei.value)
-    with pytest.raises(FileNotFoundError, match="no checkpoint directory"):
+    with pytest.raises(FileNotFoundError, match="no checkpoint file or directory"):
         ps.checkpoint_info(tmp_path / "nowhere")
+    # a missing file of a one-file format is no missing "directory"
+    with pytest.raises(FileNotFoundError, match="no checkpoint file or directory at .*x.h5"):
+        ps.checkpoint_info(tmp_path / "x.h5")
 
 
 def test_bad_manifest(ckpt):

@@ -5,7 +5,8 @@ A format is one module holding one :class:`Format` subclass, registered in the t
 :func:`~pyshard.checkpoint.load` and :func:`~pyshard.checkpoint.checkpoint_info` reach every
 format through that table. The four steps:
 
-- :meth:`Format.probe`: is the path this format's (no MPI);
+- :meth:`Format.probe`: is the path this format's (no MPI; :meth:`Format.resembles`: does
+  a file no format claims start like one of its own);
 - :meth:`Format.describe`: its arrays, shapes and dtypes (rank 0, or any process: no MPI);
 - :meth:`Format.save`: every rank writes its boxes (collective), through the shared prepare
   and commit of :mod:`~pyshard.checkpoint.saving`;
@@ -69,6 +70,11 @@ class Format:
     def probe(self, path: str) -> bool:
         """Is ``path`` a checkpoint of this format (a cheap look: a signature, a file name)."""
         raise NotImplementedError
+
+    def resembles(self, path: str) -> bool:
+        """Does ``path``, which no format's :meth:`probe` claims, start like this format's
+        file (a damaged one: its :meth:`describe` then names what is wrong)? Default: no."""
+        return False
 
     def describe(self, path: str, what: str) -> Tuple[Arrays, Facts]:
         """(arrays, facts) of the checkpoint at ``path``; no MPI. Raises FileNotFoundError,

@@ -10,8 +10,8 @@ describe, save boxes, read a block), registered in :data:`DRIVERS`;
 - ``"hdf5"``: a file with an HDF5 signature (:mod:`~pyshard.checkpoint.hdf5_format`);
 - ``"zarr"``: a directory with ``zarr.json``, a Zarr v3 group or array
   (:mod:`~pyshard.checkpoint.zarr_format`);
-- ``"safetensors"``: a file that starts like a safetensors header
-  (:mod:`~pyshard.checkpoint.safetensors_format`).
+- ``"safetensors"``: a file that starts with a whole safetensors header, probed before the
+  HDF5 signature (:mod:`~pyshard.checkpoint.safetensors_format`).
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ __all__ = ["DEFAULT", "DRIVERS", "FORMATS", "detect", "driver", "open_arrays"]
 DRIVERS: Dict[str, Format] = {
     f.name: f for f in (NpyFormat(), Hdf5Format(), ZarrFormat(), SafetensorsFormat())
 }
-"""Every format by name, probed in this order."""
+"""Every format by name; :func:`detect` probes them in this order, but safetensors first."""
 
 FORMATS = tuple(DRIVERS)
 """The formats :func:`~pyshard.checkpoint.save` writes (``format=``) and
@@ -47,13 +47,20 @@ def driver(name: str) -> Format:
 
 
 def detect(path: str, what: str) -> Format:
-    """The format at ``path``, the first of :data:`DRIVERS` whose probe claims it; ValueError
-    for a file none claims, :data:`DEFAULT` for anything else (its description raises
-    FileNotFoundError for a missing path, with its hint about ``.old-`` names)."""
-    for fmt in DRIVERS.values():
+    """The format at ``path``, the first of :data:`DRIVERS` (safetensors first) whose probe
+    claims it, else for a file the first that it resembles (a damaged file of that format:
+    its description says what is wrong); ValueError for a file none claims or resembles,
+    :data:`DEFAULT` for anything else (its description raises FileNotFoundError for a
+    missing path, with its hint about ``.old-`` names)."""
+    # safetensors first: its header is checked whole, while an HDF5 signature may sit at
+    # byte 512, 1024, ... (after a user block), which a safetensors file's data can hold
+    for fmt in sorted(DRIVERS.values(), key=lambda f: f.name != "safetensors"):
         if fmt.probe(path):
             return fmt
     if os.path.isfile(path):
+        for fmt in DRIVERS.values():
+            if fmt.resembles(path):  # a damaged file: its description names the damage
+                return fmt
         files = " nor ".join(f.label for f in DRIVERS.values() if f.one_file)
         dirs = " or ".join(f.label for f in DRIVERS.values() if not f.one_file)
         raise ValueError(

@@ -24,6 +24,7 @@ import numpy as np
 
 from .. import _dtypes
 from .._optional import OptionalModule
+from . import saving
 from .driver import Arrays, Facts, Items
 from .manifest import dtype_str
 from .onefile import OneFile
@@ -224,6 +225,7 @@ class Hdf5Format(OneFile):
         for name, x in items:
             check_name(name)
             stored_dtype(x.dtype)
+        saving.check_nested([n for n, _ in items], self.label)
 
     def lay_out(self, tmp: str, items: Items, rec: str) -> Dict[str, Optional[int]]:
         tensors = [

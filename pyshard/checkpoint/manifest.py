@@ -172,7 +172,9 @@ def read_manifest(path: str, what: str) -> Dict[str, Any]:
                 f" ({os.path.join(parent, aside[0])} holds a checkpoint set aside by a save that "
                 f"stopped during its final rename; rename it back to {path!r})"
             )
-        raise FileNotFoundError(f"{what}: no checkpoint directory at {path!r}{hint}")
+        # a missing path: no format claims it, so it may be meant as a file (HDF5,
+        # safetensors) or a directory (npy, Zarr)
+        raise FileNotFoundError(f"{what}: no checkpoint file or directory at {path!r}{hint}")
     if not os.path.isfile(mpath):
         raise FileNotFoundError(
             f"{what}: {path!r} has no {MANIFEST}: not a pyshard checkpoint, or a save that did "

@@ -45,20 +45,28 @@ Block = Tuple[List[int], List[int], int]  # (start, shape, crc32) of a block one
 
 
 def _write_array(
-    comm: Any, x: ShardedArray, fname: str, disp: int, size: Optional[int], sync: bool
+    comm: Any,
+    x: ShardedArray,
+    fname: str,
+    disp: int,
+    size: Optional[int],
+    sync: bool,
+    idle: bool = False,
 ) -> Optional[Block]:
     """Write one array's data at byte ``disp`` of ``fname`` (C order, as in a .npy file);
     collective over ``comm`` (a Partial array is reduced first, one collective). ``size``:
-    the file size to set first (None: leave it). This rank's (start, shape, crc32) block if
-    it wrote one."""
+    the file size to set first (None: leave it). ``idle``: this rank has already failed a
+    write of this save; it takes part in every collective with an empty box and writes
+    nothing. This rank's (start, shape, crc32) block if it wrote one."""
     if x.layout.partial_mesh_dims():
         target = [Replicate() if isinstance(p, Partial) else p for p in x.placements]
         x = x.redistribute(target, sizes=x.layout.sizes)
     lay = x.layout
     start, ext = box_bounds(lay, x.mesh.coords)
-    writes = saving.is_writer(lay, x.mesh.coords) and prod(ext) > 0
+    writes = not idle and saving.is_writer(lay, x.mesh.coords) and prod(ext) > 0
     box = (start, ext, writes)
-    local = bk.to_host(x.local)  # MPI-IO writes host memory: a GPU shard is copied down once
+    # MPI-IO writes host memory: a GPU shard is copied down once
+    local = bk.to_host(x.local) if writes else np.empty(0, np.uint8)
     collective_io(comm, fname, lay, disp, box, local, write=True, size=size, sync=sync)
     return (start, ext, crc32(local)) if writes else None
 
@@ -224,10 +232,19 @@ class NpyFormat(Format):
 
         tmp, parent, token = saving.prepare(comm, path, prepare)
         blocks: Dict[str, List[Block]] = {}
+        bad: Optional[str] = None
         for (name, x), (_, hdr) in zip(items, headers):  # collective, in name order
             fname = os.path.join(tmp, entries[name]["file"])
             size = len(hdr) + entries[name]["nbytes"]
-            block = _write_array(comm, x, fname, len(hdr), size, sync)
+            # after a failed write this rank still takes part in every collective (an empty
+            # box), so that no rank waits; the verdicts are agreed in finish, before the
+            # manifest and the rename
+            try:
+                block = _write_array(comm, x, fname, len(hdr), size, sync, idle=bad is not None)
+            except Exception as e:
+                if bad is None:
+                    bad = saving.write_error(path, name, comm.Get_rank(), e)
+                block = None
             if block is not None:
                 blocks[name] = [block]
 
@@ -236,4 +253,4 @@ class NpyFormat(Format):
             _write_manifest(tmp, manifest, sync)
             saving.swap_in(tmp, path, parent, token, sync)
 
-        saving.finish(comm, path, tmp, None, blocks, commit)
+        saving.finish(comm, path, tmp, bad, blocks, commit)

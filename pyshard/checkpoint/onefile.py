@@ -108,7 +108,7 @@ class OneFile(Format):
                 try:
                     write_runs(y, tmp, off, sync)
                 except Exception as e:  # agreed in finish, before the rename
-                    bad = f"save({path!r}): array {name!r}: rank {comm.Get_rank()}: {e!r}"
+                    bad = saving.write_error(path, name, comm.Get_rank(), e)
         saving.finish(
             comm, path, tmp, bad, None, lambda _: saving.replace_file(tmp, path, parent, sync)
         )

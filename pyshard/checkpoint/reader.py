@@ -299,6 +299,7 @@ def load(
     if _validate.enabled and isinstance(mesh, Mesh):
         items = {"path": repr(path), "placements": repr(placements), "sizes": repr(sizes)}
         items["device"] = repr(device)
+        items["verify"] = repr(bool(verify))  # a rank that verifies alone would wait
         _validate.agree(mesh.comm, "load", items)
     names, want, sizes = _check_load_args(mesh, placements, sizes)
     if device not in (None, "cpu", "cuda"):

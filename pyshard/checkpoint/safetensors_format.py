@@ -172,7 +172,30 @@ def parse(fname: str, what: str = "load") -> Tuple[Dict[str, Dict[str, Any]], Di
 
 
 def is_safetensors(fname: str) -> bool:
-    """Does ``fname`` start like a safetensors file (a plausible length, then ``{``)?"""
+    """Does ``fname`` start with a safetensors header: an 8-byte little-endian length N (at
+    most :data:`MAX_HEADER`, within the file), then N bytes of JSON, an object (its ``{`` at
+    byte 8)? The whole header is checked, so that data inside a safetensors file (an HDF5
+    signature at byte 512, 1024, ... where HDF5 allows a user block) cannot make it look
+    like another format's file."""
+    try:
+        size = os.path.getsize(fname)
+        with open(fname, "rb") as f:
+            head = f.read(9)
+            if len(head) < 9 or head[8:9] != b"{":
+                return False
+            (n,) = struct.unpack("<Q", head[:8])
+            if n > MAX_HEADER or 8 + n > size:
+                return False
+            f.seek(8)
+            raw = f.read(n)
+        return isinstance(json.loads(raw.decode("utf-8")), dict)
+    except (OSError, UnicodeDecodeError, ValueError):
+        return False
+
+
+def starts_like_safetensors(fname: str) -> bool:
+    """Does ``fname`` start like a safetensors file (9 bytes or more, ``{`` at byte 8)?
+    A file no format claims that does is described as a damaged safetensors file."""
     try:
         with open(fname, "rb") as f:
             head = f.read(9)
@@ -195,6 +218,9 @@ class SafetensorsFormat(OneFile):
 
     def probe(self, path: str) -> bool:
         return os.path.isfile(path) and is_safetensors(path)
+
+    def resembles(self, path: str) -> bool:
+        return starts_like_safetensors(path)
 
     def replaceable(self, path: str) -> bool:
         return self.probe(path)
@@ -221,6 +247,11 @@ class SafetensorsFormat(OneFile):
 
     def check_save(self, items: Items) -> None:
         for name, x in items:
+            if name == "__metadata__":
+                raise ValueError(
+                    "save(arrays['__metadata__']): safetensors keeps its metadata under that "
+                    "name: no tensor may be called '__metadata__'"
+                )
             code_of(x.dtype, f"save(arrays[{name!r}])")
 
     def lay_out(self, tmp: str, items: Items, rec: str) -> Dict[str, Optional[int]]:

@@ -13,12 +13,15 @@ import shutil
 import zlib
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
+from mpi4py import MPI
+
 from .. import collectives
 from ..layout import Layout, Shard
 from .driver import Format
 from .errors import Failure, error, on_root
 
 __all__ = [
+    "check_nested",
     "check_same",
     "check_target",
     "finish",
@@ -29,6 +32,7 @@ __all__ = [
     "replace_file",
     "swap_in",
     "temporary",
+    "write_error",
 ]
 
 
@@ -39,15 +43,38 @@ def is_writer(layout: Layout, coords: Sequence[int]) -> bool:
 
 def check_same(comm: Any, path: str, tag: str, entries: Dict[str, Any]) -> None:
     """Every rank must describe the same checkpoint (``tag``: the metadata, format and
-    options; ``entries``: the arrays): one small allgather agrees on it."""
+    options, ``sync`` included; ``entries``: the arrays): one small allgather agrees on it."""
     digest = zlib.crc32(json.dumps([path, tag, entries], sort_keys=True).encode())
     digests = collectives.allgather(comm, digest)
     if len(set(digests)) != 1:
         bad = [r for r, d in enumerate(digests) if d != digests[0]]
         raise ValueError(
-            f"save({path!r}): ranks {bad} pass other names, layouts, path or metadata than "
-            f"rank 0; every rank must pass the same"
+            f"save({path!r}): ranks {bad} pass other names, layouts, path, metadata, format, "
+            f"compression or sync than rank 0; every rank must pass the same"
         )
+
+
+def write_error(path: str, name: str, rank: int, e: Exception) -> str:
+    """The message of a write error that rank ``rank`` met writing array ``name`` (agreed in
+    :func:`finish`): an MPI error by its error string (its repr is only a code)."""
+    why = f"MPI error: {' '.join(str(e).split())}" if isinstance(e, MPI.Exception) else repr(e)
+    return f"save({path!r}): array {name!r}: rank {rank}: {why}"
+
+
+def check_nested(names: Sequence[str], label: str) -> None:
+    """Before any communication (the names are the same on every rank): ValueError where a
+    name is also the group of another (``"a"`` and ``"a/b"``): an array is no group, so
+    ``label`` (``"HDF5"``, ``"Zarr"``) could store one of them only."""
+    have = set(names)
+    for name in sorted(names):
+        parts = name.split("/")
+        for k in range(1, len(parts)):
+            group = "/".join(parts[:k])
+            if group in have:
+                raise ValueError(
+                    f"save(arrays[{name!r}]): {group!r} is an array, so it cannot also be the "
+                    f"{label} group holding {name!r}; rename one of them"
+                )
 
 
 def check_target(path: str, fmt: Format) -> str:

@@ -117,7 +117,8 @@ def save(
     compression: ``None`` or ``"zstd"`` (level 1) for the inner chunks of a Zarr save; the
     other formats store raw bytes.
 
-    Every rank must pass the same names, layouts, path, metadata and format.
+    Every rank must pass the same names, layouts, path, metadata, format, compression and
+    sync.
     """
     t0 = time.perf_counter()
     path = norm_path(path, "save")
@@ -131,9 +132,12 @@ def save(
     comm = items[0][1].mesh.comm
     if _validate.enabled:
         layouts = ", ".join(f"{n}: {x.layout!r}" for n, x in items)
-        _validate.agree(comm, "save", {"path": repr(path), "arrays": layouts})
+        _validate.agree(
+            comm, "save", {"path": repr(path), "arrays": layouts, "sync": repr(bool(sync))}
+        )
     entries = {n: entry(x.layout, "") for n, x in items}
-    check_same(comm, path, f"{meta_json} {format} {compression}", entries)
+    # sync too: a rank that fsyncs alone would wait in MPI_File_sync (collective)
+    check_same(comm, path, f"{meta_json} {format} {compression} sync={bool(sync)}", entries)
     fmt.save(comm, path, items, meta_json, sync, compression)
     if comm.Get_rank() == 0:
         log.info(

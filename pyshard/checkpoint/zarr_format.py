@@ -29,7 +29,7 @@ from typing import Any, Dict, Optional, Tuple
 
 import numpy as np
 
-from . import zarr_write
+from . import saving, zarr_write
 from .driver import Arrays, Facts, Format, Items
 from .manifest import MANIFEST
 from .record import facts, layout_of
@@ -68,6 +68,7 @@ class ZarrFormat(Format):
         for name, x in items:
             check_name(name)
             data_type(x.dtype, f"save(arrays[{name!r}])")
+        saving.check_nested([n for n, _ in items], "Zarr")
 
     def save(
         self,

@@ -10,7 +10,9 @@ from __future__ import annotations
 import glob
 import json
 import os
+import resource
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -27,7 +29,7 @@ from ckpt_worker import (
     sizes_of,
 )
 from oracle import DTYPES as ALL_DTYPES
-from oracle import auto_exchange, make_global
+from oracle import agree, auto_exchange, make_global
 from test_redistribute_nd import counts_since
 
 import pyshard as ps
@@ -408,7 +410,7 @@ def test_load_errors_on_every_rank(comm, shared_dir):
     # the other array of a checkpoint with one bad file still loads
     out = ps.load(os.path.join(shared_dir, "truncated"), mesh, {"h": [Replicate()]})
     np.testing.assert_array_equal(out["h"].local, h)
-    with pytest.raises(FileNotFoundError, match="no checkpoint directory"):
+    with pytest.raises(FileNotFoundError, match="no checkpoint file or directory"):
         ps.load(os.path.join(shared_dir, "nowhere"), mesh, want)
     with pytest.raises(ValueError, match="no array named 'nope'"):
         ps.load(base, mesh, {"x": [Shard(0)], "nope": [Shard(0)]})
@@ -449,6 +451,73 @@ def test_save_errors_on_every_rank(comm, shared_dir):
             ps.save(path, {"x": x}, {"rank": comm.rank})
     # no temporary directories left
     assert on_rank0(comm, lambda: sorted(os.listdir(shared_dir))) == ["other"]
+
+
+@pytest.mark.mpi(min_size=2)
+def test_npy_write_error_on_one_rank(comm, shared_dir):
+    """A data write that fails on one rank (a file size limit: EFBIG) raises the same
+    ValueError on every rank, none left waiting (the failed rank still takes part in the
+    next array's collective write), and the previous checkpoint stays loadable."""
+    mesh = ps.Mesh(comm, (comm.size,))
+    g = make_global((128, 128), "float32", seed=4)
+    arrays = {n: ps.distribute(g, mesh, [Shard(0)]) for n in ("a", "b")}
+    path = os.path.join(shared_dir, "fsz")
+    ps.save(path, arrays, {"v": 1})
+    comm.Barrier()
+    last = comm.size - 1
+    if comm.rank == last:  # its rows start past 16 KiB of each 64 KiB file
+        old_sig = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        old = resource.getrlimit(resource.RLIMIT_FSIZE)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (16384, old[1]))
+    try:
+        ps.save(path, arrays, {"v": 2})
+        msg = "saved"
+    except Exception as e:
+        msg = f"{type(e).__name__}: {e}"
+    finally:
+        if comm.rank == last:
+            resource.setrlimit(resource.RLIMIT_FSIZE, old)
+            signal.signal(signal.SIGXFSZ, old_sig)
+    failures = []
+    msgs = comm.allgather(msg)
+    if len(set(msgs)) != 1:
+        failures.append(f"the ranks differ: {msgs}")
+    want = f"ValueError: save({path!r}): array 'a': rank {last}: "
+    if not msg.startswith(want):
+        failures.append(f"expected {want!r}..., got {msg!r}")
+    info = ps.checkpoint_info(path)
+    if info["metadata"] != {"v": 1}:
+        failures.append(f"the previous checkpoint was replaced: {info['metadata']}")
+    out = ps.load(path, mesh, {"a": [Replicate()], "b": [Shard(1)]})
+    for n, y in out.items():
+        if not np.array_equal(y.local, g[y.box]):
+            failures.append(f"array {n!r} of the previous checkpoint differs")
+    left = on_rank0(comm, lambda: glob.glob(path + ".tmp-*"))
+    if left:
+        failures.append(f"temporary directories left: {left}")
+    agree(comm, failures)
+
+
+@pytest.mark.mpi(min_size=2)
+def test_verify_and_sync_must_agree(comm, shared_dir):
+    """``verify`` differing between ranks raises the same ValueError on every rank in the
+    validation mode (a rank verifying alone would wait in its allgather); ``sync``
+    differing raises in every save (MPI_File_sync is collective), in both modes."""
+    mesh = ps.Mesh(comm, (comm.size,))
+    g = make_global((6, 4), "float64", seed=5)
+    x = ps.distribute(g, mesh, [Shard(0)])
+    path = os.path.join(shared_dir, "mis")
+    ps.save(path, {"x": x, "y": x})
+    with ps.config.override(PYSHARD_VALIDATE=True):
+        with pytest.raises(ValueError, match="verify: rank 0: True"):
+            ps.load(path, mesh, {"x": ["S(1)"]}, verify=comm.rank == 0)
+        with pytest.raises(ValueError, match="sync: rank 0: True"):
+            ps.save(path, {"x": x}, sync=comm.rank == 0)
+    with pytest.raises(ValueError, match="or sync than rank 0; every rank must pass the same"):
+        ps.save(path, {"x": x}, sync=comm.rank == 0)
+    assert sorted(ps.checkpoint_info(path)["arrays"]) == ["x", "y"]
+    out = ps.load(path, mesh, {"x": ["S(1)"]}, verify=True)
+    np.testing.assert_array_equal(out["x"].local, g[out["x"].box])
 
 
 def test_names_become_safe_file_names(comm, shared_dir):

@@ -748,6 +748,94 @@ def test_bad_safetensors_on_every_rank(comm, shared_dir):
     np.testing.assert_array_equal(out["x"].local, g)
 
 
+def test_names_a_format_cannot_hold(comm, shared_dir):
+    """Names a format would save but never read back raise the same ValueError on every rank
+    before anything is written, and the previous checkpoint stays: safetensors'
+    ``__metadata__`` (its header's metadata key); for HDF5 and Zarr, a name that is the group
+    of another (``a`` and ``a/b``). Names that share a group or a prefix save."""
+    mesh = ps.Mesh(comm, (comm.size,))
+    g = np.arange(24.0).reshape(6, 4)
+    x = ps.distribute(g, mesh, [Shard(0)])
+    groups = []
+    for fmt in ("hdf5", "zarr"):
+        try:
+            need(fmt)
+            groups.append(fmt)
+        except pytest.skip.Exception:
+            pass
+    cases = [("safetensors", ["__metadata__", "y"], "no tensor may be called '__metadata__'")]
+    for fmt in groups:
+        label = formats.DRIVERS[fmt].label.split()[0]
+        cases.append((fmt, ["a", "a/b"],
+                      rf"'a' is an array, so it cannot also be the {label} group holding 'a/b'"))
+        cases.append((fmt, ["a/b", "a/b/c/d", "z"],
+                      rf"'a/b' is an array, so it cannot also be the {label} group holding "
+                      rf"'a/b/c/d'"))
+    for i, (fmt, names, match) in enumerate(cases):
+        path = os.path.join(shared_dir, f"old{i}" + EXT[fmt])
+        ps.save(path, {"old": x}, format=fmt)
+        with pytest.raises(ValueError, match=match):
+            ps.save(path, dict.fromkeys(names, x), format=fmt)
+        assert sorted(ps.checkpoint_info(path)["arrays"]) == ["old"], (fmt, names)
+        assert glob.glob(path + ".tmp-*") == []
+        out = ps.load(path, mesh, {"old": [Replicate()]})
+        np.testing.assert_array_equal(out["old"].local, g)
+    names = ["a/x", "a/y", "ab", "a_b/c"]
+    for fmt in groups:
+        path = os.path.join(shared_dir, "fine" + EXT[fmt])
+        ps.save(path, dict.fromkeys(names, x), format=fmt)
+        assert sorted(ps.checkpoint_info(path)["arrays"]) == sorted(names), fmt
+        out = ps.load(path, mesh, dict.fromkeys(names, [Shard(1)]))
+        for n in names:
+            np.testing.assert_array_equal(out[n].local, g[out[n].box])
+
+
+def test_safetensors_holding_an_hdf5_signature(comm, shared_dir):
+    """A safetensors file whose data holds an HDF5 signature where HDF5 allows one (byte
+    512, after a user block) is detected, described and loaded as safetensors: its header
+    is checked whole, before the HDF5 signature; an HDF5 file whose user block only starts
+    like a safetensors header is HDF5."""
+    mesh = ps.Mesh(comm, (comm.size,))
+    blob = np.frombuffer(hdf5_format.SIGNATURE + bytes(range(56)), np.uint8)
+
+    def write():
+        f = os.path.join(shared_dir, "blob.safetensors")
+        body = json.dumps({"blob": {"dtype": "U8", "shape": [64], "data_offsets": [0, 64]}})
+        body = body.encode().ljust(512 - 8)  # the data starts at byte 512
+        with open(f, "wb") as fh:
+            fh.write(struct.pack("<Q", len(body)) + body + blob.tobytes())
+        return f
+
+    f = on_rank0(comm, write)
+    assert hdf5_format.is_hdf5(f)  # what made it look like an HDF5 file
+    assert formats.detect(f, "test").name == "safetensors"
+    info = ps.checkpoint_info(f)
+    assert info["format"] == "safetensors" and info["arrays"]["blob"]["shape"] == (64,)
+    out = ps.load(f, mesh, {"blob": [Shard(0)]})
+    np.testing.assert_array_equal(out["blob"].local, blob[out["blob"].box])
+    # and an HDF5 file whose user block starts like a safetensors header (a length, then
+    # "{") but holds none is HDF5
+    try:
+        need("hdf5")
+    except pytest.skip.Exception:
+        return
+
+    def write_h5():
+        import h5py
+
+        f = os.path.join(shared_dir, "userblock.h5")
+        with h5py.File(f, "w", userblock_size=512) as h5:
+            h5["x"] = np.arange(5.0)
+        with open(f, "r+b") as fh:
+            fh.write(struct.pack("<Q", 100) + b"{not a header")
+        return f
+
+    f = on_rank0(comm, write_h5)
+    assert formats.detect(f, "test").name == "hdf5"
+    out = ps.load(f, mesh, {"x": [Replicate()]})
+    np.testing.assert_array_equal(out["x"].local, np.arange(5.0))
+
+
 def _text(d):
     f = os.path.join(d, "notes.txt")
     with open(f, "w") as fh:
