@@ -34,6 +34,7 @@ from test_redistribute_nd import counts_since
 
 import pyshard as ps
 from pyshard import Partial, Replicate, Shard
+from pyshard._mpi import library_line
 from pyshard.checkpoint import reading
 
 pytestmark = pytest.mark.mpi  # run under mpiexec with --with-mpi (pytest-mpi)
@@ -457,7 +458,12 @@ def test_save_errors_on_every_rank(comm, shared_dir):
 def test_npy_write_error_on_one_rank(comm, shared_dir):
     """A data write that fails on one rank (a file size limit: EFBIG) raises the same
     ValueError on every rank, none left waiting (the failed rank still takes part in the
-    next array's collective write), and the previous checkpoint stays loadable."""
+    next array's collective write), and the previous checkpoint stays loadable. ROMIO's
+    behaviour (MPICH, Intel MPI): Open MPI's OMPIO leaves the ranks in different collectives
+    after the error at 2 ranks, and at 3 its aggregators write the limited rank's rows, so
+    there is no error to see (Open MPI 5.0.11; docs/checkpoints.md)."""
+    if library_line().startswith("Open MPI"):
+        pytest.skip("OMPIO after a write error on one rank: docs/checkpoints.md, Known limits")
     mesh = ps.Mesh(comm, (comm.size,))
     g = make_global((128, 128), "float32", seed=4)
     arrays = {n: ps.distribute(g, mesh, [Shard(0)]) for n in ("a", "b")}
