@@ -110,13 +110,16 @@ def cache_limit() -> int:
 def set_cache_limit(n: int) -> None:
     """Bound every pyshard cache to ``n`` entries (>= 1); larger caches shrink now.
 
-    The default is 256, or ``PYSHARD_CACHE_LIMIT``; ``n`` holds until that setting next
-    changes (the limit then follows it). A loop over many distinct shapes keeps at most ``n``
-    plans and executors per mesh, and the workspace pool shrinks to what those need.
+    The default is 256, or ``PYSHARD_CACHE_LIMIT``: this is
+    ``pyshard.config.set("PYSHARD_CACHE_LIMIT", n)`` (``config.get`` and ``config.set`` see
+    and change the same value). A loop over many distinct shapes keeps at most ``n`` plans
+    and executors per mesh, and the workspace pool shrinks to what those need.
     """
-    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+    from . import config
+
+    if isinstance(n, (bool, str)):  # (config.set would parse a string as the environment's)
         raise ValueError(f"set_cache_limit: n must be an int >= 1, got {n!r}")
-    _lru.set_limit(n)
+    config.set("PYSHARD_CACHE_LIMIT", n)
 
 
 def clear_caches() -> None:

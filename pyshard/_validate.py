@@ -38,15 +38,18 @@ config.apply_with("PYSHARD_VALIDATE", _follow)  # now, and at every change of th
 
 
 def set_validation(on: bool) -> None:
-    """Turn the validation mode on or off (this process; every rank should do the same),
-    until ``PYSHARD_VALIDATE`` next changes (which the mode then follows).
+    """Turn the validation mode on or off (this process; every rank should do the same):
+    ``pyshard.config.set("PYSHARD_VALIDATE", on)``, so that ``config.get``, ``config.set``
+    and ``config.override`` see and change the same value.
 
     On: every ``redistribute``, ``from_local``, ``save`` and ``load`` first checks with one
     small Allgather that every rank passed the same layouts and arguments, and raises the
     same ``ValueError`` on every rank when they differ (instead of hanging in mismatched
     collectives). Off (the default): no collective beyond the plan's.
     """
-    _follow(on)
+    from . import config
+
+    config.set("PYSHARD_VALIDATE", on)
 
 
 def validation() -> bool:

@@ -126,6 +126,12 @@ class ShardedArray(Placed):
         """
         if algorithm is None:
             algorithm = default_algorithm()
+        dt = self.local.dtype  # (an identity test first: a few tens of ns on the fast path)
+        if dt is not self.layout.dtype and dt != self.layout.dtype:
+            raise TypeError(
+                f"redistribute: the local array has dtype {dt}, the layout {self.layout.dtype} "
+                f"(was .local replaced by an array of another dtype? ShardedArray.wrap the new "
+                f"array with a layout of its dtype)")
         if sizes is None and wait and not _validate.enabled:
             # a repeated call: one lookup, then one call of the binding (executor.bind)
             try:

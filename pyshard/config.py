@@ -197,7 +197,7 @@ SETTINGS: Dict[str, Setting] = {s.name: s for s in (
             "of calls reuses pages instead of faulting in fresh ones); smaller ones are plain "
             "numpy arrays", _int(0)),
     Setting("PYSHARD_LOAD_FUSE", _BOOL, True,
-            "load() reads the arrays below PYSHARD_MANY_FUSE_BYTES as row blocks and moves "
+            "load() reads the arrays below PYSHARD_MANY_FUSE_MAX_BYTES as row blocks and moves "
             "them to their targets in one redistribute_many per batch (off: each array by "
             "its own read of its target boxes)", _bool),
     Setting("PYSHARD_ZARR_DIRECT", _BOOL, True,

@@ -60,7 +60,10 @@ def rank_facts() -> Dict[str, Any]:
     scope = _read(_shm.YAMA_SCOPE)
     changed = {}
     for name, s in config.SETTINGS.items():
-        value = config.get(name)
+        try:
+            value = config.get(name)
+        except ValueError as e:  # a bad value in this rank's environment: reported, so that
+            value = f"invalid: {e}"  # every rank still reaches the gather
         if value != s.default:
             changed[name] = value
     info = build_info()
@@ -81,6 +84,9 @@ def rank_facts() -> Dict[str, Any]:
         "cuda_device": info.get("cuda_device"),
         "cuda_aware_mpi": info.get("cuda_aware_mpi"),
     }
+
+
+_UNSET = object()  # a setting at its default (absent from a rank's changed settings)
 
 
 def _ranks(rs: List[int]) -> str:
@@ -183,6 +189,18 @@ def report(comm: Any) -> Tuple[List[str], List[str]]:
     if f0["settings"]:
         lines.append("settings that differ from their defaults (rank 0): "
                      + ", ".join(f"{k}={v!r}" for k, v in sorted(f0["settings"].items())))
+    other = [r for r, f in enumerate(facts) if f["settings"] != f0["settings"]]
+    if other:  # they choose which collectives run: ranks that differ wait for each other
+        names = sorted({k for r in other for k in set(facts[r]["settings"]) | set(f0["settings"])
+                        if facts[r]["settings"].get(k, _UNSET) != f0["settings"].get(k, _UNSET)})
+        hints.append(f"{'rank' if len(other) == 1 else 'ranks'} {_ranks(other)} have other "
+                     f"settings than rank 0 ({', '.join(names)}):"
+                     " every rank must see the same, or collectives can hang")
+    bad = sorted({k for f in facts for k, v in f["settings"].items()
+                  if isinstance(v, str) and v.startswith("invalid: ")})
+    if bad:
+        hints.append(f"settings with a value pyshard refuses: {', '.join(bad)} (the first call "
+                     "that reads one raises)")
     if f0["cuda"]:
         lines.append(f"CUDA: built ({f0['cuda']}), a device: {bool(f0['cuda_device'])}, "
                      f"CUDA-aware MPI: {bool(f0['cuda_aware_mpi'])}")

@@ -390,6 +390,9 @@ def _check_sizes(
             d += len(shape)
         if not 0 <= d < len(shape):
             raise ValueError(f"sizes[{key}]: array dim out of range for ndim {len(shape)}")
+        if d in out:
+            raise ValueError(f"sizes[{key}]: array dim {d} is given twice (as {key} and as "
+                             f"{d if key != d else d - len(shape)})")
         if d not in sharding:
             raise ValueError(
                 f"sizes[{key}]: array dim {d} is not sharded by any mesh dim; sizes apply to "
@@ -454,7 +457,11 @@ def sizes_key(sizes: Any) -> Optional[tuple]:
         return None
     if not isinstance(sizes, Mapping):
         raise TypeError(f"sizes must be a dict {{array_dim: extents}}, got {sizes!r}")
-    return tuple(sorted((int(d), tuple(int(e) for e in v)) for d, v in sizes.items()))
+    # checked as Layout checks them (no int() of a float, a string or a bool: the key must
+    # not accept what the Layout would refuse)
+    return tuple(sorted((_as_count(d, "sizes key (an array dim)"),
+                         tuple(_as_count(e, f"sizes[{d}] entry") for e in v))
+                        for d, v in sizes.items()))
 
 
 @memoize

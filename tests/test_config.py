@@ -211,8 +211,14 @@ def test_process_settings_are_applied_at_once():
         assert ps.validation() is True
         info = ps.build_info()
         assert (info["count_limit"], info["peer_timeout"]) == (64, 7.5)
-        ps.set_validation(False)  # the mode, until the setting next changes
-        assert ps.validation() is False
+        ps.set_validation(False)  # config.set: the setting and the mode, one value
+        assert ps.validation() is False and config.get("PYSHARD_VALIDATE") is False
+        config.set("PYSHARD_VALIDATE", True)  # and config.set turns it back on (it did not)
+        assert ps.validation() is True
+        ps.set_cache_limit(5)
+        assert config.get("PYSHARD_CACHE_LIMIT") == 5 and ps.cache_limit() == 5
+        config.set("PYSHARD_CACHE_LIMIT", 3)
+        assert ps.cache_limit() == 3
         with config.override(PYSHARD_VALIDATE=False), config.override(PYSHARD_VALIDATE=True):
             assert ps.validation() is True
     info = ps.build_info()

@@ -178,10 +178,11 @@ def test_cache_limit_setter():
         for a in lays:
             plan(a, ps.Layout(a.shape, a.dtype, (1,), [Shard(1)]))
         assert len(plan.cache) <= 3
-        with pytest.raises(ValueError, match="int >= 1"):
+        with pytest.raises(ValueError, match="integer >= 1"):
             ps.set_cache_limit(0)
     finally:
-        ps.set_cache_limit(old)
+        ps.config.reset("PYSHARD_CACHE_LIMIT")
+        assert ps.cache_limit() == old
     ps.clear_caches()
     assert len(plan.cache) == 0
 

@@ -87,6 +87,27 @@ def test_redistribute_errors(mesh):
     no_comm(lambda: x.redistribute([1]), TypeError, r"placements\[0\]")
     c = ps.distribute(np.ones((3,), np.complex64), mesh, [Replicate()])
     no_comm(lambda: c.redistribute([Partial("min")]), ValueError, "complex")
+    # sizes= refused as distribute refuses them, not coerced (a float, a string, a bool, a
+    # dim given twice); the first call and the cached one alike
+    n = mesh.size
+    for bad, exc, match in [
+            ({1: [4 / n] * n}, TypeError, "must be an int"),
+            ({1: "4" if n == 1 else "2" * n}, TypeError, "sequence of ints|must be an int"),
+            ({1.0: [4] + [0] * (n - 1)}, TypeError, "must be an int"),
+            ({1: [True] + [0] * (n - 1)}, TypeError, "must be an int"),
+            ({1: [4] + [0] * (n - 1), -1: [0] * (n - 1) + [4]}, ValueError, "given twice")]:
+        for _ in range(2):
+            no_comm(lambda bad=bad: x.redistribute([Shard(1)], sizes=bad), exc, match)
+        with pytest.raises(exc, match=match):
+            ps.distribute(make_global((6, 4), "float32"), mesh, [Shard(1)], sizes=bad)
+    # a local replaced by one of another dtype (the same itemsize, or narrower: read past its
+    # end), on the first call and on the fast path of a repeated one
+    for t in ([Shard(1)], [Replicate()]):
+        y = ps.distribute(make_global((6, 4), "int64"), mesh, [Shard(0)])
+        y.redistribute(t)
+        for dt in ("float64", "int32"):
+            y.local = y.local.astype(dt)
+            no_comm(lambda y=y, t=t: y.redistribute(t), TypeError, "dtype")
 
 
 def test_from_local_errors(comm, mesh):

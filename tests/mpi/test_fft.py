@@ -366,7 +366,7 @@ def test_validation_mode(comm):
             with pytest.raises(ValueError, match="different arguments"):
                 pf.fftn(x, norm=norm)
     finally:
-        ps.set_validation(False)
+        ps.config.reset("PYSHARD_VALIDATE")
     mesh.free()
     mesh.free()
 

@@ -66,7 +66,8 @@ def test_caches_are_bounded_and_trimmed(comm):
         assert len(mesh.cache.execs) == 0 and mesh.cache.workspace.held == 0
         mesh.free()
     finally:
-        ps.set_cache_limit(old)
+        ps.config.reset("PYSHARD_CACHE_LIMIT")
+        assert ps.cache_limit() == old
 
 
 @pytest.mark.mpi(min_size=2)

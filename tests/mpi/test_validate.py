@@ -19,7 +19,7 @@ def validating():
     try:
         yield
     finally:
-        ps.set_validation(False)
+        ps.config.reset("PYSHARD_VALIDATE")  # (set_validation is config.set: undone so)
 
 
 def _all_raise(comm, fn, *needles):
