@@ -90,6 +90,29 @@ def test_a_rank_that_cannot_set_up(comm):
     assert "node-shared memory: not usable (ranks 0 could not set it up): exchanges by MPI" in body
 
 
+def test_settings_that_differ_or_are_bad_on_one_rank(comm, monkeypatch):
+    """The last rank's environment holds an invalid PYSHARD_ALGORITHM (which raised there,
+    before the gather: the others waited) and another PYSHARD_SHM_MIN_BYTES: every rank
+    gets the same report, naming both."""
+    if comm.size < 2:
+        pytest.skip("needs two ranks")
+    if comm.rank == comm.size - 1:
+        monkeypatch.setenv("PYSHARD_ALGORITHM", "bogus")
+        monkeypatch.setenv("PYSHARD_SHM_MIN_BYTES", "0")
+    ps.config.refresh()
+    try:
+        lines, hints = report(comm)
+    finally:
+        monkeypatch.undo()
+        ps.config.refresh()
+    same_everywhere(comm, lines, hints)
+    who = f"rank {comm.size - 1}"  # one rank differs
+    assert any(h.startswith(f"{who} have other settings than rank 0 (PYSHARD_ALGORITHM, "
+                            f"PYSHARD_SHM_MIN_BYTES)") for h in hints), hints
+    assert "settings with a value pyshard refuses: PYSHARD_ALGORITHM (the first call that " \
+        "reads one raises)" in hints, hints
+
+
 def test_attach_refused_and_turned_off(comm):
     """Attach refused on every rank (as where the kernel says no): 'no', with a hint that
     names the fix; turned off by PYSHARD_CMA=0: the setting is listed and the ranks named."""
