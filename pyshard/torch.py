@@ -72,8 +72,13 @@ log = logging.getLogger("pyshard")
 
 def _as_array(t: torch.Tensor) -> Any:
     """The numpy (host) or cupy (GPU) view of ``t``'s memory: no copy where ``t`` is
-    contiguous (pyshard takes C-contiguous shards)."""
+    contiguous and carries no conjugate or negative bit (pyshard takes C-contiguous shards;
+    a lazy ``.conj()`` view, or a gradient arriving as one, is made into its values)."""
     t = t.detach()
+    if t.is_conj():
+        t = t.resolve_conj()
+    if t.is_neg():
+        t = t.resolve_neg()
     if not t.is_contiguous():
         t = t.contiguous()
     if t.device.type == "cpu" and t.dtype not in _ML_TORCH:
@@ -102,6 +107,26 @@ _ML_TORCH = tuple(
 )
 
 
+@memoize
+def _np_dtype(dt: torch.dtype) -> np.dtype:
+    """The dtype pyshard reads a tensor of torch dtype ``dt`` as (:func:`_as_array`'s:
+    numpy's, ml_dtypes' for bfloat16 and the float8s)."""
+    return np.dtype(_as_array(torch.empty(0, dtype=dt)).dtype)
+
+
+def _check_dtype(local: torch.Tensor, layout: Layout, what: str) -> None:
+    """ValueError where ``local``'s dtype is not ``layout``'s (pyshard would read its bytes as
+    the layout's dtype)."""
+    try:
+        got = _np_dtype(local.dtype)
+    except (TypeError, ValueError, RuntimeError, BufferError) as e:
+        raise ValueError(f"{what}: local tensor dtype {local.dtype} is not one pyshard moves "
+                         f"({e})") from None
+    if got != layout.dtype:
+        raise ValueError(f"{what}: local tensor dtype {local.dtype} ({got}) disagrees with the "
+                         f"layout's {layout.dtype}")
+
+
 # ----------------------------------------------------------------------------- the class
 
 
@@ -123,6 +148,7 @@ class ShardedTensor(Placed):
                 f"local tensor {tuple(local.shape)} disagrees with the layout, which puts {want} "
                 f"at mesh coords {mesh.coords}"
             )
+        _check_dtype(local, layout, "ShardedTensor")
         self.local = local
         self.layout = layout
         self.mesh = mesh
@@ -281,6 +307,7 @@ class _Redistribute(torch.autograd.Function):
 def _check_sharded(x: object, what: str) -> ShardedTensor:
     if not isinstance(x, ShardedTensor):
         raise TypeError(f"{what}: expected a pyshard.torch.ShardedTensor, got {type(x).__name__}")
+    _check_dtype(x.local, x.layout, what)  # .local may have been replaced since
     return x
 
 
@@ -338,21 +365,26 @@ class _RedistributeMany(torch.autograd.Function):
             if o.data_ptr() == t.data_ptr() and o.numel():
                 o = o.clone()
             outs.append(o)
+        # the results of tensors that need no gradient carry none (nothing to move back)
+        ctx.mark_non_differentiable(*[o for o, m in zip(outs, metas) if m[3] is None])
         return tuple(outs)
 
     @staticmethod
     def backward(ctx: Any, *gs: torch.Tensor) -> tuple:  # type: ignore[override]
         metas, mesh = ctx.metas, ctx.mesh
+        # the same on every rank: which tensors required grad is part of the call
+        keep = [i for i, m in enumerate(metas) if m[3] is not None]
         gs = tuple(g if g.dtype == dt else g.to(dt) for g, dt in zip(gs, ctx.dtypes))
-        xs = [ShardedArray.wrap(_as_array(g), m[2], mesh) for g, m in zip(gs, metas)]
+        xs = [ShardedArray.wrap(_as_array(gs[i]), metas[i][2], mesh) for i in keep]
         ys = _redistribute_many(
-            xs, [list(m[3].placements) for m in metas], ctx.algorithm,
-            sizes=[_sizes_arg(m[3]) for m in metas],
+            xs, [list(metas[i][3].placements) for i in keep], ctx.algorithm,
+            sizes=[_sizes_arg(metas[i][3]) for i in keep],
         )
-        out = []
-        for g, y, m in zip(gs, ys, metas):
+        out: List[Optional[torch.Tensor]] = [None] * len(metas)
+        for i, y in zip(keep, ys):
+            g, m = gs[i], metas[i]
             r = g if m[2] == m[3] else _to_torch(y.local)  # unmoved: the gradient itself
-            out.append(r / m[4] if m[4] != 1 else r)
+            out[i] = r / m[4] if m[4] != 1 else r
         return (None, None, None, *out)
 
 
@@ -367,7 +399,9 @@ def redistribute_many(
     :func:`pyshard.redistribute_many` (their exchanges fused into one collective where they
     share a communicator), as one autograd node whose backward moves all the gradients the
     same way back; collective. ``sizes``: a list of ``{array_dim: extents}`` (or None) per
-    tensor; ``grad_placements`` as in :func:`redistribute`, one list for all."""
+    tensor; ``grad_placements`` as in :func:`redistribute`, one list for all. Only the
+    tensors that require grad get a gradient (a ``Partial("max")`` one that does not moves
+    beside ones that do; its result requires none)."""
     xs = [_check_sharded(x, "redistribute_many") for x in xs]
     if not xs:
         return []
@@ -382,7 +416,9 @@ def redistribute_many(
     metas = []
     for x, dst in zip(xs, dsts):
         gout = _grad_out_layout(dst, _as_tuple(grad_placements))
-        gin, div = _grad_in_layout(x.layout) if grad else (x.layout, 1)
+        # only a tensor that requires grad has a gradient to place (a Partial max/min one has
+        # none: NotImplementedError); the others' gradients are not moved back (gin None)
+        gin, div = _grad_in_layout(x.layout) if grad and x.local.requires_grad else (None, 1)
         metas.append((x.layout, dst, gout, gin, div))
     if grad:
         outs = _RedistributeMany.apply(metas, mesh, algorithm, *[x.local for x in xs])

@@ -246,7 +246,7 @@ def _apply(local: Any, src: Layout, dst: Layout, mesh: Mesh, algorithm: str) -> 
 
 @partial(jax.custom_vjp, nondiff_argnums=(1,))
 def _redistribute(local: Any, meta: tuple) -> Any:
-    src, dst, _, _, _, mesh, algorithm = meta
+    src, dst, _, mesh, algorithm = meta
     return _apply(local, src, dst, mesh, algorithm)
 
 
@@ -255,7 +255,10 @@ def _redistribute_fwd(local: Any, meta: tuple) -> Tuple[Any, None]:
 
 
 def _redistribute_bwd(meta: tuple, _res: None, g: Any) -> tuple:
-    src, _, gout, gin, div, mesh, algorithm = meta
+    src, _, gout, mesh, algorithm = meta
+    # here, not in the forward: a Partial('max'/'min') source has no gradient, but redistributes
+    # (the forward) like any other; the layout is every rank's, so every rank raises alike
+    gin, div = grad_in_layout(src)
     if np.dtype(g.dtype) != src.dtype:
         g = g.astype(src.dtype)
     out = _apply(g, gout, gin, mesh, algorithm)
@@ -283,8 +286,7 @@ def redistribute(x: Sharded, placements: PlacementsArg, sizes: SizesArg = None,
     dst = relaid(x.layout, placements, sizes)
     gp = None if grad_placements is None else tuple(grad_placements)
     gout = grad_out_layout(dst, gp)
-    gin, div = grad_in_layout(x.layout)
-    meta = (x.layout, dst, gout, gin, div, x.mesh, algorithm)
+    meta = (x.layout, dst, gout, x.mesh, algorithm)
     return Sharded(_redistribute(x.local, meta), dst, x.mesh)
 
 
@@ -411,7 +413,7 @@ def _local_pass(a: Any, p: Local, norm: Optional[str]) -> Any:
     for ax, o in zip(p.axes, p.outs):
         shape[ax] = o
     if a.size == 0 or prod(shape) == 0:  # an empty shard: nothing to compute
-        return jnp.zeros(shape, p.dst.dtype)
+        return _empty_pass(a, shape, p.dst.dtype)
     if p.func in ("rfft", "irfft"):
         r = getattr(jnp.fft, p.func)(a, n=p.ns[0], axis=p.axes[0], norm=norm)
     elif p.func in ("fftn", "ifftn") and _scipy_pass(a, p):
@@ -426,6 +428,17 @@ def _local_pass(a: Any, p: Local, norm: Optional[str]) -> Any:
     return r.astype(p.dst.dtype)
 
 
+def _empty_pass(a: Any, shape: Sequence[int], dtype: np.dtype) -> Any:
+    """The zeros of ``shape`` that a pass with an empty input or output gives, still a
+    function of ``a``: a constant would let ``jax.grad`` drop the backward of every
+    redistribute before it on this rank alone (its cotangent unused), while the ranks with
+    data run theirs, and wait for this one."""
+    tie = jnp.sum(a.reshape(-1)[:0])  # 0, whatever a holds (no inf * 0)
+    if jnp.iscomplexobj(tie) and not np.issubdtype(dtype, np.complexfloating):
+        tie = jnp.real(tie)
+    return jnp.zeros(shape, dtype) + tie.astype(dtype)
+
+
 def _fft(kind: str, x: Sharded, s: Optional[Sequence[int]], axes: Optional[Sequence[int]],
          norm: Optional[str], placements: Any, sizes: SizesArg, algorithm: str) -> Sharded:
     x = _check(x, kind)
@@ -436,8 +449,7 @@ def _fft(kind: str, x: Sharded, s: Optional[Sequence[int]], axes: Optional[Seque
             local = _local_pass(local, p, norm)
         elif p.plan.steps:
             gout = grad_out_layout(p.dst, None)
-            gin, div = grad_in_layout(p.src)
-            local = _redistribute(local, (p.src, p.dst, gout, gin, div, x.mesh, algorithm))
+            local = _redistribute(local, (p.src, p.dst, gout, x.mesh, algorithm))
     return Sharded(local, fp.dst, x.mesh)
 
 

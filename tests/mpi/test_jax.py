@@ -270,6 +270,47 @@ def test_gradient_equals_the_serial_gradient(comm, dtype):
     agree(comm, failures)
 
 
+@pytest.mark.parametrize("op", ["max", "min"])
+def test_partial_max_min_source_redistributes_and_raises_only_in_the_backward(comm, op):
+    """A Partial('max'/'min') source redistributes like the numpy path (eagerly, under jit,
+    and through an FFT, which reduces it first); only a gradient through it raises
+    NotImplementedError, on every rank alike (the layout is every rank's)."""
+    failures = []
+    mesh = ps.Mesh(comm, (comm.size,))
+    shape = (3, 2 * comm.size + 1)
+    parts = np.stack([global_array(shape, "float64", 11 + r) for r in range(comm.size)])
+    want = getattr(parts, op)(0)
+    x = psj.from_local(jnp.asarray(parts[comm.rank]), mesh, [Partial(op)], shape)
+    for tag, f in [("eager", lambda x: psj.redistribute(x, [Shard(1)])),
+                   ("jit", jax.jit(lambda x: psj.redistribute(x, [Shard(1)])))]:
+        try:
+            y = f(x)
+            if not np.array_equal(np.asarray(y.local), want[y.layout.box(mesh.coords)]):
+                failures.append(f"{tag}: {np.asarray(y.local)}")
+        except Exception as e:  # noqa: BLE001 - every rank reports, then asserts
+            failures.append(f"{tag}: {type(e).__name__}: {e}")
+    try:
+        y = jax.jit(lambda x: psj.fftn(x.redistribute([Shard(0)]), axes=(1,)))(x)
+        ref = np.fft.fftn(want, axes=(1,))[y.layout.box(mesh.coords)]
+        if not np.allclose(np.asarray(y.local), ref, rtol=1e-12, atol=1e-12):
+            failures.append("fftn: values")
+    except Exception as e:  # noqa: BLE001
+        failures.append(f"fftn: {type(e).__name__}: {e}")
+
+    def loss(local):
+        y = psj.redistribute(psj.Sharded(local, x.layout, mesh), [Replicate()])
+        return jnp.sum(y.local)
+
+    try:
+        jax.grad(loss)(x.local)
+        failures.append("grad: no error")
+    except NotImplementedError as e:
+        if f"Partial({op!r})" not in str(e):
+            failures.append(f"grad: {e}")
+    mesh.free()
+    agree(comm, failures)
+
+
 def f64dot(a, b):
     return float(np.vdot(np.asarray(a).astype(np.float64), np.asarray(b).astype(np.float64)))
 
@@ -587,6 +628,59 @@ def test_fft_matches_numpy(comm, kind):
     agree(comm, failures)
 
 
+def fft_case(kind, shape, seed):
+    """The input of ``kind`` whose output has the real ``shape``, and its s and axes."""
+    rng = np.random.default_rng(seed)
+    g = rng.standard_normal(shape)
+    if kind == "irfftn":
+        return np.fft.rfftn(g), shape, tuple(range(len(shape)))
+    if kind in ("fftn", "ifftn"):
+        g = g + 1j * rng.standard_normal(shape)
+    return g, None, None
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("kind", ["fftn", "ifftn", "rfftn", "irfftn"])
+def test_fft_gradient_with_empty_shards(comm, kind):
+    """jax.grad through an FFT whose input or intermediate layouts leave a rank no data: every
+    rank's gradient program runs the same collectives (an empty rank's local passes still
+    depend on its input, so JAX keeps the backward of the redistributes before them), and
+    the gradient, eager and under jit, equals serial jax.grad of jnp.fft on the whole array."""
+    n = comm.size
+    failures = []
+    mesh = ps.Mesh(comm, (n,))
+    cases = [((4, 6), [Shard(0)], {0: [0] * (n - 1) + [4]}, None),  # all but the last empty
+             ((n - 1, 6), [Shard(0)], None, "any"),  # the last rank empty, balanced
+             ((5, 4, 2), [Shard(1)], {1: [4] + [0] * (n - 1)}, None)]
+    for shape, pl, sizes, out in cases:
+        g, s, axes = fft_case(kind, shape, len(shape))
+        x, _ = sharded(g[None], mesh, pl, sizes)
+        ref_out = getattr(np.fft, kind)(g, s=s, axes=axes)
+        w = 1.0 + np.arange(ref_out.size).reshape(ref_out.shape) % 3
+
+        def loss(local, x=x, s=s, axes=axes, out=out, w=w):
+            y = getattr(psj, kind)(psj.Sharded(local, x.layout, mesh), s=s, axes=axes,
+                                   placements=out)
+            wy = jnp.asarray(w[y.layout.box(mesh.coords)])
+            return jnp.sum(wy * jnp.abs(y.local) ** 2)
+
+        steps = str(jax.make_jaxpr(jax.grad(loss))(x.local)).count("pyshard_step")
+        if len(set(comm.allgather(steps))) != 1:  # running it would hang
+            failures.append(f"{shape} {pl} {sizes}: pyshard_step calls {steps}")
+            continue
+
+        def serial(A, s=s, axes=axes, w=w):
+            return jnp.sum(jnp.asarray(w) * jnp.abs(getattr(jnp.fft, kind)(A, s=s, axes=axes)) ** 2)
+
+        ref = np.asarray(jax.grad(serial)(jnp.asarray(g)))[x.layout.box(mesh.coords)]
+        for tag, f in [("eager", jax.grad(loss)), ("jit", jax.jit(jax.grad(loss)))]:
+            got = np.asarray(f(x.local))
+            if got.shape != ref.shape or not np.allclose(got, ref, rtol=1e-10, atol=1e-10):
+                failures.append(f"{shape} {pl} {sizes} {tag}: gradient")
+    mesh.free()
+    agree(comm, failures)
+
+
 @pytest.mark.parametrize("dtype", ["complex64", "complex128"])
 def test_local_fft_pass_matches_jnp(dtype):
     """The c2c pass through scipy.fft in place on XLA's buffer (pyshard_fft) against jnp.fft:
@@ -732,7 +826,7 @@ def test_a_rank_that_fails_to_trace_makes_every_rank_raise_under_validation(comm
         with pytest.raises(ValueError) as e:
             jax.jit(lambda x: psj.redistribute(x, [Shard(1)]))(psj.Sharded(local, x.layout, mesh))
     finally:
-        ps.set_validation(False)
+        ps.config.reset("PYSHARD_VALIDATE")
     msgs = comm.allgather(str(e.value))
     assert len(set(msgs)) == 1 and "redistribute" in msgs[0], msgs
     mesh.free()

@@ -328,6 +328,85 @@ def test_redistribute_many(comm):
         assert torch.equal(ys[k].local.detach(), gs[k][ys[k].box])
 
 
+def test_redistribute_many_max_source_beside_one_that_requires_grad(comm):
+    """A Partial('max') and a Partial('min') tensor that need no gradient move with one that
+    does: the reduced values, and the gradient of the one that requires it; only a max
+    source that itself requires grad raises NotImplementedError."""
+    mesh = ps.Mesh(comm, (comm.size,))
+    shape = (comm.size + 2, 3)
+    g = global_tensor(shape, "float64", 3)
+    leaf = g[pst.distribute(g, mesh, [Shard(0)]).box].clone().requires_grad_()
+    a = pst.from_local(leaf, mesh, [Shard(0)], global_shape=shape)
+    parts = [global_tensor((4,), "float64", 20 + r) for r in range(comm.size)]
+    b = pst.from_local(parts[comm.rank], mesh, [Partial("max")], global_shape=(4,))
+    c = pst.from_local(parts[comm.rank], mesh, [Partial("min")], global_shape=(4,))
+    ya, yb, yc = pst.redistribute_many([a, b, c], [R])
+    assert torch.equal(yb.local, torch.stack(parts).amax(0))
+    assert torch.equal(yc.local, torch.stack(parts).amin(0))
+    assert not yb.local.requires_grad and not yc.local.requires_grad
+    w = global_tensor(shape, "float64", 7)
+    (w * ya.local).sum().backward()
+    assert torch.equal(leaf.grad, w[a.box])
+    bg = pst.from_local(parts[comm.rank].clone().requires_grad_(), mesh, [Partial("max")],
+                        global_shape=(4,))
+    with pytest.raises(NotImplementedError, match="max"):
+        pst.redistribute_many([a, bg], [R])
+
+
+@pytest.mark.parametrize("dtype", ["complex64", "complex128"])
+def test_conjugate_and_negative_views(comm, dtype):
+    """A local tensor with the conjugate or the negative bit set (a lazy ``.conj()`` view, and
+    ``.conj().imag``) redistributes as its values; a gradient that arrives as a conjugate view
+    (a loss through ``.conj()``) goes back as torch's serial gradient; and a plain contiguous
+    tensor is still read in place (no copy)."""
+    mesh = ps.Mesh(comm, (comm.size,))
+    shape = (comm.size + 2, 3)
+    cdt = tdtype(dtype)
+    z = (global_tensor(shape, "float64", 1) + 1j * global_tensor(shape, "float64", 2)).to(cdt)
+    box = pst.distribute(z, mesh, [Shard(0)]).box
+    x = pst.from_local(z[box].clone().conj(), mesh, [Shard(0)], global_shape=shape)
+    assert x.local.is_conj()
+    assert torch.equal(pst.redistribute(x, [R]).local, z.conj().resolve_conj())
+    im = z[box].clone().conj().imag
+    assert im.is_neg()
+    xi = pst.from_local(im, mesh, [Shard(0)], global_shape=shape)
+    assert torch.equal(pst.redistribute(xi, [Shard(1)]).local, -z.imag[xi.redistribute(
+        [Shard(1)]).box])
+    plain = z[box].clone()
+    assert pst.from_local(plain, mesh, [Shard(0)], global_shape=shape).to_pyshard(
+        ).local.ctypes.data == plain.data_ptr() or plain.numel() == 0
+    w = (global_tensor(shape, "float64", 5) - 2j * global_tensor(shape, "float64", 6)).to(cdt)
+    for many in (False, True):
+        leaf = z[box].clone().requires_grad_()
+        xs = pst.from_local(leaf, mesh, [Shard(0)], global_shape=shape)
+        y = pst.redistribute_many([xs], [R])[0] if many else pst.redistribute(xs, [Shard(1)])
+        (y.local.conj() * w[y.box]).real.sum().backward()
+        ref = z.clone().requires_grad_()
+        (ref.conj() * w).real.sum().backward()
+        assert torch.equal(leaf.grad, ref.grad[box]), many
+
+
+def test_sharded_tensor_checks_the_dtype(comm):
+    """A local tensor whose dtype is not the layout's is refused (ValueError), when wrapped and
+    when swapped in later, before any communication; bfloat16 maps to ml_dtypes' bfloat16."""
+    mesh = ps.Mesh(comm, (comm.size,))
+    x = pst.from_local(torch.arange(4.0) + 4 * comm.rank, mesh, [Shard(0)],
+                       global_shape=(4 * comm.size,))
+    assert x.layout.dtype == np.dtype("float32")
+    for bad in (x.local.double(), x.local.to(torch.bfloat16), x.local.int()):
+        with pytest.raises(ValueError, match="dtype"):
+            pst.ShardedTensor(bad, x.layout, mesh)
+    xb = pst.from_local(x.local.to(torch.bfloat16), mesh, [Shard(0)],
+                        global_shape=(4 * comm.size,))
+    assert pst.ShardedTensor(xb.local, xb.layout, mesh).redistribute([R]).local.dtype == \
+        torch.bfloat16
+    x.local = x.local.double()
+    with pytest.raises(ValueError, match="dtype"):
+        pst.redistribute(x, [R])
+    with pytest.raises(ValueError, match="dtype"):
+        pst.redistribute_many([x], [R])
+
+
 def test_from_local_and_distribute_keep_the_tensor(comm):
     mesh = ps.Mesh(comm, (comm.size,))
     g = global_tensor((comm.size + 3, 2), "float32", 9).requires_grad_()
