@@ -23,7 +23,7 @@ from . import collectives, config
 
 __all__ = ["set_validation", "validation", "validation_stats"]
 
-WIDTH = 8  # int64 per rank: the call, then one checksum per item (at most WIDTH - 1)
+WIDTH = 12  # int64 per rank: the call, then one checksum per item (at most WIDTH - 1)
 
 
 enabled = False  # PYSHARD_VALIDATE as it is now (_follow): the calls read this flag
@@ -80,6 +80,9 @@ def agree(comm: MPI.Comm, call: str, items: Dict[str, str]) -> None:
     else every rank raises the same ValueError naming the ranks that differ and how.
     Counted in :func:`validation_stats` under ``call``."""
     _checks[call] = _checks.get(call, 0) + 1
+    # the settings that choose the collectives too: ranks that differ would wait for each
+    # other in different calls
+    items = {**items, "settings": config.collective_settings()}
     names = list(items)[: WIDTH - 1]
     mine = np.zeros(WIDTH, np.int64)
     mine[0] = _crc(call + "|" + ",".join(names))
@@ -117,5 +120,6 @@ def _message(everyone: List[tuple]) -> str:
         if len(groups) > 1:
             parts = "; ".join(f"{_ranks(rs)}: {v}" for v, rs in groups.items())
             lines.append(f"  {n}: {parts}")
-    lines.append("Every rank must pass the same layouts and arguments.")
+    lines.append("Every rank must pass the same layouts and arguments, and see the same "
+                 "settings that choose the collectives (pyshard.config.COLLECTIVE_SETTINGS).")
     return "\n".join(lines)

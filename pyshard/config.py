@@ -170,7 +170,7 @@ SETTINGS: Dict[str, Setting] = {s.name: s for s in (
             _int(8, (1 << 31) - 1)),
     Setting("PYSHARD_VALIDATE", _BOOL, False,
             "check with one small Allgather per call that every rank passed the same layouts "
-            "and arguments", _bool),
+            "and arguments and sees the same settings that choose the collectives", _bool),
     Setting("PYSHARD_HALO_METHOD", "one of " + ", ".join(_HALO), "auto",
             "how halo updates and folds move their ghost cells when HaloArray gets no method "
             "(auto: node-shared memory between ranks of a node for faces of at least "
@@ -408,6 +408,32 @@ def table() -> str:
 
 
 # The variables that bound the threads of numpy's BLAS (OpenBLAS, MKL) and torch in a process
+# The settings that choose which collectives and paths a call runs: every rank must see the
+# same (the validation mode compares them at every validated call; doctor reports ranks
+# that differ). The others (timeouts, cache sizes, backends of local work, attach) may differ.
+COLLECTIVE_SETTINGS = (
+    "PYSHARD_ALGORITHM", "PYSHARD_SHM", "PYSHARD_MPI_TRANSPORT", "PYSHARD_TRANSPORT",
+    "PYSHARD_SHM_MIN_BYTES", "PYSHARD_NODE_SIZE", "PYSHARD_CUDA_AWARE", "PYSHARD_COUNT_LIMIT",
+    "PYSHARD_HALO_METHOD", "PYSHARD_MANY_FUSE_MAX_BYTES", "PYSHARD_MANY_BATCH_BYTES",
+    "PYSHARD_MANY_SHM_BATCH_BYTES", "PYSHARD_LOAD_DIRECT_BYTES", "PYSHARD_POOL_MIN_BYTES",
+    "PYSHARD_LOAD_FUSE",
+)
+
+
+def collective_settings() -> str:
+    """The :data:`COLLECTIVE_SETTINGS` that differ from their defaults, as ``NAME=value``
+    (an invalid value as what it is); ``"defaults"`` where none does."""
+    out = []
+    for name in COLLECTIVE_SETTINGS:
+        try:
+            v = get(name)
+        except ValueError:
+            v = f"invalid {os.environ.get(name)!r}"
+        if v != SETTINGS[name].default:
+            out.append(f"{name}={v}")
+    return ", ".join(out) or "defaults"
+
+
 THREAD_VARIABLES = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
 
 

@@ -60,6 +60,21 @@ def test_different_sizes(comm, validating):
 
 
 @two_ranks
+def test_different_settings(comm, validating):
+    """A setting that chooses the collectives, other on one rank (node-shared memory from 0
+    bytes there, by MPI on the others): every rank raises, naming it, instead of waiting in
+    different calls."""
+    mesh = _mesh(comm)
+    x = ps.distribute(make_global((8, 8), "float64"), mesh, [Shard(0)])
+    last = comm.size - 1
+    with ps.config.override(PYSHARD_SHM_MIN_BYTES=0 if comm.rank == last else None):
+        _all_raise(comm, lambda: x.redistribute([Shard(1)]), "settings:", f"rank {last}: ",
+                   "PYSHARD_SHM_MIN_BYTES=0")
+    y = x.redistribute([Shard(1)])  # the same settings again: no error
+    np.testing.assert_array_equal(y.local, make_global((8, 8), "float64")[y.box])
+
+
+@two_ranks
 def test_bad_input_on_one_rank_raises_everywhere(comm, validating):
     mesh = _mesh(comm)
     x = ps.distribute(make_global((4, 6), "float64"), mesh, [Shard(0)])
