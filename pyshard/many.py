@@ -4,9 +4,11 @@ plan is one exchange on the same communicator (every ``Shard -> Shard`` transpos
 rebalance of a 1-D mesh, the per-mesh-dim exchanges of an N-D one) are fused into a single
 ``MPI_Alltoallv`` carrying, per peer, every array's block for that peer; the others run one
 after another. Where the ranks of that communicator share a node (host arrays,
-:mod:`pyshard._shm`), all those exchanges instead go through node-shared memory in batches,
-one handshake each, every block written once straight into its result. :class:`ManyPlan` is
-the pure plan (no MPI), cached and explainable.
+:mod:`pyshard._shm`), all those exchanges can instead go through node-shared memory in
+batches, one handshake each, every block written once straight into its result: under
+``auto`` (and ``tune``, which goes as ``auto`` here) where their largest blocks for one peer,
+added up, reach ``PYSHARD_SHM_MIN_BYTES`` (:func:`pyshard.route.batch_route`), under ``shm``
+whatever their size. :class:`ManyPlan` is the pure plan (no MPI), cached and explainable.
 """
 
 from __future__ import annotations
@@ -22,12 +24,13 @@ from . import _core, _validate, config
 from ._cache import LRU, memoize
 from .array import ShardedArray
 from .exchange import NONBLOCKING_MIN_BLOCK, Exchange, default_algorithm
+from .executor import executors
 from .geometry import geometry, push_specs
-from .layout import PlacementsArg, placements_str
+from .layout import Placement, PlacementsArg, placements_str
 from .memory import allocate
 from .mesh import Mesh
 from .planner import Plan, plan
-from .route import Route, batch_route, core_transport
+from .route import Route, batch_route, check_algorithm, core_transport
 
 __all__ = ["FusedExchange", "ManyPlan", "ShmFusedExchange", "plan_many", "redistribute_many"]
 
@@ -41,9 +44,11 @@ log = logging.getLogger("pyshard")
 # receives its contiguous blocks in place, and the batch leaves the cache).
 # (PYSHARD_MANY_FUSE_MAX_BYTES and PYSHARD_MANY_BATCH_BYTES, pyshard.config; a plan is
 # memoised under the values it was made with, so a change reaches the next call)
-# Node-shared memory (pyshard/_shm.py), where ranks of the communicator share a node: every
-# array whose plan is one exchange, large ones too (nothing is packed or unpacked: each block
-# is written once, straight into its result), in batches of about SHM_BATCH_BYTES per rank,
+# Node-shared memory (pyshard/_shm.py), where ranks of the communicator share a node and
+# pyshard.route.batch_route takes it (auto: the arrays' largest blocks for one peer, added up,
+# reach PYSHARD_SHM_MIN_BYTES; shm: always): every array whose plan is one exchange, large
+# ones too (nothing is packed or unpacked: each block is written once, straight into its
+# result), in batches of about SHM_BATCH_BYTES per rank,
 # each batch one handshake with each node peer. A batch's results share one segment of
 # node-shared memory: it returns to the pool when the last of them is freed
 # (PYSHARD_MANY_SHM_BATCH_BYTES).
@@ -83,11 +88,14 @@ class ManyPlan:
     per fused collective (arrays of one communicator with less than
     ``PYSHARD_MANY_FUSE_MAX_BYTES`` per rank, default 256 KiB, in batches of about
     ``PYSHARD_MANY_BATCH_BYTES`` per rank, default 4 MiB); ``single``: the indices that run
-    on their own, in order. Where the ranks of a communicator share a node (host arrays),
-    ``shm_batches`` replace both for the arrays whose plan is one exchange: ``(mesh dims,
-    array indices)`` per batch of about ``PYSHARD_MANY_SHM_BATCH_BYTES`` per rank (default 64
-    MiB), each one handshake through node-shared memory. ``limits``: those three sizes in
-    that order (None: the settings' values now)."""
+    on their own, in order. Where the ranks of a communicator share a node (host arrays) and
+    :func:`pyshard.route.batch_route` takes node-shared memory for that communicator's
+    exchanges (``auto``, and ``tune`` as ``auto``: where :meth:`block_bytes` reaches
+    ``PYSHARD_SHM_MIN_BYTES``, 16 KiB by default; ``shm``: always), ``shm_batches`` replace
+    both for the arrays whose plan is one exchange: ``(mesh dims, array indices)`` per batch
+    of about ``PYSHARD_MANY_SHM_BATCH_BYTES`` per rank (default 64 MiB), each one handshake
+    through node-shared memory. ``limits``: those three sizes in that order (None: the
+    settings' values now)."""
 
     __slots__ = ("plans", "fused", "single", "exchanges", "shm_batches", "_block_bytes")
 
@@ -164,7 +172,8 @@ class ManyPlan:
         if self.shm_batches:
             k = sum(len(ix) for _, ix in self.shm_batches)
             lines.append(
-                f"  where the ranks share a node (host arrays): {len(self.shm_batches)} "
+                f"  where the ranks share a node (host arrays) and, under auto, the blocks "
+                f"for one peer add up to PYSHARD_SHM_MIN_BYTES: {len(self.shm_batches)} "
                 f"batch(es) through node-shared memory for the {k} single-exchange array(s), "
                 "one handshake each, in place of those arrays' exchanges above"
             )
@@ -262,6 +271,36 @@ def _targets(
         per = [placements] * len(xs)
     per_sizes = _per_array("sizes", keys, xs, sizes, is_map, None)
     return [x.target_layout(pl, sz) for x, pl, sz in zip(xs, per, per_sizes)]
+
+
+def _check_no_arrays(placements: Any, is_map: bool, sizes: Any) -> None:
+    """What :func:`_targets` would check of ``placements`` and ``sizes`` for no arrays (no
+    mesh: the placements' kinds and the containers' shapes, not their count or dims)."""
+    if is_map and isinstance(placements, Mapping):
+        if placements:
+            raise ValueError(
+                f"redistribute_many: placements name other arrays than arrays (missing [], "
+                f"extra {list(placements)[:5]})"
+            )
+    elif (
+        not is_map
+        and isinstance(placements, (list, tuple))
+        and placements
+        and all(isinstance(p, (list, tuple)) for p in placements)
+    ):
+        raise ValueError(f"redistribute_many: {len(placements)} placement lists for 0 arrays")
+    else:
+        if isinstance(placements, Placement) or not isinstance(placements, (list, tuple)):
+            raise TypeError(
+                f"placements must be a list of Shard/Replicate/Partial, one per mesh dim, "
+                f"got {placements!r}"
+            )
+        for i, p in enumerate(placements):
+            if not isinstance(p, Placement):
+                raise TypeError(
+                    f"placements[{i}] must be Shard(dim), Replicate() or Partial(op), got {p!r}"
+                )
+    _per_array("sizes", [], [], sizes, is_map, None)
 
 
 def plan_many(arrays: ArraysArg, placements: PlacementsLike, sizes: Any = None) -> ManyPlan:
@@ -386,9 +425,12 @@ def redistribute_many(
     ``MPI_Alltoallv`` (one message per peer for all of them); the rest run one after another
     with ``algorithm`` (see :meth:`~pyshard.ShardedArray.redistribute`). Host arrays whose
     communicator's ranks share a node move all those exchanges through node-shared memory
-    instead (``algorithm`` ``auto``, ``tune`` or ``shm``; see :class:`ManyPlan`): one
-    handshake per batch, and the results of a batch are views into one shared segment, kept
-    until the last of them is freed.
+    instead (see :class:`ManyPlan`) with ``algorithm="shm"``, and with ``auto`` or ``tune``
+    (which measures nothing for them) where their largest blocks for one peer, added up,
+    reach ``PYSHARD_SHM_MIN_BYTES`` (16 KiB by default; a few small arrays go through the
+    fused ``MPI_Alltoallv``): one handshake per batch, and the results of a batch are views
+    into one shared segment, kept until the last of them is freed. An unknown ``algorithm``
+    raises ``ValueError`` on every rank before any communication.
     ``sizes``: uneven target shards, ``{array_dim: extents}`` per array, in a dict (dict
     ``arrays``; arrays left out are balanced) or a list (list or tuple ``arrays``; ``None``
     entries are balanced). :func:`plan_many` shows which arrays fuse. Every check happens
@@ -396,7 +438,13 @@ def redistribute_many(
     targets.
     """
     keys, xs, is_map = _items(arrays)
+    # the algorithm's name checked here, on every rank alike, before any communication: the
+    # fused and node-shared batches below never read it, so a bad name would otherwise pass
+    # or fail with the arrays' sizes, after the batches had moved
+    alg = default_algorithm() if algorithm is None else algorithm
+    check_algorithm(alg)
     if not xs:
+        _check_no_arrays(placements, is_map, sizes)
         return {} if is_map else type(arrays)()
     mesh = xs[0].mesh
     for k, x in zip(keys, xs):
@@ -453,7 +501,6 @@ def redistribute_many(
     cache = mesh.cache
     # node-shared memory for the single exchanges of a communicator whose ranks share a node
     # (set up collectively on first use; decided from the layouts: the same on every rank)
-    alg = algorithm or default_algorithm()
     shm: Dict[Tuple[int, ...], Any] = {}
     routes: Dict[Tuple[int, ...], Route] = {}
     for dims, _ix in mp.exchanges:
@@ -488,9 +535,15 @@ def redistribute_many(
             results[i] = ShardedArray.wrap(o, targets[i], mesh)
     for i in mp.single:  # without sizes, from placements alone: the one-lookup fast path
         if results[i] is not None:  # moved through node-shared memory above
+            if alg == "tune":
+                # another communicator of the mesh over these dims may have taken MPI (its
+                # ranks share no node): its ranks tune this array's exchange here, and that
+                # tuning is collective over the whole mesh (pyshard._tune), so this rank
+                # takes part in it (its executors built, measured, kept; nothing moves)
+                executors(mp.plans[i], mesh, "tune", locals_[i])
             continue
         sz = None if per_sizes[i] is None else targets[i].sizes
-        results[i] = xs[i].redistribute(list(targets[i].placements), sz, algorithm=algorithm)
+        results[i] = xs[i].redistribute(list(targets[i].placements), sz, algorithm=alg)
     if is_map:
         return (
             type(arrays)(zip(keys, results))

@@ -21,8 +21,10 @@ The rule, for host arrays with ``algorithm="auto"``:
   their collective.
 
 ``algorithm="shm"`` takes node-shared memory wherever it is usable, whatever the size;
-``"tune"`` measures the candidates :func:`route` lists (node-shared memory among them where it
-is usable) once per kind of step and keeps the fastest (``pyshard._tune``); an MPI algorithm
+``"tune"`` measures the candidates :func:`route` lists (node-shared memory among them where,
+in some communicator of the step on the mesh, a block goes between two ranks of one node:
+:func:`node_blocks_anywhere`, so that every rank of the mesh lists the same) once per kind of
+step and keeps the fastest (``pyshard._tune``); an MPI algorithm
 by name takes MPI. GPU arrays never take node-shared memory: MPI on device memory where the
 library is CUDA-aware, else through pinned host buffers.
 """
@@ -43,7 +45,7 @@ from .planner import Step
 __all__ = ["ALGORITHMS", "FOLD_DTYPES", "FOLD_KIND", "HALO_METHODS", "MIGRATE_ALGORITHMS",
            "MIGRATE_DENSE_MAX", "MigrateRoute", "Route", "batch_route", "choose_algorithm",
            "core_transport", "describe", "halo_reason", "halo_route", "migrate_route",
-           "node_blocks", "route"]
+           "node_blocks", "node_blocks_anywhere", "route"]
 
 MPI_KINDS = ("alltoallv", "allgatherv", "reduce_scatter", "allreduce")
 HOST_CANDIDATES = ("alltoallv", "alltoall", "p2p", "alltoallw")  # what "tune" measures
@@ -181,6 +183,30 @@ def node_blocks(step: Step, mesh: Any) -> bool:
     return False
 
 
+def node_blocks_anywhere(step: Step, mesh: Any) -> bool:
+    """Does some block of exchange ``step`` go between two different ranks of one node, both
+    able to use node-shared memory, in any communicator of ``mesh`` over the step's mesh
+    dims? :func:`node_blocks` asked of every communicator at once: from the layouts and the
+    whole mesh's node map (:meth:`~pyshard.Mesh.node_groups` over every mesh dim,
+    :meth:`~pyshard.Mesh.node_info`), never from this rank's communicator, so every rank of
+    the mesh answers the same. ``tune`` lists its candidates by it: its timings are combined
+    over the whole mesh, so every rank must time the same ones. No MPI call."""
+    groups = mesh.node_groups(tuple(range(mesh.ndim)))
+    if not groups:
+        return False
+    info = mesh.node_info()
+    ok = info.get("shm") if info else None
+    shape = step.src.mesh_shape
+    for r in range(prod(shape)):
+        if ok is not None and not ok[r]:
+            continue
+        for to, _ in step.sends(tuple(unravel(r, shape))):
+            t = ravel(to, shape)
+            if t != r and groups[t] == groups[r] and (ok is None or ok[t]):
+                return True
+    return False
+
+
 NO_NODE_BLOCKS = (
     "no block of this step goes between two ranks of one node (each rank's peers are on "
     "other nodes): node-shared memory would carry nothing"
@@ -191,8 +217,11 @@ def route(step: Step, mesh: Any, algorithm: str, device: bool = False) -> Route:
     """Where ``step`` goes on ``mesh`` for an array in host (``device=False``) or GPU memory,
     called with ``algorithm`` (``auto``, ``tune``, ``shm`` or an MPI algorithm). No MPI call:
     the node transport comes from the mesh's node map. An exchange takes node-shared memory
-    under ``auto`` (or measures it under ``tune``) only where some block of it goes between
-    two ranks of one node (:func:`node_blocks`); ``shm`` takes it wherever it is usable."""
+    under ``auto`` only where some block of it goes between two ranks of one node in this
+    rank's communicator (:func:`node_blocks`); ``tune`` measures it where that holds in any
+    communicator of the step (:func:`node_blocks_anywhere`: the same candidates on every rank
+    of the mesh, whose timings are combined over the mesh); ``shm`` takes it wherever it is
+    usable (and MPI, as ``auto`` would, where it is not)."""
     if not step.is_collective:
         return Route("local")
     node = None
@@ -200,7 +229,12 @@ def route(step: Step, mesh: Any, algorithm: str, device: bool = False) -> Route:
         node = _shm.node(mesh, step.mesh_dims)
     exchange, why = step.kind == "alltoallv", ""
     if exchange and algorithm == "tune":
-        shm = ("shm",) if shm_allowed(step.kind, node) and node_blocks(step, mesh) else ()
+        # the same list on every rank of the mesh (pyshard._tune combines the timings over
+        # the whole mesh): "shm" where any communicator of the mesh over the step's dims has
+        # a block between two ranks of one node; a rank whose own communicator cannot use it
+        # times (and, if it wins, runs) "shm" as route() takes it there: MPI, as auto would
+        shm = ("shm",) if not device and _shm.enabled() and node_blocks_anywhere(step, mesh) \
+            else ()  # fmt: skip
         cands = DEVICE_CANDIDATES if device else HOST_CANDIDATES + shm
         return Route("tune", "tune", node, cands, _mpi_route(device).transport)
     if shm_for(step.kind, _shm.block_bytes(step), node, algorithm):
@@ -248,10 +282,13 @@ def halo_route(layout: Any, spec: Any, mesh: Any, method: str, device: bool = Fa
     MPI persistent requests;
     ``shm`` takes node-shared memory wherever it is usable; ``tune`` measures the MPI methods
     and, where usable, ``shm``. GPU arrays and ``PYSHARD_SHM=off`` take
-    MPI. A fold whose dtype the core does not combine (not in :data:`FOLD_DTYPES`) takes
+    MPI. A fold whose dtype the core does not combine (not in :data:`FOLD_DTYPES` in native
+    byte order: a non-native order such as ``">f8"`` neither) takes
     persistent requests where the update takes node-shared memory, and ``tune`` leaves
     ``shm`` out of its candidates."""
-    if fold and layout.dtype.name not in FOLD_DTYPES and not device:
+    if fold and np.dtype(layout.dtype) not in FOLD_KIND and not device:
+        # (the dtype itself, byte order included: ">f8" is named "float64" too, but the
+        # core combines native byte order only, as the fold's wait asks FOLD_KIND)
         r = halo_route(layout, spec, mesh, method, device)
         if r.path == "shm":
             return _mpi_route(device, "persistent", r.node)

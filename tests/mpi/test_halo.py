@@ -677,3 +677,31 @@ def test_dropped_in_flight_does_not_hang(comm, method, who):
         check_halo(g, x, h2, f"after a dropped {'fold' if fold else 'update'}")
         del h2
     mesh.free()
+
+
+@pytest.mark.parametrize("method", ["auto", "shm", "tune", "persistent"])
+@pytest.mark.parametrize("dtype", [">f8", ">i4"])
+def test_fold_of_another_byte_order(comm, dtype, method):
+    """A big-endian array (read from a FITS or HDF5 file, say) updates and folds as its
+    native twin does, with every method: the core combines native byte order only, so its
+    fold takes persistent requests (combined in numpy) where the update takes node-shared
+    memory (docs/halo.md), and tune leaves shm out of the fold's candidates."""
+    mesh = ps.Mesh(comm, (comm.size,))
+    shape = (2 * comm.size + 3, 4)
+    native = np.dtype(dtype).newbyteorder("=")
+    g = make_global(shape, native)
+    hs = [ps.distribute(g.astype(dt), mesh, [S0]).with_halo(1, periodic=True, method=method)
+          for dt in (dtype, native)]
+    big, twin = hs
+    assert big.fold_route.path != "shm" and "shm" not in big.fold_route.candidates
+    for h in hs:
+        h.update()
+    np.testing.assert_array_equal(big.padded, twin.padded)
+    for op in ("sum", "max"):
+        vals = make_global(big.padded.shape, native, seed=comm.rank + 1)
+        for h in hs:
+            h.padded[...] = vals
+            h.fold(op)
+        assert big.padded.dtype == np.dtype(dtype)
+        np.testing.assert_array_equal(big.interior, twin.interior, err_msg=op)
+    mesh.free()

@@ -168,3 +168,82 @@ def test_errors_before_communication(comm):
     assert ps.redistribute_many([], [S1]) == []
     mesh.free()
     other.free()
+
+
+@pytest.mark.parametrize("shm", ["auto", "off"])
+def test_unknown_algorithm_raises_before_communication(comm, shm):
+    """An unknown algorithm raises the ValueError redistribute raises, on every rank, before
+    anything moves: whether the arrays would fuse, go through node-shared memory or run on
+    their own, and for no arrays at all (whose placements are checked too)."""
+    mesh = ps.Mesh(comm, (comm.size,))
+    small = ps.distribute(make_global((6, 4), "float64"), mesh, [S0])
+    big = ps.distribute(make_global((512, 256), "float64"), mesh, [S0])  # 1 MiB: on its own
+    before = ps.comm_stats()
+    with ps.config.override(PYSHARD_SHM=shm):
+        for xs in ([small], [small, big], {"s": small, "b": big}, [big]):
+            for bad in ("bogus", "", "SHM"):
+                with pytest.raises(ValueError, match="algorithm must be"):
+                    ps.redistribute_many(xs, [S1], algorithm=bad)
+        with pytest.raises(ValueError, match="algorithm must be"):
+            ps.redistribute_many([], [S1], algorithm="bogus")
+        with pytest.raises(ValueError, match="algorithm must be"):
+            ps.redistribute_many({}, [S1], algorithm="bogus")
+    assert counts_since(before) == {}
+    with pytest.raises(TypeError, match="placements"):
+        ps.redistribute_many([], "S1")
+    with pytest.raises(TypeError, match=r"placements\[0\]"):
+        ps.redistribute_many([], [1])
+    with pytest.raises(ValueError, match="1 placement lists for 0 arrays"):
+        ps.redistribute_many([], [[S1]])
+    with pytest.raises(ValueError, match="extra"):
+        ps.redistribute_many({}, {"a": [S1]})
+    with pytest.raises(ValueError, match="1 sizes for 0 arrays"):
+        ps.redistribute_many([], [S1], sizes=[None])
+    assert ps.redistribute_many([], [S1], algorithm="tune") == []
+    assert ps.redistribute_many({}, {}) == {}
+    mesh.free()
+
+
+@pytest.mark.mpi(min_size=4)
+def test_tune_keeps_ranks_in_step_where_only_some_communicators_share_a_node(
+    comm, monkeypatch
+):
+    """algorithm="tune" on a 2-D mesh whose communicators over mesh dim 0 differ in whether
+    their ranks share a node (simulated nodes, PYSHARD_NODE_SIZE): where they do, an array's
+    exchange moves in a node-shared batch; where not, it runs on its own and is tuned, which
+    is collective over the whole mesh, so the first ranks take part in that tuning too."""
+    from mpi4py import MPI
+
+    from pyshard.route import batch_route
+
+    dims = tuple(MPI.Compute_dims(comm.size, 2))
+    if min(dims) < 2 or comm.size != MPI.COMM_WORLD.size:
+        pytest.skip(f"no 2-D mesh with both dims > 1 at {comm.size} ranks")
+
+    def columns_share(k):  # per column of the mesh (dim 0's communicators), on one host
+        return [len({(i * dims[1] + j) // k for i in range(dims[0])}) < dims[0]
+                for j in range(dims[1])]
+
+    ks = [k for k in range(2, comm.size) if len(set(columns_share(k))) == 2]
+    if not ks:
+        pytest.skip(f"no node size splits the columns of {dims}")
+    monkeypatch.setenv("PYSHARD_NODE_SIZE", str(ks[0]))
+    monkeypatch.delenv("PYSHARD_TUNE_FILE", raising=False)
+    g = make_global((8 * dims[0], 6 * dims[1]), "float64", seed=3)
+    with ps.config.override(PYSHARD_SHM_MIN_BYTES=0, PYSHARD_MANY_FUSE_MAX_BYTES=1):
+        mesh = ps.Mesh(comm, dims)
+        xs = [ps.distribute(g, mesh, [S0, R]), ps.distribute(g + 1, mesh, [S0, R])]
+        mp = ps.plan_many(xs, [S1, R])
+        paths = comm.allgather(
+            batch_route("alltoallv", (0,), mp.block_bytes((0,)), mesh, "tune").path
+        )
+        if len(set(paths)) != 2:  # node-shared memory off, or several hosts
+            mesh.free()
+            pytest.skip(f"the columns take {paths}")
+        for _ in range(2):  # tuned, then the choice kept
+            ys = ps.redistribute_many(xs, [S1, R], algorithm="tune")
+            check(ys[0], g)
+            check(ys[1], g + 1)
+        tuned = sorted(mesh.cache.tuned.items())
+        assert tuned and comm.allgather(tuned) == [tuned] * comm.size
+        mesh.free()

@@ -165,3 +165,51 @@ def test_tune_file_that_is_garbage_is_ignored(comm, tune_file):
     np.testing.assert_array_equal(y.local, g[y.box])
     assert os.path.exists(tune_file)
     mesh.free()
+
+
+# (source, target, global shape from the mesh shape): steps over one dim of a 2-D mesh whose
+# communicators differ in whether some block goes between two ranks of one node (a (1, n)
+# array's one row lives on mesh rank 0, so only its column's communicator moves anything)
+TUNE_2D = [
+    ([Shard(0), Shard(0)], [Shard(1), Shard(0)], lambda d: (1, d[1])),
+    ([Shard(0), Shard(0)], [Shard(1), Shard(0)], lambda d: (1, d[0])),
+    ([Shard(0), Shard(1)], [Shard(1), Shard(0)], lambda d: (2 * d[0] + 1, 2 * d[1] + 1)),
+    ([Shard(1), Shard(0)], [Shard(0), Shard(1)], lambda d: (d[1] + 1, d[0])),
+    ([Shard(0), Replicate()], [Shard(1), Shard(1)], lambda d: (3 * d[0], 3 * d[1])),
+]
+
+
+@pytest.mark.mpi(min_size=4)
+@pytest.mark.parametrize("case", range(len(TUNE_2D)))
+def test_tune_on_a_2d_mesh_agrees_on_the_candidates(comm, monkeypatch, case):
+    """algorithm="tune" on a 2-D mesh built from the rank count (2x2 at 4 ranks, 2x3 at 6,
+    4x2 at 8): its timings are combined over the whole mesh, so every rank lists the same
+    candidates (route()) and every rank gets the numpy result, from redistribute and from a
+    redistribute_many that runs the array on its own."""
+    from mpi4py import MPI
+
+    from pyshard.route import route
+
+    monkeypatch.delenv("PYSHARD_TUNE_FILE", raising=False)  # every mesh tunes afresh
+    dims = tuple(MPI.Compute_dims(comm.size, 2))
+    if min(dims) < 2:
+        pytest.skip(f"no 2-D mesh with both dims > 1 at {comm.size} ranks")
+    src, dst, shape = TUNE_2D[case]
+    g = make_global(shape(dims), "float32", seed=case)
+    mesh = ps.Mesh(comm, dims)
+    x = ps.distribute(g, mesh, src)
+    cands = [route(s, mesh, "tune").candidates for s in x.plan_to(dst).steps
+             if s.kind == "alltoallv"]
+    every = comm.allgather(cands)
+    assert every == [cands] * comm.size, every  # before any trial: no rank left waiting
+    y = x.redistribute(dst, algorithm="tune")
+    np.testing.assert_array_equal(y.local, g[y.box])
+    chosen = sorted(mesh.cache.tuned.items())
+    assert comm.allgather(chosen) == [chosen] * comm.size
+    mesh.free()
+    mesh = ps.Mesh(comm, dims)  # a new mesh: tuned again, from redistribute_many
+    x = ps.distribute(g, mesh, src)
+    with ps.config.override(PYSHARD_MANY_FUSE_MAX_BYTES=1):  # the array on its own
+        (y,) = ps.redistribute_many([x], dst, algorithm="tune")
+    np.testing.assert_array_equal(y.local, g[y.box])
+    mesh.free()
