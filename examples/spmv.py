@@ -17,7 +17,8 @@ rank gets none) or pyshard's balanced split. Each rank's rows, in CSR, name the 
 they touch: :func:`pyshard.csr_plan` builds one gather plan for them (once), and
 relabels the columns to the positions of the gathered vector. Then ``y = A x`` is
 ``local_rows @ plan.gather(x)``: the ghost entries of ``x`` arrive in one message from each
-rank that owns some, this rank's own are copied, no collective runs.
+rank that owns some (from a rank of the same node, through node-shared memory instead: no
+message), this rank's own are copied, no collective runs.
 
 Conjugate gradient (no preconditioner, ``x0 = 0``, stop when ``||r|| < rtol ||b||``, as
 ``scipy.sparse.linalg.cg`` does) runs on the distributed vectors: one gather per iteration and
@@ -231,8 +232,9 @@ def main(argv: Optional[List[str]] = None) -> int:
         print(f"spmv: P1 Laplacian of a {args.m}x{args.m}-point Delaunay mesh, {r['n']} rows "
               f"(randomly numbered), {r['nnz']} entries, on {comm.size} rank(s), rows "
               f"{r['sizes']}")
-        print(f"  gather plan: {r['ghosts']} ghost rows and {r['messages']} messages per "
-              f"product over all ranks; setup {r['setup_s'] * 1e3:.2f} ms")
+        print(f"  gather plan: {r['ghosts']} ghost rows and {r['messages']} MPI messages per "
+              f"product over all ranks (node peers: node-shared memory); setup "
+              f"{r['setup_s'] * 1e3:.2f} ms")
         print(f"  y = A x: {r['product_s'] * 1e6:.1f} us per product; CG: {r['iterations']} "
               f"iterations to ||r|| = {r['residual']:.3e}, {r['iteration_s'] * 1e6:.1f} us "
               f"per iteration (slowest rank)")

@@ -25,7 +25,7 @@ scaling_die() {
 
 # Rank counts to run: $RANKS ("sweep" = 2, 4, 8, ... and ntasks; "ntasks" = only ntasks;
 # or a list such as "1,2,4"). The sweep starts at 2: at 1 rank there is no communication to
-# time (and `pyshard bench` refuses cases without a collective).
+# time (`pyshard bench` then times local copies against a memcpy floor).
 scaling_rank_list() {
     local ntasks=$1 spec=${RANKS:-sweep} r
     case $spec in
