@@ -743,8 +743,14 @@ void MigrateExchange::back_error(const i64* cnt, const i64* rcnt, i64 sig, i64 c
   heads.wait();
 }
 
-// A back() message longer than its receive: that peer's values are wider than this rank's.
-[[noreturn]] static void wider_values(const MessageSizeError& e) {
+// A message of another size than its receive: the exchange ends here. In back(), a peer's
+// values wider than this rank's (the sizes are not both sides' knowledge there): the
+// ValueError naming it; elsewhere (never: the counts agree) the error as it is.
+void MigrateExchange::message_size(const MessageSizeError& e) {
+  active_ = false;
+  for (MPI_Datatype& t : types_) mpi::type_free(&t);
+  types_.clear();
+  if (!back_) throw e;
   throw std::invalid_argument("pyshard: back(): rank " + std::to_string(e.peer) +
                               "'s values have other columns (keys, dtypes or trailing "
                               "shapes) than this rank's (its rows are wider)");
@@ -755,11 +761,7 @@ bool MigrateExchange::test() {
   try {
     return msgs().test();
   } catch (const MessageSizeError& e) {
-    active_ = false;
-    for (MPI_Datatype& t : types_) mpi::type_free(&t);
-    types_.clear();
-    if (!back_) throw;
-    wider_values(e);
+    message_size(e);
   }
 }
 
@@ -768,11 +770,7 @@ void MigrateExchange::wait() {
   try {
     msgs().wait();
   } catch (const MessageSizeError& e) {
-    active_ = false;
-    for (MPI_Datatype& t : types_) mpi::type_free(&t);
-    types_.clear();
-    if (!back_) throw;
-    wider_values(e);
+    message_size(e);
   }
   active_ = false;
   for (MPI_Datatype& t : types_) mpi::type_free(&t);

@@ -137,6 +137,8 @@ class MigrateExchange {
   // Have this exchange's messages completed? MPI_Testall: never blocks, drives progress;
   // wait() then only unpacks. (The node handshake, on the shm path, ran when it started.)
   bool test();
+  // A message of another size than its receive (test/wait): ends the exchange, then throws.
+  [[noreturn]] void message_size(const MessageSizeError& e);
   bool active() const { return active_; }
 
  private:

@@ -63,6 +63,18 @@ def need(fmt):
         pytest.importorskip("zarr", reason="Zarr checkpoints need zarr-python 3 (pyshard[zarr])")
 
 
+def available(fmts):
+    """Those of ``fmts`` whose package imports here (:func:`need`), the others left out."""
+    out = []
+    for fmt in fmts:
+        try:
+            need(fmt)
+            out.append(fmt)
+        except pytest.skip.Exception:
+            pass
+    return out
+
+
 def rand_sizes(rng, n, parts):
     """Random extents of ``n`` over ``parts`` shards (empty ones included)."""
     cuts = np.sort(rng.integers(0, n + 1, parts - 1))
@@ -402,11 +414,7 @@ def test_tools_open_ours(comm, shared_dir):
     specs = random_specs(comm, 21)
     arrays = {n: make_sharded(mesh, s) for n, s in specs.items()}
     paths = {}
-    for fmt in FORMATS:
-        try:
-            need(fmt)
-        except pytest.skip.Exception:
-            continue
+    for fmt in available(FORMATS):
         paths[fmt] = os.path.join(shared_dir, "ours" + EXT[fmt])
         ps.save(paths[fmt], arrays, format=fmt)
     # safetensors.numpy has no float8 (numpy has none): a file without it for that one
@@ -756,13 +764,7 @@ def test_names_a_format_cannot_hold(comm, shared_dir):
     mesh = ps.Mesh(comm, (comm.size,))
     g = np.arange(24.0).reshape(6, 4)
     x = ps.distribute(g, mesh, [Shard(0)])
-    groups = []
-    for fmt in ("hdf5", "zarr"):
-        try:
-            need(fmt)
-            groups.append(fmt)
-        except pytest.skip.Exception:
-            pass
+    groups = available(("hdf5", "zarr"))
     cases = [("safetensors", ["__metadata__", "y"], "no tensor may be called '__metadata__'")]
     for fmt in groups:
         label = formats.DRIVERS[fmt].label.split()[0]
@@ -1037,11 +1039,7 @@ def test_each_format_probes_its_own_checkpoints(comm, shared_dir):
     mesh = ps.Mesh(comm, (comm.size,))
     x = ps.distribute(np.arange(6.0), mesh, [Shard(0)])
     paths = {}
-    for name in formats.FORMATS:
-        try:
-            need(name)
-        except pytest.skip.Exception:
-            continue
+    for name in available(formats.FORMATS):
         paths[name] = os.path.join(shared_dir, "p-" + name)
         ps.save(paths[name], {"x": x}, format=name)
     assert "npy" in paths and "safetensors" in paths
@@ -1060,13 +1058,7 @@ def test_cross_sizes_and_killed_saves(comm, shared_dir):
     counts); a save killed after its data (or, for HDF5, before its rename) leaves the
     previous file or directory intact, in every format. Four launches in all (CI budget)."""
     needs_subprocess(comm)
-    fmts = ["safetensors"]
-    for f in ("hdf5", "zarr"):
-        try:
-            need(f)
-            fmts.append(f)
-        except pytest.skip.Exception:
-            pass
+    fmts = ["safetensors"] + available(("hdf5", "zarr"))
     d = shared_dir
     src = {
         "w": spec((7, 5), "float32", 1, ["S(1)"], {1: [3, 0, 2]}),
