@@ -87,7 +87,10 @@ class _Pencils:
         self.plan = pf.plan(self.src, "fftn", placements=list(last))
         self.algorithm = algorithm
         coords = mesh.coords
-        self.out = np.empty(self.plan.dst.local_shape(coords), self.plan.dst.dtype)
+        # the result's buffer as a ShardedArray of the plan's output layout: its fit is known
+        # from the layout (a plain array's takes one small allreduce a call, pyshard.fft)
+        self.out = ShardedArray(np.empty(self.plan.dst.local_shape(coords), self.plan.dst.dtype),
+                                self.plan.dst, mesh)
         self.moves = [p for p in self.plan.passes if isinstance(p, Move) and p.plan.collectives]
         self._work = [
             (ShardedArray(np.zeros(p.src.local_shape(coords), p.src.dtype), p.src, mesh),

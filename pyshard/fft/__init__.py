@@ -21,9 +21,10 @@ requested layout unless ``placements="any"``. ``rfftn`` and ``ihfftn`` transform
 axis first (real to complex), ``irfftn`` and ``hfftn`` last (``hfftn``: ``fftn`` over the
 other axes, then scipy's/numpy's ``hfft`` along the last, as scipy.fft computes it).
 ``s=`` pads or truncates an axis when it is whole. Replicate mesh dims just compute;
-``Partial("sum")`` and ``Partial("avg")`` inputs stay Partial (every transform here is
-linear over the reals); ``Partial("max"/"min")`` are reduced first (Replicate in the
-result's default placements).
+``Partial("sum")`` and ``Partial("avg")`` inputs of floating or complex dtype stay Partial
+(every transform here is linear over the reals); ``Partial("max"/"min")``, and
+``Partial("sum")`` of bool (a logical or) or integers (wrapping), are reduced first
+(Replicate in the result's default placements).
 
 Result layout: ``placements=None`` keeps the input's placements, and its shard extents
 along every axis whose length does not change (rfftn's last axis, ``s=`` axes are balanced).

@@ -28,7 +28,7 @@ from .._cache import memoize
 from ..array import ShardedArray
 from ..layout import Layout, Partial, Placement, Replicate, Shard, check_placements, sizes_key
 from .engine import have_scipy
-from .fftplan import FFTPlan
+from .fftplan import FFTPlan, run_passes
 from .kinds import (
     PLAN_NOT_SUPPORTED,
     R2C,
@@ -40,6 +40,7 @@ from .kinds import (
     result_dtype,
     warnings_of,
 )
+from .planner import stays_partial
 from .tune import mesh_shapes
 from .tune import tune_mesh as _tune
 
@@ -83,7 +84,8 @@ def _plan(layout: Layout, kind: str, axes: Any, s: Any, norm: Any, placements: P
     else:
         if placements is None:
             pl = tuple(
-                Replicate() if isinstance(p, Partial) and p.op not in ("sum", "avg") else p
+                Replicate() if isinstance(p, Partial) and not stays_partial(p, layout.dtype)
+                else p
                 for p in layout.placements
             )
             if sizes is None:  # keep the input's extents along axes whose length stays
@@ -159,8 +161,10 @@ def _run(p: FFTPlan, x: ShardedArray, out: Any, workers: Any, name: str,
          api: Optional[str]) -> ShardedArray:
     """``p.forward(x)``, written into ``out`` where given: a ShardedArray of the result's
     shape and layout whose dtype the result casts to (``same_kind``, as numpy's ``out=``),
-    or this rank's shard of the result (``FFTPlan.forward``'s ``out=``). Every check reads
-    only what every rank shares (shapes, dtypes, layouts): every rank raises the same."""
+    or this rank's shard of the result (``FFTPlan.forward``'s ``out=``). Every check of a
+    ShardedArray ``out`` reads only what every rank shares (shapes, dtypes, layouts); a plain
+    array is a rank-local fact, agreed by one small allreduce (``FFTPlan.forward``): every
+    rank raises the same."""
     if out is None:
         return p.forward(x, workers=workers)
     if not isinstance(out, ShardedArray):
@@ -186,8 +190,9 @@ def _run(p: FFTPlan, x: ShardedArray, out: Any, workers: Any, name: str,
     direct = (out.dtype == dst.dtype and loc.flags.c_contiguous
               and bk.is_device(loc) == bk.is_device(x.local)
               and not xp.may_share_memory(loc, x.local))
-    if direct:
-        p.forward(x, out=loc, workers=workers)
+    if direct:  # out's layout is checked (every rank's): no allreduce to agree on it
+        run_passes(p.passes, x, loc, p.norm, p.type, workers, None,
+                   orthogonalize=p.orthogonalize)
     else:  # another dtype, or out is (a view of) the input: transform, then cast into out
         xp.copyto(loc, p.forward(x, workers=workers).local, casting="same_kind")
     return out
@@ -218,6 +223,8 @@ def _go(name: str, kind: str, x: ShardedArray, s: Any, axes: Any, norm: Any, pla
             "layout": repr(x.layout),
             "arguments": repr((axes, s, norm, type_, orth)),
             "result layout": repr((placements, sizes)),
+            "out": "None" if out is None else (
+                "a ShardedArray" if isinstance(out, ShardedArray) else "a plain array"),
         })
     p = _plan(x.layout, kind, axes, s, norm, placements, sizes, type_, orth, api, one)
     if api == "numpy":  # after the checks: an invalid call raises its error

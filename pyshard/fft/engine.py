@@ -349,6 +349,12 @@ def _pooled(a: np.ndarray, func: str, axes: Tuple[int, ...], ns: Tuple[int, ...]
     every call): c2c in place (in ``a`` when this plan owns it, else in a pooled copy), and
     rfft/irfft with numpy's ``out=``; None where neither applies (then scipy allocates)."""
     one = len(axes) == 1 and _NP_OUT and workers in (None, 1)
+    # out= (and the in-place c2c) take the transform's full length: none where the pass
+    # then crops or pads (the backward of a plan whose s= pads: ns != outs)
+    if func in ("fftn", "ifftn", "irfft") and any(shape[x] != n for x, n in zip(axes, ns)):
+        return None
+    if func == "rfft" and shape[axes[0]] != ns[0] // 2 + 1:
+        return None
     if func in ("fftn", "ifftn") and tuple(shape) == a.shape and one and not owned:
         # out of place straight into pooled memory (numpy's out=): no copy of the input
         buf = pooled_empty(tuple(shape), out_dtype)

@@ -13,8 +13,10 @@ import time
 from math import prod
 from typing import Any, List, Optional, Sequence, Tuple
 
+import numpy as np
+
 from .. import _backend as bk
-from .. import executor
+from .. import collectives, executor
 from ..array import ShardedArray
 from ..exchange import default_algorithm
 from ..explain import explain
@@ -73,26 +75,32 @@ class FFTPlan:
     def forward(self, x: ShardedArray, out: Optional[Any] = None, workers: Optional[int] = None,
                 algorithm: Optional[str] = None) -> ShardedArray:
         """The transform of ``x`` (laid out as :attr:`src`), laid out as :attr:`dst`;
-        collective. ``out``: an array of the result's local shape and dtype to write into."""
+        collective. ``out``: an array of the result's local shape and dtype to write into
+        (each rank its own shard's): whether it fits is a rank-local fact, agreed by one
+        small allreduce over the mesh before any exchange, so a rank whose ``out`` does not
+        fit makes every rank raise the same ``ValueError`` (naming it), not the others
+        wait. A :class:`ShardedArray` ``out`` laid out as :attr:`dst` needs no agreement
+        (its layout is every rank's): the form for a loop that times or repeats calls."""
         if not isinstance(x, ShardedArray) or x.layout != self.src:
             got = x.layout if isinstance(x, ShardedArray) else type(x).__name__
             raise ValueError(
                 f"FFTPlan.forward: expected an array laid out as {self.src}, got {got}"
             )
-        _check_out(out, self.dst, x)
+        out = _check_out(out, self.dst, x)
         return run_passes(self.passes, x, out, self.norm, self.type, workers, algorithm,
                           orthogonalize=self.orthogonalize)
 
     def backward(self, y: ShardedArray, out: Optional[Any] = None,
                  workers: Optional[int] = None, algorithm: Optional[str] = None) -> ShardedArray:
         """The inverse transform of ``y`` (laid out as :attr:`dst`), laid out as the input
-        (:attr:`src`'s placements, extents and shape); collective."""
+        (:attr:`src`'s placements, extents and shape); collective. ``out`` as in
+        :meth:`forward` (one small allreduce agrees whether it fits on every rank)."""
         back = self.backward_passes
         start = back[0].src if back else self.dst
         if not isinstance(y, ShardedArray) or y.layout != start:
             got = y.layout if isinstance(y, ShardedArray) else type(y).__name__
             raise ValueError(f"FFTPlan.backward: expected an array laid out as {start}, got {got}")
-        _check_out(out, back[-1].dst, y)
+        out = _check_out(out, back[-1].dst, y)
         return run_passes(back, y, out, self.norm, self.type, workers, algorithm,
                           orthogonalize=self.orthogonalize)
 
@@ -135,19 +143,61 @@ class FFTPlan:
         return "\n".join(lines)
 
 
-def _check_out(out: Optional[Any], dst: Layout, x: ShardedArray) -> None:
-    """``out`` fits the result's local shard (checked on this rank before communicating)."""
-    if out is None:
-        return
+def _out_problem(out: Any, dst: Layout, x: ShardedArray) -> Optional[str]:
+    """What is wrong with ``out`` as this rank's shard of the result (None: it fits)."""
     want = dst.local_shape(x.mesh.coords)
-    if (tuple(getattr(out, "shape", ())) != want or getattr(out, "dtype", None) != dst.dtype
-            or bk.is_device(out) != bk.is_device(x.local)
-            or not out.flags.c_contiguous):
-        raise ValueError(
-            f"out must be a C-contiguous {'device' if bk.is_device(x.local) else 'host'} array "
-            f"of shape {want} and dtype {dst.dtype} (this rank's shard of {dst}), got "
-            f"{getattr(out, 'shape', type(out).__name__)} {getattr(out, 'dtype', '')}"
-        )
+    if (tuple(getattr(out, "shape", ())) == want and getattr(out, "dtype", None) == dst.dtype
+            and bk.is_device(out) == bk.is_device(x.local)
+            and getattr(getattr(out, "flags", None), "c_contiguous", False)):
+        return None
+    where = "device" if bk.is_device(out) else "host"
+    layout = "" if getattr(getattr(out, "flags", None), "c_contiguous", True) else \
+        " non-contiguous"
+    return (f"{getattr(out, 'shape', type(out).__name__)} {getattr(out, 'dtype', '')} "
+            f"{where}{layout} array")
+
+
+def _check_out(out: Optional[Any], dst: Layout, x: ShardedArray) -> Optional[Any]:
+    """``out`` fits the result's local shard, checked before communicating. Whether it does
+    is a rank-local fact: one small allreduce over the mesh (the lowest and the highest rank
+    at fault) keeps the ranks in step, so every rank raises (the same ``ValueError``, naming
+    them) or none does. (A ShardedArray ``out=`` of the functions is checked from its
+    layout, the same on every rank, and run with :func:`run_passes`: no allreduce.)"""
+    if out is None:
+        return None
+    mesh = x.mesh
+    kind = "device" if bk.is_device(x.local) else "host"
+    if isinstance(out, ShardedArray):  # its layout is every rank's: checked alike, no allreduce
+        if out.layout != dst or out.mesh is not mesh:
+            raise ValueError(f"out is laid out as {out.layout}, the result as {dst} (on the "
+                             f"input's mesh)")
+        problem = _out_problem(out.local, dst, x)
+        if problem is not None:  # its local replaced since: this rank's fault alone
+            raise ValueError(f"out's local array does not fit its layout {dst}: {problem}")
+        return out.local
+    problem = _out_problem(out, dst, x)
+    if mesh.size == 1:
+        if problem is not None:
+            raise ValueError(
+                f"out must be a C-contiguous {kind} array of shape "
+                f"{dst.local_shape(mesh.coords)} and dtype {dst.dtype} (this rank's shard of "
+                f"{dst}), got {problem}"
+            )
+        return out
+    n, r = mesh.size, mesh.rank
+    bad = collectives.max_all_array(mesh.comm, np.array(
+        [n - r if problem is not None else 0, r if problem is not None else -1], np.int64))
+    if bad[0] == 0:
+        return out
+    lo, hi = n - int(bad[0]), int(bad[1])
+    ranks = f"rank {lo}" if lo == hi else f"ranks {lo} to {hi} (the lowest and highest at fault)"
+    shape = dst.local_shape(tuple(mesh.comm.Get_coords(lo)))
+    raise ValueError(
+        f"out must be a C-contiguous {kind} array of each rank's shard of the result ({dst}, "
+        f"dtype {dst.dtype}): it does not fit on {ranks} (rank {lo}'s shard has shape "
+        f"{shape}); every rank raises this"
+        + (f"; this rank (rank {r}) got {problem}" if problem is not None else "")
+    )
 
 
 def _one_exchange(p: Any) -> bool:

@@ -260,8 +260,10 @@ def check_args(
         s = tuple(s)  # type: ignore[arg-type]
     if axes is None:
         if s is not None and len(s) > ndim:
-            if api == "numpy":
-                raise AxisError(-len(s), ndim)
+            if api == "numpy":  # the first axis numpy's loop meets: fftn, ifftn and rfftn
+                # run from the last of the len(s) axes (-ndim - 1 is out first), irfftn from
+                # the first (-len(s))
+                raise AxisError(-len(s) if kind in C2R else -(ndim + 1), ndim)
             raise AxisError("shape requires more axes than are present")
         ax = tuple(range(ndim)) if s is None else tuple(range(ndim - len(s), ndim))
     else:

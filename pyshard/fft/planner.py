@@ -8,7 +8,8 @@ one exchange on one sub-communicator) moves its Shard onto an axis that is done 
 axis, on the same mesh dims (:func:`choose_move`), and so on; at the end one move to the
 requested layout, unless it is ``"any"``. ``rfftn`` and ``ihfftn`` transform their last
 axis first (real to complex), ``irfftn`` and ``hfftn`` last (complex to real).
-``Partial("max"/"min")`` inputs are reduced first.
+``Partial("max"/"min")`` inputs, and ``Partial("sum")`` of bool or integers, are reduced first
+(:func:`stays_partial`).
 :func:`invert_passes`: the inverse transform, each pass undone in reverse order, back to the
 forward's input layout with no extra move.
 """
@@ -21,12 +22,13 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from .. import _dtypes
 from ..layout import Layout, Partial, Placement, Replicate, Shard
 from ..planner import Plan
 from ..planner import plan as redistribution_plan
 from .kinds import INVERSE, pass_out_dtype
 
-__all__ = ["Local", "Move", "build_passes", "choose_move", "invert_passes"]
+__all__ = ["Local", "Move", "build_passes", "choose_move", "invert_passes", "stays_partial"]
 
 log = logging.getLogger("pyshard.fft")
 
@@ -59,6 +61,16 @@ class Move:
 
     def __init__(self, p: Plan) -> None:
         self.plan, self.src, self.dst = p, p.src, p.dst
+
+
+def stays_partial(p: Placement, dtype: np.dtype) -> bool:
+    """Does a transform keep the input placement ``p`` (of an input of ``dtype``) Partial?
+    Only a sum (or avg) of floating or complex values: the transforms are linear over them.
+    max/min are not linear, and neither is pyshard's sum of bool (a logical or) or of
+    integers (it wraps in the input's dtype, where the transform computes in floats): those
+    are reduced first."""
+    return (isinstance(p, Partial) and p.op in ("sum", "avg")
+            and (dtype.kind in "fc" or _dtypes.is_ml_float(dtype)))
 
 
 def _sharded(lay: Layout, a: int) -> bool:
@@ -178,9 +190,9 @@ def build_passes(src: Layout, kind: str, axes: Tuple[int, ...], ns: Tuple[int, .
     cur = src
     red = [
         m for m, p in enumerate(cur.placements)
-        if isinstance(p, Partial) and p.op not in ("sum", "avg")
+        if isinstance(p, Partial) and not stays_partial(p, cur.dtype)
     ]
-    if red:  # Partial max/min: not linear, reduce first
+    if red:  # Partial max/min, or a sum of bool/integers: not linear, reduce first
         pl = [Replicate() if m in red else p for m, p in enumerate(cur.placements)]
         nxt = _with(cur, placements=pl)
         passes.append(Move(redistribution_plan(cur, nxt)))
@@ -213,7 +225,10 @@ def build_passes(src: Layout, kind: str, axes: Tuple[int, ...], ns: Tuple[int, .
 
 def invert_passes(passes: Sequence[Any], start: Layout, kind: str) -> List[Any]:
     """The passes of the inverse transform, from ``start`` (the forward's result) back to
-    the forward's input placements and extents, each forward pass undone in reverse order."""
+    the forward's input placements and extents, each forward pass undone in reverse order.
+    A pass whose forward zero-padded or truncated (``s=``) is undone at the forward's
+    lengths and then truncated (or zero-padded) to its input's: numpy's
+    ``ifft(fft(x, n), n)[:len(x)]``, which gives ``x`` back where ``n >= len(x)``."""
     out: List[Any] = []
     cur = start
     inv_func = {"rfft": "irfft", "irfft": "rfft", "hfft": "ihfft", "ihfft": "hfft", **INVERSE}
@@ -229,8 +244,8 @@ def invert_passes(passes: Sequence[Any], start: Layout, kind: str) -> List[Any]:
             outs = tuple(p.src.shape[a] for a in p.axes)
             if f in ("rfft", "ihfft"):  # the real length is this pass's input; bins to outs
                 ns = tuple(cur.shape[a] for a in p.axes)
-            else:
-                ns = outs
+            else:  # c2c, c2r, r2r: at the forward's lengths, then cropped (or padded) to outs
+                ns = p.ns
             shape = list(cur.shape)
             for ax, o in zip(p.axes, outs):
                 shape[ax] = o

@@ -207,6 +207,67 @@ def test_round_trip_backward(comm, kind):
         mesh.free()
 
 
+def _fit(a, shape):
+    """``a`` truncated or zero-padded to ``shape`` (from index 0 on every axis)."""
+    out = np.zeros(shape, a.dtype)
+    sl = tuple(slice(0, min(p, q)) for p, q in zip(a.shape, shape))
+    out[sl] = a[sl]
+    return out
+
+
+def _inverse_of(kind, y, s, axes, norm, type_):
+    """scipy's inverse of ``kind`` at the forward's lengths ``s`` (what undoes a transform
+    whose s= padded): ``ifftn(fftn(x, s), s)`` and so on."""
+    inv = {"fftn": "ifftn", "ifftn": "fftn", "rfftn": "irfftn", "irfftn": "rfftn",
+           "hfftn": "ihfftn", "ihfftn": "hfftn", "dctn": "idctn", "idctn": "dctn",
+           "dstn": "idstn", "idstn": "dstn"}[kind]
+    kw = {} if type_ is None else {"type": type_}
+    return getattr(sf, inv)(y, s=s, axes=axes, norm=norm, **kw)
+
+
+@pytest.mark.parametrize("pool", [False, True])
+def test_backward_of_padded_and_truncated_s(comm, pool):
+    """plan.backward of a plan whose s= zero-pads (or truncates) runs the inverse at the
+    forward's lengths, then truncates (pads) to the input's: backward(forward(x)) is x again
+    where s pads (numpy's ifft(fft(x, n), n)[:len(x)]), and scipy's inverse at s cut to the
+    input's shape where s truncates; every kind (c2c, r2c/c2r, the Hermitian family, every
+    DCT/DST type), every layout, through pyshard's result pool (numpy's out=) or not."""
+    shape = (6, 5)
+    cases = [("fftn", None), ("ifftn", None), ("rfftn", None), ("irfftn", None),
+             ("hfftn", None), ("ihfftn", None)]
+    cases += [(k, t) for k in ("dctn", "dstn") for t in (1, 2, 3, 4)]
+    cases += [("idctn", 3), ("idstn", 1)]
+    # (axes, s): pad one axis, pad both, truncate one and pad the other, truncate both
+    sizes_ = [((1,), (8,)), ((0, 1), (9, 7)), ((0, 1), (4, 8)), ((1, 0), (3, 4))]
+    with ps.config.override(PYSHARD_POOL_MIN_BYTES=0 if pool else 1 << 40):
+        for ms in meshes(comm):
+            mesh = ps.Mesh(comm, ms)
+            # (input placements, result placements)
+            pls = [([Shard(m % 2) for m in range(len(ms))], None),
+                   ([Shard((m + 1) % 2) for m in range(len(ms))], "any")]
+            for kind, type_ in cases:
+                real = kind in ("rfftn", "ihfftn", "dctn", "dstn", "idctn", "idstn")
+                dtype = np.float64 if real else np.complex128
+                g = make_global(shape, dtype, seed=11) / 8
+                kw = {} if type_ is None else {"type": type_}
+                for pl, target in pls:
+                    x = ps.distribute(g, mesh, pl)
+                    for axes, s in sizes_:
+                        p = pf.plan(x.layout, kind, axes=axes, s=s, norm="ortho",
+                                    placements=target, **kw)
+                        z = p.backward(p.forward(x))
+                        assert z.layout.placements == x.layout.placements
+                        assert z.shape == x.shape and z.layout.sizes == x.layout.sizes
+                        y = getattr(sf, kind)(g, s=s, axes=axes, norm="ortho", **kw)
+                        want = _fit(_inverse_of(kind, y, s, axes, "ortho", type_), shape)
+                        where = f"{kind} type {type_} {ms} {pl} {axes} s={s} {target}"
+                        check(z, want, dtype, where, comm)
+                        if all(n >= shape[a] for a, n in zip(axes, s)) and kind not in (
+                                "irfftn", "hfftn"):  # s pads: x again
+                            check(z, g, dtype, where + " (x again)", comm)
+            mesh.free()
+
+
 def test_no_transpose_where_axes_are_whole(comm):
     """Batched 2-D FFTs with the batch axis sharded: no communication at all."""
     g = make_global((comm.size * 2 + 1, 6, 5), np.complex128) / 8
@@ -392,6 +453,41 @@ def test_partial_input(comm):
             assert y.placements == (Replicate(), Shard(0))
         check(y, ref, np.float64, f"Partial({op})", comm)
     mesh.free()
+
+
+def test_partial_sum_of_bool_and_integers_is_reduced_first(comm):
+    """pyshard's Partial("sum") of bool is a logical or and of integers wraps in their dtype:
+    not linear, so reduced first (as max/min) and Replicate in the default result; the
+    transform is numpy's of that reduced global array. Float sums stay Partial."""
+    two = [m for m in MESHES.get(comm.size, []) if len(m) == 2]
+    for ms in [(comm.size,)] + two[:1]:
+        mesh = ps.Mesh(comm, ms)
+        pl = [Partial("sum")] + [Shard(0)] * (len(ms) - 1)
+        shape = (6, 5)
+        for dtype in (np.bool_, np.int8, np.uint8, np.int64):
+            rng = np.random.default_rng(7)
+            if dtype == np.bool_:
+                parts = rng.random((ms[0],) + shape) < 0.6
+                total = np.logical_or.reduce(parts, axis=0)
+            else:  # 100s: int8/uint8 sums wrap from two ranks on
+                parts = rng.integers(90, 128, (ms[0],) + shape).astype(dtype)
+                total = np.sum(parts, axis=0, dtype=dtype)
+            lay = ps.Layout(shape, dtype, ms, pl)
+            local = np.ascontiguousarray(parts[mesh.coords[0]][lay.box(mesh.coords)])
+            x = ps.from_local(local, mesh, pl, global_shape=shape)
+            np.testing.assert_array_equal(
+                x.redistribute([Replicate()] * len(ms)).local, total)  # pyshard's reduction
+            for kind in ("fftn", "rfftn", "dctn", "hfftn"):
+                y = getattr(pf, kind)(x)
+                assert y.placements == (Replicate(),) + tuple(pl[1:]), (kind, dtype)
+                ref = getattr(sf, kind)(total.astype(np.float64))
+                check(y, ref, np.float64, f"Partial(sum) {np.dtype(dtype)} {kind} {ms}", comm)
+            p = pf.plan(x.layout, "fftn", placements=[Partial("sum")] + pl[1:])
+            y = p.forward(x).redistribute([Replicate()] * len(ms))
+            check(y, np.fft.fftn(total), np.float64, f"to Partial {np.dtype(dtype)} {ms}", comm)
+        f = ps.from_local(np.ones((6, 5)), mesh, [Partial("sum")] + [Replicate()] * (len(ms) - 1))
+        assert pf.fftn(f).placements[0] == Partial("sum")  # float: stays Partial
+        mesh.free()
 
 
 def test_any_then_inverse_with_placements(comm):

@@ -265,6 +265,12 @@ def test_errors_are_numpys_and_scipys(comm):
          True),
         (lambda: pf.fft(x, n=True), lambda: npf.fft(g, n=True), True),
         (lambda: pf.fftn(x, s=(2, 2, 2)), lambda: npf.fftn(g, s=(2, 2, 2)), True),
+        # s longer than ndim + 1: the axis numpy's loop meets first (-3 here; irfftn -4)
+        (lambda: pf.fftn(x, s=(2,) * 4), lambda: npf.fftn(g, s=(2,) * 4), True),
+        (lambda: pf.ifftn(x, s=(2,) * 4), lambda: npf.ifftn(g, s=(2,) * 4), True),
+        (lambda: pf.rfftn(r, s=(2,) * 4), lambda: npf.rfftn(gr, s=(2,) * 4), True),
+        (lambda: pf.irfftn(x, s=(2,) * 4), lambda: npf.irfftn(g, s=(2,) * 4), True),
+        (lambda: pf.irfftn(x, s=(2,) * 3), lambda: npf.irfftn(g, s=(2,) * 3), True),
         (lambda: pf.fftn(x, axes=(0, 2)), lambda: npf.fftn(g, axes=(0, 2)), False),
         (lambda: pf.fft(x, axis=-3), lambda: npf.fft(g, axis=-3), False),
         (lambda: pf.fft(x, axis=1.0), lambda: npf.fft(g, axis=1.0), False),
@@ -404,6 +410,72 @@ def test_out(comm):
                 pf.fftn(x, out=wrong)
             assert collectives_since(before) == 0
         mesh.free()
+
+
+@pytest.mark.mpi(min_size=2)
+def test_plain_out_that_fits_on_some_ranks_only(comm, monkeypatch):
+    """A plain out= (this rank's shard) that fits on some ranks only: every rank raises the
+    same ValueError naming the ranks at fault, before any exchange (one small allreduce
+    agrees on it, the only collective a plain out= costs); a ShardedArray out= and no out=
+    cost none; the ranks stay in step (the next call runs)."""
+    calls = []
+    agree = ps.collectives.max_all_array
+
+    def counted(c, values):
+        calls.append(1)
+        return agree(c, values)
+
+    monkeypatch.setattr(ps.collectives, "max_all_array", counted)
+    mesh = ps.Mesh(comm, (comm.size,))
+    g = global_array((4, 8), R, seed=5)
+    # uneven shards: rank 0's input shard has its result shard's shape (the rfft's 5 bins
+    # are balanced), the others' not
+    w0 = pf.plan(ps.Layout(g.shape, R, (comm.size,), [Shard(1)]), "rfftn").dst.local_shape(
+        (0,))[1]
+    x = ps.distribute(g, mesh, [Shard(1)], {1: [w0] + uneven(8 - w0, comm.size - 1)})
+    y = pf.rfft(x)
+    p = pf.plan(x.layout, "rfftn", axes=(1,))
+    fits = comm.allgather(x.local.shape == y.local.shape)
+    mistake = {r for r, ok in enumerate(fits) if not ok}
+    assert 0 not in mistake and mistake
+    for bad_ranks in (mistake, {1}, set(range(1, comm.size)), {0, comm.size - 1}):
+        def out(shape, dtype, rank=comm.rank, bad=bad_ranks):
+            return np.empty(shape if rank not in bad else (shape[0], shape[1] + 1), dtype)
+
+        tries = [
+            lambda: pf.rfft(x, out=np.empty(x.local.shape, C)),  # the reviewer's mistake
+            lambda: pf.rfft(x, out=out(y.local.shape, C)),
+            lambda: p.forward(x, out=out(y.local.shape, C)),
+            lambda: p.backward(y, out=out(x.local.shape, R)),
+        ]
+        for i, call in enumerate(tries):
+            if (i == 0) != (bad_ranks is mistake):
+                continue
+            before = ps.comm_stats()
+            del calls[:]
+            with pytest.raises(ValueError, match="out must be") as e:
+                call()
+            assert collectives_since(before) == 0 and len(calls) == 1
+            lo, hi = min(bad_ranks), max(bad_ranks)
+            assert (f"rank {lo}" if lo == hi else f"ranks {lo} to {hi}") in str(e.value), \
+                str(e.value)
+            msgs = comm.allgather(str(e.value).split("; this rank")[0])
+            assert len(set(msgs)) == 1, msgs  # the same error on every rank
+    del calls[:]
+    o = np.empty(y.local.shape, C)
+    assert pf.rfft(x, out=o).local is o and len(calls) == 1  # in step: this call runs
+    assert ulps(gathered(pf.rfft(x)), np.fft.rfft(g)) <= NUMPY_ULPS
+    np.testing.assert_array_equal(o, y.local)
+    del calls[:]
+    so = out_like(y, C)
+    assert pf.rfft(x, out=so) is so and pf.rfft(x) is not None
+    assert p.forward(x).layout == y.layout
+    so2 = out_like(y, C)
+    assert p.forward(x, out=so2).local is so2.local  # the plan's own: the bench's loop form
+    assert calls == []  # a ShardedArray out= (and none) agree nothing
+    np.testing.assert_array_equal(so.local, y.local)
+    np.testing.assert_array_equal(so2.local, y.local)
+    mesh.free()
 
 
 def test_scipy_arguments(comm):
