@@ -38,6 +38,15 @@ void post_send(const PeerMsg& m, int tag, MPI_Comm c, MPI_Request* r) {
 PeerMessages::PeerMessages(std::shared_ptr<Comm> comm, int tag, PeerMethod method)
     : comm_(std::move(comm)), tag_(tag), method_(method) {}
 
+void PeerMessages::note_recvs(const std::vector<PeerMsg>& recvs) {
+  rpeer_.clear();
+  rbytes_.clear();
+  for (const PeerMsg& m : recvs) {
+    rpeer_.push_back(m.peer);
+    rbytes_.push_back(m.type == MPI_BYTE ? m.bytes : -1);
+  }
+}
+
 PeerMessages::~PeerMessages() {
   if (mpi::finalized()) return;
   drop();
@@ -69,12 +78,7 @@ void PeerMessages::start(const std::vector<PeerMsg>& recvs, const std::vector<Pe
   }
   const MPI_Comm c = comm_->get();
   nrecv_ = recvs.size();
-  rpeer_.clear();
-  rbytes_.clear();
-  for (const PeerMsg& m : recvs) {
-    rpeer_.push_back(m.peer);
-    rbytes_.push_back(m.type == MPI_BYTE ? m.bytes : -1);
-  }
+  note_recvs(recvs);
   nsend_ = sends.size();
   if (method_ == PeerMethod::p2p) {
     reqs_.assign(nrecv_ + nsend_, MPI_REQUEST_NULL);
@@ -144,12 +148,7 @@ void PeerMessages::start_neighbor(const std::vector<PeerMsg>& recvs,
     }
   }
   nrecv_ = recvs.size();
-  rpeer_.clear();
-  rbytes_.clear();
-  for (const PeerMsg& m : recvs) {
-    rpeer_.push_back(m.peer);
-    rbytes_.push_back(m.type == MPI_BYTE ? m.bytes : -1);
-  }
+  note_recvs(recvs);
   nsend_ = sends.size();
   if (mpi::neighbor_persistent()) {
     if (again) {
@@ -180,12 +179,7 @@ void PeerMessages::post_recvs(const std::vector<PeerMsg>& recvs) {
     throw std::logic_error("pyshard: messages posted in steps take the p2p method");
   arrived_ = false;
   nrecv_ = recvs.size();
-  rpeer_.clear();
-  rbytes_.clear();
-  for (const PeerMsg& m : recvs) {
-    rpeer_.push_back(m.peer);
-    rbytes_.push_back(m.type == MPI_BYTE ? m.bytes : -1);
-  }
+  note_recvs(recvs);
   nsend_ = 0;
   reqs_.assign(nrecv_, MPI_REQUEST_NULL);
   const MPI_Comm c = comm_->get();

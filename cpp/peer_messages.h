@@ -102,6 +102,8 @@ class PeerMessages {
 
  private:
   void free_requests();
+  // the peer and bytes of each receive of this start (what errors and size checks read)
+  void note_recvs(const std::vector<PeerMsg>& recvs);
   // The messages after MPI_Waitall or MPI_Testall answered `err` (MPI_ERR_IN_STATUS: each
   // status says): the rest completed, errors ignored; then the first error thrown.
   [[noreturn]] void failed(int err, std::vector<MPI_Status>& st, const char* call);
