@@ -28,7 +28,8 @@ Variables changed in ``os.environ`` after a mesh's first call reach its repeated
 
 ``PYSHARD_TRANSPORT`` is the single older spelling of two choices, node-shared memory
 (``PYSHARD_SHM``) and how MPI takes the arrays' memory (``PYSHARD_MPI_TRANSPORT``); it is
-still accepted, and decides each of the two that is not set itself (:data:`TRANSPORT_SPELLINGS`).
+still accepted, and decides each of the two that is not set itself (:data:`TRANSPORT_SPELLINGS`);
+a bad value of it raises at every read of either, whether or not it decides.
 
 Every rank must see the same settings (they choose collectives). There are no test hooks
 among them: pyshard's tests inject their faults themselves (monkeypatch, or by wrapping the
@@ -333,34 +334,43 @@ def get(name: str) -> Any:
     """The value of setting ``name``: set from Python, else from the environment (parsed),
     else the default (``PYSHARD_SHM`` and ``PYSHARD_MPI_TRANSPORT``: as ``PYSHARD_TRANSPORT``
     says). A bad value raises ValueError naming the variable, the value and what it
-    accepts."""
+    accepts; a bad ``PYSHARD_TRANSPORT`` raises at every read of the two it spells, whether
+    or not they are set themselves (as it does where they are not)."""
+    # the older spelling is read first, whether it decides or not: its bad value raises alike
+    older = get("PYSHARD_TRANSPORT") if name in _SPELLED else None
     if name in _set:
-        return _set[name]
-    raw = os.environ.get(name)
-    hit = _parsed.get(name)
-    if hit is None or hit[0] != raw:
-        s = _setting(name)
-        if raw is None or not raw.strip():
-            v = _UNSET if name in _SPELLED else s.default
-        else:
-            v = _parse(s, raw)
-        _parsed[name] = (raw, v)
-        if hit is not None:  # the variable changed since it was read: so may the paths
-            _changed()
-            _apply(name)
+        v = _set[name]
     else:
-        v = hit[1]
+        raw = os.environ.get(name)
+        hit = _parsed.get(name)
+        if hit is None or hit[0] != raw:
+            s = _setting(name)
+            v = _unset_value(s) if raw is None or not raw.strip() else _parse(s, raw)
+            _parsed[name] = (raw, v)
+            if hit is not None:  # the variable changed since it was read: so may the paths
+                _changed()
+                _apply(name)
+        else:
+            v = hit[1]
     if v is _UNSET:
-        return TRANSPORT_SPELLINGS[get("PYSHARD_TRANSPORT")][_SPELLED[name]]
+        return TRANSPORT_SPELLINGS[older][_SPELLED[name]]
     return v
+
+
+def _unset_value(s: Setting) -> Any:
+    """What setting ``s`` is where its variable is not set: its default, or (``PYSHARD_SHM``
+    and ``PYSHARD_MPI_TRANSPORT``) whatever ``PYSHARD_TRANSPORT`` says at each read."""
+    return _UNSET if s.name in _SPELLED else s.default
 
 
 def set(name: str, value: Any) -> None:  # noqa: A001 - the module's verb
     """Set ``name`` for this process (every rank must do the same): a string is parsed as
     the environment's value would be, any other value checked against what the setting
-    accepts (ValueError naming both), None restores the default."""
+    accepts (ValueError naming both). None sets the value the setting has where its variable
+    is not set, whatever the environment says: its default (``PYSHARD_SHM`` and
+    ``PYSHARD_MPI_TRANSPORT``: as ``PYSHARD_TRANSPORT`` says, as it changes)."""
     s = _setting(name)
-    _set[name] = s.default if value is None else _parse(s, value)
+    _set[name] = _unset_value(s) if value is None else _parse(s, value)
     _changed()
     _apply(name)
 

@@ -19,8 +19,9 @@ class Mesh:
 
     Creating a mesh is collective over ``comm`` (it calls ``Create_cart``); ranks keep their
     order, and ``coords`` are this rank's coordinates, row-major over ``shape``.
-    ``names`` optionally labels the mesh dims (e.g. ``("dp", "tp")``); a name can be used
-    wherever a mesh dim index is taken.
+    ``names`` optionally labels the mesh dims (e.g. ``("dp", "tp")``; a 1-D mesh also takes a
+    plain string, ``"dp"``, as its one name); a name can be used wherever a mesh dim index is
+    taken.
     """
 
     def __init__(
@@ -44,8 +45,17 @@ class Mesh:
                 f"Mesh(shape): prod{self.shape} = {prod(self.shape)} does not match the "
                 f"communicator size {comm.Get_size()}"
             )
+        default_names = tuple(f"m{i}" for i in range(len(self.shape)))
         if names is None:
-            names = tuple(f"m{i}" for i in range(len(self.shape)))
+            names = default_names
+        elif isinstance(names, str):  # one name, never its characters (as shape takes an int)
+            if len(self.shape) != 1:
+                raise ValueError(
+                    f"Mesh(names): need {len(self.shape)} distinct strings, got the single "
+                    f"string {names!r} (a string is the one name of a 1-D mesh; name each "
+                    f"dim of a {len(self.shape)}-D mesh, e.g. names={default_names!r})"
+                )
+            names = (names,)
         names = tuple(names)
         if (
             len(names) != len(self.shape)

@@ -165,6 +165,63 @@ def test_the_older_transport_spelling_decides_the_two_settings(monkeypatch, old)
     assert config.get("PYSHARD_SHM") == "auto"
 
 
+def test_none_is_the_value_of_an_unset_variable_for_every_setting(monkeypatch):
+    """set(NAME, None) and override(NAME=None) give every setting the value it has where its
+    variable is not set, whatever the environment says: its default, and for PYSHARD_SHM and
+    PYSHARD_MPI_TRANSPORT what PYSHARD_TRANSPORT says (not a pinned 'auto'), as it changes."""
+    for name in config.SETTINGS:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("PYSHARD_TRANSPORT", "direct")
+    unset = {name: config.get(name) for name in config.SETTINGS}
+    assert unset["PYSHARD_SHM"] == "off" and unset["PYSHARD_MPI_TRANSPORT"] == "direct"
+    monkeypatch.setenv("PYSHARD_SHM", "auto")  # their own variables: not what None restores
+    monkeypatch.setenv("PYSHARD_MPI_TRANSPORT", "staged")
+    monkeypatch.setenv("PYSHARD_SHM_MIN_BYTES", "100")
+    try:
+        for name in config.SETTINGS:
+            if name == "PYSHARD_TRANSPORT":
+                continue
+            config.set(name, None)
+            assert config.get(name) == unset[name], name
+            config.reset(name)
+            with config.override(**{name: None}):
+                assert config.get(name) == unset[name], name
+        config.set("PYSHARD_SHM", None)
+        config.set("PYSHARD_MPI_TRANSPORT", None)
+        monkeypatch.setenv("PYSHARD_TRANSPORT", "mpi")  # followed, as where they are unset
+        assert (config.get("PYSHARD_SHM"), config.get("PYSHARD_MPI_TRANSPORT")) == ("off", "auto")
+        with config.override(PYSHARD_TRANSPORT="staged"):
+            assert config.get("PYSHARD_MPI_TRANSPORT") == "staged"
+        config.reset("PYSHARD_SHM")  # reset: back to the environment's
+        assert config.get("PYSHARD_SHM") == "auto"
+    finally:
+        config.reset("PYSHARD_SHM")
+        config.reset("PYSHARD_MPI_TRANSPORT")
+
+
+@pytest.mark.parametrize("newer", ["env", "python", "one in env", "none"])
+def test_a_bad_older_transport_raises_whether_or_not_it_decides(monkeypatch, newer):
+    """A bad PYSHARD_TRANSPORT raises the one error at every read of the two it spells, where
+    they are set (environment or Python) as where they are not: never silently ignored."""
+    for n in ("PYSHARD_SHM", "PYSHARD_MPI_TRANSPORT"):
+        monkeypatch.delenv(n, raising=False)
+    monkeypatch.setenv("PYSHARD_TRANSPORT", "fast")
+    if newer == "env":
+        monkeypatch.setenv("PYSHARD_SHM", "auto")
+        monkeypatch.setenv("PYSHARD_MPI_TRANSPORT", "auto")
+    elif newer == "one in env":
+        monkeypatch.setenv("PYSHARD_SHM", "off")
+    pinned = {"PYSHARD_SHM": "auto", "PYSHARD_MPI_TRANSPORT": "staged"} if newer == "python" else {}
+    error = re.escape("PYSHARD_TRANSPORT must be auto, shm, mpi, direct or staged, got 'fast'")
+    with config.override(**pinned):
+        for n in ("PYSHARD_TRANSPORT", "PYSHARD_SHM", "PYSHARD_MPI_TRANSPORT"):
+            with pytest.raises(ValueError, match=error):
+                config.get(n)
+    monkeypatch.setenv("PYSHARD_TRANSPORT", "mpi")  # fixed: read again
+    with config.override(**pinned):
+        assert config.get("PYSHARD_SHM") in ("auto", "off")
+
+
 def test_the_spelling_table_in_the_docs_is_the_code_s():
     with open(os.path.join(ROOT, "docs", "configuration.md")) as f:
         doc = f.read()

@@ -259,6 +259,28 @@ def test_unsupported_input_names_the_argument(comm):
     mesh.free()
 
 
+def test_mesh_names_take_a_string_as_one_name(comm):
+    """names: a plain string is the one name of a 1-D mesh (never its characters, as shape
+    takes an int for one extent); for a mesh of more dims it raises, naming the argument."""
+    one = comm.Split(comm.rank, 0)
+    mesh = ps.Mesh(one, (1,), names="dp")
+    assert mesh.names == ("dp",) and mesh.sub("dp").Get_size() == 1
+    mesh.free()
+    mesh = ps.Mesh(one, 1, names="d")
+    assert mesh.names == ("d",)
+    mesh.free()
+    for shape, names in (((1, 1), "dp"), ((1, 1), "ab"), ((1, 1, 1), "dp")):
+        with pytest.raises(ValueError, match=r"Mesh\(names\): need \d distinct strings, got the "
+                                             r"single string"):
+            ps.Mesh(one, shape, names=names)
+    mesh = ps.Mesh(one, (1, 1), names=["dp", "tp"])  # any sequence of strings, as before
+    assert mesh.names == ("dp", "tp")
+    mesh.free()
+    with pytest.raises(ValueError, match=r"Mesh\(names\): need 2 distinct strings"):
+        ps.Mesh(one, (1, 1), names=("dp", "dp"))
+    one.Free()
+
+
 def test_sparse_swap_at_65536_ranks_touches_one_peer():
     """Simulated: one rank of the 2-D swap on a 256 x 256 mesh finds its one peer and builds
     a point-to-point geometry of one block each way; explain() says so (the bench case
