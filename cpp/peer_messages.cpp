@@ -63,7 +63,8 @@ void PeerMessages::free_requests() {
 }
 
 void PeerMessages::drop() {
-  if (active_ && !reqs_.empty()) mpi::waitall_unchecked(reqs_.size(), reqs_.data());
+  if (active_)  // one at a time, as wait() (a failed receive is what brings most here)
+    for (MPI_Request& r : reqs_) mpi::wait_unchecked(&r);
   active_ = false;
 }
 
@@ -235,18 +236,24 @@ void PeerMessages::wait() {
   }
   std::vector<MPI_Status>& st = statuses_;  // kept: no allocation a call
   st.resize(reqs_.size());
+  // One request at a time by MPI_Wait, in the order posted, each error in its status; not
+  // MPI_Waitall: where a receive fails (MPI_ERR_TRUNCATE: migrate's back() of wider values,
+  // a scatter's check), Open MPI 4.1.4's MPI_Waitall under MPI_THREAD_MULTIPLE (mpi4py's
+  // default) left the ranks hung in that or a later MPI_Waitall, a few calls in a hundred at
+  // 4 ranks (the same pattern in plain mpi4py too; not with MPI_THREAD_SINGLE, not MPI_Wait).
+  // Every request has completed when this loop ends, so failed() waits for none.
   int err = MPI_SUCCESS;
-  if (reqs_.size() == 1) {
-    err = mpi::wait_status(&reqs_[0], &st[0]);
-    if (err != MPI_SUCCESS) {
-      st[0].MPI_ERROR = err;
+  for (size_t i = 0; i < reqs_.size(); ++i) {
+    const int e = mpi::wait_status(&reqs_[i], &st[i]);
+    if (e != MPI_SUCCESS) {
+      st[i].MPI_ERROR = e;
       err = MPI_ERR_IN_STATUS;
+    } else {
+      st[i].MPI_ERROR = MPI_SUCCESS;
     }
-  } else {
-    err = mpi::waitall_status(reqs_.size(), reqs_.data(), st.data());
   }
   active_ = false;
-  if (err != MPI_SUCCESS) failed(err, st, "MPI_Waitall");
+  if (err != MPI_SUCCESS) failed(err, st, "MPI_Wait");
   if (check_sizes_) check_sizes(st);
 }
 
@@ -265,6 +272,8 @@ void PeerMessages::failed(int err, std::vector<MPI_Status>& st, const char* call
       if (reqs_[i] != MPI_REQUEST_NULL) mpi::wait_unchecked(&reqs_[i]);
       continue;
     }
+    // a failed request MPI left allocated (Open MPI keeps it: a leak each error otherwise)
+    if (method_ == PeerMethod::p2p && reqs_[i] != MPI_REQUEST_NULL) mpi::request_free(&reqs_[i]);
     if (mpi::error_class(e) == MPI_ERR_TRUNCATE && i < nrecv_ &&
         method_ != PeerMethod::neighbor) {  // (one request for every peer there)
       if (truncated < 0) truncated = static_cast<long>(i);

@@ -104,8 +104,9 @@ class PeerMessages {
   void free_requests();
   // the peer and bytes of each receive of this start (what errors and size checks read)
   void note_recvs(const std::vector<PeerMsg>& recvs);
-  // The messages after MPI_Waitall or MPI_Testall answered `err` (MPI_ERR_IN_STATUS: each
-  // status says): the rest completed, errors ignored; then the first error thrown.
+  // The messages after wait()'s MPI_Wait loop or MPI_Testall answered `err`
+  // (MPI_ERR_IN_STATUS: each status says): the rest completed, errors ignored, the failed
+  // requests freed; then the first error thrown.
   [[noreturn]] void failed(int err, std::vector<MPI_Status>& st, const char* call);
   // check_sizes_: the receives' statuses against their sizes (after a completion)
   void check_sizes(const std::vector<MPI_Status>& st) const;

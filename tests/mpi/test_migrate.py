@@ -519,9 +519,11 @@ def test_back_bad_values_and_changed_dest(mesh):
         # path the ranks it owes rows to get more bytes than they expect; each raises the
         # same ValueError, naming it, as for narrower ones
         r2 = ps.migrate(x, dest, mesh, algorithm="alltoall")
-        # (Open MPI 4.1.4: one of two fresh-clone runs hung here at 4 ranks, in the wait
-        # after the truncated receive; not yet understood, so not run there: stop 64's note)
-        if r2.route.path == "mpi" and not ps.build_info()["mpi"].startswith("Open MPI 4"):
+        # Repeated: Open MPI 4.1.4's MPI_Waitall under MPI_THREAD_MULTIPLE hung a few times
+        # in a hundred after such a truncated receive (at 4 ranks), in that call or a later
+        # one; PeerMessages completes its requests one at a time since
+        rounds = 40 if r2.route.path == "mpi" else 0
+        for _ in range(rounds):
             wide = me == P - 1
             owes = r2.sent[P - 1] > 0 and me != P - 1
             try:
