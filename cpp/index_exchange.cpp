@@ -138,6 +138,7 @@ IndexExchange::IndexExchange(std::shared_ptr<Comm> comm, std::vector<int> rpeer,
       fwd_(comm_, tags::kIndex, method), rev_(comm_, tags::kIndexReverse, method) {
   const int P = comm_->size(), me = comm_->rank();
   rev_.set_check_sizes(true);  // a reader whose values were bad sends empty messages
+  fwd_.set_check_sizes(true);  // an owner whose rows are narrower (ranks that disagree)
   if (node_) {
     if (!node_->usable()) throw std::invalid_argument("pyshard: node-shared memory is not usable");
     local_.assign(P, -1);
@@ -280,11 +281,13 @@ char* IndexExchange::node_block(i64 bytes) {
 // One direction's node handshake: this rank's table at `off` in `seg` (per node peer of
 // `in`, whose groups land here, at(j): the byte offset from the table where group j lands),
 // then, once every node peer has published its own, put(k, dst) for each node peer out[k],
-// dst where that peer's table says this rank's group goes. A failed handshake completes this
-// exchange's messages, then raises (on every rank of the node).
-template <class At, class Put>
+// dst where that peer's table says this rank's group goes, len(k) bytes (checked against the
+// peer's segment first: ranks that disagree on the rows fail the call, nothing written past
+// it). A failed handshake completes this exchange's messages, then raises (on every rank of
+// the node).
+template <class At, class Put, class Len>
 void IndexExchange::node_exchange(ShmSegment* seg, i64 off, const std::vector<int>& in, At&& at,
-                                  const std::vector<int>& out, Put&& put, bool bad) {
+                                  const std::vector<int>& out, Put&& put, Len&& len, bool bad) {
   auto* t = reinterpret_cast<i64*>(seg->ptr + off);
   std::fill(t, t + node_->node_size(), -1);
   for (size_t j = 0; j < in.size(); ++j)
@@ -305,7 +308,8 @@ void IndexExchange::node_exchange(ShmSegment* seg, i64 off, const std::vector<in
         const int q = out[k];
         if (!on_node(q) || !base[local_[q]]) continue;
         const i64 to = reinterpret_cast<const i64*>(base[local_[q]])[me];
-        if (to >= 0) put(k, base[local_[q]] + to);  // (the plans agree: always)
+        if (to >= 0 && node_->fits(local_[q], base[local_[q]] + to, len(k)))  // (agreeing: always)
+          put(k, base[local_[q]] + to);
       }
     });
   } catch (...) {
@@ -382,7 +386,7 @@ void IndexExchange::start_forward(const char* x, i64 rb, char* out, char* block)
     node_exchange(seg, seg_off, rpeer_, at, opeer_, [&](size_t i, char* dst) {
       for (i64 t = ooff_[i]; t < ooff_[i + 1]; ++t)
         copy_row(dst + (t - ooff_[i]) * rb, x + own_rows_[t] * rb, rb);
-    });
+    }, [&](size_t i) { return (ooff_[i + 1] - ooff_[i]) * rb; });
   }
   // the rows this rank reads of its own: x -> out, once
   for (size_t k = 0; k < slot_.size(); ++k)
@@ -463,7 +467,7 @@ void IndexExchange::start_reverse(const char* values, i64 rb, char* into, FoldKi
     node_exchange(block_.get(), 0, opeer_, [&](size_t i) { return table_bytes() + ooff_[i] * rb; },
                   rpeer_, [&](size_t j, char* dst) {
       std::memcpy(dst, group(j), static_cast<size_t>(rcount_[j] * rb));
-    }, bad);
+    }, [&](size_t j) { return rcount_[j] * rb; }, bad);
   stats()["index_messages"] += static_cast<i64>(smsg_.size());
   out_ = into;
   rb_ = rb;

@@ -125,9 +125,9 @@ class IndexExchange {
   // one direction's node handshake (index_exchange.cpp)
   // (table: the start of `seg`'s region at `off`; at(j): where in group j lands, in bytes
   // from the table)
-  template <class At, class Put>
+  template <class At, class Put, class Len>
   void node_exchange(ShmSegment* seg, i64 off, const std::vector<int>& in, At&& at,
-                     const std::vector<int>& out, Put&& put, bool bad = false);
+                     const std::vector<int>& out, Put&& put, Len&& len, bool bad = false);
   static constexpr i64 kBadMark = -2;  // a node table's own entry: this rank's values were bad
   std::shared_ptr<Comm> comm_;
   std::shared_ptr<NodeShm> node_;

@@ -30,11 +30,13 @@ ShmExchangeStep::ShmExchangeStep(
   if (!node_->usable()) throw std::invalid_argument("pyshard: node-shared memory is not usable");
   dst_bytes_ = volume(dst_shape_) * item_;
   push_.resize(node_->node_size());
+  push_end_.assign(push_.size(), 0);
   for (const auto& [peer, sstart, pshape, pstart, ext] : pushes) {
     const i64 bytes = volume(ext) * item_;
     if (bytes == 0) continue;
     const int idx = node_->local_index(peer);
     if (idx >= 0) {
+      push_end_[idx] = volume(pshape) * item_;  // the peer's destination, as this rank sees it
       DescTable& t = push_[idx];
       t.begin_block();
       describe_copy(src_shape_, sstart, pshape, pstart, ext, item_, 0, 0, &t.host);
@@ -141,10 +143,14 @@ void ShmExchangeStep::copy_all(const char* src, const std::vector<char*>& bases,
   cs.clear();
   // node peers whose destination is their private memory first (they wait for these alone)
   for (size_t idx = 0; idx < bases.size(); ++idx)
-    if (!bases[idx] && idx < runs_.size() && node_->remote(static_cast<int>(idx)))
+    if (!bases[idx] && idx < runs_.size() && node_->remote(static_cast<int>(idx)) &&
+        node_->remote_fits(static_cast<int>(idx), push_end_[idx]))
       write_remote(static_cast<int>(idx), src, node_->remote(static_cast<int>(idx)));
+  // (a peer whose destination is smaller than this rank's plan says: nothing written there,
+  // the call fails on every rank of the node)
   for (size_t idx = 0; idx < bases.size(); ++idx)
-    if (bases[idx]) add_cursors(cs, push_[idx], src, bases[idx]);
+    if (bases[idx] && node_->fits(static_cast<int>(idx), bases[idx], push_end_[idx]))
+      add_cursors(cs, push_[idx], src, bases[idx]);
   add_cursors(cs, local_, src, target);
   copy_interleaved(cs, src);
 }
@@ -167,7 +173,7 @@ void ShmExchangeStep::run(const char* src, char* dst) {
   char* work = off_bytes() > 0 ? ws_->work(pk, off_bytes()) : nullptr;
   post(src, work);
   try {
-    node_->exchange_into(mine, off, dst,
+    node_->exchange_into(mine, off, dst, dst_bytes_,
                          [&](const std::vector<char*>& bases) { copy_all(src, bases, dst); });
   } catch (...) {  // a node peer failed: this rank's messages still complete, then it raises
     off_.drop();

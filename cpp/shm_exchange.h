@@ -61,6 +61,7 @@ class ShmExchangeStep {
   Shape src_shape_, dst_shape_;
   i64 dst_bytes_;
   std::vector<DescTable> push_;  // per node peer index: src -> that peer's destination
+  std::vector<i64> push_end_;    // ... whose bytes (the peer's destination) it writes within
   DescTable local_;              // src -> my destination
   // peers on other nodes: packed into the workspace, sent; received there, unpacked
   struct Msg {

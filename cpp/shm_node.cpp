@@ -164,9 +164,11 @@ void NodeShm::publish(ShmSegment* mine, i64 off) {
   signal(s);
 }
 
-void NodeShm::publish_private(char* p) {
+void NodeShm::publish_private(char* p, i64 bytes) {
   ShmSlot& s = slot(me_);
   s.dst_id = 0;
+  s.dst_cap = bytes;
+  s.dst_off = 0;
   s.dst_addr = reinterpret_cast<std::uint64_t>(p);
   s.epoch.store(epoch_, std::memory_order_release);
   signal(s);
@@ -181,6 +183,27 @@ bool NodeShm::write_remote(int idx, const iovec* l, size_t nl, const iovec* r, s
                        std::to_string(got) + " of " + std::to_string(bytes) + " bytes written";
   slot(me_).failed.store(epoch_, std::memory_order_relaxed);
   return false;
+}
+
+bool NodeShm::fits(int idx, const char* at, i64 bytes) {
+  const char* lo = seg_lo_[idx];
+  if (lo && at >= lo && bytes >= 0 && (at - lo) + bytes <= seg_cap_[idx]) return true;
+  overflow(idx, lo && at >= lo ? (at - lo) + bytes - seg_cap_[idx] : bytes);
+  return false;
+}
+
+bool NodeShm::remote_fits(int idx, i64 end) {
+  if (remote_[idx] != 0 && end <= seg_cap_[idx]) return true;
+  overflow(idx, end - seg_cap_[idx]);
+  return false;
+}
+
+void NodeShm::overflow(int idx, i64 past) {
+  why_ = "this rank's block for node rank " + std::to_string(idx) + " (rank " +
+         std::to_string(node_ranks_[idx]) + ") ends " + std::to_string(past) +
+         " bytes past that rank's destination: the ranks disagree on the arrays (a shape, "
+         "dtype or plan that differs between ranks); nothing was written there";
+  slot(me_).failed.store(epoch_, std::memory_order_relaxed);
 }
 
 void NodeShm::wait_epoch(int idx, std::uint64_t e) {
@@ -201,7 +224,7 @@ void NodeShm::check_failed() {
   for (int i = 0; i < node_size(); ++i)
     if (slot(i).failed.load(std::memory_order_relaxed) == epoch_)
       throw std::runtime_error("pyshard: node-shared memory: node rank " + std::to_string(i) +
-                               " could not reach a peer's result (" +
+                               " could not write a peer's result (" +
                                (i == me_ ? why_ : std::string("see that rank's error")) + ")");
 }
 

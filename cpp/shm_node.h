@@ -70,8 +70,16 @@ class NodeShm {
   // (`mine` null: `priv`; only where cma() and cma_enabled()): bases[idx] is null for a
   // peer that did, and remote(idx) its address, which copy() writes through write_remote().
   // A peer publishing private memory to exchange_all fails the call on every rank.
+  // `priv_bytes`: the private destination's length (what peers may write there).
   template <class F>
-  void exchange_into(ShmSegment* mine, i64 off, char* priv, F&& copy);
+  void exchange_into(ShmSegment* mine, i64 off, char* priv, i64 priv_bytes, F&& copy);
+  // Does [at, at + bytes) lie in node peer idx's segment as this call's copy() sees it
+  // mapped (bases[idx] plus an offset)? remote_fits: does [0, end) lie in its private
+  // destination? False, with the call failed on every rank of the node, where it does not:
+  // the ranks disagree on the arrays (a shape, dtype or plan that differs between ranks),
+  // and copy() must write nothing there (it would write past the peer's segment).
+  bool fits(int idx, const char* at, i64 bytes);
+  bool remote_fits(int idx, i64 end);
   // Every rank of this node can write into its node peers' private memory (NodeCtl::cma).
   bool cma() const { return cma_; }
   // Node peer idx's private destination in this call (0: none)
@@ -111,7 +119,8 @@ class NodeShm {
   ShmSlot& slot(int idx) { return *reinterpret_cast<ShmSlot*>(ctl_[idx]); }
   void wait_epoch(int idx, std::uint64_t e);
   void publish(ShmSegment* mine, i64 off);
-  void publish_private(char* p);
+  void publish_private(char* p, i64 bytes);
+  void overflow(int idx, i64 past);  // fits()'s failure, told to the node
   template <class F>
   void handshake(F& copy, bool allow_private);  // the part of exchange_all after publish
   void wait_arrivals();
@@ -132,6 +141,8 @@ class NodeShm {
   std::vector<std::vector<PeerMap>> maps_;  // per node peer: its segments mapped here
   std::vector<char*> bases_;                // exchange_all's destinations
   std::vector<std::uint64_t> remote_;       // ... and those in node peers' private memory
+  std::vector<const char*> seg_lo_;         // ... and, per peer, the segment's mapping
+  std::vector<i64> seg_cap_;                // ... and its bytes (or the private length)
   std::vector<std::int64_t> pids_;          // node peers' process ids
   bool cma_ = false;
   std::uint64_t epoch_ = 0, clock_ = 0, next_id_ = 1;
@@ -155,19 +166,21 @@ void NodeShm::wait_for(ShmSlot& s, C done, W what) {
 
 template <class F>
 void NodeShm::exchange_all(ShmSegment* mine, i64 off, F&& copy) {
+  if (!usable_) throw std::runtime_error("pyshard: node-shared memory was released (mesh.free())");
   ++epoch_;
   publish(mine, off);
   handshake(copy, false);
 }
 
 template <class F>
-void NodeShm::exchange_into(ShmSegment* mine, i64 off, char* priv, F&& copy) {
+void NodeShm::exchange_into(ShmSegment* mine, i64 off, char* priv, i64 priv_bytes, F&& copy) {
+  if (!usable_) throw std::runtime_error("pyshard: node-shared memory was released (mesh.free())");
   ++epoch_;
   if (mine) {
     publish(mine, off);
   } else {
     if (!cma_) throw std::logic_error("pyshard: a private destination without cross-memory attach");
-    publish_private(priv);
+    publish_private(priv, priv_bytes);
   }
   handshake(copy, true);
 }
@@ -177,6 +190,8 @@ void NodeShm::handshake(F& copy, bool allow_private) {
   const int n = node_size();
   bases_.assign(n, nullptr);
   remote_.assign(n, 0);
+  seg_lo_.assign(n, nullptr);
+  seg_cap_.assign(n, 0);
   for (int k = 1; k < n; ++k) {
     const int idx = (me_ + k) % n;
     wait_epoch(idx, epoch_);
@@ -184,6 +199,7 @@ void NodeShm::handshake(F& copy, bool allow_private) {
     if (s.dst_addr != 0) {  // its destination is its private memory
       if (allow_private && cma_) {
         remote_[idx] = s.dst_addr;
+        seg_cap_[idx] = s.dst_cap;
       } else {
         why_ = "a node peer published a private destination to a step that cannot write it";
         slot(me_).failed.store(epoch_, std::memory_order_relaxed);
@@ -193,6 +209,8 @@ void NodeShm::handshake(F& copy, bool allow_private) {
     char* p = map_peer(idx, s);
     if (p) {
       bases_[idx] = p + s.dst_off;
+      seg_lo_[idx] = p;
+      seg_cap_[idx] = s.dst_cap;
     } else {  // told to the node in this call's handshake: every rank raises below
       slot(me_).failed.store(epoch_, std::memory_order_relaxed);
     }

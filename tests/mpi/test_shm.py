@@ -948,3 +948,28 @@ def test_results_on_huge_pages_where_the_kernel_gives_them(comm):
               [f"{pmd} kB mapped by huge pages (want 2048 at least), values right: {ok}"])
     finally:
         mesh.free()
+
+
+@pytest.mark.mpi(min_size=2)
+def test_dtypes_that_differ_between_ranks_write_nothing_past_a_peer():
+    """from_local with another dtype on the last rank (no communication checks it): the
+    node path's writes are bounded by each node peer's segment, so every rank of the node
+    raises instead of the last rank writing its float64 blocks past its peers' float32
+    results (it did: wrong zeros on the peers, or a segfault where it went far enough).
+    A mesh of its own: its node pool holds no larger segment."""
+    comm = MPI.COMM_WORLD
+    P, me = comm.size, comm.rank
+    mesh = ps.Mesh(comm, (P,))
+    try:
+        dt = np.float64 if me == P - 1 else np.float32
+        local = np.full((16, 512 * P), me + 1, dtype=dt)
+        x = ps.from_local(local, mesh, [Shard(0)], global_shape=(16 * P, 512 * P))
+        # (node peers: the node's error; peers on other nodes, PYSHARD_NODE_SIZE runs: MPI's
+        # truncated message)
+        with pytest.raises(RuntimeError, match="node-shared memory|truncated"):
+            x.redistribute([Shard(1)], algorithm="shm")
+        g = np.arange(16 * P * 8, dtype=np.float32).reshape(16 * P, 8)
+        y = ps.distribute(g, mesh, [Shard(0)]).redistribute([Shard(1)], algorithm="shm")
+        same(y, g)  # and the next exchange of agreeing arrays is exact
+    finally:
+        mesh.free()

@@ -846,3 +846,57 @@ def test_setup_rounds_agree_after_communicators_are_reused(comm):
         r = launch.run(n, [sys.executable, os.path.join(HERE, "nbx_worker.py")], timeout=120)
         assert r.returncode == 0 and r.stdout.strip().endswith("ok"), (
             n, r.stdout[-2000:] + r.stderr[-2000:])
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("method", ["p2p", "persistent", "shm"])
+def test_rows_that_differ_between_ranks(method):
+    """Ranks that disagree on the rows (the last rank's are 64 wide, the others' 1, on one
+    dim-0 table): every rank raises, none waits, and nothing is written past a node peer's
+    segment (the shm path wrote there: wrong rows, or a segfault where it went far enough);
+    then a gather of agreeing arrays is exact. On a mesh of its own, so that its node pool
+    holds no segment larger than this plan's."""
+    comm = MPI.COMM_WORLD
+    P, me = comm.size, comm.rank
+    mesh = ps.Mesh(comm, (P,))
+    try:
+        n = 32 * P  # each owner's rows for a reader: 32 x 504 bytes more than it expects
+        w = 64 if me == P - 1 else 1
+        rows = np.arange(32 * me, 32 * me + 32, dtype=np.float64)
+        x = ps.from_local(np.repeat(rows[:, None], w, axis=1), mesh, [Shard(0)],
+                          global_shape=(n, w))
+        idx = np.arange(n)  # every rank reads every row: every pair exchanges
+        plan = ps.gather_plan(idx, like=x, method=method)
+        raised = ""
+        try:
+            plan.gather(x)
+        except (ValueError, RuntimeError) as e:
+            raised = f"{type(e).__name__}: {e}"
+        assert raised, "a gather of rows that differ between ranks returned"
+        g = make_global((n, 3), "float64")
+        y = dist(g, mesh, None)
+        plan2 = ps.gather_plan(idx, like=y, method=method)
+        np.testing.assert_array_equal(plan2.gather(y), g[idx])
+    finally:
+        mesh.free()
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("method", ["p2p", "shm"])
+def test_plan_after_mesh_free_raises(method):
+    """A plan kept past its mesh's free(): exact where it still holds what it needs (its
+    messages), else a clear error on every rank (the shm path's node memory was released:
+    it segfaulted)."""
+    comm = MPI.COMM_WORLD
+    mesh = ps.Mesh(comm, (comm.size,))
+    g = make_global((N, 2), "float64")
+    x = dist(g, mesh, None)
+    idx = indices_of("random", 31, mesh.rank)
+    plan = ps.gather_plan(idx, like=x, method=method)
+    np.testing.assert_array_equal(plan.gather(x), g[idx])
+    mesh.free()
+    if method == "shm":
+        with pytest.raises(RuntimeError, match="released"):
+            plan.gather(x)
+    else:
+        np.testing.assert_array_equal(plan.gather(x), g[idx])
