@@ -113,19 +113,22 @@ int populate(char* p, i64 n) {
   for (i64 i = 0; i < n; i += kPage) reinterpret_cast<volatile char*>(p)[i] = 0;
   return 0;
 }
+// memfd_create refused (errno set): out of file descriptors says why and what to do (the
+// node peers of this call wait for this rank until PYSHARD_PEER_TIMEOUT)
+[[noreturn]] void memfd_failed() {
+  const bool fds = errno == EMFILE || errno == ENFILE;
+  std::string e = errno_text("memfd_create");
+  if (fds)
+    e += " (each node-shared result, and each segment a pool keeps, holds one file "
+         "descriptor while it lives: raise the limit, `ulimit -n`, keep fewer results, or "
+         "set PYSHARD_SHM=off to move host arrays by MPI; docs/site/troubleshooting.md)";
+  throw std::runtime_error(e);
+}
 }  // namespace
 
 ShmSegment::ShmSegment(i64 bytes, std::uint64_t seg_id) : cap(page_up(bytes)), id(seg_id) {
   fd = ::memfd_create("pyshard", MFD_CLOEXEC);
-  if (fd < 0) {
-    const bool fds = errno == EMFILE || errno == ENFILE;
-    std::string e = errno_text("memfd_create");
-    if (fds)  // the node peers of this call wait for this rank until PYSHARD_PEER_TIMEOUT
-      e += " (each node-shared result, and each segment a pool keeps, holds one file "
-           "descriptor while it lives: raise the limit, `ulimit -n`, keep fewer results, or "
-           "set PYSHARD_SHM=off to move host arrays by MPI; docs/site/troubleshooting.md)";
-    throw std::runtime_error(e);
-  }
+  if (fd < 0) memfd_failed();
   if (::ftruncate(fd, cap) != 0) {
     const std::string e = errno_text("ftruncate");
     ::close(fd);
@@ -165,15 +168,7 @@ ShmSegment::ShmSegment(i64 bytes, std::uint64_t seg_id,
     if (off < 0 || len <= 0 || off % kPage || len % kPage || off + len > cap)
       throw std::invalid_argument("pyshard: a shared range outside its segment's pages");
   fd = ::memfd_create("pyshard", MFD_CLOEXEC);
-  if (fd < 0) {
-    const bool fds = errno == EMFILE || errno == ENFILE;
-    std::string e = errno_text("memfd_create");
-    if (fds)  // the node peers of this call wait for this rank until PYSHARD_PEER_TIMEOUT
-      e += " (each node-shared result, and each segment a pool keeps, holds one file "
-           "descriptor while it lives: raise the limit, `ulimit -n`, keep fewer results, or "
-           "set PYSHARD_SHM=off to move host arrays by MPI; docs/site/troubleshooting.md)";
-    throw std::runtime_error(e);
-  }
+  if (fd < 0) memfd_failed();
   // the private view, at a 2 MiB boundary (where huge pages can back it)
   constexpr i64 kHuge = i64(2) << 20;
   const size_t span = static_cast<size_t>(cap + kHuge);
