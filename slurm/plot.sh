@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
-# Plot the JSON lines written by strong_scaling.sbatch / weak_scaling.sbatch.
+# Plot the JSON lines written by the batch scripts (strong_, weak_, stencil_, fft_scaling.sbatch).
 #
 #   bash slurm/plot.sh                       # $OUT_DIR (default results): strong_*.jsonl ->
-#                                            # strong_scaling.png, weak_*.jsonl -> weak_scaling.png
+#                                            # strong_scaling.png, weak_*, stencil_*, fft_* alike
 #   bash slurm/plot.sh -o scaling.png FILE_OR_DIR...   # one plot of all the files given
-#   bash slurm/plot.sh -o scaling.png        # $OUT_DIR: scaling_strong.png, scaling_weak.png
+#   bash slurm/plot.sh -o scaling.png        # $OUT_DIR: scaling_strong.png, scaling_weak.png, ...
 #
 # Runs `$PYSHARD_PYTHON -m pyshard plot FILE... -o OUT.png` (needs matplotlib in that python;
-# PYSHARD_PYTHON defaults to python). PLOT_ARGS adds arguments to `pyshard plot`.
+# PYSHARD_PYTHON defaults to python). PLOT_ARGS adds arguments to `pyshard plot`. It draws the
+# redistribution cases, halo, stencil, fft and fft3d (time against ranks); rows of other cases
+# (checkpoint, memory, sparse, many, migrate, unstructured) are skipped with a note.
 set -euo pipefail
 
 PY=${PYSHARD_PYTHON:-python}
@@ -22,7 +24,7 @@ while [ $# -gt 0 ]; do
             shift 2
             ;;
         -h | --help)
-            sed -n '2,10p' "$0" | sed 's/^# \{0,1\}//'
+            sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//'
             exit 0
             ;;
         *)
@@ -69,9 +71,12 @@ if [ ${#inputs[@]} -gt 0 ]; then
     plot "${out:-scaling.png}" "${files[@]}"
     made=1
 else
-    for kind in strong weak; do
+    for kind in strong weak stencil fft; do
         mapfile -t files < <(collect "$OUT_DIR"/"$kind"_*.jsonl 2>/dev/null)
-        [ ${#files[@]} -gt 0 ] || continue
+        if [ ${#files[@]} -eq 0 ]; then
+            echo "plot.sh: no ${kind}_*.jsonl in $OUT_DIR (skipped)"
+            continue
+        fi
         if [ -n "$out" ]; then
             plot "${out%.png}_${kind}.png" "${files[@]}"
         else
@@ -80,4 +85,7 @@ else
         made=$((made + 1))
     done
 fi
-[ "$made" -gt 0 ] || { echo "plot.sh: no strong_*.jsonl or weak_*.jsonl in $OUT_DIR" >&2; exit 1; }
+[ "$made" -gt 0 ] || {
+    echo "plot.sh: no strong_*, weak_*, stencil_* or fft_*.jsonl in $OUT_DIR" >&2
+    exit 1
+}

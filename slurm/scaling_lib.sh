@@ -10,10 +10,14 @@
 #   (a*rows)x(b*cols); runs `pyshard bench --cases halo,stencil --halo-shape G --stencil-shape G`.
 #   For each rank count r in the sweep, runs
 #     srun --mpi=$PYSHARD_SRUN_MPI -n r -N nodes $SRUN_ARGS \
-#         $PYSHARD_PYTHON -m mpi4py -m pyshard $PYSHARD_CMD --shape S --dtype D --json PART $BENCH_ARGS
+#         $PYSHARD_PYTHON -m mpi4py -m pyshard bench --shape S --dtype D --json PART $BENCH_ARGS
+#   (strong and weak; stencil and fft pass the arguments above instead of --shape and --dtype),
 #   checks that every JSON line it wrote says "ranks": r (so N independent 1-rank jobs, which
 #   srun --mpi=none starts with pip's MPICH, fail loudly), and appends them to
-#   $OUT_DIR/<kind>_<jobid>.jsonl.
+#   $OUT_DIR/<kind>_<jobid>.jsonl. With PYSHARD_CMD=demo (a test mode) it runs
+#   `pyshard demo --shape S --dtype D` instead (no bench arguments, no BENCH_ARGS, no JSON).
+#   Before any run (strong, weak, fft), scaling_check_memory estimates the memory per rank of
+#   the runs and stops when one exceeds what a rank has (MEM_PER_RANK_GB; MEM_CHECK=0 skips).
 
 # One BLAS/torch thread per core a rank has (docs/performance.md, "Threads"), unless set.
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-${SLURM_CPUS_PER_TASK:-1}}
@@ -98,6 +102,122 @@ print(f"ranks check ok: {len(got)} record(s), all ranks={want}")
 EOF
 }
 
+# Estimate the memory per rank of each run and stop before any run when one cannot fit.
+# Estimates (peak RSS growth measured with MPICH at 2 ranks): gather and reduce_scatter hold
+# about 7 copies of the whole global array on every rank (the result, the out= buffer, the
+# baseline's and the floor's buffers; reduce_scatter's Partial source is global-sized on every
+# rank), rebalance about 5.5 on rank 0 (which holds 7/8 of the rows), the other cases about 10
+# copies of the rank's share; fft about 12 copies of the rank's share of FFT_N^3 complex128
+# (and of the batched FFT_BATCH). Available per rank: MEM_PER_RANK_GB (GiB) if set, else
+# SLURM_MEM_PER_CPU x cpus per task, else SLURM_MEM_PER_NODE, else MemAvailable of this
+# node's /proc/meminfo, over the ranks a node runs (up to the tasks per node). MEM_CHECK=0
+# skips the check.
+scaling_check_memory() { # kind dtype shape_spec tasks_per_node "rank list"
+    if [ "${MEM_CHECK:-1}" = 0 ]; then
+        echo "  memory: not checked (MEM_CHECK=0)"
+        return 0
+    fi
+    "$PY" - "$@" "${BENCH_ARGS:-}" "${FFT_BATCH:-64x1024}" <<'PYEOF'
+import math, os, sys
+kind, dtype, spec, per_node, ranks, bench_args, fft_batch = sys.argv[1:8]
+per_node, ranks = max(1, int(per_node)), sorted(int(r) for r in ranks.split())
+GiB = 2.0**30
+REDIST = ["transpose", "transpose_uneven", "gather", "reduce_scatter", "swap2d", "rebalance",
+          "small"]
+GLOBAL_COPIES = {"gather": 7.0, "reduce_scatter": 7.5, "rebalance": 5.5}  # x the global array
+SHARE_COPIES = 10.0  # the other cases (small: 64x64, nothing): x the rank's share
+BASE = 0.25  # GiB a rank: python, numpy, MPI
+if kind not in ("strong", "weak", "fft"):
+    sys.exit(0)
+cases = REDIST
+toks = bench_args.split()  # word split, as the batch script passes them; the last one counts
+for i, t in enumerate(toks):
+    if t in ("--cases", "--case") and i + 1 < len(toks):
+        cases = toks[i + 1].split(",")
+    elif t.startswith(("--cases=", "--case=")):
+        cases = t.split("=", 1)[1].split(",")
+try:
+    import numpy as np
+    item = np.dtype(dtype).itemsize
+except Exception:
+    item = 8
+dims = [int(v) for v in spec.lower().split("x")]
+
+
+def need(r):
+    """(GiB a rank, what needs it) at r ranks, or None (no case with an estimate)."""
+    if kind == "fft":
+        n = dims[0]
+        est = [(12 * 16.0 * n**3 / r, f"fft {n}^3 complex128: 12 x the rank's share")]
+        b, _, m = fft_batch.lower().partition("x")
+        if b.isdigit() and int(b) > 0:
+            gb = 16.0 * int(b) * int(m or 1024) ** 2
+            est.append((12 * gb / r, f"batched fft {fft_batch}: 12 x the rank's share"))
+    else:
+        g = float(item) * math.prod(dims) * (r if kind == "weak" else 1)
+        est = [(GLOBAL_COPIES[c] * g, f"{c}: {GLOBAL_COPIES[c]:g} x the global array")
+               for c in cases if c in GLOBAL_COPIES]
+        est += [(SHARE_COPIES * g / r, f"{c}: {SHARE_COPIES:g} x the rank's share")
+                for c in cases if c in REDIST and c not in GLOBAL_COPIES and c != "small"]
+    if not est:
+        return None
+    b, what = max(est)
+    return BASE + b / GiB, what
+
+
+def available():
+    """(GiB, where that comes from, per rank (True) or per node (False))."""
+    env = os.environ
+    if env.get("MEM_PER_RANK_GB"):
+        return float(env["MEM_PER_RANK_GB"]), "MEM_PER_RANK_GB", True
+    mb = env.get("SLURM_MEM_PER_CPU", "")
+    if mb.isdigit() and int(mb) > 0:
+        cpt = int(env.get("SLURM_CPUS_PER_TASK", "1") or 1)
+        return int(mb) * cpt / 1024, f"SLURM_MEM_PER_CPU {mb} MiB x {cpt} cpus a task", True
+    mb = env.get("SLURM_MEM_PER_NODE", "")
+    if mb.isdigit() and int(mb) > 0:
+        return int(mb) / 1024, f"SLURM_MEM_PER_NODE {mb} MiB", False
+    with open("/proc/meminfo") as f:
+        kb = {ln.split(":")[0]: int(ln.split()[1]) for ln in f if len(ln.split()) >= 2}
+    return kb.get("MemAvailable", kb.get("MemTotal", 0)) / 2**20, "MemAvailable here", False
+
+
+est = {r: need(r) for r in ranks}
+if all(v is None for v in est.values()):
+    print("  memory: not checked (no case here has an estimate)")
+    sys.exit(0)
+try:
+    mem, src, per_rank = available()
+except (ValueError, OSError) as e:
+    print(f"  memory: not checked (cannot tell the memory a rank has: {e}; set MEM_PER_RANK_GB)")
+    sys.exit(0)
+
+
+def have(r):  # GiB a rank at r ranks: a node's memory over the ranks on it
+    return mem if per_rank else mem / min(r, per_node)
+
+
+where = src if per_rank else f"{src} {mem:.1f} GiB a node / up to {per_node} ranks on it"
+worst = max((r for r in ranks if est[r]), key=lambda r: est[r][0] / have(r))
+gb, what = est[worst]
+print(f"  memory: about {gb:.1f} GiB a rank at {worst} ranks ({what}), {have(worst):.1f} GiB "
+      f"a rank there ({where})")
+bad = [r for r in ranks if est[r] and est[r][0] > have(r)]
+if bad:
+    how = ("lower FFT_N or FFT_BATCH (FFT_BATCH=0 skips the batched case), or drop PFFT "
+           "(BENCH_ARGS=--fft-pfft=)") if kind == "fft" else (
+           f"lower {'SHAPE' if kind == 'strong' else 'PER_RANK'}, or leave out the cases "
+           "that hold the global array on every rank: "
+           "BENCH_ARGS=\"--cases transpose,transpose_uneven,swap2d,small\"")
+    print(f"ERROR: not enough memory: the runs at {', '.join(map(str, bad))} ranks need about "
+          f"{', '.join(f'{est[r][0]:.1f}' for r in bad)} GiB a rank ({est[bad[-1]][1]}), more "
+          f"than a rank has ({', '.join(f'{have(r):.1f}' for r in bad)} GiB; {where}). To fit: "
+          f"{how}; or use fewer tasks a node. MEM_PER_RANK_GB sets the GiB a rank has, "
+          "MEM_CHECK=0 skips this estimate.", file=sys.stderr)
+    sys.exit(1)
+PYEOF
+}
+
 scaling_run() {
     local kind=$1
     PY=${PYSHARD_PYTHON:-python}
@@ -140,16 +260,27 @@ scaling_run() {
     local out="$out_dir/${kind}_${jobid}.jsonl"
     local mode=json
     [ "$cmd" = bench ] || mode=demo
+    # the element type the runs use: DTYPE for strong and weak; stencil and fft have their own
+    local run_dtype=$dtype
+    if [ "$kind" = stencil ]; then
+        run_dtype=float64
+    elif [ "$kind" = fft ]; then
+        run_dtype=complex128
+    fi
 
     echo "pyshard ${kind} scaling: job ${jobid} on ${SLURM_JOB_NODELIST:-$(hostname -s)}," \
         "${nnodes} node(s), ${ntasks} task(s), $(date -u +%Y-%m-%dT%H:%M:%SZ)"
     echo "  python: $PY ($("$PY" -c 'import sys; print(sys.version.split()[0])' 2>&1))"
     echo "  MPI:    $("$PY" -c 'from mpi4py import MPI; print(MPI.Get_library_version().splitlines()[0].strip())' 2>&1)"
-    echo "  srun --mpi=$mpi${SRUN_ARGS:+ $SRUN_ARGS}; command: pyshard $cmd${BENCH_ARGS:+ $BENCH_ARGS}"
     if [ "$mode" = json ]; then
+        echo "  srun --mpi=$mpi${SRUN_ARGS:+ $SRUN_ARGS}; command: pyshard $cmd${BENCH_ARGS:+ $BENCH_ARGS}"
         echo "  results: $out"
     else
+        echo "  srun --mpi=$mpi${SRUN_ARGS:+ $SRUN_ARGS}; command: pyshard $cmd --shape S --dtype $run_dtype${BENCH_ARGS:+ (BENCH_ARGS not passed: bench only)}"
         echo "  (PYSHARD_CMD=$cmd writes no JSON; checking ranks from its output)"
+    fi
+    if [ "$run_dtype" != "$dtype" ] && [ -n "${DTYPE:-}" ]; then
+        echo "  (DTYPE=$DTYPE is ignored by the $kind runs: they use $run_dtype)"
     fi
     command -v srun >/dev/null || scaling_die "srun not found (run this under sbatch/salloc)"
 
@@ -157,6 +288,10 @@ scaling_run() {
     ranks=$(scaling_rank_list "$ntasks") || exit 1
     local r nodes shape rows rest part logf rc t0 rmax=0
     for r in $ranks; do [ "$r" -gt "$rmax" ] && rmax=$r; done
+    if [ "$mode" = json ]; then
+        scaling_check_memory "$kind" "$dtype" "$shape_spec" "$per_node" "$ranks" ||
+            scaling_die "the runs would not fit in memory (see above); no run was started"
+    fi
 
     # Preflight at the largest rank count: one MPI job of rmax ranks, or rmax 1-rank jobs?
     # (srun --mpi=none with pip's MPICH starts separate 1-rank jobs that all succeed.)
@@ -210,18 +345,25 @@ scaling_run() {
         part="$out_dir/.${kind}_${jobid}_r${r}.part"
         logf=$(mktemp "${TMPDIR:-/tmp}/pyshard-${kind}-XXXXXX.log")
         rm -f "$part"
-        local args=(--shape "$shape" --dtype "$dtype")
-        [ "$kind" = stencil ] &&
-            args=(--cases halo,stencil --halo-shape "$shape" --stencil-shape "$shape" --reps 6)
-        [ "$kind" = fft ] &&
-            args=(--cases fft --fft-n "${shape_spec%%x*}" --fft-batch "${FFT_BATCH:-64x1024}" --reps 3 --warmup 1)
-        [ "$mode" = json ] && args+=(--json "$part")
+        local args=(--shape "$shape" --dtype "$dtype") extra=()
+        if [ "$mode" = json ]; then # bench arguments: only for `pyshard bench`
+            [ "$kind" = stencil ] &&
+                args=(--cases "halo,stencil" --halo-shape "$shape" --stencil-shape "$shape" --reps 6)
+            [ "$kind" = fft ] &&
+                args=(--cases fft --fft-n "${shape_spec%%x*}" --fft-batch "${FFT_BATCH:-64x1024}" --reps 3 --warmup 1)
+            args+=(--json "$part")
+            # shellcheck disable=SC2206  # BENCH_ARGS is a word list
+            extra=(${BENCH_ARGS:-})
+        else # demo (a test mode): only its own arguments, the kind's shape and dtype
+            [ "$kind" = fft ] && shape=$shape_spec
+            args=(--shape "$shape" --dtype "$run_dtype")
+        fi
         echo
-        echo "== ${kind}: ${r} rank(s) on ${nodes} node(s), global shape ${shape} ${dtype}"
+        echo "== ${kind}: ${r} rank(s) on ${nodes} node(s), global shape ${shape} ${run_dtype}"
         t0=$SECONDS
-        # shellcheck disable=SC2086  # SRUN_ARGS and BENCH_ARGS are word lists
+        # shellcheck disable=SC2086  # SRUN_ARGS is a word list
         srun --mpi="$mpi" -n "$r" -N "$nodes" ${SRUN_ARGS:-} \
-            "$PY" -m mpi4py -m pyshard "$cmd" "${args[@]}" ${BENCH_ARGS:-} 2>&1 | tee "$logf"
+            "$PY" -m mpi4py -m pyshard "$cmd" "${args[@]}" "${extra[@]}" 2>&1 | tee "$logf"
         rc=${PIPESTATUS[0]}
         echo "-- srun exit code $rc after $((SECONDS - t0)) s"
         if [ "$rc" -ne 0 ]; then

@@ -117,3 +117,48 @@ def test_mpi_names():
 def test_no_rows(tmp_path):
     f = _write(tmp_path, [{"case": "memory", "ranks": 2}])
     assert plot.plot_main([f, "-o", str(tmp_path / "n.png")]) == 1
+
+
+def _halo(ranks, t):
+    times = {"pyshard-auto": t, "floor": t / 2, "mpi4py": 2 * t, "copy": t / 4}
+    return {"case": "halo", "ranks": ranks, "mpi": "MPICH Version:      5.0.2",
+            "rows": [{"name": "2d-w1", "times_s": times}]}  # fmt: skip
+
+
+def _stencil(ranks, t):
+    st = {"blocking_s": t, "overlapped_s": t * 0.8}
+    return {"case": "stencil", "ranks": ranks, "star": st, "box": st}
+
+
+def _fft(ranks, ms):
+    impl = {"per_transform_ms": ms}
+    return {"case": "fft", "ranks": ranks, "n": 16,
+            "cases": [{"kind": "c2c", "decomp": "slab", "impls": {"pyshard-scipy": impl},
+                       "mpi_floor_ms": {"forward": ms / 4, "backward": ms / 4}}],
+            "batched": {"shape": [4, 16, 16], "forward_ms": {"pyshard-scipy": ms / 2}}}  # fmt: skip
+
+
+def test_stencil_and_fft_rows_are_plotted(tmp_path, monkeypatch, capsys):
+    # the Slurm stencil and fft sweeps: time against ranks, a panel per grid or transform
+    rows = [f(n, 0.01 / n) for n in (2, 4) for f in (_halo, _stencil, _fft)]
+    rows.append({"case": "memory", "ranks": 2})  # no plot for it: skipped, with a note
+    rows.append({"case": "fft3d", "ranks": 2, "algorithm": "auto", "pyshard_total_ms": 1.0,
+                 "pfft_total_ms": None})  # fmt: skip
+    seen = _title(monkeypatch)
+    out = str(tmp_path / "x.png")
+    assert plot.plot_main([_write(tmp_path, rows), "-o", out]) == 0 and _png(out)
+    assert seen["panels"] == ["fft batched 4x16x16 (forward)", "fft c2c slab n=16", "fft3d",
+                              "halo 2d-w1", "stencil (per step)"], seen  # fmt: skip
+    assert "MPICH 5.0.2" in seen["title"] and "2 to 4 ranks" in seen["title"], seen
+    assert "not plotted" in capsys.readouterr().err
+    pts = plot.extra_points(rows)
+    assert pts["halo 2d-w1"]["pyshard (auto)"] == {2: 0.005, 4: 0.0025}
+    assert pts["fft c2c slab n=16"]["floor: raw MPI transposes"] == {
+        2: pytest.approx(0.005 / 4e3), 4: pytest.approx(0.0025 / 4e3)}  # the mean, in s
+    assert "PFFT" not in pts["fft3d"]  # not measured: no point
+
+    # with redistribution rows: their panels first, then these
+    both = rows + [_row("transpose", "auto", n, 0.02 / n) for n in (2, 4)]
+    seen = _title(monkeypatch)
+    assert plot.plot_main([_write(tmp_path, both, "b.jsonl"), "-o", out]) == 0
+    assert seen["panels"][0].startswith("transpose") and len(seen["panels"]) == 6, seen

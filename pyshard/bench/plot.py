@@ -1,6 +1,8 @@
 """``python -m pyshard plot``: figures of the JSON lines that ``python -m pyshard bench
 --json`` writes, one panel per case: bars by algorithm next to the floor for one rank count,
-time against ranks with the floor and an ideal line for several (the Slurm scaling runs)."""
+time against ranks with the floor and an ideal line for several (the Slurm scaling runs).
+The halo, stencil, fft and fft3d rows get panels of their own (:func:`extra_points`: time
+against ranks, one line per implementation); the other cases' rows are skipped with a note."""
 
 from __future__ import annotations
 
@@ -75,13 +77,14 @@ def _plot_grid(n: int, plt: Any, panel: Tuple[float, float], top: float) -> Tupl
     return fig, axes[:n]
 
 
-def _plot_bars(rows: List[Dict], plt: Any) -> Any:
-    """One panel per case: bars grouped by algorithm, the floor as a horizontal line."""
+def _plot_bars(rows: List[Dict], plt: Any, extra: int = 0) -> Any:
+    """One panel per case: bars grouped by algorithm, the floor as a horizontal line;
+    ``extra`` more panels at the end (returned after the cases' own)."""
     last: Dict[Tuple[str, str], Dict] = {}
     for r in rows:  # several runs of one case and algorithm: the last one counts
         last[(r["case"], r["algorithm"])] = r
     cases = _plot_case_order(sorted({c for c, _ in last}))
-    fig, axes = _plot_grid(len(cases), plt, (3.9, 3.3), 1.0)
+    fig, axes = _plot_grid(len(cases) + extra, plt, (3.9, 3.3), 1.0)
     series = [
         ("pyshard", "pyshard (out=)", "#1f77b4"),
         ("plain", "pyshard (new result)", "#9ecae1"),
@@ -183,14 +186,15 @@ def ideal_line(best: Dict[Tuple[str, str, int], Dict], case: str, ideal: str) ->
     return [], [], ""
 
 
-def _plot_scaling(rows: List[Dict], plt: Any, ideal: str) -> Any:
+def _plot_scaling(rows: List[Dict], plt: Any, ideal: str, extra: int = 0) -> Any:
     """One panel per case: time per call against ranks, one line per algorithm, the floor
-    (the fastest raw MPI collective at each rank count) and the ideal line."""
+    (the fastest raw MPI collective at each rank count) and the ideal line; ``extra`` more
+    panels at the end (returned after the cases' own)."""
     from matplotlib.ticker import FuncFormatter, LogLocator
 
     best = best_rows(rows)
     cases = _plot_case_order(sorted({c for c, _, _ in best}))
-    fig, axes = _plot_grid(len(cases), plt, (3.9, 3.4), 0.75)
+    fig, axes = _plot_grid(len(cases) + extra, plt, (3.9, 3.4), 0.75)
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     for ax, case in zip(axes, cases):
         algos = _plot_algo_order(sorted({a for c, a, _ in best if c == case}))
@@ -243,6 +247,97 @@ def _plot_scaling(rows: List[Dict], plt: Any, ideal: str) -> Any:
     return fig, axes
 
 
+PLOTTED_EXTRA = ("halo", "stencil", "fft", "fft3d")
+"""The extra cases that ``pyshard plot`` draws (time against ranks, one panel per grid or
+transform); the others (checkpoint, memory, sparse, many, migrate, unstructured) are skipped
+with a note."""
+
+Points = Dict[str, Dict[str, Dict[int, float]]]  # panel -> series -> ranks -> seconds
+
+
+def extra_points(rows: List[Dict]) -> Points:
+    """The times of the rows of :data:`PLOTTED_EXTRA` (the Slurm stencil and fft runs):
+    panel -> series -> ranks -> seconds, the fastest where several rows hold one rank count.
+
+    halo: one panel per grid (``halo 2d-w1``, ...): pyshard (auto), the pre-packed floor,
+    mpi4py by hand, per update. stencil: blocking and overlapped heat steps, star and box, per
+    step. fft: one panel per kind and decomposition, each implementation's time per transform
+    (the mean of forward and backward) and the raw MPI floor of pyshard's transposes; the
+    batched 2-D case's forward times. fft3d: pyshard (per algorithm) and PFFT, total."""
+    pts: Points = {}
+
+    def add(panel: str, series: str, ranks: int, seconds: Any) -> None:
+        if isinstance(seconds, (int, float)) and np.isfinite(seconds) and seconds > 0:
+            d = pts.setdefault(panel, {}).setdefault(series, {})
+            d[ranks] = min(d.get(ranks, np.inf), float(seconds))
+
+    for r in rows:
+        case, n = r.get("case"), r.get("ranks")
+        if case not in PLOTTED_EXTRA or not isinstance(n, int):
+            continue
+        if case == "halo":
+            for h in r.get("rows", []):
+                t = h.get("times_s", {})
+                for key, label in (("pyshard-auto", "pyshard (auto)"),
+                                   ("floor", "floor: pre-packed p2p"),
+                                   ("mpi4py", "mpi4py by hand")):
+                    add(f"halo {h.get('name', '?')}", label, n, t.get(key))
+        elif case == "stencil":
+            for st in ("star", "box"):
+                t = r.get(st) or {}
+                add("stencil (per step)", f"{st} blocking", n, t.get("blocking_s"))
+                add("stencil (per step)", f"{st} overlapped", n, t.get("overlapped_s"))
+        elif case == "fft":
+            for c in r.get("cases", []):
+                panel = f"fft {c.get('kind', '?')} {c.get('decomp', '?')} n={r.get('n', '?')}"
+                for name, imp in (c.get("impls") or {}).items():
+                    ms = imp.get("per_transform_ms") if isinstance(imp, dict) else None
+                    add(panel, name, n, None if ms is None else ms / 1e3)
+                fl = c.get("mpi_floor_ms") or {}
+                vals = [v for v in fl.values() if isinstance(v, (int, float))]
+                if vals:
+                    add(panel, "floor: raw MPI transposes", n, sum(vals) / len(vals) / 1e3)
+            bt = r.get("batched") or {}
+            for name, ms in (bt.get("forward_ms") or {}).items():
+                shape = "x".join(map(str, bt.get("shape", [])))
+                add(f"fft batched {shape} (forward)", name, n,
+                    None if ms is None else ms / 1e3)
+        else:  # fft3d
+            add("fft3d", f"pyshard {r.get('algorithm', 'auto')}", n,
+                None if r.get("pyshard_total_ms") is None else r["pyshard_total_ms"] / 1e3)
+            add("fft3d", "PFFT", n,
+                None if r.get("pfft_total_ms") is None else r["pfft_total_ms"] / 1e3)
+    return pts
+
+
+def _plot_extra(pts: Points, axes: Sequence[Any], plt: Any) -> None:
+    """One panel per entry of :func:`extra_points`: time against ranks, one line a series."""
+    from matplotlib.ticker import FuncFormatter, LogLocator
+
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for ax, panel in zip(axes, sorted(pts)):
+        series = pts[panel]
+        ranks_all = sorted({n for d in series.values() for n in d})
+        scale, unit = _plot_unit(max(t for d in series.values() for t in d.values()))
+        for j, (name, d) in enumerate(sorted(series.items())):
+            xs = sorted(d)
+            style = "s--" if name.startswith("floor") else "o-"
+            ax.plot(xs, [d[x] * scale for x in xs], style, color=colors[j % len(colors)],
+                    label=name, lw=1.5, ms=4)
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xticks(ranks_all, [str(n) for n in ranks_all], fontsize=8)
+        ax.minorticks_off()
+        ax.yaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+        ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+        ax.tick_params(axis="y", labelsize=7)
+        ax.set_xlabel("ranks", fontsize=8)
+        ax.set_ylabel(f"time ({unit}, log)", fontsize=8)
+        ax.set_title(panel, fontsize=9)
+        ax.grid(alpha=0.3, which="both")
+        ax.legend(fontsize=6, loc="best")
+
+
 def scaling_kind(best: Dict[Tuple[str, str, int], Dict], case: str) -> str:
     """strong when the global shape is the same at every rank count, weak when the elements
     per rank are, else none (no ideal line)."""
@@ -286,6 +381,10 @@ def plot_main(argv: Optional[List[str]] = None) -> int:
     for fn in args.files:
         with open(fn) as f:
             rows += [json.loads(line) for line in f if line.strip()]
+    pts = extra_points(rows)
+    mpis = sorted({mpi_name(r["mpi"]) for r in rows if r.get("mpi")}) or ["MPI not recorded"]
+    skipped = sorted({str(r.get("case")) for r in rows
+                      if r.get("case") in EXTRA_CASES and r.get("case") not in PLOTTED_EXTRA})
     rows = [
         r
         for r in rows
@@ -293,21 +392,31 @@ def plot_main(argv: Optional[List[str]] = None) -> int:
         and {"case", "algorithm", "ranks", "median_s"} <= set(r)
         and ("floor_median_s" in r or "ratio_to_floor" in r)
     ]
-    if not rows:
-        print("no benchmark rows in the given files", file=sys.stderr)
+    if skipped:
+        print(f"pyshard plot: not plotted (no plot for these cases): {', '.join(skipped)}",
+              file=sys.stderr)
+    if not rows and not pts:
+        print("no benchmark rows in the given files (pyshard plot draws the redistribution "
+              f"cases and {', '.join(PLOTTED_EXTRA)})", file=sys.stderr)
         return 1
-    ranks = sorted({int(r["ranks"]) for r in rows})
-    mpis = sorted({mpi_name(r["mpi"]) for r in rows if r.get("mpi")}) or ["MPI not recorded"]
+    n_extra = len(pts)
+    ranks = sorted({int(r["ranks"]) for r in rows}
+                   | {n for d in pts.values() for s in d.values() for n in s})
     dtypes = sorted({str(r["dtype"]) for r in rows if r.get("dtype")})
-    if len(ranks) == 1:
-        fig, axes = _plot_bars(rows, plt)
+    bars = len({int(r["ranks"]) for r in rows}) == 1
+    if not rows:
+        fig, axes = _plot_grid(n_extra, plt, (3.9, 3.4), 0.75)
+        what = "pyshard " + " / ".join(sorted({p.split()[0] for p in pts}))
+        detail = f"{ranks[0]} to {ranks[-1]} ranks" if len(ranks) > 1 else f"{ranks[0]} ranks"
+    elif bars:
+        fig, axes = _plot_bars(rows, plt, n_extra)
         what = "pyshard bench"
         shapes = sorted({_plot_shape(r) for r in rows if r["case"] != "small"})
         detail = f"{ranks[0]} rank{'s' if ranks[0] != 1 else ''}"
         if shapes:
             detail += f", {' / '.join(shapes)} {' / '.join(dtypes)}"
     else:
-        fig, axes = _plot_scaling(rows, plt, args.ideal)
+        fig, axes = _plot_scaling(rows, plt, args.ideal, n_extra)
         best = best_rows(rows)
         kinds = {scaling_kind(best, c) for c in {r["case"] for r in rows}}
         kind = kinds.pop() if len(kinds) == 1 else "none"
@@ -322,28 +431,33 @@ def plot_main(argv: Optional[List[str]] = None) -> int:
             detail += f", {_plot_shape(lo)} to {_plot_shape(hi)}"
         if dtypes:
             detail += f" {' / '.join(dtypes)}"
+    own, axes = axes[: len(axes) - n_extra], axes[len(axes) - n_extra:]
+    _plot_extra(pts, axes, plt)
+    axes = own  # the figure legend: the redistribution panels' (the others have their own)
     title = args.title or f"{what}: {' / '.join(mpis)}, {detail}"
     height = fig.get_figheight()  # inches; the top holds the title, legend (and note)
-    top = 0.95 if len(ranks) == 1 else 0.75
+    top = 0.95 if rows and bars else 0.75
     fig.tight_layout(rect=(0, 0, 1, 1 - top / height))  # before the figure-level texts
     fig.suptitle(title, fontsize=11, y=1 - 0.1 / height, va="top")
     handles: Dict[str, Any] = {}
     for ax in axes:  # one legend for the figure, each entry once
         for h, lab in zip(*ax.get_legend_handles_labels()):
             handles.setdefault(lab, h)
-    fig.legend(
-        handles.values(),
-        handles.keys(),
-        loc="upper center",
-        ncol=len(handles) if len(handles) <= 5 else 4,
-        fontsize=8,
-        frameon=False,
-        bbox_to_anchor=(0.5, 1 - 0.38 / height),
-    )
-    if len(ranks) == 1:
+    if handles:
+        fig.legend(
+            handles.values(),
+            handles.keys(),
+            loc="upper center",
+            ncol=len(handles) if len(handles) <= 5 else 4,
+            fontsize=8,
+            frameon=False,
+            bbox_to_anchor=(0.5, 1 - 0.38 / height),
+        )
+    if rows and bars:
         note = "above each group: pyshard (out=) time / floor; lower is better"
         fig.text(0.5, 1 - 0.72 / height, note, ha="center", va="top", fontsize=7, color="0.3")
     fig.savefig(args.output, dpi=110)
     plt.close(fig)
-    print(f"wrote {args.output} ({len(rows)} rows, ranks {ranks})")
+    print(f"wrote {args.output} ({len(rows)} redistribution rows, {n_extra} other panels, "
+          f"ranks {ranks})")
     return 0

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import json
-from typing import Dict, List
+import math
+from typing import Any, Dict, List
 
 from .cases import EXTRA_CASES
 
@@ -33,8 +34,27 @@ def format_table(rows: List[Dict]) -> str:
     return "\n".join(lines)
 
 
+def finite(v: Any) -> Any:
+    """``v`` with every NaN or infinite float (nested in dicts, lists and tuples) replaced
+    by None: JSON has no NaN (a time that was not measured is null, not a bare ``NaN``)."""
+    if isinstance(v, float):
+        return v if math.isfinite(v) else None
+    if isinstance(v, dict):
+        return {k: finite(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [finite(x) for x in v]
+    if hasattr(v, "item") and hasattr(v, "dtype") and getattr(v, "ndim", 1) == 0:
+        return finite(v.item())  # a numpy scalar
+    return v
+
+
+def json_line(row: Dict) -> str:
+    """One row as strict JSON (no NaN or Infinity tokens: they become null)."""
+    return json.dumps(finite(row), allow_nan=False)
+
+
 def append_json(path: str, rows: List[Dict]) -> None:
-    """Append each row to the file ``path`` as one JSON line."""
+    """Append each row to the file ``path`` as one JSON line (strict JSON: :func:`json_line`)."""
+    lines = [json_line(r) + "\n" for r in rows]  # all of them or none on an error
     with open(path, "a") as f:
-        for r in rows:
-            f.write(json.dumps(r) + "\n")
+        f.writelines(lines)

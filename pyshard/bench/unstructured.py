@@ -361,8 +361,9 @@ def _pattern(pat: str, n: int, frac: float, x: Any, local: np.ndarray, mesh: Mes
 
 def bench_unstructured(comm: MPI.Comm, rows: int = 1_000_000, reps: int = 10, warmup: int = 2,
                        patterns: Sequence[str] = PATTERNS, frac: float = 0.1) -> Dict[str, Any]:
-    """The case on ``comm``: per pattern the times (s, median, slowest rank), the check and
-    the messages; the simulated setup at 65,536 ranks."""
+    """The case on ``comm``: per pattern the times (milliseconds, each row's ``"ms"``: the
+    median over ``reps`` of the slowest rank), the check and the messages; the simulated
+    setup at 65,536 ranks."""
     P, me = comm.Get_size(), comm.Get_rank()
     n = rows
     mesh = Mesh(comm, (P,))
