@@ -310,12 +310,12 @@ class HaloArray:
         return halo_plan(self.layout, self._spec, self.mesh.coords)
 
     def _core_step(self) -> Any:
+        if _validate.enabled:  # every call, as a fold's (one rank folding meets it)
+            _validate.agree(self.mesh.comm, "halo update", {
+                "layout": repr(self.layout), "halo": repr(self._spec),
+                "method": self.method,
+            })
         if self._step is None:
-            if _validate.enabled:
-                _validate.agree(self.mesh.comm, "halo update", {
-                    "layout": repr(self.layout), "halo": repr(self._spec),
-                    "method": self.method,
-                })
             p = self.plan
             comm = self.mesh.core_comm(tuple(range(self.mesh.ndim)))
             if self._route.path == "tune":

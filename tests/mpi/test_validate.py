@@ -146,3 +146,19 @@ def test_environment_switch(monkeypatch):
     finally:
         monkeypatch.undo()  # the variable as it was
         ps.config.refresh()  # and the mode with it
+
+
+@two_ranks
+def test_halo_update_checked_at_every_call(comm, validating):
+    """A halo update is validated at every call, as a fold is: after a first update on every
+    rank, one rank folding while the others update raises on every rank (the update was
+    validated at its first call only, so the ranks waited in mismatched exchanges)."""
+    mesh = _mesh(comm)
+    g = make_global((4 * comm.size, 5), "float64")
+    h = ps.distribute(g, mesh, [Shard(0)]).with_halo(1, periodic=True)
+    h.update()
+    h.update()
+    fn = h.fold if comm.rank == 0 else h.update
+    _all_raise(comm, fn, "halo")
+    h.update()  # agreeing again: runs
+    mesh.free()
