@@ -580,8 +580,9 @@ class GatherPlan:
             f"{'; scatters: point-to-point by ' + r.scatter_by if r.scatter_by else ''}"
             f", no collective over every rank per call); setup {r.algorithm} ({r.why})",
             f"  own rows read locally: {int(c.self_rows)} (copied once, never sent)",
-            f"  gather: {len(frm)} messages in from {frm} ({int(c.rows_in)} rows), "
-            f"{len(to)} out to {to} ({int(c.rows_out)} rows); scatter: the same reversed, "
+            f"  gather: {len(frm)} groups of rows in from {frm} ({int(c.rows_in)} rows), "
+            f"{len(to)} out to {to} ({int(c.rows_out)} rows), each a message or (node peers on "
+            f"the shm path) a node-shared copy; scatter: the same reversed, "
             f"duplicates combined before they are sent",
             *([f"  through node-shared memory{' (gathers)' if r.scatter_by else ''}: "
                f"{int(c.node_groups_in)} of the groups in, {int(c.node_groups_out)} of those "

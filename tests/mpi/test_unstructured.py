@@ -773,7 +773,7 @@ def test_explain_and_comm_stats(mesh, layout, algorithm):
     assert f"path {'mpi' if P > 1 else 'local'}" in text, text
     assert f"setup {'nbx' if algorithm == 'auto' else 'alltoall'}" in text, text
     assert f"own rows read locally: {int(counts[me])}" in text, text
-    assert f"gather: {len(owners)} messages in from {owners} ({rows_in} rows), " \
+    assert f"gather: {len(owners)} groups of rows in from {owners} ({rows_in} rows), " \
         f"{len(readers)} out to {readers} ({rows_out} rows)" in text, text
     assert plan.route.path == ("mpi" if P > 1 else "local")
     before = ps.comm_stats()
