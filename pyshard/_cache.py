@@ -11,7 +11,7 @@ need whenever an executor is evicted, and released by ``Mesh.free()`` or :func:`
 from __future__ import annotations
 
 import weakref
-from typing import Any, Callable, Dict, NamedTuple, Optional
+from typing import Any, Callable, Dict, NamedTuple, Optional, Tuple
 
 from . import _lru, config
 from ._lru import DEFAULT_LIMIT, LRU, Fifo, memoize
@@ -24,11 +24,13 @@ config.apply_with("PYSHARD_CACHE_LIMIT", _lru.set_limit)  # now, and at every ch
 
 class FastEntry(NamedTuple):
     """A repeated redistribute's one lookup (``pyshard.executor.bind``): the call to make,
-    the core binding it calls (or None), the target layout, and the executors it runs."""
+    the core binding it calls (or None), the target layout, the source's local shape (the
+    fast path checks ``local`` against it), and the executors it runs."""
 
     call: Callable[[Any, Optional[Any]], Any]
     binding: Any
     target: Any
+    shape: Tuple[int, ...]
     execs: list
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 import zlib
 from math import prod
-from typing import Any, List, Optional, Sequence, Tuple, Union
+from typing import Any, List, Literal, Optional, Sequence, Tuple, Union, overload
 
 import numpy as np
 
@@ -43,6 +43,7 @@ _new = object.__new__
 def _check_mesh(mesh: object) -> Mesh:
     if not isinstance(mesh, Mesh):
         raise TypeError(f"mesh must be a pyshard.Mesh, got {type(mesh).__name__}")
+    mesh.check_live()
     return mesh
 
 
@@ -64,6 +65,11 @@ class ShardedArray(Placed):
     __slots__ = ("local", "layout", "mesh")
 
     def __init__(self, local: Any, layout: Layout, mesh: Mesh) -> None:
+        if layout.mesh_shape != mesh.shape:
+            raise ValueError(
+                f"ShardedArray: the layout is for a mesh of shape {layout.mesh_shape}, the mesh "
+                f"has shape {mesh.shape}"
+            )
         want = layout.local_shape(mesh.coords)
         if local.shape != want or local.dtype != layout.dtype:
             raise ValueError(
@@ -88,6 +94,37 @@ class ShardedArray(Placed):
     def target_layout(self, placements: PlacementsArg, sizes: SizesArg = None) -> Layout:
         """The layout :meth:`redistribute` with these arguments would give (no communication)."""
         return relaid(self.layout, placements, sizes)
+
+    @overload
+    def redistribute(
+        self,
+        placements: PlacementsArg,
+        sizes: SizesArg = None,
+        algorithm: Optional[str] = None,
+        out: Optional[Any] = None,
+        wait: Literal[True] = True,
+    ) -> ShardedArray: ...
+
+    @overload
+    def redistribute(
+        self,
+        placements: PlacementsArg,
+        sizes: SizesArg = None,
+        algorithm: Optional[str] = None,
+        out: Optional[Any] = None,
+        *,
+        wait: Literal[False],
+    ) -> Pending: ...
+
+    @overload
+    def redistribute(
+        self,
+        placements: PlacementsArg,
+        sizes: SizesArg = None,
+        algorithm: Optional[str] = None,
+        out: Optional[Any] = None,
+        wait: bool = True,
+    ) -> Union[ShardedArray, Pending]: ...
 
     def redistribute(
         self,
@@ -140,6 +177,8 @@ class ShardedArray(Placed):
             except TypeError:  # unhashable or not a sequence: the general path says so
                 hit = None
             if hit is not None:
+                if self.local.shape != hit.shape:  # (a tuple compare: .local was replaced)
+                    self._wrong_shape(hit.shape)
                 res = hit.call(self.local, out)
                 if res is not None:
                     r = _new(ShardedArray)
@@ -158,11 +197,15 @@ class ShardedArray(Placed):
         """The general path: validate, plan, build or find the executors, run them, and
         keep the binding for the fast path of the next such call."""
         mesh = self.mesh
+        mesh.check_live()  # (a freed mesh's fast path is empty: every call comes here)
         local = self.local
-        if not local.flags.c_contiguous:  # a view, e.g. HaloArray.array's interior
-            local = bk.xp_of(local).ascontiguousarray(local)
         if _validate.enabled:  # one small Allgather: a mismatch raises on every rank
             self._agree(placements, sizes, algorithm)
+        shape = self.layout.local_shape(mesh.coords)
+        if tuple(local.shape) != shape:
+            self._wrong_shape(shape)
+        if not local.flags.c_contiguous:  # a view, e.g. HaloArray.array's interior
+            local = bk.xp_of(local).ascontiguousarray(local)
         target = self.target_layout(placements, sizes)
         p = plan(self.layout, target)
         execs = executors(p, mesh, algorithm, local)
@@ -174,10 +217,17 @@ class ShardedArray(Placed):
             try:
                 key = (self.layout, *placements, algorithm, type(self.local))
                 if key not in fast:
-                    fast.put(key, FastEntry(*bind(execs, p), target, execs))
+                    fast.put(key, FastEntry(*bind(execs, p), target, shape, execs))
             except TypeError:  # placements the layout accepted but cannot hash
                 pass
         return ShardedArray.wrap(res, target, mesh)
+
+    def _wrong_shape(self, want: Tuple[int, ...]) -> None:
+        raise ValueError(
+            f"redistribute: the local array has shape {tuple(self.local.shape)}, the layout "
+            f"puts {want} at mesh coords {self.mesh.coords} (was .local replaced by an array "
+            f"of another shape? from_local or ShardedArray(local, layout, mesh) wrap the new "
+            f"array with a layout of its shape)")
 
     def _agree(self, placements: PlacementsArg, sizes: SizesArg, algorithm: str) -> None:
         """Validation mode: every rank must pass the same target (see pyshard._validate)."""
@@ -269,7 +319,7 @@ def from_local(
     local: Any,
     mesh: Mesh,
     placements: PlacementsArg,
-    global_shape: Optional[Sequence[int]] = None,
+    global_shape: Union[int, Sequence[int], None] = None,
     sizes: SizesArg = None,
     validate: bool = False,
 ) -> ShardedArray:
@@ -278,14 +328,22 @@ def from_local(
 
     With ``global_shape`` (and ``sizes`` where the split is not balanced) there is no
     communication at all: every rank must pass the shard the layout gives it, or
-    :class:`ValueError` is raised on the ranks whose shard disagrees. ``validate=True`` adds
-    one Allgather of the local shapes so that every rank raises the same error.
+    :class:`ValueError` (:class:`TypeError` for a non-array or a refused dtype) is raised on
+    the ranks whose shard disagrees. ``validate=True`` adds one Allgather of the local
+    shapes so that every rank raises the same error.
 
     With ``global_shape=None`` the extents are learned with one Allgather of the local
     shapes (the only place pyshard asks other ranks for shapes); mismatches then raise the
     same error on every rank.
+
+    Wherever it communicates (``validate=True``, or ``global_shape=None``), a problem with
+    one rank's ``local`` (not an array, a refused dtype, an ndim the placements do not fit)
+    is carried in that same Allgather: every rank raises the same error, naming the ranks at
+    fault, and none is left waiting.
     """
     mesh = _check_mesh(mesh)
+    if global_shape is None and sizes is not None:  # the same on every rank: no communication
+        raise ValueError("from_local: give sizes only together with global_shape")
     if _validate.enabled:  # the same arguments everywhere; then every shape check agrees
         args = {"placements": repr(placements), "global_shape": repr(global_shape)}
         args["sizes"] = repr(sizes)
@@ -293,45 +351,102 @@ def from_local(
         args["ndim"] = str(getattr(local, "ndim", "?"))
         _validate.agree(mesh.comm, "from_local", args)
         validate = True
-    a = _check_array(local, "local")
-    placements = check_placements(placements, mesh.ndim, a.ndim)
-    if global_shape is None:
-        shapes = _gather_shapes(a, mesh)
-        global_shape, sizes_in = _infer_global(shapes, mesh, placements)
-        if sizes is not None:
-            raise ValueError("from_local: give sizes only together with global_shape")
-        layout = Layout(global_shape, a.dtype, mesh.shape, placements, sizes_in)
+    a: Any = None
+    layout: Optional[Layout] = None
+    if global_shape is not None and not validate:  # no communication: raise here, alone
+        a = _check_array(local, "local")
+        layout = Layout(global_shape, a.dtype, mesh.shape, placements, sizes)
         return ShardedArray(a, layout, mesh)
-    layout = Layout(global_shape, a.dtype, mesh.shape, placements, sizes)
-    if validate:
-        shapes = _gather_shapes(a, mesh)
-        for r, shp in enumerate(shapes):
-            coords = tuple(unravel(r, mesh.shape))
-            want = layout.local_shape(coords)
-            if tuple(shp) != want:
-                raise ValueError(
-                    f"from_local: rank {r} at mesh coords {coords} passed a local array of shape "
-                    f"{tuple(shp)}, but the layout gives it {want}"
-                )
+    # one Allgather follows: this rank's own problems travel in it (raising here would leave
+    # the other ranks waiting in it), and every rank raises the same error after it
+    err: Optional[BaseException] = None
+    pls: Tuple[Any, ...] = ()
+    try:
+        a = _check_array(local, "local")
+        pls = check_placements(placements, mesh.ndim, a.ndim)
+        if global_shape is not None:
+            layout = Layout(global_shape, a.dtype, mesh.shape, pls, sizes)
+        if a.ndim > _MAX_NDIM:
+            raise ValueError(f"from_local: arrays of ndim > {_MAX_NDIM} are not supported "
+                             f"(local has ndim {a.ndim})")
+    except Exception as e:  # noqa: BLE001 (every kind travels; the same type is raised)
+        err = e
+    shapes = _gather_shapes(a, mesh, err)
+    if layout is None:
+        global_shape, sizes_in = _infer_global(shapes, mesh, pls)
+        layout = Layout(global_shape, a.dtype, mesh.shape, pls, sizes_in)
+        return ShardedArray(a, layout, mesh)
+    for r, shp in enumerate(shapes):
+        coords = tuple(unravel(r, mesh.shape))
+        want = layout.local_shape(coords)
+        if tuple(shp) != want:
+            raise ValueError(
+                f"from_local: rank {r} at mesh coords {coords} passed a local array of shape "
+                f"{tuple(shp)}, but the layout gives it {want}"
+            )
     return ShardedArray(a, layout, mesh)
 
 
-def _gather_shapes(a: Any, mesh: Mesh) -> List[Tuple[int, ...]]:
-    # one Allgather of (ndim, itemsize code, extents...) padded to a fixed width of 34 ints
-    width = 34
-    if a.ndim > width - 2:
-        raise ValueError(f"from_local: arrays of ndim > {width - 2} are not supported")
-    mine = [a.ndim, zlib.crc32(_dtypes.name(a.dtype).encode())] + list(a.shape)
-    mine += [0] * (width - len(mine))
+# the row each rank contributes to from_local's one Allgather, in int64s:
+#   an array: [ndim, crc32 of the dtype's name, extents (_MAX_NDIM, zero-padded),
+#              str(dtype) (_NAME_WORDS words of UTF-8, zero-padded)]
+#   an error: [-1 - code (_ERRORS), length of the message in bytes, the message (UTF-8)]
+_MAX_NDIM = 32
+_NAME_WORDS = 4
+_WIDTH = 2 + _MAX_NDIM + _NAME_WORDS
+_ERRORS = (TypeError, ValueError, RuntimeError)
+
+
+def _pack(text: str, words: int) -> Tuple[int, List[int]]:
+    b = text.encode("utf-8")[: 8 * words]
+    return len(b), np.frombuffer(b.ljust(8 * words, b"\0"), "<i8").tolist()
+
+
+def _unpack(n: int, words: Sequence[int]) -> str:
+    return np.asarray(words, "<i8").tobytes()[: max(0, min(int(n), 8 * len(words)))].decode(
+        "utf-8", "replace")
+
+
+def _group(by_rank: List[Tuple[int, str]]) -> str:
+    """'rank 0: a; ranks 1, 2: b' (ranks in order, equal texts together)."""
+    groups: dict = {}
+    for r, text in by_rank:
+        groups.setdefault(text, []).append(r)
+    return "; ".join(("rank " if len(rs) == 1 else "ranks ") + ", ".join(map(str, rs)) + ": "
+                     + text for text, rs in groups.items())
+
+
+def _gather_shapes(a: Any, mesh: Mesh, err: Optional[BaseException] = None
+                   ) -> List[Tuple[int, ...]]:
+    """One Allgather of every rank's local shape, ndim and dtype (or of its error): raises
+    the same error on every rank when a rank had one, or the ranks disagree in ndim or
+    dtype."""
+    if err is None:
+        name = _dtypes.name(a.dtype)
+        mine = [a.ndim, zlib.crc32(name.encode())] + list(a.shape)
+        mine += [0] * (2 + _MAX_NDIM - len(mine))
+        mine += _pack(str(a.dtype), _NAME_WORDS)[1]  # (what the error names)
+    else:
+        code = next((i for i, t in enumerate(_ERRORS) if isinstance(err, t)), 2)
+        n, words = _pack(str(err), _WIDTH - 2)
+        mine = [-1 - code, n] + words
     flat = _core.allgather_i64(mesh.core_comm(tuple(range(mesh.ndim))), mine)
-    rows = [flat[i * width : (i + 1) * width] for i in range(mesh.size)]
-    for r, row in enumerate(rows):
-        if row[0] != a.ndim or row[1] != mine[1]:
+    rows = [flat[i * _WIDTH : (i + 1) * _WIDTH] for i in range(mesh.size)]
+    bad = [(r, row) for r, row in enumerate(rows) if row[0] < 0]
+    if bad:
+        exc = _ERRORS[min(-1 - bad[0][1][0], 2)]
+        where = _group([(r, _unpack(row[1], row[2:])) for r, row in bad])
+        raise exc(f"from_local: refused on {where} (every rank raises this)") from err
+    for what, col in (("ndim", 0), ("dtype", 1)):
+        if any(row[col] != rows[0][col] for row in rows):
+            have = _group([(r, str(row[0]) if col == 0
+                            else _unpack(8 * _NAME_WORDS, row[2 + _MAX_NDIM :]).rstrip("\0"))
+                           for r, row in enumerate(rows)])
             raise ValueError(
-                f"from_local: local arrays disagree in ndim or dtype across ranks (rank {r} has "
-                f"ndim {row[0]}); every rank must pass the same ndim and dtype"
+                f"from_local: the local arrays disagree in {what} across ranks ({have}); every "
+                f"rank must pass the same ndim and dtype"
             )
-    return [tuple(row[2 : 2 + a.ndim]) for row in rows]
+    return [tuple(row[2 : 2 + rows[0][0]]) for row in rows]
 
 
 def _infer_global(shapes: List[Tuple[int, ...]], mesh: Mesh, placements: Sequence) -> tuple:

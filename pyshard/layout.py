@@ -81,6 +81,9 @@ class Partial(Placement):
         return f"P({self.op})"
 
 
+# the placements a layout takes: exactly these (a subclass pyshard defines goes here too)
+_KINDS = (Shard, Replicate, Partial)
+
 # ----------------------------------------------------------------------------- split rules
 
 _RULES = ("balanced", "chunk")
@@ -195,7 +198,8 @@ def check_placements(placements: object, ndim_mesh: int, ndim_array: int) -> Tup
         )
     out = []
     for i, p in enumerate(placements):
-        if not isinstance(p, Placement):
+        # exact types: the bare base class, or a class of the caller's, would act as Replicate
+        if type(p) not in _KINDS:
             raise TypeError(
                 f"placements[{i}] must be Shard(dim), Replicate() or Partial(op), got {p!r}"
             )
@@ -232,9 +236,9 @@ class Layout:
 
     def __init__(
         self,
-        shape: Sequence[int],
+        shape: Union[int, Sequence[int]],
         dtype: object,
-        mesh_shape: Sequence[int],
+        mesh_shape: Union[int, Sequence[int]],
         placements: Sequence[Placement],
         sizes: SizesArg = None,
         rule: str = "balanced",
@@ -265,6 +269,9 @@ class Layout:
             offs = tuple(int(x) for x in np.concatenate(([0], np.cumsum(ext)[:-1])))
             table.append((mdims, tuple(ext), offs))
         self.table = tuple(table)
+        self._identify()
+
+    def _identify(self) -> None:
         self._key = (
             self.shape,
             _dtypes.name(self.dtype),  # dtype.str is "<V1" for every float8 format
@@ -273,6 +280,15 @@ class Layout:
             self.table,
         )
         self._hash = hash(self._key)
+
+    # -- pickling (mpi4py's bcast pickles): never the cached hash, which hashes strings and so
+    # differs between processes (PYTHONHASHSEED); the receiver computes its own
+    def __getstate__(self) -> tuple:
+        return (self.shape, self.dtype, self.mesh_shape, self.placements, self.table)
+
+    def __setstate__(self, state: tuple) -> None:
+        self.shape, self.dtype, self.mesh_shape, self.placements, self.table = state
+        self._identify()
 
     # -- identity
     def __eq__(self, other: object) -> bool:
@@ -336,7 +352,17 @@ class Layout:
         return Layout(self.shape, self.dtype, self.mesh_shape, placements, sizes)
 
     def _check_coords(self, coords: Sequence[int]) -> Tuple[int, ...]:
-        coords = tuple(int(c) for c in coords)
+        """``coords`` as a tuple of ints inside the mesh: integers only (numpy's too), never a
+        float, a string or a bool, which ``int()`` would silently turn into some rank's."""
+        try:
+            coords = tuple(coords)
+        except TypeError:
+            raise TypeError(f"coords must be a sequence of ints, got {coords!r}") from None
+        if not all(type(c) is int for c in coords):  # (the common case costs one pass)
+            for c in coords:
+                if isinstance(c, (bool, np.bool_)) or not isinstance(c, numbers.Integral):
+                    raise TypeError(f"coords must be ints, got {coords!r}")
+            coords = tuple(int(c) for c in coords)
         if len(coords) != len(self.mesh_shape) or any(
             not 0 <= c < m for c, m in zip(coords, self.mesh_shape)
         ):

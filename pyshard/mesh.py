@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numbers
 from math import prod
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 from mpi4py import MPI
 
@@ -25,7 +25,8 @@ class Mesh:
     """
 
     def __init__(
-        self, comm: MPI.Comm, shape: Sequence[int], names: Optional[Sequence[str]] = None
+        self, comm: MPI.Comm, shape: Union[int, Sequence[int]],
+        names: Union[str, Sequence[str], None] = None,
     ) -> None:
         if not isinstance(comm, MPI.Intracomm):
             raise TypeError(
@@ -33,7 +34,7 @@ class Mesh:
                 f"got {type(comm).__name__}"
             )
         if isinstance(shape, numbers.Integral) and not isinstance(shape, bool):
-            shape = (shape,)
+            shape = (int(shape),)
         if not isinstance(shape, (tuple, list)) or not shape:
             raise TypeError(f"Mesh(shape): expected a non-empty tuple of ints, got {shape!r}")
         for s in shape:
@@ -64,6 +65,7 @@ class Mesh:
         ):
             raise ValueError(f"Mesh(names): need {len(self.shape)} distinct strings, got {names!r}")
         self.names: Tuple[str, ...] = names
+        self._freed = False  # free() was called: check_live raises
         self.comm: MPI.Cartcomm = comm.Create_cart(
             dims=list(self.shape), periods=[False] * len(self.shape), reorder=False
         )
@@ -116,11 +118,15 @@ class Mesh:
         """The sub-communicator along one mesh dim (collective over the mesh on first use)."""
         return self.sub_dims((self._dim(dim),))
 
-    def sub_dims(self, dims: Sequence[object]) -> MPI.Comm:
-        """The sub-communicator spanning several mesh dims (ranks row-major over them)."""
+    def sub_dims(self, dims: Union[str, Sequence[object]]) -> MPI.Comm:
+        """The sub-communicator spanning several mesh dims (ranks row-major over them); a
+        plain string is one dim's name, never its characters."""
+        if isinstance(dims, str):
+            dims = (dims,)
         key = tuple(sorted(self._dim(d) for d in dims))
         c = self._subs.get(key)
         if c is None:
+            self.check_live()
             c = self.comm.Sub([d in key for d in range(self.ndim)])
             self._subs[key] = c
         return c
@@ -130,6 +136,7 @@ class Mesh:
         dims = tuple(sorted(dims))
         c = self._core_comms.get(dims)
         if c is None:
+            self.check_live()
             c = _core.Comm(self.sub_dims(dims).py2f())
             self._core_comms[dims] = c
         return c
@@ -159,6 +166,15 @@ class Mesh:
         m = self._node_map
         return {r: m.group(r) for r in m.members(tuple(self._dim(d) for d in dims))}
 
+    def check_live(self) -> None:
+        """RuntimeError if :meth:`free` released this mesh's communicators (before any MPI
+        call on them, which would fail with the MPI library's own message)."""
+        if self._freed:
+            raise RuntimeError(
+                f"this mesh was freed (Mesh.free()): {self!r} has no communicators left; "
+                f"make a new Mesh"
+            )
+
     def free(self) -> None:
         """Release the communicators this mesh created (collective over the mesh).
 
@@ -176,6 +192,7 @@ class Mesh:
         self._subs.clear()
         if self.comm != MPI.COMM_NULL:
             self.comm.Free()
+        self._freed = True
 
     def __repr__(self) -> str:
         dims = ", ".join(f"{n}={s}" for n, s in zip(self.names, self.shape))

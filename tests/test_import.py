@@ -186,3 +186,14 @@ def test_the_shadow_check_fails_where_it_should(tmp_path, monkeypatch):
     import importlib
 
     assert shadowed(importlib.import_module("shadowpkg")) == ["plan"]
+
+
+def test_redistribute_overloads_type_the_result_by_wait():
+    """``x.redistribute(...)`` types as ShardedArray, ``wait=False`` as Pending (mypy)."""
+    import typing
+
+    from pyshard.array import ShardedArray
+
+    hints = [typing.get_type_hints(f)["return"]
+             for f in typing.get_overloads(ShardedArray.redistribute)]
+    assert hints[:2] == [ShardedArray, pyshard.Pending]

@@ -558,3 +558,73 @@ def test_layout_derived_facts():
     assert "S(1), P(max), S(0)" in repr(layout) and "2x3x2" in repr(layout)
     # repr names uneven sizes
     assert "sizes={0: (5, 4)}" in repr(layout)
+
+
+@pytest.mark.parametrize(
+    "coords, exc",
+    [((0.9, 2.7), TypeError), ((1.0, 0), TypeError), (("1", "2"), TypeError),
+     ((True, False), TypeError), ((np.bool_(True), 0), TypeError), (1, TypeError),
+     ("12", TypeError), ((np.float64(1), 0), TypeError), ((2, 0), ValueError)],
+)
+def test_box_takes_integer_coords_only(coords, exc):
+    """int() would make (0.9, 2.7) the box of (0, 2), True that of 1: refused instead."""
+    layout = Layout((10, 6), "float32", (2, 3), [Shard(0), Shard(1)])
+    with pytest.raises(exc, match="coords"):
+        layout.box(coords)
+    with pytest.raises(exc, match="coords"):
+        layout.local_shape(coords)
+
+
+def test_box_takes_numpy_integer_coords():
+    layout = Layout((10, 6), "float32", (2, 3), [Shard(0), Shard(1)])
+    want = layout.box((1, 2))
+    assert layout.box((np.int64(1), np.int32(2))) == want == layout.box([1, np.uint8(2)])
+    assert layout.box(np.array([1, 2])) == want
+    assert layout.local_shape((np.int16(1), 2)) == (5, 2)
+
+
+def test_placements_only_the_three_kinds():
+    """The bare base class and a caller's subclass would act as Replicate: refused."""
+    from pyshard.layout import Placement
+
+    class Mine(Placement):
+        pass
+
+    class MyShard(Shard):
+        pass
+
+    for bad in (Placement(), Mine(), MyShard(0)):
+        with pytest.raises(TypeError, match=r"placements\[0\] must be Shard"):
+            Layout((4,), "float32", (2,), [bad])
+
+
+_PICKLED_LAYOUT = """
+import pickle, sys
+import numpy as np
+from pyshard.layout import Layout, Partial, Replicate, Shard
+lay = Layout((10, 6), np.float32, (2, 3), [Shard(0), Partial("max")], sizes={0: [7, 3]})
+sys.stdout.buffer.write(pickle.dumps([lay, hash(lay)]))
+"""
+
+
+def test_unpickled_layout_hash_is_this_process(tmp_path):
+    """The hash of a layout hashes strings (seeded per process): a layout pickled in another
+    process (mpi4py's bcast pickles) must hash as an equal one built here, or dicts, sets and
+    the plan cache miss it."""
+    import os
+    import pickle
+    import subprocess
+    import sys
+
+    here = Layout((10, 6), np.float32, (2, 3), [Shard(0), Partial("max")], sizes={0: [7, 3]})
+    seen = set()
+    for seed in ("1", "2", "3"):
+        env = dict(os.environ, PYTHONHASHSEED=seed)
+        blob = subprocess.run([sys.executable, "-c", _PICKLED_LAYOUT], env=env, check=True,
+                              capture_output=True).stdout
+        got, their_hash = pickle.loads(blob)
+        seen.add(their_hash)
+        assert got == here and hash(got) == hash(here)
+        assert got in {here} and {here: 1}[got] == 1
+        assert got.box((1, 2)) == here.box((1, 2))
+    assert len(seen) > 1  # (the seeds did change the hash: the test tests something)

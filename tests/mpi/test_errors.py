@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 from oracle import make_global
@@ -139,12 +141,117 @@ def test_from_local_errors(comm, mesh):
             ps.from_local(bad2, mesh, [Shard(0)])
     bad3 = np.zeros((2, 3) if r != p - 1 else (2, 3, 1))
     if p > 1:
-        with pytest.raises(ValueError, match="disagree in ndim or dtype"):
+        with pytest.raises(ValueError, match="disagree in ndim"):
             ps.from_local(bad3, mesh, [Shard(0)])
     bad4 = np.zeros((2, 3), np.float32 if r == 0 else np.float64)
     if p > 1:
-        with pytest.raises(ValueError, match="disagree in ndim or dtype"):
+        with pytest.raises(ValueError, match="disagree in dtype"):
             ps.from_local(bad4, mesh, [Shard(0)])
+
+
+def _same_error_everywhere(comm, exc, fn, *needles):
+    """fn() raises exc on this rank with the same text as on every other rank."""
+    with pytest.raises(exc) as e:
+        fn()
+    msg = str(e.value)
+    assert comm.allgather(msg) == [msg] * comm.size, msg
+    for n in needles:
+        assert n in msg, msg
+    return msg
+
+
+@pytest.mark.parametrize("case", ["ndim", "list", "object", "ndim>32"])
+@pytest.mark.parametrize("how", ["validate", "infer"])
+def test_from_local_one_bad_rank_raises_everywhere(comm, mesh, case, how):
+    """One rank's local array is refused (the placements do not fit its ndim, a list, an
+    object dtype): where from_local communicates, that rank must not raise alone before the
+    Allgather (the others would wait in it); every rank raises the same error naming it."""
+    p, r = comm.size, comm.rank
+    good = np.zeros((2, 2))
+    bad = {"ndim": np.zeros(2), "list": [[0.0, 0.0], [0.0, 0.0]],
+           "object": np.zeros((2, 2), object), "ndim>32": np.zeros((1,) * 33)}[case]
+    local = bad if r == p - 1 else good
+    kw = {"global_shape": (2, 2 * p), "validate": True} if how == "validate" else {}
+    exc = TypeError if case in ("list", "object") else ValueError
+    what = {"ndim": "out of range for an array of ndim 1", "list": "got list",
+            "object": "dtype object", "ndim>32": "ndim > 32"}[case]
+    _same_error_everywhere(comm, exc, lambda: ps.from_local(local, mesh, [Shard(1)], **kw),
+                           f"rank {p - 1}:", what)
+    # and the mesh is still in step: a good call works
+    x = ps.from_local(good, mesh, [Shard(1)], **kw)
+    assert x.global_shape == (2, 2 * p)
+
+
+@pytest.mark.mpi(min_size=2)
+def test_from_local_disagreement_names_what_differs(comm, mesh):
+    p, r = comm.size, comm.rank
+    dt = np.float32 if r == p - 1 else np.float64
+    for kw in ({}, {"global_shape": (2 * p, 3), "validate": True}):
+        msg = _same_error_everywhere(
+            comm, ValueError, lambda kw=kw: ps.from_local(np.zeros((2, 3), dt), mesh, [Shard(0)],
+                                                          **kw),
+            "disagree in dtype", "float32", "float64", f"rank {p - 1}: float32")
+        assert "ndim" not in msg.split("(")[0], msg
+    local = np.zeros((2, 3) if r != p - 1 else (2, 3, 1))
+    _same_error_everywhere(comm, ValueError, lambda: ps.from_local(local, mesh, [Shard(0)]),
+                           "disagree in ndim", f"rank {p - 1}: 3")
+
+
+def test_from_local_sizes_without_global_shape_before_communicating(mesh):
+    no_comm(lambda: ps.from_local(np.zeros((2, 3)), mesh, [Shard(0)], sizes={0: [2] * mesh.size}),
+            ValueError, "sizes only together with global_shape")
+
+
+def test_replaced_local_of_another_shape(comm, mesh):
+    """.local replaced by an array of its dtype but another shape: refused on the first call
+    and on the fast path, for plans with an exchange, a local copy or no step at all."""
+    g = make_global((8, 4), "float64")
+    for src, tgt in [([Replicate()], [Shard(0)]), ([Shard(0)], [Shard(1)]),
+                     ([Shard(0)], [Shard(0)]), ([Replicate()], [Replicate()])]:
+        for warm in (False, True):
+            x = ps.distribute(g, mesh, src)
+            if warm:
+                for _ in range(3):
+                    x.redistribute(tgt)
+            x.local = np.zeros((1, 1))
+            for _ in range(2):
+                with pytest.raises(ValueError, match=r"local array has shape \(1, 1\)"):
+                    x.redistribute(tgt)
+            with pytest.raises(ValueError, match="layout puts"):
+                x.redistribute(tgt, wait=False)
+            want = x.layout.local_shape(mesh.coords)
+            with pytest.raises(ValueError, match=re.escape(f"the layout puts {want}")):
+                x.redistribute(tgt)
+
+
+def test_sharded_array_checks_the_mesh_shape(comm):
+    mesh = ps.Mesh(comm, (comm.size, 1))
+    lay = ps.Layout((4, 3), "float64", (comm.size,), [Replicate()])
+    with pytest.raises(ValueError, match="mesh of shape"):
+        ps.ShardedArray(np.zeros((4, 3)), lay, mesh)
+
+
+def test_sub_dims_takes_a_name(comm):
+    m = ps.Mesh(comm, (1, comm.size), names=("dp", "tp"))
+    assert m.sub_dims("tp") is m.sub_dims(("tp",)) is m.sub("tp")
+    assert m.sub_dims("tp").Get_size() == comm.size
+    with pytest.raises(ValueError, match="no dim named 'dptp'"):
+        m.sub_dims("dptp")
+
+
+def test_freed_mesh_says_so(comm):
+    m = ps.Mesh(comm, (comm.size,))
+    x = ps.distribute(make_global((5, 3), "float64"), m, [Shard(0)])
+    for _ in range(2):
+        x.redistribute([Shard(1)])
+    m.free()
+    for fn in (lambda: x.redistribute([Shard(1)]), lambda: x.redistribute([Replicate()]),
+               lambda: x.redistribute([Shard(0)]),
+               lambda: ps.from_local(x.local, m, [Shard(0)]),
+               lambda: ps.from_local(x.local, m, [Shard(0)], global_shape=(5, 3), validate=True),
+               lambda: m.sub(0), lambda: m.core_comm((0,))):
+        no_comm(fn, RuntimeError, r"this mesh was freed \(Mesh.free\(\)\)")
+    m.free()  # twice: nothing left to free
 
 
 def test_mesh_free(comm):
