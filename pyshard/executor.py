@@ -150,7 +150,8 @@ class _Reduction(_Step):
         comm, ws = mesh.core_comm(step.mesh_dims), mesh.cache.workspace
         rdt = accumulator(step.src.dtype)
         self.upcast = rdt if rdt != step.src.dtype else None
-        self.scale = 1.0 / prod(step.group_shape) if step.op == "avg" else None
+        # the divisor (sum / n, as numpy's mean: sum * (1 / n) rounds twice, 0.7 -> 0.69..98)
+        self.scale = prod(step.group_shape) if step.op == "avg" else None
         self.direct = self.upcast is None and self.scale is None
         op = getattr(_core.ReduceOp, _reduce_op(step.src.dtype, step.op))
         shm, tr = self.route.path == "shm", core_transport(self.route)
@@ -180,7 +181,7 @@ class _Reduction(_Step):
             res = out if out is not None else xp.empty(self.out_shape, dtype=local.dtype)
         self._call(src, res)
         if self.scale is not None:
-            res *= res.dtype.type(self.scale)
+            res /= res.dtype.type(self.scale)
         if self.upcast is not None:  # one rounding, to nearest even, after the last reduction
             if self.wide:
                 return res
@@ -208,7 +209,8 @@ class _LocalCopy(_Step):
 
 
 class _Relabel(_Step):
-    """``relabel``: the same local array under other placements (no communication)."""
+    """``relabel``: the same local array under other placements (no communication; a plan of
+    relabels alone copies it at the end, :func:`_steps`)."""
 
     __slots__ = ()
 
@@ -372,6 +374,8 @@ def _steps(execs: list, local: Any, out: Optional[Any]) -> Any:
     last = len(execs) - 1
     for i, e in enumerate(execs):
         res = e.run(res, out if i == last else None)
+    if res is local:  # relabels alone: only a redistribution to the same layout shares memory
+        res = bk.xp_of(local).array(local, order="C", copy=True)
     return res
 
 

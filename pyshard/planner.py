@@ -485,8 +485,22 @@ def plan(src: Layout, dst: Layout) -> Plan:
         return Plan(src, dst, ())
 
     # 1. reduce the source's Partial mesh dims that the target does not keep
+    # Mesh dims with different ops reduce in mesh-dim order (dim 0 first: max over dim 0 of
+    # sums over dim 1 is not the sum of the maxima), whatever the target: an allreduce waits
+    # for later dims of its own op only, and goes before a later dim's other op.
     pending = [m for m in cur.partial_mesh_dims() if cur.placements[m] != dst.placements[m]]
     allreduce: Dict[str, List[int]] = {}
+
+    def flush(before: Optional[str]) -> None:  # the allreduces of ops other than `before`
+        nonlocal cur
+        for op in [o for o in allreduce if o != before]:
+            mid_pl = list(cur.placements)
+            for m in allreduce[op]:
+                mid_pl[m] = Replicate()
+            mid = _mid(cur, mid_pl)
+            steps.append(Step("allreduce", tuple(sorted(allreduce.pop(op))), cur, mid, op))
+            cur = mid
+
     for m in pending:
         op = cur.placements[m].op
         tp = dst.placements[m]
@@ -497,6 +511,7 @@ def plan(src: Layout, dst: Layout) -> Plan:
             steps.append(Step("relabel", (m,), cur, mid))
             cur = mid
         elif not isinstance(tp, (Replicate, Partial)) and _rs_dim(cur, tp) is not None:
+            flush(op)
             d = _rs_dim(cur, tp)
             mid_pl = list(cur.placements)
             mid_pl[m] = Shard(d)
@@ -506,14 +521,9 @@ def plan(src: Layout, dst: Layout) -> Plan:
             steps.append(Step("reduce_scatter", (m,), cur, mid, op))
             cur = mid
         else:
+            flush(op)
             allreduce.setdefault(op, []).append(m)
-    for op, dims in allreduce.items():
-        mid_pl = list(cur.placements)
-        for m in dims:
-            mid_pl[m] = Replicate()
-        mid = _mid(cur, mid_pl)
-        steps.append(Step("allreduce", tuple(sorted(dims)), cur, mid, op))
-        cur = mid
+    flush(None)
 
     # 2. exchange to the target with its new Partial dims read as Replicate
     post = [

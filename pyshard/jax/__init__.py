@@ -226,7 +226,7 @@ def _apply(local: Any, src: Layout, dst: Layout, mesh: Mesh, algorithm: str) -> 
                 x = x.astype(dt)
             x = run_step(x, s, mesh, algorithm, s.dst.local_shape(coords))
             if s.op == "avg":
-                x = x * np.asarray(1.0 / prod(s.group_shape), dt)
+                x = x / np.asarray(prod(s.group_shape), dt)  # (as numpy's mean: one rounding)
             nxt = p.steps[i + 1].kind if i + 1 < len(p.steps) else None
             if nxt not in REDUCTIONS and np.dtype(x.dtype) != s.dst.dtype:
                 x = x.astype(s.dst.dtype)

@@ -73,13 +73,13 @@ def make_global_box(shape, dtype, box, seed=0):
 
 
 def reduce_once(stack, op, dtype):
-    """pyshard's rule for bfloat16 and float8: accumulate in float32 (sum; avg scales the
-    sum by float32(1/n)), round once to ``dtype``, to nearest even."""
+    """pyshard's rule for bfloat16 and float8: accumulate in float32 (sum; avg divides the
+    sum by n, as numpy's mean), round once to ``dtype``, to nearest even."""
     f = stack.astype(np.float32)
     if op == "sum":
         r = f.sum(axis=0)
     elif op == "avg":
-        r = f.sum(axis=0) * np.float32(1.0 / len(stack))
+        r = f.sum(axis=0) / np.float32(len(stack))
     elif op == "max":
         r = f.max(axis=0)
     else:

@@ -334,3 +334,54 @@ def test_cached_redistribute_builds_nothing(comm, monkeypatch):
         monkeypatch.undo()
         assert "Layout" in calls
         calls.clear()
+
+
+@pytest.mark.parametrize("ops", [("max", "sum"), ("sum", "max"), ("min", "sum"),
+                                 ("avg", "max")])
+def test_mixed_partial_ops_reduce_in_mesh_dim_order(comm, ops):
+    """Partial mesh dims of different ops reduce in mesh-dim order (dim 0 first), whatever
+    the target: one source, one global array (an allreduce deferred past a later dim's
+    reduce_scatter gave [R, S(0)] the sum of the maxima, [R, R] the maximum of the sums)."""
+    if comm.size != 4:
+        pytest.skip("a 2x2 mesh")
+    mesh = ps.Mesh(comm, (2, 2))
+    shape = (4, 6)
+    i, j = mesh.coords
+    parts = {(a, b): make_global(shape, "float64", seed=7 + 2 * a + b) for a in (0, 1)
+             for b in (0, 1)}
+    red = {"sum": np.sum, "max": np.max, "min": np.min, "avg": np.mean}
+    inner = [red[ops[0]](np.stack([parts[(0, b)], parts[(1, b)]]), axis=0) for b in (0, 1)]
+    ref = red[ops[1]](np.stack(inner), axis=0)
+    x = ps.from_local(parts[(i, j)], mesh, [Partial(ops[0]), Partial(ops[1])],
+                      global_shape=shape)
+    for dst in ([R, R], [R, S(0)], [S(0), R], [S(0), S(1)], [R, S(1)], [S(1), S(0)]):
+        y = x.redistribute(dst)
+        np.testing.assert_array_equal(y.local, ref[y.box], err_msg=f"{ops} -> {dst}")
+    mesh.free()
+
+
+def test_avg_divides_as_numpy_mean(comm):
+    """Partial("avg") is the sum divided by the count (numpy's mean), not the sum times the
+    reciprocal (two roundings: 0.7 came back as 0.6999999999999998)."""
+    mesh = ps.Mesh(comm, (comm.size,))
+    g = np.array([0.1, 0.7, 1.3, 2.9, 5.0, 1 / 3], dtype=np.float64)
+    for dtype in (np.float64, np.float32):
+        a = g.astype(dtype)
+        y = ps.distribute(a, mesh, [Partial("avg")]).redistribute([R])
+        np.testing.assert_array_equal(y.local, np.mean(np.stack([a] * comm.size), axis=0))
+    mesh.free()
+
+
+def test_only_the_same_layout_shares_memory(comm):
+    """A redistribution to another layout returns new memory, a relabel too (a Partial mesh
+    dim of size 1 read as Replicate): writing into the result leaves the source alone."""
+    mesh = ps.Mesh(comm, (1, comm.size))
+    g = make_global((2 * comm.size, 3), "float64")
+    x = ps.from_local(g[x_box := ps.Layout(g.shape, g.dtype, (1, comm.size), [R, S(0)]).box(
+        mesh.coords)].copy(), mesh, [Partial("sum"), S(0)], global_shape=g.shape)
+    y = x.redistribute([R, S(0)])
+    assert y.local.size == 0 or not np.shares_memory(y.local, x.local)
+    y.local[...] = -1
+    np.testing.assert_array_equal(x.local, g[x_box])
+    assert x.redistribute([Partial("sum"), S(0)]).local is x.local  # the same layout: shared
+    mesh.free()
