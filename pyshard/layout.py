@@ -387,6 +387,11 @@ def _check_reductions(placements: Sequence[Placement], dtype: np.dtype) -> None:
             raise ValueError(
                 f"placements[{m}] = Partial({p.op!r}) is undefined for complex dtype {dtype}"
             )
+        if not dtype.isnative:  # (MPI's and the node path's reductions read native values)
+            raise ValueError(
+                f"placements[{m}] = Partial({p.op!r}) needs a dtype in this machine's byte "
+                f"order, got {dtype.str}: convert first, a.astype(a.dtype.newbyteorder('='))"
+            )
 
 
 def _nested_split(n: int, parts: Sequence[int], rule: str) -> Tuple[int, ...]:

@@ -628,3 +628,17 @@ def test_unpickled_layout_hash_is_this_process(tmp_path):
         assert got in {here} and {here: 1}[got] == 1
         assert got.box((1, 2)) == here.box((1, 2))
     assert len(seen) > 1  # (the seeds did change the hash: the test tests something)
+
+
+@pytest.mark.parametrize("dtype", [">f8", ">i4", ">c16", "<f8" if np.little_endian else ">f8"])
+def test_partial_needs_native_byte_order(dtype):
+    """A Partial of a byte-swapped dtype is refused (MPI's and the node path's reductions
+    read native values: a >i4 sum gave -33554454 for -24); moving such data is fine."""
+    dt = np.dtype(dtype)
+    shape = (6, 4)
+    if dt.isnative:
+        Layout(shape, dt, (2,), [Partial("sum")])
+        return
+    with pytest.raises(ValueError, match="byte order"):
+        Layout(shape, dt, (2,), [Partial("sum")])
+    Layout(shape, dt, (2,), [Shard(0)])  # no reduction: accepted
