@@ -862,8 +862,8 @@ def test_rows_that_differ_between_ranks(method):
     try:
         # shm: each owner's rows for a reader 32 x 504 bytes more than it expects (past any
         # page of slack); by messages 2 columns against 1, within the eager limit: a longer
-        # message past it (a rendezvous) crashed Open MPI 5.0.11 inside MPI_Wait's error
-        # path, ompi_errhandler_request_invoke (a library fault; MPICH raises)
+        # message past it (a rendezvous) crashed Open MPI 4.1.4 and 5.0.11 (MPI_Wait's error
+        # path; plain mpi4py too: a library fault, MPICH and Intel MPI raise)
         n = 32 * P
         w = (64 if method == "shm" else 2) if me == P - 1 else 1
         rows = np.arange(32 * me, 32 * me + 32, dtype=np.float64)
