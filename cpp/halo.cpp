@@ -96,15 +96,28 @@ inline void combine_run(char* o, const char* s, i64 n, F f) {
 
 // Short runs of a fixed length (the periodic wrap of a thin face: a few elements per run)
 // with a constant trip count, as copy_host's fixed-size copies (box.h).
+// N elements at o combined with those at s: through typed pointers where both are aligned
+// (the compiler keeps them in registers: through the memcpy'd local arrays below it stored
+// and reloaded each one on the stack, about half a 2-D w4 fold's time), else by memcpy.
+template <class T, i64 N, class F>
+inline void combine_n(char* o, const char* s, F f) {
+  if ((reinterpret_cast<std::uintptr_t>(o) | reinterpret_cast<std::uintptr_t>(s)) %
+          alignof(T) == 0) {
+    T* __restrict po = reinterpret_cast<T*>(o);
+    const T* __restrict ps = reinterpret_cast<const T*>(s);
+    for (i64 k = 0; k < N; ++k) po[k] = f(po[k], ps[k]);
+    return;
+  }
+  T a[N], v[N];
+  std::memcpy(a, o, sizeof a);
+  std::memcpy(v, s, sizeof v);
+  for (i64 k = 0; k < N; ++k) a[k] = f(a[k], v[k]);
+  std::memcpy(o, a, sizeof a);
+}
+
 template <class T, i64 N, class F>
 inline void combine_runs_of(const CopyDesc& d, const char* src, char* dst, F f) {
-  for_each_run(d, [&](i64 so, i64 to) {
-    T a[N], v[N];
-    std::memcpy(a, dst + to, sizeof a);
-    std::memcpy(v, src + so, sizeof v);
-    for (i64 k = 0; k < N; ++k) a[k] = f(a[k], v[k]);
-    std::memcpy(dst + to, a, sizeof a);
-  });
+  for_each_run(d, [&](i64 so, i64 to) { combine_n<T, N>(dst + to, src + so, f); });
 }
 
 template <class T, class F>
@@ -198,11 +211,7 @@ void combine_together_n(const CopyDesc* const* ds, size_t k, const char* src, ch
       char* o = dst + to + delta[j][1];
       const char* s = src + so + delta[j][0];
       if constexpr (N > 0) {
-        T a[N], v[N];
-        std::memcpy(a, o, sizeof a);
-        std::memcpy(v, s, sizeof v);
-        for (i64 e = 0; e < N; ++e) a[e] = f(a[e], v[e]);
-        std::memcpy(o, a, sizeof a);
+        combine_n<T, N>(o, s, f);
       } else {
         combine_run<T>(o, s, n, f);
       }
