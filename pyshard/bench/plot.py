@@ -190,8 +190,6 @@ def _plot_scaling(rows: List[Dict], plt: Any, ideal: str, extra: int = 0) -> Any
     """One panel per case: time per call against ranks, one line per algorithm, the floor
     (the fastest raw MPI collective at each rank count) and the ideal line; ``extra`` more
     panels at the end (returned after the cases' own)."""
-    from matplotlib.ticker import FuncFormatter, LogLocator
-
     best = best_rows(rows)
     cases = _plot_case_order(sorted({c for c, _, _ in best}))
     fig, axes = _plot_grid(len(cases) + extra, plt, (3.9, 3.4), 0.75)
@@ -232,19 +230,27 @@ def _plot_scaling(rows: List[Dict], plt: Any, ideal: str, extra: int = 0) -> Any
         xs, ys, label = ideal_line(best, case, ideal)
         if xs:
             ax.plot(xs, [y * scale for y in ys], ":", color="k", lw=1.4, label=label)
-        ax.set_xscale("log", base=2)
-        ax.set_yscale("log")
-        ax.set_xticks(ranks_all, [str(n) for n in ranks_all], fontsize=8)
-        ax.minorticks_off()
-        ax.yaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
-        ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
-        ax.tick_params(axis="y", labelsize=7)
-        ax.set_xlabel("ranks", fontsize=8)
-        ax.set_ylabel(f"time per call ({unit}, log)", fontsize=8)
         r0 = best[next(k for k in best if k[0] == case)]
-        ax.set_title(f"{case}  ({r0.get('collective', '')})", fontsize=9)
-        ax.grid(alpha=0.3, which="both")
+        _log_axes(ax, ranks_all, f"time per call ({unit}, log)",
+                  f"{case}  ({r0.get('collective', '')})")
     return fig, axes
+
+
+def _log_axes(ax: Any, ranks_all: List[int], ylabel: str, title: str) -> None:
+    """One panel's axes: ranks (log 2) against time (log 10), labelled and gridded."""
+    from matplotlib.ticker import FuncFormatter, LogLocator
+
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xticks(ranks_all, [str(n) for n in ranks_all], fontsize=8)
+    ax.minorticks_off()
+    ax.yaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+    ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+    ax.tick_params(axis="y", labelsize=7)
+    ax.set_xlabel("ranks", fontsize=8)
+    ax.set_ylabel(ylabel, fontsize=8)
+    ax.set_title(title, fontsize=9)
+    ax.grid(alpha=0.3, which="both")
 
 
 PLOTTED_EXTRA = ("halo", "stencil", "fft", "fft3d")
@@ -312,8 +318,6 @@ def extra_points(rows: List[Dict]) -> Points:
 
 def _plot_extra(pts: Points, axes: Sequence[Any], plt: Any) -> None:
     """One panel per entry of :func:`extra_points`: time against ranks, one line a series."""
-    from matplotlib.ticker import FuncFormatter, LogLocator
-
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     for ax, panel in zip(axes, sorted(pts)):
         series = pts[panel]
@@ -324,17 +328,7 @@ def _plot_extra(pts: Points, axes: Sequence[Any], plt: Any) -> None:
             style = "s--" if name.startswith("floor") else "o-"
             ax.plot(xs, [d[x] * scale for x in xs], style, color=colors[j % len(colors)],
                     label=name, lw=1.5, ms=4)
-        ax.set_xscale("log", base=2)
-        ax.set_yscale("log")
-        ax.set_xticks(ranks_all, [str(n) for n in ranks_all], fontsize=8)
-        ax.minorticks_off()
-        ax.yaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
-        ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
-        ax.tick_params(axis="y", labelsize=7)
-        ax.set_xlabel("ranks", fontsize=8)
-        ax.set_ylabel(f"time ({unit}, log)", fontsize=8)
-        ax.set_title(panel, fontsize=9)
-        ax.grid(alpha=0.3, which="both")
+        _log_axes(ax, ranks_all, f"time ({unit}, log)", panel)
         ax.legend(fontsize=6, loc="best")
 
 
