@@ -362,13 +362,18 @@ def test_mixed_partial_ops_reduce_in_mesh_dim_order(comm, ops):
 
 def test_avg_divides_as_numpy_mean(comm):
     """Partial("avg") is the sum divided by the count (numpy's mean), not the sum times the
-    reciprocal (two roundings: 0.7 came back as 0.6999999999999998)."""
-    mesh = ps.Mesh(comm, (comm.size,))
-    g = np.array([0.1, 0.7, 1.3, 2.9, 5.0, 1 / 3], dtype=np.float64)
+    reciprocal (two roundings: 0.7 x 3 came back as 0.6999999999999998). Integer
+    contributions, so that every order of the sum is exact, with totals where the two
+    differ (none where the count is a power of 2: its reciprocal is exact)."""
+    P = comm.size
+    mesh = ps.Mesh(comm, (P,))
     for dtype in (np.float64, np.float32):
-        a = g.astype(dtype)
-        y = ps.distribute(a, mesh, [Partial("avg")]).redistribute([R])
-        np.testing.assert_array_equal(y.local, np.mean(np.stack([a] * comm.size), axis=0))
+        t = dtype
+        apart = [s for s in range(P, 200 * P) if t(t(s) * t(1.0 / P)) != t(s) / t(P)]
+        totals = np.array(((apart or [P]) * 6)[:6], dtype)
+        mine = np.ones(6, dtype) if comm.rank < P - 1 else totals - (P - 1)
+        x = ps.from_local(mine, mesh, [Partial("avg")], global_shape=(6,))
+        np.testing.assert_array_equal(x.redistribute([R]).local, totals / t(P))
     mesh.free()
 
 
