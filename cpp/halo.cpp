@@ -94,8 +94,6 @@ inline void combine_run(char* o, const char* s, i64 n, F f) {
   }
 }
 
-// Short runs of a fixed length (the periodic wrap of a thin face: a few elements per run)
-// with a constant trip count, as copy_host's fixed-size copies (box.h).
 // N elements at o combined with those at s: through typed pointers where both are aligned
 // (the compiler keeps them in registers: through the memcpy'd local arrays below it stored
 // and reloaded each one on the stack, about half a 2-D w4 fold's time), else by memcpy.
@@ -115,6 +113,8 @@ inline void combine_n(char* o, const char* s, F f) {
   std::memcpy(o, a, sizeof a);
 }
 
+// Short runs of a fixed length (the periodic wrap of a thin face: a few elements per run)
+// with a constant trip count, as copy_host's fixed-size copies (box.h).
 template <class T, i64 N, class F>
 inline void combine_runs_of(const CopyDesc& d, const char* src, char* dst, F f) {
   for_each_run(d, [&](i64 so, i64 to) { combine_n<T, N>(dst + to, src + so, f); });
