@@ -1,8 +1,53 @@
 #include "reduce.h"
 
+#include <mutex>
 #include <stdexcept>
 
+#include "combine_kernel.h"  // DevMax, DevMin: NaN wins, as numpy.maximum and minimum
+
 namespace pyshard {
+
+namespace {
+
+// MPI's builtin MPI_MAX / MPI_MIN leave NaN to the comparison's order (MPICH's keeps or drops
+// a NaN depending on which rank holds it and the algorithm's pairing), so float and double
+// max/min on host buffers reduce through these user ops instead: a NaN anywhere gives NaN,
+// as numpy.maximum.reduce does. Other types and device buffers keep the builtin.
+template <class T, class F>
+void nan_op_typed(void* in, void* inout, int n) {
+  const T* a = static_cast<const T*>(in);
+  T* b = static_cast<T*>(inout);
+  F f;
+  for (int i = 0; i < n; ++i) b[i] = f(a[i], b[i]);
+}
+
+template <template <class> class F>
+void nan_op(void* in, void* inout, int* len, MPI_Datatype* dt) {
+  if (*dt == MPI_FLOAT)
+    nan_op_typed<float, F<float>>(in, inout, *len);
+  else if (*dt == MPI_DOUBLE)
+    nan_op_typed<double, F<double>>(in, inout, *len);
+  // mpi_op_for() hands these ops float and double only
+}
+
+MPI_Op nan_max_op = MPI_OP_NULL, nan_min_op = MPI_OP_NULL;
+std::once_flag nan_ops_made;
+
+void make_nan_ops() {
+  check_mpi(MPI_Op_create(&nan_op<DevMax>, 1, &nan_max_op), "MPI_Op_create");
+  check_mpi(MPI_Op_create(&nan_op<DevMin>, 1, &nan_min_op), "MPI_Op_create");
+}
+
+}  // namespace
+
+MPI_Op mpi_op_for(ReduceOp op, MPI_Datatype type, bool host) {
+  if (host && (op == ReduceOp::max || op == ReduceOp::min) &&
+      (type == MPI_FLOAT || type == MPI_DOUBLE)) {
+    std::call_once(nan_ops_made, make_nan_ops);
+    return op == ReduceOp::max ? nan_max_op : nan_min_op;
+  }
+  return mpi_op(op);
+}
 
 MPI_Op mpi_op(ReduceOp op) {
   switch (op) {
@@ -56,6 +101,7 @@ AllreduceStep::AllreduceStep(std::shared_ptr<Comm> comm, MPI_Datatype type, i64 
       type_(type),
       item_(item),
       op_(mpi_op(op)),
+      host_op_(mpi_op_for(op, type, true)),
       n_(volume(shape)),
       ws_(std::move(ws)),
       tr_(tr) {}
@@ -65,11 +111,11 @@ void AllreduceStep::run(const char* src, char* dst, Packer& pk) {
     char* bounce = ws_->bounce(pk, n_ * item_);
     pk.to_host(bounce, src, n_ * item_);
     pk.sync();
-    mpi::allreduce(MPI_IN_PLACE, bounce, n_, type_, op_, comm_->get());
+    mpi::allreduce(MPI_IN_PLACE, bounce, n_, type_, host_op_, comm_->get());
     pk.from_host(dst, bounce, n_ * item_);
   } else {
     pk.sync();
-    mpi::allreduce(src, dst, n_, type_, op_, comm_->get());
+    mpi::allreduce(src, dst, n_, type_, pk.kind() == Mem::host ? host_op_ : op_, comm_->get());
   }
   count_call("allreduce", pk, tr_);
   pk.finish();
@@ -82,6 +128,7 @@ ReduceScatterStep::ReduceScatterStep(std::shared_ptr<Comm> comm,
       g_(std::move(g)),
       type_(type),
       op_(mpi_op(op)),
+      host_op_(mpi_op_for(op, type, true)),
       ws_(std::move(ws)),
       tr_(tr) {
   if (g_->size != comm_->size() || g_->rank != comm_->rank())
@@ -89,11 +136,12 @@ ReduceScatterStep::ReduceScatterStep(std::shared_ptr<Comm> comm,
   for (const Block& b : g_->pieces) counts_.push_back(to_count(b.bytes / g_->item, "a count"));
 }
 
-void ReduceScatterStep::scatter(const char* sb, char* rb) {
+void ReduceScatterStep::scatter(const char* sb, char* rb, bool host) {
+  MPI_Op op = host ? host_op_ : op_;
   if (g_->regular)
-    mpi::reduce_scatter_block(sb, rb, counts_[0], type_, op_, comm_->get());
+    mpi::reduce_scatter_block(sb, rb, counts_[0], type_, op, comm_->get());
   else
-    mpi::reduce_scatter(sb, rb, counts_, type_, op_, comm_->get());
+    mpi::reduce_scatter(sb, rb, counts_, type_, op, comm_->get());
 }
 
 void ReduceScatterStep::run(const char* src, char* dst, Packer& pk) {
@@ -108,11 +156,11 @@ void ReduceScatterStep::run(const char* src, char* dst, Packer& pk) {
     char* bounce = ws_->bounce(pk, g.staged_bytes());
     pk.to_host(bounce, from, g.total);
     pk.sync();
-    scatter(bounce, bounce + g.total);
+    scatter(bounce, bounce + g.total, true);
     pk.from_host(dst, bounce + g.total, g.pieces[g.rank].bytes);
   } else {
     pk.sync();
-    scatter(from, dst);
+    scatter(from, dst, pk.kind() == Mem::host);
   }
   count_call(g.regular ? "reduce_scatter_block" : "reduce_scatter", pk, tr_);
   pk.finish();

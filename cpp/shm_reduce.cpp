@@ -6,6 +6,7 @@
 #include <cstring>
 #include <stdexcept>
 
+#include "combine_kernel.h"
 #include "comm.h"
 #include "shm_copy.h"
 
@@ -45,11 +46,11 @@ template <class T>
 void reduce_typed(char* dst, const std::vector<const char*>& parts, i64 n, ReduceOp op) {
   switch (op) {
     case ReduceOp::sum:
-      return reduce_parts<T>(dst, parts, n, [](T a, T b) { return static_cast<T>(a + b); });
-    case ReduceOp::max:
-      return reduce_parts<T>(dst, parts, n, [](T a, T b) { return a < b ? b : a; });
+      return reduce_parts<T>(dst, parts, n, DevSum<T>());  // integers wrap around, as numpy
+    case ReduceOp::max:  // NaN wins, as numpy.maximum (combine_kernel.h)
+      return reduce_parts<T>(dst, parts, n, DevMax<T>());
     case ReduceOp::min:
-      return reduce_parts<T>(dst, parts, n, [](T a, T b) { return b < a ? b : a; });
+      return reduce_parts<T>(dst, parts, n, DevMin<T>());
     case ReduceOp::lor:
       return reduce_parts<T>(dst, parts, n, [](T a, T b) { return static_cast<T>(a || b); });
     case ReduceOp::land:

@@ -321,3 +321,29 @@ def test_large_skewed_blocks(comm, algorithm):
         np.testing.assert_array_equal(y.local, g[y.box])
         back = y.redistribute([S0], {0: sizes}, algorithm=algorithm)
         assert back.local.tobytes() == x.local.tobytes()
+
+
+@pytest.mark.parametrize("path", ["shm", "mpi"])
+@pytest.mark.parametrize("dtype", ["float64", "float32", "float16"])
+def test_max_min_with_nan_as_numpy(comm, path, dtype):
+    """Partial(max/min) with NaN in some contributions gives numpy.maximum/minimum.reduce of
+    them: NaN wins, whichever rank holds it. MPI's builtin MPI_MAX/MPI_MIN (MPICH's kept or
+    dropped a NaN by the rank that held it and the algorithm's pairing) and the node-shared
+    reduce's ``a < b ? b : a`` both lost NaNs, on every size; sizes here cross the MPI
+    libraries' algorithm switches (short, medium, long messages)."""
+    p = comm.size
+    mesh = ps.Mesh(comm, (p,))
+    setting = {"PYSHARD_SHM_MIN_BYTES": 0} if path == "shm" else {"PYSHARD_SHM": "off"}
+    with ps.config.override(**setting):
+        for n in (5, 3001, 70001):
+            for op, ufunc in (("max", np.maximum), ("min", np.minimum)):
+                for at in range(p):
+                    parts = [make_global((n,), dtype, seed=20 + k) for k in range(p)]
+                    parts[at][1] = np.nan  # one rank's NaN
+                    parts[(at + 1) % p][n // 2] = np.nan  # another's (the same rank at p=1)
+                    parts[at][n - 1] = np.inf if op == "max" else -np.inf  # not lost either
+                    ref = ufunc.reduce(np.stack(parts), axis=0)
+                    x = ps.from_local(parts[comm.rank], mesh, [Partial(op)], global_shape=(n,))
+                    for dst in (R, S0):
+                        y = x.redistribute([dst])
+                        np.testing.assert_array_equal(y.local, ref[y.box])
