@@ -703,6 +703,12 @@ void recv_init_typed(void* p, int count, MPI_Datatype t, int peer, int tag, MPI_
   check_mpi(MPI_Recv_init(p, count, t, peer, tag, comm, req), "MPI_Recv_init");
 }
 
+MPI_Op op_create(MPI_User_function* f, bool commute) {
+  MPI_Op op = MPI_OP_NULL;
+  check_mpi(MPI_Op_create(f, commute ? 1 : 0, &op), "MPI_Op_create");
+  return op;
+}
+
 MPI_Datatype reduce_type(char k, i64 n) {
   if (k == 'b') return MPI_C_BOOL;
   if (k == 'i') return n == 1 ? MPI_INT8_T : n == 2 ? MPI_INT16_T : n == 4 ? MPI_INT32_T : MPI_INT64_T;

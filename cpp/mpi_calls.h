@@ -235,6 +235,8 @@ void recv_init_typed(void* p, int count, MPI_Datatype t, int peer, int tag, MPI_
 // The predefined type of a reduction over numpy kind `kind` ('b' bool, 'i', 'u', 'f', 'c')
 // of `item` bytes, or MPI_DATATYPE_NULL (none).
 MPI_Datatype reduce_type(char kind, i64 item);
+// A user reduction op (MPI_Op_create), commutative where `commute`; never freed.
+MPI_Op op_create(MPI_User_function* f, bool commute);
 
 // One Allgather of a few int64 per rank: the only place pyshard learns shapes over the wire.
 std::vector<i64> allgather_i64(MPI_Comm comm, int size, const std::vector<i64>& mine);

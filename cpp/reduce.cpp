@@ -34,8 +34,8 @@ MPI_Op nan_max_op = MPI_OP_NULL, nan_min_op = MPI_OP_NULL;
 std::once_flag nan_ops_made;
 
 void make_nan_ops() {
-  check_mpi(MPI_Op_create(&nan_op<DevMax>, 1, &nan_max_op), "MPI_Op_create");
-  check_mpi(MPI_Op_create(&nan_op<DevMin>, 1, &nan_min_op), "MPI_Op_create");
+  nan_max_op = mpi::op_create(&nan_op<DevMax>, true);
+  nan_min_op = mpi::op_create(&nan_op<DevMin>, true);
 }
 
 }  // namespace
