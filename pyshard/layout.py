@@ -245,41 +245,49 @@ class Layout:
     ) -> None:
         if rule not in _RULES:
             raise ValueError(f"Layout(rule): must be one of {_RULES}, got {rule!r}")
-        self.shape = _check_shape(shape, "global_shape")
-        self.dtype = check_dtype(dtype)
-        self.mesh_shape = _check_shape(mesh_shape, "mesh shape")
-        if not self.mesh_shape or any(m < 1 for m in self.mesh_shape):
-            raise ValueError(f"mesh shape must be non-empty and positive, got {self.mesh_shape}")
-        self.placements = check_placements(placements, len(self.mesh_shape), len(self.shape))
-        _check_reductions(self.placements, self.dtype)
+        shape_ = _check_shape(shape, "global_shape")
+        dtype_ = check_dtype(dtype)
+        mesh_shape_ = _check_shape(mesh_shape, "mesh shape")
+        if not mesh_shape_ or any(m < 1 for m in mesh_shape_):
+            raise ValueError(f"mesh shape must be non-empty and positive, got {mesh_shape_}")
+        placements_ = check_placements(placements, len(mesh_shape_), len(shape_))
+        _check_reductions(placements_, dtype_)
         sharding: Dict[int, list] = {}
-        for m, p in enumerate(self.placements):
+        for m, p in enumerate(placements_):
             if isinstance(p, Shard):
                 sharding.setdefault(p.dim, []).append(m)
-        sizes = _check_sizes(sizes, self.shape, self.mesh_shape, sharding)
+        sizes = _check_sizes(sizes, shape_, mesh_shape_, sharding)
         table = []
-        for d, n in enumerate(self.shape):
+        for d, n in enumerate(shape_):
             mdims = tuple(sharding.get(d, ()))
             if not mdims:
                 table.append(((), (n,), (0,)))
                 continue
             ext = sizes.get(d)
             if ext is None:
-                ext = _nested_split(n, [self.mesh_shape[m] for m in mdims], rule)
+                ext = _nested_split(n, [mesh_shape_[m] for m in mdims], rule)
             offs = tuple(int(x) for x in np.concatenate(([0], np.cumsum(ext)[:-1])))
             table.append((mdims, tuple(ext), offs))
-        self.table = tuple(table)
-        self._identify()
+        self._set_state((shape_, dtype_, mesh_shape_, placements_, tuple(table)))
 
-    def _identify(self) -> None:
-        self._key = (
-            self.shape,
-            _dtypes.name(self.dtype),  # dtype.str is "<V1" for every float8 format
-            self.mesh_shape,
-            self.placements,
-            self.table,
-        )
-        self._hash = hash(self._key)
+    def _set_state(self, state: tuple) -> None:
+        """Set the five facts and the key and hash derived from them: the only writes a
+        Layout takes (it is immutable afterwards: a reassigned attribute would leave the key,
+        the hash and every plan cached under them describing another layout)."""
+        shape, dtype, mesh_shape, placements, table = state
+        for name, value in zip(("shape", "dtype", "mesh_shape", "placements", "table"), state):
+            object.__setattr__(self, name, value)
+        key = (shape, _dtypes.name(dtype),  # dtype.str is "<V1" for every float8 format
+               mesh_shape, placements, table)
+        object.__setattr__(self, "_key", key)
+        object.__setattr__(self, "_hash", hash(key))
+
+    def __setattr__(self, name: str, value: object) -> None:
+        raise AttributeError(f"Layout is immutable: cannot set {name!r} (build another Layout, "
+                             "or .replace(placements, sizes) for another split of the same array)")
+
+    def __delattr__(self, name: str) -> None:
+        raise AttributeError(f"Layout is immutable: cannot delete {name!r}")
 
     # -- pickling (mpi4py's bcast pickles): never the cached hash, which hashes strings and so
     # differs between processes (PYTHONHASHSEED); the receiver computes its own
@@ -287,8 +295,7 @@ class Layout:
         return (self.shape, self.dtype, self.mesh_shape, self.placements, self.table)
 
     def __setstate__(self, state: tuple) -> None:
-        self.shape, self.dtype, self.mesh_shape, self.placements, self.table = state
-        self._identify()
+        self._set_state(tuple(state))
 
     # -- identity
     def __eq__(self, other: object) -> bool:

@@ -642,3 +642,20 @@ def test_partial_needs_native_byte_order(dtype):
     with pytest.raises(ValueError, match="byte order"):
         Layout(shape, dt, (2,), [Partial("sum")])
     Layout(shape, dt, (2,), [Shard(0)])  # no reduction: accepted
+
+
+def test_layout_is_immutable():
+    """A reassigned attribute would leave the key and hash (and every plan cached under them)
+    describing the old layout; it raises instead. Pickling and copies still work."""
+    import copy
+    import pickle
+
+    lay = Layout((6, 4), "float32", (2,), [Shard(0)])
+    for name, value in (("shape", (3, 4)), ("table", ()), ("_hash", 0), ("new", 1)):
+        with pytest.raises(AttributeError, match="immutable"):
+            setattr(lay, name, value)
+    with pytest.raises(AttributeError, match="immutable"):
+        del lay.shape
+    assert lay.shape == (6, 4) and lay == Layout((6, 4), "float32", (2,), [Shard(0)])
+    for other in (pickle.loads(pickle.dumps(lay)), copy.copy(lay), copy.deepcopy(lay)):
+        assert other == lay and hash(other) == hash(lay) and other.table == lay.table
