@@ -216,6 +216,11 @@ def _go(name: str, kind: str, x: ShardedArray, s: Any, axes: Any, norm: Any, pla
     x = _check_x(x, name)
     if plan_ is not None:
         raise NotImplementedError(PLAN_NOT_SUPPORTED)
+    if api == "numpy" and not one and isinstance(s, numbers.Integral):
+        # numpy.fft's n-D forms iterate s (scipy.fft's take a scalar as one length)
+        raise TypeError(f"'{type(s).__name__}' object is not iterable")
+    if kind in R2R and type_ is None:  # scipy.fft's DCT/DST take no None for type
+        raise TypeError(f"pyshard.fft.{name}: type must be an integer, 1 to 4, got None")
     workers = check_workers(workers)
     orth = _orthogonalize(orthogonalize)
     if _validate.enabled:  # one small Allgather: ranks that disagree raise on every rank

@@ -319,6 +319,12 @@ def test_errors_are_numpys_and_scipys(comm):
         (lambda: pf.dct(r, orthogonalize="x"), lambda: sf.dct(gr, orthogonalize="x"), False),
         (lambda: pf.dct(r, workers=0), lambda: sf.dct(gr, workers=0), True),
         (lambda: pf.dct(r, workers=1.5), lambda: sf.dct(gr, workers=1.5), False),
+        # a scalar s: numpy's n-D forms iterate it (scipy's take it as one length)
+        (lambda: pf.fftn(x, s=5), lambda: npf.fftn(g, s=5), True),
+        (lambda: pf.fft2(x, s=5), lambda: npf.fft2(g, s=5), True),
+        (lambda: pf.irfftn(x, s=4), lambda: npf.irfftn(g, s=4), True),
+        (lambda: pf.dct(r, type=None), lambda: sf.dct(gr, type=None), False),
+        (lambda: pf.dstn(r, type=None), lambda: sf.dstn(gr, type=None), False),
     ]
     before = ps.comm_stats()
     for i, (ours, theirs, message) in enumerate(cases):
