@@ -4,6 +4,7 @@ source's gradient goes. Pure layout arithmetic, no MPI, no torch or jax."""
 
 from __future__ import annotations
 
+from itertools import product
 from typing import List, Optional, Sequence, Tuple
 
 from ._cache import memoize
@@ -39,9 +40,36 @@ def grad_out_layout(result: Layout, grad_placements: Optional[tuple]) -> Layout:
                     f"grad_placements[{m}] = {p}: a gradient can be Shard, Replicate, "
                     f"Partial('sum') or Partial('avg'), not a {p.op} of the ranks' gradients"
                 )
-    return Layout(
-        result.shape, result.dtype, result.mesh_shape, pl, kept_sizes(result, pl)
-    )
+    out = Layout(result.shape, result.dtype, result.mesh_shape, pl, kept_sizes(result, pl))
+    if grad_placements is not None:
+        bad = _other_local_shape(result, out)
+        if bad is not None:
+            coords, want, got = bad
+            raise ValueError(
+                f"grad_placements [{', '.join(map(str, pl))}]: the gradient arriving at the "
+                f"result has the result's local shape on every rank ({want} at mesh coords "
+                f"{coords}), where these placements give {got}; grad_placements may change how "
+                f"ranks combine the gradient (Replicate or Partial), not how it is split"
+            )
+    return out
+
+
+@memoize
+def _other_local_shape(a: Layout, b: Layout) -> Optional[tuple]:
+    """The first mesh coords (with both local shapes) where ``a`` and ``b`` give a rank local
+    arrays of different shapes, or None: per array dim, every combination of the mesh dims
+    that shard it in either layout (from the shard tables, no communication)."""
+    zero = [0] * len(a.mesh_shape)
+    for d in range(len(a.shape)):
+        mdims = sorted(set(a.table[d][0]) | set(b.table[d][0]))
+        for idx in product(*(range(a.mesh_shape[m]) for m in mdims)):
+            c = list(zero)
+            for m, i in zip(mdims, idx):
+                c[m] = i
+            ia, ib = a.interval(d, c), b.interval(d, c)
+            if ia[1] - ia[0] != ib[1] - ib[0]:
+                return tuple(c), a.local_shape(c), b.local_shape(c)
+    return None
 
 
 @memoize

@@ -20,6 +20,11 @@ leaves for the source is laid out like the source with ``Partial("sum")`` read a
 
 Every call is collective, like the pyshard call it wraps, and so is every backward: every
 rank must run the same backwards in the same order (``loss.backward()`` on every rank does).
+
+First derivatives only: a backward with ``create_graph=True`` through any of these functions
+(a gradient penalty, a Hessian-vector product) raises torch's error for a function that is
+``once_differentiable`` when the second backward reaches it, rather than dropping the
+second-order term.
 """
 
 from __future__ import annotations
@@ -37,6 +42,7 @@ except ImportError as _e:  # pragma: no cover - depends on the environment
     ) from _e
 
 import numpy as np
+from torch.autograd.function import once_differentiable
 
 from . import _backend as bk
 from . import array as _array
@@ -298,6 +304,7 @@ class _Redistribute(torch.autograd.Function):
         return out
 
     @staticmethod
+    @once_differentiable
     def backward(ctx: Any, g: torch.Tensor) -> Tuple[torch.Tensor, None]:  # type: ignore[override]
         # no rank-local shortcut here: every rank runs the same collectives
         src, dst, gout, gin, div, mesh, algorithm = ctx.meta
@@ -370,6 +377,7 @@ class _RedistributeMany(torch.autograd.Function):
         return tuple(outs)
 
     @staticmethod
+    @once_differentiable
     def backward(ctx: Any, *gs: torch.Tensor) -> tuple:  # type: ignore[override]
         metas, mesh = ctx.metas, ctx.mesh
         # the same on every rank: which tensors required grad is part of the call
@@ -498,6 +506,7 @@ class _HaloPad(torch.autograd.Function):
         return _to_torch(h.padded)
 
     @staticmethod
+    @once_differentiable
     def backward(ctx: Any, g: torch.Tensor) -> Tuple[torch.Tensor, None]:  # type: ignore[override]
         layout, mesh, spec = ctx.meta
         if g.dtype != ctx.dtype:
@@ -602,6 +611,7 @@ class _Migrate(torch.autograd.Function):
         return tuple(_to_torch(a) for a in r.rows)
 
     @staticmethod
+    @once_differentiable
     def backward(ctx: Any, *gs: Optional[torch.Tensor]) -> Tuple[Any, ...]:  # type: ignore[override]
         r = ctx.r
         gs = tuple(g if g is None or g.dtype == dt else g.to(dt) for g, dt in zip(gs, ctx.dtypes))
@@ -621,6 +631,7 @@ class _MigrateBack(torch.autograd.Function):
         return tuple(_to_torch(a) for a in out)
 
     @staticmethod
+    @once_differentiable
     def backward(ctx: Any, *gs: Optional[torch.Tensor]) -> Tuple[Any, ...]:  # type: ignore[override]
         r = ctx.r
         gs = tuple(g if g is None or g.dtype == dt else g.to(dt) for g, dt in zip(gs, ctx.dtypes))
@@ -743,6 +754,7 @@ class _GatherRows(torch.autograd.Function):
         return _to_torch(plan.gather(ShardedArray.wrap(_as_array(t), layout, mesh)))
 
     @staticmethod
+    @once_differentiable
     def backward(ctx: Any, g: torch.Tensor) -> Tuple[torch.Tensor, None]:  # type: ignore[override]
         plan, layout, mesh = ctx.meta
         if g.dtype != ctx.dtype:
@@ -764,6 +776,7 @@ class _ScatterRows(torch.autograd.Function):
         return _scatter_rows(values, base, meta)
 
     @staticmethod
+    @once_differentiable
     def backward(ctx: Any, g: torch.Tensor) -> Tuple[Optional[torch.Tensor], ...]:  # type: ignore[override]
         plan, layout, mesh, _ = ctx.meta
         if g.dtype != ctx.dtype:

@@ -259,6 +259,53 @@ def test_max_min_sources_have_no_gradient(comm):
                          grad_placements=[Partial("max")])
 
 
+def test_grad_placements_that_split_otherwise_raise_in_the_forward(comm):
+    """The gradient arriving at a result has the result's local shape, so grad_placements
+    that give another local shape on some rank raise ValueError in the forward, on every
+    rank, before any communication (they were accepted, then the backward raised on the
+    ranks whose shapes differed and hung the others, or failed on every rank)."""
+    p = comm.size
+    mesh = ps.Mesh(comm, (p,))
+    g = global_tensor((6, 2), "float64", 3)
+    S0, S1 = Shard(0), Shard(1)
+    x = pst.distribute(g.clone().requires_grad_(), mesh, [R])
+    cases = [([S0], [R], None)] if p > 1 else []  # a split result, its gradient said whole
+    if p > 1:
+        # uneven: only rank 0's shape differs under the balanced split of the gradient
+        cases.append(([S0], [Partial()], {0: [6] + [0] * (p - 1)}))
+        cases.append(([S0], [S1], None))
+    before = ps.comm_stats()
+    for pl, gp, sizes in cases:
+        for many in (False, True):
+            with pytest.raises(ValueError, match="grad_placements.*local shape"):
+                if many:
+                    pst.redistribute_many([x], pl, [sizes], grad_placements=gp)
+                else:
+                    pst.redistribute(x, pl, sizes, grad_placements=gp)
+    assert counts_since(before) == {}
+    # the same local shapes: accepted (Replicate <-> Partial, or the result's own split)
+    for pl, gp in (([R], [Partial()]), ([S0], [S0])):
+        y = pst.redistribute(x, pl, grad_placements=gp)
+        y.local.sum().backward()
+    assert x.local.grad is not None
+
+
+def test_second_derivatives_raise(comm):
+    """A backward with create_graph=True through pyshard's functions raises (they are first
+    derivatives only) instead of silently dropping the second-order term."""
+    mesh = ps.Mesh(comm, (comm.size,))
+    g = global_tensor((6, 2), "float64", 4)
+    x = pst.distribute(g.clone().requires_grad_(), mesh, [Shard(0)])
+    for step in (lambda t: pst.redistribute(t, [R]),
+                 lambda t: pst.redistribute_many([t], [R])[0],
+                 lambda t: pst.halo_pad(t, 1)):
+        y = step(x)
+        yl = y if isinstance(y, torch.Tensor) else y.local  # halo_pad gives the padded tensor
+        (gr,) = torch.autograd.grad((yl ** 2).sum(), x.local, create_graph=True)
+        with pytest.raises(RuntimeError, match="once_differentiable"):
+            (gr ** 2).sum().backward()
+
+
 def test_gradcheck(comm):
     """torch.autograd.gradcheck of X -> [Replicate] -> src -> dst -> [Replicate] (every rank
     perturbs the same replicated input, so every rank makes the same calls)."""
