@@ -47,7 +47,7 @@ import numpy as np
 
 from . import _backend, _validate, collectives
 from .array import ShardedArray
-from .layout import Layout, Partial, Shard, unravel
+from .layout import Layout, Partial, Replicate, Shard, unravel
 from .mesh import Mesh
 
 __all__ = ["Balance", "balance", "balance_array", "particle_cost"]
@@ -70,8 +70,12 @@ class Balance:
     the number of distinct shards), ``before`` and ``after`` the imbalance (largest / mean;
     1.0 is perfect). ``predicted_gain``: the fraction of the largest shard's cost the found
     split removes (``1 - found_max / before_max``); ``kept``: that gain was below
-    ``tolerance``, so ``sizes`` is ``current`` (no move). ``lower_bound``: no rectilinear
-    split has a smaller largest shard. ``measured_gain``: set by :meth:`measure`.
+    ``tolerance`` and the current extents obey ``multiple_of`` and ``min_size``, so
+    ``sizes`` is ``current`` (no move). ``breaks``: why the current extents could not be
+    kept whatever the gain (the options they break, as text; empty where they obey them):
+    then ``sizes`` is ``found`` even where its largest shard costs more than the current
+    one's. ``lower_bound``: no rectilinear split has a smaller largest shard.
+    ``measured_gain``: set by :meth:`measure`.
     """
 
     sizes: Sizes
@@ -92,6 +96,7 @@ class Balance:
     seconds: float
     measured_gain: Optional[float] = None
     passes: List[Tuple[int, float]] = field(default_factory=list)
+    breaks: str = ""
 
     @property
     def before(self) -> float:
@@ -134,6 +139,10 @@ class Balance:
         if self.kept:
             lines.append(f"  kept the current extents: the gain is below the tolerance "
                          f"{100 * self.tolerance:.1f}%")
+        elif self.breaks:
+            lines.append(f"  move: the current extents break {self.breaks}, so they are not "
+                         f"kept whatever the gain; imbalance {self.before:.3f} -> "
+                         f"{self.after:.3f}")
         else:
             lines.append(f"  move: imbalance {self.before:.3f} -> {self.after:.3f}")
         if self.measured_gain is not None:
@@ -531,20 +540,35 @@ def _descend(src: _Source, layout: Layout, dims: List[int], grain: Dict[int, int
     return float(best), cuts, done, passes
 
 
+def _breaks(layout: Layout, grain: Dict[int, int], least: Dict[int, int]) -> str:
+    """The options the current extents of ``layout`` break (empty where they obey them):
+    from the layout and the options alone, so the same on every rank."""
+    why = []
+    for d in sorted(layout.sizes):
+        offs = np.asarray(layout.table[d][2] + (layout.shape[d],), np.int64)
+        if not np.all(offs[1:-1] % grain[d] == 0):
+            why.append(f"multiple_of {grain[d]} on dim {d}")
+        if not np.all(np.diff(offs) >= least[d]):
+            why.append(f"min_size {least[d]} on dim {d}")
+    return ", ".join(why)
+
+
 def _result(layout: Layout, found: Sizes, found_max: float, before_max: float, total: float,
             bound: float, done: int, passes: List[Tuple[int, float]], tolerance: float,
-            ncoll: int, t0: float) -> Balance:
+            ncoll: int, t0: float, breaks: str = "") -> Balance:
     current = layout.sizes
     shards = prod(len(current[d]) for d in current) if current else 1
     gain = 0.0 if before_max <= 0.0 else 1.0 - found_max / before_max
-    kept = gain < tolerance
+    # current extents that break multiple_of or min_size are never kept: the caller asked
+    # for extents that obey them (a gain below the tolerance, even a negative one, moves)
+    kept = gain < tolerance and not breaks
     return Balance(
         sizes=dict(current) if kept else dict(found), found=dict(found), current=dict(current),
         placements=tuple(layout.placements), kept=kept, tolerance=float(tolerance),
         before_max=float(before_max), found_max=float(found_max),
         after_max=float(before_max if kept else found_max), mean=total / shards,
         total=float(total), lower_bound=float(bound), shards=shards, sweeps=done,
-        collectives=ncoll, seconds=time.perf_counter() - t0, passes=passes,
+        collectives=ncoll, seconds=time.perf_counter() - t0, passes=passes, breaks=breaks,
     )
 
 
@@ -562,22 +586,32 @@ def balance(cost: ShardedArray, multiple_of: PerDim = 1, min_size: PerDim = 0,
 
     ``cost``: a :class:`~pyshard.ShardedArray` of finite, non-negative costs per cell, laid
     out like the data to balance (a 1-D layout: a cost per row); its layout may be uneven
-    (the extents of the last balance) and may have Replicate mesh dims (not Partial).
+    (the extents of the last balance) and may have Replicate mesh dims (not Partial). On a
+    Replicate mesh dim the cost is read from the replica at coordinate 0 alone (the total,
+    the current and the found largest shard alike): the replicas of a shard share its
+    extents, so a cost that differs between them (each replica group's own particles) must
+    be summed over them first, as :func:`particle_cost` does.
     ``multiple_of``: cut only at multiples of this (an int, or {array dim: int}; heads,
     blocks, SIMD widths): every shard but the last along a dim is a multiple, the last takes
     the rest. ``min_size``: no shard narrower than this (a halo width). ``tolerance``: keep
     the current extents when the found split removes less than this fraction of the largest
-    shard's cost. ``sweeps``: the most refinement sweeps over the dims (N-D).
+    shard's cost and they obey ``multiple_of`` and ``min_size`` (current extents that break
+    them are never kept: ``b.breaks`` says which). ``sweeps``: the most refinement sweeps
+    over the dims (N-D).
 
     The split is rectilinear (each mesh dim cuts its array dim at its own points): exact for
     one sharded dim, a local optimum of the refinement otherwise (see
     :mod:`pyshard.balancing`). Returns a :class:`Balance`; move with
     ``cost.redistribute(b.placements, sizes=b.sizes)`` (and the data the same way).
 
-    Errors (ValueError, on every rank): not a ShardedArray, a Partial layout, a complex
-    dtype, bad options, a dim whose ranks cannot all get ``min_size`` cells (before any
-    communication), negative or non-finite costs (after the first collective, which counts
-    them).
+    Errors (ValueError): not a ShardedArray, a Partial layout, a complex dtype, bad options,
+    a dim whose ranks cannot all get ``min_size`` cells (from the arguments alone, before
+    any communication: on every rank where every rank passes the same arguments, as this
+    collective call requires; a rank that passes other ones, a numpy array say, raises
+    alone and the others wait, since a rank without the ShardedArray has no mesh to tell
+    them on; ``PYSHARD_VALIDATE=1`` turns a differing layout or option into an error on
+    every rank); negative or non-finite costs (after the first collective, which counts
+    them, on every rank).
     """
     t0 = time.perf_counter()
     if not isinstance(cost, ShardedArray):
@@ -611,7 +645,8 @@ def balance(cost: ShardedArray, multiple_of: PerDim = 1, min_size: PerDim = 0,
     if summed[0] or summed[1]:
         raise ValueError(_bad_message(int(summed[0]), int(summed[1])))
     with np.errstate(over="ignore"):  # (an overflowing total raises below)
-        mine_sum = float(local.sum())
+        # the current shards' costs, from the same replicas as the profiles
+        mine_sum = float(local.sum()) if mine else 0.0
         if dims and not np.isfinite(summed[2:2 + lengths[0]].sum()):  # the same on every rank
             raise ValueError(_overflow_message())
     before_max = float(collectives.max_all(mesh.comm, mine_sum))
@@ -624,7 +659,7 @@ def balance(cost: ShardedArray, multiple_of: PerDim = 1, min_size: PerDim = 0,
                                                     first)
     total = float(first[0].sum())
     return _result(layout, found, found_max, before_max, total, bound, done, passes,
-                   tolerance, ncoll + src.collectives, t0)
+                   tolerance, ncoll + src.collectives, t0, _breaks(layout, grain, least))
 
 
 def balance_array(cost: Any, layout: Layout, multiple_of: PerDim = 1, min_size: PerDim = 0,
@@ -662,7 +697,7 @@ def balance_array(cost: Any, layout: Layout, multiple_of: PerDim = 1, min_size: 
                                                     first)
     total = float(first[0].sum())
     return _result(layout, found, found_max, before_max, total, bound, done, passes,
-                   tolerance, 0, t0)
+                   tolerance, 0, t0, _breaks(layout, grain, least))
 
 
 # ----------------------------------------------------------------------------- particles
@@ -682,6 +717,13 @@ def particle_cost(positions: Any, like: Any, origin: Any = 0.0, spacing: Any = 1
     raises ValueError on every rank. A PIC code rebalances in three calls: ``cost =
     particle_cost(x, grid)``, ``b = balance(cost)``, then ``grid.redistribute(b.placements,
     sizes=b.sizes)`` for each field and ``migrate(rows, owner(x, new_grid), mesh)``.
+
+    On a Replicate mesh dim each replica group holds its own particles (``owner`` keeps each
+    group's migration within it), and the replicas of a shard share its extents: the cost
+    of a cell is then summed over the replicas (each replica's particles, and ``base`` once
+    per replica), so the result is the same on every replica (a true Replicate array) and
+    :func:`balance` minimises the largest shard's cost summed over its replicas. That is one
+    more allreduce, over the Replicate mesh dims, where the layout has them.
     """
     layout: Layout = like if isinstance(like, Layout) else getattr(like, "layout", None)
     mesh = mesh if mesh is not None else getattr(like, "mesh", None)
@@ -737,4 +779,9 @@ def particle_cost(positions: Any, like: Any, origin: Any = 0.0, spacing: Any = 1
     else:
         counts = np.zeros(cells)
     local_cost = counts.reshape(shape) + float(base)
+    # each replica group counted its own particles: the cost of the shard is their sum, the
+    # same on each replica (the layout is every rank's, so every rank takes this or not)
+    reps = tuple(m for m, p in enumerate(lay.placements) if isinstance(p, Replicate))
+    if reps and prod(lay.mesh_shape[m] for m in reps) > 1:
+        local_cost = collectives.sum_all_array(mesh.sub_dims(reps), local_cost)
     return ShardedArray(np.ascontiguousarray(local_cost), lay, mesh)

@@ -45,6 +45,7 @@ _ERRORS = {
     6: "no columns",
     7: "inplace=True takes writeable C-contiguous numpy columns with room for dest's rows",
     8: "a dest naming a rank outside peers",
+    9: "inplace=True takes columns and a dest that do not overlap in memory",
 }
 
 
@@ -486,15 +487,19 @@ def migrate(rows: Rows, dest: Any, mesh: Any, algorithm: str = "auto", wait: boo
     columns' room on a rank, that rank's result goes into new columns with room for
     ``1.25 m`` rows (:attr:`Migrated.storage`; the next step can pass them). The rows go by
     messages (no node-shared path); ``algorithm="tune"`` is refused (its trials would move the
-    rows).
+    rows). No two columns may overlap in memory (the same array given twice excepted), and
+    ``dest`` may not share memory with any column (a view of a column that stores each row's
+    rank, say: pass a copy); either raises ``ValueError`` on every rank, before the rows
+    move.
 
     Returns a :class:`Migrated` (``rows``, ``counts``, ``back``, ``explain``), or with
     ``wait=False`` a :class:`PendingMigration` whose ``wait()`` gives it; the inputs must not
     be written until then.
 
     Bad input (a ``dest`` out of range or not integer, columns of different lengths, a ``dest``
-    of the wrong length, an object dtype, a ``dest`` naming a rank outside ``peers=``, or
-    columns that differ between ranks) raises
+    of the wrong length, an object dtype, a ``dest`` naming a rank outside ``peers=``, an
+    in-place column or ``dest`` that overlaps another column, or columns that differ between
+    ranks) raises
     ``ValueError`` on every rank in this call, naming the first rank at fault; the error
     travels with the counts, so no collective is added."""
     P, me = mesh.size, mesh.rank
@@ -511,6 +516,8 @@ def migrate(rows: Rows, dest: Any, mesh: Any, algorithm: str = "auto", wait: boo
         d, code, detail = _dest(dest, n, inplace)
         if inplace and d is not None:
             n = d.shape[0]
+            if not code:
+                code, detail = _inplace_alias(st, cols, dest, d)
     counts = np.zeros(P, np.int64)
     if not code:
         counts, bad = _core.migrate_count(d, P)
@@ -584,6 +591,35 @@ def _inplace_code(rows: Rows, st: _Structure, cols: List[np.ndarray]) -> Tuple[i
             why = ("not a numpy array" if not isinstance(obj, np.ndarray) else
                    "not C-contiguous" if a is not obj else "read-only")
             return 7, f"inplace=True: rows[{k!r}] is {why}"
+    return 0, ""
+
+
+def _overlap(a: np.ndarray, b: np.ndarray) -> bool:
+    """Do ``a`` and ``b`` share a byte (the bounds first: exact only where they meet)?"""
+    return bool(np.may_share_memory(a, b) and np.shares_memory(a, b))
+
+
+def _inplace_alias(st: _Structure, cols: List[np.ndarray], dest: Any,
+                   d: np.ndarray) -> Tuple[int, str]:
+    """Error 9 where an in-place migration's columns overlap each other in memory (the same
+    array given twice excepted: both get the same rows, byte for byte) or ``dest`` (as given,
+    or as converted) shares memory with a column: the rows written into the columns would
+    change the rows still to be read, and ``dest``, which ``order`` and ``back`` read again."""
+    for i in range(len(cols)):
+        a = cols[i]
+        for j in range(i + 1, len(cols)):
+            b = cols[j]
+            twice = (a.__array_interface__["data"][0] == b.__array_interface__["data"][0]
+                     and a.shape == b.shape and a.strides == b.strides and a.dtype == b.dtype)
+            if not twice and _overlap(a, b):
+                return 9, (f"inplace=True: rows[{st.keys[i]!r}] and rows[{st.keys[j]!r}] "
+                           f"overlap in memory; give each column its own array")
+    dests = [d] + ([dest] if isinstance(dest, np.ndarray) and dest is not d else [])
+    for k, a in zip(st.keys, cols):
+        if any(_overlap(x, a) for x in dests):
+            return 9, (f"inplace=True: dest shares memory with rows[{k!r}]; the migration "
+                       f"writes the columns, and dest must stay unchanged until back() "
+                       f"returns: pass a copy (dest.copy())")
     return 0, ""
 
 
@@ -726,13 +762,13 @@ def owner(positions: Any, like: Any, origin: Any = 0.0, spacing: Any = 1.0,
     with ``mesh=``) of ``d`` dims. The cell along axis ``k`` is
     ``floor((x[k] - origin[k]) / spacing[k])`` in float64; ``origin``, ``spacing`` and
     ``periodic`` are scalars or one per axis. Periodic axes wrap the cell modulo the shape;
-    a position outside a non-periodic axis, or a NaN, raises ``ValueError`` with the count of
-    such rows and the first one. That error is this rank's alone (``owner`` communicates
-    nothing): where the next call is a collective :func:`migrate`, pass ``invalid="dest"``
-    instead, and such rows get dest ``-1``, which :func:`migrate` then reports on every rank
-    (``rank k's input is bad``) instead of leaving the other ranks waiting. Uneven and empty
-    shards come
-    from the shard table. On a ``Replicate`` mesh dim the destination shares this rank's
+    a position outside a non-periodic axis, or a non-finite one (NaN or +-inf, on any axis,
+    periodic or not), raises ``ValueError`` with the count of such rows and the first one.
+    That error is this rank's alone (``owner`` communicates nothing): where the next call is
+    a collective :func:`migrate`, pass ``invalid="dest"`` instead, and such rows get dest
+    ``-1``, which :func:`migrate` then reports on every rank (``rank k's input is bad``)
+    instead of leaving the other ranks waiting. Uneven and empty shards come from the shard
+    table. On a ``Replicate`` mesh dim the destination shares this rank's
     coordinate, so each replica group migrates within itself; a ``Partial`` mesh dim raises.
     Returns int32 ranks of ``mesh.comm``."""
     layout: Layout = like if isinstance(like, Layout) else like.layout
@@ -765,22 +801,25 @@ def owner(positions: Any, like: Any, origin: Any = 0.0, spacing: Any = 1.0,
     cells = []
     for k in range(nd):
         c = np.floor((x[:, k].astype(np.float64) - origin[k]) / spacing[k])
-        bad |= np.isnan(c)
+        # NaN and +-inf have no cell on any axis, periodic or not (inf would wrap to NaN):
+        # flagged before nan_to_num turns them into cell 0
+        out = ~np.isfinite(c)
         c = np.nan_to_num(c, nan=0.0, posinf=0.0, neginf=0.0)
         size = layout.shape[k]
         if periodic[k]:
             c = np.mod(c, size)
         else:
-            bad |= (c < 0) | (c >= size)
-        cells.append(c.astype(np.int64))
+            out |= (c < 0) | (c >= size)
+        bad |= out
+        cells.append(np.where(out, 0.0, c).astype(np.int64))
     if invalid not in ("raise", "dest"):
         raise ValueError(f"pyshard.owner: invalid must be 'raise' or 'dest', got {invalid!r}")
     if bad.any() and invalid == "raise":
         i = int(np.flatnonzero(bad)[0])
         raise ValueError(
             f"pyshard.owner: {int(bad.sum())} of {n} positions lie outside the grid of shape "
-            f"{layout.shape} on a non-periodic axis or are NaN; the first is row {i}: "
-            f"{x[i].tolist()}"
+            f"{layout.shape} on a non-periodic axis or are not finite (NaN or inf); the first "
+            f"is row {i}: {x[i].tolist()}"
         )
     for k in range(nd):
         mdims, ext, off = layout.table[k]

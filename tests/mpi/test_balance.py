@@ -76,3 +76,83 @@ def test_bad_cost_raises_on_every_rank(comm):
     with pytest.raises(ValueError, match="min_size"):
         ps.balance(ps.distribute(np.ones(2 * comm.size), mesh, [ps.Shard(0)]), min_size=3)
     mesh.free()
+
+
+def _uneven(comm, n, sizes):
+    """A cost of ones on the (P,) mesh with the current extents ``sizes``."""
+    mesh = ps.Mesh(comm, (comm.size,))
+    lay = ps.Layout((n,), np.float64, (comm.size,), [ps.Shard(0)], {0: sizes})
+    c = np.ones(n)
+    return mesh, c, ps.ShardedArray(c[lay.box(mesh.coords)].copy(), lay, mesh)
+
+
+@pytest.mark.parametrize("option", ["multiple_of", "min_size"])
+def test_current_extents_that_break_the_options_are_never_kept(comm, option):
+    P = comm.size
+    n = 4 * P
+    # a first shard of 1 cell: offset 1 breaks multiple_of=2, the extent breaks min_size=2
+    sizes = (4,) if P == 1 else (1, 7) + (4,) * (P - 2)
+    mesh, c, cost = _uneven(comm, n, sizes)
+    kw = {option: 2}
+    # a tolerance no split reaches: only a current split that breaks the option moves
+    b = ps.balance(cost, tolerance=0.9, **kw)
+    ref = ps.balance_array(c, cost.layout, tolerance=0.9, **kw)
+    assert (b.kept, b.sizes, b.breaks) == (ref.kept, ref.sizes, ref.breaks)
+    everyone = comm.allgather((b.kept, b.sizes, b.breaks))
+    assert all(e == everyone[0] for e in everyone)  # the same decision on every rank
+    if P == 1:
+        assert b.kept and b.sizes == {0: (4,)} and not b.breaks
+    else:
+        assert not b.kept and b.sizes == b.found
+        assert b.breaks == f"{option} 2 on dim 0" and b.breaks in b.explain()
+        offs = np.cumsum(b.sizes[0])[:-1]
+        assert all(o % 2 == 0 for o in offs) and min(b.sizes[0]) >= 2
+        moved = cost.redistribute(b.placements, sizes=b.sizes)
+        assert comm.allreduce(float(moved.local.sum()), op=MPI.MAX) == b.after_max
+    # extents that obey the options are kept below the tolerance
+    again = ps.balance(cost.redistribute(b.placements, sizes=b.sizes), tolerance=0.9, **kw)
+    assert again.kept and again.sizes == b.sizes and not again.breaks
+    mesh.free()
+
+
+def test_breaking_extents_move_even_to_a_costlier_split():
+    """docs/balance.md: 384 unit columns on 4 ranks with multiple_of=64 give (128, 128, 64,
+    64); the even split (96 each) breaks the option, so it moves though 128 > 96."""
+    lay = ps.Layout((384,), np.float64, (4,), [ps.Shard(0)])
+    b = ps.balance_array(np.ones(384), lay, multiple_of=64)
+    assert not b.kept and b.sizes == {0: (128, 128, 64, 64)}
+    assert b.after_max == 128.0 and b.before_max == 96.0 and b.predicted_gain < 0
+    assert "multiple_of 64 on dim 0" in b.explain()
+
+
+def test_particle_cost_sums_the_replicas(comm):
+    """[Shard(0), Replicate()]: each replica group holds its own particles (owner keeps a
+    group's migration within it); the cost is their sum, the same on every replica, and
+    balance's total, before_max and after_max all come from it."""
+    P = comm.size
+    mshape = (2, P // 2) if P % 2 == 0 else (1, P)
+    mesh = ps.Mesh(comm, mshape)
+    n = 8
+    grid = ps.distribute(np.zeros(n), mesh, [ps.Shard(0), ps.Replicate()])
+    col = mesh.coords[1]
+    # replica column c: 3 + 10 c particles a rank, in cell 1 (column 0) or 6 (the others)
+    x = np.full((3 + 10 * col, 1), 1.5 if col == 0 else 6.5)
+    r = ps.migrate(x, ps.owner(x, grid), mesh)
+    cost = ps.particle_cost(r.rows, grid, base=0.5)
+    want = np.full(n, 0.5 * mshape[1])  # base once per replica
+    for cs in comm.allgather(col):
+        want[1 if cs == 0 else 6] += 3 + 10 * cs
+    assert np.array_equal(cost.local, want[grid.box])
+    b = ps.balance(cost, tolerance=0.0)
+    ref = ps.balance_array(want, cost.layout, tolerance=0.0)
+    assert b.total == want.sum() == ref.total
+    assert (b.found, b.found_max, b.before_max) == (ref.found, ref.found_max, ref.before_max)
+    moved = cost.redistribute(b.placements, sizes=b.sizes)
+    assert comm.allreduce(float(moved.local.sum()), op=MPI.MAX) == b.after_max
+    mesh.free()
+
+
+def test_not_a_sharded_array_raises(comm):
+    # every rank passing one: every rank raises (one rank alone cannot tell the others)
+    with pytest.raises(ValueError, match="ShardedArray"):
+        ps.balance(np.ones(4))

@@ -637,3 +637,16 @@ def test_owner_errors(mesh):
         ps.owner(np.zeros((3, 2)), layout, mesh=mesh)
     with pytest.raises(ValueError, match="Partial"):
         ps.owner(x[:1], ps.Layout((8,), np.float64, (mesh.size,), [ps.Partial()]), mesh=mesh)
+
+
+@pytest.mark.parametrize("periodic", [False, True])
+def test_owner_non_finite_positions(mesh, periodic):
+    """+-inf has no cell (nan_to_num would send it to cell 0's owner): it raises as a NaN
+    does, or gets dest -1 with invalid="dest", on periodic axes too."""
+    layout = ps.Layout((8, 3), np.float64, (mesh.size,), [Shard(0)])
+    x = np.array([[0.5, 1.0], [np.inf, 1.0], [2.5, -np.inf], [-np.inf, 0.5], [7.5, 2.5]])
+    with pytest.raises(ValueError, match=r"3 of 5 positions .* not finite .* first is row 1"):
+        ps.owner(x, layout, periodic=periodic, mesh=mesh)
+    d = ps.owner(x, layout, periodic=periodic, mesh=mesh, invalid="dest")
+    np.testing.assert_array_equal(d[1:4], -1)
+    np.testing.assert_array_equal(d[[0, 4]], ps.owner(x[[0, 4]], layout, mesh=mesh))

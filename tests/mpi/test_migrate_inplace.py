@@ -154,3 +154,53 @@ def test_inplace_bad_input_raises_on_every_rank(mesh, kind):
     r = ps.migrate(y, np.full(4, (me + 1) % P), mesh, inplace=True)
     np.testing.assert_array_equal(r.rows, np.arange(4.0) + (me - 1) % P)
     np.testing.assert_array_equal(y[4:], np.arange(4.0, 8.0) + me)
+
+
+
+ALIAS = ["dest_is_column", "dest_strided_column", "overlapping_columns"]
+
+
+@pytest.mark.parametrize("kind", ALIAS)
+def test_inplace_aliasing_raises_on_every_rank(mesh, kind):
+    """A dest that is a view of a column (a column holding each row's rank), or columns that
+    overlap in memory, would be scrambled by the rows written in place: refused on every
+    rank before any row moves, and nothing written."""
+    P, me = mesh.size, mesh.rank
+    culprit = P - 1
+    n, cap = 6, 12
+    buf = np.zeros(cap + 1, np.int64)
+    buf[:n + 1] = np.arange(n + 1) + 100 * me
+    x = {"id": buf[:cap].copy(), "rank": np.zeros(cap, np.int64),
+         "pair": np.zeros((cap, 2), np.int64)}
+    x["rank"][:n] = x["pair"][:n, 0] = (np.arange(n) + me + 1) % P
+    dest = x["rank"][:n].copy()
+    detail = None
+    if me == culprit:
+        if kind == "dest_is_column":
+            dest, detail = x["rank"][:n], "dest shares memory with rows['rank']"
+        elif kind == "dest_strided_column":  # migrate converts it (a copy); still refused
+            dest, detail = x["pair"][:n, 0], "dest shares memory with rows['pair']"
+        else:
+            x["id"], x["rank"] = buf[:cap], buf[1:cap + 1]
+            detail = "rows['id'] and rows['rank'] overlap in memory"
+    before = {k: a.copy() for k, a in x.items()}
+    d0 = dest.copy()
+    with pytest.raises(ValueError) as e:
+        ps.migrate(x, dest, mesh, inplace=True)
+    assert f"rank {culprit}'s input is bad" in str(e.value)
+    assert "overlap in memory" in str(e.value)
+    if me == culprit:
+        assert detail in str(e.value), str(e.value)
+    for k in x:  # nothing moved
+        np.testing.assert_array_equal(x[k], before[k])
+    np.testing.assert_array_equal(dest, d0)
+    # the same array as two columns is fine: both get the same rows
+    a = np.zeros(cap, np.int64)
+    a[:n] = np.arange(n) + 100 * me
+    d = (np.arange(n) + me) % P
+    r = ps.migrate({"a": a, "b": a}, d, mesh, inplace=True)
+    grouped = np.concatenate([np.arange(n)[(np.arange(n) + s) % P == me] + 100 * s
+                              for s in range(P)])
+    np.testing.assert_array_equal(r.rows["a"][r.order], grouped)
+    np.testing.assert_array_equal(r.rows["b"][r.order], grouped)
+    np.testing.assert_array_equal(r.back(r.rows)["a"], np.arange(n) + 100 * me)
