@@ -2,6 +2,7 @@
 
 #include <sys/mman.h>
 
+#include <mutex>
 #include <stdexcept>
 #include <string>
 
@@ -15,7 +16,25 @@ using shm::page_up;
 
 // ----------------------------------------------------------------------------- HaloBuffer
 
+std::uint64_t halo_shape_hash(const Shape& shape, i64 item) {
+  std::uint64_t h = 1469598103934665603ull;
+  auto mix = [&](std::uint64_t v) {
+    for (int i = 0; i < 8; ++i, v >>= 8) h = (h ^ (v & 0xff)) * 1099511628211ull;
+  };
+  mix(shape.size());
+  for (i64 n : shape) mix(static_cast<std::uint64_t>(n));
+  mix(static_cast<std::uint64_t>(item));
+  return h;
+}
+
 namespace {
+
+// The folds through node-shared memory this process has in flight (ShmHaloStep::enlist):
+// every wait of a halo step serves them (help_folds), so that folds waited in different
+// orders on different ranks complete.
+std::mutex fold_mu;
+std::vector<ShmHaloStep*> folds_in_flight;
+std::atomic<int> folds_count{0};
 
 // The page ranges (offset, length) of an array of `shape` and `item`-byte elements that the
 // boxes touch, merged, in order; *many set (and nothing returned) where there are more than
@@ -82,6 +101,8 @@ HaloBuffer::HaloBuffer(std::shared_ptr<NodeShm> node, i64 bytes, const Shape& sh
     shared_bytes_ = bytes;
   }
   ctl_off_ = seg_->cap - kPage;
+  ctl().bytes = bytes;  // (before the handshake that lets peers map it)
+  ctl().shape_hash = halo_shape_hash(shape, item);
 }
 
 HaloBuffer::~HaloBuffer() {
@@ -136,21 +157,32 @@ ShmHaloStep::ShmHaloStep(std::shared_ptr<Comm> comm, std::shared_ptr<HaloBuffer>
     const int idx = peer >= 0 && peer < comm->size() ? node.local_index(peer) : -1;
     if (idx < 0 || idx == node.self())
       throw std::invalid_argument("pyshard: a halo peer that is not another rank of this node");
-    Peer p{idx, {}};
+    Peer p;
+    p.idx = idx;
+    p.pshape = pshape;
     p.t.begin_block();
+    p.stage_in.begin_block();
+    p.stage_out.begin_block();
     for (const auto& [here, there, ext] : boxes) {
       for (size_t d = 0; d < ext.size(); ++d)
         if (ext.size() != shape_.size() || pshape.size() != shape_.size() || ext[d] < 0 ||
             here[d] < 0 || there[d] < 0 || here[d] + ext[d] > shape_[d] ||
             there[d] + ext[d] > pshape[d])
           throw std::out_of_range("pyshard: a halo box lies outside a padded array");
-      if (reverse)
+      if (reverse) {
         describe_copy(pshape, there, shape_, here, ext, item, 0, 0, &p.t.host);
-      else
+        const Shape zero(ext.size(), 0);
+        describe_copy(pshape, there, ext, zero, ext, item, 0, p.stage_bytes, &p.stage_in.host);
+        describe_copy(ext, zero, shape_, here, ext, item, p.stage_bytes, 0, &p.stage_out.host);
+        p.stage_bytes += volume(ext) * item;
+      } else {
         describe_copy(shape_, here, pshape, there, ext, item, 0, 0, &p.t.host);
+      }
       node_bytes_ += volume(ext) * item;
     }
     p.t.end_block();
+    p.stage_in.end_block();
+    p.stage_out.end_block();
     peers_.push_back(std::move(p));
   }
   wraps_.begin_block();
@@ -178,6 +210,7 @@ ShmHaloStep::ShmHaloStep(std::shared_ptr<Comm> comm, std::shared_ptr<HaloBuffer>
 // Started and dropped: finish the handshake without combining, so that no node peer is left
 // waiting for this rank (the inner step completes its own requests).
 ShmHaloStep::~ShmHaloStep() {
+  delist();  // (after it, no helper touches this step)
   if (!active_) return;
   try {  // a destructor must not throw: a peer gone past the timeout is given up on
     HaloBuffer& b = *buf_;
@@ -185,6 +218,7 @@ ShmHaloStep::~ShmHaloStep() {
     const std::uint64_t want = k_ * static_cast<std::uint64_t>(waiters_);
     if (reverse_) {
       for (const Peer& p : peers_) {
+        if (p.state->load(std::memory_order_acquire) == 3) continue;  // released by a helper
         HaloCtl& c = b.peer_ctl(p.idx);
         b.wait_for(c, [&] { return c.fentered.load(std::memory_order_acquire) >= k_; },
                    [&] { return b.peer_what(p.idx, "enter its halo fold"); });
@@ -203,6 +237,70 @@ ShmHaloStep::~ShmHaloStep() {
 
 int ShmHaloStep::mpi_peers() const {
   return static_cast<int>(g_->sends.size() + g_->recvs.size());
+}
+
+void ShmHaloStep::check_peers() {
+  if (checked_) return;
+  HaloBuffer& b = *buf_;
+  const i64 item = g_->item;
+  for (const Peer& p : peers_) {
+    const HaloCtl& c = b.peer_ctl(p.idx);
+    const i64 want = volume(p.pshape) * item;
+    if (c.bytes != want || c.shape_hash != halo_shape_hash(p.pshape, item))
+      throw std::runtime_error(
+          "pyshard: this rank's halo plan gives rank " +
+          std::to_string(b.node().node_ranks()[p.idx]) + " (a node peer) a padded array of " +
+          std::to_string(want) + " bytes, but it holds " + std::to_string(c.bytes) +
+          " bytes" + (c.bytes == want ? " of another shape" : "") + ": the ranks disagree on "
+          "the halo array (its width, periodic, corners, dtype or layout); nothing was copied");
+  }
+  checked_ = true;
+}
+
+void ShmHaloStep::enlist() {
+  std::lock_guard<std::mutex> lk(fold_mu);
+  folds_in_flight.push_back(this);
+  folds_count.fetch_add(1, std::memory_order_release);
+  enlisted_ = true;
+}
+
+void ShmHaloStep::delist() {
+  if (!enlisted_) return;
+  std::lock_guard<std::mutex> lk(fold_mu);
+  for (size_t i = 0; i < folds_in_flight.size(); ++i)
+    if (folds_in_flight[i] == this) {
+      folds_in_flight.erase(folds_in_flight.begin() + static_cast<long>(i));
+      folds_count.fetch_sub(1, std::memory_order_release);
+      break;
+    }
+  enlisted_ = false;
+}
+
+void ShmHaloStep::prepull() {
+  HaloBuffer& b = *buf_;
+  for (Peer& p : peers_) {
+    if (p.state->load(std::memory_order_acquire) != 0) continue;
+    HaloCtl& c = b.peer_ctl(p.idx);
+    if (c.fentered.load(std::memory_order_acquire) < k_) continue;
+    int zero = 0;
+    if (!p.state->compare_exchange_strong(zero, 1, std::memory_order_acq_rel)) continue;
+    p.stage.resize(static_cast<size_t>(p.stage_bytes));
+    std::vector<shm::Cursor> cs;
+    shm::add_cursors(cs, p.stage_in, b.peer(p.idx), p.stage.data());
+    shm::copy_interleaved(cs, b.peer(p.idx));
+    c.pulled.fetch_add(1, std::memory_order_acq_rel);  // done reading its ghosts
+    HaloBuffer::signal(c);
+    p.state->store(3, std::memory_order_release);
+  }
+}
+
+void ShmHaloStep::help_folds() const {
+  const int own = enlisted_ ? 1 : 0;
+  if (folds_count.load(std::memory_order_acquire) <= own) return;
+  std::unique_lock<std::mutex> lk(fold_mu, std::try_to_lock);
+  if (!lk.owns_lock()) return;  // another thread serves them now
+  for (ShmHaloStep* f : folds_in_flight)
+    if (f != this) f->prepull();
 }
 
 // An update's copies: every node peer as soon as it has entered this update (those already
@@ -231,8 +329,8 @@ void ShmHaloStep::push_all(std::uint64_t k) {
   for (int i : todo_) {
     if (i < 0) continue;
     HaloCtl& c = b.peer_ctl(peers_[i].idx);
-    b.wait_for(c, [&] { return c.entered.load(std::memory_order_acquire) >= k; },
-               [&] { return b.peer_what(peers_[i].idx, "enter its halo update"); });
+    wait_helping(c, [&] { return c.entered.load(std::memory_order_acquire) >= k; },
+                 [&] { return b.peer_what(peers_[i].idx, "enter its halo update"); });
     push(peers_[i]);
   }
 }
@@ -241,11 +339,13 @@ void ShmHaloStep::start() {
   if (active_) throw std::logic_error("pyshard: halo start() called again before wait()");
   HaloBuffer& b = *buf_;
   b.connect();
+  check_peers();
   HaloCtl& mine = b.ctl();
   Packer& pk = host_packer();
   char* arr = b.data();
   if (reverse_) {
     k_ = ++b.folds;
+    for (Peer& p : peers_) p.state->store(0, std::memory_order_release);
     mine.fentered.store(k_, std::memory_order_release);
     HaloBuffer::signal(mine);
     mpi_->start(arr, pk);  // the ghosts for other nodes, packed and sent
@@ -257,6 +357,7 @@ void ShmHaloStep::start() {
     push_all(k_);
   }
   active_ = true;
+  if (reverse_) enlist();  // from now on the waits of this process serve it
 }
 
 void ShmHaloStep::wait(FoldOp op, FoldKind kind) {
@@ -268,12 +369,16 @@ void ShmHaloStep::wait(FoldOp op, FoldKind kind) {
   char* arr = b.data();
   const std::uint64_t want = k_ * static_cast<std::uint64_t>(waiters_);
   if (!reverse_) {
-    b.wait_for(mine, [&] { return mine.pushed.load(std::memory_order_acquire) >= want; },
-               [&] { return std::string("this node's halo peers to write its ghosts"); });
+    wait_helping(mine, [&] { return mine.pushed.load(std::memory_order_acquire) >= want; },
+                 [&] { return std::string("this node's halo peers to write its ghosts"); });
     mpi_->wait(arr, pk);
     count_call("halo_shm", pk, Transport::direct);
     return;
   }
+  struct Delist {  // out of the registry however wait() ends
+    ShmHaloStep* s;
+    ~Delist() { s->delist(); }
+  } delist_at_end{this};
   if (kind == FoldKind::none)
     throw std::invalid_argument("pyshard: a fold through node-shared memory combines in the core");
   mpi_->wait(arr, pk, op, FoldKind::none);  // received into its buffer
@@ -284,16 +389,26 @@ void ShmHaloStep::wait(FoldOp op, FoldKind kind) {
     } else if (what == 1) {
       const Peer& p = peers_[i];
       HaloCtl& c = b.peer_ctl(p.idx);
-      b.wait_for(c, [&] { return c.fentered.load(std::memory_order_acquire) >= k_; },
-                 [&] { return b.peer_what(p.idx, "enter its halo fold"); });
-      fold_combine(kind, op, p.t, 0, 1, b.peer(p.idx), arr);
-      c.pulled.fetch_add(1, std::memory_order_acq_rel);
-      HaloBuffer::signal(c);
+      int zero = 0;
+      if (p.state->load(std::memory_order_acquire) == 0) {
+        wait_helping(c, [&] {
+          return c.fentered.load(std::memory_order_acquire) >= k_ ||
+                 p.state->load(std::memory_order_acquire) != 0;
+        }, [&] { return b.peer_what(p.idx, "enter its halo fold"); });
+      }
+      if (p.state->compare_exchange_strong(zero, 2, std::memory_order_acq_rel)) {
+        fold_combine(kind, op, p.t, 0, 1, b.peer(p.idx), arr);  // straight from its ghosts
+        c.pulled.fetch_add(1, std::memory_order_acq_rel);
+        HaloBuffer::signal(c);
+      } else {  // a helper read them ahead (or is reading them: a copy of a few boxes)
+        while (p.state->load(std::memory_order_acquire) != 3) shm_pause();
+        fold_combine(kind, op, p.stage_out, 0, 1, p.stage.data(), arr);
+      }
     } else {
       fold_combine_wraps(kind, op, wraps_, wrap_groups_, arr);
     }
   }
-  b.wait_for(mine, [&] { return mine.pulled.load(std::memory_order_acquire) >= want; },
+  wait_helping(mine, [&] { return mine.pulled.load(std::memory_order_acquire) >= want; },
                [&] { return std::string("this node's halo peers to read its ghosts (fold)"); });
   count_call("halo_fold_shm", pk, Transport::direct);
 }

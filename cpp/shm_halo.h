@@ -19,6 +19,14 @@
 //   once that peer's fentered >= k (then bumps its `pulled`: done reading it) and from the
 //   MPI messages of the others, into the interior; then waits until `pulled` counts every
 //   node peer that reads its ghosts, k times over, so that the caller may write them again.
+// - folds in flight waited in different orders on different ranks (which the docs allow):
+//   a fold's final wait depends on its peers reaching their own wait of that array. So every
+//   wait of a halo step through node-shared memory also serves the other folds this process
+//   has in flight (a registry of them): where a node peer of such a fold has entered it and
+//   its ghosts are not read yet, they are copied into a private stage of that fold and the
+//   peer's `pulled` bumped at once; that fold's wait() then combines from the stage, in the
+//   same order, so the result is the same bit for bit. (Each peer's share is claimed once,
+//   by the fold's own wait or by a helper, through an atomic state.)
 // Waits spin briefly, then sleep on the owner's futex word (ranks that outnumber the cores
 // yield them). The first exchange of an array trades where each rank's buffer lies in one
 // handshake of the node transport (NodeShm::trade), every rank of the mesh taking part.
@@ -46,7 +54,16 @@ struct HaloCtl {
   alignas(64) std::atomic<std::uint64_t> pulled;    // node peers done reading its ghosts
   alignas(64) std::atomic<std::uint32_t> seq;       // bumped after each change (futex)
   std::atomic<std::uint32_t> sleepers;
+  // what the owner's padded array is (written when the buffer is made, before any peer maps
+  // it): its bytes and a hash of its shape and element size, which each node peer checks
+  // against the shape its own plan gives that rank before its first copy (ranks that
+  // disagree on the halo array would write past it)
+  alignas(64) std::int64_t bytes;
+  std::uint64_t shape_hash;
 };
+
+// The hash HaloCtl::shape_hash holds (FNV-1a over the dims and the element size).
+std::uint64_t halo_shape_hash(const Shape& shape, i64 item);
 
 // A halo array's padded block in node-shared memory, and its node peers' (mapped at its first
 // exchange). Python views it through the buffer protocol (bindings_shm.cpp).
@@ -131,6 +148,20 @@ class ShmHaloStep {
 
  private:
   void push_all(std::uint64_t k);
+  // The peers' padded arrays as this rank's plan has them, against what each peer wrote in
+  // its counters (once, after the buffers are mapped): std::runtime_error where they differ.
+  void check_peers();
+  // Copy every node peer's ghosts this fold (in flight) still has to read and may read now
+  // into its stage, releasing that peer; with the registry's lock held.
+  void prepull();
+  // Serve the other folds in flight of this process (see above): a no-op where there are
+  // none, or where another thread serves them now.
+  void help_folds() const;
+  void enlist();
+  void delist();
+  // wait_for with help_folds() between the checks
+  template <class C, class W>
+  void wait_helping(HaloCtl& c, C done, W what) const;
 
   std::shared_ptr<HaloBuffer> buf_;
   std::shared_ptr<HaloGeometry> g_;
@@ -139,7 +170,16 @@ class ShmHaloStep {
   Shape shape_;
   struct Peer {
     int idx;        // node index
+    Shape pshape;   // its padded array, as this rank's plan has it
     DescTable t;    // one block: here -> there (update) or there -> here (fold)
+    // a fold's stage (used where a helper read this peer's ghosts ahead of wait()): its
+    // ghost boxes packed in box order, the copies there -> stage and stage -> here
+    DescTable stage_in, stage_out;
+    i64 stage_bytes = 0;
+    std::vector<char> stage;
+    // this fold's share of the peer: 0 not read, 1 a helper copying it, 2 read by wait(),
+    // 3 in the stage (a unique_ptr: atomics do not move)
+    std::unique_ptr<std::atomic<int>> state = std::make_unique<std::atomic<int>>(0);
   };
   std::vector<Peer> peers_;
   int waiters_;
@@ -149,12 +189,23 @@ class ShmHaloStep {
   i64 node_bytes_ = 0;
   std::uint64_t k_ = 0;  // the exchange in flight
   bool active_ = false;
+  bool checked_ = false;   // check_peers() done
+  bool enlisted_ = false;  // in the registry of folds in flight
   std::vector<int> todo_;
 };
 
 template <class C, class W>
 void HaloBuffer::wait_for(HaloCtl& c, C done, W what) const {
   spin_then_sleep(c.seq, c.sleepers, node_->spin(), done, what);
+}
+
+template <class C, class W>
+void ShmHaloStep::wait_helping(HaloCtl& c, C done, W what) const {
+  buf_->wait_for(c, [&] {
+    if (done()) return true;
+    help_folds();
+    return done();
+  }, what);
 }
 
 }  // namespace pyshard

@@ -313,8 +313,13 @@ def test_start_fold_wait_interior_written_in_flight(comm):
         mesh.free()
 
 
-@pytest.mark.parametrize("method", ["persistent", "shm"])
+@pytest.mark.parametrize("method", ["persistent", "shm", "auto"])
 def test_two_folds_in_flight(comm, method):
+    """Two folds in flight, started in the same order on every rank and waited in any order,
+    the same or (the last round) different on neighbouring ranks: through node-shared memory
+    a fold's wait() waits for its peers to read its ghosts in their own wait() of that array,
+    so ranks that waited in different orders hung there until PYSHARD_PEER_TIMEOUT (now each
+    wait serves the other folds in flight)."""
     mesh = ps.Mesh(comm, (comm.size,))
     lay = ps.Layout((3 * comm.size + 1, 4), "float64", (comm.size,), [ps.Shard(0)])
     x = ps.ShardedArray(np.zeros(lay.local_shape(mesh.coords)), lay, mesh)
@@ -328,7 +333,9 @@ def test_two_folds_in_flight(comm, method):
         wants.append(fold_expected(lay, h.width, h.periodic, h.corners, mesh.coords, "sum",
                                    gen))
     keep = [h.padded.copy() for h in hs]
-    for order in ((1, 0), (0, 1)):  # waited in the other order than started, then in it
+    by_rank = (0, 1) if comm.rank % 2 else (1, 0)
+    # waited in the other order than started, then in it, then each rank as its parity says
+    for order in ((1, 0), (0, 1), by_rank, by_rank):
         for h, k in zip(hs, keep):
             h.padded[...] = k
         hs[0].start_fold()
@@ -647,3 +654,72 @@ def test_many_folds_and_updates(comm, method):
     assert h.chosen == expected_method(x, method)
     assert h.fold_chosen == expected_fold_method(x, method, "float64")
     mesh.free()
+
+
+@pytest.mark.parametrize("method", ["persistent", "shm"])
+def test_folds_and_updates_waited_in_random_orders(comm, method):
+    """Three halo arrays of one layout, each round an update or a fold (the same on every
+    rank), started in the same order everywhere and waited in an order of each rank's own
+    (the docs: any order); right after each wait() the rank overwrites what it may then
+    write (a fold's ghost cells: its peers must be done reading them, however they read
+    them). Every update's ghosts and every fold's interior are the oracle's."""
+    shape, mshape, placements, sizes = sharded_case(comm.size)
+    mesh = ps.Mesh(comm, mshape)
+    lay = layout_of(shape, "float64", mesh, placements, sizes)
+    x = ps.ShardedArray(np.zeros(lay.local_shape(mesh.coords)), lay, mesh)
+    hs = [x.with_halo(tuple(min(w, n) for n in shape), periodic=True, method=method)
+          for w in (1, 2, 1)]
+    shared = np.random.default_rng(7)  # the same kinds on every rank
+    mine = np.random.default_rng(70 + comm.rank)  # each rank's own wait order
+    for k in range(10):
+        kinds = shared.integers(0, 2, len(hs))  # 0 update, 1 fold
+        wants = []
+        for i, (h, kind) in enumerate(zip(hs, kinds)):
+            def gen(q, h=h, i=i, k=k):
+                return padded_of(lay, h.width, q, "float64", 300 + 10 * k + i)
+
+            h.padded[...] = gen(mesh.coords)
+            if kind:
+                wants.append(fold_expected(lay, h.width, h.periodic, h.corners, mesh.coords,
+                                           "sum", gen))
+                h.start_fold()
+            else:
+                wants.append(updated(lay, h, gen, mshape)[mesh.coords])
+                h.start()
+        bad = []
+        for i in mine.permutation(len(hs)):
+            h = hs[i]
+            h.wait()
+            got = h.interior if kinds[i] else h.padded
+            bad += padded_mismatch(got, wants[i], f"round {k} array {i} rank {comm.rank}")
+            if kinds[i]:  # the ghosts are this rank's to write again, at once
+                saved = h.interior.copy()
+                h.padded[...] = np.nan
+                h.interior[...] = saved
+        all_agree(comm, bad)
+    for h in hs:
+        assert h.chosen == expected_method(x, method)
+    mesh.free()
+
+
+def test_widths_that_differ_between_ranks_through_shm_raise(comm):
+    """Ranks that disagree on a halo array (even ranks a width of 1, odd ones 2: every rank
+    has a neighbour of the other kind) through node-shared memory: each rank checks what its
+    node peers' padded arrays hold against its own plan and raises before copying anything
+    (a rank whose peers all agree with it would wait for them until PYSHARD_PEER_TIMEOUT);
+    they wrote past the peers' arrays (wrong ghosts, or a segfault for wide ones). Ranks on
+    one node only."""
+    if comm.size < 2:
+        pytest.skip("one rank: no peers")
+    mesh = ps.Mesh(comm, (comm.size,))
+    groups = mesh.node_groups((0,))
+    if mesh.node_transport((0,)) is None or len(set(groups.values())) != 1:
+        pytest.skip("ranks on several nodes, or no node-shared memory")
+    x = ps.distribute(np.arange(8.0 * comm.size * 3).reshape(8 * comm.size, 3), mesh,
+                      [ps.Shard(0)])
+    h = x.with_halo(1 + comm.rank % 2, periodic=True, method="shm")
+    with pytest.raises(RuntimeError, match="disagree on the halo array"):
+        h.update()
+    with pytest.raises(RuntimeError, match="disagree on the halo array"):
+        h.fold()
+    comm.Barrier()
