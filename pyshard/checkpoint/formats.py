@@ -21,6 +21,7 @@ from typing import Dict, Tuple
 
 from .driver import Arrays, Facts, Format
 from .hdf5_format import Hdf5Format
+from .manifest import MANIFEST
 from .npy_format import NpyFormat
 from .safetensors_format import SafetensorsFormat
 from .zarr_format import ZarrFormat
@@ -49,9 +50,11 @@ def driver(name: str) -> Format:
 def detect(path: str, what: str) -> Format:
     """The format at ``path``, the first of :data:`DRIVERS` (safetensors first) whose probe
     claims it, else for a file the first that it resembles (a damaged file of that format:
-    its description says what is wrong); ValueError for a file none claims or resembles,
-    :data:`DEFAULT` for anything else (its description raises FileNotFoundError for a
-    missing path, with its hint about ``.old-`` names)."""
+    its description says what is wrong); ValueError for a file none claims or resembles or
+    for a Zarr v2 store (``.zgroup``, ``.zarray``: pyshard reads Zarr v3 only),
+    FileNotFoundError for an empty directory, :data:`DEFAULT` for anything else (its
+    description raises FileNotFoundError for a missing path, with its hint about ``.old-``
+    names, or a directory without a manifest)."""
     # safetensors first: its header is checked whole, while an HDF5 signature may sit at
     # byte 512, 1024, ... (after a user block), which a safetensors file's data can hold
     for fmt in sorted(DRIVERS.values(), key=lambda f: f.name != "safetensors"):
@@ -67,7 +70,35 @@ def detect(path: str, what: str) -> Format:
             f"{what}: {path!r} is a file but neither {files} (a {dirs} checkpoint is a "
             f"directory)"
         )
+    if os.path.isdir(path):
+        _unclaimed_directory(path, what)
     return DEFAULT
+
+
+ZARR_V2 = (".zgroup", ".zarray", ".zmetadata")
+"""The files that mark a Zarr v2 group or array (a v3 store has ``zarr.json`` instead)."""
+
+
+def _unclaimed_directory(path: str, what: str) -> None:
+    """A directory no format claims: ValueError for a Zarr v2 store (pyshard reads Zarr v3
+    only), FileNotFoundError for an empty one; anything else is left to :data:`DEFAULT`'s
+    description (no manifest)."""
+    try:
+        names = os.listdir(path)
+    except OSError:
+        return  # DEFAULT's description says what is wrong
+    v2 = sorted(n for n in names if n in ZARR_V2)
+    if v2:
+        raise ValueError(
+            f"{what}: {path!r} is a Zarr v2 store ({', '.join(v2)}, no zarr.json): pyshard "
+            f"reads Zarr v3 only (convert it, for example by copying it with zarr-python 3 "
+            f"into a zarr_format=3 group)"
+        )
+    if not names:
+        raise FileNotFoundError(
+            f"{what}: {path!r} is an empty directory: no checkpoint (no {MANIFEST}, "
+            f"zarr.json or data files)"
+        )
 
 
 def open_arrays(path: str, what: str) -> Tuple[Format, Arrays, Facts]:

@@ -288,8 +288,10 @@ def load(
     GPU (read through host memory).
 
     Every rank raises the same FileNotFoundError or ValueError, naming the path and the
-    problem, for a missing manifest or file, a truncated or mismatched .npy, a checksum
-    mismatch, an unknown name, or an untrustworthy file (an offset or length outside the
+    problem, for a missing manifest or file (a shard of a Zarr checkpoint pyshard saved
+    included; another tool's missing Zarr chunk is the fill value), an empty directory, a
+    Zarr v2 store, a truncated or mismatched .npy, a checksum mismatch, an unknown name, or
+    an untrustworthy file (an offset or length outside the
     file, an oversized safetensors header, overlapping tensors, a Zarr key that escapes the
     directory, an unknown codec, a dtype pyshard cannot hold, a huge shape); ImportError
     naming the extra when the format's package (h5py, zarr-python) is not installed.

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import time
 from math import prod
 from typing import Any, List, Mapping, Optional, Tuple
@@ -60,16 +61,45 @@ def _check_arrays(arrays: object) -> List[Tuple[str, ShardedArray]]:
     return items
 
 
+def _non_finite(obj: Any, where: str) -> Optional[str]:
+    """Where in ``obj`` (as ``metadata[...]``) the first NaN or infinite float is, or None."""
+    if isinstance(obj, float):
+        return None if math.isfinite(obj) else f"{where} = {float(obj)!r}"
+    if isinstance(obj, Mapping):
+        items: Any = obj.items()
+    elif isinstance(obj, (list, tuple)):
+        items = enumerate(obj)
+    else:
+        return None
+    for k, v in items:
+        found = _non_finite(v, f"{where}[{k!r}]")
+        if found is not None:
+            return found
+    return None
+
+
 def _meta_json(metadata: object) -> str:
-    """``metadata`` (None: empty) as canonical JSON; TypeError unless a JSON-serialisable dict."""
+    """``metadata`` (None: empty) as canonical JSON; TypeError unless a JSON-serialisable dict,
+    ValueError where it holds a NaN or infinite float (standard JSON has none)."""
     if metadata is None:
         metadata = {}
     if not isinstance(metadata, Mapping):
         raise TypeError(f"save(metadata): expected a dict, got {type(metadata).__name__}")
     try:
-        return json.dumps(metadata, sort_keys=True)
+        text = json.dumps(metadata, sort_keys=True)
     except (TypeError, ValueError) as e:
         raise TypeError(f"save(metadata): not JSON-serialisable: {e}") from e
+    try:
+        # what manifest.json and the records hold must be standard JSON: json.dumps would
+        # write NaN and Infinity, which other JSON readers refuse
+        json.dumps(metadata, sort_keys=True, allow_nan=False)
+    except ValueError as e:
+        where = _non_finite(metadata, "metadata") or str(e)
+        raise ValueError(
+            f"save(metadata): holds a non-finite float ({where}): NaN and Infinity are not "
+            f"standard JSON; store them as strings or None"
+        ) from e
+    return text
 
 
 def _check_compression(format: str, compression: object) -> None:
@@ -105,7 +135,8 @@ def save(
     arrays: name -> ShardedArray, all on meshes over the same communicator. Partial arrays
     are reduced first (one collective each); of replicated copies exactly one rank writes.
     metadata: a JSON-serialisable dict kept with the checkpoint (the npy manifest, or the
-    pyshard record of the other formats; see :func:`checkpoint_info`).
+    pyshard record of the other formats; see :func:`checkpoint_info`); TypeError where it is
+    not, ValueError where it holds a NaN or infinite float (not standard JSON).
     sync: fsync the data, the metadata and the directory before the rename (default True).
 
     format: ``"npy"`` (the default: a directory of ``.npy`` files and a manifest),

@@ -35,7 +35,7 @@ from .manifest import MANIFEST
 from .record import facts, layout_of
 from .zarr_inspect import inspect
 from .zarr_meta import check_name, data_type, need
-from .zarr_read import read_rows
+from .zarr_read import missing_shard, read_rows
 
 __all__ = ["ZarrFormat"]
 
@@ -60,8 +60,27 @@ class ZarrFormat(Format):
 
     def describe(self, path: str, what: str) -> Tuple[Arrays, Facts]:
         table, rec = inspect(path, what)
-        arrays = {name: dict(e, **layout_of(rec, name)) for name, e in table.items()}
+        saved = rec.get("arrays") if rec is not None else None
+        saved = saved if isinstance(saved, dict) else {}
+        arrays = {
+            # saved: an array the record names, which pyshard's save wrote whole (every shard)
+            name: dict(e, saved=name in saved, **layout_of(rec, name))
+            for name, e in table.items()
+        }
         return arrays, facts(rec, {})
+
+    def check_arrays(self, path: str, arrays: Arrays) -> Arrays:
+        """Rank 0: every shard file of each of pyshard's own arrays is there (its save wrote
+        them all): FileNotFoundError naming the first missing one. In another tool's store a
+        chunk never written is the fill value (the Zarr rule)."""
+        for name, e in arrays.items():
+            fname = missing_shard(e) if e.get("saved") else None
+            if fname is not None:
+                raise FileNotFoundError(
+                    f"load: array {name!r}: its shard file {fname!r} is missing (the pyshard "
+                    f"checkpoint's save wrote it)"
+                )
+        return arrays
 
     def check_save(self, items: Items) -> None:
         need("save(format='zarr')")

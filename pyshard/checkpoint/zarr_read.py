@@ -7,7 +7,7 @@ from __future__ import annotations
 import itertools
 import os
 from math import prod
-from typing import Any, Dict, List, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 
@@ -38,6 +38,23 @@ def _pread_into(fd: int, off: int, dst: np.ndarray, fname: str) -> None:
         off += k
 
 
+def missing_shard(e: Dict[str, Any]) -> Optional[str]:
+    """The first shard (or chunk) file of the array ``e`` describes that is not there, or
+    None: one file per cell of its chunk grid (a 0-d array: its one chunk; an array with no
+    element: none). For pyshard's own arrays (``e["saved"]``), whose save wrote every
+    shard; another tool's missing chunk is the fill value."""
+    shape = list(e["shape"])
+    if 0 in shape:
+        return None
+    cd = Codecs(e["meta"])
+    grid = [range(-(-n // s)) for n, s in zip(shape, cd.outer)]
+    for idx in itertools.product(*grid):
+        fname = os.path.join(e["file"], *cd.key(tuple(idx)).split("/"))
+        if not os.path.isfile(fname):
+            return fname
+    return None
+
+
 def read_direct(
     e: Dict[str, Any], cd: Codecs, d: int, r0: int, r1: int, dtype: np.dtype
 ) -> np.ndarray:
@@ -45,7 +62,8 @@ def read_direct(
     (or chunk, unsharded) its index, decoded and crc32c-checked by zarr-python's index
     codecs, then only the inner chunks inside the region, decoded in batches by
     zarr-python's codec pipeline (:class:`Codecs`), or, stored as plain bytes, read from the
-    file into their place in the result; absent chunks and shards are the fill value."""
+    file into their place in the result; absent chunks and shards are the fill value (for
+    pyshard's own arrays, ``e["saved"]``, a missing shard file raises ValueError)."""
     shape = list(e["shape"])
     lo = [0] * len(shape)
     hi = list(shape)
@@ -81,6 +99,11 @@ def read_direct(
         try:
             fd = os.open(fname, os.O_RDONLY)
         except FileNotFoundError:  # never written: the fill value
+            if e.get("saved"):  # pyshard's save wrote every shard (checked on rank 0 first)
+                raise ValueError(
+                    f"load: {fname!r}: a shard file of a pyshard checkpoint is missing "
+                    f"(removed since the load checked it)"
+                ) from None
             part = zip(s_lo, s_hi, lo, hi)
             out[tuple(slice(max(a, x) - x, min(b, y) - x) for a, b, x, y in part)] = cd.fill
             continue

@@ -78,7 +78,7 @@ def save(
             try:
                 write_shards(tmp, name, meta, local, box, sync)
             except Exception as e:  # agreed in finish, before the metadata is written
-                bad = f"save({path!r}): array {name!r}: {e!r}"
+                bad = saving.write_error(path, name, comm.Get_rank(), e)
 
     def commit(_: List[Any]) -> None:
         """Rank 0: every ``zarr.json`` (the arrays', nested names' groups, the root group with

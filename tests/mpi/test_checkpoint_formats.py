@@ -11,17 +11,20 @@ check does not depend on the MPI library.
 
 from __future__ import annotations
 
+import errno
 import glob
 import json
 import os
+import resource
 import shutil
+import signal
 import struct
 import tempfile
 
 import numpy as np
 import pytest
 from ckpt_worker import check_loaded, global_of, make_sharded
-from oracle import ML_DTYPES
+from oracle import ML_DTYPES, agree
 from test_checkpoint import mpirun, needs_subprocess, on_rank0, spec
 from test_redistribute_nd import counts_since
 
@@ -37,6 +40,7 @@ from pyshard.checkpoint import (
     zarr_read,
 )
 from pyshard.checkpoint.driver import Format
+from pyshard.checkpoint.zarr_format import ZarrFormat
 
 pytestmark = pytest.mark.mpi
 
@@ -575,6 +579,131 @@ def test_zarr_shards_read_directly(comm, shared_dir, monkeypatch, compression):
         ps.load(path, mesh, {"x": [Replicate()]})
 
 
+def _shard_files(path, name):
+    """The shard (or chunk) files of array ``name`` of the Zarr store at ``path``, sorted."""
+    found = glob.glob(os.path.join(path, *name.split("/"), "c", "**"), recursive=True)
+    found += glob.glob(os.path.join(path, *name.split("/"), "c"))
+    return sorted({f for f in found if os.path.isfile(f)})
+
+
+def test_zarr_missing_shard_raises_on_every_rank(comm, shared_dir, monkeypatch):
+    """A shard file missing from pyshard's own Zarr checkpoint (its save wrote every shard)
+    raises the same FileNotFoundError naming the file on every rank, before any data is read,
+    whichever rank's shard it is (the last rank's, the first's, a 0-d array's one chunk), with
+    the direct reader or through zarr-python; the checkpoint's other arrays still load, and
+    the direct reader refuses one removed after the check. In another tool's store a chunk
+    never written (or removed) is the fill value, as Zarr says."""
+    need("zarr")
+    p = comm.size
+    mesh = ps.Mesh(comm, (p,))
+    specs = {
+        "w": spec((4 * p + 1, 3), "float64", 11, ["S(0)"]),  # row shards, at most one per rank
+        "k": spec((3, 2 * p), "int32", 12, ["S(1)"]),  # the boxes are the shard grid
+        "s": spec((), "float64", 13, ["R"]),
+        "e": spec((0, 3), "float32", 14, ["S(0)"]),  # no element: no shard
+    }
+    base = os.path.join(shared_dir, "base.zarr")
+    ps.save(base, {n: make_sharded(mesh, s) for n, s in specs.items()}, format="zarr")
+    files = on_rank0(comm, lambda: {n: _shard_files(base, n) for n in specs})
+    assert files["e"] == [] and len(files["s"]) == 1 and len(files["k"]) == p, files
+    want = {"w": [Shard(1)], "k": [Shard(0)], "s": [Replicate()], "e": [Shard(0)]}
+    for i, (name, victim) in enumerate(
+        (("w", files["w"][-1]), ("k", files["k"][0]), ("s", files["s"][0]))
+    ):
+        path = os.path.join(shared_dir, f"gone{i}.zarr")
+        gone = victim.replace(base, path, 1)
+
+        def remove(path=path, gone=gone):
+            shutil.copytree(base, path)
+            os.remove(gone)
+
+        on_rank0(comm, remove)
+        for direct in ("1", "0"):
+            monkeypatch.setenv("PYSHARD_ZARR_DIRECT", direct)
+            with pytest.raises(FileNotFoundError) as ei:
+                ps.load(path, mesh, want)
+            assert str(ei.value) == (
+                f"load: array {name!r}: its shard file {gone!r} is missing (the pyshard "
+                f"checkpoint's save wrote it)"
+            ), str(ei.value)
+        monkeypatch.setenv("PYSHARD_ZARR_DIRECT", "1")
+        # the others load, and the description needs no data
+        rest = {n: pl for n, pl in want.items() if n != name}
+        out = ps.load(path, mesh, rest)
+        for n, y in out.items():
+            np.testing.assert_array_equal(y.local, global_of(specs[n])[y.box])
+        assert sorted(ps.checkpoint_info(path)["arrays"]) == sorted(specs)
+    # a shard removed after rank 0's check: the direct reader raises rather than fill
+    arrays, _ = ZarrFormat().describe(os.path.join(shared_dir, "gone0.zarr"), "test")
+    assert arrays["w"]["saved"]
+    with pytest.raises(ValueError, match="a shard file of a pyshard checkpoint is missing"):
+        zarr_read.read_rows(arrays["w"], 0, 0, 4 * p + 1, np.dtype("float64"))
+
+    # another tool's store: a missing chunk is the fill value
+    g = np.arange(24, dtype="f4").reshape(6, 4)
+
+    def foreign():
+        import zarr
+
+        f = os.path.join(shared_dir, "tool.zarr")
+        grp = zarr.open_group(f, mode="w")
+        grp.create_array("x", shape=g.shape, dtype=g.dtype, chunks=(2, 2), fill_value=7)[...] = g
+        os.remove(os.path.join(f, "x", "c", "2", "1"))
+        return f
+
+    f = on_rank0(comm, foreign)
+    out = ps.load(f, mesh, {"x": [Shard(0)]})
+    w = g.copy()
+    w[4:6, 2:4] = 7
+    np.testing.assert_array_equal(out["x"].local, w[out["x"].box])
+
+
+def test_zarr_write_error_names_the_rank(comm, shared_dir):
+    """A shard write that fails on one rank (the last; a file size limit: EFBIG) raises the
+    same ValueError on every rank, naming the array and the rank as the other formats do;
+    the previous checkpoint stays, and no temporary directory is left. (Zarr shards are
+    written with plain file writes, not MPI-IO: any MPI library.)"""
+    need("zarr")
+    p = comm.size
+    mesh = ps.Mesh(comm, (p,))
+    g = global_of(spec((4 * p, 1024), "float32", 7, ["S(0)"]))
+    x = ps.distribute(g, mesh, [Shard(0)])  # four rows, one 16 KiB shard, per rank
+    path = os.path.join(shared_dir, "wfail.zarr")
+    ps.save(path, {"old": x}, {"v": 1}, format="zarr")
+    comm.Barrier()
+    last = p - 1
+    if comm.rank == last:
+        old_sig = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        old = resource.getrlimit(resource.RLIMIT_FSIZE)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (8192, old[1]))
+    try:
+        ps.save(path, {"new": x, "newer": x}, {"v": 2}, format="zarr")
+        msg = "saved"
+    except Exception as e:
+        msg = f"{type(e).__name__}: {e}"
+    finally:
+        if comm.rank == last:
+            resource.setrlimit(resource.RLIMIT_FSIZE, old)
+            signal.signal(signal.SIGXFSZ, old_sig)
+    failures = []
+    msgs = comm.allgather(msg)
+    if len(set(msgs)) != 1:
+        failures.append(f"the ranks differ: {msgs}")
+    want = f"ValueError: save({path!r}): array 'new': rank {last}: OSError({errno.EFBIG}, "
+    if not msg.startswith(want):
+        failures.append(f"expected {want!r}..., got {msg!r}")
+    info = ps.checkpoint_info(path)
+    if info["metadata"] != {"v": 1} or sorted(info["arrays"]) != ["old"]:
+        failures.append(f"the previous checkpoint was replaced: {info}")
+    out = ps.load(path, mesh, {"old": [Replicate()]})
+    if not np.array_equal(out["old"].local, g):
+        failures.append("the previous checkpoint's data differs")
+    left = on_rank0(comm, lambda: glob.glob(path + ".tmp-*"))
+    if left:
+        failures.append(f"temporary directories left: {left}")
+    agree(comm, failures)
+
+
 # ----------------------------------------------------------------------------- concurrency
 
 
@@ -933,6 +1062,106 @@ def test_bad_zarr_on_every_rank(comm, shared_dir):
         with pytest.raises(ValueError, match=match) as ei:
             ps.load(f, mesh, {"x": [Shard(0)]})
         assert f in str(ei.value) or "zarr.json" in str(ei.value)
+
+
+def test_non_finite_metadata_refused(comm, shared_dir):
+    """NaN and infinite floats in ``metadata`` (which json.dumps writes as the non-standard
+    NaN and Infinity) raise the same ValueError on every rank, naming where they are,
+    before anything is written, in every format; the previous checkpoint stays. What a save
+    writes is standard JSON."""
+    mesh = ps.Mesh(comm, (comm.size,))
+    x = ps.distribute(np.arange(6.0), mesh, [Shard(0)])
+    cases = [
+        ({"lr": float("nan")}, "metadata['lr'] = nan"),
+        ({"hist": [1.0, float("inf")]}, "metadata['hist'][1] = inf"),
+        ({"a": {"b": (0.5, np.float64("-inf"))}}, "metadata['a']['b'][1] = -inf"),
+    ]
+    for fmt in available(formats.FORMATS):
+        path = os.path.join(shared_dir, "meta-" + fmt + EXT.get(fmt, ""))
+        ps.save(path, {"x": x}, {"v": 1.5}, format=fmt)
+        for meta, where in cases:
+            with pytest.raises(ValueError) as ei:
+                ps.save(path, {"x": x}, meta, format=fmt)
+            assert str(ei.value) == (
+                f"save(metadata): holds a non-finite float ({where}): NaN and Infinity are "
+                f"not standard JSON; store them as strings or None"
+            ), str(ei.value)
+            with pytest.raises(ValueError, match="non-finite"):
+                ps.save(os.path.join(shared_dir, "never-" + fmt), {"x": x}, meta, format=fmt)
+        assert ps.checkpoint_info(path)["metadata"] == {"v": 1.5}, fmt
+        with pytest.raises(TypeError, match="not JSON-serialisable"):
+            ps.save(path, {"x": x}, {"f": object()}, format=fmt)
+    assert on_rank0(comm, lambda: [n for n in os.listdir(shared_dir) if "meta-" not in n]) == []
+
+    def strict():
+        def refuse(c):
+            raise ValueError(f"non-standard JSON constant {c}")
+
+        files = [os.path.join(shared_dir, "meta-npy", "manifest.json")]
+        if "zarr" in available(["zarr"]):
+            files.append(os.path.join(shared_dir, "meta-zarr.zarr", "zarr.json"))
+        got = []
+        for f in files:
+            with open(f) as fh:
+                got.append(json.load(fh, parse_constant=refuse))
+        return [got[0]["metadata"]] + [m["attributes"]["pyshard"]["metadata"] for m in got[1:]]
+
+    assert all(m == {"v": 1.5} for m in on_rank0(comm, strict))
+
+
+def test_zarr_v2_store_and_empty_directory_named(comm, shared_dir):
+    """A directory no format claims says what it is: a Zarr v2 store (``.zgroup``,
+    ``.zarray``) raises ValueError saying pyshard reads Zarr v3 only, an empty directory
+    FileNotFoundError saying it is empty (load and checkpoint_info, every rank alike); any
+    other directory still has no manifest. An empty directory may still be a save's target."""
+    mesh = ps.Mesh(comm, (comm.size,))
+
+    def make():
+        out = {}
+        grp = os.path.join(shared_dir, "v2group.zarr")
+        os.makedirs(os.path.join(grp, "x"))
+        with open(os.path.join(grp, ".zgroup"), "w") as f:
+            json.dump({"zarr_format": 2}, f)
+        with open(os.path.join(grp, "x", ".zarray"), "w") as f:
+            json.dump({"zarr_format": 2, "shape": [4], "chunks": [2], "dtype": "<f8"}, f)
+        out["v2group"] = grp
+        arr = os.path.join(shared_dir, "v2array.zarr")
+        shutil.copytree(os.path.join(grp, "x"), arr)
+        out["v2array"] = arr
+        try:
+            import zarr
+        except ImportError:
+            pass
+        else:
+            tool = os.path.join(shared_dir, "v2tool.zarr")
+            z = zarr.open_group(tool, mode="w", zarr_format=2)
+            z.create_array("x", shape=(4,), dtype="f8", chunks=(2,))[...] = np.arange(4.0)
+            out["v2tool"] = tool
+        out["empty"] = os.path.join(shared_dir, "empty.zarr")
+        os.mkdir(out["empty"])
+        out["other"] = os.path.join(shared_dir, "other")
+        os.mkdir(out["other"])
+        open(os.path.join(out["other"], "notes.txt"), "w").close()
+        return out
+
+    paths = on_rank0(comm, make)
+    for key, p in paths.items():
+        if key.startswith("v2"):
+            exc, match = ValueError, r"is a Zarr v2 store \(\.z.*pyshard reads Zarr v3 only"
+        elif key == "empty":
+            exc, match = FileNotFoundError, "is an empty directory: no checkpoint"
+        else:
+            exc, match = FileNotFoundError, r"has no manifest\.json"
+        with pytest.raises(exc, match=match) as ei:
+            ps.load(p, mesh, {"x": [Shard(0)]})
+        assert repr(p) in str(ei.value)
+        with pytest.raises(exc, match=match):
+            ps.checkpoint_info(p)
+    for fmt in available(["npy", "zarr"]):
+        empty = os.path.join(shared_dir, "empty-" + fmt)
+        on_rank0(comm, lambda empty=empty: os.mkdir(empty))
+        ps.save(empty, {"x": ps.distribute(np.arange(4.0), mesh, [Shard(0)])}, format=fmt)
+        assert ps.checkpoint_info(empty)["format"] == fmt
 
 
 def test_missing_package_names_the_extra(comm, shared_dir, monkeypatch):
