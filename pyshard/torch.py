@@ -148,6 +148,11 @@ class ShardedTensor(Placed):
     __slots__ = ("local", "layout", "mesh")
 
     def __init__(self, local: torch.Tensor, layout: Layout, mesh: Mesh) -> None:
+        if layout.mesh_shape != mesh.shape:
+            raise ValueError(
+                f"ShardedTensor: the layout is for a mesh of shape {layout.mesh_shape}, the mesh "
+                f"has shape {mesh.shape}"
+            )
         want = layout.local_shape(mesh.coords)
         if tuple(local.shape) != want:
             raise ValueError(

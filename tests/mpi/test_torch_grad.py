@@ -694,3 +694,12 @@ def test_redistribute_then_halo_pad(comm):
                                 f"p{periodic} c{corners}: {leaf.grad} vs {ref.grad[q][x.box]}")
         mesh.free()
     assert not failures, f"{len(failures)} failures:\n" + "\n".join(failures[:5])
+
+
+def test_sharded_tensor_of_another_mesh_shape_raises(comm):
+    """A layout made for another mesh shape than the mesh's raises ValueError naming both
+    shapes (as ShardedArray does), not a late error about coords or communicators."""
+    mesh = ps.Mesh(comm, (comm.size,))
+    lay = ps.Layout((4, 2), "float64", (comm.size, 1), [Replicate(), Replicate()])
+    with pytest.raises(ValueError, match="mesh of shape"):
+        pst.ShardedTensor(torch.zeros(4, 2, dtype=torch.float64), lay, mesh)
