@@ -65,6 +65,8 @@ class HaloSpec:
 
 
 def _per_dim(value: object, ndim: int, name: str) -> tuple:
+    if isinstance(value, np.ndarray) and value.ndim == 1:  # one per dim, as a list
+        value = value.tolist()
     if isinstance(value, (list, tuple)):
         if len(value) != ndim:
             raise ValueError(

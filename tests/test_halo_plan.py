@@ -156,6 +156,15 @@ def test_bad_arguments(kw, exc, msg):
         halo_spec(layout, **kw)
 
 
+def test_numpy_arrays_per_dim():
+    """One width / periodic flag per dim given as a 1-D numpy array, as a list would be."""
+    layout = Layout((5, 6), "float32", (2,), [S0])
+    spec = halo_spec(layout, np.array([1, 2]), periodic=np.array([True, False]))
+    assert spec == halo_spec(layout, (1, 2), periodic=(True, False))
+    with pytest.raises(ValueError, match="has 3 entries"):
+        halo_spec(layout, np.array([1, 1, 1]))
+
+
 def test_partial_is_refused():
     layout = Layout((5, 6), "float32", (2,), [Partial("sum")])
     with pytest.raises(ValueError, match="Partial on mesh dim"):
