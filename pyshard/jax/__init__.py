@@ -32,7 +32,7 @@ from __future__ import annotations
 import logging
 from functools import partial
 from math import prod
-from typing import Any, Optional, Sequence, Tuple
+from typing import Any, Dict, Optional, Sequence, Tuple
 
 try:
     import jax
@@ -141,10 +141,11 @@ class Sharded:
 # ----------------------------------------------------------------------------- checks
 
 
-def _check(x: object, what: str) -> Sharded:
+def _check(x: object, what: str, args: Optional[Dict[str, str]] = None) -> Sharded:
     """``x`` is a Sharded whose local array is what its layout gives this rank: raised at
     trace time, before any communication (rank-local; PYSHARD_VALIDATE=1 makes every rank
-    raise, see docs/jax.md)."""
+    raise, see docs/jax.md, and compares ``args`` too: the call's other arguments, as
+    text, which every rank must pass alike)."""
     if not isinstance(x, Sharded):
         raise TypeError(f"{what}: expected a pyshard.jax.Sharded, got {type(x).__name__}")
     lay, mesh = x.layout, x.mesh
@@ -162,10 +163,23 @@ def _check(x: object, what: str) -> Sharded:
         _validate.agree(mesh.comm, f"pyshard.jax.{what}", {
             "local array": f"not its shard: {bad}" if bad else "its shard",
             "layout": repr(lay),
+            **(args or {}),
         })
     if bad:
         raise ValueError(f"{what}: {bad}")
     return x
+
+
+def _resolved(x: object, make: Any) -> str:
+    """What ``make(x)`` resolves a call's arguments to (a layout, a halo spec), as text for
+    the validation mode's comparison (so that equal layouts spelt differently agree), or the
+    error it raises; only where validation is on."""
+    if not _validate.enabled or not isinstance(x, Sharded):
+        return ""
+    try:
+        return repr(make(x))
+    except Exception as e:  # noqa: BLE001 - compared as text, raised again by the call
+        return f"{type(e).__name__}: {e}"
 
 
 def _jax_dtype_ok(dt: np.dtype) -> None:
@@ -181,6 +195,10 @@ def from_local(local: Any, mesh: Mesh, placements: PlacementsArg,
     """Wrap this rank's shard ``local`` (a jax array, also a tracer inside ``jit``) as the
     array of ``global_shape`` laid out as ``placements`` (and ``sizes``) on ``mesh``; no
     communication. Raises ValueError where ``local`` is not the shard the layout gives."""
+    if not isinstance(local, (jax.Array, jax.core.Tracer)):
+        # a numpy (or other) array: as JAX holds it (float64 is float32 without
+        # jax_enable_x64), so the layout's dtype is the one the custom calls see
+        local = jnp.asarray(local)
     dt = np.dtype(local.dtype)
     _jax_dtype_ok(dt)
     lay = Layout(tuple(global_shape), dt, mesh.shape, placements, sizes)
@@ -282,7 +300,9 @@ def redistribute(x: Sharded, placements: PlacementsArg, sizes: SizesArg = None,
     Differentiable (``jax.grad``, ``jax.vjp``): the cotangent of the result goes back to
     ``x``'s layout by the reverse redistribute, with pyshard.torch's convention
     (``grad_placements`` as there)."""
-    x = _check(x, "redistribute")
+    x = _check(x, "redistribute", {
+        "target": _resolved(x, lambda x: relaid(x.layout, placements, sizes)),
+        "algorithm": repr(algorithm), "grad_placements": repr(grad_placements)})
     dst = relaid(x.layout, placements, sizes)
     gp = None if grad_placements is None else tuple(grad_placements)
     gout = grad_out_layout(dst, gp)
@@ -366,7 +386,8 @@ def halo_pad(x: Sharded, width: WidthArg, periodic: PeriodicArg = False,
 
     Differentiable: the VJP is :func:`fold` (every ghost cell's cotangent added into the
     owner's cell it was copied from), pyshard.torch's convention."""
-    x = _check(x, "halo_pad")
+    x = _check(x, "halo_pad", {
+        "halo": _resolved(x, lambda x: halo_spec(x.layout, width, periodic, corners))})
     spec = halo_spec(x.layout, width, periodic, corners)
     return _halo_pad(x.local, (x.layout, spec, x.mesh))
 
@@ -378,12 +399,22 @@ def fold(padded: Any, like: Sharded, width: WidthArg, periodic: PeriodicArg = Fa
     interior that :func:`halo_pad` copies it from, in the fixed order of
     :meth:`pyshard.HaloArray.fold` (the same bits on every run); returns the interiors, laid
     out as ``like``. Collective; differentiable (its VJP is :func:`halo_pad`)."""
-    like = _check(like, "fold")
+    bad = ""
+    if isinstance(like, Sharded):
+        try:
+            spec = halo_spec(like.layout, width, periodic, corners)
+            want = tuple(halo_plan(like.layout, spec, like.mesh.coords).padded_shape)
+            if tuple(padded.shape) != want:
+                bad = (f"fold: padded has shape {tuple(padded.shape)}, this rank's padded "
+                       f"shard is {want}")
+        except (TypeError, ValueError):
+            pass  # raised again below, after the ranks agree on the arguments
+    like = _check(like, "fold", {
+        "halo": _resolved(like, lambda x: halo_spec(x.layout, width, periodic, corners)),
+        "padded": bad or "this rank's padded shard"})
     spec = halo_spec(like.layout, width, periodic, corners)
-    want = tuple(halo_plan(like.layout, spec, like.mesh.coords).padded_shape)
-    if tuple(padded.shape) != want:
-        raise ValueError(f"fold: padded has shape {tuple(padded.shape)}, this rank's padded "
-                         f"shard is {want}")
+    if bad:
+        raise ValueError(bad)
     return Sharded(_fold(padded, (like.layout, spec, like.mesh)), like.layout, like.mesh)
 
 
@@ -441,7 +472,10 @@ def _empty_pass(a: Any, shape: Sequence[int], dtype: np.dtype) -> Any:
 
 def _fft(kind: str, x: Sharded, s: Optional[Sequence[int]], axes: Optional[Sequence[int]],
          norm: Optional[str], placements: Any, sizes: SizesArg, algorithm: str) -> Sharded:
-    x = _check(x, kind)
+    x = _check(x, kind, {
+        "transform": _resolved(x, lambda x: (lambda f: (f.dst, len(f.passes)))(
+            fft_plan(x.layout, kind, axes, s, norm, placements, sizes))),
+        "norm": repr("backward" if norm is None else norm), "algorithm": repr(algorithm)})
     fp = fft_plan(x.layout, kind, axes, s, norm, placements, sizes)
     local = x.local
     for p in fp.passes:

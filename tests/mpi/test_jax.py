@@ -832,6 +832,57 @@ def test_a_rank_that_fails_to_trace_makes_every_rank_raise_under_validation(comm
     mesh.free()
 
 
+def test_validation_compares_the_call_arguments(comm):
+    """Under PYSHARD_VALIDATE, arguments that differ on one rank (the target sizes, a halo's
+    periodic, the algorithm, an FFT's axes) raise the same ValueError on every rank, naming
+    the argument, before any exchange (the source layout alone was compared: they hung);
+    the same target spelt two ways (sizes given as the balanced split, or left out) agrees."""
+    if comm.size < 2:
+        pytest.skip("one rank: nothing to differ")
+    mesh = ps.Mesh(comm, (comm.size,))
+    p = comm.size
+    g = global_array((2 * p + 1, 2 * p), "float64", 1)
+    x = psj.distribute(g, mesh, [Shard(0)])
+    odd = comm.rank == 0
+    cases = [
+        ("target", lambda x: psj.redistribute(x, [Shard(1)], {1: [2 * p] + [0] * (p - 1)}
+                                                if odd else None)),
+        ("halo", lambda x: psj.halo_pad(x, 1, periodic=odd)),
+        ("algorithm", lambda x: psj.redistribute(x, [Shard(1)],
+                                                   algorithm="p2p" if odd else "auto")),
+        ("transform", lambda x: psj.fftn(x, axes=(0,) if odd else (1,))),
+    ]
+    ps.set_validation(True)
+    try:
+        for name, f in cases:
+            with pytest.raises(ValueError, match=name) as e:
+                jax.jit(f)(x)
+            msgs = comm.allgather(str(e.value))
+            assert len(set(msgs)) == 1, msgs
+        # equal targets spelt differently: no error, the right shards
+        even = {1: tuple(t) for t in [x.layout.replace([Shard(1)]).table[1][1]]}
+        y = jax.jit(lambda x: psj.redistribute(x, [Shard(1)], even if odd else None))(x)
+        np.testing.assert_array_equal(np.asarray(y.local), g[y.layout.box(mesh.coords)])
+    finally:
+        ps.config.reset("PYSHARD_VALIDATE")
+    mesh.free()
+
+
+def test_from_local_of_a_numpy_float64_without_x64(comm):
+    """Without jax_enable_x64 a numpy float64 local is what JAX holds, float32, and so is
+    the layout (it said float64: eager calls lost precision silently, jit raised)."""
+    mesh = ps.Mesh(comm, (comm.size,))
+    g = global_array((2 * comm.size + 1, 3), "float64", 2)
+    lay = ps.Layout(g.shape, "float64", (comm.size,), [Shard(0)])
+    with jax.enable_x64(False):
+        x = psj.from_local(g[lay.box(mesh.coords)], mesh, [Shard(0)], g.shape)
+        assert x.layout.dtype == np.float32 and x.local.dtype == np.float32
+        y = jax.jit(lambda x: psj.redistribute(x, [Shard(1)]))(x)
+        np.testing.assert_array_equal(np.asarray(y.local),
+                                      g.astype(np.float32)[y.layout.box(mesh.coords)])
+    mesh.free()
+
+
 @pytest.mark.parametrize("untested", [False, True])
 def test_jax_outside_the_tested_versions(untested):
     """A jax outside the tested range: ImportError naming the versions and the override; with
