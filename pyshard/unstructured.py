@@ -31,13 +31,14 @@ from __future__ import annotations
 
 import logging
 import time
+import weakref
 import zlib
 from dataclasses import dataclass
 from typing import Any, Dict, Optional, Tuple
 
 import numpy as np
 
-from . import _backend, _core, _dtypes, _shm, collectives
+from . import _backend, _core, _dtypes, _shm, _validate, collectives
 from .array import ShardedArray
 from .exchange import Exchange, Request
 from .layout import Shard
@@ -55,6 +56,9 @@ _OP_CODE = {op: k for k, op in enumerate(OPS)}  # cpp/index_exchange.h IndexOp
 _ALGORITHMS = {"alltoall": 0, "nbx": 1}
 METHODS = ("p2p", "persistent", "neighbor")  # cpp/peer_messages.h PeerMethod, in its order
 TUNE_REPS = 5  # calls per candidate when method="tune"
+# each mesh's gather plans, numbered as they are made (collectively: the same numbers on
+# every rank), which the validation mode compares at each call
+_PLAN_SERIALS: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
 # A gather's result of this many bytes or more lives in node-shared memory on a node transport
 # (node owners write into it); smaller ones are plain arrays: below about 512 KiB the
 # handshake's segment costs more than the copy at wait() it saves (scripts/index_ab.py
@@ -197,7 +201,8 @@ def _check_indices(indices: Any, N: int) -> Tuple[Optional[np.ndarray], int, str
     if a.dtype.kind == "u" and a.dtype.itemsize == 8 and a.size and int(a.max()) >= N:
         k = int(np.flatnonzero(a >= N)[0])  # (before the cast, which would wrap it negative)
         return None, 1, f"indices[{k}] = {int(a[k])} is outside [0, {N})", False
-    a = a.astype(np.int64, copy=False)
+    # a copy: the plan keeps its indices (plan.indices), and the caller may reuse its buffer
+    a = np.array(a, dtype=np.int64, copy=True)
     inc = _increasing(a)
     if a.size and not (inc and 0 <= a[0] and a[-1] < N):
         bad = np.flatnonzero((a < 0) | (a >= N))
@@ -271,6 +276,8 @@ class GatherPlan:
                  make: Any = None, candidates: Tuple[str, ...] = (),
                  touched: Any = None, method: str = "p2p", scatter_by: str = "") -> None:
         self.mesh, self.layout = mesh, layout
+        self.serial = _PLAN_SERIALS.get(mesh, 0)  # this mesh's plan number (the same everywhere)
+        _PLAN_SERIALS[mesh] = self.serial + 1
         self.offsets = offsets
         self.indices = indices
         self.exchange = exchange
@@ -313,7 +320,11 @@ class GatherPlan:
             self._cores[key] = core
             return core
         best: Tuple[float, str, Any] = (float("inf"), "", None)
-        for m in self._candidates:
+        # a scatter never tunes to "neighbor": its collective cannot carry a rank's bad
+        # values to the others (an explicit method="neighbor" documents that; a tuned choice
+        # would make every later bad call hang silently)
+        cands = [m for m in self._candidates if not (direction == "scatter" and m == "neighbor")]
+        for m in cands:
             c = self._make(m, device)
             times = []
             for _ in range(TUNE_REPS):
@@ -344,18 +355,31 @@ class GatherPlan:
     def route(self) -> IndexRoute:
         return self.exchange.route
 
-    def _check(self, x: Any, what: str) -> np.ndarray:
+    def _check(self, x: Any, what: str, args: str = "") -> np.ndarray:
+        """``x``'s local array, or the error; under PYSHARD_VALIDATE the ranks first agree
+        on the plan (its number on the mesh: plans started in different orders on different
+        ranks would exchange each other's rows), the call (``args``) and whether ``x`` fits,
+        so that every rank raises the same ValueError."""
+        err: Optional[Exception] = None
         if not isinstance(x, ShardedArray):
-            raise TypeError(f"pyshard.GatherPlan.{what}: expected a ShardedArray, got "
+            err = TypeError(f"pyshard.GatherPlan.{what}: expected a ShardedArray, got "
                             f"{type(x).__name__}")
-        if x.mesh is not self.mesh or x.layout.table[0] != self.layout.table[0] or any(
+        elif x.mesh is not self.mesh or x.layout.table[0] != self.layout.table[0] or any(
                 p != Shard(0) for p in x.layout.placements):
-            raise ValueError(f"pyshard.GatherPlan.{what}: the array is laid out differently "
+            err = ValueError(f"pyshard.GatherPlan.{what}: the array is laid out differently "
                              f"from the plan's like= (its dim 0 must have the same shard table "
                              f"on the same mesh)")
-        if self._inflight is not None:
-            raise RuntimeError(f"pyshard.GatherPlan.{what}: this plan's previous exchange is "
+        elif self._inflight is not None:
+            err = RuntimeError(f"pyshard.GatherPlan.{what}: this plan's previous exchange is "
                                f"still in flight; wait() for it first")
+        if _validate.enabled:
+            _validate.agree(self.mesh.comm, f"pyshard.GatherPlan.{what}", {
+                "plan": f"gather plan #{self.serial} of this mesh",
+                "call": args,
+                "array": f"refused: {err}" if err is not None else "accepted",
+            })
+        if err is not None:
+            raise err
         return x.local
 
     def _count(self, op: str, rb: int, forward: bool, core: Any) -> None:
@@ -430,6 +454,12 @@ class GatherPlan:
                 error = (f"pyshard.GatherPlan.gather: out must be a writable C-contiguous "
                          f"numpy array of shape {shape} and dtype {host.dtype}")
                 out = None
+            elif np.may_share_memory(out, host) and np.shares_memory(out, host):
+                # the rows this rank reads from x would be overwritten as they are read
+                error = ("pyshard.GatherPlan.gather: out shares memory with x's local array "
+                         "(rows read from x would be overwritten as they are read); pass "
+                         "another buffer")
+                out = None
         rb = host.dtype.itemsize * int(np.prod(shape[1:], dtype=np.int64))
 
         def trial(c: Any) -> None:
@@ -470,9 +500,9 @@ class GatherPlan:
         ml_dtypes floats accumulate in float32, rounded once; bool's ``"sum"`` is a logical
         or. ``wait=False`` returns a :class:`PendingIndex`. Every rank of the mesh calls it;
         no collective runs."""
+        local = self._check(into, "scatter", f"op={op!r}")  # (validation: ops compared first)
         if op not in OPS:
             raise ValueError(f"pyshard.GatherPlan.scatter: op must be one of {OPS}, got {op!r}")
-        local = self._check(into, "scatter")
         device = _backend.is_device(local)
         dt = np.dtype(local.dtype)
         if dt.kind == "c" and op in ("max", "min"):

@@ -440,6 +440,9 @@ def test_tune_picks_one_method_on_every_rank(mesh):
         assert all(c == chosen[0] for c in chosen), chosen
         assert set(chosen[0]) == {"gather", "scatter"}
         assert set(chosen[0].values()) <= {"p2p", "persistent", "neighbor", "shm"}
+        # a scatter never tunes to neighbor (its collective cannot carry a rank's bad values:
+        # a later bad call would hang every other rank)
+        assert chosen[0]["scatter"] != "neighbor"
         assert f"tune: gather by {chosen[0]['gather']}, scatter by " in plan.explain()
     else:
         assert plan.chosen == {}
@@ -614,7 +617,11 @@ def test_local_errors(mesh):
             (lambda: plan.scatter(np.zeros((n, 2), np.float32), into=x), r"dtype float64"),
             (lambda: plan.scatter(np.zeros((n, 3)), into=x), "values must"),
             (lambda: plan.gather(x, out=np.zeros((n + 1, 2))), "out must"),
-            (lambda: plan.gather(x, out=np.zeros((n, 2), np.float32)), "out must")]:
+            (lambda: plan.gather(x, out=np.zeros((n, 2), np.float32)), "out must"),
+            # out over x's own memory (its rows read as they are overwritten: wrong rows)
+            # (a rank that cannot alias it, with no rows or too few, passes a bad shape)
+            (lambda: plan.gather(x, out=x.local[:n] if 0 < n <= x.local.shape[0] else
+                                 np.zeros((n + 1, 2))), "out")]:
         with pytest.raises(ValueError, match=match):
             fn()
         np.testing.assert_array_equal(x.local, before)  # nothing combined
@@ -904,3 +911,33 @@ def test_plan_after_mesh_free_raises(method):
             plan.gather(x)
     else:
         np.testing.assert_array_equal(plan.gather(x), g[idx])
+
+
+def test_plan_keeps_its_indices_and_validation_names_plans_out_of_order(mesh):
+    """plan.indices is the plan's own copy (the caller's buffer reused afterwards changed
+    it); under PYSHARD_VALIDATE, two plans started in different orders on different ranks
+    raise on every rank, naming the plans (without it they exchange each other's rows where
+    the sizes match: the docs ask for the same order everywhere)."""
+    P, me = mesh.size, mesh.rank
+    g = make_global((N, 2), "float64")
+    x = dist(g, mesh, layout_sizes("balanced", N, P))
+    buf = np.asarray(indices_of("random", 5, me), np.int64)
+    want = buf.copy()
+    a = ps.gather_plan(buf, like=x)
+    buf[...] = 0
+    np.testing.assert_array_equal(a.indices, want)
+    np.testing.assert_array_equal(a.gather(x), g[want])
+    b = ps.gather_plan(want[::-1].copy(), like=x)
+    if P < 2:
+        return
+    ps.set_validation(True)
+    try:
+        first, second = (a, b) if me % 2 == 0 else (b, a)
+        with pytest.raises(ValueError, match="gather plan #"):
+            first.gather(x, wait=False)
+        msgs = MPI.COMM_WORLD.allgather(str(ps.config.get("PYSHARD_VALIDATE")))
+        assert len(set(msgs)) == 1
+        del second
+    finally:
+        ps.config.reset("PYSHARD_VALIDATE")
+    np.testing.assert_array_equal(b.gather(x), g[want[::-1]])  # the plans still run
