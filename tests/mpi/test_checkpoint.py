@@ -453,6 +453,36 @@ def test_save_errors_on_every_rank(comm, shared_dir):
     assert on_rank0(comm, lambda: sorted(os.listdir(shared_dir))) == ["other"]
 
 
+def same_error(comm, msg, want):
+    """Failures (a list) unless every rank got ``msg`` alike and it starts with ``want``."""
+    failures = []
+    msgs = comm.allgather(msg)
+    if len(set(msgs)) != 1:
+        failures.append(f"the ranks differ: {msgs}")
+    if not msg.startswith(want):
+        failures.append(f"expected {want!r}..., got {msg!r}")
+    return failures
+
+
+def save_limited(comm, rank, limit, save):
+    """Run ``save()`` on every rank with files limited to ``limit`` bytes on ``rank`` (a write
+    past it fails there with EFBIG, SIGXFSZ ignored): what it raised (``"Type: text"``), or
+    ``"saved"``."""
+    if comm.rank == rank:
+        old_sig = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        old = resource.getrlimit(resource.RLIMIT_FSIZE)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, old[1]))
+    try:
+        save()
+        return "saved"
+    except Exception as e:  # noqa: BLE001 - compared across the ranks by the caller
+        return f"{type(e).__name__}: {e}"
+    finally:
+        if comm.rank == rank:
+            resource.setrlimit(resource.RLIMIT_FSIZE, old)
+            signal.signal(signal.SIGXFSZ, old_sig)
+
+
 @pytest.mark.mpi(min_size=2)
 def test_npy_write_error_on_one_rank(comm, shared_dir):
     """A data write that fails on one rank (a file size limit: EFBIG) raises the same
@@ -472,26 +502,9 @@ def test_npy_write_error_on_one_rank(comm, shared_dir):
     ps.save(path, arrays, {"v": 1})
     comm.Barrier()
     last = comm.size - 1
-    if comm.rank == last:  # its rows start past 16 KiB of each 64 KiB file
-        old_sig = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
-        old = resource.getrlimit(resource.RLIMIT_FSIZE)
-        resource.setrlimit(resource.RLIMIT_FSIZE, (16384, old[1]))
-    try:
-        ps.save(path, arrays, {"v": 2})
-        msg = "saved"
-    except Exception as e:
-        msg = f"{type(e).__name__}: {e}"
-    finally:
-        if comm.rank == last:
-            resource.setrlimit(resource.RLIMIT_FSIZE, old)
-            signal.signal(signal.SIGXFSZ, old_sig)
-    failures = []
-    msgs = comm.allgather(msg)
-    if len(set(msgs)) != 1:
-        failures.append(f"the ranks differ: {msgs}")
-    want = f"ValueError: save({path!r}): array 'a': rank {last}: "
-    if not msg.startswith(want):
-        failures.append(f"expected {want!r}..., got {msg!r}")
+    # its rows start past 16 KiB of each 64 KiB file
+    msg = save_limited(comm, last, 16384, lambda: ps.save(path, arrays, {"v": 2}))
+    failures = same_error(comm, msg, f"ValueError: save({path!r}): array 'a': rank {last}: ")
     info = ps.checkpoint_info(path)
     if info["metadata"] != {"v": 1}:
         failures.append(f"the previous checkpoint was replaced: {info['metadata']}")

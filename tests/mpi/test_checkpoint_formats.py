@@ -15,9 +15,7 @@ import errno
 import glob
 import json
 import os
-import resource
 import shutil
-import signal
 import struct
 import tempfile
 
@@ -25,7 +23,7 @@ import numpy as np
 import pytest
 from ckpt_worker import check_loaded, global_of, make_sharded
 from oracle import ML_DTYPES, agree
-from test_checkpoint import mpirun, needs_subprocess, on_rank0, spec
+from test_checkpoint import mpirun, needs_subprocess, on_rank0, same_error, save_limited, spec
 from test_redistribute_nd import counts_since
 
 import pyshard as ps
@@ -672,26 +670,10 @@ def test_zarr_write_error_names_the_rank(comm, shared_dir):
     ps.save(path, {"old": x}, {"v": 1}, format="zarr")
     comm.Barrier()
     last = p - 1
-    if comm.rank == last:
-        old_sig = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
-        old = resource.getrlimit(resource.RLIMIT_FSIZE)
-        resource.setrlimit(resource.RLIMIT_FSIZE, (8192, old[1]))
-    try:
-        ps.save(path, {"new": x, "newer": x}, {"v": 2}, format="zarr")
-        msg = "saved"
-    except Exception as e:
-        msg = f"{type(e).__name__}: {e}"
-    finally:
-        if comm.rank == last:
-            resource.setrlimit(resource.RLIMIT_FSIZE, old)
-            signal.signal(signal.SIGXFSZ, old_sig)
-    failures = []
-    msgs = comm.allgather(msg)
-    if len(set(msgs)) != 1:
-        failures.append(f"the ranks differ: {msgs}")
-    want = f"ValueError: save({path!r}): array 'new': rank {last}: OSError({errno.EFBIG}, "
-    if not msg.startswith(want):
-        failures.append(f"expected {want!r}..., got {msg!r}")
+    msg = save_limited(comm, last, 8192,
+                       lambda: ps.save(path, {"new": x, "newer": x}, {"v": 2}, format="zarr"))
+    failures = same_error(
+        comm, msg, f"ValueError: save({path!r}): array 'new': rank {last}: OSError({errno.EFBIG}, ")
     info = ps.checkpoint_info(path)
     if info["metadata"] != {"v": 1} or sorted(info["arrays"]) != ["old"]:
         failures.append(f"the previous checkpoint was replaced: {info}")
