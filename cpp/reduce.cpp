@@ -27,7 +27,7 @@ void nan_op(void* in, void* inout, int* len, MPI_Datatype* dt) {
     nan_op_typed<float, F<float>>(in, inout, *len);
   else if (*dt == MPI_DOUBLE)
     nan_op_typed<double, F<double>>(in, inout, *len);
-  // mpi_op_for() hands these ops float and double only
+  // host_mpi_op() hands these ops float and double only
 }
 
 MPI_Op nan_max_op = MPI_OP_NULL, nan_min_op = MPI_OP_NULL;
@@ -40,9 +40,8 @@ void make_nan_ops() {
 
 }  // namespace
 
-MPI_Op mpi_op_for(ReduceOp op, MPI_Datatype type, bool host) {
-  if (host && (op == ReduceOp::max || op == ReduceOp::min) &&
-      (type == MPI_FLOAT || type == MPI_DOUBLE)) {
+MPI_Op host_mpi_op(ReduceOp op, MPI_Datatype type) {
+  if ((op == ReduceOp::max || op == ReduceOp::min) && (type == MPI_FLOAT || type == MPI_DOUBLE)) {
     std::call_once(nan_ops_made, make_nan_ops);
     return op == ReduceOp::max ? nan_max_op : nan_min_op;
   }
@@ -101,7 +100,7 @@ AllreduceStep::AllreduceStep(std::shared_ptr<Comm> comm, MPI_Datatype type, i64 
       type_(type),
       item_(item),
       op_(mpi_op(op)),
-      host_op_(mpi_op_for(op, type, true)),
+      host_op_(host_mpi_op(op, type)),
       n_(volume(shape)),
       ws_(std::move(ws)),
       tr_(tr) {}
@@ -128,7 +127,7 @@ ReduceScatterStep::ReduceScatterStep(std::shared_ptr<Comm> comm,
       g_(std::move(g)),
       type_(type),
       op_(mpi_op(op)),
-      host_op_(mpi_op_for(op, type, true)),
+      host_op_(host_mpi_op(op, type)),
       ws_(std::move(ws)),
       tr_(tr) {
   if (g_->size != comm_->size() || g_->rank != comm_->rank())

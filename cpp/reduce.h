@@ -16,10 +16,10 @@ namespace pyshard {
 enum class ReduceOp { sum = 0, max = 1, min = 2, lor = 3, land = 4 };
 
 MPI_Op mpi_op(ReduceOp op);
-// The op to reduce `type` with on buffers in host memory (`host`) or on the device: float and
-// double max/min on the host take user ops in which NaN wins (as numpy.maximum/minimum), made
-// once; everything else the builtin mpi_op(op).
-MPI_Op mpi_op_for(ReduceOp op, MPI_Datatype type, bool host);
+// The op to reduce `type` with on buffers in host memory: float and double max/min take user
+// ops in which NaN wins (as numpy.maximum/minimum), made once; everything else the builtin
+// mpi_op(op) (which device buffers under CUDA-aware MPI keep).
+MPI_Op host_mpi_op(ReduceOp op, MPI_Datatype type);
 
 // Geometry of a Reduce_scatter: pieces[i] is the box of the source that member i receives
 // reduced (in elements of `item` bytes: the reduction type, float32 for float16 data).
@@ -51,7 +51,7 @@ class AllreduceStep {
   MPI_Datatype type_;
   i64 item_;
   MPI_Op op_;       // on device buffers (CUDA-aware MPI): the builtin
-  MPI_Op host_op_;  // on host buffers: mpi_op_for(op, type, true)
+  MPI_Op host_op_;  // on host buffers: host_mpi_op(op, type)
   i64 n_;
   std::shared_ptr<Workspace> ws_;
   Transport tr_;
@@ -72,7 +72,7 @@ class ReduceScatterStep {
   std::shared_ptr<ScatterGeometry> g_;
   MPI_Datatype type_;
   MPI_Op op_;       // on device buffers (CUDA-aware MPI): the builtin
-  MPI_Op host_op_;  // on host buffers: mpi_op_for(op, type, true)
+  MPI_Op host_op_;  // on host buffers: host_mpi_op(op, type)
   std::shared_ptr<Workspace> ws_;
   Transport tr_;
   mpi::Counts counts_;
