@@ -47,8 +47,16 @@ def is_device(a: Any) -> bool:
 
 def as_array(obj: Any, name: str) -> Any:
     """``obj`` as a numpy or cupy array without copying, or TypeError naming ``name``."""
-    if isinstance(obj, np.ndarray):
+    if type(obj) is np.ndarray:
         return obj
+    if isinstance(obj, np.ndarray):  # a subclass: its memory as a plain array
+        if isinstance(obj, np.ma.MaskedArray):  # its mask would be dropped without a word
+            raise TypeError(
+                f"{name} is a numpy masked array: pyshard moves plain arrays, and its mask "
+                f"would be lost; pass {name}.filled(value) or {name}.data (and move the mask "
+                f"as a bool array of its own)"
+            )
+        return obj.view(np.ndarray)
     if isinstance(obj, np.generic):
         return np.asarray(obj)
     if is_device(obj):

@@ -47,7 +47,17 @@ def _check_mesh(mesh: object) -> Mesh:
     return mesh
 
 
+class _Refused:
+    """A local array a front end could not take (pyshard.torch): ``from_local`` raises
+    ``err`` where it would raise its own error, after the Allgather that carries it."""
+
+    def __init__(self, err: BaseException) -> None:
+        self.err = err
+
+
 def _check_array(a: object, name: str) -> Any:
+    if isinstance(a, _Refused):
+        raise a.err
     a = bk.as_array(a, name)
     check_dtype(a.dtype, f"{name}.dtype")
     return a
@@ -76,6 +86,8 @@ class ShardedArray(Placed):
                 f"local array {local.shape} {local.dtype} disagrees with the layout, which puts "
                 f"{want} {layout.dtype} at mesh coords {mesh.coords}"
             )
+        if type(local) is not np.ndarray and isinstance(local, np.ndarray):
+            local = bk.as_array(local, "local")  # a subclass (memmap, matrix): a plain view
         self.local = local if local.flags.c_contiguous else bk.xp_of(local).array(local, order="C")
         self.layout = layout
         self.mesh = mesh
@@ -309,7 +321,8 @@ def distribute(
     mesh = _check_mesh(mesh)
     a = _check_array(global_array, "global_array")
     layout = Layout(a.shape, a.dtype, mesh.shape, placements, sizes)
-    local = bk.xp_of(a).array(a[layout.box(mesh.coords)], order="C", copy=True)
+    # (the Ellipsis keeps a 0-d array an array: a[()] is a numpy scalar, always native-endian)
+    local = bk.xp_of(a).array(a[layout.box(mesh.coords) + (Ellipsis,)], order="C", copy=True)
     if zeroed(layout, mesh.coords):
         local[...] = 0
     return ShardedArray(local, layout, mesh)
@@ -347,7 +360,8 @@ def from_local(
     if _validate.enabled:  # the same arguments everywhere; then every shape check agrees
         args = {"placements": repr(placements), "global_shape": repr(global_shape)}
         args["sizes"] = repr(sizes)
-        args["dtype"] = str(getattr(local, "dtype", type(local).__name__))
+        args["dtype"] = (f"refused ({local.err})" if isinstance(local, _Refused)
+                         else str(getattr(local, "dtype", type(local).__name__)))
         args["ndim"] = str(getattr(local, "ndim", "?"))
         _validate.agree(mesh.comm, "from_local", args)
         validate = True

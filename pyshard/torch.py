@@ -45,6 +45,7 @@ import numpy as np
 from torch.autograd.function import once_differentiable
 
 from . import _backend as bk
+from . import _validate
 from . import array as _array
 from ._cache import memoize
 from ._grad import grad_in_layout as _grad_in_layout
@@ -88,7 +89,10 @@ def _as_array(t: torch.Tensor) -> Any:
     if not t.is_contiguous():
         t = t.contiguous()
     if t.device.type == "cpu" and t.dtype not in _ML_TORCH:
-        return t.numpy()
+        try:
+            return t.numpy()
+        except TypeError:  # a dtype numpy lacks (complex32): DLPack's error names what we take
+            return bk.as_array(t, "tensor")
     if t.device.type == "cuda" and t.dtype in _ML_TORCH:
         # DLPack (retagged), not the __cuda_array_interface__ that as_array prefers: torch
         # describes a bfloat16 tensor there as raw void words ("<V2"), a float8 one not at all
@@ -226,9 +230,17 @@ def from_local(
     Allgather of the local shapes; ``validate=True`` checks a given ``global_shape`` on every
     rank at once.
     """
-    if not isinstance(local, torch.Tensor):
-        raise TypeError(f"from_local: local must be a torch.Tensor, got {type(local).__name__}")
-    x = _array.from_local(_as_array(local), mesh, placements, global_shape, sizes, validate)
+    a: Any
+    try:
+        if not isinstance(local, torch.Tensor):
+            raise TypeError(f"from_local: local must be a torch.Tensor, got "
+                            f"{type(local).__name__}")
+        a = _as_array(local)
+    except (TypeError, ValueError) as e:
+        if global_shape is not None and not validate and not _validate.enabled:
+            raise  # no communication follows: this rank raises alone, as pyshard.from_local
+        a = _array._Refused(e)  # carried in from_local's Allgather: every rank raises it
+    x = _array.from_local(a, mesh, placements, global_shape, sizes, validate)
     return ShardedTensor(local, x.layout, mesh)
 
 

@@ -27,6 +27,7 @@ from .. import _validate
 from .._cache import memoize
 from ..array import ShardedArray
 from ..layout import Layout, Partial, Placement, Replicate, Shard, check_placements, sizes_key
+from . import fftplan
 from .engine import have_scipy
 from .fftplan import FFTPlan, run_passes
 from .kinds import (
@@ -164,7 +165,8 @@ def _run(p: FFTPlan, x: ShardedArray, out: Any, workers: Any, name: str,
     or this rank's shard of the result (``FFTPlan.forward``'s ``out=``). Every check of a
     ShardedArray ``out`` reads only what every rank shares (shapes, dtypes, layouts); a plain
     array is a rank-local fact, agreed by one small allreduce (``FFTPlan.forward``): every
-    rank raises the same."""
+    rank raises the same. So is a ShardedArray out's local array (its layout is checked
+    first): the same allreduce agrees that it is writeable and of its layout's shape."""
     if out is None:
         return p.forward(x, workers=workers)
     if not isinstance(out, ShardedArray):
@@ -186,11 +188,18 @@ def _run(p: FFTPlan, x: ShardedArray, out: Any, workers: Any, name: str,
             "(placements= and sizes= choose the result's layout)"
         )
     loc = out.local
+    # out's local array on each rank (replaced, or made read-only, on one?): agreed by one
+    # small allreduce, so every rank raises or none does
+    flags = getattr(loc, "flags", None)
+    problem = None if (type(loc) is type(x.local) and tuple(loc.shape) == out.layout.local_shape(
+        x.mesh.coords) and (bk.is_device(loc) or getattr(flags, "writeable", False))) else \
+        fftplan._out_problem(loc, out.layout, x)
+    fftplan.agree_out(problem, loc, out.layout, x, True)
     xp = bk.xp_of(loc)
     direct = (out.dtype == dst.dtype and loc.flags.c_contiguous
               and bk.is_device(loc) == bk.is_device(x.local)
               and not xp.may_share_memory(loc, x.local))
-    if direct:  # out's layout is checked (every rank's): no allreduce to agree on it
+    if direct:
         run_passes(p.passes, x, loc, p.norm, p.type, workers, None,
                    orthogonalize=p.orthogonalize)
     else:  # another dtype, or out is (a view of) the input: transform, then cast into out

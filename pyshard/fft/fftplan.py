@@ -79,8 +79,8 @@ class FFTPlan:
         (each rank its own shard's): whether it fits is a rank-local fact, agreed by one
         small allreduce over the mesh before any exchange, so a rank whose ``out`` does not
         fit makes every rank raise the same ``ValueError`` (naming it), not the others
-        wait. A :class:`ShardedArray` ``out`` laid out as :attr:`dst` needs no agreement
-        (its layout is every rank's): the form for a loop that times or repeats calls."""
+        wait. A :class:`ShardedArray` ``out`` must be laid out as :attr:`dst` (checked
+        alike on every rank); its local arrays are agreed by the same allreduce."""
         if not isinstance(x, ShardedArray) or x.layout != self.src:
             got = x.layout if isinstance(x, ShardedArray) else type(x).__name__
             raise ValueError(
@@ -146,15 +146,20 @@ class FFTPlan:
 def _out_problem(out: Any, dst: Layout, x: ShardedArray) -> Optional[str]:
     """What is wrong with ``out`` as this rank's shard of the result (None: it fits)."""
     want = dst.local_shape(x.mesh.coords)
-    if (tuple(getattr(out, "shape", ())) == want and getattr(out, "dtype", None) == dst.dtype
-            and bk.is_device(out) == bk.is_device(x.local)
-            and getattr(getattr(out, "flags", None), "c_contiguous", False)):
+    flags = getattr(out, "flags", None)
+    writeable = bk.is_device(out) or getattr(flags, "writeable", False)
+    if (type(out) is type(x.local) and tuple(getattr(out, "shape", ())) == want
+            and getattr(out, "dtype", None) == dst.dtype
+            and getattr(flags, "c_contiguous", False) and writeable):
         return None
     where = "device" if bk.is_device(out) else "host"
-    layout = "" if getattr(getattr(out, "flags", None), "c_contiguous", True) else \
-        " non-contiguous"
+    layout = "" if getattr(flags, "c_contiguous", True) else " non-contiguous"
+    if flags is not None and not writeable:
+        layout += " read-only"
+    kind = "" if type(out) in (type(x.local), np.ndarray) or bk.is_device(out) else \
+        f" ({type(out).__name__}, not a plain array)"
     return (f"{getattr(out, 'shape', type(out).__name__)} {getattr(out, 'dtype', '')} "
-            f"{where}{layout} array")
+            f"{where}{layout} array{kind}")
 
 
 def _check_out(out: Optional[Any], dst: Layout, x: ShardedArray) -> Optional[Any]:
@@ -162,24 +167,30 @@ def _check_out(out: Optional[Any], dst: Layout, x: ShardedArray) -> Optional[Any
     is a rank-local fact: one small allreduce over the mesh (the lowest and the highest rank
     at fault) keeps the ranks in step, so every rank raises (the same ``ValueError``, naming
     them) or none does. (A ShardedArray ``out=`` of the functions is checked from its
-    layout, the same on every rank, and run with :func:`run_passes`: no allreduce.)"""
+    layout first, the same on every rank, then its local array as a plain ``out``.)"""
     if out is None:
         return None
     mesh = x.mesh
-    kind = "device" if bk.is_device(x.local) else "host"
-    if isinstance(out, ShardedArray):  # its layout is every rank's: checked alike, no allreduce
+    sharded = isinstance(out, ShardedArray)
+    if sharded:  # its layout is every rank's: checked alike, before the allreduce below
         if out.layout != dst or out.mesh is not mesh:
             raise ValueError(f"out is laid out as {out.layout}, the result as {dst} (on the "
                              f"input's mesh)")
-        problem = _out_problem(out.local, dst, x)
-        if problem is not None:  # its local replaced since: this rank's fault alone
-            raise ValueError(f"out's local array does not fit its layout {dst}: {problem}")
-        return out.local
-    problem = _out_problem(out, dst, x)
+        out = out.local  # its local array (replaced, or made read-only, on some rank?) below
+    return agree_out(_out_problem(out, dst, x), out, dst, x, sharded)
+
+
+def agree_out(problem: Optional[str], out: Any, dst: Layout, x: ShardedArray,
+              sharded: bool) -> Any:
+    """``out`` where no rank has a ``problem`` with its out (one small allreduce of the
+    lowest and highest rank at fault over x's mesh), else the same ValueError on every rank."""
+    mesh = x.mesh
+    kind = "device" if bk.is_device(x.local) else "host"
     if mesh.size == 1:
         if problem is not None:
             raise ValueError(
-                f"out must be a C-contiguous {kind} array of shape "
+                ("out's local array" if sharded else "out")
+                + f" must be a writeable C-contiguous {kind} array of shape "
                 f"{dst.local_shape(mesh.coords)} and dtype {dst.dtype} (this rank's shard of "
                 f"{dst}), got {problem}"
             )
@@ -193,8 +204,9 @@ def _check_out(out: Optional[Any], dst: Layout, x: ShardedArray) -> Optional[Any
     ranks = f"rank {lo}" if lo == hi else f"ranks {lo} to {hi} (the lowest and highest at fault)"
     shape = dst.local_shape(tuple(mesh.comm.Get_coords(lo)))
     raise ValueError(
-        f"out must be a C-contiguous {kind} array of each rank's shard of the result ({dst}, "
-        f"dtype {dst.dtype}): it does not fit on {ranks} (rank {lo}'s shard has shape "
+        ("out's local arrays" if sharded else "out")
+        + f" must be a writeable C-contiguous {kind} array of each rank's shard of the result "
+        f"({dst}, dtype {dst.dtype}): it does not fit on {ranks} (rank {lo}'s shard has shape "
         f"{shape}); every rank raises this"
         + (f"; this rank (rank {r}) got {problem}" if problem is not None else "")
     )

@@ -182,6 +182,48 @@ def test_from_local_one_bad_rank_raises_everywhere(comm, mesh, case, how):
     assert x.global_shape == (2, 2 * p)
 
 
+class _Sub(np.ndarray):
+    """An ndarray subclass, as numpy.memmap and numpy.matrix are."""
+
+
+def test_subclass_locals_held_as_plain_arrays(comm, mesh, tmp_path_factory):
+    """A numpy.memmap (or numpy.matrix, another) subclass handed in as a local or global array is
+    held as a plain ndarray view of the same memory: a plain out= of the result's shape then
+    fits (it raised "out must be a plain memmap, got ndarray"). A masked array is refused on
+    every rank (its mask would be dropped without a word)."""
+    p, r = comm.size, comm.rank
+    g = make_global((2 * p, 3), np.float64, seed=3)
+    mine = g[2 * r:2 * r + 2]
+    path = tmp_path_factory.mktemp(f"mm{r}") / "a.dat"
+    mm = np.memmap(path, np.float64, "w+", shape=mine.shape)
+    mm[...] = mine
+    for local in (mm, mine.copy().view(_Sub)):
+        x = ps.from_local(local, mesh, [Shard(0)])
+        assert type(x.local) is np.ndarray and np.shares_memory(x.local, local)
+        out = np.empty((2 * p, 3))
+        y = x.redistribute([Replicate()], out=out)
+        assert y.local is out and np.array_equal(out, g)
+        z = ps.ShardedArray(local, x.layout, mesh)
+        assert type(z.local) is np.ndarray
+    x = ps.distribute(g.view(_Sub), mesh, [Shard(0)])
+    assert type(x.local) is np.ndarray and np.array_equal(x.local, mine)
+    masked = np.ma.masked_array(mine, mask=np.zeros(mine.shape, bool))
+    local = masked if r == p - 1 else mine
+    _same_error_everywhere(comm, TypeError, lambda: ps.from_local(local, mesh, [Shard(0)]),
+                           f"rank {p - 1}:", "masked array")
+    with pytest.raises(TypeError, match="masked array"):
+        ps.distribute(np.ma.masked_array(g), mesh, [Shard(0)])
+
+
+@pytest.mark.parametrize("dt", [">f8", ">i4", ">c16", "<f8"])
+def test_distribute_a_0d_array_keeps_its_byte_order(mesh, dt):
+    """A 0-d array in non-native byte order distributes as itself (a[()] is a numpy scalar,
+    always native: it raised "local array () float64 disagrees with the layout ... >f8")."""
+    a = np.array(2.25 if dt[1] != "i" else 7, dt)
+    x = ps.distribute(a, mesh, [Replicate()] * mesh.ndim)
+    assert x.local.dtype == np.dtype(dt) and x.local.shape == () and x.local == a
+
+
 @pytest.mark.mpi(min_size=2)
 def test_from_local_disagreement_names_what_differs(comm, mesh):
     p, r = comm.size, comm.rank

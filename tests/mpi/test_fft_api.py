@@ -422,8 +422,9 @@ def test_out(comm):
 def test_plain_out_that_fits_on_some_ranks_only(comm, monkeypatch):
     """A plain out= (this rank's shard) that fits on some ranks only: every rank raises the
     same ValueError naming the ranks at fault, before any exchange (one small allreduce
-    agrees on it, the only collective a plain out= costs); a ShardedArray out= and no out=
-    cost none; the ranks stay in step (the next call runs)."""
+    agrees on it, the only collective a plain out= costs); a ShardedArray out= costs the same
+    one (its local arrays: test_out_refused_on_one_rank_raises_everywhere), no out= none;
+    the ranks stay in step (the next call runs)."""
     calls = []
     agree = ps.collectives.max_all_array
 
@@ -478,7 +479,7 @@ def test_plain_out_that_fits_on_some_ranks_only(comm, monkeypatch):
     assert p.forward(x).layout == y.layout
     so2 = out_like(y, C)
     assert p.forward(x, out=so2).local is so2.local  # the plan's own: the bench's loop form
-    assert calls == []  # a ShardedArray out= (and none) agree nothing
+    assert len(calls) == 2  # a ShardedArray out= agrees its local arrays (one each); none none
     np.testing.assert_array_equal(so.local, y.local)
     np.testing.assert_array_equal(so2.local, y.local)
     mesh.free()
@@ -556,3 +557,51 @@ def test_hermitian_partial_input(comm):
         assert y.placements == (ps.Partial("sum"), Shard(0))
         assert ulps(gathered(y), getattr(sf, kind)(total)) <= NUMPY_ULPS, kind
     mesh.free()
+
+
+class _Sub(np.ndarray):
+    """An ndarray subclass (numpy.memmap, numpy.matrix)."""
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("case", ["read-only", "subclass", "sharded read-only", "sharded cast"])
+def test_out_refused_on_one_rank_raises_everywhere(comm, case):
+    """An out= that one rank alone cannot take (read-only, an ndarray subclass; a ShardedArray
+    out whose local array was made read-only there): every rank raises the same ValueError
+    before any exchange (that rank raised alone, after its peers had entered the first
+    transpose: they hung); the next call runs."""
+    p, r = comm.size, comm.rank
+    mesh = ps.Mesh(comm, (p,))
+    g = global_array((2 * p + 1, 6), C, seed=9)
+    x = ps.distribute(g, mesh, [Shard(0)])
+    want = np.fft.fftn(g)
+    bad = p - 1
+    if case.startswith("sharded"):
+        dt = Z if case == "sharded cast" else C
+        out = ps.distribute(np.zeros(g.shape, dt), mesh, [Shard(1)])
+        fresh = ps.distribute(np.zeros(g.shape, dt), mesh, [Shard(1)])
+        if r == bad:
+            out.local.setflags(write=False)
+    else:
+        shape = pf.fftn(x).local.shape
+        out = np.zeros(shape, C)
+        fresh = np.zeros(shape, C)
+        if r == bad:
+            out = out.view(_Sub) if case == "subclass" else out
+            out.setflags(write=case == "subclass")
+    before = ps.comm_stats()
+    with pytest.raises(ValueError, match="out") as e:
+        pf.fftn(x, out=out, placements=[Shard(1)] if case.startswith("sharded") else None)
+    assert collectives_since(before) == 0
+    assert f"rank {bad}" in str(e.value), str(e.value)
+    msgs = comm.allgather(str(e.value).split("; this rank")[0])
+    assert len(set(msgs)) == 1, msgs
+    if r == bad:
+        assert ("read-only" if case != "subclass" else "_Sub") in str(e.value), str(e.value)
+    y = pf.fftn(x, out=fresh, placements=[Shard(1)] if case.startswith("sharded") else None)
+    got = y if isinstance(y, ps.ShardedArray) else None
+    if got is not None:
+        full = got.redistribute([Replicate()]).local
+        assert np.allclose(full, want.astype(full.dtype), rtol=1e-5, atol=1e-3)
+    mesh.free()
+

@@ -14,6 +14,7 @@ every gradient is exact and compared with ``torch.equal``.
 from __future__ import annotations
 
 import random
+import warnings
 from math import prod
 
 import numpy as np
@@ -452,6 +453,41 @@ def test_sharded_tensor_checks_the_dtype(comm):
         pst.redistribute(x, [R])
     with pytest.raises(ValueError, match="dtype"):
         pst.redistribute_many([x], [R])
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("case", ["complex32", "not a tensor"])
+@pytest.mark.parametrize("how", ["infer", "validate"])
+def test_from_local_one_bad_rank_raises_everywhere(comm, case, how):
+    """pyshard.torch.from_local where it communicates (global_shape=None, validate=True): a
+    tensor one rank alone cannot take (a dtype numpy lacks, not a tensor) travels in the
+    Allgather as pyshard.from_local's problems do, so every rank raises the same TypeError
+    naming it (that rank raised alone: the others hung in the Allgather); the message is
+    pyshard's, not torch's "unsupported ScalarType"."""
+    p, r = comm.size, comm.rank
+    mesh = ps.Mesh(comm, (p,))
+    good = torch.zeros((2, 3))
+    def complex32():
+        with warnings.catch_warnings():  # torch: "ComplexHalf support is experimental"
+            warnings.simplefilter("ignore", UserWarning)
+            return torch.zeros((2, 3), dtype=torch.complex32)
+
+    bad = {"complex32": complex32, "not a tensor": lambda: np.zeros((2, 3), np.float32)}[case]
+    local = bad() if r == p - 1 else good
+    kw = {"global_shape": (2 * p, 3), "validate": True} if how == "validate" else {}
+    with pytest.raises(TypeError) as e:
+        pst.from_local(local, mesh, [Shard(0)], **kw)
+    msg = str(e.value)
+    assert comm.allgather(msg) == [msg] * p, msg
+    assert f"rank {p - 1}" in msg and ("torch.Tensor" if case == "not a tensor" else
+                                        "pyshard moves") in msg, msg
+    x = pst.from_local(good, mesh, [Shard(0)], **kw)  # still in step
+    assert x.layout.shape == (2 * p, 3)
+    if r == 0 and not ps._validate.enabled:  # alone, no validation: raises, no collective
+        with pytest.raises(TypeError, match="pyshard moves"):
+            pst.from_local(complex32(), mesh, [Shard(0)],
+                           global_shape=(2 * p, 3))
+    mesh.free()
 
 
 def test_from_local_and_distribute_keep_the_tensor(comm):
