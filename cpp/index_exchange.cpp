@@ -242,7 +242,7 @@ IndexExchange::~IndexExchange() {
 }
 
 i64 IndexExchange::table_bytes() const {
-  return node_ ? (static_cast<i64>(node_->node_size()) * 8 + 63) / 64 * 64 : 0;
+  return node_ ? (static_cast<i64>(node_->node_size()) * 16 + 63) / 64 * 64 : 0;
 }
 
 i64 IndexExchange::node_groups_in() const {
@@ -278,36 +278,64 @@ char* IndexExchange::node_block(i64 bytes) {
   return block_->ptr;
 }
 
-// One direction's node handshake: this rank's table at `off` in `seg` (per node peer of
-// `in`, whose groups land here, at(j): the byte offset from the table where group j lands),
-// then, once every node peer has published its own, put(k, dst) for each node peer out[k],
-// dst where that peer's table says this rank's group goes, len(k) bytes (checked against the
-// peer's segment first: ranks that disagree on the rows fail the call, nothing written past
-// it). A failed handshake completes this exchange's messages, then raises (on every rank of
-// the node).
-template <class At, class Put, class Len>
+// One direction's node handshake: this rank's table at `off` in `seg` (per node peer i, two
+// words: where that peer's group lands here, in bytes from the table, or -1 where none
+// does, and the group's bytes: at(j) and inlen(j) for the node peers of `in`), then, once
+// every node peer has published its own, put(k, dst) for each node peer out[k], dst where
+// that peer's table says this rank's group goes, len(k) bytes. Each peer's table is checked
+// first against this rank's plan (the bytes it expects from this rank, none included, are
+// the bytes this rank has for it; the group fits its segment): ranks that disagree on the
+// rows (plans that differ, or started in different orders) fail the call on every rank of
+// the node, nothing written. A failed handshake completes this exchange's messages, then
+// raises (on every rank of the node).
+template <class At, class InLen, class Put, class Len>
 void IndexExchange::node_exchange(ShmSegment* seg, i64 off, const std::vector<int>& in, At&& at,
-                                  const std::vector<int>& out, Put&& put, Len&& len, bool bad) {
+                                  InLen&& inlen, const std::vector<int>& out, Put&& put,
+                                  Len&& len, bool bad) {
+  const int n = node_->node_size();
   auto* t = reinterpret_cast<i64*>(seg->ptr + off);
-  std::fill(t, t + node_->node_size(), -1);
+  std::fill(t, t + 2 * n, -1);
   for (size_t j = 0; j < in.size(); ++j)
-    if (on_node(in[j])) t[local_[in[j]]] = at(j);
+    if (on_node(in[j])) {
+      t[2 * local_[in[j]]] = at(j);
+      t[2 * local_[in[j]] + 1] = inlen(j);
+    }
   const int me = node_->self();
-  if (bad) t[me] = kBadMark;  // (its own entry, else unused) this rank puts nothing
+  if (bad) t[2 * me] = kBadMark;  // (its own entry, else unused) this rank puts nothing
+  mine_.assign(static_cast<size_t>(n), -1);  // this rank's group for each node peer: k
+  for (size_t k = 0; k < out.size(); ++k)
+    if (on_node(out[k])) mine_[static_cast<size_t>(local_[out[k]])] = static_cast<i64>(k);
   try {
     node_->exchange_all(seg, off, [&](const std::vector<char*>& base) {
       for (size_t j = 0; j < in.size(); ++j) {  // a node peer whose values were bad
         const int q = in[j];
         if (!on_node(q) || !base[local_[q]]) continue;
-        if (reinterpret_cast<const i64*>(base[local_[q]])[local_[q]] == kBadMark &&
+        if (reinterpret_cast<const i64*>(base[local_[q]])[2 * local_[q]] == kBadMark &&
             (bad_peer_ < 0 || q < bad_peer_))
           bad_peer_ = q;
       }
-      if (bad) return;
+      bool agree = true;
+      for (int i = 0; i < n; ++i) {  // what each node peer expects from this rank
+        if (i == me || !base[i]) continue;
+        const i64* pt = reinterpret_cast<const i64*>(base[i]);
+        const i64 k = mine_[static_cast<size_t>(i)];
+        const i64 wants = pt[2 * me] >= 0 ? pt[2 * me + 1] : 0;
+        const i64 has = k >= 0 ? len(static_cast<size_t>(k)) : 0;
+        if (wants != has) {
+          agree = false;
+          node_->disagree(i, "node rank " + std::to_string(i) + " (rank " +
+                                 std::to_string(node_->node_ranks()[i]) + ") expects " +
+                                 std::to_string(wants) + " bytes of rows from this rank, whose "
+                                 "plan has " + std::to_string(has) + " for it: the ranks run "
+                                 "different gather plans here (plans in flight started in "
+                                 "different orders?); nothing was written");
+        }
+      }
+      if (bad || !agree) return;
       for (size_t k = 0; k < out.size(); ++k) {
         const int q = out[k];
         if (!on_node(q) || !base[local_[q]]) continue;
-        const i64 to = reinterpret_cast<const i64*>(base[local_[q]])[me];
+        const i64 to = reinterpret_cast<const i64*>(base[local_[q]])[2 * me];
         if (to >= 0 && node_->fits(local_[q], base[local_[q]] + to, len(k)))  // (agreeing: always)
           put(k, base[local_[q]] + to);
       }
@@ -383,7 +411,8 @@ void IndexExchange::start_forward(const char* x, i64 rb, char* out, char* block)
       if (into_out && ndirect_[j] >= 0) return static_cast<i64>(out - table) + ndirect_[j] * rb;
       return table_bytes() + roff_[j] * rb;
     };
-    node_exchange(seg, seg_off, rpeer_, at, opeer_, [&](size_t i, char* dst) {
+    node_exchange(seg, seg_off, rpeer_, at, [&](size_t j) { return rcount_[j] * rb; }, opeer_,
+                  [&](size_t i, char* dst) {
       for (i64 t = ooff_[i]; t < ooff_[i + 1]; ++t)
         copy_row(dst + (t - ooff_[i]) * rb, x + own_rows_[t] * rb, rb);
     }, [&](size_t i) { return (ooff_[i + 1] - ooff_[i]) * rb; });
@@ -465,7 +494,8 @@ void IndexExchange::start_reverse(const char* values, i64 rb, char* into, FoldKi
   }
   if (node_)  // each combined group for a node owner, straight into its O
     node_exchange(block_.get(), 0, opeer_, [&](size_t i) { return table_bytes() + ooff_[i] * rb; },
-                  rpeer_, [&](size_t j, char* dst) {
+                  [&](size_t i) { return (ooff_[i + 1] - ooff_[i]) * rb; }, rpeer_,
+                  [&](size_t j, char* dst) {
       std::memcpy(dst, group(j), static_cast<size_t>(rcount_[j] * rb));
     }, [&](size_t j) { return rcount_[j] * rb; }, bad);
   stats()["index_messages"] += static_cast<i64>(smsg_.size());

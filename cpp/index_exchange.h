@@ -124,10 +124,12 @@ class IndexExchange {
   i64 table_bytes() const;
   // one direction's node handshake (index_exchange.cpp)
   // (table: the start of `seg`'s region at `off`; at(j): where in group j lands, in bytes
-  // from the table)
-  template <class At, class Put, class Len>
+  // from the table, and inlen(j) its bytes)
+  template <class At, class InLen, class Put, class Len>
   void node_exchange(ShmSegment* seg, i64 off, const std::vector<int>& in, At&& at,
-                     const std::vector<int>& out, Put&& put, Len&& len, bool bad = false);
+                     InLen&& inlen, const std::vector<int>& out, Put&& put, Len&& len,
+                     bool bad = false);
+  std::vector<i64> mine_;  // node_exchange: this rank's group for each node peer, or -1
   static constexpr i64 kBadMark = -2;  // a node table's own entry: this rank's values were bad
   std::shared_ptr<Comm> comm_;
   std::shared_ptr<NodeShm> node_;

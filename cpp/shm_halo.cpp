@@ -294,6 +294,17 @@ void ShmHaloStep::prepull() {
   }
 }
 
+void serve_folds_in_flight() {
+  if (folds_count.load(std::memory_order_acquire) == 0) return;
+  ShmHaloStep::serve_all();
+}
+
+void ShmHaloStep::serve_all() {
+  std::unique_lock<std::mutex> lk(fold_mu, std::try_to_lock);
+  if (!lk.owns_lock()) return;  // another thread serves them now
+  for (ShmHaloStep* f : folds_in_flight) f->prepull();
+}
+
 void ShmHaloStep::help_folds() const {
   const int own = enlisted_ ? 1 : 0;
   if (folds_count.load(std::memory_order_acquire) <= own) return;

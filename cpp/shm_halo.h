@@ -133,6 +133,9 @@ class ShmHaloStep {
               int waiters, bool reverse, std::vector<FoldEntry> order,
               const std::vector<LocalSpec>& wraps);
   ~ShmHaloStep();
+  // Serve every fold in flight of this process (help_folds' work), from any wait of the
+  // node transport (serve_folds_in_flight in shm_node.h).
+  static void serve_all();
   ShmHaloStep(const ShmHaloStep&) = delete;
   ShmHaloStep& operator=(const ShmHaloStep&) = delete;
   void start();

@@ -198,6 +198,12 @@ bool NodeShm::remote_fits(int idx, i64 end) {
   return false;
 }
 
+void NodeShm::disagree(int idx, const std::string& why) {
+  (void)idx;
+  why_ = why;
+  slot(me_).failed.store(epoch_, std::memory_order_relaxed);
+}
+
 void NodeShm::overflow(int idx, i64 past) {
   why_ = "this rank's block for node rank " + std::to_string(idx) + " (rank " +
          std::to_string(node_ranks_[idx]) + ") ends " + std::to_string(past) +

@@ -80,6 +80,9 @@ class NodeShm {
   // and copy() must write nothing there (it would write past the peer's segment).
   bool fits(int idx, const char* at, i64 bytes);
   bool remote_fits(int idx, i64 end);
+  // Node peer idx's published destination disagrees with this rank's plan (`why`): the call
+  // fails on every rank of the node, as fits() fails it; copy() writes nothing for it.
+  void disagree(int idx, const std::string& why);
   // Every rank of this node can write into its node peers' private memory (NodeCtl::cma).
   bool cma() const { return cma_; }
   // Node peer idx's private destination in this call (0: none)
@@ -159,9 +162,18 @@ class NodeShm {
 };
 
 // Wait until done(): spin a little, then sleep on the slot's futex word until it changes.
+// Serve the folds through node-shared memory this process has in flight (shm_halo.cpp):
+// every node-shared wait does, so that a fold in flight whose peers wait here (for a
+// handshake this rank reached first) is read and its owner's wait() can return.
+void serve_folds_in_flight();
+
 template <class C, class W>
 void NodeShm::wait_for(ShmSlot& s, C done, W what) {
-  spin_then_sleep(s.seq, s.sleepers, spin_, done, what);
+  spin_then_sleep(s.seq, s.sleepers, spin_, [&] {
+    if (done()) return true;
+    serve_folds_in_flight();
+    return done();
+  }, what);
 }
 
 template <class F>

@@ -69,8 +69,10 @@ void peer_timed_out(const std::string& what) {
   char t[32];
   std::snprintf(t, sizeof t, "%g", peer_timeout());
   throw std::runtime_error(std::string("pyshard: waited ") + t + " s for " + what +
-                           " (PYSHARD_PEER_TIMEOUT): that rank died or stopped; the job "
-                           "cannot go on");
+                           " (PYSHARD_PEER_TIMEOUT): that rank died or stopped, or waits in another "
+                           "call (exchanges started in different orders, or settings or "
+                           "arguments that differ between ranks: PYSHARD_VALIDATE=1 checks "
+                           "them); the job cannot go on");
 }
 
 static std::atomic<bool> g_cma{true};

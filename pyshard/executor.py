@@ -503,7 +503,9 @@ class Pending(Request):
     ``alltoallw``) runs whole when it starts, and :meth:`wait` only returns it.
 
     Until :meth:`wait` returns, the source array and ``out`` must stay alive and unwritten
-    (the source may be read).
+    (the source may be read). A handle dropped without :meth:`wait` stays in flight (with
+    its buffers) until a later redistribute's :meth:`wait` on the mesh completes it, or
+    :meth:`Mesh.free` does: wait for every handle.
     """
 
     __slots__ = ("_mesh", "_execs", "_plan", "_local", "_out", "_res", "_core", "_wrap",

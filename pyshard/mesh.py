@@ -28,6 +28,12 @@ class Mesh:
         self, comm: MPI.Comm, shape: Union[int, Sequence[int]],
         names: Union[str, Sequence[str], None] = None,
     ) -> None:
+        if isinstance(comm, MPI.Comm) and comm == MPI.COMM_NULL:  # (mpi4py types it Comm,
+            # or Intracomm where Split(MPI.UNDEFINED) made it)
+            raise ValueError(
+                "Mesh(comm): this rank is not in the communicator (MPI.COMM_NULL, e.g. from "
+                "comm.Split(MPI.UNDEFINED)): only the ranks of a communicator build its mesh"
+            )
         if not isinstance(comm, MPI.Intracomm):
             raise TypeError(
                 f"Mesh(comm): expected an mpi4py intracommunicator (e.g. MPI.COMM_WORLD), "
@@ -180,8 +186,11 @@ class Mesh:
 
         Arrays on this mesh cannot be redistributed afterwards. Meshes that are simply
         dropped keep their communicators until MPI finalizes; long-running codes that make
-        many meshes should free them.
+        many meshes should free them. Redistributes still in flight on the mesh
+        (``wait=False``, their handles waited for or not) are completed first, in start order.
         """
+        while self.pending:  # (handles dropped unwaited keep their buffers and requests)
+            self.pending[0]._finish()
         self._cache.clear()  # executors, and the workspace pool back to the OS
         if self._node_map is not None:  # node-shared memory: the pools and mappings
             self._node_map.release()

@@ -33,6 +33,10 @@ def test_mesh_errors(comm):
         ps.Mesh("COMM_WORLD", (1,))
     with pytest.raises(TypeError, match="intracommunicator"):
         ps.Mesh(None, (comm.size,))
+    from mpi4py import MPI
+    for null in (MPI.COMM_NULL, comm.Split(MPI.UNDEFINED, 0)):  # (a rank outside a Split)
+        with pytest.raises(ValueError, match="not in the communicator"):
+            ps.Mesh(null, (1,))
     with pytest.raises(ValueError, match="int >= 1"):
         ps.Mesh(comm, (comm.size, 0))
     with pytest.raises(ValueError, match="names"):

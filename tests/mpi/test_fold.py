@@ -702,6 +702,62 @@ def test_folds_and_updates_waited_in_random_orders(comm, method):
     mesh.free()
 
 
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("between", ["first update", "redistribute"])
+def test_fold_in_flight_beside_other_node_shared_steps(comm, between):
+    """A fold in flight through node-shared memory; rank 0 waits for it, then runs another
+    node-shared step (the first update of another halo array: its mapping handshake; a
+    redistribute through node-shared memory); the other ranks run that step first, then wait
+    (the docs: any wait order). Both hung until PYSHARD_PEER_TIMEOUT: rank 0's wait waited
+    for its neighbours to read its ghosts, they waited in the step's handshake for rank 0.
+    Every node-shared wait now serves the folds in flight. The fold's interior and the
+    step's result are the oracle's."""
+    shape, mshape, placements, sizes = sharded_case(comm.size)
+    mesh = ps.Mesh(comm, mshape)
+    lay = layout_of(shape, "float64", mesh, placements, sizes)
+    x = ps.ShardedArray(np.zeros(lay.local_shape(mesh.coords)), lay, mesh)
+    h1 = x.with_halo(1, periodic=True, method="shm")
+    if expected_method(x, "shm") != "shm":
+        pytest.skip("no node-shared memory here (PYSHARD_TRANSPORT=mpi)")
+
+    def gen(q):
+        return padded_of(lay, h1.width, q, "float64", 41)
+
+    with ps.config.override(PYSHARD_SHM_MIN_BYTES=0):  # the redistribute through it too
+        for rnd in range(3):
+            h1.padded[...] = gen(mesh.coords)
+            want = fold_expected(lay, h1.width, h1.periodic, h1.corners, mesh.coords, "sum",
+                                 gen)
+            g = np.arange(float(np.prod(shape))).reshape(shape) + rnd
+            x.local[...] = g[x.box]
+            y_box = None
+
+            def step(g=g):
+                nonlocal y_box
+                if between == "first update":
+                    z = ps.distribute(g, mesh, placements, sizes)
+                    h2 = z.with_halo(1, periodic=True, method="shm")  # fresh: its handshake
+                    h2.update()
+                    assert np.array_equal(h2.interior, g[z.box])
+                else:
+                    y = x.redistribute([Replicate()] * mesh.ndim)
+                    y_box = y.local.copy()
+
+            h1.start_fold()
+            if comm.rank == 0:
+                h1.wait()
+                step()
+            else:
+                step()
+                h1.wait()
+            bad = padded_mismatch(h1.interior, want, f"round {rnd} rank {comm.rank}")
+            if y_box is not None:
+                if not np.array_equal(y_box, g):
+                    bad.append(f"round {rnd} rank {comm.rank}: the redistribute's result")
+            all_agree(comm, bad)
+    mesh.free()
+
+
 def test_widths_that_differ_between_ranks_through_shm_raise(comm):
     """Ranks that disagree on a halo array (even ranks a width of 1, odd ones 2: every rank
     has a neighbour of the other kind) through node-shared memory: each rank checks what its

@@ -66,6 +66,22 @@ def test_many_in_flight_waited_in_any_order(comm):
     mesh.free()
 
 
+def test_dropped_handles_completed_by_free(comm):
+    """Handles dropped without wait() (on the MPI path; a node-shared start also stays in
+    the list): Mesh.free() completes them (they stayed in mesh.pending with their buffers
+    and requests after free(), for good); a handle kept completes and gives its result."""
+    mesh = ps.Mesh(comm, (comm.size,))
+    g = make_global((2 * comm.size + 1, comm.size + 2), "float64", seed=4)
+    x = ps.distribute(g, mesh, [S0])
+    kept = x.redistribute([S1], algorithm="p2p", wait=False)
+    for _ in range(5):
+        x.redistribute([S1], algorithm="p2p", wait=False)  # dropped
+    assert len(mesh.pending) == (6 if comm.size > 1 else len(mesh.pending))
+    mesh.free()
+    assert mesh.pending == []
+    check(kept.wait(), g)
+
+
 def test_multi_step_plan_and_out(comm):
     for mshape in MESHES.get(comm.size, [(comm.size,)]):
         if len(mshape) != 2:

@@ -941,3 +941,52 @@ def test_plan_keeps_its_indices_and_validation_names_plans_out_of_order(mesh):
     finally:
         ps.config.reset("PYSHARD_VALIDATE")
     np.testing.assert_array_equal(b.gather(x), g[want[::-1]])  # the plans still run
+
+
+@pytest.mark.parametrize("kind", ["gather", "scatter"])
+def test_plans_started_in_different_orders_through_shm_raise(mesh, kind):
+    """Two gather plans in flight, started in different orders on different ranks, through
+    node-shared memory, where the plans read different numbers of rows from a node peer:
+    every rank of the node raises (the docs: "an error where the sizes do not match"); they
+    wrote past the peer's group (into rows another peer had delivered) and returned wrong
+    rows silently. Each rank's table now carries the bytes it expects from each node peer,
+    checked before anything is written. The plans still run in order afterwards."""
+    P, me = mesh.size, mesh.rank
+    if P < 2:
+        pytest.skip("one rank: no peers")
+    groups = mesh.node_groups((0,))
+    if mesh.node_transport((0,)) is None or len(set(groups.values())) != 1:
+        pytest.skip("ranks on several nodes, or no node-shared memory")
+    n = 8 * P
+    g = make_global((n, 3), "float64")
+    owners = [1] + [0] * (P - 2) + [n - 1]  # rank 0 owns row 0, the last rank the rest
+    x = dist(g, mesh, owners)
+    rows = np.arange(1, n)
+    i1 = rows[:3 + me] if me == 0 else rows[:1]  # rank 0 reads 3 rows of the last rank, then 4
+    i2 = rows[:4] if me == 0 else rows[1:2]
+    p1 = ps.gather_plan(np.asarray(i1, np.int64), like=x, method="shm")
+    p2 = ps.gather_plan(np.asarray(i2, np.int64), like=x, method="shm")
+    if p1.route.path != "shm":
+        pytest.skip("no node-shared memory for gathers here (PYSHARD_TRANSPORT=mpi)")
+    first, second = (p1, p2) if me == 0 else (p2, p1)
+
+    def run(p):
+        if kind == "gather":
+            return p.gather(x, wait=False)
+        return p.scatter(np.ones((len(p.indices), 3)), into=x, wait=False)
+
+    err = None
+    try:
+        a = run(first)
+        b = run(second)
+        a.wait()
+        b.wait()
+    except RuntimeError as e:
+        err = str(e)
+    errs = MPI.COMM_WORLD.allgather(err)
+    assert all(e is not None for e in errs), errs  # every rank of the node raised
+    assert any("different gather plans" in e for e in errs), errs
+    x = dist(g, mesh, owners)
+    np.testing.assert_array_equal(p1.gather(x), g[i1])  # in step: the plans still run
+    np.testing.assert_array_equal(p2.gather(x), g[i2])
+
