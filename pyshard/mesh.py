@@ -14,6 +14,15 @@ from ._cache import ExecCache, register
 __all__ = ["Mesh"]
 
 
+def _out_of_comms(e: Exception) -> RuntimeError:
+    """A failure to create a mesh's communicators, with what most often causes it."""
+    return RuntimeError(
+        f"Mesh: creating its communicators failed ({e}); MPI libraries hold a few thousand "
+        f"communicators, and a mesh that is dropped keeps its own until MPI finalizes: free "
+        f"the meshes a long run no longer needs with Mesh.free()"
+    )
+
+
 class Mesh:
     """A Cartesian mesh over an mpi4py communicator whose size is ``prod(shape)``.
 
@@ -72,9 +81,12 @@ class Mesh:
             raise ValueError(f"Mesh(names): need {len(self.shape)} distinct strings, got {names!r}")
         self.names: Tuple[str, ...] = names
         self._freed = False  # free() was called: check_live raises
-        self.comm: MPI.Cartcomm = comm.Create_cart(
-            dims=list(self.shape), periods=[False] * len(self.shape), reorder=False
-        )
+        try:
+            self.comm: MPI.Cartcomm = comm.Create_cart(
+                dims=list(self.shape), periods=[False] * len(self.shape), reorder=False
+            )
+        except MPI.Exception as e:
+            raise _out_of_comms(e) from e
         self.rank: int = self.comm.Get_rank()
         self.coords: Tuple[int, ...] = tuple(self.comm.Get_coords(self.rank))
         self._subs: Dict[Tuple[int, ...], MPI.Comm] = {}
@@ -84,8 +96,11 @@ class Mesh:
         # on one of them) and the core's own duplicate of each, and the node map
         # (pyshard/_shm.py: one MPI_Allgather; each communicator's node-local transport is
         # then made on first use with no MPI call).
-        for k in range(1, 1 << len(self.shape)):
-            self.core_comm(tuple(d for d in range(len(self.shape)) if k >> d & 1))
+        try:
+            for k in range(1, 1 << len(self.shape)):
+                self.core_comm(tuple(d for d in range(len(self.shape)) if k >> d & 1))
+        except (MPI.Exception, RuntimeError) as e:
+            raise _out_of_comms(e) from e
         self._node_map: Optional[_shm.NodeMap] = (
             _shm.NodeMap(self.comm, self.shape, self.coords) if self.size > 1 else None
         )

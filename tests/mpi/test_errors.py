@@ -186,6 +186,17 @@ def test_from_local_one_bad_rank_raises_everywhere(comm, mesh, case, how):
     assert x.global_shape == (2, 2 * p)
 
 
+def test_mesh_out_of_communicators_names_free(comm, monkeypatch):
+    """MPI out of communicators (MPICH holds 2048; dropped meshes keep theirs): the error
+    says to free meshes no longer needed."""
+    def boom(self, dims):
+        raise RuntimeError("pyshard: MPI_Comm_dup failed: Too many communicators")
+
+    monkeypatch.setattr(ps.Mesh, "core_comm", boom)
+    with pytest.raises(RuntimeError, match="Too many communicators.*Mesh.free"):
+        ps.Mesh(comm, (comm.size,))
+
+
 class _Sub(np.ndarray):
     """An ndarray subclass, as numpy.memmap and numpy.matrix are."""
 
