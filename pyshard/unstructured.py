@@ -347,6 +347,12 @@ class GatherPlan:
         return self._touched() if self._touched is not None else np.zeros(0, np.int64)
 
     @property
+    def pending(self) -> Optional[PendingIndex]:
+        """This plan's exchange in flight (``wait=False``), or None: a handle the caller
+        dropped without waiting can still be waited for here (``plan.pending.wait()``)."""
+        return self._inflight
+
+    @property
     def n(self) -> int:
         """This rank's number of indices (rows of a gather's result)."""
         return int(self.indices.shape[0])
@@ -371,7 +377,8 @@ class GatherPlan:
                              f"on the same mesh)")
         elif self._inflight is not None:
             err = RuntimeError(f"pyshard.GatherPlan.{what}: this plan's previous exchange is "
-                               f"still in flight; wait() for it first")
+                               f"still in flight; wait() for it first (plan.pending is "
+                               f"its handle)")
         if _validate.enabled:
             _validate.agree(self.mesh.comm, f"pyshard.GatherPlan.{what}", {
                 "plan": f"gather plan #{self.serial} of this mesh",

@@ -990,3 +990,20 @@ def test_plans_started_in_different_orders_through_shm_raise(mesh, kind):
     np.testing.assert_array_equal(p1.gather(x), g[i1])  # in step: the plans still run
     np.testing.assert_array_equal(p2.gather(x), g[i2])
 
+
+def test_a_dropped_handle_is_waited_for_through_the_plan(mesh):
+    """A PendingIndex dropped without wait() left its plan refusing every later call ("still
+    in flight") with no handle to wait on: plan.pending is that handle."""
+    P, me = mesh.size, mesh.rank
+    g = make_global((N, 2), "float64")
+    x = dist(g, mesh, layout_sizes("balanced", N, P))
+    idx = np.asarray(indices_of("random", 6, me), np.int64)
+    plan = ps.gather_plan(idx, like=x)
+    assert plan.pending is None
+    plan.gather(x, wait=False)  # dropped
+    with pytest.raises(RuntimeError, match="plan.pending"):
+        plan.gather(x)
+    np.testing.assert_array_equal(plan.pending.wait(), g[idx])
+    assert plan.pending is None
+    np.testing.assert_array_equal(plan.gather(x), g[idx])
+
