@@ -750,8 +750,9 @@ def _any_device(rows: Rows) -> bool:
 
 
 def _describe(st: _Structure, cols: List[np.ndarray]) -> str:
-    return ", ".join(f"{k!r}: {_dtypes.name(a.dtype)}{list(a.shape[1:])}"
-                     for k, a in zip(st.keys, cols))
+    # (a record dtype by its fields: its "|V8" alone hides what differs between ranks)
+    return ", ".join(f"{k!r}: {a.dtype.descr if a.dtype.fields else _dtypes.name(a.dtype)}"
+                     f"{list(a.shape[1:])}" for k, a in zip(st.keys, cols))
 
 
 def owner(positions: Any, like: Any, origin: Any = 0.0, spacing: Any = 1.0,
