@@ -47,7 +47,7 @@ def _check_mesh(mesh: object) -> Mesh:
     return mesh
 
 
-class _Refused:
+class Refused:
     """A local array a front end could not take (pyshard.torch): ``from_local`` raises
     ``err`` where it would raise its own error, after the Allgather that carries it."""
 
@@ -56,7 +56,7 @@ class _Refused:
 
 
 def _check_array(a: object, name: str) -> Any:
-    if isinstance(a, _Refused):
+    if isinstance(a, Refused):
         raise a.err
     a = bk.as_array(a, name)
     check_dtype(a.dtype, f"{name}.dtype")
@@ -174,7 +174,11 @@ class ShardedArray(Placed):
         cupy's current stream, and the result is ready on that stream when this returns.
         """
         if algorithm is None:
-            algorithm = default_algorithm()
+            try:
+                algorithm = default_algorithm()
+            except ValueError as e:  # PYSHARD_ALGORITHM refused
+                _validate.refused(self.mesh.comm, "redistribute", e)
+                raise
         dt = self.local.dtype  # (an identity test first: a few tens of ns on the fast path)
         if dt is not self.layout.dtype and dt != self.layout.dtype:
             raise TypeError(
@@ -360,7 +364,7 @@ def from_local(
     if _validate.enabled:  # the same arguments everywhere; then every shape check agrees
         args = {"placements": repr(placements), "global_shape": repr(global_shape)}
         args["sizes"] = repr(sizes)
-        args["dtype"] = (f"refused ({local.err})" if isinstance(local, _Refused)
+        args["dtype"] = (f"refused ({local.err})" if isinstance(local, Refused)
                          else str(getattr(local, "dtype", type(local).__name__)))
         args["ndim"] = str(getattr(local, "ndim", "?"))
         _validate.agree(mesh.comm, "from_local", args)

@@ -204,8 +204,8 @@ class Mesh:
         many meshes should free them. Redistributes still in flight on the mesh
         (``wait=False``, their handles waited for or not) are completed first, in start order.
         """
-        while self.pending:  # (handles dropped unwaited keep their buffers and requests)
-            self.pending[0]._finish()
+        if self.pending:  # (handles dropped unwaited keep their buffers and requests)
+            self.pending[-1].wait()  # (completes every one started before it, in order)
         self._cache.clear()  # executors, and the workspace pool back to the OS
         if self._node_map is not None:  # node-shared memory: the pools and mappings
             self._node_map.release()

@@ -239,7 +239,7 @@ def from_local(
     except (TypeError, ValueError) as e:
         if global_shape is not None and not validate and not _validate.enabled:
             raise  # no communication follows: this rank raises alone, as pyshard.from_local
-        a = _array._Refused(e)  # carried in from_local's Allgather: every rank raises it
+        a = _array.Refused(e)  # carried in from_local's Allgather: every rank raises it
     x = _array.from_local(a, mesh, placements, global_shape, sizes, validate)
     return ShardedTensor(local, x.layout, mesh)
 

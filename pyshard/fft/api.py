@@ -193,7 +193,7 @@ def _run(p: FFTPlan, x: ShardedArray, out: Any, workers: Any, name: str,
     flags = getattr(loc, "flags", None)
     problem = None if (type(loc) is type(x.local) and tuple(loc.shape) == out.layout.local_shape(
         x.mesh.coords) and (bk.is_device(loc) or getattr(flags, "writeable", False))) else \
-        fftplan._out_problem(loc, out.layout, x)
+        fftplan.out_problem(loc, out.layout, x)
     fftplan.agree_out(problem, loc, out.layout, x, True)
     xp = bk.xp_of(loc)
     direct = (out.dtype == dst.dtype and loc.flags.c_contiguous

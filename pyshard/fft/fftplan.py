@@ -143,7 +143,7 @@ class FFTPlan:
         return "\n".join(lines)
 
 
-def _out_problem(out: Any, dst: Layout, x: ShardedArray) -> Optional[str]:
+def out_problem(out: Any, dst: Layout, x: ShardedArray) -> Optional[str]:
     """What is wrong with ``out`` as this rank's shard of the result (None: it fits)."""
     want = dst.local_shape(x.mesh.coords)
     flags = getattr(out, "flags", None)
@@ -177,7 +177,7 @@ def _check_out(out: Optional[Any], dst: Layout, x: ShardedArray) -> Optional[Any
             raise ValueError(f"out is laid out as {out.layout}, the result as {dst} (on the "
                              f"input's mesh)")
         out = out.local  # its local array (replaced, or made read-only, on some rank?) below
-    return agree_out(_out_problem(out, dst, x), out, dst, x, sharded)
+    return agree_out(out_problem(out, dst, x), out, dst, x, sharded)
 
 
 def agree_out(problem: Optional[str], out: Any, dst: Layout, x: ShardedArray,

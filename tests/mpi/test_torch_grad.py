@@ -483,7 +483,7 @@ def test_from_local_one_bad_rank_raises_everywhere(comm, case, how):
                                         "pyshard moves") in msg, msg
     x = pst.from_local(good, mesh, [Shard(0)], **kw)  # still in step
     assert x.layout.shape == (2 * p, 3)
-    if r == 0 and not ps._validate.enabled:  # alone, no validation: raises, no collective
+    if r == 0 and not ps.config.get("PYSHARD_VALIDATE"):  # alone: raises, no collective
         with pytest.raises(TypeError, match="pyshard moves"):
             pst.from_local(complex32(), mesh, [Shard(0)],
                            global_shape=(2 * p, 3))
