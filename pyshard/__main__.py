@@ -23,16 +23,30 @@ def _global(shape: tuple, dtype: np.dtype, seed: int = 0) -> np.ndarray:
 
 def demo(argv: Optional[List[str]] = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m pyshard demo")
-    ap.add_argument("--shape", default="4099x2050", help="global shape, e.g. 4099x2050")
-    ap.add_argument("--dtype", default="float64")
-    ap.add_argument("--reps", type=int, default=5)
+    from .bench.cli import count_arg, shape_arg
+
+    def numeric(s: str) -> np.dtype:
+        try:
+            dt = np.dtype(s)
+        except TypeError:
+            raise argparse.ArgumentTypeError(f"{s!r} is not a numpy dtype") from None
+        if dt.kind not in "biufc":
+            raise argparse.ArgumentTypeError(f"{s!r} is not a numeric dtype (bool, int, uint, "
+                                             "float, complex)")
+        return dt
+
+    ap.add_argument("--shape", default="4099x2050", type=shape_arg((2, 3, 4, 5, 6, 7, 8)),
+                    help="global shape, AxB[xC...] (at least 2 dims), e.g. 4099x2050")
+    ap.add_argument("--dtype", default="float64", type=numeric,
+                    help="a numeric numpy dtype (default float64)")
+    ap.add_argument("--reps", type=count_arg(1), default=5, help="timed calls per case (>= 1)")
     args = ap.parse_args(argv)
     comm = MPI.COMM_WORLD
     p, rank = comm.size, comm.rank
-    shape = tuple(int(s) for s in args.shape.lower().split("x"))
-    if len(shape) < 2:
-        raise SystemExit("--shape needs at least 2 dims")
-    dtype = np.dtype(args.dtype)
+    shape = tuple(int(s) for s in args.shape.split("x"))
+    if shape[0] < p:  # the skewed case gives every rank but the first one row
+        ap.error(f"--shape {args.shape}: the first dim must be at least the rank count ({p})")
+    dtype = args.dtype
     mesh = ps.Mesh(comm, (p,))
     g = _global(shape, dtype)
     skew = [0] * p
@@ -123,7 +137,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         "       mpiexec -n N python -m pyshard doctor   (what the machines give pyshard)"
     )
     if not argv or argv[0] in ("-h", "--help"):
-        print(usage)
+        print(usage, file=sys.stdout if argv else sys.stderr)  # (no command: an error)
         return 0 if argv else 2
     cmd, rest = argv[0], argv[1:]
     if cmd == "demo":
@@ -135,6 +149,10 @@ def main(argv: Optional[List[str]] = None) -> int:
     if cmd == "config":
         from . import config
 
+        if rest:
+            print(f"python -m pyshard config takes no arguments (got {' '.join(rest)}): it "
+                  f"prints every PYSHARD_* setting as a Markdown table", file=sys.stderr)
+            return 2 if rest not in (["-h"], ["--help"]) else 0
         print(config.table(), end="")
         return 0
     if cmd == "doctor":

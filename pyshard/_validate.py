@@ -95,6 +95,17 @@ def agree(comm: MPI.Comm, call: str, items: Dict[str, str]) -> None:
     raise ValueError(_message(everyone))
 
 
+def refused(comm: MPI.Comm, call: str, err: BaseException) -> None:
+    """Validation mode, where this rank failed a call before its agreement (a setting with a
+    value pyshard refuses, read first; an argument that only this rank has wrong): agree
+    anyway, so that ranks that passed do not wait in their agreement for this one. Where
+    the other ranks differ (their settings line or call shows it) every rank raises the
+    agreement's error; where every rank failed alike, the caller raises ``err``. A no-op
+    outside validation mode."""
+    if enabled:
+        agree(comm, call, {"refused": f"{type(err).__name__}: {err}"})
+
+
 def _ranks(rs: List[int]) -> str:
     return ("rank " if len(rs) == 1 else "ranks ") + ", ".join(map(str, rs))
 

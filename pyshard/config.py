@@ -63,7 +63,9 @@ class _Bad(ValueError):
     pass
 
 
-def _int(minimum: int, maximum: Optional[int] = None) -> Callable[[Any], int]:
+def _int(minimum: int, maximum: int = (1 << 63) - 1) -> Callable[[Any], int]:
+    # (the default bound: the core's int64; past it pybind11 refused the value with its own
+    # TypeError, after the setting was set)
     def parse(raw: Any) -> int:
         if isinstance(raw, str):
             try:
@@ -74,7 +76,7 @@ def _int(minimum: int, maximum: Optional[int] = None) -> Callable[[Any], int]:
             v = int(raw)
         else:
             raise _Bad
-        if v < minimum or (maximum is not None and v > maximum):
+        if v < minimum or v > maximum:
             raise _Bad
         return v
 
@@ -370,9 +372,19 @@ def set(name: str, value: Any) -> None:  # noqa: A001 - the module's verb
     is not set, whatever the environment says: its default (``PYSHARD_SHM`` and
     ``PYSHARD_MPI_TRANSPORT``: as ``PYSHARD_TRANSPORT`` says, as it changes)."""
     s = _setting(name)
+    had, before = name in _set, _set.get(name)
     _set[name] = _unset_value(s) if value is None else _parse(s, value)
     _changed()
-    _apply(name)
+    try:
+        _apply(name)
+    except Exception:  # the value left as it was
+        if had:
+            _set[name] = before
+        else:
+            _set.pop(name, None)
+        _changed()
+        _apply(name)
+        raise
 
 
 def reset(name: str) -> None:
@@ -437,8 +449,9 @@ def collective_settings() -> str:
     for name in COLLECTIVE_SETTINGS:
         try:
             v = get(name)
-        except ValueError:
-            v = f"invalid {os.environ.get(name)!r}"
+        except ValueError as e:  # (a value derived from another variable: its error names it)
+            raw = os.environ.get(name)
+            v = f"invalid {raw!r}" if raw is not None else f"invalid ({e})"
         if v != SETTINGS[name].default:
             out.append(f"{name}={v}")
     return ", ".join(out) or "defaults"

@@ -189,10 +189,15 @@ def report(comm: Any) -> Tuple[List[str], List[str]]:
     if f0["settings"]:
         lines.append("settings that differ from their defaults (rank 0): "
                      + ", ".join(f"{k}={v!r}" for k, v in sorted(f0["settings"].items())))
-    other = [r for r, f in enumerate(facts) if f["settings"] != f0["settings"]]
+    def collective(f: Dict[str, Any]) -> Dict[str, Any]:  # (timeouts, cache sizes, attach
+        # and the other settings outside config.COLLECTIVE_SETTINGS may differ between ranks)
+        return {k: v for k, v in f["settings"].items() if k in config.COLLECTIVE_SETTINGS}
+
+    other = [r for r, f in enumerate(facts) if collective(f) != collective(f0)]
     if other:  # they choose which collectives run: ranks that differ wait for each other
-        names = sorted({k for r in other for k in set(facts[r]["settings"]) | set(f0["settings"])
-                        if facts[r]["settings"].get(k, _UNSET) != f0["settings"].get(k, _UNSET)})
+        c0 = collective(f0)
+        names = sorted({k for r in other for k in set(collective(facts[r])) | set(c0)
+                        if collective(facts[r]).get(k, _UNSET) != c0.get(k, _UNSET)})
         hints.append(f"{'rank' if len(other) == 1 else 'ranks'} {_ranks(other)} have other "
                      f"settings than rank 0 ({', '.join(names)}):"
                      " every rank must see the same, or collectives can hang")

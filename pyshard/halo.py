@@ -212,6 +212,16 @@ class HaloArray:
 
     def __init__(self, x: Placed, width: WidthArg, periodic: PeriodicArg = False,
                  corners: bool = True, method: Optional[str] = None) -> None:
+        try:
+            self._init(x, width, periodic, corners, method)
+        except (TypeError, ValueError) as e:  # (validation: ranks that built theirs would
+            # wait in their first update's agreement for this one)
+            if isinstance(x, Placed):
+                _validate.refused(x.mesh.comm, "halo update", e)
+            raise
+
+    def _init(self, x: Placed, width: WidthArg, periodic: PeriodicArg, corners: bool,
+              method: Optional[str]) -> None:
         spec = halo_spec(x.layout, width, periodic, corners)
         method = _default_method() if method is None else method
         if method not in ("auto",) + METHODS + ("tune",):

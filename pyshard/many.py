@@ -26,7 +26,7 @@ from .array import ShardedArray
 from .exchange import NONBLOCKING_MIN_BLOCK, Exchange, default_algorithm
 from .executor import executors
 from .geometry import geometry, push_specs
-from .layout import Placement, PlacementsArg, placements_str
+from .layout import Placed, Placement, PlacementsArg, placements_str
 from .memory import allocate
 from .mesh import Mesh
 from .planner import Plan, plan
@@ -441,8 +441,13 @@ def redistribute_many(
     # the algorithm's name checked here, on every rank alike, before any communication: the
     # fused and node-shared batches below never read it, so a bad name would otherwise pass
     # or fail with the arrays' sizes, after the batches had moved
-    alg = default_algorithm() if algorithm is None else algorithm
-    check_algorithm(alg)
+    try:
+        alg = default_algorithm() if algorithm is None else algorithm
+        check_algorithm(alg)
+    except ValueError as e:  # (PYSHARD_ALGORITHM refused: ranks that passed wait in agree)
+        if xs and isinstance(xs[0], Placed):
+            _validate.refused(xs[0].mesh.comm, "redistribute_many", e)
+        raise
     if not xs:
         _check_no_arrays(placements, is_map, sizes)
         return {} if is_map else type(arrays)()

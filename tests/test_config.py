@@ -297,3 +297,47 @@ def test_threads_note():
     for v in config.THREAD_VARIABLES:
         assert config.threads_note(4, 16, {v: "2"}) is None, v
     assert config.threads_note(4, 16, {"OMP_NUM_THREADS": ""}) is not None  # empty: unset
+
+
+def test_byte_settings_past_int64_refused_and_left_as_they_were():
+    """A byte count past the core's int64 (PYSHARD_RESULT_POOL_BYTES=2**64) is refused as any
+    other bad value (pybind11 raised its own TypeError, and the value stayed set)."""
+    before = ps.config.get("PYSHARD_RESULT_POOL_BYTES")
+    with pytest.raises(ValueError, match="PYSHARD_RESULT_POOL_BYTES must be"):
+        ps.config.set("PYSHARD_RESULT_POOL_BYTES", 2**64)
+    assert ps.config.get("PYSHARD_RESULT_POOL_BYTES") == before
+    ps.config.set("PYSHARD_RESULT_POOL_BYTES", 2**63 - 1)  # the largest taken
+    ps.config.reset("PYSHARD_RESULT_POOL_BYTES")
+    assert ps.config.get("PYSHARD_RESULT_POOL_BYTES") == before
+
+
+@pytest.mark.parametrize("args, says", [
+    (["--shape", "abc"], "is not a shape"),
+    (["--shape", "7"], "is not a shape"),
+    (["--dtype", "foo"], "is not a numpy dtype"),
+    (["--dtype", "U3"], "is not a numeric dtype"),
+    (["--reps", "0"], "must be an integer >= 1"),
+])
+def test_demo_arguments_checked(capsys, args, says):
+    """``python -m pyshard demo`` checks its arguments as bench does: an argparse error
+    (exit 2) naming the option (they gave tracebacks, or times of nan for --reps 0)."""
+    from pyshard.__main__ import demo
+
+    with pytest.raises(SystemExit) as e:
+        demo(args)
+    assert e.value.code == 2
+    assert says in capsys.readouterr().err
+
+
+def test_cli_without_a_command_and_config_with_arguments(capsys):
+    """No command: the usage on stderr, exit 2 (it went to stdout); ``config`` with
+    arguments says it takes none (they were ignored)."""
+    from pyshard.__main__ import main
+
+    assert main([]) == 2
+    out = capsys.readouterr()
+    assert "usage:" in out.err and out.out == ""
+    assert main(["config", "extra"]) == 2
+    assert "takes no arguments" in capsys.readouterr().err
+    assert main(["config"]) == 0
+    assert "PYSHARD_ALGORITHM" in capsys.readouterr().out

@@ -130,3 +130,22 @@ def test_bench_unstructured_writes_json(comm):
     s = row["simulated"]
     assert s["ranks"] == 65536 and s["mesh"]["owners"] == 8 and s["mesh"]["reads"] == 260
     assert s["random"]["owners"] > 300
+
+
+def test_bench_checkpoint_that_reads_back_wrong_data_fails(comm, monkeypatch, capsys):
+    """The checkpoint case whose round trip reads back other data (injected: its row says
+    so) makes the bench exit 1 and say WRONG (its row said "ok": false and the bench exited
+    0: main read only "check")."""
+    import pyshard.bench.cli as cli
+
+    real = cli.bench_checkpoint
+
+    def wrong(*a, **k):
+        return {**real(*a, **k), "ok": False}
+
+    monkeypatch.setattr(cli, "bench_checkpoint", wrong)
+    rc = bench_main(["--cases", "checkpoint", "--checkpoint-bytes", "4096", "--reps", "1",
+                     "--warmup", "0"])
+    assert rc == 1
+    if comm.rank == 0:
+        assert "checkpoint: WRONG" in capsys.readouterr().err

@@ -75,6 +75,38 @@ def test_different_settings(comm, validating):
 
 
 @two_ranks
+@pytest.mark.parametrize("case", ["PYSHARD_ALGORITHM redistribute", "PYSHARD_ALGORITHM many",
+                                  "PYSHARD_HALO_METHOD halo", "PYSHARD_SHM halo"])
+def test_a_refused_setting_on_one_rank_raises_everywhere(comm, validating, monkeypatch, case):
+    """A setting whose value pyshard refuses, on one rank only, read before the call's
+    agreement (the default algorithm; a halo array's method and route, read when it is
+    built): that rank raised alone and the others waited in their agreement for it. Every
+    rank now raises, the settings line naming it."""
+    name, op = case.split()
+    mesh = _mesh(comm)
+    g = make_global((8 * comm.size, 8), "float64")
+    x = ps.distribute(g, mesh, [Shard(0)])
+    last = comm.size - 1
+    if comm.rank == last:
+        monkeypatch.setenv(name, "bogus")
+        ps.config.refresh()
+    try:
+        def call():
+            if op == "redistribute":
+                x.redistribute([Shard(1)])
+            elif op == "many":
+                ps.redistribute_many([x, x], [Shard(1)])
+            else:
+                x.with_halo(1).update()
+        _all_raise(comm, call, "settings:", f"rank {last}: ", f"{name}=invalid 'bogus'")
+    finally:
+        monkeypatch.delenv(name, raising=False)
+        ps.config.refresh()
+    y = x.redistribute([Shard(1)])  # in step again
+    np.testing.assert_array_equal(y.local, g[y.box])
+
+
+@two_ranks
 def test_bad_input_on_one_rank_raises_everywhere(comm, validating):
     mesh = _mesh(comm)
     x = ps.distribute(make_global((4, 6), "float64"), mesh, [Shard(0)])
