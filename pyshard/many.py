@@ -462,6 +462,19 @@ def redistribute_many(
                 f"redistribute_many: arrays[{k!r}] lies on another mesh than "
                 f"arrays[{keys[0]!r}]; every array must share one Mesh"
             )
+    # a .local replaced by an array of another dtype (this rank's fact, as redistribute's
+    # check): the fused and node-shared batches move the layout's bytes, so it read past the
+    # array (wrong values; a segfault for large ones). (The core checks the shapes.)
+    wrong = next((f"redistribute_many: arrays[{k!r}]'s local array has dtype "
+                  f"{x.local.dtype}, its layout {x.layout.dtype} (was .local replaced by an "
+                  f"array of another dtype? ShardedArray.wrap the new array with a layout of "
+                  f"its dtype)" for k, x in zip(keys, xs)
+                  if x.local.dtype is not x.layout.dtype and x.local.dtype != x.layout.dtype),
+                 None)
+    if wrong is not None:
+        err = TypeError(wrong)
+        _validate.refused(mesh.comm, "redistribute_many", err)
+        raise err
     if all(type(x.local) is np.ndarray for x in xs):
         dev = False
     else:
@@ -491,7 +504,7 @@ def redistribute_many(
             {
                 "arrays": repr([x.layout for x in xs]),
                 "targets": repr(targets),
-                "algorithm": repr(algorithm),
+                "algorithm": repr(alg),  # (None and "auto" alike where they resolve alike)
             },
         )
     if hit is None:

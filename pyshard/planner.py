@@ -464,6 +464,11 @@ def _step_out_bytes(s: Step, coords: Coords) -> int:
     return _vol(s.dst, coords) * s.dst.dtype.itemsize
 
 
+def _commute(a: str, b: str) -> bool:
+    """Do reductions by ops ``a`` and ``b`` over two mesh dims give the same in either order?"""
+    return a == b or {a, b} <= {"sum", "avg"}
+
+
 @memoize
 def plan(src: Layout, dst: Layout) -> Plan:
     """Plan the redistribution from layout ``src`` to layout ``dst`` (cached, bounded by
@@ -488,7 +493,21 @@ def plan(src: Layout, dst: Layout) -> Plan:
     # Mesh dims with different ops reduce in mesh-dim order (dim 0 first: max over dim 0 of
     # sums over dim 1 is not the sum of the maxima), whatever the target: an allreduce waits
     # for later dims of its own op only, and goes before a later dim's other op.
-    pending = [m for m in cur.partial_mesh_dims() if cur.placements[m] != dst.placements[m]]
+    # A Partial dim the target keeps is reduced too where a later pending dim's op does not
+    # commute with its own (sum and avg commute; max, min only with themselves): the kept
+    # max of [P(max), P(sum)] -> [P(max), R] would otherwise be taken after the sum. Step 3
+    # makes the target's Partial dim again, locally.
+    partial = cur.partial_mesh_dims()
+    pending = [m for m in partial if cur.placements[m] != dst.placements[m]]
+    grew = True
+    while grew:
+        grew = False
+        for k in partial:
+            if k not in pending and any(
+                    m > k and not _commute(cur.placements[k].op, cur.placements[m].op)
+                    for m in pending):
+                pending = sorted(pending + [k])
+                grew = True
     allreduce: Dict[str, List[int]] = {}
 
     def flush(before: Optional[str]) -> None:  # the allreduces of ops other than `before`

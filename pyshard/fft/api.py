@@ -26,7 +26,7 @@ from .. import _backend as bk
 from .. import _validate
 from .._cache import memoize
 from ..array import ShardedArray
-from ..layout import Layout, Partial, Placement, Replicate, Shard, check_placements, sizes_key
+from ..layout import Layout, Placement, Replicate, Shard, check_placements, sizes_key
 from . import fftplan
 from .engine import have_scipy
 from .fftplan import FFTPlan, run_passes
@@ -41,7 +41,7 @@ from .kinds import (
     result_dtype,
     warnings_of,
 )
-from .planner import stays_partial
+from .planner import reduced_first
 from .tune import mesh_shapes
 from .tune import tune_mesh as _tune
 
@@ -84,11 +84,8 @@ def _plan(layout: Layout, kind: str, axes: Any, s: Any, norm: Any, placements: P
         target = None
     else:
         if placements is None:
-            pl = tuple(
-                Replicate() if isinstance(p, Partial) and not stays_partial(p, layout.dtype)
-                else p
-                for p in layout.placements
-            )
+            red = reduced_first(layout.placements, layout.dtype)
+            pl = tuple(Replicate() if m in red else p for m, p in enumerate(layout.placements))
             if sizes is None:  # keep the input's extents along axes whose length stays
                 sizes = {
                     d: ext for d, ext in layout.sizes.items() if out_shape[d] == layout.shape[d]

@@ -28,7 +28,8 @@ from ..planner import Plan
 from ..planner import plan as redistribution_plan
 from .kinds import INVERSE, pass_out_dtype
 
-__all__ = ["Local", "Move", "build_passes", "choose_move", "invert_passes", "stays_partial"]
+__all__ = ["Local", "Move", "build_passes", "choose_move", "invert_passes", "reduced_first",
+           "stays_partial"]
 
 log = logging.getLogger("pyshard.fft")
 
@@ -71,6 +72,20 @@ def stays_partial(p: Placement, dtype: np.dtype) -> bool:
     are reduced first."""
     return (isinstance(p, Partial) and p.op in ("sum", "avg")
             and (dtype.kind in "fc" or _dtypes.is_ml_float(dtype)))
+
+
+def reduced_first(placements: Sequence[Placement], dtype: np.dtype) -> Tuple[int, ...]:
+    """The Partial mesh dims a transform reduces before it runs: those it cannot keep
+    (:func:`stays_partial`), and every Partial dim before the last of them (mesh dims reduce
+    in order, dim 0 first: the sum over dim 0 of [P(sum), P(max)] is taken before the max,
+    so it cannot stay Partial past it)."""
+    keep = [m for m, p in enumerate(placements) if isinstance(p, Partial)
+            and not stays_partial(p, dtype)]
+    if not keep:
+        return ()
+    last = max(keep)
+    return tuple(m for m, p in enumerate(placements)
+                 if isinstance(p, Partial) and (m in keep or m < last))
 
 
 def _sharded(lay: Layout, a: int) -> bool:
@@ -188,10 +203,7 @@ def build_passes(src: Layout, kind: str, axes: Tuple[int, ...], ns: Tuple[int, .
     None for "any"."""
     passes: List[Any] = []
     cur = src
-    red = [
-        m for m, p in enumerate(cur.placements)
-        if isinstance(p, Partial) and not stays_partial(p, cur.dtype)
-    ]
+    red = reduced_first(cur.placements, cur.dtype)
     if red:  # Partial max/min, or a sum of bool/integers: not linear, reduce first
         pl = [Replicate() if m in red else p for m, p in enumerate(cur.placements)]
         nxt = _with(cur, placements=pl)

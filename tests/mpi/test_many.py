@@ -247,3 +247,37 @@ def test_tune_keeps_ranks_in_step_where_only_some_communicators_share_a_node(
         tuned = sorted(mesh.cache.tuned.items())
         assert tuned and comm.allgather(tuned) == [tuned] * comm.size
         mesh.free()
+
+
+@pytest.mark.parametrize("algorithm", ["auto", "shm", "alltoallv"])
+def test_a_local_of_another_dtype_raises_before_moving(comm, algorithm):
+    """A .local replaced by an array of another dtype (on every rank here): TypeError naming
+    the array, before any communication, as redistribute raises; the fused and node-shared
+    batches moved the layout's bytes from it (garbage values; a segfault for large ones)."""
+    mesh = ps.Mesh(comm, (comm.size,))
+    g = make_global((4 * comm.size, 6), "float64")
+    xs = [ps.distribute(g, mesh, [Shard(0)]) for _ in range(3)]
+    xs[1].local = xs[1].local.astype(np.int8)
+    before = ps.comm_stats()
+    with pytest.raises(TypeError, match=r"arrays\[1\]'s local array has dtype int8, its layout "
+                                        r"float64"):
+        ps.redistribute_many(xs, [Shard(1)], algorithm=algorithm)
+    assert ps.comm_stats() == before
+    xs[1] = ps.distribute(g, mesh, [Shard(0)])
+    for y in ps.redistribute_many(xs, [Shard(1)], algorithm=algorithm):
+        np.testing.assert_array_equal(y.local, g[y.box])
+    mesh.free()
+
+
+@pytest.mark.mpi(min_size=2)
+def test_validation_compares_the_resolved_algorithm(comm):
+    """Under validation, algorithm=None on one rank and "auto" on the others (the same
+    collectives) agree, as redistribute's do; they raised "algorithm: rank 0: None"."""
+    mesh = ps.Mesh(comm, (comm.size,))
+    g = make_global((4 * comm.size, 6), "float64")
+    xs = [ps.distribute(g, mesh, [Shard(0)]) for _ in range(2)]
+    with ps.config.override(PYSHARD_VALIDATE=True, PYSHARD_ALGORITHM=None):
+        ys = ps.redistribute_many(xs, [Shard(1)], algorithm=None if comm.rank == 0 else "auto")
+    for y in ys:
+        np.testing.assert_array_equal(y.local, g[y.box])
+    mesh.free()

@@ -390,3 +390,66 @@ def test_only_the_same_layout_shares_memory(comm):
     np.testing.assert_array_equal(x.local, g[x_box])
     assert x.redistribute([Partial("sum"), S(0)]).local is x.local  # the same layout: shared
     mesh.free()
+
+
+OPS = {"sum": lambda s: s.sum(0), "avg": lambda s: s.mean(0), "max": lambda s: s.max(0),
+       "min": lambda s: s.min(0)}
+
+
+def _reduce_in_order(parts, coords, mshape, ops):
+    """The global array of Partial mesh dims with ``ops`` (one per mesh dim, None: not
+    Partial), reduced in mesh-dim order, dim 0 first; parts[r] at coords[r]."""
+    cur = dict(zip(coords, parts))
+    for m, op in enumerate(ops):
+        if op is None:
+            continue
+        nxt = {}
+        for c in {c[:m] + c[m + 1:] for c in cur}:
+            group = [cur[k] for k in sorted(cur) if k[:m] + k[m + 1:] == c]
+            nxt[c[:m] + (0,) + c[m:]] = OPS[op](np.stack(group))
+        cur = nxt
+    assert len({v.shape for v in cur.values()}) == 1
+    return next(iter(cur.values()))
+
+
+@pytest.mark.mpi(min_size=4)
+def test_two_partial_dims_of_ops_that_do_not_commute(comm):
+    """[P(o0), P(o1)] is o1 over mesh dim 1 of the o0-reductions over mesh dim 0
+    (concepts.md: dim 0 first, whatever the target). Targets that keep P(o0) and reduce
+    mesh dim 1 took o1 first (silently wrong where the ops do not commute); FFTs of such a
+    source kept P(sum) past a later max likewise. Every rank holds its own random values
+    (a distribute()d source fills the other replicas with the op's identity: the order never
+    showed)."""
+    mshape = next(m for m in MESHES[comm.size] if len(m) == 2 and min(m) > 1) \
+        if any(len(m) == 2 and min(m) > 1 for m in MESHES.get(comm.size, [])) else None
+    if mshape is None:
+        pytest.skip("needs a 2-D mesh with both dims > 1")
+    mesh = ps.Mesh(comm, mshape)
+    rng = np.random.default_rng(comm.rank)
+    loc = rng.integers(-5, 6, size=(4, 6)).astype(np.float64)
+    parts = comm.allgather(loc)
+    coords = [tuple(mesh.comm.Get_coords(r)) for r in range(comm.size)]
+    bad = []
+    for o0, o1 in itertools.permutations(OPS, 2):
+        g = _reduce_in_order(parts, coords, mshape, (o0, o1))
+        x = ps.from_local(loc, mesh, [Partial(o0), Partial(o1)], global_shape=(4, 6))
+        for t in ([Partial(o0), Replicate()], [Partial(o0), Shard(0)], [Partial(o0), Shard(1)],
+                  [Replicate(), Replicate()], [Shard(1), Partial(o1)]):
+            y = x.redistribute(t)
+            got = _reduce_in_order(comm.allgather(y.local), coords, mshape,
+                                   tuple(p.op if isinstance(p, Partial) else None for p in t)) \
+                if all(isinstance(p, (Partial, Replicate)) for p in t) else None
+            if got is not None:
+                ok = np.allclose(got, g)
+            else:
+                full = y.redistribute([Replicate(), Replicate()]).local
+                ok = np.allclose(full, g)
+            if not ok:
+                bad.append(f"[P({o0}), P({o1})] -> {t}")
+        from pyshard import fft as pf
+
+        y = pf.fftn(x)
+        if not np.allclose(y.redistribute([Replicate(), Replicate()]).local, np.fft.fftn(g)):
+            bad.append(f"fftn of [P({o0}), P({o1})] ({y.placements})")
+    assert not bad, bad
+    mesh.free()
