@@ -127,6 +127,23 @@ def doctor(argv: Optional[List[str]] = None) -> int:
     return 0
 
 
+def plot(argv: List[str]) -> int:
+    """``python -m pyshard plot``: a file it cannot read, or one that is not the bench's JSON
+    lines, is a message and exit 1 (they were tracebacks)."""
+    import json
+
+    from .bench.plot import plot_main
+
+    try:
+        return plot_main(argv)
+    except OSError as e:
+        print(f"python -m pyshard plot: {e.filename}: {e.strerror}", file=sys.stderr)
+    except json.JSONDecodeError as e:
+        print(f"python -m pyshard plot: a line is not JSON ({e.msg}): {e.doc.strip()[:80]!r}; "
+              "give the JSON lines pyshard bench --json writes", file=sys.stderr)
+    return 1
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     usage = (
@@ -149,18 +166,20 @@ def main(argv: Optional[List[str]] = None) -> int:
     if cmd == "config":
         from . import config
 
+        what = "every PYSHARD_* setting, as a Markdown table (docs/configuration.md)"
+        if rest in (["-h"], ["--help"]):
+            print(f"usage: python -m pyshard config\n\nPrints {what}.")
+            return 0
         if rest:
             print(f"python -m pyshard config takes no arguments (got {' '.join(rest)}): it "
-                  f"prints every PYSHARD_* setting as a Markdown table", file=sys.stderr)
-            return 2 if rest not in (["-h"], ["--help"]) else 0
+                  f"prints {what}", file=sys.stderr)
+            return 2
         print(config.table(), end="")
         return 0
     if cmd == "doctor":
         return doctor(rest)
     if cmd == "plot":
-        from .bench.plot import plot_main
-
-        return plot_main(rest)
+        return plot(rest)
     print(f"unknown command {cmd!r}\n{usage}", file=sys.stderr)
     return 2
 

@@ -43,6 +43,9 @@ class ExecCache:
     __slots__ = ("execs", "fast", "workspace", "tuned", "gen", "_keep", "__weakref__")
 
     def __init__(self, workspace: Any) -> None:
+        # (a mesh's build: a setting refused at import raises here, before any call runs on
+        # the default that stands in for it)
+        config.check_applied()
         self.workspace = workspace
         self.gen = config.generation()  # the settings its executors and bindings were built under
         # algorithm="tune" decisions (pyshard._tune): never evicted, so that a rebuilt
@@ -67,6 +70,7 @@ class ExecCache:
         holds from the settings is applied when they change, :func:`pyshard.config.apply_with`)."""
         g = config.generation()
         if g != self.gen:
+            config.check_applied()  # (one refused at the end of an override, say)
             self.gen = g
             self.execs.clear()
             self.fast.clear()

@@ -46,8 +46,8 @@ from dataclasses import dataclass
 from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
 __all__ = ["ALGORITHMS", "HALO_METHODS", "HALO_MPI", "SETTINGS", "THREAD_VARIABLES",
-           "TRANSPORT_SPELLINGS", "apply_with", "generation", "get", "override", "refresh",
-           "reset", "set", "table", "threads_note"]
+           "TRANSPORT_SPELLINGS", "apply_with", "check_applied", "generation", "get",
+           "override", "refresh", "reset", "set", "table", "threads_note"]
 
 
 @dataclass(frozen=True)
@@ -262,6 +262,10 @@ _parsed: Dict[str, Tuple[Optional[str], Any]] = {}  # name -> (raw value, parsed
 _generation = 0  # moves on at every change of a setting: cache keys compare it
 _appliers: Dict[str, List[Callable[[Any], None]]] = {}  # name -> what carries it (apply_with)
 _applied: Dict[str, Any] = {}  # name -> the value the appliers were last given
+# applied settings whose value was refused where no call could raise it (at import, at the
+# end of an override): their appliers hold the default meanwhile, and check_applied() (every
+# Mesh's build, a mesh's next call after a change) raises the error while the value stands
+_refused: Dict[str, ValueError] = {}
 
 
 def generation() -> int:
@@ -281,13 +285,41 @@ def apply_with(name: str, fn: Callable[[Any], None]) -> None:
     ``fn(value)`` runs now, and again whenever the setting's value changes (set, reset,
     override, or a changed variable :func:`get` or :func:`refresh` reads), so that every
     entry point sees the change with no per-call cost. The module that owns the state calls
-    this when it is imported; registering the same ``fn`` again only applies it again."""
+    this when it is imported; registering the same ``fn`` again only applies it again.
+
+    A value the setting refuses does not fail the import (``python -m pyshard doctor`` and
+    ``config`` must run to report it): ``fn`` gets the default, and the ValueError is raised
+    by :func:`check_applied`, at the next Mesh's build, and by every :func:`get` of it."""
     _setting(name)
     fns = _appliers.setdefault(name, [])
     if fn not in fns:
         fns.append(fn)
-    fn(get(name))
-    _applied[name] = get(name)
+    try:
+        v = get(name)
+    except ValueError as e:
+        _defer(name, e)
+        return
+    fn(v)
+    _applied[name] = v
+
+
+def _defer(name: str, err: ValueError) -> None:
+    """``name``'s value was refused where no call can raise it: its appliers get the default,
+    and :func:`check_applied` raises ``err`` while the value stands."""
+    _refused[name] = err
+    d = SETTINGS[name].default
+    for fn in _appliers[name]:
+        fn(d)
+    _applied[name] = d
+
+
+def check_applied() -> None:
+    """Raise the ValueError of an applied setting whose value was refused at import (or at
+    the end of an :func:`override`) and is still what the setting reads; one that is good now
+    is applied. Every :class:`~pyshard.Mesh` calls this when it is built, so that no call
+    runs on a default that stands in for a refused value."""
+    for name in list(_refused):
+        _apply(name)
 
 
 def _apply(name: str) -> None:
@@ -297,6 +329,7 @@ def _apply(name: str) -> None:
     if name not in _appliers:
         return
     v = get(name)
+    _refused.pop(name, None)
     if name in _applied and _applied[name] == v:
         return
     for fn in _appliers[name]:
@@ -413,7 +446,10 @@ def override(**values: Any) -> Iterator[None]:
         _set.update(before)
         _changed()
         for k in values:
-            _apply(k)
+            try:
+                _apply(k)
+            except ValueError as e:  # the environment's value, refused: as at import, the
+                _defer(k, e)  # next Mesh or call raises it, not the end of the block
 
 
 def table() -> str:
@@ -449,9 +485,10 @@ def collective_settings() -> str:
     for name in COLLECTIVE_SETTINGS:
         try:
             v = get(name)
-        except ValueError as e:  # (a value derived from another variable: its error names it)
-            raw = os.environ.get(name)
-            v = f"invalid {raw!r}" if raw is not None else f"invalid ({e})"
+        except ValueError as e:
+            if not str(e).startswith(f"{name} "):  # PYSHARD_TRANSPORT's error, at a read of
+                continue  # PYSHARD_SHM or _MPI_TRANSPORT: shown under its own name
+            v = f"invalid {os.environ.get(name)!r}"
         if v != SETTINGS[name].default:
             out.append(f"{name}={v}")
     return ", ".join(out) or "defaults"

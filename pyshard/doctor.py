@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import os
 import socket
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from . import _mpi, collectives, config
 from ._backend import build_info, malloc_name
@@ -49,8 +49,8 @@ def rank_facts() -> Dict[str, Any]:
     ``thp_shmem`` (transparent huge pages for private and shared memory), ``ptrace_scope``
     (Yama's, or None), ``settings`` (the ``PYSHARD_*`` settings whose value is not the
     default), ``mpi`` (the MPI library mpi4py runs), ``core_mpi`` (the one pyshard's core
-    runs), ``core_built`` (whose ``mpi.h`` it was built with), and the CUDA facts of
-    :func:`pyshard.build_info`."""
+    runs), ``core_built`` (whose ``mpi.h`` it was built with), ``version`` (pyshard's), and
+    the CUDA facts of :func:`pyshard.build_info`."""
     from . import _shm
 
     try:
@@ -63,10 +63,15 @@ def rank_facts() -> Dict[str, Any]:
         try:
             value = config.get(name)
         except ValueError as e:  # a bad value in this rank's environment: reported, so that
-            value = f"invalid: {e}"  # every rank still reaches the gather
+            # every rank still reaches the gather; under the variable that holds it (a bad
+            # PYSHARD_TRANSPORT raises at the reads of PYSHARD_SHM and _MPI_TRANSPORT too)
+            if not str(e).startswith(f"{name} "):
+                continue
+            value = f"invalid: {e}"
         if value != s.default:
             changed[name] = value
-    info = build_info()
+    with config.override(**dict.fromkeys(k for k, v in changed.items() if _invalid(v))):
+        info = build_info()  # (on the defaults of the refused: it reads the transports)
     return {
         "host": socket.gethostname(),
         "pid": os.getpid(),
@@ -80,6 +85,7 @@ def rank_facts() -> Dict[str, Any]:
         "mpi": _mpi.library_name(_mpi.library_line()),
         "core_mpi": info.get("mpi_library"),
         "core_built": info.get("mpi"),
+        "version": info.get("version"),
         "cuda": info.get("cuda"),
         "cuda_device": info.get("cuda_device"),
         "cuda_aware_mpi": info.get("cuda_aware_mpi"),
@@ -109,23 +115,28 @@ def report(comm: Any) -> Tuple[List[str], List[str]]:
     then what to change, each hint naming its fix."""
     from .mesh import Mesh
 
-    mesh = Mesh(comm, (comm.size,))
-    try:
-        node = mesh.node_transport((0,))
-        mine = rank_facts()
-        mine["shm"] = node is not None
-        mine["cma"] = bool(node is not None and node.cma)
-        info = mesh.node_info()
-        mine["shm_setup"] = bool(info is None or info["shm"][comm.rank])
-        facts: List[Dict[str, Any]] = collectives.allgather(comm, mine)
-        groups = mesh.node_groups((0,)) or {0: (0, 0)}
-    finally:
-        mesh.free()
+    mine = rank_facts()
+    # a value this rank refuses would raise in the mesh's build (PYSHARD_CMA, and those read
+    # at import: config.check_applied): the doctor builds its mesh on their defaults, and
+    # reports them among the hints
+    refused = [k for k, v in mine["settings"].items() if _invalid(v)]
+    with config.override(**dict.fromkeys(refused)):
+        mesh = Mesh(comm, (comm.size,))
+        try:
+            node = mesh.node_transport((0,))
+            mine["shm"] = node is not None
+            mine["cma"] = bool(node is not None and node.cma)
+            info = mesh.node_info()
+            mine["shm_setup"] = bool(info is None or info["shm"][comm.rank])
+            facts: List[Dict[str, Any]] = collectives.allgather(comm, mine)
+            groups = mesh.node_groups((0,)) or {0: (0, 0)}
+        finally:
+            mesh.free()
     by_node: Dict[Any, List[int]] = {}
     for r in range(comm.size):
         by_node.setdefault(groups[r], []).append(r)
     f0 = facts[0]
-    lines = [f"pyshard {build_info()['version']}: {comm.size} rank(s) on {len(by_node)} "
+    lines = [f"pyshard {f0['version']}: {comm.size} rank(s) on {len(by_node)} "
              f"node(s); MPI: {f0['mpi']} (mpi4py), {f0['core_mpi']} (pyshard's core, built "
              f"with {f0['core_built']}'s mpi.h)"]
     hints: List[str] = []
@@ -142,16 +153,9 @@ def report(comm: Any) -> Tuple[List[str], List[str]]:
                      + (f" ({on_host} ranks on the machine)" if on_host > len(rs) else "")
                      + (" (more ranks than cores)" if on_host > cores else ""))
         if len(rs) > 1:
-            shared = all(facts[r]["shm"] for r in rs)
-            if shared:
-                shm = "usable"
-            elif not all(facts[r]["shm_setup"] for r in rs):
-                bad = [r for r in rs if not facts[r]["shm_setup"]]
-                shm = f"not usable (ranks {_ranks(bad)} could not set it up): exchanges by MPI"
-            else:
-                shm = "off (PYSHARD_SHM, PYSHARD_TRANSPORT): exchanges by MPI"
-            lines.append(f"  node-shared memory: {shm}")
-            if shared:
+            state = _shm_state(facts, rs, all(facts[r]["shm"] for r in rs))
+            lines.append(f"  node-shared memory: {state}")
+            if state == "usable":
                 lines.append("  node peers write into private results (cross-memory attach): "
                              + _cma_state(facts, rs, hints, f["host"]))
                 if f["thp_shmem"] in ("never", "deny"):
@@ -201,15 +205,44 @@ def report(comm: Any) -> Tuple[List[str], List[str]]:
         hints.append(f"{'rank' if len(other) == 1 else 'ranks'} {_ranks(other)} have other "
                      f"settings than rank 0 ({', '.join(names)}):"
                      " every rank must see the same, or collectives can hang")
-    bad = sorted({k for f in facts for k, v in f["settings"].items()
-                  if isinstance(v, str) and v.startswith("invalid: ")})
+    bad = sorted({k for f in facts for k, v in f["settings"].items() if _invalid(v)})
     if bad:
         hints.append(f"settings with a value pyshard refuses: {', '.join(bad)} (the first call "
-                     "that reads one raises)")
+                     "that reads one raises; one read at import: the first Mesh's build)")
     if f0["cuda"]:
         lines.append(f"CUDA: built ({f0['cuda']}), a device: {bool(f0['cuda_device'])}, "
                      f"CUDA-aware MPI: {bool(f0['cuda_aware_mpi'])}")
     return lines, list(dict.fromkeys(hints))  # each hint once (nodes of one machine)
+
+
+def _invalid(value: Any) -> bool:
+    """Is ``value`` rank_facts' note of a setting's value pyshard refuses?"""
+    return isinstance(value, str) and value.startswith("invalid: ")
+
+
+def _shm_state(facts: List[Dict[str, Any]], rs: List[int], shared: bool) -> str:
+    """What node-shared memory does for the node of ranks ``rs``, and why not where not."""
+    def on(name: str, test: Callable[[Any], bool]) -> List[int]:
+        return [r for r in rs if test(facts[r]["settings"].get(name))]
+
+    for name in ("PYSHARD_SHM", "PYSHARD_TRANSPORT"):  # (the doctor's mesh took the default)
+        refused = on(name, _invalid)
+        if refused:
+            return (f"{name} has a value pyshard refuses on ranks {_ranks(refused)}: their "
+                    "first exchange raises")
+    off = on("PYSHARD_SHM", lambda v: v == "off")  # (the transport is set up all the same)
+    if off:
+        return f"off on ranks {_ranks(off)} (PYSHARD_SHM, PYSHARD_TRANSPORT): exchanges by MPI"
+    if shared:
+        return "usable"
+    if not all(facts[r]["shm_setup"] for r in rs):
+        bad = [r for r in rs if not facts[r]["shm_setup"]]
+        return f"not usable (ranks {_ranks(bad)} could not set it up): exchanges by MPI"
+    sizes = {repr(facts[r]["settings"].get("PYSHARD_NODE_SIZE")) for r in rs}
+    if len(sizes) > 1:
+        return ("not used: the ranks see different PYSHARD_NODE_SIZE, so they group the "
+                "node differently: exchanges by MPI")
+    return "not used: exchanges by MPI"
 
 
 def _cma_state(facts: List[Dict[str, Any]], rs: List[int], hints: List[str],

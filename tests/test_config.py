@@ -341,3 +341,81 @@ def test_cli_without_a_command_and_config_with_arguments(capsys):
     assert "takes no arguments" in capsys.readouterr().err
     assert main(["config"]) == 0
     assert "PYSHARD_ALGORITHM" in capsys.readouterr().out
+
+
+def test_a_value_refused_at_the_end_of_an_override_is_raised_by_the_next_mesh(monkeypatch):
+    """An applied setting whose environment value is refused where no call can raise it (the
+    end of an override; import is tested in tests/mpi/test_doctor.py): the block's end does
+    not raise (it did), the process holds the default, and the next Mesh built, and the next
+    call on a mesh built before, raise the ValueError; a good value is applied then."""
+    from mpi4py import MPI
+
+    mesh = ps.Mesh(MPI.COMM_SELF, (1,))
+    x = ps.distribute(np.arange(6.0).reshape(2, 3), mesh, [ps.Shard(0)])
+    says = "PYSHARD_CACHE_LIMIT must be an integer >= 1, got '0'"
+    try:
+        with config.override(PYSHARD_CACHE_LIMIT=5):
+            monkeypatch.setenv("PYSHARD_CACHE_LIMIT", "0")
+        assert ps.cache_limit() == 256  # the default, not 5 nor 0
+        with pytest.raises(ValueError, match=says):
+            ps.Mesh(MPI.COMM_SELF, (1,))
+        with pytest.raises(ValueError, match=says):
+            x.redistribute([ps.Shard(1)])
+        monkeypatch.setenv("PYSHARD_CACHE_LIMIT", "7")
+        y = x.redistribute([ps.Shard(1)])  # good now: applied
+        np.testing.assert_array_equal(y.local, np.arange(6.0).reshape(2, 3))
+        assert ps.cache_limit() == 7
+    finally:
+        monkeypatch.delenv("PYSHARD_CACHE_LIMIT")
+        config.refresh()
+        mesh.free()
+    assert ps.cache_limit() == 256
+
+
+def test_a_bad_older_transport_shows_under_its_own_name():
+    """The validation agreement's settings line names the variable that holds a bad value:
+    a bad PYSHARD_TRANSPORT showed as PYSHARD_SHM=invalid None, PYSHARD_MPI_TRANSPORT=..."""
+    os.environ["PYSHARD_TRANSPORT"] = "bogus"
+    try:
+        line = config.collective_settings()
+    finally:
+        del os.environ["PYSHARD_TRANSPORT"]
+    assert line == "PYSHARD_TRANSPORT=invalid 'bogus'", line
+
+
+def test_cli_config_help_and_plot_errors(capsys, tmp_path):
+    """``config --help`` says what it prints (exit 0); ``plot`` with a missing file or one
+    that is not JSON lines: a message and exit 1 (tracebacks before)."""
+    from pyshard.__main__ import main
+
+    assert main(["config", "--help"]) == 0
+    out = capsys.readouterr()
+    assert out.out.startswith("usage: python -m pyshard config") and out.err == ""
+    missing = tmp_path / "none.jsonl"
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text("not json\n")
+    pytest.importorskip("matplotlib")
+    assert main(["plot", str(missing), "-o", str(tmp_path / "p.png")]) == 1
+    assert f"{missing}: No such file or directory" in capsys.readouterr().err
+    assert main(["plot", str(bad), "-o", str(tmp_path / "p.png")]) == 1
+    assert "a line is not JSON" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("args, says", [
+    (["--formats", "bogus"], "argument --formats: unknown checkpoint format 'bogus'"),
+    (["--formats", "npy,zarr2"], "unknown checkpoint format 'zarr2'"),
+    (["--dtype", "object"], "argument --dtype: pyshard moves numeric and bool arrays only"),
+    (["--dtype", "U3"], "numeric and bool arrays only"),
+    (["--dtype", "foo"], "not a numpy dtype"),
+])
+def test_bench_arguments_checked(capsys, args, says):
+    """bench refuses a checkpoint format it does not know (ignored without the checkpoint
+    case, a traceback with it) and a dtype pyshard does not move (a traceback): argparse
+    errors, exit 2."""
+    from pyshard.bench.cli import make_parser
+
+    with pytest.raises(SystemExit) as e:
+        make_parser().parse_args(args)
+    assert e.value.code == 2
+    assert says in capsys.readouterr().err
+    assert make_parser().parse_args(["--formats", "all", "--dtype", "bool"]).formats == "all"

@@ -16,9 +16,11 @@ from mpi4py import MPI
 
 from .._mpi import library_line
 from ..config import ALGORITHMS
+from ..layout import check_dtype
 from ..mesh import Mesh
 from .cases import CASES, EXTRA_CASES, make_cases
 from .checkpoint import bench_checkpoint
+from .ckpt_formats import ALL as CKPT_FORMATS
 from .ckpt_formats import bench_formats, format_formats
 from .fft import bench_fft, format_fft
 from .fft3d import bench_fft3d, format_fft3d
@@ -213,6 +215,7 @@ def make_parser() -> argparse.ArgumentParser:
     ap.add_argument(
         "--formats",
         default=None,
+        type=_names(CKPT_FORMATS, "checkpoint format", extra=("all",)),
         help="checkpoint case: instead of the .npy save/load next to numpy, compare these "
         "formats (comma list of npy,hdf5,zarr,safetensors, or 'all') through pyshard and "
         "the tools (gather to rank 0 + h5py/zarr/safetensors, zarr-python and tensorstore "
@@ -238,11 +241,12 @@ def make_parser() -> argparse.ArgumentParser:
 
 
 def _dtype(s: str) -> str:
-    """An argparse type: a numpy dtype name."""
+    """An argparse type: the name of a dtype pyshard moves (numbers, bool, ml_dtypes' floats:
+    an object or string dtype failed in the first case, with a traceback)."""
     try:
-        np.dtype(s)
-    except TypeError:
-        raise argparse.ArgumentTypeError(f"{s!r} is not a numpy dtype") from None
+        check_dtype(s, "--dtype")
+    except TypeError as e:
+        raise argparse.ArgumentTypeError(str(e).removeprefix("--dtype: ")) from None
     return s
 
 

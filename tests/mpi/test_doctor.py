@@ -36,6 +36,16 @@ def node_blocks(lines):
     return blocks
 
 
+def report_under(comm, monkeypatch):
+    """report(comm) under the environment monkeypatch set, which is then undone."""
+    ps.config.refresh()
+    try:
+        return report(comm)
+    finally:
+        monkeypatch.undo()
+        ps.config.refresh()
+
+
 def transport(comm):
     mesh = ps.Mesh(comm, (comm.size,))
     node = mesh.node_transport((0,))
@@ -70,7 +80,8 @@ def test_every_rank_in_one_node_block(comm, monkeypatch, node_size):
         if len(rs) == 1:
             assert "node-shared memory: none needed (one rank on this node)" in body
             continue
-        shm_here = all(every[r][0] for r in rs)
+        # (set up, and not turned off: PYSHARD_SHM=off is "off" whatever the transport does)
+        shm_here = all(every[r][0] for r in rs) and ps.config.get("PYSHARD_SHM") == "auto"
         assert ("node-shared memory: usable" in body) == shm_here, (rs, body)
         if shm_here:
             attach = [b for b in body if b.startswith("node peers write into")]
@@ -102,18 +113,96 @@ def test_settings_that_differ_or_are_bad_on_one_rank(comm, monkeypatch):
         monkeypatch.setenv("PYSHARD_SHM_MIN_BYTES", "12345")  # (CI runs some jobs with 0)
         monkeypatch.setenv("PYSHARD_PEER_TIMEOUT", "123")  # (these may differ: not named)
         monkeypatch.setenv("PYSHARD_CACHE_LIMIT", "77")
-    ps.config.refresh()
-    try:
-        lines, hints = report(comm)
-    finally:
-        monkeypatch.undo()
-        ps.config.refresh()
+    lines, hints = report_under(comm, monkeypatch)
     same_everywhere(comm, lines, hints)
     who = f"rank {comm.size - 1}"  # one rank differs
     assert any(h.startswith(f"{who} have other settings than rank 0 (PYSHARD_ALGORITHM, "
                             f"PYSHARD_SHM_MIN_BYTES)") for h in hints), hints
-    assert "settings with a value pyshard refuses: PYSHARD_ALGORITHM (the first call that " \
-        "reads one raises)" in hints, hints
+    assert any(h.startswith("settings with a value pyshard refuses: PYSHARD_ALGORITHM (the "
+                            "first call that reads one raises") for h in hints), hints
+
+
+@pytest.mark.parametrize("env, says", [
+    ({"PYSHARD_SHM": "bogus"}, "PYSHARD_SHM has a value pyshard refuses on ranks "),
+    ({"PYSHARD_TRANSPORT": "bogus"}, "PYSHARD_TRANSPORT has a value pyshard refuses on ranks "),
+    ({"PYSHARD_TRANSPORT": "mpi"}, "off on ranks "),
+])
+def test_node_shared_memory_refused_or_off(comm, monkeypatch, env, says):
+    """PYSHARD_SHM (or the older PYSHARD_TRANSPORT) refused or off on every rank: the node's
+    block says so, not "usable" (the transport is set up all the same, on the default the
+    doctor's mesh takes for a refused value; a bad PYSHARD_TRANSPORT crashed the report)."""
+    shm = comm.bcast(transport(comm)[0], root=0)  # decided alike on every rank
+    if comm.size < 2 or not shm:
+        pytest.skip("needs ranks that share node-shared memory")
+    monkeypatch.delenv("PYSHARD_SHM", raising=False)  # (PYSHARD_TRANSPORT decides)
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    lines, hints = report_under(comm, monkeypatch)
+    same_everywhere(comm, lines, hints)
+    body = node_blocks(lines)[0][1]
+    state = [b for b in body if b.startswith("node-shared memory: ")]
+    assert state and state[0].startswith(f"node-shared memory: {says}"), body
+    assert not any(b.startswith("node peers write into") for b in body), body
+    if "bogus" in env.values():  # named under the variable that holds it, and only that
+        name = next(iter(env))
+        assert f"settings with a value pyshard refuses: {name} (" in " ".join(hints), hints
+
+
+def test_node_size_differing_on_one_rank(comm, monkeypatch):
+    """The last rank splits the node otherwise (PYSHARD_NODE_SIZE=1): rank 0's block says the
+    ranks group the node differently (it blamed PYSHARD_SHM and PYSHARD_TRANSPORT), and the
+    hint names PYSHARD_NODE_SIZE."""
+    shm = comm.bcast(transport(comm)[0], root=0)
+    if comm.size < 2 or not shm:
+        pytest.skip("needs ranks that share node-shared memory")
+    if comm.rank == comm.size - 1:
+        monkeypatch.setenv("PYSHARD_NODE_SIZE", "1")
+        ps.config.refresh()
+    try:
+        lines, hints = report(comm)  # (each rank groups the nodes its own way: rank 0 prints)
+    finally:
+        monkeypatch.undo()
+        ps.config.refresh()
+    if comm.rank == 0:
+        body = node_blocks(lines)[0][1]
+        assert "node-shared memory: not used: the ranks see different PYSHARD_NODE_SIZE, so " \
+            "they group the node differently: exchanges by MPI" in body, body
+        assert any("other settings than rank 0 (PYSHARD_NODE_SIZE)" in h for h in hints), hints
+
+
+def test_values_refused_at_import(comm):
+    """Settings read at import with values pyshard refuses (``import pyshard`` raised, and
+    with it ``doctor`` and ``config``): the import, ``config`` and ``doctor`` work, doctor
+    names each; the first Mesh raises each one's ValueError until it is fixed."""
+    launch.require(comm)
+    bad = {"PYSHARD_CACHE_LIMIT": "0", "PYSHARD_CMA": "maybe", "PYSHARD_VALIDATE": "2",
+           "PYSHARD_MANY_BATCH_BYTES": "0", "PYSHARD_POOL_MIN_BYTES": "-1",
+           "PYSHARD_RESULT_POOL_BYTES": str(2**64), "PYSHARD_PEER_TIMEOUT": "-1",
+           "PYSHARD_COUNT_LIMIT": "1"}
+    script = (
+        "import sys\n"
+        "from mpi4py import MPI\n"
+        "import pyshard as ps\n"
+        "from pyshard.__main__ import main\n"
+        "assert main(['config']) == 0 and main(['doctor']) == 0\n"
+        "assert ps.cache_limit() == 256 and not ps.validation()  # the defaults meanwhile\n"
+        "for _ in range(len(sys.argv)):\n"
+        "    try:\n"
+        "        ps.Mesh(MPI.COMM_WORLD, (1,)).free()\n"
+        "        print('built', flush=True)\n"
+        "        break\n"
+        "    except ValueError as e:\n"
+        "        print('raised:', e, flush=True)\n"
+        "        ps.config.set(str(e).split()[0], None)\n"
+    )
+    r = launch.run(1, [sys.executable, "-c", script, *bad], env={"OMP_NUM_THREADS": "1", **bad})
+    assert r.returncode == 0, r.stdout + r.stderr
+    out = r.stdout
+    hint = [line for line in out.splitlines() if "settings with a value pyshard refuses" in line]
+    assert hint and all(name in hint[0] for name in bad), out
+    raised = re.findall(r"^raised: (\w+) must be .*, got '(.*)'$", out, re.M)
+    assert sorted(raised) == sorted(bad.items()), out
+    assert out.rstrip().endswith("built"), out
 
 
 def test_attach_refused_and_turned_off(comm):

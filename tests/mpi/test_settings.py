@@ -10,6 +10,7 @@ import os
 
 import numpy as np
 import pytest
+from mpi4py import MPI
 from oracle import make_global
 
 import pyshard as ps
@@ -324,3 +325,30 @@ def test_validate_after_the_first_call(comm):
             assert comm.allgather(msg) == [msg] * comm.size
         assert not ps.validation()
     mesh.free()
+
+
+def test_a_gather_plan_keeps_the_route_it_was_built_with(comm):
+    """A GatherPlan keeps its route (node-shared memory or MPI) after PYSHARD_SHM changes, as
+    a HaloArray keeps its method: by design, and docs/configuration.md lists it among the
+    exceptions; a plan built after the change follows it."""
+    needs_peers(comm)
+    P = comm.size
+    mesh = ps.Mesh(comm, (P,))
+    g = make_global((64 * P, 8), "float64", seed=3)
+    x = ps.distribute(g, mesh, [S0])
+    idx = np.arange(comm.rank, g.shape[0], 3)
+    try:
+        with ps.config.override(PYSHARD_SHM="auto", PYSHARD_SHM_MIN_BYTES=0):
+            gp = ps.gather_plan(idx, x)
+        if not comm.allreduce(gp.route.path == "shm", op=MPI.LAND):
+            pytest.skip("node-shared memory not taken here (simulated nodes of one rank)")
+        with ps.config.override(PYSHARD_SHM="off"):
+            np.testing.assert_array_equal(gp.gather(x), g[idx])
+            assert gp.route.path == "shm"
+            assert ps.gather_plan(idx, x).route.path != "shm"
+    finally:
+        mesh.free()
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    with open(os.path.join(root, "docs", "configuration.md")) as f:
+        doc = " ".join(f.read().split())
+    assert "Exceptions, by design:" in doc and "a `GatherPlan` (`ps.gather_plan`" in doc
