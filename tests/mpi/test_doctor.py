@@ -55,6 +55,17 @@ def transport(comm):
     return node is not None, cma, groups
 
 
+def shm_on(comm):
+    """(rank 0's node has node-shared memory, and the settings leave it on; its attach; one
+    node holds every rank), decided alike on every rank (a rank skipping alone would leave
+    the others in report's collectives). The run's own settings (PYSHARD_TRANSPORT=mpi, the
+    simulated nodes) change what doctor reports, so tests that expect a node-shared report
+    skip there."""
+    shm, cma, groups = transport(comm)
+    on = shm and ps.config.get("PYSHARD_SHM") != "off"
+    return comm.bcast((on, cma, len(set(groups.values())) == 1), root=0)
+
+
 def same_everywhere(comm, lines, hints):
     assert comm.allgather((lines, hints)) == [(lines, hints)] * comm.size
 
@@ -92,8 +103,8 @@ def test_every_rank_in_one_node_block(comm, monkeypatch, node_size):
 def test_a_rank_that_cannot_set_up(comm):
     """Rank 0 cannot make its control segment: every rank's report says node-shared memory
     is not usable and names rank 0."""
-    if comm.size < 2:
-        pytest.skip("needs two ranks")
+    if comm.size < 2 or not shm_on(comm)[0]:
+        pytest.skip("needs two ranks, and node-shared memory not turned off")
     with failing_node_setup("segment" if comm.rank == 0 else None):
         lines, hints = report(comm)
     same_everywhere(comm, lines, hints)
@@ -152,9 +163,9 @@ def test_node_size_differing_on_one_rank(comm, monkeypatch):
     """The last rank splits the node otherwise (PYSHARD_NODE_SIZE=1): rank 0's block says the
     ranks group the node differently (it blamed PYSHARD_SHM and PYSHARD_TRANSPORT), and the
     hint names PYSHARD_NODE_SIZE."""
-    shm = comm.bcast(transport(comm)[0], root=0)
-    if comm.size < 2 or not shm:
-        pytest.skip("needs ranks that share node-shared memory")
+    shm, _, one_node = shm_on(comm)
+    if comm.size < 2 or not shm or not one_node:
+        pytest.skip("needs ranks that share node-shared memory, on one node")
     if comm.rank == comm.size - 1:
         monkeypatch.setenv("PYSHARD_NODE_SIZE", "1")
         ps.config.refresh()
@@ -211,7 +222,7 @@ def test_attach_refused_and_turned_off(comm):
     # what rank 0's node does (the block checked below), decided alike on every rank: a rank
     # alone on its node (simulated nodes 2, 2, 1) has no node transport, and skipping on its
     # own would leave the others in report's collective (a hang at 5 ranks)
-    shm, cma = comm.bcast(transport(comm)[:2], root=0)
+    shm, cma, _ = shm_on(comm)
     if comm.size < 2 or not shm:
         pytest.skip("needs ranks that share node-shared memory")
     with failing_node_setup("cma"):
@@ -238,7 +249,7 @@ def test_shared_huge_pages_hint(comm, monkeypatch, setting):
     memory, a hint names the setting that gives them; with advise, none."""
     import pyshard.doctor as doctor
 
-    shm = comm.bcast(transport(comm)[0], root=0)  # decided alike on every rank
+    shm = shm_on(comm)[0]  # decided alike on every rank
     if comm.size < 2 or not shm:
         pytest.skip("needs ranks that share node-shared memory")
     facts = doctor.rank_facts
