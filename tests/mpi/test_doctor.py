@@ -63,7 +63,8 @@ def shm_on(comm):
     skip there."""
     shm, cma, groups = transport(comm)
     on = shm and ps.config.get("PYSHARD_SHM") != "off"
-    return comm.bcast((on, cma, len(set(groups.values())) == 1), root=0)
+    one = bool(groups) and len(set(groups.values())) == 1  # (one rank: no node map, None)
+    return comm.bcast((on, cma, one), root=0)
 
 
 def same_everywhere(comm, lines, hints):
