@@ -478,6 +478,13 @@ COLLECTIVE_SETTINGS = (
 )
 
 
+def own_error(name: str, err: ValueError) -> bool:
+    """Is ``err``, raised by a read of ``name``, about ``name``'s own value? (A bad
+    ``PYSHARD_TRANSPORT`` raises at the reads of ``PYSHARD_SHM`` and
+    ``PYSHARD_MPI_TRANSPORT`` too: reported under its own name only.)"""
+    return str(err).startswith(f"{name} ")
+
+
 def collective_settings() -> str:
     """The :data:`COLLECTIVE_SETTINGS` that differ from their defaults, as ``NAME=value``
     (an invalid value as what it is); ``"defaults"`` where none does."""
@@ -486,8 +493,8 @@ def collective_settings() -> str:
         try:
             v = get(name)
         except ValueError as e:
-            if not str(e).startswith(f"{name} "):  # PYSHARD_TRANSPORT's error, at a read of
-                continue  # PYSHARD_SHM or _MPI_TRANSPORT: shown under its own name
+            if not own_error(name, e):
+                continue
             v = f"invalid {os.environ.get(name)!r}"
         if v != SETTINGS[name].default:
             out.append(f"{name}={v}")

@@ -63,9 +63,8 @@ def rank_facts() -> Dict[str, Any]:
         try:
             value = config.get(name)
         except ValueError as e:  # a bad value in this rank's environment: reported, so that
-            # every rank still reaches the gather; under the variable that holds it (a bad
-            # PYSHARD_TRANSPORT raises at the reads of PYSHARD_SHM and _MPI_TRANSPORT too)
-            if not str(e).startswith(f"{name} "):
+            # every rank still reaches the gather; under the variable that holds it
+            if not config.own_error(name, e):
                 continue
             value = f"invalid: {e}"
         if value != s.default:

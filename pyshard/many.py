@@ -452,6 +452,7 @@ def redistribute_many(
         _check_no_arrays(placements, is_map, sizes)
         return {} if is_map else type(arrays)()
     mesh = xs[0].mesh
+    wrong = None  # the first array whose .local was replaced by one of another dtype
     for k, x in zip(keys, xs):
         if not isinstance(x, ShardedArray):
             raise TypeError(
@@ -462,15 +463,13 @@ def redistribute_many(
                 f"redistribute_many: arrays[{k!r}] lies on another mesh than "
                 f"arrays[{keys[0]!r}]; every array must share one Mesh"
             )
-    # a .local replaced by an array of another dtype (this rank's fact, as redistribute's
-    # check): the fused and node-shared batches move the layout's bytes, so it read past the
-    # array (wrong values; a segfault for large ones). (The core checks the shapes.)
-    wrong = next((f"redistribute_many: arrays[{k!r}]'s local array has dtype "
-                  f"{x.local.dtype}, its layout {x.layout.dtype} (was .local replaced by an "
-                  f"array of another dtype? ShardedArray.wrap the new array with a layout of "
-                  f"its dtype)" for k, x in zip(keys, xs)
-                  if x.local.dtype is not x.layout.dtype and x.local.dtype != x.layout.dtype),
-                 None)
+        # (this rank's fact, as redistribute's check: the fused and node-shared batches move
+        # the layout's bytes, so they read past such an array; the core checks the shapes)
+        dt = x.local.dtype
+        if wrong is None and dt is not x.layout.dtype and dt != x.layout.dtype:
+            wrong = (f"redistribute_many: arrays[{k!r}]'s local array has dtype {dt}, its "
+                     f"layout {x.layout.dtype} (was .local replaced by an array of another "
+                     f"dtype? ShardedArray.wrap the new array with a layout of its dtype)")
     if wrong is not None:
         err = TypeError(wrong)
         _validate.refused(mesh.comm, "redistribute_many", err)

@@ -187,11 +187,7 @@ def _run(p: FFTPlan, x: ShardedArray, out: Any, workers: Any, name: str,
     loc = out.local
     # out's local array on each rank (replaced, or made read-only, on one?): agreed by one
     # small allreduce, so every rank raises or none does
-    flags = getattr(loc, "flags", None)
-    problem = None if (type(loc) is type(x.local) and tuple(loc.shape) == out.layout.local_shape(
-        x.mesh.coords) and (bk.is_device(loc) or getattr(flags, "writeable", False))) else \
-        fftplan.out_problem(loc, out.layout, x)
-    fftplan.agree_out(problem, loc, out.layout, x, True)
+    fftplan.agree_out(fftplan.out_problem(loc, out.layout, x), loc, out.layout, x, True)
     xp = bk.xp_of(loc)
     direct = (out.dtype == dst.dtype and loc.flags.c_contiguous
               and bk.is_device(loc) == bk.is_device(x.local)
