@@ -6,7 +6,9 @@ Modelled on cuDecomp's autotuner. The first time a step of a given kind and size
 times are combined over the whole mesh (the maximum), so every rank of the mesh adopts the
 same winner, and the winner is remembered on the mesh under a key made from the layouts
 only: the MPI library, the size of the step's communicator, the memory kind, whether the
-exchange is sparse, and the step's bytes per rank bucketed by powers of two. With
+exchange is sparse, the step's bytes per rank bucketed by powers of two, and whether
+node-shared memory was among the candidates (a choice made with it turned off is not reused
+once it is on, nor the other way round). With
 ``PYSHARD_TUNE_FILE`` set, rank 0 of the mesh reads earlier choices from that JSON file
 (every rank gets them by one broadcast) and adds each new choice to it, so the next job
 starts tuned.
@@ -39,14 +41,16 @@ log = logging.getLogger("pyshard")
 TRIALS = 3  # (the candidates are pyshard.route's: it says which a step may take)
 
 
-def key(step: Step, dev: bool) -> str:
-    """The tuning key of ``step``: identical on every rank of the mesh (layouts only)."""
+def key(step: Step, dev: bool, shm: bool = False) -> str:
+    """The tuning key of ``step``: identical on every rank of the mesh (layouts only);
+    ``shm``: node-shared memory is among the candidates (the same on every rank too)."""
     lib = " ".join(MPI.Get_library_version().strip().splitlines()[0].split())
     g = prod(step.group_shape)
     per_rank = prod(step.src.shape) * step.src.dtype.itemsize // max(1, g)
     bucket = int(log2(per_rank)) if per_rank > 0 else -1
     sparse = 4 * step.max_peers() <= g
-    return f"{lib}|{g}|{'cuda' if dev else 'host'}|{'sparse' if sparse else 'dense'}|2^{bucket}"
+    k = f"{lib}|{g}|{'cuda' if dev else 'host'}|{'sparse' if sparse else 'dense'}|2^{bucket}"
+    return k + "|shm" if shm else k
 
 
 def _load(mesh: Any) -> Dict[str, str]:
@@ -89,7 +93,7 @@ def choose(step: Step, mesh: Any, dev: bool, build: Any, candidates: Tuple[str, 
     choices = mesh.cache.tuned
     if choices is None:
         choices = mesh.cache.tuned = _load(mesh)
-    k = key(step, dev)
+    k = key(step, dev, "shm" in candidates)
     if k in choices:
         return choices[k]
     cands = candidates

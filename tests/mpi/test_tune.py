@@ -213,3 +213,34 @@ def test_tune_on_a_2d_mesh_agrees_on_the_candidates(comm, monkeypatch, case):
         (y,) = ps.redistribute_many([x], dst, algorithm="tune")
     np.testing.assert_array_equal(y.local, g[y.box])
     mesh.free()
+
+
+@pytest.mark.mpi(min_size=2)
+def test_a_choice_made_without_node_shared_memory_is_not_reused_with_it(comm, monkeypatch):
+    """A step tuned under PYSHARD_SHM=off chose among MPI's exchanges alone; once node-shared
+    memory is on again the same step is tuned afresh (its own key), with "shm" among the
+    candidates, and both results equal numpy's."""
+    from pyshard.route import route
+
+    monkeypatch.delenv("PYSHARD_TUNE_FILE", raising=False)
+    mesh = ps.Mesh(comm, (comm.size,))
+    g = make_global((4 * comm.size + 1, 3 * comm.size), "float64", seed=7)
+    x = ps.distribute(g, mesh, [Shard(0)])
+    (step,) = x.plan_to([Shard(1)]).steps
+    if "shm" not in route(step, mesh, "tune").candidates:
+        pytest.skip("node-shared memory is not a candidate here (no node peers, or turned off)")
+    with ps.config.override(PYSHARD_SHM="off"):
+        assert "shm" not in route(step, mesh, "tune").candidates
+        y = x.redistribute([Shard(1)], algorithm="tune")
+        np.testing.assert_array_equal(y.local, g[y.box])
+    off = dict(mesh.cache.tuned)
+    assert len(off) == 1 and "shm" not in off.values()
+    y = x.redistribute([Shard(1)], algorithm="tune")
+    np.testing.assert_array_equal(y.local, g[y.box])
+    tuned = mesh.cache.tuned
+    assert len(tuned) == 2, tuned  # tuned again: the first choice was not reused
+    (new,) = set(tuned) - set(off)
+    assert new.endswith("|shm")
+    chosen = sorted(tuned.items())
+    assert comm.allgather(chosen) == [chosen] * comm.size
+    mesh.free()
