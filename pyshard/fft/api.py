@@ -60,7 +60,7 @@ def _orthogonalize(v: object) -> Optional[bool]:
     """scipy's ``orthogonalize`` (None: True with ``norm="ortho"``, else False) as a bool."""
     if v is None:
         return None
-    if isinstance(v, (bool, np.bool_, numbers.Integral)):
+    if isinstance(v, (np.bool_, numbers.Number)):  # scipy takes any number's truth
         return bool(v)
     # scipy.fft raises RuntimeError (a failed cast to C++ bool) for anything else
     raise RuntimeError(f"orthogonalize must be None, True or False, got {v!r}")
@@ -177,6 +177,10 @@ def _run(p: FFTPlan, x: ShardedArray, out: Any, workers: Any, name: str,
                          f"shape {tuple(out.shape)}, the result {tuple(dst.shape)})")
     if not np.can_cast(dst.dtype, out.dtype, "same_kind"):
         raise _cast_error(p, name, api, out.dtype)
+    if out.mesh is not x.mesh:  # (another mesh of the same shape would place its shards
+        # elsewhere: the same layout, other ranks)
+        raise ValueError(f"out lies on another mesh than the input of pyshard.fft.{name}: "
+                         "out= must be a ShardedArray on the input's Mesh")
     lay = out.layout
     if (lay.mesh_shape != dst.mesh_shape or tuple(lay.placements) != tuple(dst.placements)
             or lay.sizes != dst.sizes):

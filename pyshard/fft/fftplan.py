@@ -173,9 +173,11 @@ def _check_out(out: Optional[Any], dst: Layout, x: ShardedArray) -> Optional[Any
     mesh = x.mesh
     sharded = isinstance(out, ShardedArray)
     if sharded:  # its layout is every rank's: checked alike, before the allreduce below
-        if out.layout != dst or out.mesh is not mesh:
-            raise ValueError(f"out is laid out as {out.layout}, the result as {dst} (on the "
-                             f"input's mesh)")
+        if out.mesh is not mesh:
+            raise ValueError("out lies on another mesh than the input: out= must be a "
+                             "ShardedArray on the input's Mesh")
+        if out.layout != dst:
+            raise ValueError(f"out is laid out as {out.layout}, the result as {dst}")
         out = out.local  # its local array (replaced, or made read-only, on some rank?) below
     return agree_out(out_problem(out, dst, x), out, dst, x, sharded)
 

@@ -206,7 +206,7 @@ def check_workers(workers: object) -> object:
 
 
 def _axis(a: object, ndim: int, api: Optional[str], one: bool) -> int:
-    if isinstance(a, bool) or not isinstance(a, numbers.Integral):
+    if not isinstance(a, numbers.Integral):  # (a bool is an axis for numpy and scipy alike)
         if api != "numpy" and not one:
             raise ValueError("axes must be a scalar or iterable of integers")
         raise TypeError(f"axes must be integers, got {a!r}")
@@ -223,10 +223,8 @@ def _length(n: object, api: Optional[str], one: bool) -> int:
     give for it."""
     if api == "numpy" and isinstance(n, (bool, np.bool_)):
         raise TypeError("an integer is required")
-    if api != "numpy" and not one and (
-        isinstance(n, (bool, np.bool_)) or not isinstance(n, numbers.Integral)
-    ):
-        raise ValueError("shape must be a scalar or iterable of integers")
+    if api != "numpy" and not one and not isinstance(n, (numbers.Integral, np.bool_)):
+        raise ValueError("shape must be a scalar or iterable of integers")  # (True is 1)
     return operator.index(n)  # type: ignore[arg-type]
 
 
@@ -254,8 +252,11 @@ def check_args(
     if kind not in KINDS:
         raise ValueError(f"pyshard.fft.plan: kind must be one of {KINDS}, got {kind!r}")
     ndim = len(shape)
+    # a scalar s or axes is one entry: any number for scipy's names (a float then raises
+    # scipy's ValueError below), an integer for numpy's
+    scalar = numbers.Integral if api == "numpy" else numbers.Number
     if s is not None:
-        if isinstance(s, numbers.Integral):
+        if isinstance(s, scalar):
             s = (s,)
         s = tuple(s)  # type: ignore[arg-type]
     if axes is None:
@@ -267,7 +268,7 @@ def check_args(
             raise AxisError("shape requires more axes than are present")
         ax = tuple(range(ndim)) if s is None else tuple(range(ndim - len(s), ndim))
     else:
-        if isinstance(axes, numbers.Integral):
+        if isinstance(axes, scalar):
             axes = (axes,)
         ax = tuple(_axis(a, ndim, api, one) for a in axes)  # type: ignore[union-attr]
     if not ax:

@@ -325,6 +325,11 @@ def test_errors_are_numpys_and_scipys(comm):
         (lambda: pf.irfftn(x, s=4), lambda: npf.irfftn(g, s=4), True),
         (lambda: pf.dct(r, type=None), lambda: sf.dct(gr, type=None), False),
         (lambda: pf.dstn(r, type=None), lambda: sf.dstn(gr, type=None), False),
+        # a scalar float s or axes of scipy's n-D names: one entry, then scipy's ValueError
+        (lambda: pf.dctn(r, s=2.0), lambda: sf.dctn(gr, s=2.0), True),
+        (lambda: pf.dctn(r, axes=1.0), lambda: sf.dctn(gr, axes=1.0), True),
+        (lambda: pf.hfftn(x, s=7.0), lambda: sf.hfftn(g, s=7.0), True),
+        (lambda: pf.dct(r, orthogonalize=[1]), lambda: sf.dct(gr, orthogonalize=[1]), False),
     ]
     before = ps.comm_stats()
     for i, (ours, theirs, message) in enumerate(cases):
@@ -498,11 +503,15 @@ def test_scipy_arguments(comm):
         np.testing.assert_array_equal(x.local, g[x.box])
     gr = g.real.copy()
     r = ps.distribute(gr, mesh, [Shard(2)])
-    for orth in (None, True, False, 1, np.bool_(False)):
+    for orth in (None, True, False, 1, np.bool_(False), 1.5, 0.0):  # scipy: any number
         y = pf.dctn(r, norm="ortho", orthogonalize=orth, workers=-1, overwrite_x=True)
         want = sf.dctn(gr, norm="ortho", orthogonalize=orth)
         assert ulps(gathered(y), want) <= NUMPY_ULPS, orth
         np.testing.assert_array_equal(r.local, gr[r.box])
+    # bools are integers to scipy: an axis, or a length of 1
+    for kw in ({"axes": (True,)}, {"s": (True, 3)}, {"axes": (0, True)}):
+        y = pf.dctn(r, **kw)
+        assert ulps(gathered(y), sf.dctn(gr, **kw)) <= NUMPY_ULPS, kw
     p = pf.plan(r.layout, "dctn", norm="ortho", orthogonalize=False)
     assert p is pf.plan(r.layout, "dctn", norm="ortho", orthogonalize=False)
     assert p is not pf.plan(r.layout, "dctn", norm="ortho")
@@ -605,3 +614,36 @@ def test_out_refused_on_one_rank_raises_everywhere(comm, case):
         assert np.allclose(full, want.astype(full.dtype), rtol=1e-5, atol=1e-3)
     mesh.free()
 
+
+
+@pytest.mark.mpi(min_size=2)
+def test_out_on_another_mesh_of_the_same_shape_raises(comm):
+    """out= on a mesh of the same shape over the ranks in another order: its layout reads the
+    same, but its shards lie on other ranks, so writing each rank's shard into its local array
+    would put them in the wrong places: every rank raises, for the functions' ShardedArray
+    out= and FFTPlan.forward's, before communicating; on the input's own mesh it is written."""
+    mesh = ps.Mesh(comm, (comm.size,))
+    rev = comm.Split(0, comm.size - 1 - comm.rank)
+    other = ps.Mesh(rev, (comm.size,))
+    g = global_array((8, 5, 4), C, seed=11)
+    gr = g.real.copy()
+    x = ps.distribute(g, mesh, [Shard(0)])
+    r = ps.distribute(gr, mesh, [Shard(0)])
+    for call, ref, src in ((pf.fftn, np.fft.fftn, x), (pf.dctn, sf.dctn, r)):
+        y = call(src)
+        o = ps.distribute(np.zeros(y.shape, y.dtype), other, y.layout.placements,
+                          y.layout.sizes)
+        assert o.layout == y.layout  # the same layout, on other ranks
+        before = ps.comm_stats()
+        with pytest.raises(ValueError, match="another mesh"):
+            call(src, out=o)
+        with pytest.raises(ValueError, match="another mesh"):
+            pf.plan(src.layout, call.__name__).forward(src, out=o)
+        assert collectives_since(before) == 0
+        mine = ps.distribute(np.zeros(y.shape, y.dtype), mesh, y.layout.placements,
+                             y.layout.sizes)
+        assert call(src, out=mine) is mine
+        assert ulps(gathered(mine), ref(g if src is x else gr)) <= NUMPY_ULPS
+    other.free()
+    rev.Free()
+    mesh.free()
