@@ -407,6 +407,9 @@ def fold(padded: Any, like: Sharded, width: WidthArg, periodic: PeriodicArg = Fa
             if tuple(padded.shape) != want:
                 bad = (f"fold: padded has shape {tuple(padded.shape)}, this rank's padded "
                        f"shard is {want}")
+            elif np.dtype(padded.dtype) != like.layout.dtype:
+                bad = (f"fold: padded has dtype {np.dtype(padded.dtype)}, like's layout "
+                       f"{like.layout.dtype}")
         except (TypeError, ValueError):
             pass  # raised again below, after the ranks agree on the arguments
     like = _check(like, "fold", {
@@ -470,12 +473,27 @@ def _empty_pass(a: Any, shape: Sequence[int], dtype: np.dtype) -> Any:
     return jnp.zeros(shape, dtype) + tie.astype(dtype)
 
 
+def _inexact(x: Sharded, kind: str) -> Sharded:
+    """An integer or bool ``x`` as the float dtype ``jnp.fft`` computes it in (float32, or
+    float64 under ``jax_enable_x64``), so the plan's dtypes are the local passes' (numpy's
+    rules would plan float64 buffers where JAX without x64 gives float32 ones)."""
+    dt = np.dtype(x.dtype)
+    if dt.kind not in "biu":
+        return x
+    out = jax.eval_shape(getattr(jnp.fft, kind), jax.ShapeDtypeStruct((2,), dt)).dtype
+    ft = np.dtype(jnp.finfo(out).dtype)  # complex64 -> float32
+    lay = x.layout
+    return Sharded(x.local.astype(ft),
+                   Layout(lay.shape, ft, lay.mesh_shape, lay.placements, lay.sizes), x.mesh)
+
+
 def _fft(kind: str, x: Sharded, s: Optional[Sequence[int]], axes: Optional[Sequence[int]],
          norm: Optional[str], placements: Any, sizes: SizesArg, algorithm: str) -> Sharded:
     x = _check(x, kind, {
         "transform": _resolved(x, lambda x: (lambda f: (f.dst, len(f.passes)))(
             fft_plan(x.layout, kind, axes, s, norm, placements, sizes))),
         "norm": repr("backward" if norm is None else norm), "algorithm": repr(algorithm)})
+    x = _inexact(x, kind)
     fp = fft_plan(x.layout, kind, axes, s, norm, placements, sizes)
     local = x.local
     for p in fp.passes:

@@ -7,7 +7,9 @@ lowering rule. What is private here:
 - the ordered effect: a class registered in ``jax._src.effects``' sets (lowerable, ordered,
   allowed in control flow, custom derivatives and remat), as mpi4jax registers its own;
 - ``jax._src.core.abstract_token``, the token's abstract value (public again from 0.11);
-- ``jax._src.dispatch.apply_primitive``, a primitive's eager implementation.
+- ``jax._src.dispatch.apply_primitive``, a primitive's eager implementation;
+- ``jax._src.ad_checkpoint._insert_reduce_precision``, wrapped so that ``jax.checkpoint``
+  (remat) takes complex residuals (below).
 """
 
 from __future__ import annotations
@@ -85,3 +87,43 @@ def token_in(ctx: Any) -> Any:
 def set_token_out(ctx: Any, token: Any) -> None:
     """The ordering token leaving a lowering."""
     ctx.set_tokens_out(TokenSet({effect: token}))
+
+
+# jax.checkpoint (remat) saves the result of every pyshard step (an effect: never recomputed)
+# as a residual, and JAX 0.10 then puts reduce_precision on each saved float residual, which
+# refuses complex dtypes ("reduce_precision does not accept dtype complex128": the same error
+# pure JAX gives for complex residuals under policy=everything_saveable). So a remat over any
+# complex redistribute, every distributed FFT, failed. The wrapper leaves complex residuals
+# out of that pass (they need no rounding: XLA's excess precision concerns real floats) and
+# hands the others to JAX's own.
+from jax._src import ad_checkpoint as _ad_checkpoint  # noqa: E402
+
+_reduce_precision_pass = _ad_checkpoint._insert_reduce_precision
+
+
+def _is_complex(v: Any) -> bool:
+    dt = getattr(getattr(v, "aval", None), "dtype", None)
+    try:
+        return dt is not None and jax.numpy.issubdtype(dt, jax.numpy.complexfloating)
+    except TypeError:  # an extended dtype (a key, a token): not complex
+        return False
+
+
+def _insert_reduce_precision(jaxpr: Any, num_res: int) -> Any:
+    outs = list(jaxpr.outvars)
+    keep, res = outs[:len(outs) - num_res], outs[len(outs) - num_res:]
+    cplx = [v for v in res if _is_complex(v)]
+    if not cplx:
+        return _reduce_precision_pass(jaxpr, num_res)
+    real = [v for v in res if not _is_complex(v)]
+    # JAX's pass reads the residuals as the last num_res outputs and keeps every output
+    # variable as it is (it renames the producers' variables): reorder, run, restore
+    done = _reduce_precision_pass(jaxpr.replace(outvars=keep + cplx + real), len(real))
+    return done.replace(outvars=outs)
+
+
+_insert_reduce_precision._pyshard = True  # type: ignore[attr-defined]
+if getattr(_reduce_precision_pass, "_pyshard", False):  # (pyshard.jax imported anew)
+    _reduce_precision_pass = _reduce_precision_pass.__wrapped__  # type: ignore[attr-defined]
+_insert_reduce_precision.__wrapped__ = _reduce_precision_pass  # type: ignore[attr-defined]
+_ad_checkpoint._insert_reduce_precision = _insert_reduce_precision

@@ -587,6 +587,9 @@ def test_errors_at_trace_time(comm):
         psj.redistribute(x.local, [Shard(1)])
     with pytest.raises(ValueError, match="padded"):
         psj.fold(jnp.zeros((1, 1)), x, 1)
+    padded = psj.halo_pad(x, 1)  # the right shape, another dtype: not cast silently
+    with pytest.raises(ValueError, match="dtype complex128"):
+        psj.fold(padded.astype(jnp.complex128), x, 1)
     with pytest.raises(ValueError, match="width"):
         psj.halo_pad(x, -1)
     mesh.free()
@@ -881,6 +884,61 @@ def test_from_local_of_a_numpy_float64_without_x64(comm):
         np.testing.assert_array_equal(np.asarray(y.local),
                                       g.astype(np.float32)[y.layout.box(mesh.coords)])
     mesh.free()
+
+
+@pytest.mark.parametrize("dtype", ["int32", "bool"])
+def test_fft_of_integers_without_x64(comm, dtype):
+    """fftn/rfftn of an integer or bool array with JAX's default settings (no x64): JAX
+    computes in float32, so the plan must too (it planned numpy's float64 buffers, and every
+    exchange refused the half-size ones: "an exchange got 120 -> 144 bytes"); the result is
+    jnp.fft's dtype and numpy's values, on uneven and empty shards."""
+    n = comm.size
+    mesh = ps.Mesh(comm, (n,))
+    failures = []
+    g = (global_array((2 * n + 1, 6), "int32", 4) % 2).astype(dtype)
+    with jax.enable_x64(False):
+        for sizes in (None, {0: [2 * n + 1] + [0] * (n - 1)}):
+            lay = ps.Layout(g.shape, dtype, (n,), [Shard(0)], sizes)
+            x = psj.from_local(jnp.asarray(g[lay.box(mesh.coords)]), mesh, [Shard(0)],
+                               g.shape, sizes)
+            for kind in ("fftn", "rfftn"):
+                y = jax.jit(lambda x, kind=kind: getattr(psj, kind)(x, placements="any"))(x)
+                want_dt = getattr(jnp.fft, kind)(jnp.asarray(g)).dtype
+                ref = getattr(np.fft, kind)(g.astype(np.float64))[y.layout.box(mesh.coords)]
+                got = np.asarray(y.local)
+                if y.local.dtype != want_dt or y.layout.dtype != want_dt:
+                    failures.append(f"{kind} {sizes}: dtype {y.local.dtype}/{y.layout.dtype},"
+                                    f" jnp.fft {want_dt}")
+                elif got.shape != ref.shape or not np.allclose(got, ref, atol=1e-4):
+                    failures.append(f"{kind} {sizes}: values")
+    mesh.free()
+    agree(comm, failures)
+
+
+def test_remat_over_complex_exchanges(comm):
+    """jax.checkpoint (remat) over a distributed FFT: its transposes move complex arrays, and
+    their results, saved as residuals, met JAX's reduce_precision pass, which refuses
+    complex dtypes (every rank raised TypeError). The gradient equals serial jax.grad."""
+    n = comm.size
+    mesh = ps.Mesh(comm, (n,))
+    g = global_array((2 * n + 1, 5), "float64", 6)
+    x = psj.distribute(g, mesh, [Shard(0)])
+    w = 1.0 + np.arange(g.size).reshape(g.shape) % 3
+
+    def loss(local):
+        y = psj.fftn(psj.Sharded(local, x.layout, mesh), placements="any")
+        return jnp.sum(jnp.asarray(w[y.layout.box(mesh.coords)]) * jnp.abs(y.local) ** 2)
+
+    ref = np.asarray(jax.grad(lambda A: jnp.sum(jnp.asarray(w) * jnp.abs(jnp.fft.fftn(A)) ** 2))(
+        jnp.asarray(g)))[x.layout.box(mesh.coords)]
+    failures = []
+    for policy in (None, jax.checkpoint_policies.nothing_saveable):
+        f = jax.jit(jax.grad(jax.checkpoint(loss, policy=policy)))
+        got = np.asarray(f(x.local))
+        if got.shape != ref.shape or not np.allclose(got, ref, rtol=1e-10, atol=1e-10):
+            failures.append(f"policy {policy}: gradient")
+    mesh.free()
+    agree(comm, failures)
 
 
 @pytest.mark.parametrize("untested", [False, True])
