@@ -16,11 +16,14 @@ format through that table. The four steps:
 An array description (:data:`Arrays`) is a dict: ``shape`` (tuple), ``dtype`` (numpy dtype),
 ``nbytes``, ``file`` (the file its bytes are in, or the Zarr array's directory), ``kind``
 and what reading it takes: ``"raw"`` (C-order bytes at ``offset`` of ``file``: read with
-MPI-IO or a mapping), ``"fill"`` (never written: every element is the bytes ``fill``), or
-anything else (read with :meth:`Format.read_block` in blocks of whole stored chunks of shape
-``grid``, each by one rank); the layout it was saved from where pyshard saved it
-(``mesh_shape``, ``placements``, ``sizes``); and optionally ``info_file``, the file as
-:func:`~pyshard.checkpoint.checkpoint_info` reports it when that is not ``file``.
+MPI-IO or a mapping), ``"fill"`` (never written: every element is the bytes ``fill``),
+``"unsupported"`` (an entry pyshard cannot hold, a string dataset for example: ``reason``
+says why; only a load that names it fails, the file's other arrays load; ``shape`` and
+``dtype`` None), or anything else (read with :meth:`Format.read_block` in blocks of whole
+stored chunks of shape ``grid``, each by one rank); the layout it was saved from where
+pyshard saved it (``mesh_shape``, ``placements``, ``sizes``); and optionally
+``info_file``, the file as :func:`~pyshard.checkpoint.checkpoint_info` reports it when
+that is not ``file``.
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ import numpy as np
 
 from ..array import ShardedArray
 
-__all__ = ["Arrays", "Facts", "Format", "Items"]
+__all__ = ["Arrays", "Facts", "Format", "Items", "Unsupported", "unsupported"]
 
 Arrays = Dict[str, Dict[str, Any]]
 """name -> array description (see the module's docstring)."""
@@ -41,6 +44,28 @@ Facts = Dict[str, Any]
 
 Items = List[Tuple[str, ShardedArray]]
 """The arrays of a save, (name, array) in name order."""
+
+
+class Unsupported(ValueError):
+    """An entry of a checkpoint that pyshard cannot hold (a string dtype, an unknown codec):
+    recorded with :func:`unsupported`, so that the file's other entries still load. Its
+    message is the reason, without the file or the entry's name."""
+
+
+def unsupported(reason: str, file: str) -> Dict[str, Any]:
+    """The description of an entry pyshard cannot hold, for ``reason``, in ``file``."""
+    return {
+        "kind": "unsupported",
+        "reason": reason,
+        "shape": None,
+        "dtype": None,
+        "nbytes": 0,
+        "file": file,
+        "offset": None,
+        "mesh_shape": (),
+        "placements": [],
+        "sizes": {},
+    }
 
 
 class Format:
@@ -82,6 +107,12 @@ class Format:
         missing: the message names the extra), each message starting with ``what``."""
         raise NotImplementedError
 
+    def lookup(self, path: str, name: str, what: str) -> Optional[Dict[str, Any]]:
+        """The description of ``name``, which :meth:`describe` did not list, where the
+        format's library resolves it to an array (HDF5: a path through a group reached by
+        a second link), else None (the default)."""
+        return None
+
     def replaceable(self, path: str) -> bool:
         """May a save of this format replace what is at ``path`` (it exists)?"""
         raise NotImplementedError
@@ -103,9 +134,10 @@ class Format:
         arguments (checked before)."""
         raise NotImplementedError
 
-    def check_arrays(self, path: str, arrays: Arrays) -> Arrays:
+    def check_arrays(self, path: str, arrays: Arrays, missing_as_fill: bool = False) -> Arrays:
         """Rank 0, before a load reads: check the named arrays' files and complete their
-        descriptions (the default: as described)."""
+        descriptions (the default: as described). ``missing_as_fill``: ``load``'s option
+        (a Zarr shard missing from pyshard's own checkpoint reads as the fill value)."""
         return arrays
 
     def verify(self, comm: Any, path: str, arrays: Arrays) -> None:

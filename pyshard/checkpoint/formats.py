@@ -50,7 +50,8 @@ def driver(name: str) -> Format:
 def detect(path: str, what: str) -> Format:
     """The format at ``path``, the first of :data:`DRIVERS` (safetensors first) whose probe
     claims it, else for a file the first that it resembles (a damaged file of that format:
-    its description says what is wrong); ValueError for a file none claims or resembles or
+    its description says what is wrong); ValueError for a file none claims or resembles (a
+    lone ``.npy`` file from ``numpy.save``: the message says to read it with numpy.load), or
     for a Zarr v2 store (``.zgroup``, ``.zarray``: pyshard reads Zarr v3 only),
     FileNotFoundError for an empty directory, :data:`DEFAULT` for anything else (its
     description raises FileNotFoundError for a missing path, with its hint about ``.old-``
@@ -61,6 +62,12 @@ def detect(path: str, what: str) -> Format:
         if fmt.probe(path):
             return fmt
     if os.path.isfile(path):
+        if _starts_with(path, NPY_MAGIC):
+            raise ValueError(
+                f"{what}: {path!r} is a single .npy file (numpy.save), not a checkpoint: read "
+                f"it with numpy.load (a pyshard npy checkpoint is a directory with "
+                f"{MANIFEST} and one .npy file per array)"
+            )
         for fmt in DRIVERS.values():
             if fmt.resembles(path):  # a damaged file: its description names the damage
                 return fmt
@@ -73,6 +80,18 @@ def detect(path: str, what: str) -> Format:
     if os.path.isdir(path):
         _unclaimed_directory(path, what)
     return DEFAULT
+
+
+NPY_MAGIC = b"\x93NUMPY"
+"""The first bytes of a ``.npy`` file (numpy's format)."""
+
+
+def _starts_with(path: str, magic: bytes) -> bool:
+    try:
+        with open(path, "rb") as f:
+            return f.read(len(magic)) == magic
+    except OSError:
+        return False
 
 
 ZARR_V2 = (".zgroup", ".zarray", ".zmetadata")

@@ -9,9 +9,13 @@ writes only metadata and every dataset's bytes have a fixed offset in the file
 with the attribute ``pyshard_dtype`` naming the ml_dtypes type (HDF5 has no such floats).
 The root attribute ``pyshard`` holds the checkpoint record (JSON: metadata, layouts).
 
-A load reads contiguous, unfiltered, native-byte-order datasets the same way (MPI-IO at their
-offset); every other dataset (chunked, compressed, compact, big-endian, external) is read
-through h5py in blocks of whole chunk rows, each chunk by one rank.
+A load reads contiguous, unfiltered, native-byte-order datasets whose file type is the one
+h5py writes for their numpy dtype the same way (MPI-IO at their offset); every other dataset
+(chunked, compressed, compact, big-endian, external, or of a file type h5py converts as it
+reads: 12-bit ints in 16, an enum h5py calls bool) is read through h5py in blocks of whole
+chunk rows, each chunk by one rank. Every name of a dataset loads (hard and soft links); a
+dataset pyshard cannot hold (strings, compounds, an external link) is described as
+unsupported, and only a load that names it fails.
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ import numpy as np
 from .. import _dtypes
 from .._optional import OptionalModule
 from . import saving
-from .driver import Arrays, Facts, Items
+from .driver import Arrays, Facts, Items, Unsupported, unsupported
 from .manifest import dtype_str
 from .onefile import OneFile
 from .record import facts, layout_of, parse_record
@@ -48,11 +52,22 @@ def need(what: str) -> Any:
     return m
 
 
+def signature_offsets(size: int) -> List[int]:
+    """Where HDF5 looks for its superblock signature in a file of ``size`` bytes: byte 0,
+    then 512, 1024, 2048, ... (a user block of any power-of-two size from 512 bytes)."""
+    out, off = [0], 512
+    while off + len(SIGNATURE) <= size:
+        out.append(off)
+        off *= 2
+    return out
+
+
 def is_hdf5(fname: str) -> bool:
-    """Does ``fname`` hold an HDF5 superblock signature (at 0, 512, 1024, ... bytes)?"""
+    """Does ``fname`` hold an HDF5 superblock signature (at 0, 512, 1024, 2048, ... bytes,
+    up to the file's size, as HDF5 searches)?"""
     try:
         with open(fname, "rb") as f:
-            for off in (0, 512, 1024, 2048, 4096, 8192):
+            for off in signature_offsets(os.fstat(f.fileno()).st_size):
                 f.seek(off)
                 if f.read(8) == SIGNATURE:
                     return True
@@ -108,19 +123,34 @@ def create(
 
 
 def _dtype(ds: Any, where: str) -> np.dtype:
-    """The dtype pyshard loads dataset ``ds`` as; ValueError for one it cannot hold."""
+    """The dtype pyshard loads dataset ``ds`` as; :class:`Unsupported` for one it cannot
+    hold (the file's other datasets still load)."""
     ml = ds.attrs.get("pyshard_dtype")
     if ml is not None:
         if isinstance(ml, bytes):
             ml = ml.decode()
-        dt = _dtypes.resolve(str(ml), where)
+        try:
+            dt = _dtypes.resolve(str(ml), where)
+        except (TypeError, ValueError) as e:
+            raise Unsupported(f"pyshard_dtype {ml!r} is not a dtype pyshard knows ({e})") from e
         if ds.dtype.itemsize != dt.itemsize or ds.dtype.kind != "u":
-            raise ValueError(f"{where}: pyshard_dtype {ml!r} does not match stored {ds.dtype}")
+            raise Unsupported(f"pyshard_dtype {ml!r} does not match stored {ds.dtype}")
         return dt
     dt = ds.dtype
     if dt.kind not in "biufc" or dt.fields is not None or dt.subdtype is not None:
-        raise ValueError(f"{where}: dtype {dt} is not one pyshard can hold (numbers and bool)")
+        raise Unsupported(f"dtype {dt} is not one pyshard can hold (numbers and bool)")
     return dt.newbyteorder("=") if dt.byteorder not in ("=", "|") else dt
+
+
+def stores_as_numpy(h5: Any, ds: Any) -> bool:
+    """Are the bytes of ``ds`` on disk exactly numpy's bytes of ``ds.dtype``: is its file
+    type the one h5py would create for that dtype? Not for an integer of fewer bits than
+    its container (12 of 16), an enum h5py reports as bool over a wider base, a float of a
+    custom layout: h5py converts those as it reads, so they may not be read as raw bytes."""
+    try:
+        return bool(ds.id.get_type().equal(h5.h5t.py_create(ds.dtype, logical=True)))
+    except (TypeError, ValueError):
+        return False
 
 
 def inspect(fname: str, what: str = "load") -> Tuple[Dict[str, Dict[str, Any]], str]:
@@ -141,16 +171,84 @@ def inspect(fname: str, what: str = "load") -> Tuple[Dict[str, Dict[str, Any]], 
         record = f.attrs.get("pyshard", "")
         if isinstance(record, bytes):
             record = record.decode()
-        names: List[str] = []
-        f.visititems(lambda n, o: names.append(n) if isinstance(o, h5.Dataset) else None)
-        for name in names:
-            out[name] = _entry(h5, f[name], fname, size, f"{what}: {fname!r}: dataset {name!r}")
+        for name in dataset_names(h5, f):
+            out[name] = entry_or_unsupported(h5, f, name, fname, size, what)
     return out, str(record)
+
+
+def dataset_names(h5: Any, f: Any) -> List[str]:
+    """Every name of a dataset in ``f`` (without the leading "/"): each hard link and each
+    soft link that resolves to a dataset (a dataset linked twice is listed under both
+    names), and each external link (described as unsupported)."""
+    names: List[str] = []
+    visit = getattr(f, "visititems_links", None)
+    if visit is None:  # h5py before 3.11: each object once, under its first name
+        f.visititems(lambda n, o: names.append(n) if isinstance(o, h5.Dataset) else None)
+        return names
+
+    def one(name: str, link: Any) -> None:
+        if isinstance(link, h5.ExternalLink):
+            names.append(name)
+            return
+        try:
+            obj = f.get(name)  # None: a dangling soft link
+        except (KeyError, ValueError, OSError, RuntimeError):
+            return  # a soft link that does not resolve (a loop of soft links)
+        if isinstance(obj, h5.Dataset):
+            names.append(name)
+
+    visit(one)
+    return names
+
+
+def entry_or_unsupported(
+    h5: Any, f: Any, name: str, fname: str, size: int, what: str
+) -> Dict[str, Any]:
+    """The description of dataset ``name`` of the open file ``f``: :func:`_entry`, or
+    ``{"kind": "unsupported", "reason"}`` for a dataset pyshard cannot hold (a string, a
+    compound, an external link). ValueError for a dataset that makes the file
+    untrustworthy (data outside the file, a huge shape)."""
+    where = f"{what}: {fname!r}: dataset {name!r}"
+    link = f.get(name, getlink=True)
+    if isinstance(link, h5.ExternalLink):
+        return unsupported(
+            f"an external link to {link.path!r} in {link.filename!r} (load that file itself)",
+            fname,
+        )
+    try:
+        return _entry(h5, f[name], fname, size, where)
+    except Unsupported as e:
+        return unsupported(str(e), fname)
+
+
+def lookup(fname: str, name: str, what: str = "load") -> Tuple[Optional[Dict[str, Any]], str]:
+    """Rank 0: (the description of ``name`` as h5py resolves it in ``fname``: a path
+    through a group reached by a second link, or None where it names no dataset; the root
+    ``pyshard`` attribute)."""
+    h5 = need(what)
+    size = os.path.getsize(fname)
+    try:
+        f = h5.File(fname, "r")
+    except OSError as e:
+        raise ValueError(f"{what}: {fname!r} is not a readable HDF5 file ({e})") from e
+    with f:
+        record = f.attrs.get("pyshard", "")
+        if isinstance(record, bytes):
+            record = record.decode()
+        try:
+            link = f.get(name, getlink=True)
+            found = link is not None and (
+                isinstance(link, h5.ExternalLink) or isinstance(f.get(name), h5.Dataset)
+            )
+        except (KeyError, ValueError, OSError, RuntimeError):
+            found = False
+        e = entry_or_unsupported(h5, f, name, fname, size, what) if found else None
+    return e, str(record)
 
 
 def _entry(h5: Any, ds: Any, fname: str, size: int, where: str) -> Dict[str, Any]:
     if ds.shape is None:
-        raise ValueError(f"{where}: has a null dataspace (no shape)")
+        raise Unsupported("it has a null dataspace (no shape)")
     shape = tuple(int(s) for s in ds.shape)
     dtype = _dtype(ds, where)
     nbytes = prod(shape) * dtype.itemsize
@@ -161,6 +259,9 @@ def _entry(h5: Any, ds: Any, fname: str, size: int, where: str) -> Dict[str, Any
     contiguous = plist.get_layout() == h5.h5d.CONTIGUOUS
     native = ds.dtype.byteorder in ("=", "|", "<" if np.little_endian else ">")
     plain = plist.get_nfilters() == 0 and plist.get_external_count() == 0 and native
+    # the bytes on disk are numpy's bytes of ds.dtype only where the file type is what
+    # h5py would write for it (not 12-bit ints in 16 bits, not an enum h5py calls bool)
+    plain = plain and stores_as_numpy(h5, ds)
     if contiguous and plain and nbytes:
         off = ds.id.get_offset()
         if off is None:
@@ -238,6 +339,12 @@ class Hdf5Format(OneFile):
             for n, x in items
         ]
         return create(tmp, tensors, rec)
+
+    def lookup(self, path: str, name: str, what: str) -> Optional[Dict[str, Any]]:
+        e, rec_s = lookup(path, name, what)
+        if e is None:
+            return None
+        return dict(e, file=path, **layout_of(record_of(rec_s), name))
 
     def read_block(
         self, name: str, e: Dict[str, Any], d: int, r0: int, r1: int, dtype: np.dtype

@@ -17,20 +17,28 @@ def checkpoint_info(path: PathArg) -> Dict[str, Any]:
     path: a pyshard checkpoint directory, an HDF5 or safetensors file, or a Zarr v3 group or
     array directory (from pyshard or from another tool: the format is detected).
 
-    Returns ``{"path", "format", "version", "ranks", "created", "metadata", "arrays"}``
+    Returns ``{"path", "format", "version", "ranks", "created", "metadata", "arrays",
+    "unsupported"}``
     where ``format`` is ``"npy"``, ``"hdf5"``, ``"safetensors"`` or ``"zarr"`` and
     ``arrays[name]`` has ``shape`` (tuple), ``dtype`` (numpy dtype; ``str()`` of it is the
     name, e.g. ``"float32"``, ``"bfloat16"``), ``file``, ``nbytes``
     and the layout it was saved from: ``mesh_shape`` (tuple), ``placements`` (strings such
     as ``"S(0)"``, ``"R"``, ``"P(sum)"``) and ``sizes`` (``{array_dim: extents}``); files
     from other tools have no layout (``()``, ``[]``, ``{}``) and ``version``, ``ranks`` and
-    ``created`` None. Raises FileNotFoundError or ValueError naming the path when it is not a
-    checkpoint, ImportError naming the extra when the format's package is missing.
+    ``created`` None. ``unsupported`` maps the name of each entry pyshard cannot hold (a
+    string dataset, an unknown codec or dtype) to the reason, a str: those are not in
+    ``arrays``, and only a load that names one fails. Raises FileNotFoundError or
+    ValueError naming the path when it is not a checkpoint, ImportError naming the extra
+    when the format's package is missing.
     """
     path = norm_path(path, "checkpoint_info")
     fmt, table, facts = open_arrays(path, "checkpoint_info")
     arrays = {}
+    bad = {}
     for name, e in table.items():
+        if e["kind"] == "unsupported":
+            bad[name] = e["reason"]
+            continue
         arrays[name] = {
             "shape": e["shape"],
             "dtype": e["dtype"],
@@ -40,4 +48,4 @@ def checkpoint_info(path: PathArg) -> Dict[str, Any]:
             "placements": e["placements"],
             "sizes": e["sizes"],
         }
-    return {"path": path, "format": fmt.name, **facts, "arrays": arrays}
+    return {"path": path, "format": fmt.name, **facts, "arrays": arrays, "unsupported": bad}

@@ -184,7 +184,7 @@ class NpyFormat(Format):
         facts["metadata"] = m.get("metadata", {})
         return arrays, facts
 
-    def check_arrays(self, path: str, arrays: Arrays) -> Arrays:
+    def check_arrays(self, path: str, arrays: Arrays, missing_as_fill: bool = False) -> Arrays:
         for name, a in arrays.items():
             a["offset"] = _check_file(path, name, a["npy"])
         return arrays

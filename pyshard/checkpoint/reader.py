@@ -75,18 +75,37 @@ def _check_load_args(
 # ----------------------------------------------------------------------------- checks
 
 
-def _read_entries(path: str, names: Sequence[str]) -> Tuple[str, Arrays]:
+def _read_entries(
+    path: str, names: Sequence[str], missing_as_fill: bool = False
+) -> Tuple[str, Arrays]:
     """Rank 0: detect the format, read its metadata and check the named arrays (the
     format's :meth:`~pyshard.checkpoint.driver.Format.check_arrays`); (format name, name ->
     array description of :mod:`~pyshard.checkpoint.driver`, every raw array with its data
-    offset)."""
+    offset). A name the listing lacks is looked up (:meth:`~pyshard.checkpoint.driver.
+    Format.lookup`); a name of an entry pyshard cannot hold raises its reason."""
     fmt, arrays, _ = open_arrays(path, "load")
+    for n in names:
+        if n not in arrays:
+            e = fmt.lookup(path, n, "load")
+            if e is not None:
+                arrays[n] = e
     unknown = [n for n in names if n not in arrays]
+    bad = sorted(n for n, e in arrays.items() if e["kind"] == "unsupported")
     if unknown:
+        holds = sorted(n for n in arrays if n not in bad)
+        also = f" (and entries pyshard cannot hold: {bad})" if bad else ""
         raise ValueError(
-            f"load: {path!r} has no array named {unknown[0]!r}; it holds {sorted(arrays)}"
+            f"load: {path!r} has no array named {unknown[0]!r}; it holds {holds}{also}"
         )
-    return fmt.name, fmt.check_arrays(path, {n: arrays[n] for n in names})
+    for n in names:
+        if arrays[n]["kind"] == "unsupported":
+            raise ValueError(
+                f"load: {path!r}: array {n!r} cannot be loaded: {arrays[n]['reason']} (the "
+                f"file's other arrays load)"
+            )
+    return fmt.name, fmt.check_arrays(
+        path, {n: arrays[n] for n in names}, missing_as_fill=missing_as_fill
+    )
 
 
 def _read_error(path: str, e: Exception) -> Error:
@@ -268,6 +287,7 @@ def load(
     *,
     verify: bool = True,
     device: Optional[str] = None,
+    missing_as_fill: bool = False,
 ) -> Dict[str, ShardedArray]:
     """Load arrays of a checkpoint into any layout on ``mesh``; collective over ``mesh``.
 
@@ -286,15 +306,23 @@ def load(
     pyshard's checksums).
     device: ``None`` or ``"cpu"`` for numpy arrays, ``"cuda"`` for cupy arrays on the current
     GPU (read through host memory).
+    missing_as_fill: read a shard file missing from a Zarr checkpoint that pyshard saved
+    as the fill value, as zarr-python does (default False: such a file raises
+    FileNotFoundError, which catches a truncated save; zarr-python itself deletes a shard
+    whose every element it set to the fill value, ``g["x"][...] = 0`` for example, so
+    pass True to load a checkpoint zarr-python modified). Other tools' Zarr stores always
+    read a missing chunk as the fill value.
 
     Every rank raises the same FileNotFoundError or ValueError, naming the path and the
     problem, for a missing manifest or file (a shard of a Zarr checkpoint pyshard saved
-    included; another tool's missing Zarr chunk is the fill value), an empty directory, a
-    Zarr v2 store, a truncated or mismatched .npy, a checksum mismatch, an unknown name, or
-    an untrustworthy file (an offset or length outside the
-    file, an oversized safetensors header, overlapping tensors, a Zarr key that escapes the
-    directory, an unknown codec, a dtype pyshard cannot hold, a huge shape); ImportError
-    naming the extra when the format's package (h5py, zarr-python) is not installed.
+    included, unless ``missing_as_fill``; another tool's missing Zarr chunk is the fill
+    value), an empty directory, a Zarr v2 store, a lone ``numpy.save`` file, a truncated or
+    mismatched .npy, a checksum mismatch, an unknown name, a name of an entry pyshard
+    cannot hold (a string dataset, an unknown codec or dtype: the message gives the reason;
+    the file's other arrays load), or an untrustworthy file (an offset or length outside
+    the file, an oversized safetensors header, overlapping tensors, a Zarr key that escapes
+    the directory, a huge shape); ImportError naming the extra when the format's package
+    (h5py, zarr-python) is not installed.
     """
     t0 = time.perf_counter()
     path = norm_path(path, "load")
@@ -302,6 +330,7 @@ def load(
         items = {"path": repr(path), "placements": repr(placements), "sizes": repr(sizes)}
         items["device"] = repr(device)
         items["verify"] = repr(bool(verify))  # a rank that verifies alone would wait
+        items["missing_as_fill"] = repr(bool(missing_as_fill))
         _validate.agree(mesh.comm, "load", items)
     names, want, sizes = _check_load_args(mesh, placements, sizes)
     if device not in (None, "cpu", "cuda"):
@@ -312,7 +341,9 @@ def load(
     # rank 0 detects the format, reads the metadata and checks the files; every rank gets
     # its verdict
     fmt_name, entries = on_root(
-        comm, lambda: _read_entries(path, names), lambda e: _read_error(path, e)
+        comm,
+        lambda: _read_entries(path, names, bool(missing_as_fill)),
+        lambda e: _read_error(path, e),
     )
     layouts = _target_layouts(entries, mesh, want, sizes)
     offsets = {n: e["offset"] for n, e in entries.items() if e["kind"] == "raw"}

@@ -12,6 +12,7 @@ nor a load needs the safetensors package.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import struct
 from math import prod
@@ -20,11 +21,13 @@ from typing import Any, Dict, List, Optional, Tuple
 import numpy as np
 
 from .. import _dtypes
-from .driver import Arrays, Facts, Items
+from .driver import Arrays, Facts, Items, unsupported
 from .onefile import OneFile
 from .record import facts, layout_of, parse_record
 
 __all__ = ["SafetensorsFormat"]
+
+log = logging.getLogger("pyshard")
 
 MAX_HEADER = 100_000_000
 """The largest header accepted (bytes): the limit the safetensors library itself enforces."""
@@ -101,10 +104,12 @@ def build_header(
 
 def parse(fname: str, what: str = "load") -> Tuple[Dict[str, Dict[str, Any]], Dict[str, str], int]:
     """Check a safetensors file and read its table: ({name: {"shape", "dtype", "offset",
-    "nbytes"}}, the ``__metadata__`` dict, the data size). ValueError naming the file for
-    anything untrustworthy, before any allocation the header does not bound: a header over
-    :data:`MAX_HEADER` or past the file, bad JSON, an unknown dtype, a shape whose bytes do
-    not match its offsets, an offset or length outside the file, overlapping tensors."""
+    "nbytes"}, or {"reason"} for a tensor of a dtype pyshard cannot hold}, the
+    ``__metadata__`` dict, the data size). ValueError naming the file for anything
+    untrustworthy, before any allocation the header does not bound: a header over
+    :data:`MAX_HEADER` or past the file, bad JSON, a shape whose bytes do not match its
+    offsets, an offset or length outside the file, overlapping tensors (the offsets of a
+    tensor of an unknown dtype are checked too)."""
     size = os.path.getsize(fname)
     with open(fname, "rb") as f:
         head = f.read(8)
@@ -148,20 +153,25 @@ def parse(fname: str, what: str = "load") -> Tuple[Dict[str, Dict[str, Any]], Di
             type(o) is int and o >= 0 for o in (begin, end)
         ):
             raise ValueError(f"{where}: shape and offsets must be non-negative ints")
-        dtype = dtype_of_code(code, where)
-        nbytes = prod(shape) * dtype.itemsize
         if end < begin or end > data:
             raise ValueError(
                 f"{where}: data_offsets [{begin}, {end}] lie outside the {data} data bytes of "
                 f"the file (truncated or corrupt)"
             )
+        spans.append((begin, end, name))
+        try:
+            dtype = dtype_of_code(code, where)
+        except ValueError:  # its bytes are bounded and checked above: the others load
+            out[name] = {"reason": f"dtype {code!r} is not one pyshard can hold (it reads "
+                                   f"{', '.join(sorted(NAMES))})"}  # fmt: skip
+            continue
+        nbytes = prod(shape) * dtype.itemsize
         if end - begin != nbytes:
             raise ValueError(
                 f"{where}: shape {list(shape)} of {code} needs {nbytes} bytes but its "
                 f"data_offsets span {end - begin}"
             )
         out[name] = {"shape": shape, "dtype": dtype, "offset": 8 + n + begin, "nbytes": nbytes}
-        spans.append((begin, end, name))
     spans.sort()
     for (_b0, e0, n0), (b1, _e1, n1) in zip(spans, spans[1:]):
         if b1 < e0:
@@ -230,10 +240,26 @@ class SafetensorsFormat(OneFile):
         rec = pyshard_meta(meta)
         arrays = {}
         for name, e in table.items():
+            if "reason" in e:
+                arrays[name] = unsupported(e["reason"], path)
+                continue
             dtype = e["dtype"]
             saved = (rec or {}).get("arrays", {}).get(name, {}) if rec else {}
+            layout = layout_of(rec, name)
             if isinstance(saved, dict) and saved.get("dtype") not in (None, _dtypes.name(dtype)):
-                raise ValueError(f"{what}: {path!r}: tensor {name!r}: dtype disagrees with record")
+                # changed by another tool since pyshard saved it (cast and saved again):
+                # the header is the truth; the saved layout no longer describes it
+                log.warning(
+                    "pyshard: %s: %r: tensor %r is %s in the file but pyshard's record says "
+                    "%s (changed by another tool since the save?): read as a foreign tensor, "
+                    "with no saved layout",
+                    what,
+                    path,
+                    name,
+                    _dtypes.name(dtype),
+                    saved.get("dtype"),
+                )
+                layout = layout_of(None, name)
             arrays[name] = {
                 "shape": e["shape"],
                 "dtype": dtype,
@@ -241,7 +267,7 @@ class SafetensorsFormat(OneFile):
                 "file": path,
                 "kind": "raw",
                 "offset": e["offset"],
-                **layout_of(rec, name),
+                **layout,
             }
         return arrays, facts(rec, meta)
 

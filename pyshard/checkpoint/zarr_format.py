@@ -69,16 +69,25 @@ class ZarrFormat(Format):
         }
         return arrays, facts(rec, {})
 
-    def check_arrays(self, path: str, arrays: Arrays) -> Arrays:
+    def check_arrays(self, path: str, arrays: Arrays, missing_as_fill: bool = False) -> Arrays:
         """Rank 0: every shard file of each of pyshard's own arrays is there (its save wrote
-        them all): FileNotFoundError naming the first missing one. In another tool's store a
-        chunk never written is the fill value (the Zarr rule)."""
+        them all): FileNotFoundError naming the first missing one, unless
+        ``missing_as_fill`` (then, as in another tool's store, a chunk or shard that is not
+        there is the fill value: the Zarr rule)."""
         for name, e in arrays.items():
+            if missing_as_fill:
+                e["saved"] = False  # read as another tool's array: absent means fill
+                continue
             fname = missing_shard(e) if e.get("saved") else None
             if fname is not None:
+                fill = e["meta"].get("fill_value")
                 raise FileNotFoundError(
                     f"load: array {name!r}: its shard file {fname!r} is missing (the pyshard "
-                    f"checkpoint's save wrote it)"
+                    f"checkpoint's save wrote it): a save cut short, or a file removed since; "
+                    f"zarr-python itself deletes a shard whose every element it set to the "
+                    f"fill value ({fill!r} here), so if another tool modified this "
+                    f"checkpoint, load(..., missing_as_fill=True) reads missing shards as "
+                    f"the fill value"
                 )
         return arrays
 

@@ -9,6 +9,7 @@ from math import prod
 from typing import Any, Dict, List, Optional, Tuple
 
 from .. import _dtypes
+from .driver import Unsupported, unsupported
 from .zarr_meta import ML_TYPES, NUMPY_TYPES, need
 
 MAX_BYTES = 1 << 50
@@ -24,8 +25,8 @@ def _check_codecs(codecs: Any, where: str) -> None:
     for c in codecs:
         name = c.get("name") if isinstance(c, dict) else c
         if name not in CODECS:
-            raise ValueError(
-                f"{where}: unknown codec {name!r} (pyshard reads {', '.join(sorted(CODECS))})"
+            raise Unsupported(
+                f"unknown codec {name!r} (pyshard reads {', '.join(sorted(CODECS))})"
             )
         if name == "sharding_indexed":
             conf = c.get("configuration", {})
@@ -45,7 +46,9 @@ def _read_json(fname: str, what: str) -> Dict[str, Any]:
 
 
 def _array_entry(d: str, m: Dict[str, Any], where: str) -> Dict[str, Any]:
-    """The description of the Zarr array at directory ``d`` with metadata ``m``."""
+    """The description of the Zarr array at directory ``d`` with metadata ``m``;
+    :class:`Unsupported` (the reason) for an array pyshard cannot hold (a data type, a
+    codec it does not know), ValueError for malformed metadata or a huge shape."""
     try:
         shape = tuple(m["shape"])
         dt = m["data_type"]
@@ -60,7 +63,7 @@ def _array_entry(d: str, m: Dict[str, Any], where: str) -> Dict[str, Any]:
     ):
         raise ValueError(f"{where}: needs a regular chunk grid of {len(shape)} positive ints")
     if not isinstance(dt, str) or (dt not in NUMPY_TYPES and dt not in ML_TYPES):
-        raise ValueError(f"{where}: data_type {dt!r} is not one pyshard can hold")
+        raise Unsupported(f"data_type {dt!r} is not one pyshard can hold")
     dtype = _dtypes.resolve(dt, where)
     nbytes = prod(shape) * dtype.itemsize
     if nbytes > MAX_BYTES:
@@ -69,9 +72,9 @@ def _array_entry(d: str, m: Dict[str, Any], where: str) -> Dict[str, Any]:
     default_sep = "/" if enc.get("name") == "default" else "."
     sep = (enc.get("configuration") or {}).get("separator", default_sep)
     if enc.get("name") not in ("default", "v2") or sep not in ("/", "."):
-        raise ValueError(f"{where}: chunk_key_encoding {enc!r} is not one pyshard reads")
+        raise Unsupported(f"chunk_key_encoding {enc!r} is not one pyshard reads")
     if m.get("storage_transformers"):
-        raise ValueError(f"{where}: storage transformers are not supported")
+        raise Unsupported("storage transformers are not supported")
     _check_codecs(m.get("codecs"), where)
     return {
         "shape": shape,
@@ -83,6 +86,15 @@ def _array_entry(d: str, m: Dict[str, Any], where: str) -> Dict[str, Any]:
         "grid": list(outer),
         "meta": m,
     }
+
+
+def _entry_or_unsupported(d: str, m: Dict[str, Any], where: str) -> Dict[str, Any]:
+    """:func:`_array_entry`, or the description of an array pyshard cannot hold (its
+    reason), so that the store's other arrays still load."""
+    try:
+        return _array_entry(d, m, where)
+    except Unsupported as e:
+        return unsupported(str(e), d)
 
 
 def _inside(root: str, p: str) -> bool:
@@ -105,7 +117,7 @@ def inspect(
     if root_meta.get("node_type") == "array":
         name = os.path.basename(os.path.normpath(path))
         name = name[:-5] if name.endswith(".zarr") and len(name) > 5 else name
-        out[name] = _array_entry(path, root_meta, f"{what}: {path!r}")
+        out[name] = _entry_or_unsupported(path, root_meta, f"{what}: {path!r}")
         return out, None
     if root_meta.get("node_type") != "group":
         raise ValueError(f"{what}: {path!r}: zarr.json is neither a group nor an array")
@@ -130,7 +142,7 @@ def inspect(
         m = _read_json(os.path.join(d, "zarr.json"), what)
         if m.get("node_type") == "array":
             name = os.path.relpath(d, path).replace(os.sep, "/")
-            out[name] = _array_entry(d, m, f"{what}: {path!r}: array {name!r}")
+            out[name] = _entry_or_unsupported(d, m, f"{what}: {path!r}: array {name!r}")
             arrays_at.append(d)
     attrs = root_meta.get("attributes") or {}
     rec = attrs.get("pyshard") if isinstance(attrs, dict) else None
