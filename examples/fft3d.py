@@ -18,7 +18,8 @@ order they are transformed (x, y, z = axes 0, 1, 2). For order ``abc``:
 -> [Shard(2), Shard(0)]``, copies on only one side of each exchange (pyshard/bench/fft3d.py).
 ``pyshard.fft.fftn(x, placements=<last pencil>)`` plans exactly these two transposes; the
 result, ``numpy.fft.fftn`` of the global array (unnormalised), stays in the last pencil.
-Every rank checks its box against ``numpy.fft.fftn`` of the global array; the script prints
+Every rank checks its box against ``numpy.fft.fftn`` of the global array (the run fails
+unless every rank's error is within the tolerance: a NaN fails it); the script prints
 the time of the whole transform and of its two transposes alone (median, slowest rank),
 next to mpi4py-fft's PFFT (numpy backend) on the same array when mpi4py_fft is installed.
 """
@@ -27,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from math import prod
 from typing import List, Optional
 
 import numpy as np
@@ -34,21 +36,28 @@ from mpi4py import MPI
 
 import pyshard as ps
 from pyshard import fft as pf
+from pyshard.bench.cli import count_arg, shape_arg
 from pyshard.bench.fft3d import DEFAULT_ORDER, ORDERS, pencils, sample_array, time_fft3d, time_pfft
+from pyshard.collectives import all_true
 
 
 def main(argv: Optional[List[str]] = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--n", type=int, default=64, help="the array is n x n x n (default 64)")
+    ap.add_argument("--n", type=count_arg(1), default=64,
+                    help="the array is n x n x n (default 64)")
     ap.add_argument("--order", default=DEFAULT_ORDER, choices=ORDERS)
-    ap.add_argument("--mesh", default=None, help="P0xP1 (default: MPI.Compute_dims)")
+    ap.add_argument("--mesh", default=None, type=shape_arg((2,)),
+                    help="P0xP1, the rank count in all (default: MPI.Compute_dims)")
     ap.add_argument("--dtype", default="complex128", choices=["complex128", "complex64"])
-    ap.add_argument("--reps", type=int, default=5)
-    ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--reps", type=count_arg(1), default=5, help="timed runs (>= 1)")
+    ap.add_argument("--warmup", type=count_arg(0), default=2)
     args = ap.parse_args(argv)
     comm = MPI.COMM_WORLD
     if args.mesh:
-        mesh_shape = tuple(int(m) for m in args.mesh.lower().split("x"))
+        mesh_shape = tuple(int(m) for m in args.mesh.split("x"))
+        if prod(mesh_shape) != comm.size:
+            ap.error(f"argument --mesh: {args.mesh} holds {prod(mesh_shape)} ranks, the run "
+                     f"has {comm.size}")
     else:
         mesh_shape = tuple(MPI.Compute_dims(comm.size, 2))
     shape = (args.n,) * 3
@@ -63,9 +72,11 @@ def main(argv: Optional[List[str]] = None) -> int:
     transposes = [ps.plan(a, b) for a, b in zip(lays, lays[1:])]
 
     ref = np.fft.fftn(g.astype(np.complex128))
-    err = float(np.max(np.abs(y.local - ref[y.box]))) if y.local.size else 0.0
-    err = comm.allreduce(err, op=MPI.MAX) / float(np.max(np.abs(ref)))
-    ok = err <= (1e-4 if dtype == np.complex64 else 1e-10)
+    err = float(np.max(np.abs(y.local - ref[y.box]), initial=0.0)) / float(np.max(np.abs(ref)))
+    # each rank's verdict, and-ed (False for a NaN); the error shown: numpy's max over the
+    # ranks, which keeps a NaN (an MPI MAX reduction may drop one)
+    ok = all_true(comm, err <= (1e-4 if dtype == np.complex64 else 1e-10))
+    err = float(np.max(comm.allgather(err)))
     del ref, g
 
     ours = time_fft3d(x, args.reps, args.warmup)

@@ -55,6 +55,7 @@ from mpi4py import MPI
 import pyshard as ps
 import pyshard.torch as pst
 from pyshard import Partial, Replicate, Shard
+from pyshard.bench.cli import count_arg
 from pyshard.collectives import all_true, allgather_rows, max_all
 
 TOL = 1e-10  # loss and weights against the single-process model (float64)
@@ -76,6 +77,10 @@ def sbm_graph(nodes: int, blocks: int, p_in: float, p_out: float, features: int,
     x = means[block] + 1.5 * rng.standard_normal((nodes, features))
     train = rng.random(nodes) < 0.5
     return {"a_hat": a_hat, "x": x, "y": block.astype(np.int64), "train": train}
+
+
+class NoTrainingNodes(ValueError):
+    """The graph's training mask is empty (too few nodes)."""
 
 
 def row_sizes(n: int, P: int, split: str = "uneven") -> Optional[List[int]]:
@@ -180,6 +185,9 @@ def run(mesh: ps.Mesh, nodes: int = 200, blocks: int = 4, p_in: float = 0.1,
     ``across_ranks`` (the weights' largest difference from rank 0's) and ``ok``."""
     comm = mesh.comm
     graph = sbm_graph(nodes, blocks, p_in, p_out, features, seed)
+    if not graph["train"].any():  # the same graph on every rank: every rank raises
+        raise NoTrainingNodes(f"no training node among the {nodes} nodes (seed {seed}): the "
+                              f"loss would be 0/0; take more --nodes")
     part = Partitioned(graph, mesh, row_sizes(nodes, mesh.size, split))
     net = GCN(features, hidden, blocks, seed)
     opt = torch.optim.SGD(net.parameters(), lr=lr, momentum=0.9)
@@ -209,13 +217,14 @@ def run(mesh: ps.Mesh, nodes: int = 200, blocks: int = 4, p_in: float = 0.1,
         loss.backward()
         opt_ref.step()
         ref_losses.append(float(loss.detach()))
-    loss_err = max((abs(p - q) for p, q in zip(losses, ref_losses)), default=0.0)
-    weight_err = max(float((p - q).detach().abs().max())
-                     for p, q in zip(net.parameters(), ref.parameters()))
+    # numpy's max keeps a NaN (Python's max() and an MPI MAX reduction may drop it)
+    loss_err = float(np.max(np.abs(np.subtract(losses, ref_losses)), initial=0.0))
+    weight_err = float(np.max([float((p - q).detach().abs().max())
+                               for p, q in zip(net.parameters(), ref.parameters())]))
     flat = torch.cat([p.detach().reshape(-1) for p in net.parameters()]).numpy()
     every = allgather_rows(comm, flat)
-    out.update({"serial_losses": ref_losses, "loss_err": max_all(comm, loss_err),
-                "weight_err": max_all(comm, weight_err),
+    out.update({"serial_losses": ref_losses, "loss_err": float(np.max(comm.allgather(loss_err))),
+                "weight_err": float(np.max(comm.allgather(weight_err))),
                 "across_ranks": float(np.abs(every - every[0]).max()),
                 "ok": all_true(comm, loss_err <= TOL and weight_err <= TOL)})
     return out
@@ -223,22 +232,27 @@ def run(mesh: ps.Mesh, nodes: int = 200, blocks: int = 4, p_in: float = 0.1,
 
 def main(argv: Optional[List[str]] = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--nodes", type=int, default=200)
-    ap.add_argument("--blocks", type=int, default=4, help="groups, and classes (default 4)")
+    ap.add_argument("--nodes", type=count_arg(1), default=200)
+    ap.add_argument("--blocks", type=count_arg(1), default=4,
+                    help="groups, and classes (default 4)")
     ap.add_argument("--p-in", type=float, default=0.1)
     ap.add_argument("--p-out", type=float, default=0.01)
-    ap.add_argument("--features", type=int, default=8)
-    ap.add_argument("--hidden", type=int, default=16)
-    ap.add_argument("--steps", type=int, default=5)
+    ap.add_argument("--features", type=count_arg(1), default=8)
+    ap.add_argument("--hidden", type=count_arg(1), default=16)
+    ap.add_argument("--steps", type=count_arg(1), default=5)
     ap.add_argument("--lr", type=float, default=0.2)
     ap.add_argument("--split", default="uneven", choices=["uneven", "balanced"])
-    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--seed", type=count_arg(0), default=0)
     ap.add_argument("--check", default="yes", choices=["yes", "no"])
     args = ap.parse_args(argv)
     comm = MPI.COMM_WORLD
     mesh = ps.Mesh(comm, (comm.size,))
-    r = run(mesh, args.nodes, args.blocks, args.p_in, args.p_out, args.features, args.hidden,
-            args.steps, args.lr, args.split, args.seed, args.check == "yes")
+    try:
+        r = run(mesh, args.nodes, args.blocks, args.p_in, args.p_out, args.features,
+                args.hidden, args.steps, args.lr, args.split, args.seed, args.check == "yes")
+    except NoTrainingNodes as e:
+        mesh.free()
+        ap.error(f"argument --nodes: {e}")
     if comm.rank == 0:
         print(f"gnn: two-layer GCN on a {args.blocks}-block random graph, {args.nodes} nodes, "
               f"{r['edges']} edges, on {comm.size} rank(s), nodes {r['sizes']}: "

@@ -8,7 +8,8 @@ The grid (n^dim cells) is split over a mesh of the ranks (``--mesh``, default
 ``--periodic`` wraps the grid; otherwise the boundary is fixed at ``--boundary``.
 ``--overlap`` starts the exchange, updates the inner cells while it flies, then the shell.
 ``--check`` (default on for grids up to 2^20 cells) gathers the result and compares it with
-a serial numpy run of the same steps: it must be equal bit for bit. Prints the time per step
+a serial numpy run of the same steps: it must be equal bit for bit (NaNs in the same places
+count as equal: a ``--boundary`` of nan or inf gives them). Prints the time per step
 (slowest rank) and the check.
 """
 
@@ -24,23 +25,30 @@ from mpi4py import MPI
 
 import pyshard as ps
 from pyshard.apps.heat import STENCILS, initial, run, serial
+from pyshard.bench.cli import count_arg, shape_arg
 
 
 def main(argv: Optional[List[str]] = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--n", type=int, default=128, help="cells per grid dim (default 128)")
+    ap.add_argument("--n", type=count_arg(1), default=128,
+                    help="cells per grid dim (default 128)")
     ap.add_argument("--dim", type=int, default=2, choices=[2, 3])
     ap.add_argument("--stencil", default="star", choices=STENCILS)
     ap.add_argument("--periodic", action="store_true")
     ap.add_argument("--boundary", type=float, default=0.0)
-    ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--steps", type=count_arg(0), default=20)
     ap.add_argument("--overlap", action="store_true")
-    ap.add_argument("--mesh", default=None, help="e.g. 2x2 (default: MPI.Compute_dims)")
+    ap.add_argument("--mesh", default=None, type=shape_arg((1, 2, 3)),
+                    help="e.g. 2x2: at most --dim dims, the rank count in all "
+                    "(default: MPI.Compute_dims)")
     ap.add_argument("--check", default=None, choices=["yes", "no"])
     args = ap.parse_args(argv)
     comm = MPI.COMM_WORLD
     if args.mesh:
-        mesh_shape = tuple(int(m) for m in args.mesh.lower().split("x"))
+        mesh_shape = tuple(int(m) for m in args.mesh.split("x"))
+        if len(mesh_shape) > args.dim or prod(mesh_shape) != comm.size:
+            ap.error(f"argument --mesh: {args.mesh} is not a mesh of at most {args.dim} dims "
+                     f"holding the run's {comm.size} ranks")
     else:
         mesh_shape = tuple(MPI.Compute_dims(comm.size, args.dim))
     mesh = ps.Mesh(comm, mesh_shape)
@@ -54,7 +62,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     if check:
         full = u.full()
         ref = serial(u0, args.steps, args.stencil, args.periodic, args.boundary)
-        ok = comm.allreduce(int(np.array_equal(full, ref)), op=MPI.MIN) == 1
+        ok = comm.allreduce(int(np.array_equal(full, ref, equal_nan=True)), op=MPI.MIN) == 1
     if comm.rank == 0:
         mode = "overlapped" if args.overlap else "blocking"
         bc = "periodic" if args.periodic else f"fixed at {args.boundary}"

@@ -8,15 +8,17 @@ u x omega, projected onto divergence-free fields, viscosity ``--nu``. Each step 
 kinetic energy <|u|^2>/2 and the dissipation nu <|omega|^2> (means over the grid). The same
 code runs serially with numpy.fft on the whole grid (:class:`Serial`): ``--check`` runs both
 and compares every step's energy and dissipation (relative difference < 1e-12; they differ
-by rounding only: the distributed sums add in another order). The spectral array's layout is
-whatever the forward plan ends in (``placements="any"``); its wavenumbers come from its
-``box``, and ``plan.backward`` brings fields back to the physical pencils.
+by rounding only: the distributed sums add in another order; a NaN fails it). A run whose
+energies are not finite (``--dt`` too large) says so and exits non-zero. The spectral
+array's layout is whatever the forward plan ends in (``placements="any"``); its wavenumbers
+come from its ``box``, and ``plan.backward`` brings fields back to the physical pencils.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+from math import prod
 from typing import Any, List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -25,6 +27,8 @@ from mpi4py import MPI
 import pyshard as ps
 from pyshard import Shard
 from pyshard import fft as pf
+from pyshard.bench.cli import count_arg, shape_arg
+from pyshard.collectives import all_true
 
 
 class Serial:
@@ -136,28 +140,41 @@ def run(ops: Any, steps: int, nu: float, dt: float) -> List[Tuple[float, float]]
 
 def compare(comm: MPI.Comm, n: int = 32, steps: int = 3, nu: float = 0.01, dt: float = 0.02,
             mesh_shape: Optional[Sequence[int]] = None) -> Tuple[list, list, float]:
-    """(distributed stats, serial stats, the largest relative difference)."""
+    """(distributed stats, serial stats, the largest relative difference: NaN where a value
+is NaN; 0 where both are 0, e.g. the dissipation at ``nu = 0``)."""
     d = Distributed(comm, n, mesh_shape)
     try:
         got = run(d, steps, nu, dt)
     finally:
         d.mesh.free()
     ref = run(Serial(n), steps, nu, dt)
-    diff = max(abs(a - b) / abs(b) for g, r in zip(got, ref) for a, b in zip(g, r))
-    return got, ref, diff
+    return got, ref, rel_diff(got, ref)
+
+
+def rel_diff(got: list, ref: list) -> float:
+    """The largest ``|a - b| / |b|`` over the pairs (0 where a == b, NaN kept: numpy's max,
+    not Python's, which drops a NaN)."""
+    a, b = np.asarray(got, float).ravel(), np.asarray(ref, float).ravel()
+    with np.errstate(divide="ignore", invalid="ignore"):
+        d = np.where(a == b, 0.0, np.abs(a - b) / np.abs(b))
+    return float(np.max(d, initial=0.0))
 
 
 def main(argv: Optional[List[str]] = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--n", type=int, default=32)
-    ap.add_argument("--steps", type=int, default=10)
+    ap.add_argument("--n", type=count_arg(2), default=32, help="grid points per dim (>= 2)")
+    ap.add_argument("--steps", type=count_arg(1), default=10)
     ap.add_argument("--nu", type=float, default=0.01)
     ap.add_argument("--dt", type=float, default=0.02)
-    ap.add_argument("--mesh", default=None, help="e.g. 2x2 (default: MPI.Compute_dims, 2-D)")
+    ap.add_argument("--mesh", default=None, type=shape_arg((1, 2)),
+                    help="P or P0xP1, the rank count in all (default: MPI.Compute_dims, 2-D)")
     ap.add_argument("--check", action="store_true", help="also run serially and compare")
     args = ap.parse_args(argv)
     comm = MPI.COMM_WORLD
     ms = tuple(int(v) for v in args.mesh.split("x")) if args.mesh else None
+    if ms and prod(ms) != comm.size:
+        ap.error(f"argument --mesh: {args.mesh} holds {prod(ms)} ranks, the run has "
+                 f"{comm.size}")
     if args.check:
         got, ref, diff = compare(comm, args.n, args.steps, args.nu, args.dt, ms)
     else:
@@ -170,7 +187,11 @@ def main(argv: Optional[List[str]] = None) -> int:
             print(f"  step {i + 1:3d}: kinetic energy {ke:.12f}  dissipation {eps:.12f}")
         if ref is not None:
             print(f"  serial numpy run: max relative difference {diff:.1e}")
-    return 0 if diff < 1e-12 else 1
+    finite = bool(np.all(np.isfinite(got)))
+    ok = all_true(comm, finite and diff < 1e-12)  # False for a NaN difference
+    if comm.rank == 0 and not finite:
+        print(f"  FAILED: non-finite energies (dt {args.dt} too large?)", file=sys.stderr)
+    return 0 if ok else 1
 
 
 if __name__ == "__main__":

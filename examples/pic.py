@@ -62,6 +62,7 @@ from __future__ import annotations
 
 import argparse
 import itertools
+import math
 import sys
 import time
 from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
@@ -71,6 +72,9 @@ from mpi4py import MPI
 
 import pyshard as ps
 from pyshard import fft as pf
+from pyshard.bench.cli import count_arg, shape_arg
+from pyshard.collectives import all_true
+from pyshard.config import HALO_METHODS
 
 QM = -1.0  # charge / mass of every particle
 TOL = 1e-9  # positions and velocities against the serial run, relative to n and max |v|
@@ -412,7 +416,8 @@ def check(comm: MPI.Comm, res: Dict[str, Any], ref: Dict[str, Any], n: int
     id on exactly one rank), ``in_box`` (every particle on the rank that owns its cell),
     ``x_err`` (max periodic distance / n), ``v_err`` (max |dv| / max |v|), ``rho_err`` (the
     last deposit, max |d| / max |rho|), ``charge_err`` (max over the deposits of |deposited -
-    total| / |total|), ``ok``."""
+    total| / |total|), ``ok`` (every rank's verdict and-ed: a NaN anywhere fails it; the
+    errors keep a NaN too)."""
     rho = res["rho"]
     dest = ps.owner(res["x"], rho, periodic=True)
     in_box = comm.allreduce(bool(np.all(dest == comm.rank)), op=MPI.LAND)
@@ -430,43 +435,58 @@ def check(comm: MPI.Comm, res: Dict[str, Any], ref: Dict[str, Any], n: int
         x_err = float(dx.max(initial=0.0)) / n
         vmax = max(float(np.abs(ref["v"]).max(initial=0.0)), 1e-300)
         v_err = float(np.abs(v - ref["v"]).max(initial=0.0)) / vmax
-    rmax = max(float(np.abs(ref["rho"]).max()), 1e-300)
-    rho_err = comm.allreduce(
-        float(np.abs(rho.local - ref["rho"][rho.box]).max(initial=0.0)) / rmax, op=MPI.MAX)
+    rmax = float(np.max([np.abs(ref["rho"]).max(), 1e-300]))
+    my_rho_err = float(np.abs(rho.local - ref["rho"][rho.box]).max(initial=0.0)) / rmax
+    # numpy's max over the ranks keeps a NaN (an MPI MAX reduction, or Python's max(), may
+    # drop it)
+    rho_err = float(np.max(comm.allgather(my_rho_err)))
     tot = abs(res["total"])
-    charge_err = max(abs(c - res["total"]) / tot for c in res["charge"])
-    charge_err = max(charge_err, abs(res["total"] - float(ref["q"].sum())) / tot)
-    ok = (ids_ok and in_box and x_err <= TOL and v_err <= TOL and rho_err <= TOL
-          and charge_err <= CHARGE_TOL)
+    charge_err = float(np.max([abs(c - res["total"]) / tot for c in res["charge"]]
+                              + [abs(res["total"] - float(ref["q"].sum())) / tot]))
+    mine = (ids_ok and in_box and x_err <= TOL and v_err <= TOL and my_rho_err <= TOL
+            and charge_err <= CHARGE_TOL)  # False for a NaN
+    ok = all_true(comm, mine)
     return {"ids_ok": ids_ok, "in_box": in_box, "x_err": x_err, "v_err": v_err,
             "rho_err": rho_err, "charge_err": charge_err, "ok": ok}
 
 
 def main(argv: Optional[List[str]] = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--n", type=int, default=16, help="cells per grid dim (default 16)")
+    ap.add_argument("--n", type=count_arg(1), default=16, help="cells per grid dim (default 16)")
     ap.add_argument("--dim", type=int, default=2, choices=[2, 3])
-    ap.add_argument("--ppc", type=int, default=None,
+    ap.add_argument("--ppc", type=count_arg(1), default=None,
                     help="particles per cell (default 8 in 2-D, 1 in 3-D)")
-    ap.add_argument("--steps", type=int, default=5)
+    ap.add_argument("--steps", type=count_arg(0), default=5)
     ap.add_argument("--dt", type=float, default=0.25)
     ap.add_argument("--vth", type=float, default=1.0, help="thermal velocity (cells / time)")
-    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--seed", type=count_arg(0), default=0, help="0 <= seed < 2^64")
     ap.add_argument("--overlap", action="store_true")
     ap.add_argument("--inplace", action="store_true",
                     help="migrate in place (columns with room; only leavers copied)")
-    ap.add_argument("--mesh", default=None, help="e.g. 2x2 (default: MPI.Compute_dims)")
-    ap.add_argument("--method", default=None, help="halo method (default: PYSHARD_HALO_METHOD)")
+    ap.add_argument("--mesh", default=None, type=shape_arg((1, 2, 3)),
+                    help="e.g. 2x2: at most --dim dims, the rank count in all "
+                    "(default: MPI.Compute_dims)")
+    ap.add_argument("--method", default=None, choices=("auto", *HALO_METHODS, "tune"),
+                    help="halo method (default: PYSHARD_HALO_METHOD)")
     ap.add_argument("--check", default="yes", choices=["yes", "no"])
     ap.add_argument("--cluster", type=float, default=0.0,
                     help="a Gaussian bunch of this width in cells (default 0: uniform)")
-    ap.add_argument("--balance", type=int, default=0, metavar="K",
-                    help="rebalance every K steps (ps.balance on the particle counts)")
+    ap.add_argument("--balance", type=count_arg(0), default=0, metavar="K",
+                    help="rebalance every K steps (ps.balance on the particle counts; "
+                    "default 0: never)")
     args = ap.parse_args(argv)
+    if args.seed >= 2**64:
+        ap.error(f"argument --seed: must be below 2^64, got {args.seed}")
+    if not (math.isfinite(args.cluster) and args.cluster >= 0.0):
+        ap.error(f"argument --cluster: must be a finite width >= 0 (0: uniform), got "
+                 f"{args.cluster}")
     ppc = args.ppc if args.ppc is not None else (8 if args.dim == 2 else 1)
     comm = MPI.COMM_WORLD
     if args.mesh:
-        mesh_shape = tuple(int(m) for m in args.mesh.lower().split("x"))
+        mesh_shape = tuple(int(m) for m in args.mesh.split("x"))
+        if len(mesh_shape) > args.dim or math.prod(mesh_shape) != comm.size:
+            ap.error(f"argument --mesh: {args.mesh} is not a mesh of at most {args.dim} dims "
+                     f"holding the run's {comm.size} ranks")
     else:
         mesh_shape = tuple(MPI.Compute_dims(comm.size, args.dim))
     mesh = ps.Mesh(comm, mesh_shape)

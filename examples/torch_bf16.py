@@ -24,6 +24,7 @@ from mpi4py import MPI
 
 import pyshard as ps
 from pyshard import Partial, Replicate, Shard
+from pyshard.bench.cli import count_arg
 
 Row = Tuple[str, bool, str]
 
@@ -116,8 +117,8 @@ def run(comm: MPI.Comm, directory: str, rows: int = 13, cols: int = 10) -> List[
 def main(argv: Optional[List[str]] = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--dir", default=None, help="checkpoint directory (default: a temporary one)")
-    ap.add_argument("--rows", type=int, default=13)
-    ap.add_argument("--cols", type=int, default=10)
+    ap.add_argument("--rows", type=count_arg(0), default=13)
+    ap.add_argument("--cols", type=count_arg(0), default=10)
     args = ap.parse_args(argv)
     comm = MPI.COMM_WORLD
     import torch

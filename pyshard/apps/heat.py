@@ -141,15 +141,20 @@ def run(
     dtype: Any = "float64",
 ) -> Tuple[ShardedArray, Dict[str, float]]:
     """``steps`` heat steps of the grid ``shape`` sharded over ``mesh`` (mesh dim k shards
-    grid dim k); collective. Returns the final field and timings (seconds, this rank):
-    ``total``, ``per_step``."""
+    grid dim k); collective. ``u0`` (default :func:`initial`) must have the shape ``shape``.
+    Returns the final field and timings (seconds, this rank): ``total``, ``per_step``."""
     if stencil not in STENCILS:
         raise ValueError(f"stencil must be one of {STENCILS}, got {stencil!r}")
     nd = len(shape)
     if not 1 <= mesh.ndim <= nd:
         raise ValueError(f"a {mesh.ndim}-D mesh cannot shard a {nd}-D grid")
+    if steps < 0:
+        raise ValueError(f"steps must be >= 0, got {steps}")
     if u0 is None:
         u0 = initial(shape, dtype)
+    elif tuple(np.shape(u0)) != tuple(shape):
+        raise ValueError(f"u0 has the shape {tuple(np.shape(u0))}, not the grid's shape "
+                         f"{tuple(shape)}")
     placements = [Shard(d) for d in range(mesh.ndim)]
     x = distribute(u0, mesh, placements)
     corners = stencil == "box"

@@ -153,3 +153,28 @@ def test_rebalanced_clustered_run_equals_serial(comm):
     if comm.size > 1:
         assert not b.kept and b.after < b.before
     mesh.free()
+
+
+def test_check_fails_on_a_nan_of_another_rank(comm):
+    """A NaN in the last rank's charge only: check() fails on every rank (an MPI MAX
+    reduction of the errors dropped it: rho_err came out finite and ok True)."""
+    n, ppc = SIZES[2]
+    mesh = ps.Mesh(comm, MPI.Compute_dims(comm.size, 2))
+    res = pic.run(mesh, n, 2, ppc, 1, seed=3)
+    if comm.rank == comm.size - 1 and res["rho"].local.size:
+        res["rho"].local.flat[0] = np.nan
+    c = pic.check(comm, res, _serial(2, 1, 3), n)
+    assert not c["ok"], c
+    assert np.isnan(c["rho_err"]), c
+    mesh.free()
+
+
+@pytest.mark.parametrize("argv", [["--ppc", "0"], ["--seed", "-1"], ["--seed", str(2**64)],
+                                  ["--balance", "-1"], ["--cluster", "-3"], ["--cluster", "nan"],
+                                  ["--steps", "-1"], ["--mesh", "2,2"], ["--mesh", "1x1x1"],
+                                  ["--mesh", "3x5"]])
+def test_main_bad_options_are_argparse_errors(comm, capsys, argv):
+    with pytest.raises(SystemExit) as e:
+        pic.main(["--n", "6", "--steps", "1", *argv])
+    assert e.value.code == 2
+    assert argv[0] in capsys.readouterr().err

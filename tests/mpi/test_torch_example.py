@@ -49,3 +49,27 @@ def test_main_prints_one_line(comm, capsys):
     assert load_example().main(["--steps", "1", "--size", str(comm.size + 3)]) == 0
     out = capsys.readouterr().out
     assert comm.rank != 0 or "ok" in out
+
+
+@pytest.mark.parametrize("mesh_ndim", [1, 2])
+def test_an_empty_block_matches_one_process(comm, mesh_ndim):
+    """Fewer image rows than ranks along the mesh: a rank holds an empty block (its padded
+    block, 2 rows, is too small for conv2d). It runs no convolution but joins every
+    collective; the parameters still equal the single-process run's (it hung: the empty
+    rank raised alone and the others waited for it)."""
+    if comm.size == 1:
+        pytest.skip("one rank holds every pixel")
+    ex = load_example()
+    rows = ex.mesh_shape(comm.size, mesh_ndim)[0]
+    r = ex.run(comm, mesh_ndim=mesh_ndim, steps=2, size=rows - 1 if rows > 1 else 1,
+               batch=2)  # fmt: skip
+    assert r["max_diff"] <= r["tol"], r
+    assert r["across_ranks"] == 0.0, r
+
+
+@pytest.mark.parametrize("argv", [["--steps", "0"], ["--size", "0"], ["--size", "x"]])
+def test_bad_options_are_argparse_errors(comm, argv, capsys):
+    with pytest.raises(SystemExit) as e:
+        load_example().main(argv)
+    assert e.value.code == 2
+    assert argv[0] in capsys.readouterr().err

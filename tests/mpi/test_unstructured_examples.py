@@ -89,3 +89,28 @@ def test_mains_check(comm, capsys):
     assert gnn.main(["--nodes", "24", "--steps", "1", "--hidden", "4"]) == 0
     out = capsys.readouterr().out
     assert comm.rank != 0 or out.count("checks pass: True") == 2
+
+
+def test_spmv_matches_scipy_apart_from_converging(mesh, capsys):
+    """One CG iteration: the same as scipy's one iteration ("matches"), but not converged:
+    the run fails for that reason, not for a mismatch (it said "checks pass: False" as a
+    mismatch, and with 0 iterations "True")."""
+    r = spmv.run(mesh, m=8, maxiter=1, products=1, seed=2)
+    assert r["matches"] and not r["converged"] and not r["ok"], r
+    assert spmv.main(["--m", "6", "--products", "1", "--maxiter", "1"]) == 1
+    out = capsys.readouterr().out
+    assert mesh.rank != 0 or "matches scipy: True" in out
+
+
+@pytest.mark.parametrize("name,argv", [
+    ("spmv", ["--seed", "-1"]), ("spmv", ["--maxiter", "0"]), ("spmv", ["--rtol", "0"]),
+    ("spmv", ["--rtol", "nan"]), ("spmv", ["--m", "2"]),
+    ("gnn", ["--hidden", "0"]), ("gnn", ["--features", "0"]), ("gnn", ["--seed", "-1"]),
+    ("gnn", ["--nodes", "3", "--blocks", "2"]),  # no training node
+])  # fmt: skip
+def test_bad_options_are_argparse_errors(comm, capsys, name, argv):
+    main = {"spmv": spmv.main, "gnn": gnn.main}[name]
+    with pytest.raises(SystemExit) as e:
+        main(["--steps", "1", *argv] if name == "gnn" else ["--products", "1", *argv])
+    assert e.value.code == 2
+    assert argv[0] in capsys.readouterr().err
