@@ -53,7 +53,17 @@ inline void check_mpi(int err, const char* what) {
   char msg[MPI_MAX_ERROR_STRING];
   int len = 0;
   MPI_Error_string(err, msg, &len);
-  throw std::runtime_error(std::string("pyshard: ") + what + " failed: " + std::string(msg, len));
+  int cls = err;
+  MPI_Error_class(err, &cls);
+  // a message longer than its receive: the ranks ran different exchanges here (MPI's own
+  // message names neither that nor how to find it)
+  const char* hint = (cls == MPI_ERR_TRUNCATE || cls == MPI_ERR_IN_STATUS)
+                         ? " (a message longer than this rank expects: do the ranks disagree "
+                           "on the arrays, their dtype, shape or layout? PYSHARD_VALIDATE=1 "
+                           "makes every rank check them first)"
+                         : "";
+  throw std::runtime_error(std::string("pyshard: ") + what + " failed: " + std::string(msg, len) +
+                           hint);
 }
 
 // A count as MPI_Count: every size passes (see above); negative ones are a bug upstream.

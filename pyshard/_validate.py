@@ -4,7 +4,7 @@ on every rank, instead of a hang.
 Off by default (no collective beyond the plan's). On (``PYSHARD_VALIDATE=1``, from the
 environment or ``pyshard.config``: the next call follows every change of it; or
 ``pyshard.set_validation(True)``), ``redistribute``, ``from_local``, ``save`` and ``load``
-first run one small collective over the mesh: an ``MPI_Allgather`` of eight int64 per rank
+first run one small collective over the mesh: an ``MPI_Allgather`` of twelve int64 per rank
 (the call and checksums of its arguments: source and target layouts, algorithm, whether the
 local shard fits the layout). When every rank agrees, that is all it costs. When they differ,
 one more allgather of the readable descriptions follows and every rank raises the same

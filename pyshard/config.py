@@ -176,8 +176,9 @@ SETTINGS: Dict[str, Setting] = {s.name: s for s in (
             "and arguments and sees the same settings that choose the collectives", _bool),
     Setting("PYSHARD_HALO_METHOD", "one of " + ", ".join(_HALO), "auto",
             "how halo updates and folds move their ghost cells when HaloArray gets no method "
-            "(auto: node-shared memory between ranks of a node for faces of at least "
-            "PYSHARD_SHM_MIN_BYTES, else persistent requests)",
+            "(auto: node-shared memory between ranks of a node, for every face where each "
+            "rank has a core and for faces of at least PYSHARD_SHM_MIN_BYTES where ranks "
+            "outnumber cores; else persistent requests)",
             _choice(*_HALO)),
     Setting("PYSHARD_CACHE_LIMIT", "an integer >= 1", 256,
             "entries kept per plan and executor cache", _int(1)),
