@@ -21,8 +21,9 @@ unsupported, and only a load that names it fails.
 from __future__ import annotations
 
 import os
+from contextlib import contextmanager
 from math import prod
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 import numpy as np
 
@@ -160,20 +161,25 @@ def inspect(fname: str, what: str = "load") -> Tuple[Dict[str, Dict[str, Any]], 
     (never written: the fill value), ``"h5py"`` (read through h5py in blocks of whole
     chunks of shape ``grid``). ValueError naming the file for an unreadable file, a dtype
     pyshard cannot hold, a huge shape or a data segment outside the file."""
+    with _opened(fname, what) as (h5, size, f, record):
+        out = {name: entry_or_unsupported(h5, f, name, fname, size, what)
+               for name in dataset_names(h5, f)}
+    return out, record
+
+
+@contextmanager
+def _opened(fname: str, what: str) -> Iterator[Tuple[Any, int, Any, str]]:
+    """(h5py, the file's size, the open file, its root ``pyshard`` attribute or ""), the
+    file closed after; ValueError naming the file where h5py cannot open it."""
     h5 = need(what)
     size = os.path.getsize(fname)
-    out: Dict[str, Dict[str, Any]] = {}
     try:
         f = h5.File(fname, "r")
     except OSError as e:
         raise ValueError(f"{what}: {fname!r} is not a readable HDF5 file ({e})") from e
     with f:
         record = f.attrs.get("pyshard", "")
-        if isinstance(record, bytes):
-            record = record.decode()
-        for name in dataset_names(h5, f):
-            out[name] = entry_or_unsupported(h5, f, name, fname, size, what)
-    return out, str(record)
+        yield h5, size, f, str(record.decode() if isinstance(record, bytes) else record)
 
 
 def dataset_names(h5: Any, f: Any) -> List[str]:
@@ -225,16 +231,7 @@ def lookup(fname: str, name: str, what: str = "load") -> Tuple[Optional[Dict[str
     """Rank 0: (the description of ``name`` as h5py resolves it in ``fname``: a path
     through a group reached by a second link, or None where it names no dataset; the root
     ``pyshard`` attribute)."""
-    h5 = need(what)
-    size = os.path.getsize(fname)
-    try:
-        f = h5.File(fname, "r")
-    except OSError as e:
-        raise ValueError(f"{what}: {fname!r} is not a readable HDF5 file ({e})") from e
-    with f:
-        record = f.attrs.get("pyshard", "")
-        if isinstance(record, bytes):
-            record = record.decode()
+    with _opened(fname, what) as (h5, size, f, record):
         try:
             link = f.get(name, getlink=True)
             found = link is not None and (
@@ -243,7 +240,7 @@ def lookup(fname: str, name: str, what: str = "load") -> Tuple[Optional[Dict[str
         except (KeyError, ValueError, OSError, RuntimeError):
             found = False
         e = entry_or_unsupported(h5, f, name, fname, size, what) if found else None
-    return e, str(record)
+    return e, record
 
 
 def _entry(h5: Any, ds: Any, fname: str, size: int, where: str) -> Dict[str, Any]:
