@@ -509,7 +509,7 @@ bool IndexExchange::test() {
   try {
     return rev_.test();
   } catch (const MessageSizeError& e) {  // completed; wait() reports it
-    if (e.longer) throw;
+    if (e.longer || e.received != 0) throw;  // not the empty mark: ranks that disagree
     if (bad_peer_ < 0 || e.peer < bad_peer_) bad_peer_ = e.peer;
     return true;
   }
@@ -522,7 +522,7 @@ void IndexExchange::wait() {
     try {
       rev_.wait();
     } catch (const MessageSizeError& e) {  // an empty message: that reader's values were bad
-      if (e.longer) throw;
+      if (e.longer || e.received != 0) throw;  // not the empty mark: ranks that disagree
       if (bad_peer_ < 0 || e.peer < bad_peer_) bad_peer_ = e.peer;
     }
     if (bad_) return;  // this rank's own values were bad: the caller raises

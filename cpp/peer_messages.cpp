@@ -224,8 +224,10 @@ bool PeerMessages::test() {
 void PeerMessages::check_sizes(const std::vector<MPI_Status>& st) const {
   if (method_ == PeerMethod::neighbor) return;  // one request: no status per peer
   for (size_t i = 0; i < nrecv_ && i < rbytes_.size() && i < st.size(); ++i)
-    if (rbytes_[i] > 0 && mpi::received_bytes(st[i]) < rbytes_[i])
-      throw MessageSizeError(rpeer_[i], false);
+    if (rbytes_[i] > 0) {
+      const i64 got = mpi::received_bytes(st[i]);
+      if (got < rbytes_[i]) throw MessageSizeError(rpeer_[i], false, got, rbytes_[i]);
+    }
 }
 
 void PeerMessages::wait() {

@@ -44,14 +44,25 @@ struct PeerMsg {
 
 // A receive whose message had another size than its buffer, from `peer`: longer (MPI's
 // MPI_ERR_TRUNCATE, always raised) or shorter (raised where set_check_sizes(true)).
+// `received` and `expected` are bytes where known (-1 for a longer one: MPI truncated it).
 struct MessageSizeError : std::length_error {
   int peer;
   bool longer;
-  MessageSizeError(int p, bool l)
-      : std::length_error("pyshard: the message from rank " + std::to_string(p) + " was " +
-                          (l ? "longer" : "shorter") + " than this rank's receive for it"),
+  i64 received;
+  i64 expected;
+  MessageSizeError(int p, bool l, i64 got = -1, i64 want = -1)
+      : std::length_error(
+            "pyshard: the message from rank " + std::to_string(p) + " was " +
+            (l ? "longer" : "shorter") + " than this rank's receive for it" +
+            (got >= 0 ? " (" + std::to_string(got) + " bytes, not " + std::to_string(want) + ")"
+                      : std::string()) +
+            ": do the ranks disagree on the arrays (dtype, shape, layout) or run their "
+            "exchanges in another order? PYSHARD_VALIDATE=1 makes every rank check the "
+            "arguments first"),
         peer(p),
-        longer(l) {}
+        longer(l),
+        received(got),
+        expected(want) {}
 };
 
 enum class PeerMethod { p2p = 0, persistent = 1, neighbor = 2 };

@@ -65,7 +65,8 @@ _PLAN_SERIALS: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
 # --result --rows 60000,80000,100000; docs/unstructured.md, "Gathers that return their
 # result").
 NODE_RESULT_MIN_BYTES = 512 << 10
-_ERRORS = {1: "an index outside [0, N)", 2: "indices not integers", 3: "indices not 1-D"}
+_ERRORS = {1: "an index outside [0, N)", 2: "indices not integers", 3: "indices not 1-D",
+           4: "a column count other than like's rows"}
 
 
 @dataclass(frozen=True)
@@ -663,11 +664,21 @@ def gather_plan(indices: Any, like: ShardedArray, algorithm: str = "auto",
 
     Bad indices (outside ``[0, N)``, not integers, not 1-D) raise ``ValueError`` on every
     rank, naming the first rank at fault: the error travels with the setup's counts."""
-    mesh, lay, offsets = _index_layout(like, "gather_plan")
+    return _gather_plan(indices, like, algorithm, method, "gather_plan", "")
+
+
+def _gather_plan(indices: Any, like: ShardedArray, algorithm: str, method: str, name: str,
+                 refuse: str) -> GatherPlan:
+    """:func:`gather_plan` for ``pyshard.<name>``; ``refuse``: this rank's caller found its
+    input bad (the detail), told to every rank with the setup's counts as error code 4."""
+    mesh, lay, offsets = _index_layout(like, name)
     route = index_route(mesh, algorithm, method)
     P, me = mesh.size, mesh.rank
     N = int(lay.shape[0])
-    idx, code, detail, increasing = _check_indices(indices, N)
+    if refuse:
+        idx, code, detail, increasing = None, 4, refuse, False
+    else:
+        idx, code, detail, increasing = _check_indices(indices, N)
     counts = np.zeros(P, np.int64)
     req = np.zeros(0, np.int64)
     own = 0  # req's rows of this rank's own, at its place (not sent)
@@ -703,13 +714,14 @@ def gather_plan(indices: Any, like: ShardedArray, algorithm: str = "auto",
     if bad >= 0:
         rank, c = divmod(int(bad), 256)
         own = f": {detail}" if rank == me else ""
-        raise ValueError(f"pyshard.gather_plan: rank {rank}'s indices are bad "
+        what = "matrix is" if c == 4 else "indices are"
+        raise ValueError(f"pyshard.{name}: rank {rank}'s {what} bad "
                          f"({_ERRORS.get(c, c)}){own}")
     if code:
-        raise ValueError(f"pyshard.gather_plan: {detail}")
+        raise ValueError(f"pyshard.{name}: {detail}")
     if mismatch:
         who = f"rank {sig_rank}" if sig_rank >= 0 else "some rank"
-        raise ValueError(f"pyshard.gather_plan: like= is laid out differently on {who} "
+        raise ValueError(f"pyshard.{name}: like= is laid out differently on {who} "
                          f"(dim 0's shard table must be the same on every rank)")
     assert idx is not None
     rpeer = [int(p) for p in np.flatnonzero(send_counts)]
@@ -797,12 +809,8 @@ def csr_plan(a: Any, like: ShardedArray, algorithm: str = "auto",
         if arr.ndim == 1 and (arr.dtype.kind in "iu" or arr.size == 0):
             cols = np.unique(arr).astype(np.int64)
             pos = np.searchsorted(cols, arr)
-    if bad:  # refused in the setup on every rank, then told here in full
-        try:
-            gather_plan(np.array([-1], np.int64), like, algorithm, method)
-        except ValueError as e:
-            raise ValueError(f"pyshard.csr_plan: {bad}") from e
-    plan = gather_plan(cols, like, algorithm, method)  # bad indices: refused on every rank
+    # bad indices, or a bad matrix (refuse=): refused in the setup on every rank
+    plan = _gather_plan(cols, like, algorithm, method, "csr_plan", bad)
     assert pos is not None
     if not matrix:
         return plan, pos.astype(np.int64)
