@@ -94,7 +94,8 @@ PYBIND11_MODULE(_core, m) {
   py::class_<Comm, std::shared_ptr<Comm>>(m, "Comm")
       .def(py::init<i64>(), py::arg("fortran_handle"))
       .def_property_readonly("size", &Comm::size)
-      .def_property_readonly("rank", &Comm::rank);
+      .def_property_readonly("rank", &Comm::rank)
+      .def("release", &Comm::release);
 
   py::class_<Workspace, std::shared_ptr<Workspace>>(m, "Workspace")
       .def(py::init<>())

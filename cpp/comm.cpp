@@ -20,8 +20,11 @@ void count_call(const char* name, const Packer& pk, Transport tr) {
 
 Comm::Comm(i64 fhandle) { comm_ = mpi::comm_dup(fhandle, &size_, &rank_); }
 
-Comm::~Comm() {
+Comm::~Comm() { release(); }
+
+void Comm::release() {
   if (!mpi::finalized() && comm_ != MPI_COMM_NULL) mpi::comm_free(&comm_);
+  comm_ = MPI_COMM_NULL;
 }
 
 std::vector<i64> allgather_i64(const Comm& comm, const std::vector<i64>& mine) {

@@ -26,6 +26,9 @@ class Comm {
  public:
   explicit Comm(i64 fortran_handle);
   ~Comm();
+  // Frees the communicator now (Mesh.free(), collective): the steps and plans that keep this
+  // Comm must not run again (their Python objects check the mesh first).
+  void release();
   Comm(const Comm&) = delete;
   Comm& operator=(const Comm&) = delete;
   MPI_Comm get() const { return comm_; }

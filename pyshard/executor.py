@@ -30,9 +30,14 @@ from .mesh import Mesh
 from .planner import Plan, Step
 from .route import ALGORITHMS, Route, check_algorithm, choose_algorithm, core_transport, route
 
-__all__ = ["ALGORITHMS", "Pending", "choose_algorithm", "executors", "one_exchange", "start"]
+__all__ = ["ALGORITHMS", "PENDING_WARN", "Pending", "choose_algorithm", "executors",
+           "one_exchange", "start"]
 
 log = logging.getLogger("pyshard")
+
+PENDING_WARN = 1024
+"""Redistributes in flight on one mesh at which a warning is logged (handles dropped
+unwaited: see :class:`Pending`)."""
 
 
 
@@ -541,6 +546,11 @@ class Pending(Request):
         e.calls += 1
         self._res, self._core = res, pe
         self._mesh.pending.append(self)
+        if len(self._mesh.pending) == PENDING_WARN:  # (each time the count climbs past it)
+            log.warning("pyshard: %d redistributes in flight on %r: a handle dropped without "
+                        "wait() keeps its buffers and requests until a later wait() or "
+                        "Mesh.free() completes it; wait for every handle", PENDING_WARN,
+                        self._mesh)
 
     def _finish(self) -> None:
         """Complete this one (the oldest in flight on its mesh) and run its other steps."""

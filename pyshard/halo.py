@@ -320,6 +320,7 @@ class HaloArray:
         return halo_plan(self.layout, self._spec, self.mesh.coords)
 
     def _core_step(self) -> Any:
+        self.mesh.check_live()
         if _validate.enabled:  # every call, as a fold's (one rank folding meets it)
             _validate.agree(self.mesh.comm, "halo update", {
                 "layout": repr(self.layout), "halo": repr(self._spec),
@@ -413,6 +414,7 @@ class HaloArray:
     def _check_fold(self, op: str, what: str) -> None:
         """Errors found from the arguments and this array's state alone (the same on every
         rank that makes the same calls), raised before any communication."""
+        self.mesh.check_live()
         if not isinstance(op, str) or op not in FOLD_OPS:
             raise ValueError(f"HaloArray.{what}: op must be one of {FOLD_OPS}, got {op!r}")
         if op != "sum" and self.padded.dtype.kind == "c":

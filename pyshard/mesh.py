@@ -199,7 +199,8 @@ class Mesh:
     def free(self) -> None:
         """Release the communicators this mesh created (collective over the mesh).
 
-        Arrays on this mesh cannot be redistributed afterwards. Meshes that are simply
+        Arrays on this mesh cannot be redistributed afterwards, nor the halo arrays and
+        gather plans made on it run (each raises RuntimeError). Meshes that are simply
         dropped keep their communicators until MPI finalizes; long-running codes that make
         many meshes should free them. Redistributes still in flight on the mesh
         (``wait=False``, their handles waited for or not) are completed first, in start order.
@@ -210,7 +211,9 @@ class Mesh:
         if self._node_map is not None:  # node-shared memory: the pools and mappings
             self._node_map.release()
             self._node_map = None
-        self._core_comms.clear()  # the core frees its duplicates when the objects go
+        for c in self._core_comms.values():  # now, though halo arrays, gather plans and
+            c.release()  # steps built on the mesh still hold them (they check the mesh)
+        self._core_comms.clear()
         for c in self._subs.values():
             c.Free()
         self._subs.clear()

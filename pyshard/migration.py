@@ -637,8 +637,8 @@ def _migrate_inplace(mesh: Any, r: MigrateRoute, st: _Structure, cols: List[np.n
     own = m <= cap
     if not own:  # no room on this rank: new columns, this rank's rows copied once
         room = max(m, int(GROW * m))
-        log.info("migrate(inplace=True): %d rows arrive for room of %d; new columns of %d rows",
-                 m, cap, room)
+        log.debug("migrate(inplace=True): %d rows arrive for room of %d; new columns of %d rows",
+                  m, cap, room)
         new = []
         for a in cols:
             b = np.empty((room,) + a.shape[1:], a.dtype)

@@ -367,11 +367,16 @@ class GatherPlan:
         on the plan (its number on the mesh: plans started in different orders on different
         ranks would exchange each other's rows), the call (``args``) and whether ``x`` fits,
         so that every rank raises the same ValueError."""
+        self.mesh.check_live()  # (a freed mesh: its communicators and node memory are gone)
         err: Optional[Exception] = None
         if not isinstance(x, ShardedArray):
             err = TypeError(f"pyshard.GatherPlan.{what}: expected a ShardedArray, got "
                             f"{type(x).__name__}")
-        elif x.mesh is not self.mesh or x.layout.table[0] != self.layout.table[0] or any(
+        elif x.mesh is not self.mesh:
+            err = ValueError(f"pyshard.GatherPlan.{what}: the array lies on another Mesh "
+                             f"object than the plan's (a plan runs on arrays of the mesh it "
+                             f"was built on: build one on this array's mesh)")
+        elif x.layout.table[0] != self.layout.table[0] or any(
                 p != Shard(0) for p in x.layout.placements):
             err = ValueError(f"pyshard.GatherPlan.{what}: the array is laid out differently "
                              f"from the plan's like= (its dim 0 must have the same shard table "

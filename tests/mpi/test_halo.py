@@ -705,3 +705,39 @@ def test_fold_of_another_byte_order(comm, dtype, method):
         assert big.padded.dtype == np.dtype(dtype)
         np.testing.assert_array_equal(big.interior, twin.interior, err_msg=op)
     mesh.free()
+
+
+@pytest.mark.parametrize("method", ["persistent", "p2p", "shm"])
+def test_halo_after_mesh_free_raises(comm, method):
+    """A halo array kept past its mesh's free(): update, start, fold and start_fold raise
+    the freed mesh's RuntimeError on every rank (an update still ran, through the step it
+    kept, while a fold raised)."""
+    mesh = ps.Mesh(comm, (comm.size,))
+    g = make_global((3 * comm.size + 1, 4), "float64")
+    x = ps.distribute(g, mesh, [Shard(0)])
+    h = x.with_halo(1, periodic=True, method=method)
+    h.update()
+    check_halo(g, x, h, method)
+    h.fold()
+    mesh.free()
+    for call in (h.update, h.start, h.fold, h.start_fold):
+        with pytest.raises(RuntimeError, match="mesh was freed"):
+            call()
+
+
+def test_free_releases_communicators_that_arrays_keep(comm):
+    """Meshes made and freed in a loop whose halo arrays and gather plans are kept: free()
+    releases the communicators they hold (they kept them until they went: MPICH ran out of
+    its 2048 communicators at the 2045th mesh though every one was freed)."""
+    kept = []
+    g = make_global((2 * comm.size, 3), "float64")
+    for i in range(2100):
+        mesh = ps.Mesh(comm, (comm.size,))
+        x = ps.distribute(g, mesh, [Shard(0)])
+        if i % 2:
+            kept.append(x.with_halo(1, method="p2p"))
+            kept[-1].update()
+        else:
+            kept.append(ps.gather_plan(np.arange(2), like=x, method="p2p"))
+            np.testing.assert_array_equal(kept[-1].gather(x), g[:2])
+        mesh.free()
