@@ -67,9 +67,10 @@ class ShardedArray(Placed):
     """This rank's shard ``local`` of a global array laid out as ``layout`` on ``mesh``.
 
     ``global_array[x.box]`` equals ``x.local`` when no mesh dim is Partial. ``local`` is
-    always C-contiguous: a numpy array on the host, or a cupy array on a GPU (results of a
-    redistribution stay where the input was; ``torch.from_dlpack(x.local)`` views a GPU
-    shard as a torch tensor without a copy).
+    C-contiguous (but for :attr:`HaloArray.array`'s, a view of the interior, which each
+    operation copies where it needs a contiguous array): a numpy array on the host, or a
+    cupy array on a GPU (results of a redistribution stay where the input was;
+    ``torch.from_dlpack(x.local)`` views a GPU shard as a torch tensor without a copy).
     """
 
     __slots__ = ("local", "layout", "mesh")

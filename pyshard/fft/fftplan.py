@@ -265,6 +265,8 @@ def run_passes(passes: Sequence[Any], x: ShardedArray, out: Optional[Any],
     mesh = x.mesh
     alg = algorithm or default_algorithm()
     local = x.local
+    if not local.flags.c_contiguous:  # a view (HaloArray.array's interior): the core's
+        local = bk.xp_of(local).ascontiguousarray(local)  # passes take contiguous arrays
     # pyFFTW does not scale: every c2c/r2c/c2r pass runs unscaled and the product of their
     # factors (from the plan: the same on every rank, empty shards included) is applied
     # once at the end, one sweep instead of one per pass (the moves between are linear)

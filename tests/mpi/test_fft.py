@@ -323,6 +323,31 @@ def test_one_dimensional_arrays(comm):
     mesh.free()
 
 
+def test_halo_arrays_interior_as_input(comm):
+    """``HaloArray.array`` (a view of the padded array's interior, not contiguous) as the
+    input of every transform whose first pass is a transpose: the transform of the interior
+    (it raised "source must be C-contiguous" on the ranks with cells, and a rank with none
+    went on into the exchange and waited for ever). Uneven shards with an empty one."""
+    P = comm.size
+    g = make_global((5, P + 3, 2 * P + 4), np.float64)
+    for mshape in meshes(comm):
+        mesh = ps.Mesh(comm, mshape)
+        m = mshape[-1]  # the last axis sharded (the first pass a transpose), its first empty
+        sizes = {2: [0] + list(ps.split_sizes(2 * P + 4, m - 1))} if m > 1 else None
+        pl = [Shard(2)] if len(mshape) == 1 else [Shard(1), Shard(2)]
+        x = ps.distribute(g, mesh, pl, sizes)
+        h = x.with_halo(1, periodic=True)
+        h.update()
+        v = h.array  # (rank 0's local a view across the padded dims)
+        check(pf.rfftn(v), np.fft.rfftn(g), np.complex128, f"rfftn {mshape}", comm)
+        check(pf.fftn(v, axes=(1, 2)), np.fft.fftn(g, axes=(1, 2)), np.complex128,
+              f"fftn {mshape}", comm)
+        check(pf.dctn(v, type=2), sf.dctn(g, type=2), np.float64, f"dctn {mshape}", comm)
+        check(pf.plan(v, "rfftn").forward(v), np.fft.rfftn(g), np.complex128,
+              f"plan {mshape}", comm)
+        mesh.free()
+
+
 def test_thin_wrappers(comm):
     g = make_global((5, 7, 6), np.float64)
     mesh = ps.Mesh(comm, (comm.size,))
