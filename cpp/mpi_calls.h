@@ -232,6 +232,19 @@ inline bool finalized() {
 // errors instead of aborting; its size and rank.
 MPI_Comm comm_dup(i64 fhandle, int* size, int* rank);
 inline void comm_free(MPI_Comm* c) { MPI_Comm_free(c); }
+// Rank r of c as a rank of MPI_COMM_WORLD (-1 where it has none): for error messages, which
+// name both (a mesh dim's ranks are numbered from 0 in each row).
+inline int world_rank(MPI_Comm c, int r) {
+  MPI_Group g, w;
+  int out = MPI_UNDEFINED;
+  if (MPI_Comm_group(c, &g) != MPI_SUCCESS) return -1;
+  if (MPI_Comm_group(MPI_COMM_WORLD, &w) == MPI_SUCCESS) {
+    MPI_Group_translate_ranks(g, 1, &r, w, &out);
+    MPI_Group_free(&w);
+  }
+  MPI_Group_free(&g);
+  return out == MPI_UNDEFINED ? -1 : out;
+}
 // A distributed-graph communicator over the ranks of `comm` with these in- and out-neighbours
 // (the neighbor method of peer_messages.h; the caller frees it).
 MPI_Comm dist_graph(MPI_Comm comm, int rank, const std::vector<int>& sources,

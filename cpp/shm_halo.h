@@ -94,7 +94,7 @@ class HaloBuffer {
   }
   // "rank R of the node to <doing>" for node peer `idx`: what a timed-out wait names
   std::string peer_what(int idx, const char* doing) const {
-    return "rank " + std::to_string(node_->node_ranks()[idx]) + " of this mesh's node to " + doing;
+    return node_->who(idx) + " (of this mesh's node) to " + doing;
   }
   // Wait until done(), sleeping on `c`'s futex word after a short spin; bump `c` and wake its
   // sleepers.

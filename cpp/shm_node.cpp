@@ -6,6 +6,8 @@
 #include <stdexcept>
 #include <string>
 
+#include "mpi_calls.h"
+
 namespace pyshard {
 
 namespace {
@@ -215,9 +217,15 @@ void NodeShm::overflow(int idx, i64 past) {
 void NodeShm::wait_epoch(int idx, std::uint64_t e) {
   ShmSlot& s = slot(idx);
   wait_for(s, [&] { return s.epoch.load(std::memory_order_acquire) >= e; }, [&] {
-    return "rank " + std::to_string(node_ranks_[idx]) +
-           " of this communicator to publish its side of a node-shared exchange";
+    return who(idx) + " to publish its side of a node-shared exchange";
   });
+}
+
+std::string NodeShm::who(int idx) const {
+  const int r = node_ranks_[idx];
+  const int w = mpi::world_rank(comm_->get(), r);
+  return "rank " + std::to_string(r) + " of this communicator" +
+         (w >= 0 && w != r ? " (world rank " + std::to_string(w) + ")" : std::string());
 }
 
 void NodeShm::arrive(int idx) {

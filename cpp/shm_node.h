@@ -46,6 +46,8 @@ class NodeShm {
   int local_index(int r) const { return local_of_[r]; }
   const std::vector<int>& node_ranks() const { return node_ranks_; }
   int self() const { return me_; }  // this rank's node index
+  // "rank R of this communicator (world rank W)", node index idx: for error messages
+  std::string who(int idx) const;
 
   // A result buffer of at least n bytes in this rank's shared memory.
   std::shared_ptr<ShmSegment> take(i64 n);

@@ -13,6 +13,7 @@ one more allgather of the readable descriptions follows and every rank raises th
 
 from __future__ import annotations
 
+import time
 import zlib
 from typing import Dict, List
 
@@ -88,11 +89,34 @@ def agree(comm: MPI.Comm, call: str, items: Dict[str, str]) -> None:
     mine[0] = _crc(call + "|" + ",".join(names))
     for i, n in enumerate(names):
         mine[i + 1] = _crc(items[n])
-    rows = collectives.allgather_rows(comm, mine)
+    rows = _gather_rows(comm, mine, call)
     if (rows == rows[0]).all():
         return
     everyone: List[tuple] = collectives.allgather(comm, (call, items))  # every rank saw it
     raise ValueError(_message(everyone))
+
+
+def _gather_rows(comm: MPI.Comm, mine: np.ndarray, call: str) -> np.ndarray:
+    """Every rank's checksums (an ``MPI_Iallgather``), waited for at most
+    ``PYSHARD_PEER_TIMEOUT`` seconds: a rank that is not in this call (it skipped it, or
+    raised before its check) makes the others raise instead of waiting for ever."""
+    rows = np.empty((comm.Get_size(), mine.size), np.int64)
+    req = comm.Iallgather(mine, rows)
+    if req.Test():
+        return rows
+    limit = float(config.get("PYSHARD_PEER_TIMEOUT"))
+    t0 = time.monotonic()
+    pause = 1e-5
+    while not req.Test():
+        if time.monotonic() - t0 > limit:
+            raise RuntimeError(
+                f"pyshard (validation mode): waited {limit:g} s in the check of {call} for "
+                f"the other ranks of the mesh (PYSHARD_PEER_TIMEOUT): some rank is not in this "
+                f"call (it skipped it, raised before its check, or computes for longer than "
+                f"that); the job cannot go on (the check stays posted)")
+        time.sleep(pause)
+        pause = min(2 * pause, 1e-3)
+    return rows
 
 
 def refused(comm: MPI.Comm, call: str, err: BaseException) -> None:
@@ -123,7 +147,7 @@ def _message(everyone: List[tuple]) -> str:
         )
     call = everyone[0][0]
     lines = [f"pyshard (validation mode): the ranks passed different arguments to {call}:"]
-    names = list(everyone[0][1])
+    names = list(dict.fromkeys(n for _, items in everyone for n in items))  # (every rank's)
     for n in names:
         groups: Dict[str, List[int]] = {}
         for r, (_, items) in enumerate(everyone):

@@ -9,12 +9,13 @@ from math import prod
 from typing import Any, List, Literal, Optional, Sequence, Tuple, Union, overload
 
 import numpy as np
+from mpi4py import MPI
 
 from . import _backend as bk
 from . import _core, _dtypes, _validate
 from ._cache import FastEntry
 from .exchange import default_algorithm
-from .executor import Pending, bind, executors, run_steps, start
+from .executor import Pending, bind, check_out, executors, run_steps, start
 from .halo import HaloArray
 from .halo_planner import PeriodicArg, WidthArg
 from .layout import (  # Placed: re-exported (pyshard.torch's ShardedTensor is one too)
@@ -182,10 +183,13 @@ class ShardedArray(Placed):
                 raise
         dt = self.local.dtype  # (an identity test first: a few tens of ns on the fast path)
         if dt is not self.layout.dtype and dt != self.layout.dtype:
-            raise TypeError(
+            err = TypeError(
                 f"redistribute: the local array has dtype {dt}, the layout {self.layout.dtype} "
                 f"(was .local replaced by an array of another dtype? ShardedArray.wrap the new "
                 f"array with a layout of its dtype)")
+            if _validate.enabled:  # every rank's check first: this rank's "local shard" names it
+                self._agree(placements, sizes, algorithm, out)
+            raise err
         if sizes is None and wait and not _validate.enabled:
             # a repeated call: one lookup, then one call of the binding (executor.bind)
             try:
@@ -196,6 +200,8 @@ class ShardedArray(Placed):
             if hit is not None:
                 if self.local.shape != hit.shape:  # (a tuple compare: .local was replaced)
                     self._wrong_shape(hit.shape)
+                if MPI.Is_finalized():  # (27 ns; MPICH ends the process on a call after it)
+                    self.mesh.check_live()
                 res = hit.call(self.local, out)
                 if res is not None:
                     r = _new(ShardedArray)
@@ -217,7 +223,7 @@ class ShardedArray(Placed):
         mesh.check_live()  # (a freed mesh's fast path is empty: every call comes here)
         local = self.local
         if _validate.enabled:  # one small Allgather: a mismatch raises on every rank
-            self._agree(placements, sizes, algorithm)
+            self._agree(placements, sizes, algorithm, out)
         shape = self.layout.local_shape(mesh.coords)
         if tuple(local.shape) != shape:
             self._wrong_shape(shape)
@@ -246,11 +252,21 @@ class ShardedArray(Placed):
             f"of another shape? from_local or ShardedArray(local, layout, mesh) wrap the new "
             f"array with a layout of its shape)")
 
-    def _agree(self, placements: PlacementsArg, sizes: SizesArg, algorithm: str) -> None:
-        """Validation mode: every rank must pass the same target (see pyshard._validate)."""
+    def _agree(self, placements: PlacementsArg, sizes: SizesArg, algorithm: str,
+               out: Any = None) -> None:
+        """Validation mode: every rank must pass the same target, and an ``out`` that fits it
+        or none (see pyshard._validate)."""
         err: Optional[Exception] = None
+        fits = "none"
         try:
-            target = repr(self.target_layout(placements, sizes))
+            dst = self.target_layout(placements, sizes)
+            target = repr(dst)
+            if out is not None:
+                try:
+                    check_out(out, plan(self.layout, dst), self.mesh, self.local)
+                    fits = "fits the target"
+                except (TypeError, ValueError) as e:
+                    fits = f"refused ({e})"
         except (TypeError, ValueError) as e:
             err, target = e, f"invalid ({e})"
         want = self.layout.local_shape(self.mesh.coords)
@@ -264,6 +280,7 @@ class ShardedArray(Placed):
             "target layout": target,
             "algorithm": repr(algorithm),
             "local shard": local,
+            "out": fits,
         }
         _validate.agree(self.mesh.comm, "redistribute", items)
         if err is not None:

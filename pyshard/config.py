@@ -234,8 +234,9 @@ SETTINGS: Dict[str, Setting] = {s.name: s for s in (
             "Read when a function is traced", _choice("auto", "scipy", "jnp")),
     Setting("PYSHARD_PEER_TIMEOUT", "a number of seconds > 0", 300.0,
             "the longest a rank waits for a node peer in node-shared memory (mesh setup, an "
-            "exchange, a halo update or fold); past it every waiting rank raises RuntimeError "
-            "naming the rank and what it waited for, instead of hanging", _seconds),
+            "exchange, a halo update or fold), and in the validation mode's check for the "
+            "other ranks; past it every waiting rank raises RuntimeError naming what it "
+            "waited for (and the rank where it knows), instead of hanging", _seconds),
     Setting("PYSHARD_CMA", _BOOL, True,
             "a node-shared exchange into a rank's private memory (out=, pyshard.jax's buffers) "
             "has its node peers write their blocks straight into it by cross-memory attach "

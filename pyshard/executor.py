@@ -30,8 +30,8 @@ from .mesh import Mesh
 from .planner import Plan, Step
 from .route import ALGORITHMS, Route, check_algorithm, choose_algorithm, core_transport, route
 
-__all__ = ["ALGORITHMS", "PENDING_WARN", "Pending", "choose_algorithm", "executors",
-           "one_exchange", "start"]
+__all__ = ["ALGORITHMS", "PENDING_WARN", "Pending", "check_out", "choose_algorithm",
+           "executors", "one_exchange", "start"]
 
 log = logging.getLogger("pyshard")
 

@@ -195,6 +195,9 @@ class Mesh:
                 f"this mesh was freed (Mesh.free()): {self!r} has no communicators left; "
                 f"make a new Mesh"
             )
+        if MPI.Is_finalized():  # (MPICH would end the process with its own message)
+            raise RuntimeError("MPI was finalized (MPI.Finalize()): pyshard cannot "
+                               "communicate any more")
 
     def free(self) -> None:
         """Release the communicators this mesh created (collective over the mesh).

@@ -389,7 +389,9 @@ class GatherPlan:
             _validate.agree(self.mesh.comm, f"pyshard.GatherPlan.{what}", {
                 "plan": f"gather plan #{self.serial} of this mesh",
                 "call": args,
-                "array": f"refused: {err}" if err is not None else "accepted",
+                # (its rows' dtype and shape: ranks that differ exchange rows of other sizes)
+                "array": f"refused: {err}" if err is not None else
+                f"accepted: rows of {x.local.dtype}, shape {tuple(x.shape[1:])}",
             })
         if err is not None:
             raise err

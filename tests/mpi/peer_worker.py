@@ -6,7 +6,9 @@ peer must raise RuntimeError within PYSHARD_PEER_TIMEOUT, print it, and end the 
 WHERE: "setup" (rank 1 stops inside the mesh's node setup, after its Allgather: rank 0 waits
 for its control segment at its first exchange), "exchange" (rank 1 stops before the second
 of two node-shared exchanges), "halo" (before the second of two halo updates), "kill" (rank
-RANK kills itself with SIGKILL before the second of two exchanges).
+RANK kills itself with SIGKILL before the second of two exchanges), "validate" (as
+"exchange", in the validation mode: the wait is its check's), "dim" (4 ranks, a 2x2 mesh:
+rank RANK stops before the second of two exchanges along mesh dim 1).
 
 A rank that raises prints "RAISED ..." and, where PEER_WORKER_REPORT names a file, appends the
 same line there (synced) before MPI_Abort: the launcher may tear the job down before it forwards
@@ -21,7 +23,7 @@ import numpy as np
 from mpi4py import MPI
 
 import pyshard as ps
-from pyshard import Shard, collectives
+from pyshard import Replicate, Shard, collectives
 
 where = sys.argv[1]
 stopping = int(sys.argv[2]) if len(sys.argv) > 2 else 1
@@ -59,8 +61,18 @@ if where == "setup" and comm.rank == stopping:
     collectives.allgather_rows = stopping_after
 t0 = None
 try:
-    mesh = ps.Mesh(comm, (comm.size,))
-    x = ps.distribute(np.arange(64.0 * comm.size).reshape(8 * comm.size, 8), mesh, [Shard(0)])
+    mesh = ps.Mesh(comm, (2, comm.size // 2) if where == "dim" else (comm.size,))
+    g = np.arange(64.0 * comm.size).reshape(8 * comm.size, 8)
+    if where == "dim":  # along mesh dim 1: rank 1 of that dim's communicator is world rank 3
+        x = ps.distribute(g, mesh, [Replicate(), Shard(0)])
+        x.redistribute([Replicate(), Shard(1)])
+        if comm.rank == stopping:
+            stop()
+        t0 = time.monotonic()
+        x.redistribute([Replicate(), Shard(1)])
+        print(f"rank {comm.rank}: finished ({where})", flush=True)
+        sys.exit(0)
+    x = ps.distribute(g, mesh, [Shard(0)])
     if where == "halo":
         h = x.with_halo(1, method="shm")
         h.update()
@@ -69,7 +81,9 @@ try:
         t0 = time.monotonic()
         h.update()
     else:
-        if where in ("exchange", "kill"):
+        if where == "validate":  # the validation mode's check waits for the late rank
+            ps.set_validation(True)
+        if where in ("exchange", "kill", "validate"):
             x.redistribute([Shard(1)])
             if comm.rank == stopping:
                 sys.stdout.flush()

@@ -55,9 +55,10 @@ def left_running(script):
 
 
 @pytest.mark.spawns  # starts mpiexec jobs of its own (the matrix's 1-rank run)
-@pytest.mark.parametrize("where", ["setup", "exchange", "halo"])
+@pytest.mark.parametrize("where", ["setup", "exchange", "halo", "validate"])
 def test_a_stopped_node_peer_makes_the_waiting_rank_raise(comm, where, tmp_path):
-    """Rank 1 stops at mesh setup, before a node-shared exchange or before a halo update;
+    """Rank 1 stops at mesh setup, before a node-shared exchange or before a halo update, or
+    before a redistribute in the validation mode (its check, a collective, waited for ever);
     rank 0's wait for it ends at PYSHARD_PEER_TIMEOUT with a RuntimeError naming the rank and
     what it waited for (instead of hanging), and the job is torn down: no process is left
     (launch.run waits for the job's session to empty and removes MPI's segments)."""
@@ -82,9 +83,31 @@ def test_a_stopped_node_peer_makes_the_waiting_rank_raise(comm, where, tmp_path)
     raised = raised_lines(r.stdout, report)
     assert raised and "on rank 0" in raised[0], out
     msg = raised[0]
-    assert "PYSHARD_PEER_TIMEOUT" in msg and "rank 1" in msg, msg
+    assert "PYSHARD_PEER_TIMEOUT" in msg, msg
+    if where == "validate":  # (an Iallgather: which rank is missing is not known)
+        assert "validation mode" in msg and "not in this call" in msg, msg
+    else:
+        assert "rank 1" in msg, msg
     waited = float(msg.split("after ")[1].split(" s")[0])
     assert bound <= waited < bound + 10, msg  # within the bound, not the sleep's 120 s
     assert took < 60, f"the job took {took:.0f} s to end"
     assert left_running("peer_worker.py") == [], "a rank of the job is still running"
 
+
+
+@pytest.mark.spawns
+def test_a_stopped_peer_of_a_mesh_dim_is_named_by_its_world_rank(comm, tmp_path):
+    """On a 2x2 mesh, world rank 3 stops before an exchange along mesh dim 1: world rank 2's
+    error names it as that dim's rank 1 and as world rank 3 (it named "rank 1 of this
+    communicator" alone, which is world rank 1 to a reader of the job's output)."""
+    launch.require(comm)
+    report = tmp_path / "report.txt"
+    env = {"PYSHARD_PEER_TIMEOUT": "2", "PEER_WORKER_REPORT": str(report)}
+    r = launch.run(4, [sys.executable, os.path.join(HERE, "peer_worker.py"), "dim", "3"],
+                   env=env, timeout=90)
+    out = f"exit status {r.returncode}\n{r.stdout}{r.stderr}"
+    raised = raised_lines(r.stdout, report)
+    assert r.returncode != 0 and raised, out
+    msg = raised[0]
+    assert "on rank 2" in msg and "rank 1 of this communicator (world rank 3)" in msg, msg
+    assert left_running("peer_worker.py") == [], "a rank of the job is still running"

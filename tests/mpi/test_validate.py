@@ -115,6 +115,46 @@ def test_bad_input_on_one_rank_raises_everywhere(comm, validating):
 
 
 @two_ranks
+def test_a_bad_out_or_local_dtype_on_one_rank_raises_everywhere(comm, validating):
+    """An out= of the wrong shape or dtype, or a .local replaced by another dtype, on one
+    rank: every rank raises, naming it (that rank raised before its check and the others
+    waited in theirs for ever)."""
+    mesh = _mesh(comm)
+    g = make_global((4, 6), "float64")
+    x = ps.distribute(g, mesh, [Shard(0)])
+    last = comm.size - 1
+    want = x.plan_to([Shard(1)]).dst.local_shape(mesh.coords)
+    for bad in (np.empty(want, np.float32), np.empty((want[0] + 1, want[1]))):
+        out = bad if comm.rank == last else np.empty(want)
+        _all_raise(comm, lambda o=out: x.redistribute([Shard(1)], out=o), "out:", "refused",
+                   f"rank {last}")
+    y = ps.distribute(g, mesh, [Shard(0)])
+    if comm.rank == last:
+        y.local = y.local.astype(np.float32)
+    msg = _all_raise(comm, lambda: y.redistribute([Shard(1)]), f"rank {last}")
+    assert "float32" in msg, msg
+    z = x.redistribute([Shard(1)], out=np.empty(want))  # in step again
+    np.testing.assert_array_equal(z.local, g[z.box])
+
+
+@two_ranks
+def test_gather_plan_rows_of_another_dtype_on_one_rank(comm, validating):
+    """A gather plan run on rows of another dtype (or row shape) on one rank: every rank
+    raises the validation's ValueError naming the array (the check compared the plan and
+    the call only, and the exchange raised a message-size error on some ranks)."""
+    mesh = _mesh(comm)
+    g = make_global((4 * comm.size, 2), "float64")
+    x = ps.distribute(g, mesh, [Shard(0)])
+    idx = np.arange(4 * comm.size)
+    plan = ps.gather_plan(idx, like=x)
+    last = comm.size - 1
+    for h in (g.astype(np.float32), np.repeat(g, 2, axis=1)):
+        y = ps.distribute(h if comm.rank == last else g, mesh, [Shard(0)])
+        _all_raise(comm, lambda y=y: plan.gather(y), "array", f"rank {last}")
+    np.testing.assert_array_equal(plan.gather(x), g[idx])
+
+
+@two_ranks
 def test_different_calls(comm, validating):
     mesh = _mesh(comm)
     g = make_global((4, 6), "float64")
