@@ -88,6 +88,10 @@ std::unique_ptr<JaxEntry> step_entry(StepT* s, int64_t sb, int64_t db, const cha
 
 // The entry a call names, checked against the buffers' sizes and the handler's memory.
 ffi::Error entry_for(int64_t step, bool device, int64_t sb, int64_t db, const JaxEntry** out) {
+  if (mpi::finalized())  // (MPICH would end the process with its own message)
+    return ffi::Error(ffi::ErrorCode::kFailedPrecondition,
+                      "pyshard: MPI was finalized (MPI.Finalize()): pyshard cannot communicate "
+                      "any more");
   const JaxEntry* e = find(step);
   if (e == nullptr)
     return ffi::Error(ffi::ErrorCode::kInvalidArgument,

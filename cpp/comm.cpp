@@ -1,5 +1,7 @@
 #include "comm.h"
 
+#include <algorithm>
+
 #include "mpi_calls.h"
 
 namespace pyshard {
@@ -23,8 +25,16 @@ Comm::Comm(i64 fhandle) { comm_ = mpi::comm_dup(fhandle, &size_, &rank_); }
 Comm::~Comm() { release(); }
 
 void Comm::release() {
-  if (!mpi::finalized() && comm_ != MPI_COMM_NULL) mpi::comm_free(&comm_);
+  const bool live = !mpi::finalized();
+  if (live)
+    for (CommUser* u : users_) u->comm_released();
+  users_.clear();
+  if (live && comm_ != MPI_COMM_NULL) mpi::comm_free(&comm_);
   comm_ = MPI_COMM_NULL;
+}
+
+void Comm::forget(CommUser* u) {
+  users_.erase(std::remove(users_.begin(), users_.end(), u), users_.end());
 }
 
 std::vector<i64> allgather_i64(const Comm& comm, const std::vector<i64>& mine) {

@@ -21,14 +21,28 @@ std::map<std::string, i64>& stats();
 // Count one collective `name` of a step that ran with packer `pk` over transport `tr`.
 void count_call(const char* name, const Packer& pk, Transport tr);
 
+// An object holding MPI resources made on a Comm (persistent requests, which keep the
+// communicator alive past its MPI_Comm_free; a graph communicator made from it): while it
+// lives it is registered with the Comm, whose release() has it free them first.
+class CommUser {
+ public:
+  virtual void comm_released() = 0;
+
+ protected:
+  ~CommUser() = default;
+};
+
 // An MPI communicator owned by the core (a duplicate: independent of Python object lifetimes).
 class Comm {
  public:
   explicit Comm(i64 fortran_handle);
   ~Comm();
-  // Frees the communicator now (Mesh.free(), collective): the steps and plans that keep this
-  // Comm must not run again (their Python objects check the mesh first).
+  // Frees the communicator now (Mesh.free(), collective), after its users' resources: the
+  // steps and plans that keep this Comm must not run again (their Python objects check the
+  // mesh first).
   void release();
+  void adopt(CommUser* u) { users_.push_back(u); }  // (from its constructor)
+  void forget(CommUser* u);                         // (from its destructor)
   Comm(const Comm&) = delete;
   Comm& operator=(const Comm&) = delete;
   MPI_Comm get() const { return comm_; }
@@ -45,6 +59,7 @@ class Comm {
   int size_ = 0;
   int rank_ = 0;
   mutable i64 rounds_ = 0;
+  std::vector<CommUser*> users_;
 };
 
 // One Allgather of a few int64 per rank (counted as "allgather"): the only place pyshard

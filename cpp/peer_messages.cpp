@@ -36,7 +36,17 @@ void post_send(const PeerMsg& m, int tag, MPI_Comm c, MPI_Request* r) {
 }  // namespace
 
 PeerMessages::PeerMessages(std::shared_ptr<Comm> comm, int tag, PeerMethod method)
-    : comm_(std::move(comm)), tag_(tag), method_(method) {}
+    : comm_(std::move(comm)), tag_(tag), method_(method) {
+  if (comm_) comm_->adopt(this);
+}
+
+// Mesh.free(): the messages in flight completed, the persistent requests (which keep the
+// communicator alive past its free) and the graph communicator freed.
+void PeerMessages::comm_released() {
+  drop();
+  free_requests();
+  if (graph_ != MPI_COMM_NULL) mpi::comm_free(&graph_);
+}
 
 void PeerMessages::note_recvs(const std::vector<PeerMsg>& recvs) {
   rpeer_.clear();
@@ -48,6 +58,7 @@ void PeerMessages::note_recvs(const std::vector<PeerMsg>& recvs) {
 }
 
 PeerMessages::~PeerMessages() {
+  if (comm_) comm_->forget(this);  // (first: the Comm may outlive this, finalized or not)
   if (mpi::finalized()) return;
   drop();
   free_requests();

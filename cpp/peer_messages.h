@@ -67,10 +67,11 @@ struct MessageSizeError : std::length_error {
 
 enum class PeerMethod { p2p = 0, persistent = 1, neighbor = 2 };
 
-class PeerMessages {
+class PeerMessages : public CommUser {
  public:
   PeerMessages(std::shared_ptr<Comm> comm, int tag, PeerMethod method = PeerMethod::p2p);
   ~PeerMessages();  // completes messages still in flight (unchecked), frees what it made
+  void comm_released() override;  // Comm::release(): in flight completed, requests freed
   PeerMessages(const PeerMessages&) = delete;
   PeerMessages& operator=(const PeerMessages&) = delete;
 

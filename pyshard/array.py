@@ -188,6 +188,7 @@ class ShardedArray(Placed):
                 f"(was .local replaced by an array of another dtype? ShardedArray.wrap the new "
                 f"array with a layout of its dtype)")
             if _validate.enabled:  # every rank's check first: this rank's "local shard" names it
+                self.mesh.check_live()
                 self._agree(placements, sizes, algorithm, out)
             raise err
         if sizes is None and wait and not _validate.enabled:
@@ -257,14 +258,13 @@ class ShardedArray(Placed):
         """Validation mode: every rank must pass the same target, and an ``out`` that fits it
         or none (see pyshard._validate)."""
         err: Optional[Exception] = None
-        fits = "none"
+        fits = "none or fits the target"  # (each rank may pass one or not)
         try:
             dst = self.target_layout(placements, sizes)
             target = repr(dst)
             if out is not None:
                 try:
                     check_out(out, plan(self.layout, dst), self.mesh, self.local)
-                    fits = "fits the target"
                 except (TypeError, ValueError) as e:
                     fits = f"refused ({e})"
         except (TypeError, ValueError) as e:

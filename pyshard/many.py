@@ -452,6 +452,8 @@ def redistribute_many(
         _check_no_arrays(placements, is_map, sizes)
         return {} if is_map else type(arrays)()
     mesh = xs[0].mesh
+    if isinstance(mesh, Mesh):  # (a freed mesh, or MPI finalized: before any MPI call)
+        mesh.check_live()
     wrong = None  # the first array whose .local was replaced by one of another dtype
     for k, x in zip(keys, xs):
         if not isinstance(x, ShardedArray):

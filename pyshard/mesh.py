@@ -37,6 +37,8 @@ class Mesh:
         self, comm: MPI.Comm, shape: Union[int, Sequence[int]],
         names: Union[str, Sequence[str], None] = None,
     ) -> None:
+        if MPI.Is_finalized():
+            raise RuntimeError("Mesh: MPI was finalized (MPI.Finalize()): no mesh can be made")
         if isinstance(comm, MPI.Comm) and comm == MPI.COMM_NULL:  # (mpi4py types it Comm,
             # or Intracomm where Split(MPI.UNDEFINED) made it)
             raise ValueError(

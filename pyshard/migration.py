@@ -249,6 +249,9 @@ class Migrated:
         ``ValueError`` here and on the ranks this rank exchanges rows with.
         ``wait=False`` returns a handle whose ``wait()`` gives the result and whose
         ``test()`` completes it (as :meth:`PendingMigration.test`)."""
+        check = getattr(self.mesh, "check_live", None)
+        if check is not None:  # (a freed mesh, or MPI finalized: before any MPI call)
+            check()
         st, cols, code, detail = _split(values, "values")
         if not code:
             for k, a in zip(st.keys, cols):
@@ -502,6 +505,9 @@ def migrate(rows: Rows, dest: Any, mesh: Any, algorithm: str = "auto", wait: boo
     ranks) raises
     ``ValueError`` on every rank in this call, naming the first rank at fault; the error
     travels with the counts, so no collective is added."""
+    check = getattr(mesh, "check_live", None)
+    if check is not None:  # (a freed mesh, or MPI finalized: before any MPI call)
+        check()
     P, me = mesh.size, mesh.rank
     r = migrate_route(mesh, algorithm, peers, inplace)
     if r.algorithm == "tune":

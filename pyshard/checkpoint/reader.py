@@ -326,6 +326,8 @@ def load(
     """
     t0 = time.perf_counter()
     path = norm_path(path, "load")
+    if isinstance(mesh, Mesh):  # (a freed mesh, or MPI finalized: before any MPI call)
+        mesh.check_live()
     if _validate.enabled and isinstance(mesh, Mesh):
         items = {"path": repr(path), "placements": repr(placements), "sizes": repr(sizes)}
         items["device"] = repr(device)

@@ -160,6 +160,7 @@ def save(
     items = _check_arrays(arrays)
     meta_json = _meta_json(metadata)
     fmt.check_save(items)
+    items[0][1].mesh.check_live()  # (a freed mesh, or MPI finalized: before any MPI call)
     comm = items[0][1].mesh.comm
     if _validate.enabled:
         layouts = ", ".join(f"{n}: {x.layout!r}" for n, x in items)

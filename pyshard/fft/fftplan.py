@@ -263,6 +263,7 @@ def run_passes(passes: Sequence[Any], x: ShardedArray, out: Optional[Any],
     [local transform s, transpose s] accumulated (the benchmark's split); ``orthogonalize``:
     scipy's, for DCT/DST passes."""
     mesh = x.mesh
+    mesh.check_live()  # (cached executors run without the mesh's cache: check it here)
     alg = algorithm or default_algorithm()
     local = x.local
     if not local.flags.c_contiguous:  # a view (HaloArray.array's interior): the core's

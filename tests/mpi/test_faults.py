@@ -111,3 +111,19 @@ def test_a_stopped_peer_of_a_mesh_dim_is_named_by_its_world_rank(comm, tmp_path)
     msg = raised[0]
     assert "on rank 2" in msg and "rank 1 of this communicator (world rank 3)" in msg, msg
     assert left_running("peer_worker.py") == [], "a rank of the job is still running"
+
+
+@pytest.mark.spawns
+def test_calls_after_finalize_raise(comm, tmp_path):
+    """After MPI.Finalize(), every kind of pyshard call raises RuntimeError naming it (MPICH
+    ended the process with its own message from a repeated redistribute, an FFT plan,
+    redistribute_many, migrate, save, load and Mesh())."""
+    launch.require(comm)
+    r = launch.run(2, [sys.executable, os.path.join(HERE, "finalize_worker.py")],
+                   timeout=90, cwd=str(tmp_path))
+    lines = [x for q in range(2) if (tmp_path / f"report-{q}.txt").exists()
+             for x in (tmp_path / f"report-{q}.txt").read_text().splitlines()]
+    out = f"exit status {r.returncode}\n{r.stdout}{r.stderr}\n" + "\n".join(lines)
+    assert r.returncode == 0 and lines.count("done") == 2, out
+    assert not [x for x in lines if x.startswith("WRONG")], out
+    assert sum(x.startswith("RAISED") for x in lines) == 2 * 12, out

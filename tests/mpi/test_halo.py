@@ -725,19 +725,22 @@ def test_halo_after_mesh_free_raises(comm, method):
             call()
 
 
-def test_free_releases_communicators_that_arrays_keep(comm):
+@pytest.mark.parametrize("method", ["p2p", "persistent", "neighbor"])
+def test_free_releases_communicators_that_arrays_keep(comm, method):
     """Meshes made and freed in a loop whose halo arrays and gather plans are kept: free()
-    releases the communicators they hold (they kept them until they went: MPICH ran out of
-    its 2048 communicators at the 2045th mesh though every one was freed)."""
+    releases the communicators they hold, with the persistent requests that keep one alive
+    past its free and the neighbor method's graph communicators (they kept them until they
+    went: MPICH ran out of its 2048 communicators at the 2045th mesh though every one was
+    freed)."""
     kept = []
     g = make_global((2 * comm.size, 3), "float64")
     for i in range(2100):
         mesh = ps.Mesh(comm, (comm.size,))
         x = ps.distribute(g, mesh, [Shard(0)])
         if i % 2:
-            kept.append(x.with_halo(1, method="p2p"))
+            kept.append(x.with_halo(1, method=method))
             kept[-1].update()
         else:
-            kept.append(ps.gather_plan(np.arange(2), like=x, method="p2p"))
+            kept.append(ps.gather_plan(np.arange(2), like=x, method=method))
             np.testing.assert_array_equal(kept[-1].gather(x), g[:2])
         mesh.free()

@@ -137,6 +137,19 @@ def test_a_bad_out_or_local_dtype_on_one_rank_raises_everywhere(comm, validating
     np.testing.assert_array_equal(z.local, g[z.box])
 
 
+def test_out_on_some_ranks_only_passes(comm, validating):
+    """out= given on rank 0 alone (each rank decides for its own result): the validation
+    passes it and the results are exact (a first form of the out= check refused it)."""
+    mesh = _mesh(comm)
+    g = make_global((4, 6), "float64")
+    x = ps.distribute(g, mesh, [Shard(0)])
+    want = x.plan_to([Shard(1)]).dst.local_shape(mesh.coords)
+    out = np.empty(want) if comm.rank == 0 else None
+    y = x.redistribute([Shard(1)], out=out)
+    assert (y.local is out) == (comm.rank == 0)
+    np.testing.assert_array_equal(y.local, g[y.box])
+
+
 @two_ranks
 def test_gather_plan_rows_of_another_dtype_on_one_rank(comm, validating):
     """A gather plan run on rows of another dtype (or row shape) on one rank: every rank

@@ -1,0 +1,54 @@
+"""Run under `mpiexec -n N python finalize_worker.py`: every rank builds one object of each
+kind, runs it once, calls MPI.Finalize(), then calls each again: each call must raise
+RuntimeError naming the finalization (MPICH ended the process with its own message from
+several of them). Writes "RAISED <call>" or "WRONG <call>: ..." for each, then "done", to
+report-<rank>.txt in the working directory (the ranks' output would interleave)."""
+
+import numpy as np
+from mpi4py import MPI
+
+import pyshard as ps
+from pyshard import Replicate, Shard
+from pyshard import fft as pf
+
+comm = MPI.COMM_WORLD
+P, rank = comm.size, comm.rank  # (after the finalization these would be MPI calls)
+mesh = ps.Mesh(comm, (P,))
+g = np.arange(8.0 * comm.size * 6).reshape(8 * comm.size, 6)
+x = ps.distribute(g, mesh, [Shard(0)])
+x.redistribute([Shard(1)])  # (now on the fast path)
+h = x.with_halo(1)
+h.update()
+plan = ps.gather_plan(np.arange(3), like=x)
+plan.gather(x)
+fplan = pf.plan(x.layout, "rfftn")
+fplan.forward(x)
+ps.redistribute_many([x, x], [Replicate()])
+moved = ps.migrate(g[:4], np.zeros(4, np.int64), mesh)
+MPI.Finalize()
+
+calls = {
+    "redistribute (fast path)": lambda: x.redistribute([Shard(1)]),
+    "redistribute (new target)": lambda: x.redistribute([Replicate()]),
+    "halo update": h.update,
+    "gather": lambda: plan.gather(x),
+    "fft plan": lambda: fplan.forward(x),
+    "rfftn": lambda: pf.rfftn(x),
+    "redistribute_many": lambda: ps.redistribute_many([x, x], [Shard(1)]),
+    "migrate": lambda: ps.migrate(g[:4], np.zeros(4, np.int64), mesh),
+    "back": lambda: moved.back(moved.rows),
+    "save": lambda: ps.save("never.npy.d", {"x": x}),
+    "load": lambda: ps.load("never.npy.d", mesh, {"x": [Shard(0)]}),
+    "Mesh": lambda: ps.Mesh(comm, (P,)),
+}
+lines = []
+for name, call in calls.items():
+    try:
+        call()
+        lines.append(f"WRONG {name}: returned")
+    except RuntimeError as e:
+        lines.append(f"RAISED {name}" if "finalized" in str(e) else f"WRONG {name}: {e}")
+    except Exception as e:  # noqa: BLE001 - the report
+        lines.append(f"WRONG {name}: {type(e).__name__}: {e}")
+with open(f"report-{rank}.txt", "w") as f:
+    f.write("\n".join(lines + ["done"]) + "\n")
