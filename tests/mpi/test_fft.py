@@ -334,7 +334,7 @@ def test_halo_arrays_interior_as_input(comm):
         mesh = ps.Mesh(comm, mshape)
         m = mshape[-1]  # the last axis sharded (the first pass a transpose), its first empty
         sizes = {2: [0] + list(ps.split_sizes(2 * P + 4, m - 1))} if m > 1 else None
-        pl = [Shard(2)] if len(mshape) == 1 else [Shard(1), Shard(2)]
+        pl = [Shard(3 - len(mshape) + i) for i in range(len(mshape))]  # (1-D to 3-D meshes)
         x = ps.distribute(g, mesh, pl, sizes)
         h = x.with_halo(1, periodic=True)
         h.update()
