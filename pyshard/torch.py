@@ -80,7 +80,21 @@ log = logging.getLogger("pyshard")
 def _as_array(t: torch.Tensor) -> Any:
     """The numpy (host) or cupy (GPU) view of ``t``'s memory: no copy where ``t`` is
     contiguous and carries no conjugate or negative bit (pyshard takes C-contiguous shards;
-    a lazy ``.conj()`` view, or a gradient arriving as one, is made into its values)."""
+    a lazy ``.conj()`` view, or a gradient arriving as one, is made into its values). A
+    tensor without memory of its own (torch.func's wrappers, meta and fake tensors) raises
+    NotImplementedError."""
+    try:
+        return _memory_of(t)
+    except RuntimeError as e:
+        if "storage" not in str(e):
+            raise
+        raise NotImplementedError(
+            f"pyshard.torch: a tensor without memory of its own ({e}): torch.func transforms "
+            f"(grad, vmap, vjp, jacrev), meta and fake tensors are not supported; pyshard's "
+            f"functions run under torch.autograd (backward(), torch.autograd.grad)") from None
+
+
+def _memory_of(t: torch.Tensor) -> Any:
     t = t.detach()
     if t.is_conj():
         t = t.resolve_conj()
@@ -236,7 +250,7 @@ def from_local(
             raise TypeError(f"from_local: local must be a torch.Tensor, got "
                             f"{type(local).__name__}")
         a = _as_array(local)
-    except (TypeError, ValueError) as e:
+    except (TypeError, ValueError, NotImplementedError) as e:
         if global_shape is not None and not validate and not _validate.enabled:
             raise  # no communication follows: this rank raises alone, as pyshard.from_local
         a = _array.Refused(e)  # carried in from_local's Allgather: every rank raises it
@@ -360,6 +374,8 @@ def redistribute(
     if not x.local.requires_grad or not torch.is_grad_enabled():
         if grad_placements is not None:
             _grad_out_layout(dst, _as_tuple(grad_placements))  # the same errors either way
+        if x.layout == dst:  # the tensor itself, as with gradients (a new tensor over its
+            return ShardedTensor._wrap(x.local, dst, x.mesh)  # memory hid writes from autograd)
         out = _to_torch(_run(_as_array(x.local), x.layout, dst, x.mesh, algorithm))
         return ShardedTensor._wrap(out, dst, x.mesh)
     gout = _grad_out_layout(dst, _as_tuple(grad_placements))
@@ -453,7 +469,10 @@ def redistribute_many(
             arrs, [list(d.placements) for d in dsts], algorithm,
             sizes=[_sizes_arg(d) for d in dsts],
         )
-        outs = [_to_torch(y.local) for y in ys]
+        # an array left where it was: the tensor itself (a new one over its memory hid
+        # writes from autograd's version counter)
+        outs = [x.local if x.layout == d else _to_torch(y.local)
+                for x, d, y in zip(xs, dsts, ys)]
     return [ShardedTensor._wrap(o, d, mesh) for o, d in zip(outs, dsts)]
 
 

@@ -739,3 +739,43 @@ def test_sharded_tensor_of_another_mesh_shape_raises(comm):
     lay = ps.Layout((4, 2), "float64", (comm.size, 1), [Replicate(), Replicate()])
     with pytest.raises(ValueError, match="mesh of shape"):
         pst.ShardedTensor(torch.zeros(4, 2, dtype=torch.float64), lay, mesh)
+
+
+@pytest.mark.parametrize("many", [False, True])
+def test_same_layout_result_is_the_tensor_itself(comm, many):
+    """A redistribute (or redistribute_many) to the source's own layout without gradients
+    returns the input tensor itself, so an in-place change of the result is seen by
+    autograd: torch raises where a saved tensor was changed (a new tensor over the same
+    memory, with its own version counter, gave w.grad off by the change, silently)."""
+    n = comm.size
+    mesh = ps.Mesh(comm, (n,))
+    d = torch.arange(6.0).reshape(3, 2) + comm.rank
+    w = torch.ones(3, 2, requires_grad=True)
+    z = (w * d).sum()  # autograd saves d
+    x = pst.from_local(d, mesh, [Shard(0)], global_shape=(3 * n, 2))
+    y = pst.redistribute_many([x], [Shard(0)])[0] if many else pst.redistribute(x, [Shard(0)])
+    assert y.local is d
+    y.local.add_(1.0)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        z.backward()
+    mesh.free()
+
+
+def test_torch_func_transforms_are_refused_clearly(comm):
+    """torch.func.grad and vmap of a function calling pyshard.torch: NotImplementedError
+    naming torch.func on every rank (torch's "Cannot access data pointer of Tensor that
+    doesn't have storage" named neither)."""
+    func = pytest.importorskip("torch.func")
+    n = comm.size
+    mesh = ps.Mesh(comm, (n,))
+
+    def f(t):
+        x = pst.from_local(t, mesh, [Shard(0)], global_shape=(3 * n, 2))
+        return pst.redistribute(x, [R]).local.sum()
+
+    t = torch.ones(3, 2)
+    for call in (lambda: func.grad(f)(t), lambda: func.vmap(f)(torch.stack([t, t]))):
+        with pytest.raises(NotImplementedError, match="torch.func"):
+            call()
+    assert f(t).item() == 6.0 * n  # (plain autograd still works)
+    mesh.free()
