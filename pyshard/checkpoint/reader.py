@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging
 import time
+import zlib
 from math import prod
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
@@ -26,7 +27,7 @@ import numpy as np
 from mpi4py import MPI
 
 from .. import _backend as bk
-from .. import _validate, config
+from .. import _validate, collectives, config
 from ..array import ShardedArray, zeroed
 from ..layout import Layout, Partial, Placement, Replicate, Shard, split_sizes
 from ..many import ManyPlan, redistribute_many
@@ -279,6 +280,19 @@ def _load_rows(
     return ShardedArray(y_local, lay, mesh)
 
 
+def _same_arguments(comm: Any, path: str, items: Dict[str, str]) -> None:
+    """One small allgather: every rank passed the same arguments to :func:`load` (else the
+    same ValueError on every rank, naming the ranks that differ from rank 0)."""
+    digest = zlib.crc32(repr(sorted(items.items())).encode())
+    digests = collectives.allgather(comm, digest)
+    if len(set(digests)) != 1:
+        bad = [r for r, d in enumerate(digests) if d != digests[0]]
+        raise ValueError(
+            f"load({path!r}): ranks {bad} pass another path, names, placements, sizes, "
+            f"device, verify or missing_as_fill than rank 0; every rank must pass the same "
+            f"(PYSHARD_VALIDATE=1 says what differs)")
+
+
 def load(
     path: PathArg,
     mesh: Mesh,
@@ -328,12 +342,14 @@ def load(
     path = norm_path(path, "load")
     if isinstance(mesh, Mesh):  # (a freed mesh, or MPI finalized: before any MPI call)
         mesh.check_live()
-    if _validate.enabled and isinstance(mesh, Mesh):
         items = {"path": repr(path), "placements": repr(placements), "sizes": repr(sizes)}
         items["device"] = repr(device)
         items["verify"] = repr(bool(verify))  # a rank that verifies alone would wait
         items["missing_as_fill"] = repr(bool(missing_as_fill))
-        _validate.agree(mesh.comm, "load", items)
+        if _validate.enabled:  # what differs, named
+            _validate.agree(mesh.comm, "load", items)
+        else:  # the same arguments: ranks that differ read wrong data or wait for ever
+            _same_arguments(mesh.comm, path, items)
     names, want, sizes = _check_load_args(mesh, placements, sizes)
     if device not in (None, "cpu", "cuda"):
         raise ValueError(f"load(device): expected None, 'cpu' or 'cuda', got {device!r}")

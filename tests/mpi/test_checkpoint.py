@@ -427,6 +427,39 @@ def test_load_errors_on_every_rank(comm, shared_dir):
     np.testing.assert_array_equal(out["x"].local, g[out["x"].box])
 
 
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("differs", ["sizes", "placements", "name", "verify"])
+def test_load_arguments_that_differ_on_one_rank(comm, shared_dir, differs):
+    """One rank passes other sizes, placements, names or verify= to load, without the
+    validation mode: every rank raises the same ValueError naming it (other sizes loaded
+    wrong data on every rank, silently; the others hung), then a load works."""
+    mesh = ps.Mesh(comm, (comm.size,))
+    g = make_global((5, 7), "float64", seed=6)
+    path = os.path.join(shared_dir, "args")
+    ps.save(path, {"x": ps.distribute(g, mesh, [Shard(0)]),
+                   "y": ps.distribute(g, mesh, [Replicate()])})
+    last = comm.size - 1
+    want = {"x": [Shard(1)]}
+    kw = {"sizes": {"x": {1: [7] + [0] * last}}}
+    if comm.rank == last:
+        if differs == "sizes":
+            kw = {"sizes": {"x": {1: [0] * last + [7]}}}
+        elif differs == "placements":
+            want = {"x": [Replicate()]}
+        elif differs == "name":
+            want = {"y": [Shard(1)]}
+        else:
+            kw["verify"] = False  # (load's default is True)
+    with pytest.raises(ValueError) as e:
+        ps.load(path, mesh, want, **kw)
+    msg = str(e.value)
+    assert f"ranks [{last}] pass another" in msg, msg
+    assert comm.allgather(msg) == [msg] * comm.size
+    out = ps.load(path, mesh, {"x": [Shard(1)]}, **{"sizes": {"x": {1: [7] + [0] * last}}})
+    np.testing.assert_array_equal(out["x"].local, g[out["x"].box])
+    mesh.free()
+
+
 def test_save_errors_on_every_rank(comm, shared_dir):
     mesh = ps.Mesh(comm, (comm.size,))
     x = ps.distribute(make_global((4, 3), "float32"), mesh, [Shard(0)])
