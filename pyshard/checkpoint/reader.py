@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import logging
 import time
-import zlib
 from math import prod
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
@@ -27,7 +26,7 @@ import numpy as np
 from mpi4py import MPI
 
 from .. import _backend as bk
-from .. import _validate, collectives, config
+from .. import _validate, config
 from ..array import ShardedArray, zeroed
 from ..layout import Layout, Partial, Placement, Replicate, Shard, split_sizes
 from ..many import ManyPlan, redistribute_many
@@ -38,6 +37,7 @@ from .driver import Arrays, Format
 from .errors import Error, PathArg, error, norm_path, on_root
 from .formats import driver, open_arrays
 from .manifest import parse_placement
+from .saving import differing_ranks
 
 __all__ = ["blocks_source", "load", "loads_direct", "shortest_run"]
 
@@ -283,10 +283,8 @@ def _load_rows(
 def _same_arguments(comm: Any, path: str, items: Dict[str, str]) -> None:
     """One small allgather: every rank passed the same arguments to :func:`load` (else the
     same ValueError on every rank, naming the ranks that differ from rank 0)."""
-    digest = zlib.crc32(repr(sorted(items.items())).encode())
-    digests = collectives.allgather(comm, digest)
-    if len(set(digests)) != 1:
-        bad = [r for r, d in enumerate(digests) if d != digests[0]]
+    bad = differing_ranks(comm, items)
+    if bad:
         raise ValueError(
             f"load({path!r}): ranks {bad} pass another path, names, placements, sizes, "
             f"device, verify or missing_as_fill than rank 0; every rank must pass the same "

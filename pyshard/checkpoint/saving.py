@@ -24,6 +24,7 @@ __all__ = [
     "check_nested",
     "check_same",
     "check_target",
+    "differing_ranks",
     "finish",
     "fsync_dir",
     "is_writer",
@@ -41,13 +42,19 @@ def is_writer(layout: Layout, coords: Sequence[int]) -> bool:
     return all(c == 0 for c, p in zip(coords, layout.placements) if not isinstance(p, Shard))
 
 
+def differing_ranks(comm: Any, what: Any) -> List[int]:
+    """One small allgather of a checksum of ``what`` (JSON data): the ranks whose ``what``
+    differs from rank 0's (the same list on every rank)."""
+    digest = zlib.crc32(json.dumps(what, sort_keys=True).encode())
+    digests = collectives.allgather(comm, digest)
+    return [r for r, d in enumerate(digests) if d != digests[0]]
+
+
 def check_same(comm: Any, path: str, tag: str, entries: Dict[str, Any]) -> None:
     """Every rank must describe the same checkpoint (``tag``: the metadata, format and
     options, ``sync`` included; ``entries``: the arrays): one small allgather agrees on it."""
-    digest = zlib.crc32(json.dumps([path, tag, entries], sort_keys=True).encode())
-    digests = collectives.allgather(comm, digest)
-    if len(set(digests)) != 1:
-        bad = [r for r, d in enumerate(digests) if d != digests[0]]
+    bad = differing_ranks(comm, [path, tag, entries])
+    if bad:
         raise ValueError(
             f"save({path!r}): ranks {bad} pass other names, layouts, path, metadata, format, "
             f"compression or sync than rank 0; every rank must pass the same"
