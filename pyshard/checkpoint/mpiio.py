@@ -82,6 +82,13 @@ def collective_io(
     ``comm``. ``box``: a :data:`Box`. ``disp`` is the data offset; ``size`` sets the file
     size first (writes); ``sync`` flushes the file to storage after a write."""
     start, ext, active = box
+    data = np.empty(0, np.uint8)
+    failed: Optional[BaseException] = None
+    if active:
+        try:  # bytes: numpy exports no buffer of an ml_dtypes array (bfloat16, float8)
+            data = buf.reshape(-1).view(np.uint8)
+        except Exception as e:  # still take part in the collectives (an empty box), then raise
+            failed, active = e, False
     if not active:
         start, ext = [0] * lay.ndim, [0] * lay.ndim
     view = _View(lay.dtype.itemsize, lay.shape, start, ext)
@@ -92,8 +99,6 @@ def collective_io(
             if size is not None:
                 fh.Set_size(size)
             fh.Set_view(disp, view.etype, view.filetype)
-            # bytes: numpy exports no buffer of an ml_dtypes array (bfloat16, float8)
-            data = buf.reshape(-1).view(np.uint8) if active else np.empty(0, np.uint8)
             spec = [data, view.count if active else 0, view.etype]
             if write:
                 fh.Write_all(spec)
@@ -105,3 +110,5 @@ def collective_io(
             fh.Close()
     finally:
         view.free()
+    if failed is not None:
+        raise failed

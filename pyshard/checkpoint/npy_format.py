@@ -64,10 +64,17 @@ def _write_array(
     lay = x.layout
     start, ext = box_bounds(lay, x.mesh.coords)
     writes = not idle and saving.is_writer(lay, x.mesh.coords) and prod(ext) > 0
-    box = (start, ext, writes)
-    # MPI-IO writes host memory: a GPU shard is copied down once
-    local = bk.to_host(x.local) if writes else np.empty(0, np.uint8)
-    collective_io(comm, fname, lay, disp, box, local, write=True, size=size, sync=sync)
+    local = np.empty(0, np.uint8)
+    failed: Optional[BaseException] = None
+    if writes:
+        try:  # MPI-IO writes host memory: a GPU shard is copied down once
+            local = np.ascontiguousarray(bk.to_host(x.local))
+        except Exception as e:  # still take part in the collective write (an empty box)
+            failed, writes = e, False
+    collective_io(comm, fname, lay, disp, (start, ext, writes), local, write=True, size=size,
+                  sync=sync)
+    if failed is not None:
+        raise failed
     return (start, ext, crc32(local)) if writes else None
 
 

@@ -34,7 +34,7 @@ from test_redistribute_nd import counts_since
 
 import pyshard as ps
 from pyshard import Partial, Replicate, Shard
-from pyshard.checkpoint import reading
+from pyshard.checkpoint import npy_format, reading
 
 pytestmark = pytest.mark.mpi  # run under mpiexec with --with-mpi (pytest-mpi)
 
@@ -548,6 +548,42 @@ def test_npy_write_error_on_one_rank(comm, shared_dir):
     left = on_rank0(comm, lambda: glob.glob(path + ".tmp-*"))
     if left:
         failures.append(f"temporary directories left: {left}")
+    agree(comm, failures)
+
+
+@pytest.mark.mpi(min_size=2)
+def test_npy_error_before_the_write_on_one_rank(comm, shared_dir, monkeypatch):
+    """A rank whose shard cannot be made ready for the write (its copy to host memory fails,
+    here a MemoryError, before any MPI-IO call) still takes part in that array's collective
+    open and write with an empty box: every rank raises the same ValueError naming it, none
+    waits in a collective the others left, and the previous checkpoint stays. Before, the
+    rank skipped the first array's collective write and the others hung in it."""
+    mesh = ps.Mesh(comm, (comm.size,))
+    g = make_global((64, 8), "float64", seed=6)
+    arrays = {n: ps.distribute(g, mesh, [Shard(0)]) for n in ("a", "b")}
+    path = os.path.join(shared_dir, "host")
+    ps.save(path, arrays, {"v": 1})
+    last = comm.size - 1
+    if comm.rank == last:
+        def failing(a):
+            raise MemoryError("no host memory for the shard")
+
+        monkeypatch.setattr(npy_format.bk, "to_host", failing)
+    try:
+        ps.save(path, arrays, {"v": 2})
+        msg = "saved"
+    except Exception as e:  # noqa: BLE001 - compared across the ranks below
+        msg = f"{type(e).__name__}: {e}"
+    monkeypatch.undo()
+    failures = same_error(
+        comm, msg, f"ValueError: save({path!r}): array 'a': rank {last}: MemoryError("
+    )
+    if ps.checkpoint_info(path)["metadata"] != {"v": 1}:
+        failures.append("the previous checkpoint was replaced")
+    out = ps.load(path, mesh, {"a": [Replicate()], "b": [Shard(0)]})
+    for n, y in out.items():
+        if not np.array_equal(y.local, g[y.box]):
+            failures.append(f"array {n!r} of the previous checkpoint differs")
     agree(comm, failures)
 
 
