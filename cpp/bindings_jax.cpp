@@ -59,6 +59,7 @@ struct JaxEntry {
   std::string what;
   bool in_place = false;  // a halo step: XLA hands one buffer as both (operand_output_aliases)
   bool device = false;    // runs on device buffers (the CUDA handler), else host buffers
+  std::shared_ptr<Comm> comm;  // the step's communicator: released by Mesh.free()
 };
 
 std::mutex registry_mu;
@@ -98,6 +99,11 @@ ffi::Error entry_for(int64_t step, bool device, int64_t sb, int64_t db, const Ja
                       "pyshard: custom call names step " + std::to_string(step) +
                           ", which this process never registered (a program lowered in "
                           "another process?)");
+  if (e->comm && e->comm->get() == MPI_COMM_NULL)  // (MPI would name a null communicator)
+    return ffi::Error(ffi::ErrorCode::kFailedPrecondition,
+                      "pyshard: the mesh of " + e->what +
+                          " was freed (Mesh.free()): a function compiled on it cannot run any "
+                          "more; make a new Mesh and call the function with arrays on it");
   if (e->device != device)
     return ffi::Error(ffi::ErrorCode::kInvalidArgument,
                       "pyshard: " + e->what + " registered for " +
@@ -298,7 +304,8 @@ void bind_jax(py::module_& m) {
         "jax.ffi.register_ffi_target).");
   m.def(
       "jax_register_step",
-      [](py::object step, int64_t src_bytes, int64_t dst_bytes, bool device) -> int64_t {
+      [](py::object step, int64_t src_bytes, int64_t dst_bytes, bool device,
+         std::shared_ptr<Comm> comm) -> int64_t {
         std::unique_ptr<JaxEntry> e;
         if (py::isinstance<ExchangeStep>(step))
           e = step_entry(step.cast<ExchangeStep*>(), src_bytes, dst_bytes, "an exchange");
@@ -317,14 +324,18 @@ void bind_jax(py::module_& m) {
                                       "(ExchangeStep, AllgathervStep, AllreduceStep, "
                                       "ReduceScatterStep)");
         e->device = device;
+        e->comm = std::move(comm);
         return add(std::move(e));
       },
       py::arg("step"), py::arg("src_bytes"), py::arg("dst_bytes"), py::arg("device") = false,
+      py::arg("comm") = nullptr,
       "Register a core step for pyshard_step custom calls (device: on the CUDA platform's "
-      "handler, device buffers); returns its id. The caller keeps the step alive.");
+      "handler, device buffers; comm: the step's communicator, whose release makes a call "
+      "fail with a clear message); returns its id. The caller keeps the step alive.");
   m.def(
       "jax_register_halo",
-      [](HaloStep* s, int64_t bytes, bool fold, int op, int kind, bool device) -> int64_t {
+      [](HaloStep* s, int64_t bytes, bool fold, int op, int kind, bool device,
+         std::shared_ptr<Comm> comm) -> int64_t {
         auto e = std::make_unique<JaxEntry>();
         e->run = [s, bytes, fold, op, kind](const char* src, char* dst, Packer& pk) {
           if (src != dst) pk.copy_bytes(dst, src, bytes);
@@ -338,10 +349,11 @@ void bind_jax(py::module_& m) {
         e->in_place = true;
         e->device = device;
         e->what = fold ? "a halo fold" : "a halo update";
+        e->comm = std::move(comm);
         return add(std::move(e));
       },
       py::arg("step"), py::arg("bytes"), py::arg("fold"), py::arg("op") = 0,
-      py::arg("kind") = -1, py::arg("device") = false,
+      py::arg("kind") = -1, py::arg("device") = false, py::arg("comm") = nullptr,
       "Register a halo step's update (fold=False) or fold (op, kind: cpp/halo.h FoldOp, "
       "FoldKind) of a padded array of `bytes` for pyshard_step custom calls (device: an "
       "update on the CUDA platform's handler); returns its id.");

@@ -1270,6 +1270,7 @@ def jax_register_halo(
     op: typing.SupportsInt | typing.SupportsIndex = 0,
     kind: typing.SupportsInt | typing.SupportsIndex = -1,
     device: bool = False,
+    comm: Comm = None,
 ) -> int:
     """
     Register a halo step's update (fold=False) or fold (op, kind: cpp/halo.h FoldOp, FoldKind) of a padded array of `bytes` for pyshard_step custom calls (device: an update on the CUDA platform's handler); returns its id.
@@ -1280,9 +1281,10 @@ def jax_register_step(
     src_bytes: typing.SupportsInt | typing.SupportsIndex,
     dst_bytes: typing.SupportsInt | typing.SupportsIndex,
     device: bool = False,
+    comm: Comm = None,
 ) -> int:
     """
-    Register a core step for pyshard_step custom calls (device: on the CUDA platform's handler, device buffers); returns its id. The caller keeps the step alive.
+    Register a core step for pyshard_step custom calls (device: on the CUDA platform's handler, device buffers; comm: the step's communicator, whose release makes a call fail with a clear message); returns its id. The caller keeps the step alive.
     """
 
 def jax_registered() -> int:

@@ -84,7 +84,8 @@ def _step_id(step: Step, mesh: Mesh, algorithm: str, device: bool = False) -> in
         dt = e.upcast if e.upcast is not None else step.src.dtype
         sb = prod(step.src.local_shape(mesh.coords)) * dt.itemsize
         db = prod(e.out_shape) * dt.itemsize
-        hit = (e, int(_core.jax_register_step(e.core, sb, db, device)))
+        hit = (e, int(_core.jax_register_step(e.core, sb, db, device,
+                                              mesh.core_comm(step.mesh_dims))))
         _registered[key] = hit
     return hit[1]
 
@@ -98,7 +99,8 @@ def _halo_id(layout: Layout, spec: HaloSpec, mesh: Mesh, fold: bool, kind: int,
         # p2p: no requests bound to one address (XLA's buffers move between calls)
         core = mpi_exchange(layout, spec, mesh, "p2p", fold, device).core
         nbytes = prod(p.padded_shape) * layout.dtype.itemsize
-        hit = (core, int(_core.jax_register_halo(core, nbytes, fold, 0, kind, device)))
+        comm = mesh.core_comm(tuple(range(mesh.ndim)))  # (the halo's, as mpi_exchange's)
+        hit = (core, int(_core.jax_register_halo(core, nbytes, fold, 0, kind, device, comm)))
         _registered[key] = hit
     return hit[1]
 

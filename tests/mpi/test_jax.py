@@ -595,6 +595,39 @@ def test_errors_at_trace_time(comm):
     mesh.free()
 
 
+@pytest.mark.parametrize("what", ["redistribute", "halo"])
+def test_a_compiled_function_after_its_mesh_is_freed(comm, what):
+    """A function compiled on a mesh and called after Mesh.free() fails on every rank with an
+    error naming the freed mesh (before: MPI's "Invalid communicator" stack), and the same
+    function called with arrays on a new mesh runs and is right."""
+    if comm.size == 1 and what == "redistribute":
+        pytest.skip("one rank: a redistribute runs no MPI step")
+    g = global_array((2 * comm.size + 1, 3), "float64", 2)
+
+    def f(x):
+        if what == "halo":
+            return psj.halo_pad(x, 1, periodic=True)
+        return psj.redistribute(x, [Shard(1)])
+
+    step = jax.jit(f)
+    mesh = ps.Mesh(comm, (comm.size,))
+    x = psj.distribute(g, mesh, [Shard(0)])
+    step(x)
+    mesh.free()
+    with pytest.raises(Exception, match=r"the mesh of an? .* was freed \(Mesh.free\(\)\)"):
+        jax.block_until_ready(step(x))
+    mesh = ps.Mesh(comm, (comm.size,))
+    x = psj.distribute(g, mesh, [Shard(0)])
+    y = step(x)
+    if what == "halo":
+        rows = x.layout.box(mesh.coords)[0]
+        want = np.pad(g, 1, mode="wrap")[rows.start : rows.stop + 2]
+        np.testing.assert_array_equal(np.asarray(y), want)
+    else:
+        np.testing.assert_array_equal(np.asarray(y.local), g[y.layout.box(mesh.coords)])
+    mesh.free()
+
+
 # ----------------------------------------------------------------------------- FFTs
 
 
