@@ -315,7 +315,10 @@ class Hdf5Format(OneFile):
     def describe(self, path: str, what: str) -> Tuple[Arrays, Facts]:
         table, rec_s = inspect(path, what)
         rec = record_of(rec_s)
-        arrays = {name: dict(e, file=path, **layout_of(rec, name)) for name, e in table.items()}
+        arrays = {
+            name: dict(e, file=path, **layout_of(rec, name, e["shape"], f"{what}: {path!r}"))
+            for name, e in table.items()
+        }
         return arrays, facts(rec, {})
 
     def check_save(self, items: Items) -> None:
@@ -341,7 +344,8 @@ class Hdf5Format(OneFile):
         e, rec_s = lookup(path, name, what)
         if e is None:
             return None
-        return dict(e, file=path, **layout_of(record_of(rec_s), name))
+        return dict(e, file=path,
+                    **layout_of(record_of(rec_s), name, e["shape"], f"{what}: {path!r}"))
 
     def read_block(
         self, name: str, e: Dict[str, Any], d: int, r0: int, r1: int, dtype: np.dtype

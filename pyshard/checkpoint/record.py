@@ -5,13 +5,16 @@ attribute ``pyshard``; safetensors: ``__metadata__["pyshard"]``; Zarr: the group
 from __future__ import annotations
 
 import json
+import logging
 import time
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from ..array import ShardedArray
 from .manifest import FORMAT, VERSION, dtype_str
 
 __all__ = ["facts", "layout_of", "parse_record", "record"]
+
+log = logging.getLogger("pyshard")
 
 
 def record(items: List[Tuple[str, ShardedArray]], meta_json: str, size: int) -> Dict[str, Any]:
@@ -47,20 +50,43 @@ def parse_record(s: Optional[str]) -> Optional[Dict[str, Any]]:
     return m if isinstance(m, dict) else None
 
 
-def layout_of(rec: Optional[Dict[str, Any]], name: str) -> Dict[str, Any]:
+def layout_of(
+    rec: Optional[Dict[str, Any]],
+    name: str,
+    shape: Optional[Sequence[int]] = None,
+    where: str = "",
+) -> Dict[str, Any]:
     """The saved layout of ``name`` from a record (empty for other tools' files):
-    ``mesh_shape``, ``placements``, ``sizes``."""
+    ``mesh_shape``, ``placements``, ``sizes``. With the array's ``shape`` as its file gives
+    it now: empty too (and a warning naming ``where``) where the saved shard table no longer
+    fits that shape (another tool resized the array since pyshard saved it)."""
+    none: Dict[str, Any] = {"mesh_shape": (), "placements": [], "sizes": {}}
     a = (rec or {}).get("arrays", {}).get(name) if isinstance(rec, dict) else None
     if not isinstance(a, dict):
-        return {"mesh_shape": (), "placements": [], "sizes": {}}
+        return none
     try:
-        return {
+        lay = {
             "mesh_shape": tuple(int(s) for s in a.get("mesh_shape", ())),
             "placements": [str(p) for p in a.get("placements", [])],
             "sizes": {int(d): tuple(int(v) for v in x) for d, x in a.get("sizes", {}).items()},
         }
     except (TypeError, ValueError, AttributeError):
-        return {"mesh_shape": (), "placements": [], "sizes": {}}
+        return none
+    if shape is not None:
+        bad = [
+            (d, sum(ext)) for d, ext in sorted(lay["sizes"].items())
+            if not 0 <= d < len(shape) or sum(ext) != shape[d]
+        ]
+        if bad:
+            d, n = bad[0]
+            log.warning(
+                "pyshard: %s: array %r is %s in the file, but pyshard's record of its save "
+                "has a shard table of %d along dim %d (resized by another tool since the "
+                "save?): read as a foreign array, with no saved layout",
+                where, name, tuple(shape), n, d,
+            )
+            return none
+    return lay
 
 
 def facts(rec: Optional[Dict[str, Any]], meta: Dict[str, str]) -> Dict[str, Any]:

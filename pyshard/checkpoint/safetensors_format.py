@@ -245,7 +245,7 @@ class SafetensorsFormat(OneFile):
                 continue
             dtype = e["dtype"]
             saved = (rec or {}).get("arrays", {}).get(name, {}) if rec else {}
-            layout = layout_of(rec, name)
+            layout = layout_of(rec, name, e["shape"], f"{what}: {path!r}")
             if isinstance(saved, dict) and saved.get("dtype") not in (None, _dtypes.name(dtype)):
                 # changed by another tool since pyshard saved it (cast and saved again):
                 # the header is the truth; the saved layout no longer describes it

@@ -64,7 +64,8 @@ class ZarrFormat(Format):
         saved = saved if isinstance(saved, dict) else {}
         arrays = {
             # saved: an array the record names, which pyshard's save wrote whole (every shard)
-            name: dict(e, saved=name in saved, **layout_of(rec, name))
+            name: dict(e, saved=name in saved,
+                       **layout_of(rec, name, e["shape"], f"{what}: {path!r}"))
             for name, e in table.items()
         }
         return arrays, facts(rec, {})

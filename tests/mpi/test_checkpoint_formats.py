@@ -283,6 +283,50 @@ def test_safetensors_layout(comm, shared_dir):
     on_rank0(comm, check)
 
 
+@pytest.mark.parametrize("fmt", ["zarr", "safetensors"])
+def test_an_array_resized_by_another_tool(comm, shared_dir, fmt, caplog):
+    """A pyshard checkpoint whose array another tool resized since the save (zarr-python's
+    resize; safetensors rewritten with the same metadata and a longer tensor) describes and
+    loads it as the file has it now: the saved layout, whose shard table no longer fits the
+    shape, is dropped with a warning (before, checkpoint_info gave shape 12 with saved
+    sizes summing to 10, which load(..., sizes=) then refused)."""
+    need(fmt)
+    mesh = ps.Mesh(comm, (comm.size,))
+    g = np.arange(40.0).reshape(10, 4)
+    sizes = [10] + [0] * (comm.size - 1)
+    x = ps.distribute(g, mesh, [Shard(0)], sizes={0: sizes})
+    path = os.path.join(shared_dir, "r." + fmt)
+    ps.save(path, {"x": x}, {"v": 1}, format=fmt)
+    grown = np.concatenate([g, np.full((2, 4), 99.0)])
+    if comm.rank == 0:
+        if fmt == "zarr":
+            import zarr
+
+            a = zarr.open_array(os.path.join(path, "x"), mode="r+")
+            a.resize((12, 4))
+            a[10:] = 99.0
+        else:
+            from safetensors import safe_open
+            from safetensors.numpy import save_file
+
+            with safe_open(path, "np") as f:
+                meta = f.metadata()
+            save_file({"x": grown}, path, metadata=meta)
+    comm.Barrier()
+    failures = []
+    with caplog.at_level("WARNING", logger="pyshard"):
+        info = ps.checkpoint_info(path)["arrays"]["x"]
+        y = ps.load(path, mesh, {"x": [Shard(0)]})["x"]
+    warned = any("resized by another tool" in r.getMessage() for r in caplog.records)
+    if not any(comm.allgather(warned)):
+        failures.append("no rank warned of the resized array")
+    if info["shape"] != (12, 4) or info["sizes"] or info["placements"]:
+        failures.append(f"checkpoint_info: {info}")
+    if y.shape != (12, 4) or not np.array_equal(y.local, grown[y.box]):
+        failures.append(f"loaded {y.shape}: {y.local}")
+    agree(comm, failures)
+
+
 # ----------------------------------------------------------------------------- the tools
 
 
