@@ -69,7 +69,10 @@ def comm_stats() -> dict:
     ``"device_direct"``: collectives that handed GPU memory to a CUDA-aware MPI, ``"shm"``:
     exchanges, gathers and reductions through node-shared memory, and ``"shm_cma"``: those
     exchanges into a private result (``out=``, pyshard.jax's buffers) that node peers wrote
-    into by cross-memory attach (``PYSHARD_CMA``)."""
+    into by cross-memory attach (``PYSHARD_CMA``). The small collectives pyshard's Python runs
+    to agree on a value (``balance`` and ``particle_cost``, whose ``collectives`` attribute
+    counts them, the validation mode: :func:`validation_stats`, checkpoint commits, tuning,
+    a new mesh's node map) are not counted here."""
     return dict(_core.stats())
 
 

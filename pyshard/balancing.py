@@ -472,13 +472,19 @@ def _refine(src: _Source, layout: Layout, dims: List[int], grain: Dict[int, int]
     cuts: List[np.ndarray] = []
     bound = 0.0
     total = float(first[0].sum()) if first else 0.0
+    ones: List[float] = []
     for i, d in enumerate(dims):
         sizes, b1 = Chain(first[i], parts[i], grain[d], least[d]).solve()
         cuts.append(np.concatenate(([0], np.cumsum(sizes))).astype(np.int64))
         bound = max(bound, b1 / (prod(parts) // parts[i]))
+        ones.append(b1)
     bound = max(bound, total / max(1, prod(parts)))
-    if len(dims) == 1:
-        return ({dims[0]: tuple(np.diff(cuts[0]).tolist())}, b1, bound, 0, [])
+    split = [i for i, n in enumerate(parts) if n > 1]
+    if len(split) <= 1:  # one dim cut at most (a dim of one shard keeps its whole extent):
+        # the exact 1-D split, with no refinement and so no more collectives
+        b1 = ones[split[0]] if split else ones[0]
+        return ({d: tuple(np.diff(cuts[i]).tolist()) for i, d in enumerate(dims)}, b1, bound,
+                0, [])
     # starts: the 1-D splits, and the current extents where they obey the options; each
     # swept from the first dim and from the last
     starts = [cuts]

@@ -107,6 +107,25 @@ def test_2d_within_five_percent_of_brute_force():
     assert max(ratios) <= 1.05, ratios
 
 
+@pytest.mark.parametrize("mesh_shape", [(3, 1), (1, 3), (1, 1)])
+def test_a_dim_of_one_shard_leaves_the_exact_1d_split(mesh_shape):
+    """A 2-D layout whose mesh cuts one dim only (a dim of one shard keeps its extent) gets
+    the exact 1-D split of the other, with no refinement sweep (balance: no collective past
+    the first two)."""
+    rng = np.random.default_rng(11)
+    for _ in range(20):
+        c = rng.integers(0, 10, (7, 6)).astype(float)
+        lay = ps.Layout(c.shape, np.float64, mesh_shape, [ps.Shard(0), ps.Shard(1)])
+        r = ps.balance_array(c, lay, tolerance=0.0)
+        cut = 0 if mesh_shape[0] > 1 else 1
+        profile = c.sum(axis=1 - cut)
+        assert r.sweeps == 0 and r.passes == []
+        assert r.found[1 - cut] == (c.shape[1 - cut],)
+        assert r.found_max == brute_1d(profile, mesh_shape[cut])
+        assert r.found_max == max(profile[a:b].sum() for a, b in zip(
+            np.concatenate(([0], np.cumsum(r.found[cut])))[:-1], np.cumsum(r.found[cut])))
+
+
 def test_result_and_tolerance():
     c = np.zeros((8, 4))
     c[:2] = 10.0  # all the work in the first quarter of dim 0

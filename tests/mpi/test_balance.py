@@ -32,6 +32,8 @@ def test_equals_serial_and_moves_the_data(comm, ndim):
     b = ps.balance(cost, tolerance=0.0)
     ref = ps.balance_array(c, cost.layout, tolerance=0.0)
     assert b.found == ref.found and b.found_max == ref.found_max
+    if sum(n > 1 for n in dims) <= 1:  # one dim cut at most: the exact 1-D split alone
+        assert b.collectives == 2 and b.sweeps == 0
     assert b.before_max == ref.before_max and b.total == ref.total
     data = np.arange(np.prod(shape), dtype=np.float64).reshape(shape)
     x = ps.distribute(data, mesh, placements).redistribute(b.placements, sizes=b.sizes)
