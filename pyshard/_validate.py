@@ -3,19 +3,21 @@ on every rank, instead of a hang.
 
 Off by default (no collective beyond the plan's). On (``PYSHARD_VALIDATE=1``, from the
 environment or ``pyshard.config``: the next call follows every change of it; or
-``pyshard.set_validation(True)``), ``redistribute``, ``from_local``, ``save`` and ``load``
-first run one small collective over the mesh: an ``MPI_Allgather`` of twelve int64 per rank
+``pyshard.set_validation(True)``), ``redistribute``, ``from_local``, ``save``, ``load`` (and
+``migrate``, halo updates and folds, ``balance``) first run one small collective over the
+mesh: an ``MPI_Allgather`` of twelve int64 per rank
 (the call and checksums of its arguments: source and target layouts, algorithm, whether the
 local shard fits the layout). When every rank agrees, that is all it costs. When they differ,
 one more allgather of the readable descriptions follows and every rank raises the same
-``ValueError`` naming the ranks that differ and what differs.
+``ValueError`` naming the ranks that differ and what differs. ``migrate(..., peers=)`` also
+checks that the ranks' peers form one symmetric relation (:func:`symmetric`).
 """
 
 from __future__ import annotations
 
 import time
 import zlib
-from typing import Dict, List
+from typing import Dict, List, Tuple
 
 import numpy as np
 from mpi4py import MPI
@@ -96,11 +98,33 @@ def agree(comm: MPI.Comm, call: str, items: Dict[str, str]) -> None:
     raise ValueError(_message(everyone))
 
 
+def symmetric(comm: MPI.Comm, call: str, peers: Tuple[int, ...]) -> None:
+    """Collective over ``comm``, after an :func:`agree` of the call: the ranks' ``peers``
+    (each rank's others, ranks of ``comm``) must be one symmetric relation (q lists p where p
+    lists q), else every rank raises the same ValueError naming the first pair that is not.
+    One more small Allgather: every rank's bits, ``P / 8`` bytes each."""
+    P, me = comm.Get_size(), comm.Get_rank()
+    row = np.zeros(P, bool)
+    row[list(peers)] = True
+    rows = _gather_rows(comm, np.packbits(row), call)
+    lists = np.unpackbits(rows, axis=1, count=P).astype(bool)
+    bad = np.argwhere(lists != lists.T)
+    if bad.size:
+        p, q = (int(v) for v in bad[0])
+        if not lists[p, q]:
+            p, q = q, p
+        raise ValueError(
+            f"pyshard (validation mode): {call}: the peers= relation is not symmetric: rank "
+            f"{p} lists rank {q} but rank {q} does not list rank {p} (every rank passes the "
+            f"ranks it exchanges with, and each of them must list it back; rank {me} of "
+            f"{P} here)")
+
+
 def _gather_rows(comm: MPI.Comm, mine: np.ndarray, call: str) -> np.ndarray:
     """Every rank's checksums (an ``MPI_Iallgather``), waited for at most
     ``PYSHARD_PEER_TIMEOUT`` seconds: a rank that is not in this call (it skipped it, or
     raised before its check) makes the others raise instead of waiting for ever."""
-    rows = np.empty((comm.Get_size(), mine.size), np.int64)
+    rows = np.empty((comm.Get_size(), mine.size), mine.dtype)
     req = comm.Iallgather(mine, rows)
     if req.Test():
         return rows

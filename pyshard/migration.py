@@ -23,7 +23,7 @@ from typing import Any, Dict, List, Literal, Optional, Sequence, Tuple, Union, o
 
 import numpy as np
 
-from . import _backend, _core, _dtypes, _shm, collectives
+from . import _backend, _core, _dtypes, _shm, _validate, collectives
 from .exchange import Exchange, Request
 from .layout import Layout, Partial, Replicate
 from .memory import allocate
@@ -504,12 +504,27 @@ def migrate(rows: Rows, dest: Any, mesh: Any, algorithm: str = "auto", wait: boo
     in-place column or ``dest`` that overlaps another column, or columns that differ between
     ranks) raises
     ``ValueError`` on every rank in this call, naming the first rank at fault; the error
-    travels with the counts, so no collective is added."""
+    travels with the counts, so no collective is added (with ``peers=`` it reaches the
+    rank's peers only: the other ranks return). ``peers=`` must be the same relation on
+    every rank (q lists p where p lists q); ``PYSHARD_VALIDATE=1`` checks that, else a
+    rank that waits for a count its peer never sends waits for ever."""
     check = getattr(mesh, "check_live", None)
     if check is not None:  # (a freed mesh, or MPI finalized: before any MPI call)
         check()
     P, me = mesh.size, mesh.rank
-    r = migrate_route(mesh, algorithm, peers, inplace)
+    if _validate.enabled:  # the same call everywhere, and peers= one symmetric relation
+        try:
+            r = migrate_route(mesh, algorithm, peers, inplace)
+        except ValueError as e:
+            _validate.refused(mesh.comm, "migrate", e)
+            raise
+        _validate.agree(mesh.comm, "migrate", {
+            "algorithm": repr(algorithm), "inplace": repr(bool(inplace)),
+            "wait": repr(bool(wait)), "peers": "given" if peers is not None else "none"})
+        if r.algorithm == "peers":
+            _validate.symmetric(mesh.comm, "migrate", r.peers)
+    else:
+        r = migrate_route(mesh, algorithm, peers, inplace)
     if r.algorithm == "tune":
         return _tuned(rows, dest, mesh, wait)
     device = _any_device(rows)

@@ -252,6 +252,27 @@ def test_dest_outside_peers_raises(mesh):
         np.testing.assert_array_equal(r.rows, np.arange(3.0) + 100 * ((me - 1) % P))
 
 
+@pytest.mark.mpi(min_size=2)
+def test_peers_that_are_not_symmetric_raise_in_validation_mode(mesh):
+    """peers= that is not one symmetric relation (rank 0 leaves out rank 1, which lists it)
+    waited for ever without a word; in the validation mode every rank raises the same
+    ValueError naming the pair, before any row moves. Ranks in another migrate call
+    (another algorithm) are named too, and the symmetric relation still runs."""
+    P, me = mesh.size, mesh.rank
+    peers = sorted({(me - 1) % P, (me + 1) % P} - {me})
+    x = np.arange(3.0) + 10 * me
+    dest = np.full(3, me, np.int64)
+    with ps.config.override(PYSHARD_VALIDATE=True):
+        with pytest.raises(ValueError, match="rank 1 lists rank 0 but rank 0 does not list "
+                                             "rank 1"):
+            ps.migrate(x, dest, mesh, peers=[q for q in peers if q != 1] if me == 0 else peers)
+        with pytest.raises(ValueError, match="different arguments to migrate"):
+            ps.migrate(x, dest, mesh, algorithm="nbx" if me == 0 else "alltoall")
+        dest = np.full(3, (me + 1) % P, np.int64)
+        r = ps.migrate(x, dest, mesh, peers=peers)
+        np.testing.assert_array_equal(r.rows, np.arange(3.0) + 10 * ((me - 1) % P))
+
+
 def test_structured_dtypes_that_differ_between_ranks(mesh):
     """Two structured dtypes of one size but other fields are columns that differ."""
     P, me = mesh.size, mesh.rank
