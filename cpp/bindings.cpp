@@ -63,6 +63,18 @@ MPI_Datatype mpi_type(const py::dtype& dt) {
   return t;
 }
 
+// The padded array a halo step runs on: its shape, and its element size (an array of another
+// dtype would be read and written past its end, or its ghosts filled with other bytes).
+Buf padded_buf(const HaloStep& s, py::array& a) {
+  Buf b = get_buf(a, true, "the padded array");
+  check_shape(b, s.geometry().shape, "the padded array");
+  if (b.item != s.geometry().item)
+    throw std::invalid_argument("pyshard: the padded array has " + std::to_string(b.item) +
+                                "-byte elements, the halo step's have " +
+                                std::to_string(s.geometry().item) + " (another dtype)");
+  return b;
+}
+
 }  // namespace
 
 PYBIND11_MODULE(_core, m) {
@@ -344,8 +356,7 @@ PYBIND11_MODULE(_core, m) {
            py::arg("transport"))
       .def("start",
            [](HaloStep& s, py::array& a) {
-             Buf b = get_buf(a, true, "the padded array");
-             check_shape(b, s.geometry().shape, "the padded array");
+             Buf b = padded_buf(s, a);
              py::gil_scoped_release nogil;
              s.start(b.ptr, host_packer());
            },
@@ -355,16 +366,14 @@ PYBIND11_MODULE(_core, m) {
            "blocks; wait() then only unpacks or combines.)")
       .def("wait",
            [](HaloStep& s, py::array& a) {
-             Buf b = get_buf(a, true, "the padded array");
-             check_shape(b, s.geometry().shape, "the padded array");
+             Buf b = padded_buf(s, a);
              py::gil_scoped_release nogil;
              s.wait(b.ptr, host_packer());
            },
            py::arg("padded"))
       .def("fold_wait",
            [](HaloStep& s, py::array& a, int op, int kind) {
-             Buf b = get_buf(a, true, "the padded array");
-             check_shape(b, s.geometry().shape, "the padded array");
+             Buf b = padded_buf(s, a);
              py::gil_scoped_release nogil;
              s.wait(b.ptr, host_packer(), static_cast<FoldOp>(op),
                     static_cast<FoldKind>(kind));
@@ -374,8 +383,7 @@ PYBIND11_MODULE(_core, m) {
            "element kind `kind` (-1: leave them in the buffer for the caller)")
       .def("fold",
            [](HaloStep& s, py::array& a, int op, int kind) {
-             Buf b = get_buf(a, true, "the padded array");
-             check_shape(b, s.geometry().shape, "the padded array");
+             Buf b = padded_buf(s, a);
              py::gil_scoped_release nogil;
              s.start(b.ptr, host_packer());
              s.wait(b.ptr, host_packer(), static_cast<FoldOp>(op),
@@ -388,8 +396,7 @@ PYBIND11_MODULE(_core, m) {
                              })
       .def("update",
            [](HaloStep& s, py::array& a) {
-             Buf b = get_buf(a, true, "the padded array");
-             check_shape(b, s.geometry().shape, "the padded array");
+             Buf b = padded_buf(s, a);
              py::gil_scoped_release nogil;
              s.start(b.ptr, host_packer());
              s.wait(b.ptr, host_packer());

@@ -204,7 +204,7 @@ class HaloArray:
     """
 
     __slots__ = (
-        "padded", "interior", "width", "periodic", "corners", "layout", "mesh", "method",
+        "_padded", "_interior", "width", "periodic", "corners", "layout", "mesh", "method",
         "chosen", "fold_chosen",
         "_spec", "_cls", "_step", "_dev", "_active", "_array", "_fstep", "_fgeom", "_folding",
         "_route", "_froute", "_buf", "_tested",
@@ -222,6 +222,9 @@ class HaloArray:
 
     def _init(self, x: Placed, width: WidthArg, periodic: PeriodicArg, corners: bool,
               method: Optional[str]) -> None:
+        if not isinstance(x, Placed):
+            raise TypeError(f"HaloArray: x must be a pyshard.ShardedArray (its layout gives the "
+                            f"neighbours), got {type(x).__name__}")
         spec = halo_spec(x.layout, width, periodic, corners)
         method = _default_method() if method is None else method
         if method not in ("auto",) + METHODS + ("tune",):
@@ -258,12 +261,12 @@ class HaloArray:
             reach = [(list(s), list(e)) for r, _, bs in p.recvs if r in on for s, e in bs]
             self._buf = _core.HaloBuffer(self._route.node, prod(shape) * local.dtype.itemsize,
                                          list(shape), local.dtype.itemsize, reach)
-            self.padded = np.frombuffer(self._buf, dtype=local.dtype, count=prod(shape))
-            self.padded = self.padded.reshape(shape)
+            flat = np.frombuffer(self._buf, dtype=local.dtype, count=prod(shape))
+            self._padded = flat.reshape(shape)
         else:
-            self.padded = xp.zeros(shape, dtype=local.dtype)
+            self._padded = xp.zeros(shape, dtype=local.dtype)
         # (a 0-d array's interior is the whole 0-d array: index it with `...`, not `()`)
-        self.interior = self.padded[
+        self._interior = self._padded[
             tuple(slice(w, w + s) for w, s in zip(spec.width, local.shape)) or ...
         ]
         self.interior[...] = local
@@ -276,6 +279,18 @@ class HaloArray:
         self._fgeom: Any = None
         self._folding: Optional[str] = None  # the op of the fold in flight
         self._tested = False  # test() completed the exchange in flight; wait() has not run
+
+    @property
+    def padded(self) -> Any:
+        """This rank's padded array: the interior and ``width`` ghost cells on each side of
+        each dim (write into it, ``h.padded[...] = ...``; the attribute itself is fixed: the
+        exchanges are planned on this array's memory)."""
+        return self._padded
+
+    @property
+    def interior(self) -> Any:
+        """The view of :attr:`padded` without its ghost cells (this rank's shard)."""
+        return self._interior
 
     @property
     def array(self) -> Placed:
@@ -454,8 +469,9 @@ class HaloArray:
         return self._fstep
 
     def _tune_fold(self, comm: Any, p: HaloPlan) -> Tuple[str, Any]:
-        """As :meth:`_tune`, timing folds of this array, put back as it was afterwards (a
-        fold changes the interior)."""
+        """As :meth:`_tune`, timing folds of this array, put back as it was before each fold
+        (a fold changes the interior: folds on folds would add up, and overflow a small
+        dtype where the real fold does not) and afterwards."""
         keep = self.padded.copy()
         best: Tuple[float, str, Any] = (float("inf"), "", None)
         for m in self._froute.candidates:
@@ -463,6 +479,7 @@ class HaloArray:
             self.fold_chosen = m  # _fold_wait reads it (the datatype method's buffer)
             times = []
             for _ in range(TUNE_REPS):
+                self.padded[...] = keep
                 t0 = time.perf_counter()
                 self._fold_start(step, self.padded)
                 self._fold_wait(step, "sum", self.padded)
