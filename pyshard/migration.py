@@ -46,6 +46,8 @@ _ERRORS = {
     7: "inplace=True takes writeable C-contiguous numpy columns with room for dest's rows",
     8: "a dest naming a rank outside peers",
     9: "inplace=True takes columns and a dest that do not overlap in memory",
+    10: "a dest of -1: owner(..., invalid='dest') found a position outside the grid or not "
+        "finite",
 }
 
 
@@ -543,7 +545,7 @@ def migrate(rows: Rows, dest: Any, mesh: Any, algorithm: str = "auto", wait: boo
     if not code:
         counts, bad = _core.migrate_count(d, P)
         if bad >= 0:
-            code = 1
+            code = 10 if int(d[bad]) == -1 else 1
             detail = f"dest[{bad}] = {int(d[bad])} is outside [0, {P})"
     if not code and r.algorithm == "peers":
         out = np.ones(P, bool)
@@ -574,7 +576,9 @@ def migrate(rows: Rows, dest: Any, mesh: Any, algorithm: str = "auto", wait: boo
         who = f"rank {sig_rank}" if sig_rank >= 0 else "some rank"
         raise ValueError(
             f"pyshard.migrate: the columns differ between ranks: {who}'s keys, dtypes or "
-            f"trailing shapes are not this rank's ({_describe(st, cols)})"
+            f"trailing shapes are not those of this rank, rank {me} ({_describe(st, cols)}); "
+            f"each rank names the first other rank it sees differ, so the rank at fault is "
+            f"the one the others name"
         )
     assert d is not None
     m = int(rcounts.sum())
