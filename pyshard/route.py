@@ -330,15 +330,28 @@ def halo_reason(r: Route, layout: Any, spec: Any, mesh: Any, method: str) -> str
             f"{_shm.halo_min_bytes(node)} B (PYSHARD_SHM_MIN_BYTES)")
 
 
-def describe(step: Step) -> Optional[str]:
-    """Where ``auto`` takes ``step`` for host arrays, in words, for any mesh (``explain()``
-    without one): the rule of :func:`route` with the node map's facts left open."""
+def describe(step: Step, algorithm: str = "auto") -> Optional[str]:
+    """Where ``algorithm`` takes ``step`` for host arrays, in words, for any mesh
+    (``explain()`` without one): the rule of :func:`route` with the node map's facts left
+    open, under the settings as they are now (``PYSHARD_SHM``, the MPI transport)."""
     if step.kind not in MPI_KINDS:
         return None
     block = _shm.block_bytes(step)
     low, high = _shm.min_block(), _shm.min_block(oversubscribed=True)
     reduction = step.kind in ("reduce_scatter", "allreduce")
-    mpi = "MPI"
+    staged = _mpi_route(False).transport == "staged"
+    mpi = "MPI staged through pinned host buffers" if staged else "MPI"
+    exchange = step.kind == "alltoallv"
+    if algorithm not in ("auto", "tune", "shm"):  # an MPI algorithm: no node-shared memory
+        return f"{mpi} ({algorithm})" if exchange else mpi
+    if not _shm.enabled():
+        return f"{mpi} (PYSHARD_SHM=off: no node-shared memory)"
+    if algorithm == "tune" and exchange:
+        return (f"measured at the first call on the mesh: node-shared memory where ranks of "
+                f"one node exchange blocks, and {mpi}'s algorithms")
+    if algorithm == "shm":
+        return ("node-shared memory where ranks of the step share a node"
+                + ("" if not reduction else " (a reduction: every rank of it)") + f", else {mpi}")
     if block < low:
         return f"{mpi} (largest {'piece' if reduction else 'block'} {block} B < {low} B, " \
                "PYSHARD_SHM_MIN_BYTES)"  # fmt: skip

@@ -13,6 +13,7 @@ from math import prod
 import numpy as np
 import pytest
 
+import pyshard as ps
 from pyshard.layout import Layout, Partial, Replicate, Shard
 from pyshard.planner import plan
 
@@ -498,6 +499,27 @@ def test_execution_side_explain_adds_the_route_and_gpu_lines():
     assert explain(plan(a, a), device="cuda") == plan(a, a).explain()
     with pytest.raises(ValueError, match="device"):
         explain(p, device="tpu")
+
+
+def test_explain_follows_the_algorithm_and_the_settings():
+    """explain() without a mesh names the path a call takes under the settings as they are:
+    PYSHARD_ALGORITHM (or algorithm=), PYSHARD_SHM=off, a staged MPI transport (it said
+    "node-shared memory ..." and "algorithm auto" under all of them)."""
+    from pyshard.explain import explain
+
+    a = L((512, 512), (4,), [S(0)])
+    p = plan(a, a.replace([S(1)]))
+    text = explain(p)
+    assert "algorithm auto: node-shared memory between ranks of one node" in text
+    assert "algorithm p2p: MPI (p2p)" in explain(p, algorithm="p2p")
+    with ps.config.override(PYSHARD_ALGORITHM="alltoallw"):
+        assert "algorithm alltoallw: MPI (alltoallw)" in explain(p)
+    with ps.config.override(PYSHARD_SHM="off"):
+        assert "algorithm auto: MPI (PYSHARD_SHM=off: no node-shared memory)" in explain(p)
+    with ps.config.override(PYSHARD_TRANSPORT="staged"):
+        assert "MPI staged through pinned host buffers (PYSHARD_SHM=off" in explain(p)
+    assert "algorithm shm: node-shared memory where ranks" in explain(p, algorithm="shm")
+    assert "measured at the first call" in explain(p, algorithm="tune")
 
 
 def _aligned(n):
