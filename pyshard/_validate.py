@@ -136,8 +136,9 @@ def _gather_rows(comm: MPI.Comm, mine: np.ndarray, call: str) -> np.ndarray:
             raise RuntimeError(
                 f"pyshard (validation mode): waited {limit:g} s in the check of {call} for "
                 f"the other ranks of the mesh (PYSHARD_PEER_TIMEOUT): some rank is not in this "
-                f"call (it skipped it, raised before its check, or computes for longer than "
-                f"that); the job cannot go on (the check stays posted)")
+                f"call (it skipped it, raised before its check, computes for longer than that, "
+                f"or runs with the validation mode off: it must be on on every rank); the job "
+                f"cannot go on (the check stays posted)")
         time.sleep(pause)
         pause = min(2 * pause, 1e-3)
     return rows

@@ -45,6 +45,8 @@ import os
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
+import numpy as np
+
 __all__ = ["ALGORITHMS", "HALO_METHODS", "HALO_MPI", "SETTINGS", "THREAD_VARIABLES",
            "TRANSPORT_SPELLINGS", "apply_with", "check_applied", "generation", "get",
            "override", "refresh", "reset", "set", "table", "threads_note"]
@@ -84,8 +86,8 @@ def _int(minimum: int, maximum: int = (1 << 63) - 1) -> Callable[[Any], int]:
 
 
 def _bool(raw: Any) -> bool:
-    if isinstance(raw, bool):
-        return raw
+    if isinstance(raw, (bool, np.bool_)):
+        return bool(raw)
     if isinstance(raw, numbers.Integral) and raw in (0, 1):
         return bool(raw)
     if not isinstance(raw, str):

@@ -394,6 +394,13 @@ def _check_reductions(placements: Sequence[Placement], dtype: np.dtype) -> None:
             raise ValueError(
                 f"placements[{m}] = Partial({p.op!r}) is undefined for complex dtype {dtype}"
             )
+        if (dtype.kind == "f" and dtype.itemsize > 8 and not ml) or (
+                dtype.kind == "c" and dtype.itemsize > 16):
+            raise ValueError(
+                f"placements[{m}] = Partial({p.op!r}): pyshard reduces no {dtype} (long "
+                f"double: its MPI and node-shared reductions take floats of up to 64 bits); "
+                f"reduce in float64 or complex128"
+            )
         if not dtype.isnative:  # (MPI's and the node path's reductions read native values)
             raise ValueError(
                 f"placements[{m}] = Partial({p.op!r}) needs a dtype in this machine's byte "

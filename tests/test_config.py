@@ -139,6 +139,10 @@ def test_python_values_of_every_type_are_taken():
         assert config.get("PYSHARD_VALIDATE") is True
         assert config.get("PYSHARD_TUNE_FILE") == "/tmp/t"
         assert config.get("PYSHARD_SHM") == "off"
+    with config.override(PYSHARD_VALIDATE=np.True_):  # (numpy's bool: refused before)
+        assert config.get("PYSHARD_VALIDATE") is True
+    with config.override(PYSHARD_VALIDATE=np.False_):
+        assert config.get("PYSHARD_VALIDATE") is False
 
 
 @pytest.mark.parametrize("old", sorted(config.TRANSPORT_SPELLINGS))

@@ -457,6 +457,10 @@ def _mk(shape=(10, 4), dtype="float32", mesh=(4,), pls=None, sizes=None):
         (lambda: _mk(dtype=bool, pls=[Partial("avg")]), ValueError, r"avg"),
         (lambda: _mk(dtype="complex128", pls=[Partial("max")]), ValueError, r"max.*complex"),
         (lambda: _mk(dtype="complex64", pls=[Partial("min")]), ValueError, r"min.*complex"),
+        *([(lambda: _mk(dtype=np.longdouble, pls=[Partial("sum")]), ValueError,
+            r"pyshard reduces no float128"),
+           (lambda: _mk(dtype=np.clongdouble, pls=[Partial("sum")]), ValueError,
+            r"pyshard reduces no complex256")] if np.dtype(np.longdouble).itemsize > 8 else []),
         # shapes
         (lambda: _mk(shape=(-1, 4)), ValueError, r"global_shape"),
         (lambda: _mk(shape=(2.0, 4)), TypeError, r"global_shape"),
