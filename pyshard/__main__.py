@@ -141,6 +141,12 @@ def plot(argv: List[str]) -> int:
     except json.JSONDecodeError as e:
         print(f"python -m pyshard plot: a line is not JSON ({e.msg}): {e.doc.strip()[:80]!r}; "
               "give the JSON lines pyshard bench --json writes", file=sys.stderr)
+    except UnicodeDecodeError as e:
+        print(f"python -m pyshard plot: a file is not text ({e.reason} at byte {e.start}); "
+              "give the JSON lines pyshard bench --json writes", file=sys.stderr)
+    except ValueError as e:  # (a line that is JSON but no object)
+        print(f"python -m pyshard plot: {e}; give the JSON lines pyshard bench --json writes",
+              file=sys.stderr)
     return 1
 
 

@@ -245,6 +245,11 @@ scaling_run() {
         [0-9]*x[0-9]*) ;;
         *) scaling_die "shape '$shape_spec' is not like 8192x8192" ;;
     esac
+    if [ "$kind" = stencil ]; then # a 2-D grid per rank (the stencil bench's mesh is 2-D)
+        case $shape_spec in
+            *x*x*) scaling_die "PER_RANK '$shape_spec': the stencil runs take a 2-D grid per rank, like 2048x2048" ;;
+        esac
+    fi
 
     # Tasks in the allocation: -n, or --ntasks-per-node x nodes, or one per node.
     local nnodes=${SLURM_JOB_NUM_NODES:-${SLURM_NNODES:-1}}
@@ -286,6 +291,7 @@ scaling_run() {
 
     local ranks
     ranks=$(scaling_rank_list "$ntasks") || exit 1
+    [ -n "$ranks" ] || scaling_die "RANKS='${RANKS:-}' names no rank count (give sweep, ntasks or a list such as 1,2,4)"
     local r nodes shape rows rest part logf rc t0 rmax=0
     for r in $ranks; do [ "$r" -gt "$rmax" ] && rmax=$r; done
     if [ "$mode" = json ]; then

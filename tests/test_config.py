@@ -3,6 +3,7 @@ Python, the docs table generated from it, and no other module reading the enviro
 
 from __future__ import annotations
 
+import json
 import os
 import pathlib
 import re
@@ -403,6 +404,30 @@ def test_cli_config_help_and_plot_errors(capsys, tmp_path):
     assert f"{missing}: No such file or directory" in capsys.readouterr().err
     assert main(["plot", str(bad), "-o", str(tmp_path / "p.png")]) == 1
     assert "a line is not JSON" in capsys.readouterr().err
+    # JSON that is no object, bytes that are no text, a format matplotlib does not write,
+    # a row without a time: messages (they were tracebacks)
+    (tmp_path / "list.jsonl").write_text("[1, 2]\n")
+    (tmp_path / "bin.jsonl").write_bytes(b"\xff\xfe\x00\n")
+    row = {"case": "transpose", "algorithm": "auto", "ranks": 2, "shape": [8, 8],
+           "dtype": "float32", "median_s": 1e-3, "floor_median_s": 5e-4}
+    (tmp_path / "none.jsonl").write_text(json.dumps({**row, "median_s": None}) + "\n")
+    good = tmp_path / "good.jsonl"
+    good.write_text(json.dumps(row) + "\n")
+    for f, says in (("list.jsonl", "line 1 is JSON but not an object"),
+                    ("bin.jsonl", "a file is not text")):
+        assert main(["plot", str(tmp_path / f), "-o", str(tmp_path / "p.png")]) == 1
+        assert says in capsys.readouterr().err
+    assert main(["plot", str(tmp_path / "none.jsonl"), "-o", str(tmp_path / "p.png")]) == 1
+    assert "1 row(s) without a time" in capsys.readouterr().err
+    assert main(["plot", str(good), "-o", str(tmp_path / "p.xyz")]) == 1
+    assert "matplotlib writes" in capsys.readouterr().err
+    # two runs of other shapes at one rank count: plotted, with a warning
+    other = tmp_path / "other.jsonl"
+    other.write_text("".join(json.dumps({**row, "ranks": n, "shape": [16, 16]}) + "\n"
+                             for n in (2, 3)))
+    assert main(["plot", str(good), str(other), "-o", str(tmp_path / "s.png")]) == 0
+    assert "transpose auto: one rank count has rows of several shapes" in (
+        capsys.readouterr().err)
 
 
 @pytest.mark.parametrize("args, says", [
@@ -411,6 +436,8 @@ def test_cli_config_help_and_plot_errors(capsys, tmp_path):
     (["--dtype", "object"], "argument --dtype: pyshard moves numeric and bool arrays only"),
     (["--dtype", "U3"], "numeric and bool arrays only"),
     (["--dtype", "foo"], "not a numpy dtype"),
+    (["--checkpoint-bytes", "2"], "argument --checkpoint-bytes: must be an integer >= 4"),
+    (["--shape", "2x2x2x2x2x2x2x2x2"], "(2-D to 8-D)"),
 ])
 def test_bench_arguments_checked(capsys, args, says):
     """bench refuses a checkpoint format it does not know (ignored without the checkpoint
@@ -423,3 +450,29 @@ def test_bench_arguments_checked(capsys, args, says):
     assert e.value.code == 2
     assert says in capsys.readouterr().err
     assert make_parser().parse_args(["--formats", "all", "--dtype", "bool"]).formats == "all"
+
+
+def test_bench_refuses_before_any_case(capsys, tmp_path):
+    """An --json path that cannot be appended to, and the reduce_scatter case with a dtype
+    its MPI reference cannot sum (bool, bfloat16), are argument errors before any case runs
+    (the first lost every result at the end, on rank 0 only; the second was a traceback on
+    every rank); without naming the case, the default cases leave it out with a note."""
+    from pyshard.bench.cli import main
+
+    for args, says in (
+        (["--cases", "transpose", "--json", str(tmp_path / "no" / "x.jsonl")],
+         "argument --json: cannot append to"),
+        (["--cases", "transpose", "--json", str(tmp_path)], "argument --json: cannot append"),
+        (["--cases", "transpose,reduce_scatter", "--dtype", "bool"],
+         "the reduce_scatter case's MPI reference cannot sum --dtype bool"),
+    ):
+        with pytest.raises(SystemExit) as e:
+            main(["--shape", "8x4", "--reps", "1", "--warmup", "0", *args])
+        assert e.value.code == 2
+        assert says in capsys.readouterr().err
+    out = tmp_path / "r.jsonl"
+    assert main(["--shape", "8x4", "--reps", "1", "--warmup", "0", "--dtype", "bfloat16",
+                 "--json", str(out)]) == 0
+    assert "reduce_scatter left out" in capsys.readouterr().err
+    cases = [json.loads(line)["case"] for line in out.read_text().splitlines()]
+    assert "transpose" in cases and "reduce_scatter" not in cases

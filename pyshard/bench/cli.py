@@ -14,6 +14,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 import numpy as np
 from mpi4py import MPI
 
+from .. import _dtypes, collectives
 from .._mpi import library_line
 from ..config import ALGORITHMS
 from ..layout import check_dtype
@@ -68,7 +69,8 @@ def shape_arg(dims: Tuple[int, ...]) -> Callable[[str], str]:
     def shape(s: str) -> str:
         parts = s.lower().split("x")
         if not all(p.isdigit() and int(p) > 0 for p in parts) or len(parts) not in dims:
-            want = " or ".join(f"{d}-D" for d in dims) if len(dims) < 4 else f">= {dims[0]}-D"
+            want = (" or ".join(f"{d}-D" for d in dims) if len(dims) < 4
+                    else f"{dims[0]}-D to {dims[-1]}-D")
             raise argparse.ArgumentTypeError(
                 f"{s!r} is not a shape AxB[xC] of positive integers ({want})")
         return s.lower()
@@ -164,7 +166,7 @@ def make_parser() -> argparse.ArgumentParser:
                     help="fft case: c2c,r2c")
     ap.add_argument(
         "--halo-scale", type=count_arg(1), default=1,
-        help="halo case: divide the grid extents by this",
+        help="halo case: divide the built-in grids' extents by this (not --halo-shape's)",
     )
     ap.add_argument(
         "--halo-shape", default=None, type=shape_arg((2, 3)),
@@ -210,8 +212,9 @@ def make_parser() -> argparse.ArgumentParser:
         f"{', '.join(ALGORITHM_NAMES)}, or a comma list of them (default auto)",
     )
     ap.add_argument("--json", default=None, help="append one JSON object per case to FILE")
-    ap.add_argument("--checkpoint-bytes", type=count_arg(1), default=1 << 30,
-                    help="checkpoint case: the array's bytes (default 1 GiB)")
+    ap.add_argument("--checkpoint-bytes", type=count_arg(4), default=1 << 30,
+                    help="checkpoint case: the array's bytes (default 1 GiB), saved in a "
+                    "temporary directory under TMPDIR (on several nodes, a shared file system)")
     ap.add_argument(
         "--formats",
         default=None,
@@ -228,7 +231,8 @@ def make_parser() -> argparse.ArgumentParser:
         "--memory-shapes",
         type=count_arg(1),
         default=400,
-        help="memory case: distinct shapes (default 400)",
+        help="memory case: distinct shapes (default 400; its growth check compares the peak "
+        "after the 40th with the last, so fewer than 40 check nothing)",
     )
     ap.add_argument(
         "--device",
@@ -362,9 +366,44 @@ def main(argv: Optional[List[str]] = None) -> int:
     rank, p = comm.Get_rank(), comm.Get_size()
     shape = tuple(int(s) for s in args.shape.split("x"))
     dtype = np.dtype(args.dtype)
+    if "reduce_scatter" in names and (dtype == np.dtype(bool) or _dtypes.is_ml(dtype)):
+        # (its MPI reference: MPI has no sum of C bools, mpi4py no buffer of ml_dtypes')
+        if args.cases != ",".join(CASES):
+            ap.error(f"argument --cases: the reduce_scatter case's MPI reference cannot sum "
+                     f"--dtype {args.dtype}; leave it out or bench another dtype")
+        names.remove("reduce_scatter")
+        if rank == 0:
+            print(f"[bench] note: reduce_scatter left out: its MPI reference cannot sum "
+                  f"--dtype {args.dtype}", file=sys.stderr, flush=True)
+    if args.json:  # writable? (before any case: else the results were lost at the end)
+        why = None
+        if rank == 0:
+            try:
+                with open(args.json, "a", encoding="utf-8"):
+                    pass
+            except OSError as e:
+                why = f"{type(e).__name__}: {e.strerror or e}"
+        why = collectives.bcast(comm, why)
+        if why is not None:
+            ap.error(f"argument --json: cannot append to {args.json!r} ({why})")
     algos = _algos(args)
     redist = [n for n in names if n not in EXTRA_CASES]
     rows: List[Dict] = []
+
+    def finish(new: List[Dict]) -> None:
+        """Mark and keep the rows of a case; rank 0 appends them to --json at once (a case
+        that fails later loses nothing run before it)."""
+        for r in new:  # the Slurm scripts check every row's rank count
+            r.setdefault("ranks", p)
+            r.setdefault("mpi", library_line())  # (plot's title names it)
+            if r.get("ok") is False:  # (the checkpoint case's round trip says "ok")
+                r["check"] = False
+                if rank == 0:
+                    print(f"[bench] {r['case']}: WRONG: the data read back differs from what "
+                          f"was saved", file=sys.stderr, flush=True)
+        rows.extend(new)
+        if rank == 0 and args.json:
+            append_json(args.json, new)
     if rank == 0:
         what = f"{args.shape} {dtype}, " if redist else ""  # only the redistribution cases'
         print(
@@ -380,23 +419,13 @@ def main(argv: Optional[List[str]] = None) -> int:
                   "fft3d only; none runs", file=sys.stderr, flush=True)
     for name in names:
         if name in EXTRA_CASES:
-            rows += _run_extra(name, comm, args)
+            finish(_run_extra(name, comm, args))
             continue
         for case in make_cases([name], shape, p):
             for algo in algos:
                 if rank == 0:
                     print(f"[bench] {case.name} {algo} ...", file=sys.stderr, flush=True)
-                rows.append(run_case(case, comm, dtype, args.reps, args.warmup, algo))
-    for r in rows:  # the Slurm scripts check every row's rank count
-        r.setdefault("ranks", p)
-        if r.get("ok") is False:  # (the checkpoint case's round trip says "ok")
-            r["check"] = False
-            if rank == 0:
-                print(f"[bench] {r['case']}: WRONG: the data read back differs from what was "
-                      f"saved", file=sys.stderr, flush=True)
-    if rank == 0:
-        if any(r["case"] not in EXTRA_CASES for r in rows):
-            print(format_table(rows))
-        if args.json:
-            append_json(args.json, rows)
+                finish([run_case(case, comm, dtype, args.reps, args.warmup, algo)])
+    if rank == 0 and any(r["case"] not in EXTRA_CASES for r in rows):
+        print(format_table(rows))
     return 0 if all(r.get("check", True) for r in rows) else 1

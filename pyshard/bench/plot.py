@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from math import prod
 from typing import Any, Dict, List, Optional, Sequence, Tuple
@@ -148,6 +149,10 @@ def _plot_bars(rows: List[Dict], plt: Any, extra: int = 0) -> Any:
     return fig, axes
 
 
+def _number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and bool(np.isfinite(v))
+
+
 def best_rows(rows: List[Dict]) -> Dict[Tuple[str, str, int], Dict]:
     """(case, algorithm, ranks) -> the fastest row: several files may hold one rank count."""
     best: Dict[Tuple[str, str, int], Dict] = {}
@@ -156,6 +161,17 @@ def best_rows(rows: List[Dict]) -> Dict[Tuple[str, str, int], Dict]:
         if k not in best or r["median_s"] < best[k]["median_s"]:
             best[k] = r
     return best
+
+
+def mixed_curves(rows: List[Dict]) -> List[str]:
+    """The (case, algorithm) curves whose rows at one rank count hold several shapes or
+    dtypes (files of different runs given together): a curve then joins the fastest of each,
+    which is no scaling of one problem."""
+    seen: Dict[Tuple[str, str, int], set] = {}
+    for r in rows:
+        k = (r["case"], r["algorithm"], int(r["ranks"]))
+        seen.setdefault(k, set()).add((_plot_shape(r), str(r.get("dtype"))))
+    return sorted({f"{c} {a}" for (c, a, _), v in seen.items() if len(v) > 1})
 
 
 def ideal_line(best: Dict[Tuple[str, str, int], Dict], case: str, ideal: str) -> Tuple:
@@ -371,10 +387,29 @@ def plot_main(argv: Optional[List[str]] = None) -> int:
     except ImportError:
         print("python -m pyshard plot needs matplotlib: pip install matplotlib", file=sys.stderr)
         return 2
+    ext = os.path.splitext(args.output)[1].lstrip(".").lower()
+    formats = plt.figure().canvas.get_supported_filetypes()
+    plt.close("all")
+    if ext not in formats:
+        print(f"python -m pyshard plot: -o {args.output!r}: matplotlib writes "
+              f"{', '.join(sorted(formats))}; name the file with one of them", file=sys.stderr)
+        return 1
     rows = []
     for fn in args.files:
-        with open(fn) as f:
-            rows += [json.loads(line) for line in f if line.strip()]
+        with open(fn, encoding="utf-8", errors="strict") as f:
+            for k, line in enumerate(f, 1):
+                if not line.strip():
+                    continue
+                r = json.loads(line)
+                if not isinstance(r, dict):
+                    raise ValueError(f"{fn}: line {k} is JSON but not an object "
+                                     f"({line.strip()[:40]!r})")
+                rows.append(r)
+    bad = [r for r in rows if "median_s" in r and not _number(r["median_s"])]
+    if bad:
+        print(f"pyshard plot: {len(bad)} row(s) without a time (median_s "
+              f"{bad[0]['median_s']!r}) left out", file=sys.stderr)
+        rows = [r for r in rows if not ("median_s" in r and not _number(r["median_s"]))]
     pts = extra_points(rows)
     mpis = sorted({mpi_name(r["mpi"]) for r in rows if r.get("mpi")}) or ["MPI not recorded"]
     skipped = sorted({str(r.get("case")) for r in rows
@@ -410,6 +445,11 @@ def plot_main(argv: Optional[List[str]] = None) -> int:
         if shapes:
             detail += f", {' / '.join(shapes)} {' / '.join(dtypes)}"
     else:
+        mixed = mixed_curves(rows)
+        if mixed:
+            print(f"pyshard plot: warning: {', '.join(mixed)}: one rank count has rows of "
+                  f"several shapes or dtypes (the files are of different runs); each curve "
+                  f"takes the fastest of them", file=sys.stderr)
         fig, axes = _plot_scaling(rows, plt, args.ideal, n_extra)
         best = best_rows(rows)
         kinds = {scaling_kind(best, c) for c in {r["case"] for r in rows}}
