@@ -201,9 +201,10 @@ def report(comm: Any) -> Tuple[List[str], List[str]]:
         c0 = collective(f0)
         names = sorted({k for r in other for k in set(collective(facts[r])) | set(c0)
                         if collective(facts[r]).get(k, _UNSET) != c0.get(k, _UNSET)})
-        hints.append(f"{'rank' if len(other) == 1 else 'ranks'} {_ranks(other)} have other "
-                     f"settings than rank 0 ({', '.join(names)}):"
-                     " every rank must see the same, or collectives can hang")
+        hints.append(f"{'rank' if len(other) == 1 else 'ranks'} {_ranks(other)} "
+                     f"{'has' if len(other) == 1 else 'have'} other settings than rank 0 "
+                     f"({', '.join(names)}): every rank must see the same, or collectives can "
+                     f"hang or return wrong results")
     bad = sorted({k for f in facts for k, v in f["settings"].items() if _invalid(v)})
     if bad:
         hints.append(f"settings with a value pyshard refuses: {', '.join(bad)} (the first call "

@@ -128,7 +128,7 @@ def test_settings_that_differ_or_are_bad_on_one_rank(comm, monkeypatch):
     lines, hints = report_under(comm, monkeypatch)
     same_everywhere(comm, lines, hints)
     who = f"rank {comm.size - 1}"  # one rank differs
-    assert any(h.startswith(f"{who} have other settings than rank 0 (PYSHARD_ALGORITHM, "
+    assert any(h.startswith(f"{who} has other settings than rank 0 (PYSHARD_ALGORITHM, "
                             f"PYSHARD_SHM_MIN_BYTES)") for h in hints), hints
     assert any(h.startswith("settings with a value pyshard refuses: PYSHARD_ALGORITHM (the "
                             "first call that reads one raises") for h in hints), hints
