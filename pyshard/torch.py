@@ -82,7 +82,14 @@ def _as_array(t: torch.Tensor) -> Any:
     contiguous and carries no conjugate or negative bit (pyshard takes C-contiguous shards;
     a lazy ``.conj()`` view, or a gradient arriving as one, is made into its values). A
     tensor without memory of its own (torch.func's wrappers, meta and fake tensors) raises
-    NotImplementedError."""
+    NotImplementedError; one on a device other than the CPU and CUDA, ValueError."""
+    if t.device.type == "meta":
+        raise NotImplementedError(
+            "pyshard.torch: a meta tensor has no data: meta and fake tensors are not "
+            "supported; pyshard's functions move real CPU or CUDA tensors")
+    if t.device.type not in ("cpu", "cuda"):
+        raise ValueError(f"pyshard.torch: a tensor on device {t.device.type!r}: pyshard moves "
+                         f"CPU and CUDA tensors")
     try:
         return _memory_of(t)
     except RuntimeError as e:
@@ -629,7 +636,11 @@ def migrate(rows: Any, dest: Any, mesh: Mesh, algorithm: str = "auto") -> Migrat
     Returns a :class:`pyshard.Migrated` whose ``rows`` are tensors of the same structure and
     whose ``back`` takes and returns tensors, differentiably."""
     keys, cols = _columns(rows)
+    # a copy: the backward's back() reads dest again, and a dest changed in place between
+    # the forward and backward() (a CPU tensor's numpy view shares its memory) would send
+    # the gradients elsewhere without a word
     d = dest.detach().cpu().numpy() if isinstance(dest, torch.Tensor) else dest
+    d = np.array(d, copy=True) if isinstance(d, np.ndarray) else d
     holder: List[Any] = []
     out = _Migrate.apply(d, mesh, algorithm, holder, *cols)
     return _TensorMigrated(holder[0], _rebuild(rows, keys, out))
@@ -641,7 +652,17 @@ class _Migrate(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, dest: Any, mesh: Mesh, algorithm: str, holder: List[Any],  # type: ignore[override]
                 *cols: torch.Tensor) -> Tuple[torch.Tensor, ...]:
-        r = _np_migrate([_as_array(c) for c in cols], dest, mesh, algorithm)
+        try:
+            arrays = [_as_array(c) for c in cols]
+        except (TypeError, ValueError, NotImplementedError) as e:
+            # this rank still takes part: a column pyshard cannot move makes every rank raise
+            # in the count exchange ("rank q's input is bad"), then this one raises its own
+            try:
+                _np_migrate([np.empty(0, object)], dest, mesh, algorithm)
+            except ValueError:
+                pass
+            raise e from None
+        r = _np_migrate(arrays, dest, mesh, algorithm)
         holder.append(r)
         ctx.r, ctx.dtypes = r, [c.dtype for c in cols]
         return tuple(_to_torch(a) for a in r.rows)
@@ -739,18 +760,24 @@ def scatter(values: torch.Tensor, plan: GatherPlan, into: Optional[ShardedTensor
     :class:`NotImplementedError`.
     """
     plan = _check_plan(plan, "scatter")
-    if not isinstance(values, torch.Tensor):
-        raise TypeError(f"scatter: values must be a torch.Tensor, got {type(values).__name__}")
-    if values.ndim < 1:
-        raise ValueError("scatter: values must have a first dim (one row per index)")
     if op not in SCATTER_OPS:
         raise ValueError(f"scatter: op must be one of {SCATTER_OPS}, got {op!r}")
     base = None
-    if into is not None:
-        into = _check_sharded(into, "scatter")
-        layout, base = into.layout, into.local
-    else:
-        layout = _rows_layout(plan.layout, tuple(values.shape[1:]), _as_array(values[:0]).dtype)
+    try:  # (what only this rank may have wrong: it still takes part, below)
+        if into is not None:
+            into = _check_sharded(into, "scatter")
+            layout, base = into.layout, into.local
+        if not isinstance(values, torch.Tensor):
+            raise TypeError(f"scatter: values must be a torch.Tensor, got "
+                            f"{type(values).__name__}")
+        if values.ndim < 1:
+            raise ValueError("scatter: values must have a first dim (one row per index)")
+        dt = _as_array(values[:0]).dtype
+    except (TypeError, ValueError, NotImplementedError) as e:
+        _refuse_scatter(plan, into, op)
+        raise e from None
+    if into is None:
+        layout = _rows_layout(plan.layout, tuple(values.shape[1:]), dt)
     mesh = plan.mesh
     grad = torch.is_grad_enabled() and (
         values.requires_grad or (base is not None and base.requires_grad))
@@ -764,6 +791,21 @@ def scatter(values: torch.Tensor, plan: GatherPlan, into: Optional[ShardedTensor
     else:
         out = _scatter_rows(values, base, meta)
     return ShardedTensor._wrap(out, layout, mesh)
+
+
+def _refuse_scatter(plan: GatherPlan, into: Any, op: str) -> None:
+    """This rank's values cannot be scattered: it takes part in the plan's exchange without
+    values (the plan's own error path: each owner it sends to raises "rank q's values were
+    bad" at its wait, and none waits for ever), into a scratch copy; the caller then raises
+    its own error."""
+    lay = getattr(into, "layout", None)
+    lay = lay if isinstance(lay, Layout) else plan.layout
+    scratch = ShardedArray.wrap(np.zeros(lay.local_shape(plan.mesh.coords), lay.dtype), lay,
+                                plan.mesh)
+    try:
+        plan.scatter(np.empty(0, lay.dtype), into=scratch, op=op)
+    except ValueError:
+        pass
 
 
 def _scatter_rows(values: torch.Tensor, base: Optional[torch.Tensor], meta: tuple

@@ -110,3 +110,42 @@ def test_back_wait_false(mesh):
     assert torch.equal(out, (x * 3).detach())
     out.sum().backward()
     assert torch.equal(x.grad, torch.full_like(x, 3))
+
+
+def test_dest_changed_after_the_forward(mesh):
+    """A dest changed in place between the forward and backward() (numpy, or a CPU tensor
+    whose numpy view shares its memory) sent the gradients elsewhere without a word: the
+    forward keeps a copy."""
+    for kind in ("numpy", "tensor"):
+        x, q, ids, dest = rows(mesh, 5, n=9)
+        d = torch.from_numpy(dest.copy()) if kind == "tensor" else dest
+        r = pst.migrate({"x": x, "id": ids}, d, mesh)
+        y = r.rows
+        loss = (y["x"] * weight(y["id"], x.dtype)[:, None]).sum()
+        if kind == "tensor":
+            d.copy_(torch.flip(d, [0]))
+        else:
+            d[:] = d[::-1].copy()
+        loss.backward()
+        assert torch.equal(x.grad, weight(ids, x.dtype)[:, None].expand_as(x).contiguous())
+
+
+@pytest.mark.mpi(min_size=2)
+def test_a_column_bad_on_one_rank(mesh):
+    """A column only the last rank cannot move (a meta tensor) raised there before the count
+    exchange and the others waited for ever: its error travels with the counts, every other
+    rank raises "rank q's input is bad", and the next migration runs."""
+    last = mesh.size - 1
+    x, q, ids, dest = rows(mesh, 6, n=4)
+    col = torch.zeros(4, device="meta") if mesh.rank == last else q
+    try:
+        pst.migrate((x, col), dest, mesh)
+        got = "ok"
+    except (ValueError, NotImplementedError) as e:
+        got = f"{type(e).__name__}: {e}"
+    if mesh.rank == last:
+        assert got.startswith("NotImplementedError: pyshard.torch: a meta tensor"), got
+    else:
+        assert got.startswith(f"ValueError: pyshard.migrate: rank {last}'s input is bad"), got
+    r = pst.migrate((x, q), dest, mesh)
+    assert r.rows[0].shape[1] == 3

@@ -253,3 +253,39 @@ def test_errors(mesh):
         pst.gather(other, plan)
     # the plan is intact: a gather and a scatter after the errors
     assert pst.gather(x, plan).shape == (len(idx), 2)
+
+
+def test_values_bad_on_one_rank_raise_without_a_hang(mesh):
+    """values that only the last rank cannot scatter (a numpy array there, a meta tensor)
+    made the ranks it sends to wait for ever (its error came before the exchange): it now
+    takes part without values, so each owner of one of its indices raises "rank q's values
+    were bad", it raises its own error, the others complete, and the plan runs on."""
+    P, me = mesh.size, mesh.rank
+    if P < 2:
+        pytest.skip("needs a peer")
+    sizes = sizes_of("uneven", N, P)
+    x = sharded(np.zeros((N, 2)), mesh, sizes)
+    last = P - 1
+    idx = np.arange(N) if me == last else indices_of(16, me)  # the last rank reads every row
+    plan = plan_for(idx, x)
+    owners = {r for r in range(P) if r != last and (sizes is None or sizes[r] > 0)}
+    for bad in ("numpy", "meta"):
+        v = torch.ones((len(idx), 2), dtype=torch.float64)
+        if me == last:
+            v = v.numpy() if bad == "numpy" else torch.ones((len(idx), 2), device="meta")
+        try:
+            pst.scatter(v, plan)
+            got = "ok"
+        except (TypeError, ValueError, NotImplementedError) as e:
+            got = f"{type(e).__name__}: {e}"
+        if me == last:
+            assert got.startswith("TypeError: scatter: values must be a torch.Tensor"
+                                  if bad == "numpy" else "NotImplementedError: pyshard.torch: "
+                                  "a meta tensor has no data"), got
+        elif me in owners:
+            assert got.startswith(f"ValueError: pyshard: scatter: rank {last}'s values were "
+                                  f"bad"), got
+        else:
+            assert got == "ok", got
+    y = pst.scatter(torch.ones((len(idx), 2), dtype=torch.float64), plan)  # runs on
+    assert y.local.shape == x.local.shape
