@@ -20,6 +20,7 @@ from __future__ import annotations
 import ctypes
 import logging
 import time
+import warnings
 from math import prod
 from typing import Any, Optional, Tuple
 
@@ -478,15 +479,30 @@ class HaloArray:
             step = self._make(m, comm, p, True)
             self.fold_chosen = m  # _fold_wait reads it (the datatype method's buffer)
             times = []
+            failed: Optional[BaseException] = None
             for _ in range(TUNE_REPS):
                 self.padded[...] = keep
                 t0 = time.perf_counter()
-                self._fold_start(step, self.padded)
-                self._fold_wait(step, "sum", self.padded)
-                if self._dev:
-                    bk.xp_of(self.padded).cuda.get_current_stream().synchronize()
+                try:  # (values thrown away: no floating-point warning or error of numpy's)
+                    with np.errstate(all="ignore"), warnings.catch_warnings():
+                        warnings.simplefilter("ignore")
+                        self._fold_start(step, self.padded)
+                        self._fold_wait(step, "sum", self.padded)
+                        if self._dev:
+                            bk.xp_of(self.padded).cuda.get_current_stream().synchronize()
+                except Exception as e:  # every rank runs every timed fold, then all raise
+                    failed = failed or e
                 times.append(time.perf_counter() - t0)
-            t = collectives.max_all(self.mesh.comm, sorted(times)[len(times) // 2])
+            me = self.mesh.rank
+            bad, who, t = collectives.max_all(
+                self.mesh.comm, (failed is not None, me if failed else -1,
+                                 sorted(times)[len(times) // 2]))
+            if bad:
+                self.padded[...] = keep
+                if failed is not None:
+                    raise failed
+                raise RuntimeError(f"HaloArray.fold (method='tune'): rank {who}'s timed fold "
+                                   f"raised (its own error names why)")
             if t < best[0]:
                 best = (t, m, step)
         self.padded[...] = keep

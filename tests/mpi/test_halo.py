@@ -523,6 +523,23 @@ def test_tuned_fold_adds_what_one_fold_adds(comm):
             h.fold()
     np.testing.assert_array_equal(hs[0].padded, hs[1].padded)
     assert hs[0].fold_chosen in ps.halo.METHODS
+    # a fold that overflows for real on the last rank: its timing folds raise nothing (their
+    # values are thrown away), so no rank is left in the tuning's allreduce; the real fold
+    # raises there as a persistent fold does, and the others go on
+    for m in ("tune", "persistent"):
+        h = x.with_halo(1, periodic=True, method=m)
+        h.padded[...] = 40000.0 if comm.rank == comm.size - 1 else 0.0
+        h.padded[[0, -1]] = 0.0  # (what goes to other ranks: only the last rank's own wraps
+        # along the unsharded dim add up past float16's largest, 65504)
+        try:
+            with np.errstate(over="raise"):
+                h.fold()
+            got = "ok"
+        except FloatingPointError:
+            got = "overflow"
+        want = "overflow" if comm.rank == comm.size - 1 else "ok"
+        assert got == want, (m, got)
+        comm.Barrier()
     mesh.free()
 
 
