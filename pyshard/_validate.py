@@ -103,7 +103,7 @@ def symmetric(comm: MPI.Comm, call: str, peers: Tuple[int, ...]) -> None:
     (each rank's others, ranks of ``comm``) must be one symmetric relation (q lists p where p
     lists q), else every rank raises the same ValueError naming the first pair that is not.
     One more small Allgather: every rank's bits, ``P / 8`` bytes each."""
-    P, me = comm.Get_size(), comm.Get_rank()
+    P = comm.Get_size()
     row = np.zeros(P, bool)
     row[list(peers)] = True
     rows = _gather_rows(comm, np.packbits(row), call)
@@ -116,8 +116,7 @@ def symmetric(comm: MPI.Comm, call: str, peers: Tuple[int, ...]) -> None:
         raise ValueError(
             f"pyshard (validation mode): {call}: the peers= relation is not symmetric: rank "
             f"{p} lists rank {q} but rank {q} does not list rank {p} (every rank passes the "
-            f"ranks it exchanges with, and each of them must list it back; rank {me} of "
-            f"{P} here)")
+            f"ranks it exchanges with, and each of them must list it back)")
 
 
 def _gather_rows(comm: MPI.Comm, mine: np.ndarray, call: str) -> np.ndarray:

@@ -520,9 +520,9 @@ def migrate(rows: Rows, dest: Any, mesh: Any, algorithm: str = "auto", wait: boo
         except ValueError as e:
             _validate.refused(mesh.comm, "migrate", e)
             raise
-        _validate.agree(mesh.comm, "migrate", {
+        _validate.agree(mesh.comm, "migrate", {  # (wait= is this rank's own affair)
             "algorithm": repr(algorithm), "inplace": repr(bool(inplace)),
-            "wait": repr(bool(wait)), "peers": "given" if peers is not None else "none"})
+            "peers": "given" if peers is not None else "none"})
         if r.algorithm == "peers":
             _validate.symmetric(mesh.comm, "migrate", r.peers)
     else:

@@ -157,3 +157,21 @@ def test_blocks_source_reads_each_chunk_once(shape, grid, mesh_shape):
         assert len(owners) == 1, (cidx, owners)
         box = boxes[owners[0]]
         assert all(b.start <= a and h <= b.stop for b, a, h in zip(box, lo, hi))
+
+
+def test_a_saved_layout_that_does_not_fit_the_file_is_dropped(caplog):
+    """pyshard's record kept beside another format's data: a shard table that no longer sums
+    to the file's extent (resized by another tool), or that names a dim the array lacks, is
+    no saved layout, with a warning saying which."""
+    from pyshard.checkpoint.record import layout_of
+
+    rec = {"arrays": {"x": {"mesh_shape": [2], "placements": ["S(0)"],
+                            "sizes": {"0": [5, 5]}}}}
+    assert layout_of(rec, "x", (10, 4), "w")["sizes"] == {0: (5, 5)}
+    with caplog.at_level("WARNING", logger="pyshard"):
+        assert layout_of(rec, "x", (12, 4), "w")["placements"] == []
+        rec["arrays"]["x"]["sizes"] = {"5": [5, 5]}
+        assert layout_of(rec, "x", (10, 4), "w")["sizes"] == {}
+    said = [r.getMessage() for r in caplog.records]
+    assert "shard table of 10 along dim 0 (resized by another tool" in said[0], said
+    assert "names dim 5 of a 2-D array" in said[1], said

@@ -464,7 +464,9 @@ def test_bench_refuses_before_any_case(capsys, tmp_path):
          "argument --json: cannot append to"),
         (["--cases", "transpose", "--json", str(tmp_path)], "argument --json: cannot append"),
         (["--cases", "transpose,reduce_scatter", "--dtype", "bool"],
-         "the reduce_scatter case's MPI reference cannot sum --dtype bool"),
+         "the reduce_scatter case cannot sum --dtype bool"),
+        (["--cases", "reduce_scatter", "--dtype", "longdouble"],
+         "the reduce_scatter case cannot sum --dtype longdouble"),
     ):
         with pytest.raises(SystemExit) as e:
             main(["--shape", "8x4", "--reps", "1", "--warmup", "0", *args])

@@ -366,15 +366,18 @@ def main(argv: Optional[List[str]] = None) -> int:
     rank, p = comm.Get_rank(), comm.Get_size()
     shape = tuple(int(s) for s in args.shape.split("x"))
     dtype = np.dtype(args.dtype)
-    if "reduce_scatter" in names and (dtype == np.dtype(bool) or _dtypes.is_ml(dtype)):
+    wide = (dtype.kind == "f" and dtype.itemsize > 8 and not _dtypes.is_ml(dtype)) or (
+        dtype.kind == "c" and dtype.itemsize > 16)  # long double: no Partial of it
+    if "reduce_scatter" in names and (dtype == np.dtype(bool) or _dtypes.is_ml(dtype) or wide):
         # (its MPI reference: MPI has no sum of C bools, mpi4py no buffer of ml_dtypes')
         if args.cases != ",".join(CASES):
-            ap.error(f"argument --cases: the reduce_scatter case's MPI reference cannot sum "
-                     f"--dtype {args.dtype}; leave it out or bench another dtype")
+            ap.error(f"argument --cases: the reduce_scatter case cannot sum --dtype "
+                     f"{args.dtype} (its MPI reference, or pyshard's Partial); leave it out or "
+                     f"bench another dtype")
         names.remove("reduce_scatter")
         if rank == 0:
-            print(f"[bench] note: reduce_scatter left out: its MPI reference cannot sum "
-                  f"--dtype {args.dtype}", file=sys.stderr, flush=True)
+            print(f"[bench] note: reduce_scatter left out: it cannot sum --dtype "
+                  f"{args.dtype}", file=sys.stderr, flush=True)
     if args.json:  # writable? (before any case: else the results were lost at the end)
         why = None
         if rank == 0:

@@ -79,12 +79,12 @@ def layout_of(
         ]
         if bad:
             d, n = bad[0]
-            log.warning(
-                "pyshard: %s: array %r is %s in the file, but pyshard's record of its save "
-                "has a shard table of %d along dim %d (resized by another tool since the "
-                "save?): read as a foreign array, with no saved layout",
-                where, name, tuple(shape), n, d,
-            )
+            what = (f"has a shard table of {n} along dim {d} (resized by another tool since "
+                    f"the save?)" if 0 <= d < len(shape) else
+                    f"names dim {d} of a {len(shape)}-D array")
+            log.warning("pyshard: %s: array %r is %s in the file, but pyshard's record of its "
+                        "save %s: read as a foreign array, with no saved layout",
+                        where, name, tuple(shape), what)
             return none
     return lay
 

@@ -268,6 +268,8 @@ def test_peers_that_are_not_symmetric_raise_in_validation_mode(mesh):
             ps.migrate(x, dest, mesh, peers=[q for q in peers if q != 1] if me == 0 else peers)
         with pytest.raises(ValueError, match="different arguments to migrate"):
             ps.migrate(x, dest, mesh, algorithm="nbx" if me == 0 else "alltoall")
+        r = ps.migrate(x, dest, mesh, wait=me == 0)  # (wait= is each rank's own)
+        np.testing.assert_array_equal((r if me == 0 else r.wait()).rows, x)
         dest = np.full(3, (me + 1) % P, np.int64)
         r = ps.migrate(x, dest, mesh, peers=peers)
         np.testing.assert_array_equal(r.rows, np.arange(3.0) + 10 * ((me - 1) % P))
