@@ -291,6 +291,8 @@ def test_an_array_resized_by_another_tool(comm, shared_dir, fmt, caplog):
     shape, is dropped with a warning (before, checkpoint_info gave shape 12 with saved
     sizes summing to 10, which load(..., sizes=) then refused)."""
     need(fmt)
+    if fmt == "safetensors":  # (the tool that rewrites the file; the matrix's venvs lack it)
+        pytest.importorskip("safetensors", reason="rewriting the file needs safetensors")
     mesh = ps.Mesh(comm, (comm.size,))
     g = np.arange(40.0).reshape(10, 4)
     sizes = [10] + [0] * (comm.size - 1)
