@@ -514,19 +514,17 @@ def migrate(rows: Rows, dest: Any, mesh: Any, algorithm: str = "auto", wait: boo
     if check is not None:  # (a freed mesh, or MPI finalized: before any MPI call)
         check()
     P, me = mesh.size, mesh.rank
+    try:
+        r = migrate_route(mesh, algorithm, peers, inplace)
+    except ValueError as e:
+        _validate.refused(mesh.comm, "migrate", e)  # (a no-op outside the validation mode)
+        raise
     if _validate.enabled:  # the same call everywhere, and peers= one symmetric relation
-        try:
-            r = migrate_route(mesh, algorithm, peers, inplace)
-        except ValueError as e:
-            _validate.refused(mesh.comm, "migrate", e)
-            raise
         _validate.agree(mesh.comm, "migrate", {  # (wait= is this rank's own affair)
             "algorithm": repr(algorithm), "inplace": repr(bool(inplace)),
             "peers": "given" if peers is not None else "none"})
         if r.algorithm == "peers":
             _validate.symmetric(mesh.comm, "migrate", r.peers)
-    else:
-        r = migrate_route(mesh, algorithm, peers, inplace)
     if r.algorithm == "tune":
         return _tuned(rows, dest, mesh, wait)
     device = _any_device(rows)
