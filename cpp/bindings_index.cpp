@@ -94,7 +94,8 @@ void bind_index(py::module_& m) {
            "node's ranks at every gather and scatter.")
       .def(
           "start_forward",
-          [](IndexExchange& x, const py::array& src, py::array& out, py::object block) {
+          [](IndexExchange& x, const py::array& src, py::array& out, py::object block,
+             bool bad) {
             Buf s = get_buf(src, false, "x");
             Buf o = get_buf(out, true, "out");
             char* b = nullptr;
@@ -111,12 +112,16 @@ void bind_index(py::module_& m) {
             if (o.shape.empty() || o.shape[0] != x.size() || row_bytes(o) != rb)
               throw std::invalid_argument("pyshard: out has the wrong shape");
             py::gil_scoped_release nogil;
-            x.start_forward(s.ptr, rb, o.ptr, b);
+            x.start_forward(s.ptr, rb, o.ptr, b, bad);
           },
-          py::arg("x"), py::arg("out"), py::arg("block") = py::none(),
+          py::arg("x"), py::arg("out"), py::arg("block") = py::none(), py::arg("bad") = false,
           "block: None, or this rank's node-shared uint8 array of at least "
           "gather_block_bytes(row bytes) that `out` follows in the same segment (node owners "
-          "then write the groups that land as one run straight into `out`)")
+          "then write the groups that land as one run straight into `out`). bad: this rank's "
+          "x cannot be used (x, of the right size, is not read): it sends each reader an "
+          "empty message (a mark in its table on the node path), so that every reader of its "
+          "rows raises ValueError at wait() naming it; its own wait() returns without "
+          "unpacking (the caller raises)")
       .def("gather_block_bytes", &IndexExchange::gather_block_bytes, py::arg("row_bytes"))
       .def_property_readonly("node_groups_direct", &IndexExchange::node_groups_direct)
       .def_property_readonly("node", &IndexExchange::node,

@@ -315,9 +315,10 @@ void IndexExchange::node_exchange(ShmSegment* seg, i64 off, const std::vector<in
           bad_peer_ = q;
       }
       bool agree = true;
-      for (int i = 0; i < n; ++i) {  // what each node peer expects from this rank
+      for (int i = 0; i < n && !bad; ++i) {  // what each node peer expects from this rank
         if (i == me || !base[i]) continue;
         const i64* pt = reinterpret_cast<const i64*>(base[i]);
+        if (pt[2 * i] == kBadMark) continue;  // a bad peer: nothing is written to it
         const i64 k = mine_[static_cast<size_t>(i)];
         const i64 wants = pt[2 * me] >= 0 ? pt[2 * me + 1] : 0;
         const i64 has = k >= 0 ? len(static_cast<size_t>(k)) : 0;
@@ -335,6 +336,7 @@ void IndexExchange::node_exchange(ShmSegment* seg, i64 off, const std::vector<in
       for (size_t k = 0; k < out.size(); ++k) {
         const int q = out[k];
         if (!on_node(q) || !base[local_[q]]) continue;
+        if (reinterpret_cast<const i64*>(base[local_[q]])[2 * local_[q]] == kBadMark) continue;
         const i64 to = reinterpret_cast<const i64*>(base[local_[q]])[2 * me];
         if (to >= 0 && node_->fits(local_[q], base[local_[q]] + to, len(k)))  // (agreeing: always)
           put(k, base[local_[q]] + to);
@@ -348,8 +350,10 @@ void IndexExchange::node_exchange(ShmSegment* seg, i64 off, const std::vector<in
   }
 }
 
-void IndexExchange::start_forward(const char* x, i64 rb, char* out, char* block) {
+void IndexExchange::start_forward(const char* x, i64 rb, char* out, char* block, bool bad) {
   if (active_) throw std::runtime_error("pyshard: an index exchange is already in flight");
+  bad_ = bad;
+  bad_peer_ = -1;
   const size_t nr = rpeer_.size(), no = opeer_.size();
   // R: where the owners' rows land (this rank's node-shared block on the node path)
   ShmSegment* seg = nullptr;
@@ -393,6 +397,10 @@ void IndexExchange::start_forward(const char* x, i64 rb, char* out, char* block)
     if (on_node(opeer_[i])) continue;
     const i64 a = ooff_[i], b = ooff_[i + 1];
     const char* from;
+    if (bad) {  // an empty message, which each reader reports
+      smsg_.push_back(PeerMsg{O_, 0, opeer_[i]});
+      continue;
+    }
     if (odirect_[i] >= 0) {
       from = x + odirect_[i] * rb;
     } else {
@@ -415,10 +423,10 @@ void IndexExchange::start_forward(const char* x, i64 rb, char* out, char* block)
                   [&](size_t i, char* dst) {
       for (i64 t = ooff_[i]; t < ooff_[i + 1]; ++t)
         copy_row(dst + (t - ooff_[i]) * rb, x + own_rows_[t] * rb, rb);
-    }, [&](size_t i) { return (ooff_[i + 1] - ooff_[i]) * rb; });
+    }, [&](size_t i) { return (ooff_[i + 1] - ooff_[i]) * rb; }, bad);
   }
   // the rows this rank reads of its own: x -> out, once
-  for (size_t k = 0; k < slot_.size(); ++k)
+  for (size_t k = 0; k < slot_.size() && !bad; ++k)
     if (slot_[k] >= rtotal_)
       copy_row(out + static_cast<i64>(k) * rb, x + self_rows_[slot_[k] - rtotal_] * rb, rb);
   stats()["index_messages"] += static_cast<i64>(smsg_.size());
@@ -505,9 +513,8 @@ void IndexExchange::start_reverse(const char* values, i64 rb, char* into, FoldKi
 
 bool IndexExchange::test() {
   if (!active_) return true;
-  if (!reverse_) return fwd_.test();
   try {
-    return rev_.test();
+    return reverse_ ? rev_.test() : fwd_.test();
   } catch (const MessageSizeError& e) {  // completed; wait() reports it
     if (e.longer || e.received != 0) throw;  // not the empty mark: ranks that disagree
     if (bad_peer_ < 0 || e.peer < bad_peer_) bad_peer_ = e.peer;
@@ -532,7 +539,18 @@ void IndexExchange::wait() {
           "'s values were bad (its own error names them); nothing was combined into this "
           "rank's rows");
   } else {
-    fwd_.wait();
+    try {
+      fwd_.wait();
+    } catch (const MessageSizeError& e) {  // an empty message: that owner's x was bad
+      if (e.longer || e.received != 0) throw;  // not the empty mark: ranks that disagree
+      if (bad_peer_ < 0 || e.peer < bad_peer_) bad_peer_ = e.peer;
+    }
+    if (bad_) return;  // this rank's own x was bad: the caller raises
+    if (bad_peer_ >= 0)
+      throw std::invalid_argument(
+          "pyshard: gather: rank " + std::to_string(bad_peer_) +
+          "'s x could not be used (its own error names it); this rank's result was not "
+          "completed");
   }
   const i64 rb = rb_;
   if (!reverse_) {

@@ -86,7 +86,11 @@ class IndexExchange {
   // this rank's node-shared memory (one live segment) of gather_block_bytes(rb) bytes that
   // `out` follows in the same segment: then node owners write each reader group that lands
   // as one run straight into `out` (no copy at wait()), and the table and R lie in `block`.
-  void start_forward(const char* x, i64 rb, char* out, char* block = nullptr);
+  // bad: this rank's x cannot be used (x is not read): it still takes part, sending each
+  // reader an empty message (on the node path a mark in its table, writing nothing), so
+  // that every reader of its rows raises at wait() instead of waiting; its own wait()
+  // returns without unpacking and the caller raises its own error.
+  void start_forward(const char* x, i64 rb, char* out, char* block = nullptr, bool bad = false);
   // The bytes `block` needs before `out` (a multiple of 64; 0 without a node transport).
   i64 gather_block_bytes(i64 rb) const;
   // reader groups from node peers that land in the result itself where it follows a block
@@ -157,8 +161,8 @@ class IndexExchange {
   PeerMessages fwd_, rev_;  // gather's messages, scatter's (each its own pattern of peers)
   std::vector<PeerMsg> rmsg_, smsg_;
   bool active_ = false, reverse_ = false;
-  bool bad_ = false;    // the scatter in flight: this rank's values were bad
-  int bad_peer_ = -1;   // the lowest reader rank whose values were bad (a scatter), or -1
+  bool bad_ = false;    // the exchange in flight: this rank's values (or x) were bad
+  int bad_peer_ = -1;   // the lowest peer rank whose values (scatter) or x (gather) were bad
   const char* x_ = nullptr;
   char* out_ = nullptr;
   i64 rb_ = 0;

@@ -1008,9 +1008,11 @@ class IndexExchange:
         The pattern of an index exchange on this rank (cpp/index_exchange.h); no MPI call. method: 0 p2p, 1 persistent, 2 neighbor (cpp/peer_messages.h); the neighbor method builds its graph communicators at the first gather and the first scatter (collective). node: the communicator's node transport (NodeShm) or None: groups between ranks of one node go through node-shared memory, in a handshake of the node's ranks at every gather and scatter.
         """
     def gather_block_bytes(self, row_bytes: typing.SupportsInt | typing.SupportsIndex) -> int: ...
-    def start_forward(self, x: numpy.ndarray, out: numpy.ndarray, block: typing.Any = None) -> None:
+    def start_forward(
+        self, x: numpy.ndarray, out: numpy.ndarray, block: typing.Any = None, bad: bool = False
+    ) -> None:
         """
-        block: None, or this rank's node-shared uint8 array of at least gather_block_bytes(row bytes) that `out` follows in the same segment (node owners then write the groups that land as one run straight into `out`)
+        block: None, or this rank's node-shared uint8 array of at least gather_block_bytes(row bytes) that `out` follows in the same segment (node owners then write the groups that land as one run straight into `out`). bad: this rank's x cannot be used (x, of the right size, is not read): it sends each reader an empty message (a mark in its table on the node path), so that every reader of its rows raises ValueError at wait() naming it; its own wait() returns without unpacking (the caller raises)
         """
     def start_reverse(
         self,

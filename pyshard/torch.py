@@ -733,8 +733,17 @@ def gather(x: ShardedTensor, plan: GatherPlan) -> torch.Tensor:
     included, in the plan's order rule), so it is collective too: every rank runs the same
     backwards in the same order.
     """
-    x = _check_sharded(x, "gather")
     plan = _check_plan(plan, "gather")
+    try:
+        x = _check_sharded(x, "gather")
+    except (TypeError, ValueError, NotImplementedError):
+        # (what only this rank may have wrong) it takes part without rows, so that every
+        # rank reading its rows raises at its wait instead of waiting; then it raises
+        try:
+            plan.gather(None)
+        except (TypeError, ValueError):
+            pass
+        raise
     if torch.is_grad_enabled() and x.local.requires_grad:
         return _GatherRows.apply(x.local, (plan, x.layout, x.mesh))
     return _to_torch(plan.gather(ShardedArray.wrap(_as_array(x.local), x.layout, x.mesh)))

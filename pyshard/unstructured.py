@@ -109,7 +109,11 @@ def index_route(mesh: Any, algorithm: str, method: str = "auto") -> IndexRoute:
     path = "mpi" if mesh.size > 1 else "local"
     if method == "tune" and path == "mpi":
         node = _shm.node(mesh, tuple(range(mesh.ndim))) is not None
-        cands = METHODS + (("shm",) if node else ())
+        # never "neighbor": its collective cannot carry a rank's bad values (scatter) or x
+        # (gather) to the others (an explicit method="neighbor" documents that; a tuned
+        # choice would make every later bad call hang), and it measured 1.0-1.5x p2p
+        # (docs/unstructured.md)
+        cands = tuple(m for m in METHODS if m != "neighbor") + (("shm",) if node else ())
         why = (f"messages by the fastest of {', '.join(cands)}, measured at the first gather "
                f"and at the first scatter")
         algo = "nbx" if algorithm == "auto" else algorithm
@@ -222,7 +226,7 @@ class PendingIndex(Request):
     __slots__ = ("_plan", "_result", "_keep", "_finish", "_done", "_core", "_error")
 
     def __init__(self, plan: GatherPlan, result: Any, keep: Tuple[Any, ...],
-                 finish: Any = None, core: Any = None, error: str = "") -> None:
+                 finish: Any = None, core: Any = None, error: Any = "") -> None:
         self._plan, self._result, self._keep, self._finish = plan, result, keep, finish
         self._done = False
         self._core = core if core is not None else plan.exchange.core
@@ -249,6 +253,8 @@ class PendingIndex(Request):
                 self._plan._inflight = None
                 self._done = True
                 self._keep = ()
+            if isinstance(self._error, BaseException):
+                raise self._error
             if self._error:
                 raise ValueError(self._error)
             if self._finish is not None:
@@ -321,10 +327,7 @@ class GatherPlan:
             self._cores[key] = core
             return core
         best: Tuple[float, str, Any] = (float("inf"), "", None)
-        # a scatter never tunes to "neighbor": its collective cannot carry a rank's bad
-        # values to the others (an explicit method="neighbor" documents that; a tuned choice
-        # would make every later bad call hang silently)
-        cands = [m for m in self._candidates if not (direction == "scatter" and m == "neighbor")]
+        cands = self._candidates
         for m in cands:
             c = self._make(m, device)
             times = []
@@ -457,11 +460,21 @@ class GatherPlan:
         collective runs, only messages to this rank's peers. A cupy array's rows that peers
         or this rank read are packed on the device (one gather kernel) and only they go
         through host memory (staged); the result is copied to the device at ``wait()``."""
-        local = self._check(x, "gather")
+        failed: Optional[Exception] = None
+        try:
+            local = self._check(x, "gather")
+        except (TypeError, ValueError) as e:
+            if _validate.enabled:  # (every rank raises alike: agreed in _check)
+                raise
+            # this rank alone may have it wrong (an x of another layout or mesh, or no
+            # ShardedArray): it takes part without rows, so that every rank reading its rows
+            # raises ValueError at wait() naming it instead of waiting; then it raises e
+            failed, out = e, None
+            local = np.zeros(self.layout.local_shape(self.mesh.coords), self.layout.dtype)
         device = _backend.is_device(local)
         host = self._packed(local) if device else _backend.to_host(local)
         shape = (self.n,) + tuple(local.shape[1:])
-        error = ""
+        error: Any = failed or ""
         if out is not None and not device:
             if not isinstance(out, np.ndarray) or out.shape != shape or out.dtype != host.dtype \
                     or not out.flags.c_contiguous or not out.flags.writeable:
@@ -477,19 +490,27 @@ class GatherPlan:
                 out = None
         rb = host.dtype.itemsize * int(np.prod(shape[1:], dtype=np.int64))
 
+        bad = failed is not None
+
         def trial(c: Any) -> None:
             r, b = (out, None) if out is not None and not device else \
                 self._result(c, shape, host.dtype, rb)
-            c.start_forward(host, r, b)
-            c.wait()
+            c.start_forward(host, r, b, bad and c.method != 2)
+            try:
+                c.wait()
+            except ValueError:  # a peer's x was bad: raised by the call itself below
+                pass
 
         core = self._core_for("gather", trial, device)
+        if bad and core.method == 2:  # neighbor: raised here, before the collective
+            raise failed  # type: ignore[misc]
         if out is not None and not device:
             res, block = out, None
         else:
             res, block = self._result(core, shape, host.dtype, rb)
-        core.start_forward(host, res, block)
-        self._count("gather", rb, True, core)
+        core.start_forward(host, res, block, bad)
+        if not bad:
+            self._count("gather", rb, True, core)
         if device:
             box: Dict[str, Any] = {}
 
@@ -663,9 +684,10 @@ def gather_plan(indices: Any, like: ShardedArray, algorithm: str = "auto",
       goes through the plan's buffers;
     - ``"shm"``: rows between ranks of one node copied through node-shared memory, in a
       handshake of the node's ranks at each call; messages to the other ranks by ``"p2p"``;
-    - ``"tune"``: each of the above (``"shm"`` where node peers exist) timed at the first
-      gather and at the first scatter (the scatter's trials on a copy of ``into``); the
-      fastest on the slowest rank is kept for that direction (``plan.chosen``).
+    - ``"tune"``: each of the above but ``"neighbor"`` (``"shm"`` where node peers exist)
+      timed at the first gather and at the first scatter (the scatter's trials on a copy of
+      ``into``); the fastest on the slowest rank is kept for that direction
+      (``plan.chosen``).
 
     Collective over the mesh.
 

@@ -439,10 +439,10 @@ def test_tune_picks_one_method_on_every_rank(mesh):
         chosen = MPI.COMM_WORLD.allgather(dict(plan.chosen))
         assert all(c == chosen[0] for c in chosen), chosen
         assert set(chosen[0]) == {"gather", "scatter"}
-        assert set(chosen[0].values()) <= {"p2p", "persistent", "neighbor", "shm"}
-        # a scatter never tunes to neighbor (its collective cannot carry a rank's bad values:
-        # a later bad call would hang every other rank)
-        assert chosen[0]["scatter"] != "neighbor"
+        # never neighbor (its collective cannot carry a rank's bad values or x: a later bad
+        # call would hang every other rank)
+        assert "neighbor" not in plan.route.candidates
+        assert set(chosen[0].values()) <= {"p2p", "persistent", "shm"}
         assert f"tune: gather by {chosen[0]['gather']}, scatter by " in plan.explain()
     else:
         assert plan.chosen == {}
@@ -644,8 +644,14 @@ def test_local_errors(mesh):
     for y in other:
         no_messages(lambda y=y: plan.scatter(np.zeros((n, 2)), into=y), ValueError,
                     "laid out differently", plan)
-        no_messages(lambda y=y: plan.gather(y), ValueError, "laid out differently", plan)
-    no_messages(lambda: plan.gather(g), TypeError, "ShardedArray", plan)
+        # a gather's x: each rank takes part without rows (a rank alone at fault leaves
+        # none of its readers waiting: test_bad_x_on_one_rank), then raises its own error
+        calls = plan.comm_stats()["gather"]
+        with pytest.raises(ValueError, match="laid out differently"):
+            plan.gather(y)
+        assert plan.comm_stats()["gather"] == calls  # (a failed call is not counted)
+    with pytest.raises(TypeError, match="ShardedArray"):
+        plan.gather(g)
     # one exchange in flight at a time
     p = plan.gather(x, wait=False)
     with pytest.raises(RuntimeError, match="in flight"):
@@ -725,6 +731,50 @@ def test_bad_values_on_one_rank(mesh, method, fault):
             failures.append(f"gather error {e}")
     if not np.array_equal(plan.gather(x), h):
         failures.append("the next gather")
+    agree(mesh.comm, failures)
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("method", ["p2p", "persistent", "shm", "tune"])
+@pytest.mark.parametrize("fault", ["layout", "type"])
+def test_bad_x_on_one_rank(mesh, method, fault):
+    """One rank's gather gets an x it cannot use (another layout, or no ShardedArray): it
+    takes part without rows and raises its own error; every rank that reads rows it owns
+    raises ValueError naming it (they waited for ever: the core's forward path had no mark),
+    the others get their rows; the next gather is exact on every rank."""
+    P, me = mesh.size, mesh.rank
+    sizes = layout_sizes("uneven", N, P)
+    offsets = offsets_of(sizes, N, P)
+    idxs = [indices_of("random", 23, q) for q in range(P)]
+    f = P - 1 if sizes[P - 1] else max(q for q in range(P) if sizes[q])  # owns rows
+    g = make_global((N, 2), "float64")
+    x = dist(g, mesh, sizes)
+    plan = ps.gather_plan(idxs[me], like=x, method=method)
+    mine = x
+    if me == f:
+        mine = ps.distribute(g, mesh, [Replicate()]) if fault == "layout" else x.local
+    readers = {q for q in range(P) if q != f and
+               (owner_of(np.asarray(idxs[q], np.int64), offsets) == f).any()}
+    want = g[np.asarray(idxs[me], np.int64)]
+    failures = []
+    try:
+        got = plan.gather(mine)
+        if me == f or me in readers:
+            failures.append("no error")
+        elif not np.array_equal(got, want):
+            failures.append("rows of a rank that reads none of the bad rank's")
+    except (TypeError, ValueError) as e:
+        mine_err = "laid out differently" if fault == "layout" else "expected a ShardedArray"
+        if me == f:
+            if mine_err not in str(e):
+                failures.append(f"own error {e}")
+        elif me not in readers or f"rank {f}'s x could not be used" not in str(e):
+            failures.append(f"error {e}")
+    if not np.array_equal(plan.gather(x), want):
+        failures.append("the next gather")
+    p = plan.gather(x, wait=False)
+    if not np.array_equal(p.wait(), want):
+        failures.append("a gather after it, wait=False")
     agree(mesh.comm, failures)
 
 

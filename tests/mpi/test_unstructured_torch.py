@@ -289,3 +289,39 @@ def test_values_bad_on_one_rank_raise_without_a_hang(mesh):
             assert got == "ok", got
     y = pst.scatter(torch.ones((len(idx), 2), dtype=torch.float64), plan)  # runs on
     assert y.local.shape == x.local.shape
+
+
+def test_x_bad_on_one_rank_raises_without_a_hang(mesh):
+    """An x that only the last rank owning rows cannot gather from (a numpy array, a local of
+    another dtype) made every rank reading its rows wait for ever (its error came before the
+    exchange): it now takes part without rows, so each reader of one of its rows raises
+    "rank q's x could not be used", it raises its own error, and the plan runs on."""
+    P, me = mesh.size, mesh.rank
+    if P < 2:
+        pytest.skip("needs a peer")
+    sizes = sizes_of("uneven", N, P)
+    g = make_global((N, 2), "float64")
+    x = sharded(g, mesh, sizes)
+    last = max(q for q in range(P) if sizes is None or sizes[q])  # (it owns rows)
+    idx = np.arange(N) if me != last else indices_of(17, me)  # the others read every row
+    plan = plan_for(idx, x)
+    for bad in ("numpy", "dtype"):
+        mine = x
+        if me == last:
+            mine = x.local.numpy() if bad == "numpy" else pst.ShardedTensor(x.local, x.layout,
+                                                                             mesh)
+            if bad == "dtype":  # (.local replaced since)
+                mine.local = x.local.to(torch.float32)
+        try:
+            pst.gather(mine, plan)
+            got = "ok"
+        except (TypeError, ValueError) as e:
+            got = f"{type(e).__name__}: {e}"
+        if me == last:
+            assert got.startswith("TypeError: gather: expected a pyshard.torch.ShardedTensor"
+                                  if bad == "numpy" else "ValueError"), got
+        else:
+            assert got.startswith(f"ValueError: pyshard: gather: rank {last}'s x could not "
+                                  f"be used"), got
+    y = pst.gather(x, plan)  # runs on
+    np.testing.assert_array_equal(y.numpy(), g[np.asarray(idx, np.int64)])
