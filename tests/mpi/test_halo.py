@@ -788,6 +788,8 @@ def test_free_releases_communicators_that_arrays_keep(comm, method):
     past its free and the neighbor method's graph communicators (they kept them until they
     went: MPICH ran out of its 2048 communicators at the 2045th mesh though every one was
     freed)."""
+    if comm.size > 4:  # (what leaks is each process's own: 1-4 ranks show it)
+        pytest.skip("2100 meshes cost 40-190 s a run past 4 ranks on 2 cores")
     kept = []
     g = make_global((2 * comm.size, 3), "float64")
     for i in range(2100):
