@@ -525,33 +525,21 @@ bool IndexExchange::test() {
 void IndexExchange::wait() {
   if (!active_) return;
   active_ = false;
-  if (reverse_) {
-    try {
-      rev_.wait();
-    } catch (const MessageSizeError& e) {  // an empty message: that reader's values were bad
-      if (e.longer || e.received != 0) throw;  // not the empty mark: ranks that disagree
-      if (bad_peer_ < 0 || e.peer < bad_peer_) bad_peer_ = e.peer;
-    }
-    if (bad_) return;  // this rank's own values were bad: the caller raises
-    if (bad_peer_ >= 0)
-      throw std::invalid_argument(
-          "pyshard: scatter: rank " + std::to_string(bad_peer_) +
-          "'s values were bad (its own error names them); nothing was combined into this "
-          "rank's rows");
-  } else {
-    try {
-      fwd_.wait();
-    } catch (const MessageSizeError& e) {  // an empty message: that owner's x was bad
-      if (e.longer || e.received != 0) throw;  // not the empty mark: ranks that disagree
-      if (bad_peer_ < 0 || e.peer < bad_peer_) bad_peer_ = e.peer;
-    }
-    if (bad_) return;  // this rank's own x was bad: the caller raises
-    if (bad_peer_ >= 0)
-      throw std::invalid_argument(
-          "pyshard: gather: rank " + std::to_string(bad_peer_) +
-          "'s x could not be used (its own error names it); this rank's result was not "
-          "completed");
+  try {
+    (reverse_ ? rev_ : fwd_).wait();
+  } catch (const MessageSizeError& e) {  // an empty message: that peer's values (x) were bad
+    if (e.longer || e.received != 0) throw;  // not the empty mark: ranks that disagree
+    if (bad_peer_ < 0 || e.peer < bad_peer_) bad_peer_ = e.peer;
   }
+  if (bad_) return;  // this rank's own values (x) were bad: the caller raises
+  if (bad_peer_ >= 0)
+    throw std::invalid_argument(
+        reverse_ ? "pyshard: scatter: rank " + std::to_string(bad_peer_) +
+                       "'s values were bad (its own error names them); nothing was combined "
+                       "into this rank's rows"
+                 : "pyshard: gather: rank " + std::to_string(bad_peer_) +
+                       "'s x could not be used (its own error names it); this rank's result "
+                       "was not completed");
   const i64 rb = rb_;
   if (!reverse_) {
     const std::vector<char>& skip = *skip_now_;
