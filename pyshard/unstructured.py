@@ -327,8 +327,7 @@ class GatherPlan:
             self._cores[key] = core
             return core
         best: Tuple[float, str, Any] = (float("inf"), "", None)
-        cands = self._candidates
-        for m in cands:
+        for m in self._candidates:
             c = self._make(m, device)
             times = []
             for _ in range(TUNE_REPS):
@@ -495,7 +494,7 @@ class GatherPlan:
         def trial(c: Any) -> None:
             r, b = (out, None) if out is not None and not device else \
                 self._result(c, shape, host.dtype, rb)
-            c.start_forward(host, r, b, bad and c.method != 2)
+            c.start_forward(host, r, b, bad)  # (tune never measures neighbor)
             try:
                 c.wait()
             except ValueError:  # a peer's x was bad: raised by the call itself below
@@ -598,7 +597,7 @@ class GatherPlan:
             scratch = acc.copy() if self._candidates else acc  # (no trials: no copy)
 
             def trial(c: Any) -> None:
-                c.start_reverse(v, scratch, kind, _OP_CODE[op], bad and c.method != 2)
+                c.start_reverse(v, scratch, kind, _OP_CODE[op], bad)  # (never neighbor)
                 try:
                     c.wait()
                 except ValueError:  # a peer's bad values: raised by the call itself below
