@@ -52,6 +52,13 @@ def mpiexec():
     return shutil.which("mpiexec")
 
 
+def one_rank_only(comm):
+    """Skip past 1 rank a test whose work is the same at every rank count (a COMM_SELF mesh, a
+    plot, a fresh interpreter): every rank would repeat it (seconds a rank on 2 cores)."""
+    if comm.size != 1:
+        pytest.skip("rank-count independent: runs at 1 rank")
+
+
 def require(comm):
     """Skip unless this test runs at size 1 (it starts jobs of its own) and a launcher exists."""
     if comm.size != 1:

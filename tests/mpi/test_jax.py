@@ -12,6 +12,7 @@ import os
 import random
 from math import prod
 
+import launch
 import numpy as np
 import pytest
 from mpi4py import MPI
@@ -718,11 +719,12 @@ def test_fft_gradient_with_empty_shards(comm, kind):
 
 
 @pytest.mark.parametrize("dtype", ["complex64", "complex128"])
-def test_local_fft_pass_matches_jnp(dtype):
+def test_local_fft_pass_matches_jnp(comm, dtype):
     """The c2c pass through scipy.fft in place on XLA's buffer (pyshard_fft) against jnp.fft:
     every axes choice, both directions, every norm; its VJP and JVP against jnp.fft's; vmap;
     the source intact where it is used again after the pass; the custom call in the lowered
-    program, and not under PYSHARD_JAX_FFT=jnp."""
+    program, and not under PYSHARD_JAX_FFT=jnp. On COMM_SELF: the same at every rank count."""
+    launch.one_rank_only(comm)
     one = ps.Mesh(MPI.COMM_SELF, (1,))  # every axis local: the passes alone, no transpose
 
     def local_fft(a, axes, inverse, norm):
@@ -975,15 +977,14 @@ def test_remat_over_complex_exchanges(comm):
 
 
 @pytest.mark.parametrize("untested", [False, True])
-def test_jax_outside_the_tested_versions(untested):
+def test_jax_outside_the_tested_versions(comm, untested):
     """A jax outside the tested range: ImportError naming the versions and the override; with
     PYSHARD_JAX_UNTESTED=1 a warning and the import goes on (a fresh interpreter, where
     jax.__version__ is set before pyshard.jax reads it)."""
     import subprocess
     import sys
 
-    import launch
-
+    launch.one_rank_only(comm)
     code = ("import logging, jax; logging.basicConfig(); jax.__version__ = '0.99.0'\n"
             "import pyshard.jax\nprint('imported')")  # fmt: skip
     env = launch.child_env()  # a singleton MPI, not a rank of this job
