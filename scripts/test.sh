@@ -123,7 +123,7 @@ mpich_run 8 "8 ranks" "not slow and (not numerics or mesh3d)"
 # (the bench floor, test_balance, test_fft_padded, test_migrate, test_redistribute_1d,
 # examples/torch_bf16.py) fails here too with its fix reverted. The staged transport's sweep of every 1-D pair (an
 # oracle that grows as the square of the rank count: 25 s here) runs at 1-8 ranks only.
-# About 3 minutes.
+# 4-5 minutes (271 and 307 s in two fresh-clone runs on 2026-12-07).
 mpich_run 12 "12 ranks, nodes of 3" "not slow and not jax" PYSHARD_NODE_SIZE=3 \
   PYSHARD_SHM_MIN_BYTES=0 PYTEST_ADDOPTS=--deselect=tests/mpi/test_staged.py::test_1d_pairs_staged
 # Packaging and docs: the sdist installed (not editable) into a fresh environment with only
