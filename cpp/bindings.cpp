@@ -13,6 +13,7 @@
 #include "buffers.h"
 #include "fused.h"
 #include "halo.h"
+#include "shm_node.h"
 #include "shm_segment.h"
 #include "steps.h"
 #include "tags.h"
@@ -481,6 +482,9 @@ PYBIND11_MODULE(_core, m) {
   m.def("set_count_limit", &mpi::set_count_limit, py::arg("n"),
         "Tests only: counts and displacements above n (>= 8) take the datatype/split path "
         "that MPI libraries without large-count calls take past 2^31-1.");
+  m.def("stall_next_arrival", &stall_next_arrival, py::arg("seconds"),
+        "Tests only: this process's next node-shared handshake sleeps `seconds` after its "
+        "writes, before it tells its node peers they are done.");
   m.def("library_path", &mpi::library_path);
   m.def("cuda_built", &cuda_built);
   m.def("cuda_build_version", &cuda_build_version);

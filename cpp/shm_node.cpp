@@ -3,8 +3,11 @@
 #include <sys/mman.h>
 
 #include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <stdexcept>
 #include <string>
+#include <thread>
 
 #include "mpi_calls.h"
 
@@ -234,6 +237,20 @@ void NodeShm::arrive(int idx) {
   signal(s);
 }
 
+namespace {
+std::atomic<double> g_stall{0.0};  // stall_next_arrival
+}  // namespace
+
+void stall_next_arrival(double seconds) { g_stall.store(seconds); }
+
+void NodeShm::arrive_all() {
+  const double stall = g_stall.exchange(0.0);
+  if (stall > 0) std::this_thread::sleep_for(std::chrono::duration<double>(stall));
+  const int n = node_size();
+  for (int k = 1; k < n; ++k) arrive((me_ + k) % n);
+  slot(me_).done.store(epoch_, std::memory_order_release);
+}
+
 void NodeShm::check_failed() {
   for (int i = 0; i < node_size(); ++i)
     if (slot(i).failed.load(std::memory_order_relaxed) == epoch_)
@@ -246,7 +263,14 @@ void NodeShm::wait_arrivals() {
   const std::uint64_t want = epoch_ * static_cast<std::uint64_t>(node_size() - 1);
   ShmSlot& s = slot(me_);
   wait_for(s, [&] { return s.arrived.load(std::memory_order_acquire) >= want; }, [&] {
-    return std::string("the other ranks of this node to finish a node-shared exchange");
+    // the peers that have not made this call's arrivals (each says so in its `done` word)
+    std::string late;
+    for (int i = 0; i < node_size(); ++i) {
+      if (i == me_ || slot(i).done.load(std::memory_order_acquire) >= epoch_) continue;
+      late += (late.empty() ? "" : ", ") + who(i);
+    }
+    if (late.empty()) late = "the other ranks of this node";
+    return late + " to finish writing its side of a node-shared exchange";
   });
 }
 

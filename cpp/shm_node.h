@@ -130,6 +130,7 @@ class NodeShm {
   void handshake(F& copy, bool allow_private);  // the part of exchange_all after publish
   void wait_arrivals();
   void arrive(int idx);
+  void arrive_all();  // arrive at every node peer, then say so in this rank's `done` word
   template <class C, class W>
   void wait_for(ShmSlot& s, C done, W what);  // what(): the waited-for, for the timeout
   void signal(ShmSlot& s);
@@ -168,6 +169,10 @@ class NodeShm {
 // every node-shared wait does, so that a fold in flight whose peers wait here (for a
 // handshake this rank reached first) is read and its owner's wait() can return.
 void serve_folds_in_flight();
+
+// Tests only: the next node-shared handshake of this process sleeps `seconds` between its
+// writes and its arrivals (a rank stopped there: its peers' wait for arrivals must name it).
+void stall_next_arrival(double seconds);
 
 template <class C, class W>
 void NodeShm::wait_for(ShmSlot& s, C done, W what) {
@@ -230,7 +235,7 @@ void NodeShm::handshake(F& copy, bool allow_private) {
     }
   }
   copy(static_cast<const std::vector<char*>&>(bases_));
-  for (int k = 1; k < n; ++k) arrive((me_ + k) % n);
+  arrive_all();
   wait_arrivals();
   check_failed();
 }
@@ -248,7 +253,7 @@ void NodeShm::trade(ShmSegment* mine, i64 off, F&& f) {
     if (!f(idx, s.pid, s.dst_fd, s.dst_cap, s.dst_off))
       slot(me_).failed.store(epoch_, std::memory_order_relaxed);
   }
-  for (int k = 1; k < n; ++k) arrive((me_ + k) % n);
+  arrive_all();
   wait_arrivals();
   check_failed();
 }

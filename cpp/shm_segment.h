@@ -66,6 +66,9 @@ struct alignas(64) ShmSlot {
   static constexpr std::uint32_t kMaxIds = 240;
   std::atomic<std::uint32_t> nids;
   std::atomic<std::uint64_t> ids[kMaxIds];
+  // the last call whose arrivals the owner has made (its writes into every node peer done):
+  // a rank whose wait for arrivals times out names the peers whose word is behind
+  alignas(64) std::atomic<std::uint64_t> done;
 };
 
 // This rank's control segment, made when a Mesh is built, and its node peers' (mapped once

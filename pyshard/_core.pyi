@@ -94,6 +94,7 @@ __all__: list[str] = [
     "set_count_limit",
     "set_peer_timeout",
     "set_result_pool_limit",
+    "stall_next_arrival",
     "stats",
     "stream_copy",
 ]
@@ -1348,6 +1349,11 @@ def set_peer_timeout(seconds: typing.SupportsFloat | typing.SupportsIndex) -> No
     """
 
 def set_result_pool_limit(bytes: typing.SupportsInt | typing.SupportsIndex) -> None: ...
+def stall_next_arrival(seconds: typing.SupportsFloat | typing.SupportsIndex) -> None:
+    """
+    Tests only: this process's next node-shared handshake sleeps `seconds` after its writes, before it tells its node peers they are done.
+    """
+
 def stats() -> dict[str, int]: ...
 def stream_copy(src: numpy.ndarray, dst: numpy.ndarray) -> None: ...
 

@@ -470,6 +470,10 @@ UNIT_TESTS: Dict[str, FrozenSet[str]] = {
     # The core's CUDA handler for pyshard.jax counts its calls that overlap (two steps in
     # flight at once in one process): a fact of the core's FFI handler, read on the GPU only.
     "tests/gpu/test_jax_gpu.py": frozenset({"_core"}),
+    # A fault only the core can place: a rank stopped inside a node-shared handshake, between
+    # its writes and its arrivals (the core's tests-only stall_next_arrival); its peer's
+    # timeout must name it (test_faults.py).
+    "tests/mpi/peer_worker.py": frozenset({"_core"}),
 }
 
 # calls that reach an attribute by name: X.<name>(obj, "attribute", ...) or <name>(obj, ...)

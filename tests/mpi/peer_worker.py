@@ -5,7 +5,9 @@ peer must raise RuntimeError within PYSHARD_PEER_TIMEOUT, print it, and end the 
 
 WHERE: "setup" (rank 1 stops inside the mesh's node setup, after its Allgather: rank 0 waits
 for its control segment at its first exchange), "exchange" (rank 1 stops before the second
-of two node-shared exchanges), "halo" (before the second of two halo updates), "kill" (rank
+of two node-shared exchanges), "arrive" (rank 1 stops inside the second of two node-shared
+exchanges, after its writes and before it tells its peer they are done: the peer's wait for
+arrivals must name it), "halo" (before the second of two halo updates), "kill" (rank
 RANK kills itself with SIGKILL before the second of two exchanges), "validate" (as
 "exchange", in the validation mode: the wait is its check's), "dim" (4 ranks, a 2x2 mesh:
 rank RANK stops before the second of two exchanges along mesh dim 1).
@@ -23,7 +25,7 @@ import numpy as np
 from mpi4py import MPI
 
 import pyshard as ps
-from pyshard import Replicate, Shard, collectives
+from pyshard import Replicate, Shard, _core, collectives
 
 where = sys.argv[1]
 stopping = int(sys.argv[2]) if len(sys.argv) > 2 else 1
@@ -87,13 +89,16 @@ try:
     else:
         if where == "validate":  # the validation mode's check waits for the late rank
             ps.set_validation(True)
-        if where in ("exchange", "kill", "validate"):
+        if where in ("exchange", "kill", "validate", "arrive"):
             x.redistribute([Shard(1)])
             if comm.rank == stopping:
                 sys.stdout.flush()
                 if where == "kill":
                     os.kill(os.getpid(), signal.SIGKILL)
-                stop()
+                if where == "arrive":  # stop inside the next exchange, after its writes
+                    _core.stall_next_arrival(120.0)
+                else:
+                    stop()
         t0 = time.monotonic()
         x.redistribute([Shard(1)])
     print(f"rank {comm.rank}: finished ({where})", flush=True)

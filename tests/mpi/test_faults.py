@@ -55,9 +55,10 @@ def left_running(script):
 
 
 @pytest.mark.spawns  # starts mpiexec jobs of its own (the matrix's 1-rank run)
-@pytest.mark.parametrize("where", ["setup", "exchange", "halo", "validate"])
+@pytest.mark.parametrize("where", ["setup", "exchange", "arrive", "halo", "validate"])
 def test_a_stopped_node_peer_makes_the_waiting_rank_raise(comm, where, tmp_path):
-    """Rank 1 stops at mesh setup, before a node-shared exchange or before a halo update, or
+    """Rank 1 stops at mesh setup, before a node-shared exchange, inside one (after its writes,
+    before its arrivals) or before a halo update, or
     before a redistribute in the validation mode (its check, a collective, waited for ever);
     rank 0's wait for it ends at PYSHARD_PEER_TIMEOUT with a RuntimeError naming the rank and
     what it waited for (instead of hanging), and the job is torn down: no process is left
@@ -88,6 +89,8 @@ def test_a_stopped_node_peer_makes_the_waiting_rank_raise(comm, where, tmp_path)
         assert "validation mode" in msg and "not in this call" in msg, msg
     else:
         assert "rank 1" in msg, msg
+    if where == "arrive":  # its wait for arrivals, naming the rank that has not arrived
+        assert "rank 1 of this communicator to finish writing" in msg, msg
     waited = float(msg.split("after ")[1].split(" s")[0])
     assert bound <= waited < bound + 10, msg  # within the bound, not the sleep's 120 s
     assert took < 60, f"the job took {took:.0f} s to end"
