@@ -169,7 +169,7 @@ class Chain:
 
     def __init__(self, prof: np.ndarray, parts: int, grain: int = 1, min_size: int = 0) -> None:
         prof = np.asarray(prof, np.float64)
-        prof = prof.reshape(prof.shape[0], -1)
+        prof = prof.reshape(prof.shape[0], int(np.prod(prof.shape[1:], dtype=np.int64)))
         n = prof.shape[0]
         self.n, self.p, self.m = n, int(parts), int(min_size)
         self.mu = -(-self.m // grain)  # the fewest grains in a part but the last
@@ -769,7 +769,12 @@ def particle_cost(positions: Any, like: Any, origin: Any = 0.0, spacing: Any = 1
             c = c.astype(np.int64) - box[k].start
             ok &= (c >= 0) & (c < shape[k])
             local.append(np.where(ok, c, 0))
-        if not ok.all():
+        nonfinite = ~np.isfinite(x).all(axis=1)
+        if nonfinite.any():  # no cell at all: migrating cannot help
+            i = int(np.flatnonzero(nonfinite)[0])
+            err = (f"{int(nonfinite.sum())} of {x.shape[0]} particles are not finite (NaN or "
+                   f"inf) (the first: {x[i].tolist()}): they have no cell")
+        elif not ok.all():
             i = int(np.flatnonzero(~ok)[0])
             err = (f"{int((~ok).sum())} of {x.shape[0]} particles lie outside rank "
                    f"{mesh.rank}'s box {box} (the first: {x[i].tolist()}); migrate them to "

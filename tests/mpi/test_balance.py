@@ -62,6 +62,28 @@ def test_particle_cost_counts_and_rebalances(comm):
     bad = x + (8.0 if comm.rank == 0 else 0.0)
     with pytest.raises(ValueError, match="particle_cost"):
         ps.particle_cost(bad, grid)
+    # a NaN has no cell: its rank says so (not "migrate them to their owner"), the others
+    # name another rank
+    nan = np.array([[np.nan, 1.0]]) if comm.rank == 0 else np.zeros((0, 2))
+    with pytest.raises(ValueError, match="particle_cost") as e:
+        ps.particle_cost(nan, grid)
+    if comm.rank == 0:
+        assert "not finite (NaN or inf)" in str(e.value) and "migrate" not in str(e.value)
+    else:
+        assert "another rank" in str(e.value)
+    mesh.free()
+
+
+@pytest.mark.parametrize("shape", [(0,), (0, 3)])
+def test_a_dim_of_length_zero_balances_to_empty_shards(comm, shape):
+    """A cost whose sharded dim has length 0 (every shard empty, a legal layout): empty
+    extents on every rank (numpy's reshape error escaped before)."""
+    mesh = ps.Mesh(comm, (comm.size,))
+    cost = ps.distribute(np.ones(shape), mesh, [ps.Shard(0)])
+    b = ps.balance(cost)
+    assert b.sizes == {0: (0,) * comm.size}
+    a = ps.balance_array(np.ones(shape), cost.layout)
+    assert a.sizes == b.sizes
     mesh.free()
 
 
