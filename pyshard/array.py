@@ -361,6 +361,11 @@ def from_local(
     """Wrap this rank's shard ``local`` (numpy or cupy, or a DLPack / CUDA array interface
     producer, viewed without a copy) as a ShardedArray.
 
+    A ``local`` that is not C-contiguous (a strided slice, a transpose) is copied, as
+    :attr:`ShardedArray.local` is always C-contiguous: writes into the result (a scatter's
+    ``into=``, an ``out=``) then land in the copy, not in ``local``. Pass a C-contiguous
+    array where the writes must reach your own buffer.
+
     With ``global_shape`` (and ``sizes`` where the split is not balanced) there is no
     communication at all: every rank must pass the shard the layout gives it, or
     :class:`ValueError` (:class:`TypeError` for a non-array or a refused dtype) is raised on

@@ -111,23 +111,28 @@ def _signature(st: _Structure, cols: List[np.ndarray]) -> int:
     return zlib.crc32(text.encode())
 
 
-def _dest(dest: Any, n: int, room: bool = False) -> Tuple[Optional[np.ndarray], int, str]:
+def _dest(dest: Any, n: int, room: bool = False) -> Tuple[Optional[np.ndarray], int, str, Any]:
     """``dest`` as a C-contiguous int32 or int64 array of ``n`` entries (``room``: at most
-    ``n``, the columns' length, for an in-place migration), an error code and its detail."""
+    ``n``, the columns' length, for an in-place migration), an error code and its detail, and
+    ``dest`` as given on the host (for the values an error names)."""
     try:
         d = _backend.as_array(dest, "dest")
     except TypeError as e:
-        return None, 2, str(e)
+        return None, 2, str(e), None
     if _backend.is_device(d):
         d = _backend.to_host(d)
+    given = d
     if d.dtype.kind not in "iu" or d.ndim != 1:
-        return None, 2, f"dest must be a 1-D integer array, got dtype {d.dtype}, shape {d.shape}"
+        return (None, 2, f"dest must be a 1-D integer array, got dtype {d.dtype}, shape "
+                f"{d.shape}", given)
     if d.shape[0] > n if room else d.shape[0] != n:
         what = f"columns with room for {n} rows" if room else f"{n} rows"
-        return None, 3, f"dest has {d.shape[0]} entries for {what}"
+        return None, 3, f"dest has {d.shape[0]} entries for {what}", given
     if d.dtype not in (np.dtype(np.int64), np.dtype(np.int32)):
-        d = d.astype(np.int64)  # uint64 past 2^63 turns negative: out of range, as it should
-    return np.ascontiguousarray(d), 0, ""
+        if d.dtype == np.uint64:  # past 2^63 it would wrap to a negative rank (even -1)
+            d = np.minimum(d, np.uint64(np.iinfo(np.int64).max))
+        d = d.astype(np.int64)  # out of range stays out of range
+    return np.ascontiguousarray(d), 0, "", given
 
 
 class _Buffers:
@@ -534,7 +539,7 @@ def migrate(rows: Rows, dest: Any, mesh: Any, algorithm: str = "auto", wait: boo
     d: Optional[np.ndarray] = None
     n = cols[0].shape[0] if cols else 0
     if not code:
-        d, code, detail = _dest(dest, n, inplace)
+        d, code, detail, given = _dest(dest, n, inplace)
         if inplace and d is not None:
             n = d.shape[0]
             if not code:
@@ -544,7 +549,7 @@ def migrate(rows: Rows, dest: Any, mesh: Any, algorithm: str = "auto", wait: boo
         counts, bad = _core.migrate_count(d, P)
         if bad >= 0:
             code = 10 if int(d[bad]) == -1 else 1
-            detail = f"dest[{bad}] = {int(d[bad])} is outside [0, {P})"
+            detail = f"dest[{bad}] = {int(given[bad])} is outside [0, {P})"
     if not code and r.algorithm == "peers":
         out = np.ones(P, bool)
         out[list(r.peers)] = False

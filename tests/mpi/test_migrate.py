@@ -439,7 +439,7 @@ def test_buffers_stay_bounded(mesh):
     assert kept(mesh)["buffers"] <= 4
 
 
-BAD = ["range", "negative", "float_dest", "length", "columns", "object", "mismatch"]
+BAD = ["range", "negative", "float_dest", "length", "columns", "object", "mismatch", "uint64"]
 
 
 def bad_input(kind, me, P, culprit):
@@ -461,6 +461,10 @@ def bad_input(kind, me, P, culprit):
         return ((x, np.arange(5)), dest), "5 rows"
     if kind == "object":
         return (np.array([None] * 6, dtype=object), dest), "dtype object"
+    if kind == "uint64":  # past 2^63: named as given (it wrapped to a negative, 2^64-1 to -1)
+        big = dest.astype(np.uint64)
+        big[3] = np.iinfo(np.uint64).max
+        return (x, big), "dest[3] = 18446744073709551615 is outside"
     return (x.astype(np.float32), dest), None  # mismatch
 
 
