@@ -24,7 +24,7 @@ from .geometry import (
     padded,
     push_specs,
 )
-from .layout import Layout, Shard
+from .layout import Layout, Partial, Shard
 from .memory import allocate, pooled
 from .mesh import Mesh
 from .planner import Plan, Step
@@ -243,7 +243,7 @@ class _MakePartial(_Step):
         )
         self.fill: object = None
         if spread:
-            self.fill = _identity(step.dst.dtype, step.dst.placements[spread[0]].op)
+            self.fill = _identity(step.dst.dtype, _fill_op(step.dst, spread[0], coords))
             self.core = local_slices(step.src, step.dst, coords)
 
     def run(self, local: Any, out: Optional[Any] = None) -> Any:
@@ -281,6 +281,23 @@ def local_slices(box_of: Layout, rel: Layout, coords: Tuple[int, ...]) -> Tuple[
             (rel.interval(d, coords) for d in range(rel.ndim)),
         )
     )
+
+
+def _fill_op(dst: Layout, m: int, coords: Tuple[int, ...]) -> str:
+    """Whose identity fills the cells outside this rank's shard where mesh dim ``m`` turns
+    from Shard into Partial. The Partial dims reduce in mesh-dim order, dim 0 first, so the
+    dims before ``m`` must reduce those cells to ``m``'s identity: where this rank's
+    coordinate is 0 on each of them it holds ``m``'s identity, else the identity of the
+    first of them (the first reduced) where its coordinate is not 0. Each reduction then
+    meets one value that passes and identities of its own op: nothing is combined twice (n
+    copies of an integer's lowest value summed would wrap; +inf and -inf summed are NaN).
+    ``avg`` dims are skipped: their ranks then hold equal values, whose mean is that value
+    (``avg`` is for floats only)."""
+    for k in range(m):
+        p = dst.placements[k]
+        if isinstance(p, Partial) and p.op != "avg" and coords[k] != 0:
+            return p.op
+    return dst.placements[m].op
 
 
 def _identity(dtype: np.dtype, op: str) -> object:

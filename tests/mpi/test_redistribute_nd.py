@@ -305,6 +305,38 @@ def test_shard_to_partial_needs_no_communication(comm):
             np.testing.assert_array_equal(back.local, g[back.box])
 
 
+@pytest.mark.parametrize("dtype", ["int8", "float32"])
+def test_shard_to_partial_after_other_partial_dims(comm, dtype):
+    """S(d) -> P(op) on mesh dim m where Partial dims reduce before m: the cells outside a
+    rank's shard are reduced over those dims first, so they must come out as op's identity.
+    Each rank filled them with it: summed over a P(sum) dim, n copies of an integer's lowest
+    (highest) value wrapped to 0 (-2), which a later max (min) took (silently wrong; floats'
+    infinities hid it). Every target's ranks' values, reduced in mesh-dim order by the
+    oracle (in their dtype, as MPI reduces them), give the global array."""
+    shapes = [m for m in MESHES.get(comm.size, []) if len(m) >= 2 and max(m) > 1]
+    if not shapes:
+        pytest.skip(f"no 2-D or 3-D mesh case for {comm.size} ranks")
+    ops = ("sum", "max", "min")
+    bad = []
+    for mshape in shapes:
+        mesh = ps.Mesh(comm, mshape)
+        M = len(mshape)
+        coords = [tuple(mesh.comm.Get_coords(r)) for r in range(comm.size)]
+        g = make_global((9,), dtype, seed=5)
+        others = [R] + [Partial(o) for o in ops]
+        for m in range(M) if M == 2 else [M - 1]:  # 3-D: the shard on the last dim
+            for rest in itertools.product(others, repeat=M - 1):
+                src = list(rest[:m]) + [S(0)] + list(rest[m:])
+                x = ps.distribute(g, mesh, src)
+                for dst in itertools.product(ops, repeat=M):
+                    y = x.redistribute([Partial(o) for o in dst])
+                    got = _reduce_in_order(comm.allgather(y.local), coords, mshape, dst)
+                    if not np.array_equal(got, g):
+                        bad.append(f"{mshape} {src} -> {list(dst)}: {got}")
+        mesh.free()
+    assert not bad, bad[:5]
+
+
 def test_cached_redistribute_builds_nothing(comm, monkeypatch):
     """Once a plan ran, repeating it builds no layout, plan or block list (work that grows
     with the number of ranks happens once)."""
@@ -392,8 +424,9 @@ def test_only_the_same_layout_shares_memory(comm):
     mesh.free()
 
 
-OPS = {"sum": lambda s: s.sum(0), "avg": lambda s: s.mean(0), "max": lambda s: s.max(0),
-       "min": lambda s: s.min(0)}
+# sums in the array's own dtype, as MPI's are (an integer's wraps)
+OPS = {"sum": lambda s: s.sum(0, dtype=s.dtype), "avg": lambda s: s.mean(0),
+       "max": lambda s: s.max(0), "min": lambda s: s.min(0)}
 
 
 def _reduce_in_order(parts, coords, mshape, ops):
