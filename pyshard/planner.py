@@ -31,7 +31,8 @@ The rules (all decided from the layouts alone, so every rank decides the same):
    replicated value, ``sum`` keeps the value at coordinate 0 and zeros elsewhere; ``avg``,
    ``max`` and ``min`` keep it. From a shard (``Shard(d) -> Partial(sum|max|min)`` on the
    same mesh dim), each rank places its shard in an array of the reduction's identity
-   (0, the dtype's lowest, its highest): no communication at all.
+   (0, the dtype's lowest, its highest; where Partial dims reduce before it, only at
+   coordinate 0 of them, executor._fill_op): no communication at all.
 """
 
 from __future__ import annotations

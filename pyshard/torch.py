@@ -101,6 +101,21 @@ def _as_array(t: torch.Tensor) -> Any:
             f"functions run under torch.autograd (backward(), torch.autograd.grad)") from None
 
 
+def _apply(fn: Any, *args: Any) -> Any:
+    """``fn.apply(*args)``; under a torch.func transform NotImplementedError naming them
+    (torch refuses an autograd Function without ``setup_context`` there, in words that name
+    neither pyshard nor torch.func). Raised before any communication, so on every rank."""
+    try:
+        return fn.apply(*args)
+    except RuntimeError as e:
+        if "functorch transforms" not in str(e):
+            raise
+        raise NotImplementedError(
+            "pyshard.torch: torch.func transforms (grad, vmap, vjp, jacrev) are not "
+            "supported; pyshard's functions run under torch.autograd (backward(), "
+            "torch.autograd.grad)") from None
+
+
 def _memory_of(t: torch.Tensor) -> Any:
     t = t.detach()
     if t.is_conj():
@@ -390,7 +405,7 @@ def redistribute(
     if x.layout == dst and gout == gin and div == 1:
         return ShardedTensor._wrap(x.local, dst, x.mesh)  # nothing moves, forward or backward
     meta = (x.layout, dst, gout, gin, div, x.mesh, algorithm)
-    return ShardedTensor._wrap(_Redistribute.apply(x.local, meta), dst, x.mesh)
+    return ShardedTensor._wrap(_apply(_Redistribute, x.local, meta), dst, x.mesh)
 
 
 class _RedistributeMany(torch.autograd.Function):
@@ -469,7 +484,7 @@ def redistribute_many(
         gin, div = _grad_in_layout(x.layout) if grad and x.local.requires_grad else (None, 1)
         metas.append((x.layout, dst, gout, gin, div))
     if grad:
-        outs = _RedistributeMany.apply(metas, mesh, algorithm, *[x.local for x in xs])
+        outs = _apply(_RedistributeMany, metas, mesh, algorithm, *[x.local for x in xs])
     else:
         arrs = [ShardedArray.wrap(_as_array(x.local), x.layout, mesh) for x in xs]
         ys = _redistribute_many(
@@ -531,7 +546,7 @@ def halo_pad(
         raise ValueError(f"halo_pad: method must be one of {HALO_PAD_METHODS}, got {method!r}")
     spec = (width, periodic, corners, method)
     if torch.is_grad_enabled() and x.local.requires_grad:
-        return _HaloPad.apply(x.local, (x.layout, x.mesh, spec))
+        return _apply(_HaloPad, x.local, (x.layout, x.mesh, spec))
     h = _halo(_as_array(x.local), x.layout, x.mesh, spec)
     h.update()
     return _to_torch(h.padded)
@@ -581,7 +596,7 @@ class _TensorMigrated(Migrated):
         ``wait=False`` returns a handle that is complete already (an autograd node runs
         whole): its ``test()`` is True and its ``wait()`` gives the tensors."""
         keys, vals = _columns(values)
-        out = _rebuild(values, keys, _MigrateBack.apply(self._arrays, keys, *vals))
+        out = _rebuild(values, keys, _apply(_MigrateBack, self._arrays, keys, *vals))
         return out if wait else _Complete(out)
 
 
@@ -642,7 +657,7 @@ def migrate(rows: Any, dest: Any, mesh: Mesh, algorithm: str = "auto") -> Migrat
     d = dest.detach().cpu().numpy() if isinstance(dest, torch.Tensor) else dest
     d = np.array(d, copy=True) if isinstance(d, np.ndarray) else d
     holder: List[Any] = []
-    out = _Migrate.apply(d, mesh, algorithm, holder, *cols)
+    out = _apply(_Migrate, d, mesh, algorithm, holder, *cols)
     return _TensorMigrated(holder[0], _rebuild(rows, keys, out))
 
 
@@ -745,7 +760,7 @@ def gather(x: ShardedTensor, plan: GatherPlan) -> torch.Tensor:
             pass
         raise
     if torch.is_grad_enabled() and x.local.requires_grad:
-        return _GatherRows.apply(x.local, (plan, x.layout, x.mesh))
+        return _apply(_GatherRows, x.local, (plan, x.layout, x.mesh))
     return _to_torch(plan.gather(ShardedArray.wrap(_as_array(x.local), x.layout, x.mesh)))
 
 
@@ -796,7 +811,7 @@ def scatter(values: torch.Tensor, plan: GatherPlan, into: Optional[ShardedTensor
             f"with op='sum', or run this one outside the graph (torch.no_grad())")
     meta = (plan, layout, mesh, op)
     if grad:
-        out = _ScatterRows.apply(values, base, meta)
+        out = _apply(_ScatterRows, values, base, meta)
     else:
         out = _scatter_rows(values, base, meta)
     return ShardedTensor._wrap(out, layout, mesh)

@@ -157,8 +157,13 @@ def _check(x: object, what: str, args: Optional[Dict[str, str]] = None) -> Shard
     bad = ""
     if got != want:
         bad = f"local shape {got}, the layout gives rank {mesh.rank} {want}"
-    elif np.dtype(x.local.dtype) != lay.dtype:
-        bad = f"local dtype {np.dtype(x.local.dtype)}, the layout's is {lay.dtype}"
+    else:
+        dt = np.dtype(x.local.dtype)
+        held = np.dtype(jax.dtypes.canonicalize_dtype(dt))  # what JAX makes of it
+        if held != lay.dtype:
+            bad = (f"local dtype {held}, the layout's is {lay.dtype}" if held == dt else
+                   f"local dtype {dt}, which JAX holds as {held} (jax_enable_x64 is off), "
+                   f"the layout's is {lay.dtype}")
     if _validate.enabled:  # every rank learns who is wrong, and every rank raises
         _validate.agree(mesh.comm, f"pyshard.jax.{what}", {
             "local array": f"not its shard: {bad}" if bad else "its shard",

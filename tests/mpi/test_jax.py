@@ -918,6 +918,14 @@ def test_from_local_of_a_numpy_float64_without_x64(comm):
         y = jax.jit(lambda x: psj.redistribute(x, [Shard(1)]))(x)
         np.testing.assert_array_equal(np.asarray(y.local),
                                       g.astype(np.float32)[y.layout.box(mesh.coords)])
+        # the same numpy local wrapped by the constructor with a float64 layout: refused
+        # before any communication, naming x64 (eager calls failed inside the custom call,
+        # "a halo update got 168 -> 168 bytes, planned 336 -> 336", or ran in float32)
+        s = psj.Sharded(g[lay.box(mesh.coords)], lay, mesh)
+        for call in (lambda: psj.redistribute(s, [Shard(1)]), lambda: psj.halo_pad(s, 1),
+                     lambda: psj.fftn(s)):
+            with pytest.raises(ValueError, match="jax_enable_x64 is off"):
+                call()
     mesh.free()
 
 

@@ -773,8 +773,17 @@ def test_torch_func_transforms_are_refused_clearly(comm):
         x = pst.from_local(t, mesh, [Shard(0)], global_shape=(3 * n, 2))
         return pst.redistribute(x, [R]).local.sum()
 
+    layout = ps.Layout((3 * n, 2), np.float32, (n,), [Shard(0)])
+
+    def g(t):  # the tensor wrapped by the constructor: torch's own error came from apply
+        return pst.redistribute(pst.ShardedTensor(t, layout, mesh), [R]).local.sum()
+
+    def h(t):
+        return pst.halo_pad(pst.ShardedTensor(t, layout, mesh), 1).sum()
+
     t = torch.ones(3, 2)
-    for call in (lambda: func.grad(f)(t), lambda: func.vmap(f)(torch.stack([t, t]))):
+    for call in (lambda: func.grad(f)(t), lambda: func.vmap(f)(torch.stack([t, t])),
+                 lambda: func.grad(g)(t), lambda: func.grad(h)(t)):
         with pytest.raises(NotImplementedError, match="torch.func"):
             call()
     assert f(t).item() == 6.0 * n  # (plain autograd still works)
