@@ -372,7 +372,11 @@ def build_info() -> Dict[str, Any]:
     ``count_limit``: the largest count the core passes to one MPI call (2^31-1, or
     ``PYSHARD_COUNT_LIMIT``); ``peer_timeout``: the seconds a rank waits for a node peer
     (``PYSHARD_PEER_TIMEOUT``): both as the core holds them now. ``malloc``: the process's
-    allocator (:func:`malloc_name`)."""
+    allocator (:func:`malloc_name`). After ``MPI.Finalize()``, RuntimeError (the CUDA-aware
+    query is an MPI call)."""
+    from .collectives import check_finalized
+
+    check_finalized()
     v = _core.cuda_build_version()
     text = _mpi.clean(_core.library_version())
     major, minor = _core.library_standard()

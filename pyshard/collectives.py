@@ -69,3 +69,12 @@ def allgather_rows(comm: Any, row: np.ndarray) -> np.ndarray:
 def barrier(comm: Any) -> None:
     """Every rank of ``comm`` has reached this call (timing loops line their ranks up here)."""
     comm.Barrier()
+
+
+def check_finalized() -> None:
+    """RuntimeError once MPI is finalized (``MPI.Finalize()``): before any MPI call, which
+    MPICH answers by ending the process with its own message. ``MPI_Finalized`` itself may
+    be called at any time (about 30 ns)."""
+    if MPI.Is_finalized():
+        raise RuntimeError("MPI was finalized (MPI.Finalize()): pyshard cannot communicate "
+                           "any more")

@@ -343,13 +343,24 @@ def _apply(name: str) -> None:
 
 def refresh() -> None:
     """Read every setting's environment variable again (after ``os.environ`` changed in this
-    process): a changed one takes effect at the next call, cached paths included."""
+    process): a changed one takes effect at the next call, cached paths included. Every
+    changed setting is applied (and one refused earlier, now good) before the first refused
+    value's ValueError is raised; the refused one holds its default meanwhile and is raised
+    again at the next Mesh's build while it stands (as a value refused at import)."""
     changed = [name for name, (raw, _) in _parsed.items() if os.environ.get(name) != raw]
     for name in changed:
         del _parsed[name]
         _changed()
-    for name in changed:
-        _apply(name)
+    first: Optional[ValueError] = None
+    for name in dict.fromkeys(changed + list(_refused)):
+        try:
+            _apply(name)
+        except ValueError as e:  # (the others still applied: none left on a stale value)
+            if name in _appliers:
+                _defer(name, e)
+            first = first or e
+    if first is not None:
+        raise first
 
 
 def _setting(name: str) -> Setting:

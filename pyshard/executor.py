@@ -14,6 +14,7 @@ from . import _backend as bk
 from . import _core, _tune
 from ._dtypes import accumulator, is_ml_float
 from ._dtypes import identity as ml_identity
+from .collectives import check_finalized
 from .exchange import NONBLOCKING_MIN_BLOCK, Exchange, Request
 from .geometry import (
     Pads,
@@ -590,6 +591,8 @@ class Pending(Request):
 
     def wait(self) -> Any:
         """The result (a :class:`~pyshard.ShardedArray`); collective, as the redistribute."""
+        if not self._done:
+            check_finalized()
         while not self._done:
             self._mesh.pending[0]._finish()
         return self._result
@@ -609,6 +612,7 @@ class Pending(Request):
         does (its later steps and the older ones run here, in start order, collectively)."""
         if self._done:
             return True
+        check_finalized()
         e = self._execs[0]
         if not e.core.test(self._core):
             return False

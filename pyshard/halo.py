@@ -614,6 +614,8 @@ class HaloArray:
         """Complete the exchange :meth:`start` (or :meth:`start_fold`) began: the ghost
         cells are filled (the interior cells combined), on a GPU ready on cupy's current
         stream. After a :meth:`test` that completed it, returns at once."""
+        if self._folding or self._active:
+            collectives.check_finalized()
         if self._folding:
             op, self._folding = self._folding, None
             self._fold_wait(self._fstep, op, self.padded)
@@ -639,6 +641,7 @@ class HaloArray:
         :meth:`wait` does (waiting for the node peers) and returns True."""
         if not (self._active or self._folding):
             return True
+        collectives.check_finalized()
         step = self._fstep if self._folding else self._step
         probe = getattr(step.core, "test", None)
         if probe is not None and not probe():

@@ -10,6 +10,7 @@ from mpi4py import MPI
 
 from . import _core, _shm
 from ._cache import ExecCache, register
+from .collectives import check_finalized
 
 __all__ = ["Mesh"]
 
@@ -197,9 +198,7 @@ class Mesh:
                 f"this mesh was freed (Mesh.free()): {self!r} has no communicators left; "
                 f"make a new Mesh"
             )
-        if MPI.Is_finalized():  # (MPICH would end the process with its own message)
-            raise RuntimeError("MPI was finalized (MPI.Finalize()): pyshard cannot "
-                               "communicate any more")
+        check_finalized()
 
     def free(self) -> None:
         """Release the communicators this mesh created (collective over the mesh).
@@ -210,6 +209,9 @@ class Mesh:
         many meshes should free them. Redistributes still in flight on the mesh
         (``wait=False``, their handles waited for or not) are completed first, in start order.
         """
+        if self._freed:  # (again: nothing left to release)
+            return
+        check_finalized()  # (its communicators went with MPI)
         if self.pending:  # (handles dropped unwaited keep their buffers and requests)
             self.pending[-1].wait()  # (completes every one started before it, in order)
         self._cache.clear()  # executors, and the workspace pool back to the OS

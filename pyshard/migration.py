@@ -366,6 +366,7 @@ class _InFlight(Request):
         is out; once they are in, the rows are put in place here."""
         if self.done:
             return True
+        collectives.check_finalized()
         if not self.x.core.test():
             return False
         self.wait()
@@ -375,6 +376,7 @@ class _InFlight(Request):
         """Complete the messages and give the buffers back (once, even when it raises)."""
         if self.send is None or self.recv is None:
             raise RuntimeError("pyshard: this exchange failed in an earlier wait()")
+        collectives.check_finalized()
         try:
             self.x.core.wait()
         finally:

@@ -239,11 +239,15 @@ class PendingIndex(Request):
     def test(self) -> bool:
         """True when every message of the exchange has completed (then :meth:`wait` returns
         at once); never blocks."""
-        return self._done or bool(self._core.test())
+        if self._done:
+            return True
+        collectives.check_finalized()
+        return bool(self._core.test())
 
     def wait(self) -> Any:
         """Complete the exchange; the gathered rows (gather) or None (scatter)."""
         if not self._done:
+            collectives.check_finalized()
             try:
                 self._core.wait()
             except ValueError:  # a peer's values were bad: nothing combined here

@@ -264,6 +264,37 @@ def test_applied_settings_follow_every_change(monkeypatch):
         config.reset("PYSHARD_LOAD_DIRECT_BYTES")
 
 
+def test_refresh_applies_every_change_before_it_raises(monkeypatch):
+    """refresh() with one refused value among changed ones: the others are applied, the
+    refused one holds its default and is raised by the next Mesh, and once fixed a refresh
+    applies it (a refused value left the settings after it unapplied for good, and a fixed
+    one too: validation read on while the process ran without it)."""
+    from mpi4py import MPI
+
+    seen = []
+    monkeypatch.delenv("PYSHARD_LOAD_DIRECT_BYTES", raising=False)
+    config.apply_with("PYSHARD_LOAD_DIRECT_BYTES", seen.append)
+    monkeypatch.setenv("PYSHARD_CACHE_LIMIT", "256")
+    config.refresh()
+    try:
+        monkeypatch.setenv("PYSHARD_CACHE_LIMIT", "0")  # refused, and read first
+        monkeypatch.setenv("PYSHARD_LOAD_DIRECT_BYTES", "5")
+        with pytest.raises(ValueError, match="PYSHARD_CACHE_LIMIT"):
+            config.refresh()
+        assert seen[-1] == 5 and ps.cache_limit() == 256
+        with pytest.raises(ValueError, match="PYSHARD_CACHE_LIMIT"):
+            ps.Mesh(MPI.COMM_SELF, (1,))
+        monkeypatch.setenv("PYSHARD_CACHE_LIMIT", "64")
+        config.refresh()
+        assert ps.cache_limit() == 64 and config.get("PYSHARD_CACHE_LIMIT") == 64
+        ps.Mesh(MPI.COMM_SELF, (1,)).free()
+    finally:
+        monkeypatch.delenv("PYSHARD_CACHE_LIMIT")
+        monkeypatch.delenv("PYSHARD_LOAD_DIRECT_BYTES")
+        config.refresh()
+    assert ps.cache_limit() == 256
+
+
 def test_process_settings_are_applied_at_once():
     """Without any call: the cache limit, the validation mode, the count limit and the peer
     timeout the process holds follow the settings as soon as they change."""

@@ -131,7 +131,8 @@ def make_parser() -> argparse.ArgumentParser:
         "--cases", "--case", default=",".join(CASES), help=f"comma list of {CASES + EXTRA_CASES}"
     )
     ap.add_argument("--shape", default="8192x8192", type=shape_arg((2, 3, 4, 5, 6, 7, 8)),
-                    help=f"{REDIST_USE}: the global shape AxB[xC...] (default 8192x8192)")
+                    help=f"{REDIST_USE}, but for small (always 64x64: the small-call "
+                    f"case): the global shape AxB[xC...] (default 8192x8192)")
     ap.add_argument(
         "--fft-n", type=count_arg(1), default=256,
         help="fft3d and fft cases: an n^3 grid (fft3d complex128; fft c2c complex128 and r2c "

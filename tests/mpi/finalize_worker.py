@@ -25,6 +25,12 @@ fplan = pf.plan(x.layout, "rfftn")
 fplan.forward(x)
 ps.redistribute_many([x, x], [Replicate()])
 moved = ps.migrate(g[:4], np.zeros(4, np.int64), mesh)
+# handles in flight across the finalization (their wait() and test() made MPI calls)
+pend = x.redistribute([Shard(1)], wait=False)  # (an exchange: Replicate ran whole)
+h2 = x.with_halo(1)
+h2.start()
+pmig = ps.migrate(g[:4], np.zeros(4, np.int64), mesh, wait=False)
+pgather = ps.gather_plan(np.arange(3), like=x).gather(x, wait=False)
 MPI.Finalize()
 
 calls = {
@@ -40,6 +46,16 @@ calls = {
     "save": lambda: ps.save("never.npy.d", {"x": x}),
     "load": lambda: ps.load("never.npy.d", mesh, {"x": [Shard(0)]}),
     "Mesh": lambda: ps.Mesh(comm, (P,)),
+    "Pending.test": pend.test,
+    "Pending.wait": pend.wait,
+    "HaloArray.test": h2.test,
+    "HaloArray.wait": h2.wait,
+    "PendingMigration.test": pmig.test,
+    "PendingMigration.wait": pmig.wait,
+    "gather in flight, test": pgather.test,
+    "gather in flight, wait": pgather.wait,
+    "Mesh.free": mesh.free,
+    "build_info": ps.build_info,
 }
 lines = []
 for name, call in calls.items():
