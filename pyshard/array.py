@@ -316,8 +316,10 @@ class ShardedArray(Placed):
         ``"shm"``, ``"persistent"``, ``"p2p"``, ``"neighbor"``, ``"datatype"`` (host arrays) or
         ``"tune"`` (each measured at the first update, the fastest kept); see docs/halo.md.
         ``Partial`` placements, negative widths or a width larger than its dim's global
-        extent raise :class:`ValueError` before any communication.
+        extent raise :class:`ValueError` before any communication; a freed mesh (or MPI
+        finalized) :class:`RuntimeError`.
         """
+        self.mesh.check_live()
         return HaloArray(self, width, periodic, corners, method)
 
     def full(self) -> Any:

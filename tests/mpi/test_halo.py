@@ -776,7 +776,7 @@ def test_halo_after_mesh_free_raises(comm, method):
     check_halo(g, x, h, method)
     h.fold()
     mesh.free()
-    for call in (h.update, h.start, h.fold, h.start_fold):
+    for call in (h.update, h.start, h.fold, h.start_fold, lambda: x.with_halo(1)):
         with pytest.raises(RuntimeError, match="mesh was freed"):
             call()
 
