@@ -508,10 +508,14 @@ def _infer_global(shapes: List[Tuple[int, ...]], mesh: Mesh, placements: Sequenc
             k = ravel([c[m] for m in mdims], [mesh.shape[m] for m in mdims])
             if ext[k] is None:
                 ext[k] = shapes[r][d]
-            elif ext[k] != shapes[r][d]:
+            elif ext[k] != shapes[r][d]:  # every rank of the group, by extent (rank 0 may
+                # be the odd one out: naming the first that differs from it blamed the others)
+                group = [q for q, cq in enumerate(coords)
+                         if ravel([cq[m] for m in mdims], [mesh.shape[m] for m in mdims]) == k]
+                have = _group([(q, str(shapes[q][d])) for q in group])
                 raise ValueError(
                     f"from_local: local extents along array dim {d} disagree between ranks that "
-                    f"must hold the same shard (rank {r} has {shapes[r][d]}, another {ext[k]})"
+                    f"must hold the same shard ({have})"
                 )
         gshape.append(sum(ext))
         if mdims:

@@ -143,6 +143,13 @@ def test_from_local_errors(comm, mesh):
     if p > 1:
         with pytest.raises(ValueError, match="disagree between ranks"):
             ps.from_local(bad2, mesh, [Shard(0)])
+        # rank 0 the odd one out: every rank of the group by its extent (it named rank 1,
+        # which agreed with the others)
+        odd = np.zeros((2, 4 if r == 0 else 3))
+        with pytest.raises(ValueError, match="disagree between ranks") as e:
+            ps.from_local(odd, mesh, [Shard(0)])
+        others = ("rank 1: 3" if p == 2 else f"ranks {', '.join(map(str, range(1, p)))}: 3")
+        assert f"(rank 0: 4; {others})" in str(e.value), e.value
     bad3 = np.zeros((2, 3) if r != p - 1 else (2, 3, 1))
     if p > 1:
         with pytest.raises(ValueError, match="disagree in ndim"):
