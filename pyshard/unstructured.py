@@ -704,7 +704,14 @@ def _gather_plan(indices: Any, like: ShardedArray, algorithm: str, method: str, 
     """:func:`gather_plan` for ``pyshard.<name>``; ``refuse``: this rank's caller found its
     input bad (the detail), told to every rank with the setup's counts as error code 4."""
     mesh, lay, offsets = _index_layout(like, name)
-    route = index_route(mesh, algorithm, method)
+    try:
+        route = index_route(mesh, algorithm, method)
+    except ValueError as e:
+        _validate.refused(mesh.comm, f"pyshard.{name}", e)  # (a no-op outside validation)
+        raise
+    if _validate.enabled:  # the setup's exchange and every later call depend on both
+        _validate.agree(mesh.comm, f"pyshard.{name}", {
+            "algorithm": repr(algorithm), "method": repr(method), "like": repr(lay)})
     P, me = mesh.size, mesh.rank
     N = int(lay.shape[0])
     if refuse:

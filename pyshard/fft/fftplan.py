@@ -16,7 +16,7 @@ from typing import Any, List, Optional, Sequence, Tuple
 import numpy as np
 
 from .. import _backend as bk
-from .. import collectives, executor
+from .. import _validate, collectives, executor
 from ..array import ShardedArray
 from ..exchange import default_algorithm
 from ..explain import explain
@@ -83,9 +83,13 @@ class FFTPlan:
         alike on every rank); its local arrays are agreed by the same allreduce."""
         if not isinstance(x, ShardedArray) or x.layout != self.src:
             got = x.layout if isinstance(x, ShardedArray) else type(x).__name__
-            raise ValueError(
+            err = ValueError(
                 f"FFTPlan.forward: expected an array laid out as {self.src}, got {got}"
             )
+            if isinstance(x, ShardedArray):
+                _validate.refused(x.mesh.comm, "pyshard.FFTPlan.forward", err)
+            raise err
+        self._agree(x, "forward", out, algorithm)
         out = _check_out(out, self.dst, x)
         return run_passes(self.passes, x, out, self.norm, self.type, workers, algorithm,
                           orthogonalize=self.orthogonalize)
@@ -99,10 +103,24 @@ class FFTPlan:
         start = back[0].src if back else self.dst
         if not isinstance(y, ShardedArray) or y.layout != start:
             got = y.layout if isinstance(y, ShardedArray) else type(y).__name__
-            raise ValueError(f"FFTPlan.backward: expected an array laid out as {start}, got {got}")
+            err = ValueError(f"FFTPlan.backward: expected an array laid out as {start}, got {got}")
+            if isinstance(y, ShardedArray):
+                _validate.refused(y.mesh.comm, "pyshard.FFTPlan.backward", err)
+            raise err
+        self._agree(y, "backward", out, algorithm)
         out = _check_out(out, back[-1].dst, y)
         return run_passes(back, y, out, self.norm, self.type, workers, algorithm,
                           orthogonalize=self.orthogonalize)
+
+    def _agree(self, x: ShardedArray, what: str, out: Any, algorithm: Optional[str]) -> None:
+        """Validation mode: every rank runs this plan's ``what`` with the same algorithm and
+        kind of ``out`` (ranks that differ raise the same error on every rank, not wait)."""
+        if _validate.enabled:
+            _validate.agree(x.mesh.comm, f"pyshard.FFTPlan.{what}", {
+                "plan": repr(self), "algorithm": repr(algorithm),
+                "out": "None" if out is None else (
+                    "a ShardedArray" if isinstance(out, ShardedArray) else "a plain array"),
+            })
 
     def explain(self, coords: Optional[Sequence[int]] = None, backward: bool = False) -> str:
         """Readable text: every pass (local transforms and their axes; each transpose with

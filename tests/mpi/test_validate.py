@@ -168,6 +168,33 @@ def test_gather_plan_rows_of_another_dtype_on_one_rank(comm, validating):
 
 
 @two_ranks
+def test_gather_plan_and_fft_plan_arguments_on_one_rank(comm, validating):
+    """gather_plan's algorithm= or method=, and an FFTPlan's forward/backward algorithm=,
+    different on one rank: every rank raises the validation's ValueError naming them (the
+    setup's exchange and the transposes hung, or one rank raised at PYSHARD_PEER_TIMEOUT);
+    agreeing calls give the oracle."""
+    from pyshard import fft as pf
+
+    mesh = _mesh(comm)
+    last = comm.size - 1
+    g = make_global((4 * comm.size, 6), "float64")
+    x = ps.distribute(g, mesh, [Shard(0)])
+    idx = np.arange(3)
+    for kw in ({"algorithm": "nbx"}, {"method": "neighbor"}, {"method": "tune"}):
+        key = next(iter(kw))
+        mine = kw if comm.rank == last else {key: "alltoall" if key == "algorithm" else "p2p"}
+        _all_raise(comm, lambda mine=mine: ps.gather_plan(idx, like=x, **mine), key,
+                   f"rank {last}")
+    np.testing.assert_array_equal(ps.gather_plan(idx, like=x).gather(x), g[idx])
+    p = pf.plan(x.layout, "fftn")
+    alg = "p2p" if comm.rank == last else "alltoallv"
+    _all_raise(comm, lambda: p.forward(x, algorithm=alg), "FFTPlan.forward", "algorithm")
+    y = p.forward(x)
+    _all_raise(comm, lambda: p.backward(y, algorithm=alg), "FFTPlan.backward", "algorithm")
+    np.testing.assert_allclose(y.redistribute([Replicate()]).local, np.fft.fftn(g), atol=1e-9)
+
+
+@two_ranks
 def test_different_calls(comm, validating):
     mesh = _mesh(comm)
     g = make_global((4, 6), "float64")
