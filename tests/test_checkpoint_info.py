@@ -175,3 +175,24 @@ def test_a_saved_layout_that_does_not_fit_the_file_is_dropped(caplog):
     said = [r.getMessage() for r in caplog.records]
     assert "shard table of 10 along dim 0 (resized by another tool" in said[0], said
     assert "names dim 5 of a 2-D array" in said[1], said
+
+
+def test_a_saved_layout_of_an_array_recast_or_reshaped_is_dropped(caplog):
+    """The record's dtype and shape (saves since they were recorded) against the file's: a
+    recast or a resize along a dim the shard table does not cover drops the saved layout
+    with a warning; a change of byte order alone keeps it."""
+    from pyshard.checkpoint.record import layout_of
+
+    rec = {"arrays": {"x": {"dtype": "<f8", "shape": [10, 4], "mesh_shape": [2],
+                            "placements": ["R"], "sizes": {}}}}
+    assert layout_of(rec, "x", (10, 4), "w", np.dtype("<f8"))["placements"] == ["R"]
+    assert layout_of(rec, "x", (10, 4), "w", np.dtype(">f8"))["placements"] == ["R"]
+    with caplog.at_level("WARNING", logger="pyshard"):
+        assert layout_of(rec, "x", (10, 4), "w", np.dtype("<f4"))["placements"] == []
+        assert layout_of(rec, "x", (10, 6), "w", np.dtype("<f8"))["placements"] == []
+    said = [r.getMessage() for r in caplog.records]
+    assert "is float32" not in said[0] and "is <f4 in the file" in said[0], said
+    assert "says <f8 (recast by another tool" in said[0], said
+    assert "is (10, 6) in the file" in said[1] and "says (10, 4) (resized" in said[1], said
+    del rec["arrays"]["x"]["shape"]  # a record from before shapes were kept: no check
+    assert layout_of(rec, "x", (10, 6), "w", np.dtype("<f8"))["placements"] == ["R"]

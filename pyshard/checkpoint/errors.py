@@ -29,7 +29,8 @@ class Failure(Exception):
 
 def error(kind: str, msg: str) -> Error:
     """The :data:`Error` of exception class ``kind`` ("FileNotFoundError", "TypeError",
-    "ImportError", anything else raises ValueError) with message ``msg``."""
+    "ImportError", "PermissionError", "OSError"; anything else raises ValueError) with
+    message ``msg``."""
     return (kind, msg)
 
 
@@ -42,6 +43,8 @@ def raise_error(err: Optional[Error]) -> None:
         "FileNotFoundError": FileNotFoundError,
         "TypeError": TypeError,
         "ImportError": ImportError,
+        "PermissionError": PermissionError,
+        "OSError": OSError,
     }.get(kind, ValueError)
     raise exc(msg)
 

@@ -316,7 +316,8 @@ class Hdf5Format(OneFile):
         table, rec_s = inspect(path, what)
         rec = record_of(rec_s)
         arrays = {
-            name: dict(e, file=path, **layout_of(rec, name, e["shape"], f"{what}: {path!r}"))
+            name: dict(e, file=path, **layout_of(rec, name, e["shape"], f"{what}: {path!r}",
+                                 e.get("dtype")))
             for name, e in table.items()
         }
         return arrays, facts(rec, {})
@@ -345,7 +346,8 @@ class Hdf5Format(OneFile):
         if e is None:
             return None
         return dict(e, file=path,
-                    **layout_of(record_of(rec_s), name, e["shape"], f"{what}: {path!r}"))
+                    **layout_of(record_of(rec_s), name, e["shape"], f"{what}: {path!r}",
+                                 e.get("dtype")))
 
     def read_block(
         self, name: str, e: Dict[str, Any], d: int, r0: int, r1: int, dtype: np.dtype

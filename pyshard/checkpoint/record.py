@@ -9,6 +9,8 @@ import logging
 import time
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
+import numpy as np
+
 from ..array import ShardedArray
 from .manifest import FORMAT, VERSION, dtype_str
 
@@ -29,6 +31,7 @@ def record(items: List[Tuple[str, ShardedArray]], meta_json: str, size: int) -> 
         "arrays": {
             n: {
                 "dtype": dtype_str(x.dtype),
+                "shape": list(x.shape),
                 "mesh_shape": list(x.layout.mesh_shape),
                 "placements": [str(p) for p in x.layout.placements],
                 "sizes": {str(d): list(e) for d, e in x.layout.sizes.items()},
@@ -55,11 +58,13 @@ def layout_of(
     name: str,
     shape: Optional[Sequence[int]] = None,
     where: str = "",
+    dtype: Optional[np.dtype] = None,
 ) -> Dict[str, Any]:
     """The saved layout of ``name`` from a record (empty for other tools' files):
-    ``mesh_shape``, ``placements``, ``sizes``. With the array's ``shape`` as its file gives
-    it now: empty too (and a warning naming ``where``) where the saved shard table no longer
-    fits that shape (another tool resized the array since pyshard saved it)."""
+    ``mesh_shape``, ``placements``, ``sizes``. With the array's ``shape`` (and ``dtype``) as
+    its file gives it now: empty too (and a warning naming ``where``) where the saved shape,
+    shard table or dtype no longer fits it (another tool resized or recast the array since
+    pyshard saved it; a change of byte order alone keeps the layout)."""
     none: Dict[str, Any] = {"mesh_shape": (), "placements": [], "sizes": {}}
     a = (rec or {}).get("arrays", {}).get(name) if isinstance(rec, dict) else None
     if not isinstance(a, dict):
@@ -71,6 +76,19 @@ def layout_of(
             "sizes": {int(d): tuple(int(v) for v in x) for d, x in a.get("sizes", {}).items()},
         }
     except (TypeError, ValueError, AttributeError):
+        return none
+    if dtype is not None and isinstance(a.get("dtype"), str):
+        was, now = a["dtype"], dtype_str(np.dtype(dtype))
+        if _orderless(was) != _orderless(now):
+            log.warning("pyshard: %s: array %r is %s in the file, but pyshard's record of its "
+                        "save says %s (recast by another tool since the save?): read as a "
+                        "foreign array, with no saved layout", where, name, now, was)
+            return none
+    saved = a.get("shape")
+    if shape is not None and isinstance(saved, list) and list(saved) != list(shape):
+        log.warning("pyshard: %s: array %r is %s in the file, but pyshard's record of its save "
+                    "says %s (resized by another tool since the save?): read as a foreign "
+                    "array, with no saved layout", where, name, tuple(shape), tuple(saved))
         return none
     if shape is not None:
         bad = [
@@ -87,6 +105,11 @@ def layout_of(
                         where, name, tuple(shape), what)
             return none
     return lay
+
+
+def _orderless(name: str) -> str:
+    """A manifest dtype name without its byte order (``"<f8"`` and ``">f8"`` -> ``"f8"``)."""
+    return name[1:] if name[:1] in "<>|=" else name
 
 
 def facts(rec: Optional[Dict[str, Any]], meta: Dict[str, str]) -> Dict[str, Any]:

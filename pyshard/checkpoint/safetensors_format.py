@@ -123,8 +123,8 @@ def parse(fname: str, what: str = "load") -> Tuple[Dict[str, Dict[str, Any]], Di
             )
         if 8 + n > size:
             raise ValueError(
-                f"{what}: {fname!r}: the safetensors header claims {n} bytes but the file has "
-                f"{size} (truncated, or not a safetensors file)"
+                f"{what}: {fname!r}: the safetensors header claims {n} bytes but only "
+                f"{size - 8} follow its 8-byte length (truncated, or not a safetensors file)"
             )
         raw = f.read(n)
     try:
@@ -244,22 +244,7 @@ class SafetensorsFormat(OneFile):
                 arrays[name] = unsupported(e["reason"], path)
                 continue
             dtype = e["dtype"]
-            saved = (rec or {}).get("arrays", {}).get(name, {}) if rec else {}
-            layout = layout_of(rec, name, e["shape"], f"{what}: {path!r}")
-            if isinstance(saved, dict) and saved.get("dtype") not in (None, _dtypes.name(dtype)):
-                # changed by another tool since pyshard saved it (cast and saved again):
-                # the header is the truth; the saved layout no longer describes it
-                log.warning(
-                    "pyshard: %s: %r: tensor %r is %s in the file but pyshard's record says "
-                    "%s (changed by another tool since the save?): read as a foreign tensor, "
-                    "with no saved layout",
-                    what,
-                    path,
-                    name,
-                    _dtypes.name(dtype),
-                    saved.get("dtype"),
-                )
-                layout = layout_of(None, name)
+            layout = layout_of(rec, name, e["shape"], f"{what}: {path!r}", dtype)
             arrays[name] = {
                 "shape": e["shape"],
                 "dtype": dtype,

@@ -117,12 +117,21 @@ def remove(tmp: str) -> None:
         os.remove(tmp)
 
 
+def os_kind(e: BaseException) -> str:
+    """The class every rank raises for rank 0's error ``e`` in a save's file-system steps:
+    PermissionError or OSError for the file system's refusals (a read-only directory, a
+    full disk), so that ``except OSError`` catches them; ValueError for anything else."""
+    if isinstance(e, PermissionError):
+        return "PermissionError"
+    return "OSError" if isinstance(e, OSError) else "ValueError"
+
+
 def prepare(comm: Any, path: str, step: Callable[[], Any]) -> Any:
     """Rank 0 runs ``step`` (check the target, make the temporary file or directory, write
     what goes before the data); every rank returns its result or raises its error, the same
     on every rank (one bcast)."""
     return on_root(
-        comm, step, lambda e: error("ValueError", f"save({path!r}): cannot prepare {path!r}: {e}")
+        comm, step, lambda e: error(os_kind(e), f"save({path!r}): cannot prepare {path!r}: {e}")
     )
 
 
@@ -153,7 +162,7 @@ def finish(
             raise
 
     on_root(
-        comm, step, lambda e: error("ValueError", f"save({path!r}): cannot write or rename: {e}")
+        comm, step, lambda e: error(os_kind(e), f"save({path!r}): cannot write or rename: {e}")
     )
 
 

@@ -62,12 +62,12 @@ class ZarrFormat(Format):
         table, rec = inspect(path, what)
         saved = rec.get("arrays") if rec is not None else None
         saved = saved if isinstance(saved, dict) else {}
-        arrays = {
-            # saved: an array the record names, which pyshard's save wrote whole (every shard)
-            name: dict(e, saved=name in saved,
-                       **layout_of(rec, name, e["shape"], f"{what}: {path!r}"))
-            for name, e in table.items()
-        }
+        arrays = {}
+        for name, e in table.items():
+            lay = layout_of(rec, name, e["shape"], f"{what}: {path!r}", e.get("dtype"))
+            # saved: an array the record names, which pyshard's save wrote whole (every
+            # shard), and which no other tool resized or recast since
+            arrays[name] = dict(e, saved=name in saved and bool(lay["placements"]), **lay)
         return arrays, facts(rec, {})
 
     def check_arrays(self, path: str, arrays: Arrays, missing_as_fill: bool = False) -> Arrays:

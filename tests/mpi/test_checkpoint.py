@@ -332,6 +332,26 @@ def test_metadata_info_and_overwrite(comm, shared_dir):
     assert ps.checkpoint_info(empty)["arrays"]["w"]["shape"] == (9, 4)
 
 
+def test_big_endian_verifies(comm, shared_dir):
+    """A .npy checkpoint of big-endian arrays, 0-d ones included, loads with verify=True
+    (a 0-d block was read back as a native-order scalar, and its crc32 called the file
+    corrupt)."""
+    mesh = ps.Mesh(comm, (comm.size,))
+    gs = {
+        "s": np.array(-123456, dtype=">i4"),
+        "f": np.array(2.5e-3, dtype=">f8"),
+        "c": (np.arange(7) * (1 + 2j)).astype(">c16"),
+        "u": np.arange(12, dtype=">u2").reshape(3, 4),
+    }
+    xs = {n: ps.distribute(g, mesh, [Shard(0)] if g.ndim else [Replicate()]) for n, g in gs.items()}
+    path = os.path.join(shared_dir, "be")
+    ps.save(path, xs)
+    out = ps.load(path, mesh, {n: ["R"] for n in gs}, verify=True)
+    for n, g in gs.items():
+        assert out[n].local.dtype == g.dtype, n
+        np.testing.assert_array_equal(out[n].local, g)
+
+
 def _corrupt(comm, base, path, fn):
     """Rank 0 copies ``base`` to ``path`` and applies ``fn``; every rank waits for it."""
 
@@ -484,6 +504,34 @@ def test_save_errors_on_every_rank(comm, shared_dir):
             ps.save(path, {"x": x}, {"rank": comm.rank})
     # no temporary directories left
     assert on_rank0(comm, lambda: sorted(os.listdir(shared_dir))) == ["other"]
+
+
+@pytest.mark.parametrize("fmt", ["npy", "safetensors"])
+@pytest.mark.parametrize("refusal", [PermissionError, OSError])
+def test_file_system_refusals_raise_oserror(comm, shared_dir, monkeypatch, fmt, refusal):
+    """The file system refusing rank 0's steps of a save (here its mkdir or its final
+    rename: a read-only directory, a full disk) raises that OSError class on every rank
+    (a ValueError before, which ``except OSError`` missed); the previous checkpoint stays."""
+    mesh = ps.Mesh(comm, (comm.size,))
+    g = make_global((5, 2), "float64", seed=3)
+    x = ps.distribute(g, mesh, [Shard(0)])
+    path = os.path.join(shared_dir, "ck." + fmt if fmt != "npy" else "ck")
+    ps.save(path, {"x": x}, {"n": 1}, format=fmt)
+
+    def refuse(*a, **k):
+        raise refusal(28 if refusal is OSError else 13, "refused by the test")
+
+    monkeypatch.setattr(os, "mkdir" if fmt == "npy" else "rename", refuse)
+    with pytest.raises(refusal) as e:
+        ps.save(path, {"x": ps.distribute(g + 1, mesh, [Shard(0)])}, {"n": 2}, format=fmt)
+    monkeypatch.undo()
+    msg = str(e.value)
+    assert type(e.value) is refusal and "refused by the test" in msg and path in msg, msg
+    assert comm.allgather(msg) == [msg] * comm.size
+    assert ps.checkpoint_info(path)["metadata"] == {"n": 1}
+    out = ps.load(path, mesh, {"x": [Replicate()]})
+    np.testing.assert_array_equal(out["x"].local, g)
+    mesh.free()
 
 
 def same_error(comm, msg, want):

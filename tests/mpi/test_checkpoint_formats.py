@@ -329,6 +329,51 @@ def test_an_array_resized_by_another_tool(comm, shared_dir, fmt, caplog):
     agree(comm, failures)
 
 
+@pytest.mark.parametrize("fmt", ["hdf5", "zarr"])
+def test_an_array_recast_by_another_tool(comm, shared_dir, fmt, caplog):
+    """h5py or zarr-python replaces a pyshard array with one of another dtype (same shape),
+    and widens a replicated one along a dim its shard table does not cover: both are
+    described and loaded as the file has them now, with no saved layout and a warning
+    (only safetensors' recasts were noticed before: checkpoint_info kept the old layout)."""
+    need(fmt)
+    tool = pytest.importorskip("h5py" if fmt == "hdf5" else "zarr")
+    mesh = ps.Mesh(comm, (comm.size,))
+    g = np.arange(40, dtype=np.int32).reshape(10, 4)
+    path = os.path.join(shared_dir, "c." + fmt)
+    ps.save(path, {"v": ps.distribute(g, mesh, [Shard(0)]),
+                   "r": ps.distribute(g, mesh, [Replicate()])}, format=fmt)
+    v_now = (g * 0.5).astype(np.float32)
+    r_now = np.concatenate([g, g + 100], axis=1)  # 10 x 8
+    if comm.rank == 0:
+        if fmt == "hdf5":
+            with tool.File(path, "r+") as f:
+                for name, a in (("v", v_now), ("r", r_now)):
+                    del f[name]
+                    f.create_dataset(name, data=a)
+        else:
+            for name, a in (("v", v_now), ("r", r_now)):
+                z = tool.open_array(os.path.join(path, name), mode="r")
+                attrs = dict(z.attrs)
+                tool.create_array(os.path.join(path, name), shape=a.shape, dtype=a.dtype,
+                                  chunks=a.shape, overwrite=True, attributes=attrs)[...] = a
+    comm.Barrier()
+    failures = []
+    with caplog.at_level("WARNING", logger="pyshard"):
+        info = ps.checkpoint_info(path)["arrays"]
+        out = ps.load(path, mesh, {"v": [Shard(0)], "r": [Shard(1)]})
+    said = " | ".join(r.getMessage() for r in caplog.records)
+    if "recast by another tool" not in said or "resized by another tool" not in said:
+        failures.append(f"warnings: {said!r}")
+    for name, now in (("v", v_now), ("r", r_now)):
+        i = info[name]
+        if i["shape"] != now.shape or i["dtype"] != now.dtype or i["placements"]:
+            failures.append(f"checkpoint_info[{name!r}]: {i}")
+        y = out[name]
+        if y.dtype != now.dtype or not np.array_equal(y.local, now[y.box]):
+            failures.append(f"{name}: loaded {y.dtype} {y.local}")
+    agree(comm, failures)
+
+
 # ----------------------------------------------------------------------------- the tools
 
 
