@@ -158,9 +158,11 @@ class ShardedArray(Placed):
         first time a step of that kind and size runs, see :mod:`pyshard._tune`). The default
         is ``PYSHARD_ALGORITHM`` from the environment, else ``"auto"``. It must be the same
         on every rank.
-        ``out``: an array of the target's local shape and dtype, on the same side (host or
-        GPU) as ``local``, to write the result into (reused across calls, it saves the page
-        faults of a fresh output); it is checked on this rank before any communication.
+        ``out``: a writable array of the target's local shape and dtype, on the same side
+        (host or GPU) as ``local``, to write the result into (reused across calls, it saves
+        the page faults of a fresh output); it is checked on this rank before any
+        communication. A C-contiguous one is written in place; any other (Fortran-ordered,
+        a slice) gets the result copied in, as numpy's ``out=`` does.
 
         ``wait=False``: start the redistribute and return a :class:`~pyshard.Pending`
         at once, whose ``wait()`` returns the result (``test()``: whether it is complete);

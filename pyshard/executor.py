@@ -383,8 +383,18 @@ def run_steps(execs: list, p: Plan, mesh: Mesh, local: Any, out: Optional[Any]) 
     if out is not None:
         want = execs[-1].out_shape if execs else local.shape
         if not out_ok(out, want, p.dst.dtype, local):
-            check_out(out, p, mesh, local)  # the precise error
+            check_out(out, p, mesh, local)  # the precise error, or a strided out: copied into
+            return _copy_into(out, _steps(execs, local, None))
     return _steps(execs, local, out)
+
+
+def _copy_into(out: Any, res: Any) -> Any:
+    """``res`` copied into ``out``, an ``out=`` that fits the result but is not C-contiguous
+    (Fortran-ordered, a slice): taken as numpy's ``out=`` takes any writable array. Refusing
+    it would be a trap: whether such a buffer is C-contiguous can differ by rank (a
+    one-column Fortran array is), and the ranks that raised would leave the others waiting."""
+    bk.xp_of(res).copyto(out, res)
+    return out
 
 
 def _steps(execs: list, local: Any, out: Optional[Any]) -> Any:
@@ -490,8 +500,8 @@ def check_out(out: object, p: Plan, mesh: Mesh, local: Any) -> None:
         raise ValueError(
             f"out has shape {out.shape} {out.dtype}, the target layout needs {want} {p.dst.dtype}"
         )
-    if not out.flags.c_contiguous or (isinstance(out, np.ndarray) and not out.flags.writeable):
-        raise ValueError("out must be C-contiguous and writable")
+    if isinstance(out, np.ndarray) and not out.flags.writeable:
+        raise ValueError("out must be writable")
     if out.size and bk.xp_of(local).shares_memory(out, local):
         raise ValueError("out must not overlap the source array")
     if type(out) is not type(local):
@@ -631,7 +641,13 @@ def start(execs: list, p: Plan, mesh: Mesh, local: Any, out: Optional[Any], wrap
     if out is not None:
         want = execs[-1].out_shape if execs else local.shape
         if not out_ok(out, want, p.dst.dtype, local):
-            check_out(out, p, mesh, local)  # the precise error
+            check_out(out, p, mesh, local)  # the precise error, or a strided out: copied into
+            strided, out = out, None
+            wrap0 = wrap
+
+            def wrap(r: Any) -> Any:
+                return wrap0(_copy_into(strided, r))
+
     pend = Pending(mesh, execs, p, local, out, wrap)
     pend._start()
     return pend
