@@ -274,3 +274,25 @@ def test_halo_update_checked_at_every_call(comm, validating):
     _all_raise(comm, fn, "halo")
     h.update()  # agreeing again: runs
     mesh.free()
+
+
+@two_ranks
+@pytest.mark.parametrize("replaced", ["shape", "dtype"])
+def test_halo_of_a_replaced_local(comm, validating, replaced):
+    """One rank replaced its .local by an array of another shape, or of another dtype of the
+    same item size (float64 -> int64): with_halo refuses it there, and every rank raises at
+    its first update. The dtype was not checked at all (the fold read float64 bytes as
+    int64 on that rank) and the shape only by the core after the agreement (the other ranks
+    waited in the exchange)."""
+    mesh = _mesh(comm)
+    g = make_global((4 * comm.size, 5), "float64")
+    x = ps.distribute(g, mesh, [Shard(0)])
+    last = comm.size - 1
+    if comm.rank == last:
+        x.local = x.local[:-1] if replaced == "shape" else x.local.astype(np.int64)
+    if comm.rank == last:
+        _all_raise(comm, lambda: x.with_halo(1, periodic=True), "was .local replaced")
+    else:
+        h = x.with_halo(1, periodic=True)
+        _all_raise(comm, h.update, "was .local replaced")
+    mesh.free()
