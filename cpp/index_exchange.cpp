@@ -535,8 +535,8 @@ void IndexExchange::wait() {
   if (bad_peer_ >= 0)
     throw std::invalid_argument(
         reverse_ ? "pyshard: scatter: rank " + std::to_string(bad_peer_) +
-                       "'s values were bad (its own error names them); nothing was combined "
-                       "into this rank's rows"
+                       "'s values or into were bad (its own error says which); nothing was "
+                       "combined into this rank's rows"
                  : "pyshard: gather: rank " + std::to_string(bad_peer_) +
                        "'s x could not be used (its own error names it); this rank's result "
                        "was not completed");

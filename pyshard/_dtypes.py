@@ -79,6 +79,17 @@ def is_ml_float(dt: np.dtype) -> bool:
     return dt.name in ML_FLOATS and _from_ml(dt)
 
 
+def sum_zero(dt: np.dtype) -> Any:
+    """The identity of a sum in ``dt``, what a ``Partial("sum")`` rank that holds nothing
+    holds: IEEE's -0.0 for floating and complex dtypes (``x + -0.0`` is ``x`` for every
+    ``x``; ``+0.0`` turned a ``-0.0`` into ``+0.0``), 0 otherwise."""
+    if dt.kind == "c":
+        return dt.type(complex(-0.0, -0.0))
+    if dt.kind == "f" or is_ml_float(dt):
+        return dt.type(-0.0)
+    return dt.type(0)
+
+
 def _from_ml(dt: np.dtype) -> bool:
     return getattr(dt.type, "__module__", "").split(".")[0] == "ml_dtypes"
 

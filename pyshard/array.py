@@ -342,7 +342,9 @@ def distribute(
     ``__cuda_array_interface__``, viewed without a copy); the shard stays on its side.
 
     A Partial mesh dim holds the array as Replicate -> Partial would: ``sum`` keeps it at
-    coordinate 0 and zeros elsewhere; ``avg``, ``max`` and ``min`` keep it everywhere.
+    coordinate 0 and zeros elsewhere (-0.0 for floats, the sum's identity); ``avg``, ``max``
+    and ``min`` keep it everywhere (an ``avg`` reduced is the mean of equal values, which
+    can differ from the value in its last bit).
     """
     mesh = _check_mesh(mesh)
     a = _check_array(global_array, "global_array")
@@ -350,7 +352,7 @@ def distribute(
     # (the Ellipsis keeps a 0-d array an array: a[()] is a numpy scalar, always native-endian)
     local = bk.xp_of(a).array(a[layout.box(mesh.coords) + (Ellipsis,)], order="C", copy=True)
     if zeroed(layout, mesh.coords):
-        local[...] = 0
+        local[...] = _dtypes.sum_zero(local.dtype)
     return ShardedArray(local, layout, mesh)
 
 

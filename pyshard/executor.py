@@ -12,7 +12,7 @@ import numpy as np
 
 from . import _backend as bk
 from . import _core, _tune
-from ._dtypes import accumulator, is_ml_float
+from ._dtypes import accumulator, is_ml_float, sum_zero
 from ._dtypes import identity as ml_identity
 from .collectives import check_finalized
 from .exchange import NONBLOCKING_MIN_BLOCK, Exchange, Request
@@ -255,10 +255,11 @@ class _MakePartial(_Step):
             if not self.zero:
                 res[self.core] = local
             return res
-        if self.zero:
+        if self.zero:  # (the sum's identity: -0.0 for floats)
+            z = sum_zero(local.dtype)
             if out is None:
-                return xp.zeros(self.out_shape, local.dtype)
-            out[...] = 0
+                return xp.full(self.out_shape, z, local.dtype)
+            out[...] = z
             return out
         if out is None:
             return xp.array(local, order="C", copy=True)
@@ -293,7 +294,7 @@ def _fill_op(dst: Layout, m: int, coords: Tuple[int, ...]) -> str:
     meets one value that passes and identities of its own op: nothing is combined twice (n
     copies of an integer's lowest value summed would wrap; +inf and -inf summed are NaN).
     ``avg`` dims are skipped: their ranks then hold equal values, whose mean is that value
-    (``avg`` is for floats only)."""
+    up to its last bit (``avg`` is for floats only)."""
     for k in range(m):
         p = dst.placements[k]
         if isinstance(p, Partial) and p.op != "avg" and coords[k] != 0:
@@ -302,9 +303,10 @@ def _fill_op(dst: Layout, m: int, coords: Tuple[int, ...]) -> str:
 
 
 def _identity(dtype: np.dtype, op: str) -> object:
-    """The identity of reduction ``op`` in ``dtype`` (0, the lowest or the highest value)."""
+    """The identity of reduction ``op`` in ``dtype`` (0, -0.0 for a float sum, the lowest or
+    the highest value)."""
     if op == "sum":
-        return dtype.type(0)
+        return sum_zero(dtype)
     if is_ml_float(dtype):  # bfloat16, float8: -inf / +inf, or the extremes where none
         return ml_identity(dtype, op)
     if dtype.kind == "b":

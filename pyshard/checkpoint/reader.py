@@ -26,7 +26,7 @@ import numpy as np
 from mpi4py import MPI
 
 from .. import _backend as bk
-from .. import _validate, config
+from .. import _dtypes, _validate, config
 from ..array import ShardedArray, zeroed
 from ..layout import Layout, Partial, Placement, Replicate, Shard, split_sizes
 from ..many import ManyPlan, redistribute_many
@@ -274,7 +274,7 @@ def _load_rows(
         plain = [Replicate() if isinstance(p, Partial) else p for p in lay.placements]
         y_local = x.redistribute(plain, sizes=lay.sizes).local
     if zeroed(lay, mesh.coords):
-        y_local = np.zeros_like(y_local)
+        y_local = np.full_like(y_local, _dtypes.sum_zero(y_local.dtype))
     if device == "cuda":
         y_local = bk.cupy().asarray(y_local)
     return ShardedArray(y_local, lay, mesh)

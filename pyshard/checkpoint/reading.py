@@ -16,7 +16,7 @@ import numpy as np
 from mpi4py import MPI
 
 from .. import _backend as bk
-from .. import collectives
+from .. import _dtypes, collectives
 from ..array import ShardedArray, zeroed
 from ..layout import Layout
 from ..mesh import Mesh
@@ -43,7 +43,7 @@ def read_array(
         if hints != MPI.INFO_NULL:
             hints.Free()
     if zero:
-        local[...] = 0
+        local[...] = _dtypes.sum_zero(local.dtype)
     if device == "cuda":
         local = bk.cupy().asarray(local)
     return ShardedArray(local, lay, mesh)
@@ -133,7 +133,7 @@ def filled(mesh: Mesh, lay: Layout, fill: bytes, device: Optional[str]) -> Shard
             fill, np.uint8
         )
     else:
-        local.reshape(-1).view(np.uint8)[:] = 0
+        local[...] = _dtypes.sum_zero(local.dtype)
     if device == "cuda":
         local = bk.cupy().asarray(local)
     return ShardedArray(local, lay, mesh)
