@@ -20,6 +20,7 @@ cache), so a rebuilt executor finds its choice without communicating.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import logging
 import os
@@ -67,21 +68,44 @@ def _load(mesh: Any) -> Dict[str, str]:
     return collectives.bcast(mesh.comm, data)
 
 
+def update_file(path: str, entries: Dict[str, str]) -> None:
+    """Add ``entries`` to the tuning file ``path`` (a JSON object), keeping every entry
+    already there that they do not replace: those of other meshes of this job (whose rank 0
+    wrote since this mesh read the file), of other jobs, and ``tune_mesh``'s ``"mesh|..."``
+    ones. The read, merge and atomic replace run under an exclusive ``flock`` of the file's
+    directory, so rank 0s writing at once (disjoint meshes, jobs sharing the file) lose no
+    entry; where the file system refuses the lock, without it. OSError or ValueError (an
+    unreadable file) for the caller to log."""
+    d = os.path.dirname(os.path.abspath(path))
+    lock = None
+    try:
+        lock = os.open(d, os.O_RDONLY)
+        fcntl.flock(lock, fcntl.LOCK_EX)
+    except OSError:  # (a file system without flock: merge anyway)
+        pass
+    try:
+        out: Dict[str, Any] = {}
+        if os.path.exists(path):
+            with open(path) as f:
+                out = json.load(f)
+            if not isinstance(out, dict):
+                raise ValueError("not a JSON object")
+        out.update(entries)
+        fd, tmp = tempfile.mkstemp(dir=d, prefix=".pyshard-tune-")
+        with os.fdopen(fd, "w") as f:
+            json.dump(out, f, indent=1, sort_keys=True)
+        os.replace(tmp, path)
+    finally:
+        if lock is not None:
+            os.close(lock)  # (releases the lock)
+
+
 def _save(mesh: Any, choices: Dict[str, str]) -> None:
     path = config.get("PYSHARD_TUNE_FILE")
     if mesh.rank != 0 or not path:
         return
     try:
-        out = {}
-        if os.path.exists(path):  # keep tune_mesh's "mesh|..." entries (pyshard/fft/tune.py)
-            with open(path) as f:
-                out = {k: v for k, v in json.load(f).items() if str(k).startswith("mesh|")}
-        out.update(choices)
-        d = os.path.dirname(os.path.abspath(path))
-        fd, tmp = tempfile.mkstemp(dir=d, prefix=".pyshard-tune-")
-        with os.fdopen(fd, "w") as f:
-            json.dump(out, f, indent=1, sort_keys=True)
-        os.replace(tmp, path)
+        update_file(path, choices)
     except (OSError, ValueError, AttributeError) as e:
         log.warning("pyshard: cannot write the tuning file %s: %s", path, e)
 

@@ -19,15 +19,15 @@ from __future__ import annotations
 import json
 import logging
 import os
-import tempfile
 import time
 from itertools import product
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, List, Optional, Sequence, Tuple
 
 import numpy as np
 from mpi4py import MPI
 
 from .. import collectives, config
+from .._tune import update_file
 from ..mesh import Mesh
 
 __all__ = ["mesh_shapes", "tune_mesh"]
@@ -84,16 +84,7 @@ def _save(comm: MPI.Comm, key: str, shape: Tuple[int, ...]) -> None:
     if comm.rank != 0 or not path:
         return
     try:
-        data: Dict[str, Any] = {}
-        if os.path.exists(path):
-            with open(path) as f:
-                data = json.load(f)
-        data[key] = "x".join(map(str, shape))
-        d = os.path.dirname(os.path.abspath(path))
-        fd, tmp = tempfile.mkstemp(dir=d, prefix=".pyshard-tune-")
-        with os.fdopen(fd, "w") as f:
-            json.dump(data, f, indent=1, sort_keys=True)
-        os.replace(tmp, path)
+        update_file(path, {key: "x".join(map(str, shape))})
     except (OSError, ValueError) as e:
         log.warning("pyshard: cannot write the tuning file %s: %s", path, e)
 

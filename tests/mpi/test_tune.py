@@ -68,6 +68,41 @@ def test_tune_picks_one_winner_everywhere(comm, tune_file, shape):
 
 
 @pytest.mark.mpi(min_size=2)
+def test_tune_file_keeps_every_meshs_choices(comm, tune_file):
+    """Two meshes over the same ranks, then two disjoint meshes (halves of the ranks, their
+    rank 0s writing at once), each tuning other sizes: the file keeps every choice. It kept
+    the saving mesh's own choices only (and tune_mesh's), so the other mesh's were lost."""
+    g = {n: make_global((n, 8), "float64") for n in (8 * comm.size, 64 * comm.size)}
+
+    def tune(mesh, n):
+        x = ps.distribute(g[n], mesh, [Shard(0)])
+        y = x.redistribute([Shard(1)], algorithm="tune")
+        np.testing.assert_array_equal(y.local, g[n][y.box])
+
+    a, b = ps.Mesh(comm, (comm.size,)), ps.Mesh(comm, (comm.size,))
+    small, big = sorted(g)
+    tune(a, small)
+    tune(b, big)
+    tune(a, big)  # (a read the file before b wrote its choice: it tunes big's again)
+    want = dict(b.cache.tuned)
+    want.update(a.cache.tuned)  # (a wrote last: its choice for big's key stands)
+    comm.Barrier()
+    with open(tune_file) as f:
+        assert json.load(f) == want
+    half = comm.Split(comm.rank % 2, comm.rank)
+    c = ps.Mesh(half, (half.size,))
+    tune(c, small if comm.rank % 2 else big)  # (two sizes of group: other keys too)
+    comm.Barrier()
+    for tuned in comm.allgather(dict(c.cache.tuned or {})):  # (none on one rank)
+        want.update(tuned)
+    with open(tune_file) as f:
+        assert json.load(f) == want
+    for m in (a, b, c):
+        m.free()
+    half.Free()
+
+
+@pytest.mark.mpi(min_size=2)
 def test_default_algorithm_from_environment(comm, monkeypatch):
     monkeypatch.setenv("PYSHARD_ALGORITHM", "p2p")
     mesh = ps.Mesh(comm, (comm.size,))
