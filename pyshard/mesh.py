@@ -139,12 +139,15 @@ class Mesh:
         return d
 
     def sub(self, dim: object) -> MPI.Comm:
-        """The sub-communicator along one mesh dim (collective over the mesh on first use)."""
+        """The sub-communicator along one mesh dim (collective over the mesh on first use).
+        The mesh owns it (pyshard uses it too, and :meth:`free` frees it): ``Dup()`` it to
+        keep or free one of your own."""
         return self.sub_dims((self._dim(dim),))
 
     def sub_dims(self, dims: Union[str, Sequence[object]]) -> MPI.Comm:
         """The sub-communicator spanning several mesh dims (ranks row-major over them); a
-        plain string is one dim's name, never its characters."""
+        plain string is one dim's name, never its characters. The mesh owns it, as
+        :meth:`sub`'s; one freed by the caller raises RuntimeError here."""
         if isinstance(dims, str):
             dims = (dims,)
         key = tuple(sorted(self._dim(d) for d in dims))
@@ -153,6 +156,10 @@ class Mesh:
             self.check_live()
             c = self.comm.Sub([d in key for d in range(self.ndim)])
             self._subs[key] = c
+        elif c == MPI.COMM_NULL:
+            raise RuntimeError(
+                f"pyshard: the sub-communicator of mesh dims {key} was freed by the caller; "
+                f"Mesh.sub() and sub_dims() return the mesh's own (Dup() it to own one)")
         return c
 
     def core_comm(self, dims: Tuple[int, ...]) -> _core.Comm:
@@ -222,7 +229,8 @@ class Mesh:
             c.release()  # steps built on the mesh still hold them (they check the mesh)
         self._core_comms.clear()
         for c in self._subs.values():
-            c.Free()
+            if c != MPI.COMM_NULL:  # (one the caller freed itself)
+                c.Free()
         self._subs.clear()
         if self.comm != MPI.COMM_NULL:
             self.comm.Free()

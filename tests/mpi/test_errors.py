@@ -318,6 +318,25 @@ def test_freed_mesh_says_so(comm):
     m.free()  # twice: nothing left to free
 
 
+def test_a_sub_communicator_freed_by_the_caller(comm):
+    """Mesh.sub() hands out the mesh's own communicator; a caller that frees it gets a
+    clear RuntimeError from the mesh's next use of it, and Mesh.free() still frees the rest
+    (it raised MPI's 'Invalid communicator' part way, and the mesh could be neither used
+    nor freed)."""
+    m = ps.Mesh(comm, (comm.size, 1))
+    x = ps.distribute(make_global((6, 4), "float64"), m, [Shard(0), Replicate()])
+    m.sub(0).Free()
+    for _ in range(2):
+        with pytest.raises(RuntimeError, match=r"mesh dims \(0,\) was freed by the caller"):
+            m.sub(0)
+    m.sub(1).Dup().Free()  # a Dup is the caller's own
+    y = x.redistribute([Shard(1), Replicate()])
+    np.testing.assert_array_equal(y.local, make_global((6, 4), "float64")[y.box])
+    m.free()
+    assert m.comm == ps.mesh.MPI.COMM_NULL
+    m.free()
+
+
 def test_mesh_free(comm):
     for _ in range(3):
         m = ps.Mesh(comm, (comm.size, 1))
