@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import time
 import zlib
-from typing import Dict, List, Tuple
+from typing import Dict, List, Optional, Tuple
 
 import numpy as np
 from mpi4py import MPI
@@ -95,7 +95,8 @@ def agree(comm: MPI.Comm, call: str, items: Dict[str, str]) -> None:
     if (rows == rows[0]).all():
         return
     everyone: List[tuple] = collectives.allgather(comm, (call, items))  # every rank saw it
-    raise ValueError(_message(everyone))
+    world = collectives.world_ranks(comm, list(range(len(everyone))))
+    raise ValueError(_message(everyone, world))
 
 
 def symmetric(comm: MPI.Comm, call: str, peers: Tuple[int, ...]) -> None:
@@ -154,12 +155,17 @@ def refused(comm: MPI.Comm, call: str, err: BaseException) -> None:
         agree(comm, call, {"refused": f"{type(err).__name__}: {err}"})
 
 
-def _ranks(rs: List[int]) -> str:
-    return ("rank " if len(rs) == 1 else "ranks ") + ", ".join(map(str, rs))
+def _message(everyone: List[tuple], world: Optional[List[int]] = None) -> str:
+    """What differs between the ranks' calls, the same text on every rank; ``world``: each
+    rank's world rank where the mesh's ranks are not the world's (named beside them)."""
 
+    def _ranks(rs: List[int]) -> str:
+        text = ("rank " if len(rs) == 1 else "ranks ") + ", ".join(map(str, rs))
+        if world is None:
+            return text
+        return f"{text} (world {'rank' if len(rs) == 1 else 'ranks'} " + ", ".join(
+            str(world[r]) for r in rs) + ")"
 
-def _message(everyone: List[tuple]) -> str:
-    """What differs between the ranks' calls, the same text on every rank."""
     calls: Dict[str, List[int]] = {}
     for r, (call, _) in enumerate(everyone):
         calls.setdefault(call, []).append(r)

@@ -11,7 +11,7 @@ Each function is collective over ``comm``: every rank of it must call it, in the
 
 from __future__ import annotations
 
-from typing import Any, List, TypeVar
+from typing import Any, List, Optional, TypeVar
 
 import numpy as np
 from mpi4py import MPI
@@ -64,6 +64,28 @@ def allgather_rows(comm: Any, row: np.ndarray) -> np.ndarray:
     rows = np.empty((comm.Get_size(), row.size), dtype=row.dtype)
     comm.Allgather(np.ascontiguousarray(row), rows)
     return rows
+
+
+def world_ranks(comm: Any, ranks: List[int]) -> Optional[List[int]]:
+    """``ranks`` of ``comm`` as ranks of ``MPI.COMM_WORLD``, or None where they are the same
+    (``comm`` is the world's ranks in the world's order). Local (group arithmetic, no
+    communication): for error messages of a mesh on a sub-communicator."""
+    if comm.Get_size() == MPI.COMM_WORLD.Get_size() and MPI.Comm.Compare(
+            comm, MPI.COMM_WORLD) in (MPI.IDENT, MPI.CONGRUENT):
+        return None
+    mine, world = comm.Get_group(), MPI.COMM_WORLD.Get_group()
+    try:
+        return [int(r) for r in MPI.Group.Translate_ranks(mine, list(ranks), world)]
+    finally:
+        mine.Free()
+        world.Free()
+
+
+def rank_name(comm: Any, rank: int) -> str:
+    """``"rank 1"``, or ``"rank 1 (world rank 3)"`` where ``comm``'s ranks are not the
+    world's (see :func:`world_ranks`)."""
+    w = world_ranks(comm, [rank]) if rank >= 0 else None
+    return f"rank {rank}" if w is None else f"rank {rank} (world rank {w[0]})"
 
 
 def barrier(comm: Any) -> None:

@@ -573,15 +573,16 @@ def migrate(rows: Rows, dest: Any, mesh: Any, algorithm: str = "auto", wait: boo
     if bad >= 0:
         rank, c = divmod(int(bad), 256)
         own = f": {detail}" if rank == me else ""
-        raise ValueError(f"pyshard.migrate: rank {rank}'s input is bad ({_ERRORS.get(c, c)})"
-                         f"{own}")
+        raise ValueError(f"pyshard.migrate: {collectives.rank_name(mesh.comm, rank)}'s input "
+                         f"is bad ({_ERRORS.get(c, c)}){own}")
     if code:  # this rank's error travelled where no other rank learns it (peers)
         raise ValueError(f"pyshard.migrate: {detail}")
     if mismatch:
-        who = f"rank {sig_rank}" if sig_rank >= 0 else "some rank"
+        who = collectives.rank_name(mesh.comm, sig_rank) if sig_rank >= 0 else "some rank"
         raise ValueError(
             f"pyshard.migrate: the columns differ between ranks: {who}'s keys, dtypes or "
-            f"trailing shapes are not those of this rank, rank {me} ({_describe(st, cols)}); "
+            f"trailing shapes are not those of this rank, {collectives.rank_name(mesh.comm, me)}"
+            f" ({_describe(st, cols)}); "
             f"each rank names the first other rank it sees differ, so the rank at fault is "
             f"the one the others name"
         )

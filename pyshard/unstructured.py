@@ -754,12 +754,12 @@ def _gather_plan(indices: Any, like: ShardedArray, algorithm: str, method: str, 
         rank, c = divmod(int(bad), 256)
         own = f": {detail}" if rank == me else ""
         what = "matrix is" if c == 4 else "indices are"
-        raise ValueError(f"pyshard.{name}: rank {rank}'s {what} bad "
-                         f"({_ERRORS.get(c, c)}){own}")
+        raise ValueError(f"pyshard.{name}: {collectives.rank_name(mesh.comm, rank)}'s {what} "
+                         f"bad ({_ERRORS.get(c, c)}){own}")
     if code:
         raise ValueError(f"pyshard.{name}: {detail}")
     if mismatch:
-        who = f"rank {sig_rank}" if sig_rank >= 0 else "some rank"
+        who = collectives.rank_name(mesh.comm, sig_rank) if sig_rank >= 0 else "some rank"
         raise ValueError(f"pyshard.{name}: like= is laid out differently on {who} "
                          f"(dim 0's shard table must be the same on every rank)")
     assert idx is not None

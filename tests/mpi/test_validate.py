@@ -296,3 +296,30 @@ def test_halo_of_a_replaced_local(comm, validating, replaced):
         h = x.with_halo(1, periodic=True)
         _all_raise(comm, h.update, "was .local replaced")
     mesh.free()
+
+
+@two_ranks
+def test_errors_on_a_sub_communicator_name_world_ranks(comm, validating):
+    """On a mesh whose ranks are not the world's (here in reverse order), the errors that
+    name a rank give its world rank beside it: the validation mode's, migrate's and
+    gather_plan's (they named the mesh rank alone, which reads as a world rank)."""
+    from mpi4py import MPI
+
+    rev = MPI.COMM_WORLD.Split(0, -MPI.COMM_WORLD.rank)
+    mesh = ps.Mesh(rev, (rev.size,))
+    last = rev.size - 1  # world rank 0
+    g = make_global((4 * rev.size, 3), "float64")
+    x = ps.distribute(g, mesh, [Shard(0)])
+    target = [Replicate()] if mesh.rank == last else [Shard(1)]
+    _all_raise(rev, lambda: x.redistribute(target), f"rank {last} (world rank 0)")
+    dest = np.zeros(2, np.int64)
+    if mesh.rank == last:
+        dest[1] = rev.size  # outside [0, P)
+    # (the rank at fault adds its detail: every rank raises, the texts differ)
+    with pytest.raises(ValueError, match=rf"rank {last} \(world rank 0\)'s input is bad"):
+        ps.migrate({"a": np.zeros(2)}, dest, mesh)
+    idx = np.array([g.shape[0] if mesh.rank == last else 0])
+    with pytest.raises(ValueError, match=rf"rank {last} \(world rank 0\)'s indices are bad"):
+        ps.gather_plan(idx, like=x)
+    mesh.free()
+    rev.Free()
