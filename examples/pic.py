@@ -480,7 +480,14 @@ def main(argv: Optional[List[str]] = None) -> int:
     if not (math.isfinite(args.cluster) and args.cluster >= 0.0):
         ap.error(f"argument --cluster: must be a finite width >= 0 (0: uniform), got "
                  f"{args.cluster}")
+    for name in ("dt", "vth"):
+        if not math.isfinite(getattr(args, name)):
+            ap.error(f"argument --{name}: must be finite, got {getattr(args, name)}")
     ppc = args.ppc if args.ppc is not None else (8 if args.dim == 2 else 1)
+    if args.cluster > 0.0 and ppc < 2:
+        ap.error(f"argument --cluster: the bunch thins each cell's particles, so it needs "
+                 f"--ppc 2 or more (got {ppc}{', the 3-D default' if args.ppc is None else ''}"
+                 f"): with one particle per cell every cell keeps it, a uniform plasma")
     comm = MPI.COMM_WORLD
     if args.mesh:
         mesh_shape = tuple(int(m) for m in args.mesh.split("x"))

@@ -10,7 +10,8 @@ import numpy as np
 from mpi4py import MPI
 
 import pyshard as ps
-from pyshard import Partial, Replicate, Shard, _mpi, collectives
+from pyshard import Partial, Replicate, Shard, _dtypes, _mpi, collectives
+from pyshard.layout import Layout, check_dtype
 
 from .bench.timing import median_s
 
@@ -26,19 +27,24 @@ def demo(argv: Optional[List[str]] = None) -> int:
     from .bench.cli import count_arg, shape_arg
 
     def numeric(s: str) -> np.dtype:
+        """A dtype the demo's cases all take: one pyshard moves (numbers, bool, ml_dtypes'
+        floats such as bfloat16) and sums (its Partial("sum") cases: not long double)."""
         try:
-            dt = np.dtype(s)
-        except TypeError:
-            raise argparse.ArgumentTypeError(f"{s!r} is not a numpy dtype") from None
-        if dt.kind not in "biufc":
-            raise argparse.ArgumentTypeError(f"{s!r} is not a numeric dtype (bool, int, uint, "
-                                             "float, complex)")
+            dt = check_dtype(s, "--dtype")
+        except TypeError as e:
+            raise argparse.ArgumentTypeError(str(e).removeprefix("--dtype: ")) from None
+        try:
+            Layout((1,), dt, (1,), [Partial("sum")])
+        except ValueError as e:
+            raise argparse.ArgumentTypeError(
+                f"{s!r}: the demo's reduce-scatter and allreduce cases need a dtype pyshard "
+                f"sums ({e})") from None
         return dt
 
     ap.add_argument("--shape", default="4099x2050", type=shape_arg((2, 3, 4, 5, 6, 7, 8)),
                     help="global shape, AxB[xC...] (at least 2 dims), e.g. 4099x2050")
     ap.add_argument("--dtype", default="float64", type=numeric,
-                    help="a numeric numpy dtype (default float64)")
+                    help="a numeric numpy dtype, or bfloat16 (default float64)")
     ap.add_argument("--reps", type=count_arg(1), default=5, help="timed calls per case (>= 1)")
     args = ap.parse_args(argv)
     comm = MPI.COMM_WORLD
@@ -54,7 +60,8 @@ def demo(argv: Optional[List[str]] = None) -> int:
     for i in range(1, p):
         skew[i] = 1
     parts = [_global(shape, dtype, seed=1 + i) for i in range(p)]
-    gsum = np.sum(parts, axis=0, dtype=dtype)
+    # (pyshard sums float16 and ml_dtypes' floats in float32 and rounds once, at the end)
+    gsum = np.sum(parts, axis=0, dtype=_dtypes.accumulator(dtype)).astype(dtype)
 
     s0 = ps.distribute(g, mesh, [Shard(0)])
     s1 = ps.distribute(g, mesh, [Shard(1)])

@@ -350,8 +350,10 @@ def test_byte_settings_past_int64_refused_and_left_as_they_were():
 @pytest.mark.parametrize("args, says", [
     (["--shape", "abc"], "is not a shape"),
     (["--shape", "7"], "is not a shape"),
-    (["--dtype", "foo"], "is not a numpy dtype"),
-    (["--dtype", "U3"], "is not a numeric dtype"),
+    (["--dtype", "foo"], "not a numpy dtype"),
+    (["--dtype", "U3"], "pyshard moves numeric and bool arrays only"),
+    # (a traceback on every rank after the argument checks)
+    (["--dtype", "longdouble"], "need a dtype pyshard sums"),
     (["--reps", "0"], "must be an integer >= 1"),
 ])
 def test_demo_arguments_checked(capsys, args, says):
@@ -363,6 +365,18 @@ def test_demo_arguments_checked(capsys, args, says):
         demo(args)
     assert e.value.code == 2
     assert says in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16", "bool"])
+def test_demo_runs_every_dtype_it_takes(capsys, dtype):
+    """The demo takes ml_dtypes' floats as bench does (bfloat16 was 'not a numpy dtype'), and
+    its sums' reference rounds once, as pyshard's float32 accumulation does."""
+    if dtype == "bfloat16":
+        pytest.importorskip("ml_dtypes")
+    from pyshard.__main__ import demo
+
+    assert demo(["--shape", "9x5", "--reps", "1", "--dtype", dtype]) == 0
+    assert "all results equal the numpy reference" in capsys.readouterr().out
 
 
 def test_cli_without_a_command_and_config_with_arguments(capsys):

@@ -214,7 +214,8 @@ def make_parser() -> argparse.ArgumentParser:
     )
     ap.add_argument("--json", default=None, help="append one JSON object per case to FILE")
     ap.add_argument("--checkpoint-bytes", type=count_arg(4), default=1 << 30,
-                    help="checkpoint case: the array's bytes (default 1 GiB), saved in a "
+                    help="checkpoint case: the array's bytes, rounded down to whole float32 "
+                    "elements (default 1 GiB), saved in a "
                     "temporary directory under TMPDIR (on several nodes, a shared file system)")
     ap.add_argument(
         "--formats",

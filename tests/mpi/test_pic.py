@@ -172,7 +172,10 @@ def test_check_fails_on_a_nan_of_another_rank(comm):
 @pytest.mark.parametrize("argv", [["--ppc", "0"], ["--seed", "-1"], ["--seed", str(2**64)],
                                   ["--balance", "-1"], ["--cluster", "-3"], ["--cluster", "nan"],
                                   ["--steps", "-1"], ["--mesh", "2,2"], ["--mesh", "1x1x1"],
-                                  ["--mesh", "3x5"]])
+                                  ["--mesh", "3x5"], ["--dt", "nan"], ["--vth", "inf"],
+                                  # (one particle per cell: the bunch kept every one)
+                                  ["--cluster", "2", "--dim", "3"],
+                                  ["--cluster", "2", "--ppc", "1"]])
 def test_main_bad_options_are_argparse_errors(comm, capsys, argv):
     with pytest.raises(SystemExit) as e:
         pic.main(["--n", "6", "--steps", "1", *argv])
