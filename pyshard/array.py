@@ -68,8 +68,10 @@ class ShardedArray(Placed):
     """This rank's shard ``local`` of a global array laid out as ``layout`` on ``mesh``.
 
     ``global_array[x.box]`` equals ``x.local`` when no mesh dim is Partial. ``local`` is
-    C-contiguous (but for :attr:`HaloArray.array`'s, a view of the interior, which each
-    operation copies where it needs a contiguous array): a numpy array on the host, or a
+    C-contiguous (but for :attr:`HaloArray.array`'s, a view of the interior, and a
+    redistribute's result into a strided ``out=``, which is that ``out``; each operation
+    copies such a one where it needs a contiguous array, and a scatter's ``into=`` refuses
+    it): a numpy array on the host, or a
     cupy array on a GPU (results of a redistribution stay where the input was;
     ``torch.from_dlpack(x.local)`` views a GPU shard as a torch tensor without a copy).
     """
@@ -368,9 +370,9 @@ def from_local(
     producer, viewed without a copy) as a ShardedArray.
 
     A ``local`` that is not C-contiguous (a strided slice, a transpose) is copied, as
-    :attr:`ShardedArray.local` is always C-contiguous: writes into the result (a scatter's
-    ``into=``, an ``out=``) then land in the copy, not in ``local``. Pass a C-contiguous
-    array where the writes must reach your own buffer.
+    :attr:`ShardedArray.local` is C-contiguous (see :class:`ShardedArray`): writes into the
+    result (a scatter's ``into=``, an ``out=``) then land in the copy, not in ``local``.
+    Pass a C-contiguous array where the writes must reach your own buffer.
 
     With ``global_shape`` (and ``sizes`` where the split is not balanced) there is no
     communication at all: every rank must pass the shard the layout gives it, or

@@ -13,6 +13,7 @@ whatever their size. :class:`ManyPlan` is the pure plan (no MPI), cached and exp
 
 from __future__ import annotations
 
+import copy
 import logging
 from math import prod
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
@@ -303,10 +304,57 @@ def _check_no_arrays(placements: Any, is_map: bool, sizes: Any) -> None:
     _per_array("sizes", [], [], sizes, is_map, None)
 
 
+def _check_arrays(keys: List[Any], xs: List[Any], mesh: Any) -> bool:
+    """Every item a ShardedArray on ``mesh`` whose ``.local`` has its layout's dtype, all on
+    the host or all on a GPU (which: the result); TypeError or ValueError naming the first
+    that is not. This rank's facts, as redistribute's checks: the fused and node-shared
+    batches move the layout's bytes, so they would read past such an array."""
+    first = keys[0]
+    for k, x in zip(keys, xs):
+        if not isinstance(x, ShardedArray):
+            raise TypeError(
+                f"redistribute_many: arrays[{k!r}] is a {type(x).__name__}, not a ShardedArray"
+            )
+        if x.mesh is not mesh:
+            raise ValueError(
+                f"redistribute_many: arrays[{k!r}] lies on another mesh than "
+                f"arrays[{first!r}]; every array must share one Mesh"
+            )
+        dt = x.local.dtype
+        if dt is not x.layout.dtype and dt != x.layout.dtype:
+            raise TypeError(
+                f"redistribute_many: arrays[{k!r}]'s local array has dtype {dt}, its layout "
+                f"{x.layout.dtype} (was .local replaced by an array of another dtype? "
+                f"ShardedArray.wrap the new array with a layout of its dtype)")
+    if all(type(x.local) is np.ndarray for x in xs):
+        return False
+    devs = {bk.is_device(x.local) for x in xs}
+    if len(devs) > 1:
+        raise TypeError("redistribute_many: mixes host and GPU arrays; pass one kind")
+    return devs.pop()
+
+
+def _wrong_shape(keys: List[Any], xs: List[ShardedArray], mesh: Mesh) -> Optional[str]:
+    """The message for the first array whose ``.local`` does not have its layout's shape
+    at this rank's coords, or None (a few microseconds an array: run in validation mode,
+    and where the core refused a shape)."""
+    for k, x in zip(keys, xs):
+        want = x.layout.local_shape(mesh.coords)
+        if tuple(x.local.shape) != want:
+            return (f"redistribute_many: arrays[{k!r}]'s local array has shape "
+                    f"{tuple(x.local.shape)}, its layout puts {want} at mesh coords "
+                    f"{mesh.coords} (was .local replaced by an array of another shape? "
+                    f"from_local or ShardedArray.wrap the new array with a layout of its own)")
+    return None
+
+
 def plan_many(arrays: ArraysArg, placements: PlacementsLike, sizes: Any = None) -> ManyPlan:
     """The (cached) :class:`ManyPlan` that :func:`redistribute_many` would run; no
     communication."""
     keys, xs, is_map = _items(arrays)
+    if xs:
+        mesh = next((x.mesh for x in xs if isinstance(x, ShardedArray)), None)
+        _check_arrays(keys, xs, mesh)
     targets = _targets(keys, xs, placements, is_map, sizes)
     return _many(tuple(plan(x.layout, t) for x, t in zip(xs, targets)))
 
@@ -451,53 +499,36 @@ def redistribute_many(
     if not xs:
         _check_no_arrays(placements, is_map, sizes)
         return {} if is_map else type(arrays)()
-    mesh = xs[0].mesh
+    # (the first array's mesh, or any array's: validation mode's agreement runs on it)
+    mesh = next((x.mesh for x in xs if isinstance(x, ShardedArray)), None)
     if isinstance(mesh, Mesh):  # (a freed mesh, or MPI finalized: before any MPI call)
         mesh.check_live()
-    wrong = None  # the first array whose .local was replaced by one of another dtype
-    for k, x in zip(keys, xs):
-        if not isinstance(x, ShardedArray):
-            raise TypeError(
-                f"redistribute_many: arrays[{k!r}] is a {type(x).__name__}, not a ShardedArray"
-            )
-        if x.mesh is not mesh:
-            raise ValueError(
-                f"redistribute_many: arrays[{k!r}] lies on another mesh than "
-                f"arrays[{keys[0]!r}]; every array must share one Mesh"
-            )
-        # (this rank's fact, as redistribute's check: the fused and node-shared batches move
-        # the layout's bytes, so they read past such an array; the core checks the shapes)
-        dt = x.local.dtype
-        if wrong is None and dt is not x.layout.dtype and dt != x.layout.dtype:
-            wrong = (f"redistribute_many: arrays[{k!r}]'s local array has dtype {dt}, its "
-                     f"layout {x.layout.dtype} (was .local replaced by an array of another "
-                     f"dtype? ShardedArray.wrap the new array with a layout of its dtype)")
-    if wrong is not None:
-        err = TypeError(wrong)
-        _validate.refused(mesh.comm, "redistribute_many", err)
-        raise err
-    if all(type(x.local) is np.ndarray for x in xs):
-        dev = False
-    else:
-        devs = {bk.is_device(x.local) for x in xs}
-        if len(devs) > 1:
-            raise TypeError("redistribute_many: mixes host and GPU arrays; pass one kind")
-        dev = devs.pop()
-    # a repeated call (the same layouts and one placement list for all): its targets and
-    # plan from one lookup
-    fast = hit = None
-    if sizes is None and not is_map and isinstance(placements, (list, tuple)):
-        try:
-            fast = (tuple(x.layout for x in xs), tuple(placements))
-            hit = _FAST.get(fast)
-        except TypeError:  # an unhashable placement: the general path says what is wrong
-            fast = None
-    if hit is not None:
-        targets, mp = hit
-        per_sizes = [None] * len(xs)
-    else:
-        targets = _targets(keys, xs, placements, is_map, sizes)
-        per_sizes = _per_array("sizes", keys, xs, sizes, is_map, None)
+    try:
+        dev = _check_arrays(keys, xs, mesh)
+        # a repeated call (the same layouts and one placement list for all): its targets
+        # and plan from one lookup
+        fast = hit = None
+        if sizes is None and not is_map and isinstance(placements, (list, tuple)):
+            try:
+                fast = (tuple(x.layout for x in xs), tuple(placements))
+                hit = _FAST.get(fast)
+            except TypeError:  # an unhashable placement: the general path says what is wrong
+                fast = None
+        if hit is not None:
+            targets, mp = hit
+            per_sizes = [None] * len(xs)
+        else:
+            targets = _targets(keys, xs, placements, is_map, sizes)
+            per_sizes = _per_array("sizes", keys, xs, sizes, is_map, None)
+        if _validate.enabled:  # (its price: this rank's shapes checked before the agreement)
+            wrong = _wrong_shape(keys, xs, mesh)
+            if wrong is not None:
+                raise ValueError(wrong)
+    except (TypeError, ValueError) as e:  # validation mode: ranks that passed wait in agree
+        if isinstance(mesh, Mesh):
+            _validate.refused(mesh.comm, "redistribute_many", e)
+        raise
+    assert isinstance(mesh, Mesh)
     if _validate.enabled:
         _validate.agree(
             mesh.comm,
@@ -518,40 +549,46 @@ def redistribute_many(
     ]
     results: List[Any] = [None] * len(xs)
     cache = mesh.cache
-    # node-shared memory for the single exchanges of a communicator whose ranks share a node
-    # (set up collectively on first use; decided from the layouts: the same on every rank)
-    shm: Dict[Tuple[int, ...], Any] = {}
-    routes: Dict[Tuple[int, ...], Route] = {}
-    for dims, _ix in mp.exchanges:
-        r = routes[dims] = batch_route("alltoallv", dims, mp.block_bytes(dims), mesh, alg, dev)
-        if r.path == "shm":
-            shm[dims] = r.node
-    # executors keyed by the (memoized) ManyPlan itself and the batch: an identity hash,
-    # where a tuple of hundreds of plans took a millisecond to hash
-    for b, (dims, ix) in enumerate(mp.shm_batches):
-        if dims not in shm:
-            continue
-        key = ("many-shm", mp, b)
-        se = cache.execs.get(key)
-        if se is None:
-            se = [ShmFusedExchange([mp.plans[i] for i in ix], mesh, routes[dims])]
-            cache.execs.put(key, se)
-            cache.note(se)
-        outs = se[0].run([locals_[i] for i in ix])
-        for i, o in zip(ix, outs):
-            results[i] = ShardedArray.wrap(o, targets[i], mesh)
-    for b, (dims, ix) in enumerate(mp.fused):
-        if dims in shm:
-            continue
-        key = ("many", mp, b, dev)
-        fe = cache.execs.get(key)
-        if fe is None:
-            fe = [FusedExchange([mp.plans[i] for i in ix], mesh, dev, routes[dims])]
-            cache.execs.put(key, fe)
-            cache.note(fe)
-        outs = fe[0].run([locals_[i] for i in ix], dev)
-        for i, o in zip(ix, outs):
-            results[i] = ShardedArray.wrap(o, targets[i], mesh)
+    try:
+        # node-shared memory for the single exchanges of a communicator whose ranks share a node
+        # (set up collectively on first use; decided from the layouts: the same on every rank)
+        shm: Dict[Tuple[int, ...], Any] = {}
+        routes: Dict[Tuple[int, ...], Route] = {}
+        for dims, _ix in mp.exchanges:
+            r = routes[dims] = batch_route("alltoallv", dims, mp.block_bytes(dims), mesh, alg, dev)
+            if r.path == "shm":
+                shm[dims] = r.node
+        # executors keyed by the (memoized) ManyPlan itself and the batch: an identity hash,
+        # where a tuple of hundreds of plans took a millisecond to hash
+        for b, (dims, ix) in enumerate(mp.shm_batches):
+            if dims not in shm:
+                continue
+            key = ("many-shm", mp, b)
+            se = cache.execs.get(key)
+            if se is None:
+                se = [ShmFusedExchange([mp.plans[i] for i in ix], mesh, routes[dims])]
+                cache.execs.put(key, se)
+                cache.note(se)
+            outs = se[0].run([locals_[i] for i in ix])
+            for i, o in zip(ix, outs):
+                results[i] = ShardedArray.wrap(o, targets[i], mesh)
+        for b, (dims, ix) in enumerate(mp.fused):
+            if dims in shm:
+                continue
+            key = ("many", mp, b, dev)
+            fe = cache.execs.get(key)
+            if fe is None:
+                fe = [FusedExchange([mp.plans[i] for i in ix], mesh, dev, routes[dims])]
+                cache.execs.put(key, fe)
+                cache.note(fe)
+            outs = fe[0].run([locals_[i] for i in ix], dev)
+            for i, o in zip(ix, outs):
+                results[i] = ShardedArray.wrap(o, targets[i], mesh)
+    except ValueError as e:  # the core's shape check on this rank: say which array, and how
+        wrong = _wrong_shape(keys, xs, mesh)
+        if wrong is None:
+            raise
+        raise ValueError(wrong) from e
     for i in mp.single:  # without sizes, from placements alone: the one-lookup fast path
         if results[i] is not None:  # moved through node-shared memory above
             if alg == "tune":
@@ -563,10 +600,20 @@ def redistribute_many(
             continue
         sz = None if per_sizes[i] is None else targets[i].sizes
         results[i] = xs[i].redistribute(list(targets[i].placements), sz, algorithm=alg)
+    return _rebuild(arrays, keys, results, is_map)
+
+
+def _rebuild(arrays: Any, keys: List[Any], results: List[Any], is_map: bool) -> Any:
+    """The results in a container like ``arrays``: a dict subclass copied with its values
+    replaced (a defaultdict keeps its factory), a namedtuple from its fields, any other
+    mapping as a dict."""
     if is_map:
-        return (
-            type(arrays)(zip(keys, results))
-            if isinstance(arrays, dict)
-            else dict(zip(keys, results))
-        )
+        out = dict(zip(keys, results))
+        if type(arrays) is dict or not isinstance(arrays, dict):
+            return out
+        c = copy.copy(arrays)
+        c.update(out)
+        return c
+    if isinstance(arrays, tuple) and hasattr(type(arrays), "_fields"):  # a namedtuple
+        return type(arrays)(*results)
     return type(arrays)(results)

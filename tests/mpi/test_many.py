@@ -281,3 +281,75 @@ def test_validation_compares_the_resolved_algorithm(comm):
     for y in ys:
         np.testing.assert_array_equal(y.local, g[y.box])
     mesh.free()
+
+
+@pytest.mark.parametrize("algorithm", ["auto", "shm", "alltoallv"])
+def test_a_local_of_another_shape_names_the_array(comm, algorithm):
+    """A .local replaced by an array of another shape (every rank here): ValueError naming the
+    array and both shapes, as redistribute's (the core's said "a source has a shape that does
+    not match the planned layout")."""
+    mesh = ps.Mesh(comm, (comm.size,))
+    g = make_global((4 * comm.size, 6), "float64")
+    xs = [ps.distribute(g, mesh, [Shard(0)]) for _ in range(3)]
+    xs[2].local = np.zeros((3, 4))
+    # (one rank: no exchange to fuse, and redistribute's own message names the shapes)
+    arr = r"arrays\[2\]'s " if comm.size > 1 else ""
+    with pytest.raises(ValueError, match=arr + r"local array has shape \(3, 4\), (its|the) "
+                                         r"layout puts \(4, 6\)"):
+        ps.redistribute_many(xs, [Shard(1)], algorithm=algorithm)
+    mesh.free()
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("case", ["placement", "sizes", "notarray", "shape"])
+def test_validation_catches_one_ranks_bad_batch(comm, case):
+    """Validation mode: one rank's bad batch (a placement its arrays cannot take, a sizes list
+    of the wrong length, an ndarray among the arrays, a .local replaced by one of another
+    shape) raises on every rank. That rank raised alone and the others waited for it until
+    PYSHARD_PEER_TIMEOUT, or (the shape) in the fused exchange for ever."""
+    mesh = ps.Mesh(comm, (comm.size,))
+    g = make_global((4 * comm.size, 6), "float64")
+    xs = [ps.distribute(g, mesh, [Shard(0)]) for _ in range(2)]
+    target, kw = [Shard(1)], {}
+    if comm.rank == 0:
+        if case == "placement":
+            target = [Shard(5)]
+        elif case == "sizes":
+            kw = {"sizes": [None]}
+        elif case == "notarray":
+            xs[1] = xs[1].local
+        else:
+            xs[1].local = xs[1].local[:-1]
+    with ps.config.override(PYSHARD_VALIDATE=True):
+        with pytest.raises(ValueError) as e:
+            ps.redistribute_many(xs, target, **kw)
+    msg = str(e.value)
+    assert "rank 0: " in msg and comm.allgather(msg) == [msg] * comm.size, msg
+    mesh.free()
+
+
+def test_containers_rebuilt_and_plan_many_checked(comm):
+    """A defaultdict comes back a defaultdict and a namedtuple a namedtuple (both raised
+    TypeError after the exchange had run); plan_many refuses arrays on two meshes or a
+    non-array, as redistribute_many does (it planned them, and explain() then failed)."""
+    import collections
+
+    mesh = ps.Mesh(comm, (comm.size,))
+    other = ps.Mesh(comm, (comm.size, 1))
+    g = make_global((4 * comm.size, 6), "float64")
+    a, b = (ps.distribute(g, mesh, [Shard(0)]) for _ in range(2))
+    dd = collections.defaultdict(list, {"a": a, "b": b})
+    out = ps.redistribute_many(dd, [Shard(1)])
+    assert type(out) is collections.defaultdict and out.default_factory is list
+    Pair = collections.namedtuple("Pair", "a b")
+    out2 = ps.redistribute_many(Pair(a, b), [Shard(1)])
+    assert type(out2) is Pair
+    for y in (*out.values(), *out2):
+        np.testing.assert_array_equal(y.local, g[y.box])
+    c = ps.distribute(g, other, [Shard(0), Replicate()])
+    with pytest.raises(ValueError, match="every array must share one Mesh"):
+        ps.plan_many([a, c], [Shard(1)])
+    with pytest.raises(TypeError, match=r"arrays\[0\] is a ndarray, not a ShardedArray"):
+        ps.redistribute_many([a.local, b], [Shard(1)])
+    mesh.free()
+    other.free()
