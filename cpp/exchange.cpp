@@ -263,6 +263,10 @@ void ExchangeStep::p2p(const char* src, char* dst, char* work, Packer& pk, bool 
   auto via_ws = [&](const Block& b) { return staged || !b.contiguous; };
   const size_t ns = g.sends.size();
   const bool pipelined = pk.kind() == Mem::host && !staged;
+  // A GPU's stream may still read what the receives below let MPI write (the bounce buffer
+  // or workspace a previous step unpacks from, memory a queued kernel reads): wait for it
+  // before posting them, as every other step waits before MPI touches its buffers.
+  if (pk.kind() != Mem::host) pk.sync();
   post_p2p(msgs_, sbase, rbase, src, dst, staged,
            [&] {
              if (pipelined) return;  // one pass (one kernel launch on a GPU), then wait once
@@ -345,6 +349,7 @@ void ExchangeStep::start(const char* src, char* dst, Packer& pk, PendingExchange
   if (g.algo == Algorithm::p2p) {
     if (!p.msgs || &p.msgs->comm() != comm_.get())
       p.msgs = std::make_unique<PeerMessages>(comm_, tags::kPending);
+    if (pk.kind() != Mem::host) pk.sync();  // (as in p2p(): before the receives are posted)
     post_p2p(*p.msgs, staged ? bounce : work, staged ? bounce + S : work + S, src, dst, staged,
              [&] {
                for (size_t i = 0; i < g.sends.size(); ++i)

@@ -491,6 +491,12 @@ class GatherPlan:
                          "(rows read from x would be overwritten as they are read); pass "
                          "another buffer")
                 out = None
+        elif out is not None:  # x on a GPU: out is written at wait(), so checked here
+            if not _backend.is_device(out) or tuple(out.shape) != shape \
+                    or out.dtype != host.dtype:
+                error = (f"pyshard.GatherPlan.gather: out must be a cupy array of shape "
+                         f"{shape} and dtype {host.dtype} (x is on the GPU)")
+                out = None
         rb = host.dtype.itemsize * int(np.prod(shape[1:], dtype=np.int64))
 
         bad = failed is not None
@@ -525,7 +531,7 @@ class GatherPlan:
                 else:
                     box["r"] = d
 
-            p: PendingIndex = _DevicePending(self, box, (host, res), finish, core)
+            p: PendingIndex = _DevicePending(self, box, (host, res), finish, core, error)
         else:
             p = PendingIndex(self, res, (host, res), None, core, error)
         self._inflight = p

@@ -11,6 +11,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 
+from .. import _backend as bk
 from .. import _dtypes
 from ..layout import Partial, Replicate, Shard, split_sizes
 from . import saving
@@ -57,7 +58,7 @@ def save(
                 plain = [Replicate() if isinstance(p, Partial) else p for p in x.placements]
                 x = x.redistribute(plain, sizes=lay.sizes)
             box = x.layout.box(x.mesh.coords)
-            local = np.asarray(x.local)
+            local = bk.to_host(x.local)  # (a cupy shard: its host copy)
             mine = local.size > 0 and saving.is_writer(x.layout, x.mesh.coords)
         elif lay.ndim:
             s0 = meta["chunk_grid"]["configuration"]["chunk_shape"][0]
@@ -65,13 +66,13 @@ def save(
             target = [Shard(0)] * len(lay.mesh_shape)
             y = x.redistribute(target, sizes={0: list(ext)})
             box = y.layout.box(y.mesh.coords)
-            local = np.asarray(y.local)
+            local = bk.to_host(y.local)
             mine = local.size > 0
         else:  # 0-d: rank 0 writes the one chunk
             if lay.partial_mesh_dims():
                 plain = [Replicate() if isinstance(p, Partial) else p for p in x.placements]
                 x = x.redistribute(plain)
-            local = np.asarray(x.local).reshape(())
+            local = bk.to_host(x.local).reshape(())
             box = ()
             mine = comm.Get_rank() == 0
         if mine and bad is None:

@@ -75,3 +75,23 @@ def test_gpu_scatter_equals_order_rule(comm, layout):
         np.testing.assert_array_equal(cp.asnumpy(x.local), want[x.box],
                                       err_msg=f"{dtype} {trail} {op}")  # fmt: skip
     mesh.free()
+
+
+def test_gpu_gather_out_checked(comm):
+    """A cupy x gathered into out=: a cupy out of the result's shape and dtype is written;
+    one of another dtype or shape, or a numpy out, raises ValueError at wait() on that rank
+    after its part ran (it was cast or broadcast silently at wait()); the others complete."""
+    mesh = ps.Mesh(comm, (comm.size,))
+    g = make_global((N, 3), "float32", seed=2)
+    x = dist(g, mesh, None)
+    idx = indices_of(PATTERNS[0], 3, comm.rank)
+    plan = ps.gather_plan(idx, like=x)
+    want = g[np.asarray(idx, np.int64)]
+    out = cp.empty(want.shape, cp.float32)
+    assert plan.gather(x, out=out) is out
+    np.testing.assert_array_equal(cp.asnumpy(out), want)
+    for bad in (cp.empty(want.shape, cp.float64), cp.empty((len(idx) + 1, 3), cp.float32),
+                np.empty(want.shape, np.float32)):
+        with pytest.raises(ValueError, match="out must be a cupy array"):
+            plan.gather(x, out=bad)
+    mesh.free()
