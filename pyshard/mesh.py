@@ -215,6 +215,8 @@ class Mesh:
         dropped keep their communicators until MPI finalizes; long-running codes that make
         many meshes should free them. Redistributes still in flight on the mesh
         (``wait=False``, their handles waited for or not) are completed first, in start order.
+        Gathers, scatters, migrations and halo updates and folds in flight complete at their
+        own ``wait()`` afterwards (their messages were posted before the communicators went).
         """
         if self._freed:  # (again: nothing left to release)
             return
