@@ -162,10 +162,10 @@ SETTINGS: Dict[str, Setting] = {s.name: s for s in (
             "PYSHARD_SHM=auto, mpi means PYSHARD_SHM=off, direct and staged mean "
             "PYSHARD_SHM=off with PYSHARD_MPI_TRANSPORT=direct or staged",
             _choice("auto", "shm", "mpi", "direct", "staged")),
-    Setting("PYSHARD_SHM_MIN_BYTES", "an integer >= 0", None,
+    Setting("PYSHARD_SHM_MIN_BYTES", "an integer >= 0 (below 2^63)", None,
             "auto takes node-shared memory for steps whose largest block has at least this "
             "many bytes (default: 16 KiB, 256 KiB where ranks outnumber cores)", _int(0)),
-    Setting("PYSHARD_NODE_SIZE", "an integer >= 1", None,
+    Setting("PYSHARD_NODE_SIZE", "an integer >= 1 (below 2^63)", None,
             "split each node into simulated nodes of this many consecutive world ranks (the "
             "mixed path of a cluster on one machine; read when a Mesh is built)", _int(1)),
     Setting("PYSHARD_CUDA_AWARE", _BOOL, None,
@@ -182,23 +182,23 @@ SETTINGS: Dict[str, Setting] = {s.name: s for s in (
             "rank has a core and for faces of at least PYSHARD_SHM_MIN_BYTES where ranks "
             "outnumber cores; else persistent requests)",
             _choice(*_HALO)),
-    Setting("PYSHARD_CACHE_LIMIT", "an integer >= 1", 256,
+    Setting("PYSHARD_CACHE_LIMIT", "an integer >= 1 (below 2^63)", 256,
             "entries kept per plan and executor cache", _int(1)),
-    Setting("PYSHARD_RESULT_POOL_BYTES", "an integer >= 0", 1 << 30,
+    Setting("PYSHARD_RESULT_POOL_BYTES", "an integer >= 0 (below 2^63)", 1 << 30,
             "bytes of freed host results kept for reuse (0: off): the private pool, and "
             "each node transport's pool of results in node-shared memory", _int(0)),
-    Setting("PYSHARD_MANY_FUSE_MAX_BYTES", "an integer >= 1", 256 << 10,
+    Setting("PYSHARD_MANY_FUSE_MAX_BYTES", "an integer >= 1 (below 2^63)", 256 << 10,
             "redistribute_many fuses arrays of fewer bytes per rank than this", _int(1)),
-    Setting("PYSHARD_MANY_BATCH_BYTES", "an integer >= 1", 4 << 20,
+    Setting("PYSHARD_MANY_BATCH_BYTES", "an integer >= 1 (below 2^63)", 4 << 20,
             "bytes per rank of one fused MPI exchange of redistribute_many", _int(1)),
-    Setting("PYSHARD_MANY_SHM_BATCH_BYTES", "an integer >= 1", 64 << 20,
+    Setting("PYSHARD_MANY_SHM_BATCH_BYTES", "an integer >= 1 (below 2^63)", 64 << 20,
             "bytes per rank of one node-shared-memory batch of redistribute_many", _int(1)),
-    Setting("PYSHARD_LOAD_DIRECT_BYTES", "an integer >= 0", 4096,
+    Setting("PYSHARD_LOAD_DIRECT_BYTES", "an integer >= 0 (below 2^63)", 4096,
             "load() copies an array stored whole in one file (.npy, HDF5 contiguous, "
             "safetensors) straight into each rank's box where every box is made of runs of at "
             "least this many contiguous bytes of the file (0: always); shorter runs are read as "
             "row blocks and redistributed (.npy: one collective MPI-IO read)", _int(0)),
-    Setting("PYSHARD_POOL_MIN_BYTES", "an integer >= 0", 1 << 20,
+    Setting("PYSHARD_POOL_MIN_BYTES", "an integer >= 0 (below 2^63)", 1 << 20,
             "host results of at least this many bytes come from the core's result pool (a loop "
             "of calls reuses pages instead of faulting in fresh ones); smaller ones are plain "
             "numpy arrays", _int(0)),
@@ -213,7 +213,7 @@ SETTINGS: Dict[str, Setting] = {s.name: s for s in (
             "Zarr chunks whose codecs are bytes (native order) then zstd are compressed and "
             "decompressed by numcodecs' Zstd, configured from the ZstdCodec (the same bytes; "
             "off: zarr-python's codec pipeline, a thread per chunk)", _bool),
-    Setting("PYSHARD_ZARR_DECODE_BYTES", "an integer >= 1", 64 << 20,
+    Setting("PYSHARD_ZARR_DECODE_BYTES", "an integer >= 1 (below 2^63)", 64 << 20,
             "bytes of decoded Zarr chunks asked of zarr-python's codec pipeline in one call, "
             "at most", _int(1)),
     Setting("PYSHARD_FFT_BACKEND", "auto, scipy, numpy, pyfftw or pyfftw-measure", "auto",
@@ -234,7 +234,7 @@ SETTINGS: Dict[str, Setting] = {s.name: s for s in (
             "pyshard.jax's local c2c FFT passes on CPU: auto is scipy.fft in place on XLA's "
             "buffer (a custom call) where scipy imports, else jnp.fft; jnp: always jnp.fft. "
             "Read when a function is traced", _choice("auto", "scipy", "jnp")),
-    Setting("PYSHARD_PEER_TIMEOUT", "a number of seconds > 0", 300.0,
+    Setting("PYSHARD_PEER_TIMEOUT", "a finite number of seconds > 0", 300.0,
             "the longest a rank waits for a node peer in node-shared memory (mesh setup, an "
             "exchange, a halo update or fold), and in the validation mode's check for the "
             "other ranks; past it every waiting rank raises RuntimeError naming what it "

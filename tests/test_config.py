@@ -34,17 +34,17 @@ def test_defaults_and_environment(monkeypatch):
 @pytest.mark.parametrize(
     "name,raw,accepts",
     [
-        ("PYSHARD_SHM_MIN_BYTES", "-1", "an integer >= 0"),
-        ("PYSHARD_SHM_MIN_BYTES", "16k", "an integer >= 0"),
-        ("PYSHARD_NODE_SIZE", "0", "an integer >= 1"),
+        ("PYSHARD_SHM_MIN_BYTES", "-1", "an integer >= 0 (below 2^63)"),
+        ("PYSHARD_SHM_MIN_BYTES", "16k", "an integer >= 0 (below 2^63)"),
+        ("PYSHARD_NODE_SIZE", "0", "an integer >= 1 (below 2^63)"),
         ("PYSHARD_COUNT_LIMIT", "7", "an integer in [8, 2^31-1]"),
         ("PYSHARD_VALIDATE", "maybe", "0/1, false/true, no/yes or off/on"),
         ("PYSHARD_CUDA_AWARE", "2", "0/1, false/true, no/yes or off/on"),
         ("PYSHARD_TRANSPORT", "fast", "auto, shm, mpi, direct or staged"),
         ("PYSHARD_SHM", "on", "auto or off"),
         ("PYSHARD_MPI_TRANSPORT", "mpi", "auto, direct or staged"),
-        ("PYSHARD_PEER_TIMEOUT", "0", "a number of seconds > 0"),
-        ("PYSHARD_PEER_TIMEOUT", "inf", "a number of seconds > 0"),
+        ("PYSHARD_PEER_TIMEOUT", "0", "a finite number of seconds > 0"),
+        ("PYSHARD_PEER_TIMEOUT", "inf", "a finite number of seconds > 0"),
         ("PYSHARD_HALO_METHOD", "mail",
          "one of auto, shm, persistent, p2p, datatype, neighbor, tune"),
     ],
@@ -98,19 +98,20 @@ def test_no_other_module_reads_a_setting():
 @pytest.mark.parametrize(
     "name,value,accepts",
     [
-        ("PYSHARD_CACHE_LIMIT", 0, "an integer >= 1"),  # set_cache_limit(0) refuses it too
-        ("PYSHARD_CACHE_LIMIT", 2.5, "an integer >= 1"),
-        ("PYSHARD_CACHE_LIMIT", True, "an integer >= 1"),  # a bool is no count
-        ("PYSHARD_SHM_MIN_BYTES", -1, "an integer >= 0"),
+        ("PYSHARD_CACHE_LIMIT", 0, "an integer >= 1 (below 2^63)"),  # (set_cache_limit(0) too)
+        ("PYSHARD_CACHE_LIMIT", 2.5, "an integer >= 1 (below 2^63)"),
+        ("PYSHARD_CACHE_LIMIT", True, "an integer >= 1 (below 2^63)"),  # a bool is no count
+        ("PYSHARD_SHM_MIN_BYTES", 2**63, "an integer >= 0 (below 2^63)"),  # (said no bound)
+        ("PYSHARD_SHM_MIN_BYTES", -1, "an integer >= 0 (below 2^63)"),
         ("PYSHARD_COUNT_LIMIT", 7, "an integer in [8, 2^31-1]"),
         ("PYSHARD_COUNT_LIMIT", 1 << 31, "an integer in [8, 2^31-1]"),
-        ("PYSHARD_RESULT_POOL_BYTES", -1, "an integer >= 0"),
-        ("PYSHARD_MANY_BATCH_BYTES", 0, "an integer >= 1"),
+        ("PYSHARD_RESULT_POOL_BYTES", -1, "an integer >= 0 (below 2^63)"),
+        ("PYSHARD_MANY_BATCH_BYTES", 0, "an integer >= 1 (below 2^63)"),
         ("PYSHARD_VALIDATE", 2, "0/1, false/true, no/yes or off/on"),
         ("PYSHARD_VALIDATE", "maybe", "0/1, false/true, no/yes or off/on"),
-        ("PYSHARD_PEER_TIMEOUT", 0, "a number of seconds > 0"),
-        ("PYSHARD_PEER_TIMEOUT", float("nan"), "a number of seconds > 0"),
-        ("PYSHARD_PEER_TIMEOUT", True, "a number of seconds > 0"),
+        ("PYSHARD_PEER_TIMEOUT", 0, "a finite number of seconds > 0"),
+        ("PYSHARD_PEER_TIMEOUT", float("nan"), "a finite number of seconds > 0"),
+        ("PYSHARD_PEER_TIMEOUT", True, "a finite number of seconds > 0"),
         ("PYSHARD_ALGORITHM", 3, "one of auto, tune, alltoallv"),
         ("PYSHARD_SHM", False, "auto or off"),
         ("PYSHARD_TUNE_FILE", 5, "a file path"),
@@ -402,7 +403,7 @@ def test_a_value_refused_at_the_end_of_an_override_is_raised_by_the_next_mesh(mo
 
     mesh = ps.Mesh(MPI.COMM_SELF, (1,))
     x = ps.distribute(np.arange(6.0).reshape(2, 3), mesh, [ps.Shard(0)])
-    says = "PYSHARD_CACHE_LIMIT must be an integer >= 1, got '0'"
+    says = r"PYSHARD_CACHE_LIMIT must be an integer >= 1 \(below 2\^63\), got '0'"
     try:
         with config.override(PYSHARD_CACHE_LIMIT=5):
             monkeypatch.setenv("PYSHARD_CACHE_LIMIT", "0")
