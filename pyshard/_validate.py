@@ -3,9 +3,10 @@ on every rank, instead of a hang.
 
 Off by default (no collective beyond the plan's). On (``PYSHARD_VALIDATE=1``, from the
 environment or ``pyshard.config``: the next call follows every change of it; or
-``pyshard.set_validation(True)``), ``redistribute``, ``from_local``, ``save``, ``load`` (and
-``migrate``, halo updates and folds, ``balance``) first run one small collective over the
-mesh: an ``MPI_Allgather`` of twelve int64 per rank
+``pyshard.set_validation(True)``), ``Mesh``, ``redistribute``, ``from_local``, ``save``,
+``load`` (and ``redistribute_many``, ``migrate``, halo updates and folds, gather plans, the
+FFTs, ``balance``: the list is in docs/troubleshooting.md) first run one small collective
+over the mesh: an ``MPI_Iallgather`` of twelve int64 per rank
 (the call and checksums of its arguments: source and target layouts, algorithm, whether the
 local shard fits the layout). When every rank agrees, that is all it costs. When they differ,
 one more allgather of the readable descriptions follows and every rank raises the same
@@ -45,10 +46,12 @@ def set_validation(on: bool) -> None:
     ``pyshard.config.set("PYSHARD_VALIDATE", on)``, so that ``config.get``, ``config.set``
     and ``config.override`` see and change the same value.
 
-    On: every ``redistribute``, ``from_local``, ``save`` and ``load`` first checks with one
-    small Allgather that every rank passed the same layouts and arguments, and raises the
-    same ``ValueError`` on every rank when they differ (instead of hanging in mismatched
-    collectives). Off (the default): no collective beyond the plan's.
+    On: every collective call (``Mesh``, ``redistribute``, ``from_local``, ``save``,
+    ``load``, ``redistribute_many``, halo updates and folds, gather plans, ``migrate``, the
+    FFTs, ``balance``) first checks with one small Allgather that every rank passed the same
+    layouts and arguments, and raises the same ``ValueError`` on every rank when they differ
+    (instead of hanging in mismatched collectives). Off (the default): no collective beyond
+    the plan's.
     """
     from . import config
 

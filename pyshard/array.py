@@ -168,7 +168,8 @@ class ShardedArray(Placed):
 
         ``wait=False``: start the redistribute and return a :class:`~pyshard.Pending`
         at once, whose ``wait()`` returns the result (``test()``: whether it is complete);
-        the caller computes in between. Several may be in flight, started in the same order
+        the caller computes in between (every rank must pass the same ``wait``: the
+        validation mode checks it). Several may be in flight, started in the same order
         on every rank and waited in any order;
         the source and ``out`` must stay alive and unwritten until then. The first step is
         in flight only when it is an exchange on the ``alltoallv`` or ``p2p`` algorithm (see
@@ -193,7 +194,7 @@ class ShardedArray(Placed):
                 f"array with a layout of its dtype)")
             if _validate.enabled:  # every rank's check first: this rank's "local shard" names it
                 self.mesh.check_live()
-                self._agree(placements, sizes, algorithm, out)
+                self._agree(placements, sizes, algorithm, out, wait)
             raise err
         if sizes is None and wait and not _validate.enabled:
             # a repeated call: one lookup, then one call of the binding (executor.bind)
@@ -228,7 +229,7 @@ class ShardedArray(Placed):
         mesh.check_live()  # (a freed mesh's fast path is empty: every call comes here)
         local = self.local
         if _validate.enabled:  # one small Allgather: a mismatch raises on every rank
-            self._agree(placements, sizes, algorithm, out)
+            self._agree(placements, sizes, algorithm, out, wait)
         shape = self.layout.local_shape(mesh.coords)
         if tuple(local.shape) != shape:
             self._wrong_shape(shape)
@@ -258,7 +259,7 @@ class ShardedArray(Placed):
             f"array with a layout of its shape)")
 
     def _agree(self, placements: PlacementsArg, sizes: SizesArg, algorithm: str,
-               out: Any = None) -> None:
+               out: Any = None, wait: bool = True) -> None:
         """Validation mode: every rank must pass the same target, and an ``out`` that fits it
         or none (see pyshard._validate)."""
         err: Optional[Exception] = None
@@ -285,6 +286,9 @@ class ShardedArray(Placed):
             "algorithm": repr(algorithm),
             "local shard": local,
             "out": fits,
+            # (wait=False posts the first exchange nonblocking: a rank calling the blocking
+            # one beside it waits for ever)
+            "wait": repr(bool(wait)),
         }
         _validate.agree(self.mesh.comm, "redistribute", items)
         if err is not None:

@@ -440,13 +440,17 @@ class HaloArray:
         """Errors found from the arguments and this array's state alone (the same on every
         rank that makes the same calls), raised before any communication."""
         self.mesh.check_live()
+        bad = None
         if not isinstance(op, str) or op not in FOLD_OPS:
-            raise ValueError(f"HaloArray.{what}: op must be one of {FOLD_OPS}, got {op!r}")
-        if op != "sum" and self.padded.dtype.kind == "c":
-            raise ValueError(
+            bad = ValueError(f"HaloArray.{what}: op must be one of {FOLD_OPS}, got {op!r}")
+        elif op != "sum" and self.padded.dtype.kind == "c":
+            bad = ValueError(
                 f"HaloArray.{what}: op={op!r} on complex data ({self.padded.dtype}) has no "
                 f"order; complex arrays fold with op='sum' only"
             )
+        if bad is not None:  # (validation mode: the others wait in their agreement for it)
+            _validate.refused(self.mesh.comm, "halo fold", bad)
+            raise bad
         if self._active:
             raise RuntimeError(
                 f"HaloArray.{what}: an update is in flight (start() without wait()); call "

@@ -8,7 +8,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 from mpi4py import MPI
 
-from . import _core, _shm
+from . import _core, _shm, _validate
 from ._cache import ExecCache, register
 from .collectives import check_finalized
 
@@ -83,6 +83,8 @@ class Mesh:
         ):
             raise ValueError(f"Mesh(names): need {len(self.shape)} distinct strings, got {names!r}")
         self.names: Tuple[str, ...] = names
+        if _validate.enabled:  # (a rank with another shape ended the job in an MPI error)
+            _validate.agree(comm, "Mesh", {"shape": repr(self.shape)})
         self._freed = False  # free() was called: check_live raises
         try:
             self.comm: MPI.Cartcomm = comm.Create_cart(

@@ -709,11 +709,12 @@ def _gather_plan(indices: Any, like: ShardedArray, algorithm: str, method: str, 
                  refuse: str) -> GatherPlan:
     """:func:`gather_plan` for ``pyshard.<name>``; ``refuse``: this rank's caller found its
     input bad (the detail), told to every rank with the setup's counts as error code 4."""
-    mesh, lay, offsets = _index_layout(like, name)
     try:
+        mesh, lay, offsets = _index_layout(like, name)
         route = index_route(mesh, algorithm, method)
-    except ValueError as e:
-        _validate.refused(mesh.comm, f"pyshard.{name}", e)  # (a no-op outside validation)
+    except (TypeError, ValueError) as e:  # (a no-op outside validation)
+        if isinstance(like, ShardedArray):  # (a like of another layout on one rank)
+            _validate.refused(like.mesh.comm, f"pyshard.{name}", e)
         raise
     if _validate.enabled:  # the setup's exchange and every later call depend on both
         _validate.agree(mesh.comm, f"pyshard.{name}", {

@@ -152,21 +152,29 @@ def save(
     sync.
     """
     t0 = time.perf_counter()
-    path = norm_path(path, "save")
-    if format not in DRIVERS:
-        raise ValueError(f"save(format): expected one of {tuple(DRIVERS)}, got {format!r}")
-    _check_compression(format, compression)
-    fmt = DRIVERS[format]
-    items = _check_arrays(arrays)
-    meta_json = _meta_json(metadata)
-    fmt.check_save(items)
+    try:
+        path = norm_path(path, "save")
+        if format not in DRIVERS:
+            raise ValueError(f"save(format): expected one of {tuple(DRIVERS)}, got {format!r}")
+        _check_compression(format, compression)
+        fmt = DRIVERS[format]
+        items = _check_arrays(arrays)
+        meta_json = _meta_json(metadata)
+        fmt.check_save(items)
+    except (TypeError, ValueError) as e:  # (validation mode: the others wait in agree)
+        x0 = next((x for x in arrays.values() if isinstance(x, ShardedArray)), None) \
+            if isinstance(arrays, dict) else None
+        if x0 is not None and x0.mesh.comm != MPI.COMM_NULL:
+            _validate.refused(x0.mesh.comm, "save", e)
+        raise
     items[0][1].mesh.check_live()  # (a freed mesh, or MPI finalized: before any MPI call)
     comm = items[0][1].mesh.comm
     if _validate.enabled:
         layouts = ", ".join(f"{n}: {x.layout!r}" for n, x in items)
-        _validate.agree(
-            comm, "save", {"path": repr(path), "arrays": layouts, "sync": repr(bool(sync))}
-        )
+        _validate.agree(comm, "save", {
+            "path": repr(path), "arrays": layouts, "sync": repr(bool(sync)),
+            "metadata": meta_json, "format": repr(format), "compression": repr(compression),
+        })
     entries = {n: entry(x.layout, "") for n, x in items}
     # sync too: a rank that fsyncs alone would wait in MPI_File_sync (collective)
     check_same(comm, path, f"{meta_json} {format} {compression} sync={bool(sync)}", entries)

@@ -227,8 +227,12 @@ def _go(name: str, kind: str, x: ShardedArray, s: Any, axes: Any, norm: Any, pla
         raise TypeError(f"'{type(s).__name__}' object is not iterable")
     if kind in R2R and type_ is None:  # scipy.fft's DCT/DST take no None for type
         raise TypeError(f"pyshard.fft.{name}: type must be an integer, 1 to 4, got None")
-    workers = check_workers(workers)
-    orth = _orthogonalize(orthogonalize)
+    try:
+        workers = check_workers(workers)
+        orth = _orthogonalize(orthogonalize)
+    except (TypeError, ValueError) as e:  # (validation mode: the others wait in agree)
+        _validate.refused(x.mesh.comm, f"pyshard.fft.{name}", e)
+        raise
     if _validate.enabled:  # one small Allgather: ranks that disagree raise on every rank
         _validate.agree(x.mesh.comm, f"pyshard.fft.{name}", {
             "layout": repr(x.layout),

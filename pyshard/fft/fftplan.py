@@ -118,6 +118,10 @@ class FFTPlan:
         if _validate.enabled:
             _validate.agree(x.mesh.comm, f"pyshard.FFTPlan.{what}", {
                 "plan": repr(self), "algorithm": repr(algorithm),
+                # (not in the repr, and they change the numbers: a rank whose plan had
+                # another norm ran the same exchanges and returned a wrong result)
+                "norm": repr(self.norm), "type": repr(self.type),
+                "orthogonalize": repr(self.orthogonalize),
                 "out": "None" if out is None else (
                     "a ShardedArray" if isinstance(out, ShardedArray) else "a plain array"),
             })

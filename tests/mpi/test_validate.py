@@ -323,3 +323,45 @@ def test_errors_on_a_sub_communicator_name_world_ranks(comm, validating):
         ps.gather_plan(idx, like=x)
     mesh.free()
     rev.Free()
+
+
+@two_ranks
+def test_more_arguments_on_one_rank(comm, validating, tmp_path):
+    """One rank's different (or bad) argument raises the same ValueError on every rank:
+    redistribute's wait= (a hang), an FFTPlan built with another norm (a wrong result), a
+    fold's bad op, a gather_plan like= of another layout, save's format or metadata, an
+    fft's workers= and a Mesh of another shape (the bad ones raised on that rank alone and
+    the others waited until PYSHARD_PEER_TIMEOUT; the Mesh ended the job in MPI)."""
+    from pyshard import fft as pf
+
+    mesh = _mesh(comm)
+    last = comm.size - 1
+    odd = comm.rank == last
+    g = make_global((4 * comm.size, 6), "float64")
+    x = ps.distribute(g, mesh, [Shard(0)])
+
+    def redistribute():
+        r = x.redistribute([Shard(1)], wait=not odd)
+        return r if not odd else r.wait()
+
+    _all_raise(comm, redistribute, "wait", f"rank {last}")
+    p = pf.plan(x.layout, "fftn", norm="ortho" if odd else "backward")
+    _all_raise(comm, lambda: p.forward(x), "norm", f"rank {last}")
+    h = x.with_halo(1, periodic=True)
+    _all_raise(comm, lambda: h.fold(op="bogus" if odd else "sum"), "op must be one of",
+               f"rank {last}")
+    like = ps.distribute(g, mesh, [Shard(1)] if odd else [Shard(0)])
+    _all_raise(comm, lambda: ps.gather_plan(np.arange(2), like=like), "index space",
+               f"rank {last}")
+    path = comm.bcast(str(tmp_path / "ck") if comm.rank == 0 else None)
+    for kw, says in (({"format": "bogus" if odd else "npy"}, "format"),
+                     ({"metadata": {"lr": float("nan") if odd else 0.1}}, "non-finite"),
+                     ({"metadata": {"step": 2 if odd else 1}}, "metadata")):
+        _all_raise(comm, lambda kw=kw: ps.save(path, {"x": x}, **kw), says, f"rank {last}")
+    _all_raise(comm, lambda: pf.fftn(x, workers="x" if odd else None), "refused",
+               f"rank {last}: TypeError")  # (scipy.fft's own error for workers="x")
+    _all_raise(comm, lambda: ps.Mesh(comm, (comm.size,) if odd else (1, comm.size)),
+               "shape", f"rank {last}")
+    y = x.redistribute([Shard(1)])  # agreeing calls run
+    np.testing.assert_array_equal(y.local, g[y.box])
+    mesh.free()
