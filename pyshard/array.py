@@ -362,6 +362,14 @@ def distribute(
     return ShardedArray(local, layout, mesh)
 
 
+def _spelled(v: Any) -> str:
+    """``repr(v)`` with lists and tuples spelled alike (validation mode: ``[Shard(0)]`` and
+    ``(Shard(0),)``, ``[4, 3]`` and ``(4, 3)`` are the same argument)."""
+    if isinstance(v, (list, tuple)):
+        return "(" + ", ".join(_spelled(e) for e in v) + ")"
+    return repr(v)
+
+
 def from_local(
     local: Any,
     mesh: Mesh,
@@ -397,7 +405,7 @@ def from_local(
     if global_shape is None and sizes is not None:  # the same on every rank: no communication
         raise ValueError("from_local: give sizes only together with global_shape")
     if _validate.enabled:  # the same arguments everywhere; then every shape check agrees
-        args = {"placements": repr(placements), "global_shape": repr(global_shape)}
+        args = {"placements": _spelled(placements), "global_shape": _spelled(global_shape)}
         args["sizes"] = repr(sizes)
         args["dtype"] = (f"refused ({local.err})" if isinstance(local, Refused)
                          else str(getattr(local, "dtype", type(local).__name__)))

@@ -236,7 +236,10 @@ def _go(name: str, kind: str, x: ShardedArray, s: Any, axes: Any, norm: Any, pla
     if _validate.enabled:  # one small Allgather: ranks that disagree raise on every rank
         _validate.agree(x.mesh.comm, f"pyshard.fft.{name}", {
             "layout": repr(x.layout),
-            "arguments": repr((axes, s, norm, type_, orth)),
+            # (spelled alike where they mean the same: a list or a tuple of axes or of s,
+            # and norm=None or "backward")
+            "arguments": repr((_as_tuple(axes), _as_tuple(s),
+                               "backward" if norm is None else norm, type_, orth)),
             "result layout": repr((placements, sizes)),
             "out": "None" if out is None else (
                 "a ShardedArray" if isinstance(out, ShardedArray) else "a plain array"),
@@ -519,3 +522,8 @@ def tune_mesh(comm: Any, shape: Sequence[int], kind: str = "fftn",
 
     key = f"fft|{kind}|{shape}|{dt.name}|{None if axes is None else tuple(axes)}"
     return _tune(comm, nd, work, key=key, trials=trials, candidates=cands)
+
+
+def _as_tuple(v: Any) -> Any:
+    """A list as a tuple (validation mode's spelling of ``axes=`` and ``s=``), else ``v``."""
+    return tuple(v) if isinstance(v, list) else v

@@ -120,7 +120,8 @@ class FFTPlan:
                 "plan": repr(self), "algorithm": repr(algorithm),
                 # (not in the repr, and they change the numbers: a rank whose plan had
                 # another norm ran the same exchanges and returned a wrong result)
-                "norm": repr(self.norm), "type": repr(self.type),
+                "norm": repr("backward" if self.norm is None else self.norm),
+                "type": repr(self.type),
                 "orthogonalize": repr(self.orthogonalize),
                 "out": "None" if out is None else (
                     "a ShardedArray" if isinstance(out, ShardedArray) else "a plain array"),

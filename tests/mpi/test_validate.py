@@ -365,3 +365,22 @@ def test_more_arguments_on_one_rank(comm, validating, tmp_path):
     y = x.redistribute([Shard(1)])  # agreeing calls run
     np.testing.assert_array_equal(y.local, g[y.box])
     mesh.free()
+
+
+@two_ranks
+def test_the_same_argument_spelled_otherwise_agrees(comm, validating):
+    """A tuple on one rank and a list on the others (from_local's placements and
+    global_shape, an fft's axes), norm=None beside "backward": the same call, which runs
+    (each was reported as a difference)."""
+    from pyshard import fft as pf
+
+    mesh = _mesh(comm)
+    odd = comm.rank == comm.size - 1
+    g = make_global((4 * comm.size, 6), "float64")
+    x = ps.distribute(g, mesh, [Shard(0)])
+    y = ps.from_local(x.local, mesh, (Shard(0),) if odd else [Shard(0)],
+                      global_shape=list(g.shape) if odd else g.shape)
+    np.testing.assert_array_equal(y.full(), g)
+    f = pf.fftn(x, axes=[0, 1] if odd else (0, 1), norm=None if odd else "backward")
+    np.testing.assert_allclose(f.full(), np.fft.fftn(g), atol=1e-9)
+    mesh.free()
