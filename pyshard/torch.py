@@ -392,7 +392,11 @@ def redistribute(
     :meth:`pyshard.ShardedArray.redistribute`, for the forward and the backward.
     """
     x = _check_sharded(x, "redistribute")
-    dst = _target(x.layout, placements, sizes)
+    try:
+        dst = _target(x.layout, placements, sizes)
+    except (TypeError, ValueError) as e:  # (validation mode: the others wait in agree)
+        _validate.refused(x.mesh.comm, "redistribute", e)
+        raise
     if not x.local.requires_grad or not torch.is_grad_enabled():
         if grad_placements is not None:
             _grad_out_layout(dst, _as_tuple(grad_placements))  # the same errors either way
@@ -543,7 +547,9 @@ def halo_pad(
     """
     x = _check_sharded(x, "halo_pad")
     if method not in HALO_PAD_METHODS:
-        raise ValueError(f"halo_pad: method must be one of {HALO_PAD_METHODS}, got {method!r}")
+        err = ValueError(f"halo_pad: method must be one of {HALO_PAD_METHODS}, got {method!r}")
+        _validate.refused(x.mesh.comm, "halo update", err)  # (the others wait in agree)
+        raise err
     spec = (width, periodic, corners, method)
     if torch.is_grad_enabled() and x.local.requires_grad:
         return _apply(_HaloPad, x.local, (x.layout, x.mesh, spec))

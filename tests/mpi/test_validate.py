@@ -384,3 +384,25 @@ def test_the_same_argument_spelled_otherwise_agrees(comm, validating):
     f = pf.fftn(x, axes=[0, 1] if odd else (0, 1), norm=None if odd else "backward")
     np.testing.assert_allclose(f.full(), np.fft.fftn(g), atol=1e-9)
     mesh.free()
+
+
+@two_ranks
+def test_torch_bad_argument_on_one_rank(comm, validating):
+    """pyshard.torch.redistribute to a placement the layout cannot take, or halo_pad with an
+    unknown method, on one rank: every rank raises (that rank raised alone, the others
+    waited until PYSHARD_PEER_TIMEOUT)."""
+    torch = pytest.importorskip("torch")
+    import pyshard.torch as pst
+
+    mesh = _mesh(comm)
+    last = comm.size - 1
+    odd = comm.rank == last
+    g = make_global((4 * comm.size, 3), "float64")
+    x = pst.distribute(torch.tensor(g, requires_grad=True), mesh, [Shard(0)])
+    _all_raise(comm, lambda: pst.redistribute(x, [Shard(7)] if odd else [Shard(1)]),
+               "redistribute", f"rank {last}")
+    _all_raise(comm, lambda: pst.halo_pad(x, 1, method="bogus" if odd else "auto"),
+               "halo update", f"rank {last}")
+    y = pst.redistribute(x, [Shard(1)])
+    np.testing.assert_array_equal(y.local.detach().numpy(), g[:, y.box[1]])
+    mesh.free()
