@@ -825,9 +825,9 @@ def scatter(values: torch.Tensor, plan: GatherPlan, into: Optional[ShardedTensor
 
 def _refuse_scatter(plan: GatherPlan, into: Any, op: str) -> None:
     """This rank's values cannot be scattered: it takes part in the plan's exchange without
-    values (the plan's own error path: each owner it sends to raises "rank q's values were
-    bad" at its wait, and none waits for ever), into a scratch copy; the caller then raises
-    its own error."""
+    values (the plan's own error path: each owner it sends to raises "rank q's values or
+    into were bad" at its wait, and none waits for ever), into a scratch copy; the caller
+    then raises its own error."""
     lay = getattr(into, "layout", None)
     lay = lay if isinstance(lay, Layout) else plan.layout
     scratch = ShardedArray.wrap(np.zeros(lay.local_shape(plan.mesh.coords), lay.dtype), lay,
