@@ -251,6 +251,21 @@ class ShardedArray(Placed):
                 pass
         return ShardedArray.wrap(res, target, mesh)
 
+    def local_problem(self) -> Optional[str]:
+        """What is wrong with ``local`` as this rank's shard of ``layout`` (its shape and
+        dtype at this rank's mesh coords), or None where it fits: ``.local`` can be replaced
+        after construction, and the exchanges are planned on the layout (the core checks
+        byte sizes only). Rank-local: calls that can agree it with the others do."""
+        want = self.layout.local_shape(self.mesh.coords)
+        local = self.local
+        if tuple(getattr(local, "shape", ())) == want and \
+                getattr(local, "dtype", None) == self.layout.dtype:
+            return None
+        return (f"{tuple(getattr(local, 'shape', ()))} {getattr(local, 'dtype', '?')}, the "
+                f"layout puts {want} {self.layout.dtype} at mesh coords {self.mesh.coords} "
+                f"(was .local replaced by an array of another shape or dtype? from_local or "
+                f"ShardedArray.wrap the new array with a layout of its own)")
+
     def _wrong_shape(self, want: Tuple[int, ...]) -> None:
         raise ValueError(
             f"redistribute: the local array has shape {tuple(self.local.shape)}, the layout "

@@ -631,6 +631,13 @@ def balance(cost: ShardedArray, multiple_of: PerDim = 1, min_size: PerDim = 0,
         })
     dims, grain, least = _options(layout, multiple_of, min_size, tolerance, sweeps)
     local = cost.local
+    # (.local replaced by an array of another shape on one rank: carried in the first
+    # collective below, so that every rank raises; its dtype is cast anyway)
+    want = layout.local_shape(mesh.coords)
+    misfit = tuple(getattr(local, "shape", ())) != want
+    detail = cost.local_problem() if misfit else None
+    if misfit:
+        local = np.zeros(want)
     if _backend.is_device(local):
         local = _backend.to_host(local)
     local = np.asarray(local, np.float64)
@@ -643,24 +650,30 @@ def balance(cost: ShardedArray, multiple_of: PerDim = 1, min_size: PerDim = 0,
     src = _Source(block, starts, lambda g: collectives.sum_all_array(mesh.comm, g))
     lengths = [layout.shape[d] for d in dims]
     # the first collective: the bad cells' counts and every sharded dim's 1-D profile
-    head = np.zeros(2)
+    head = np.zeros(3)
     if mine:
-        head[:] = np.count_nonzero(local < 0), np.count_nonzero(~np.isfinite(local))
+        head[:2] = np.count_nonzero(local < 0), np.count_nonzero(~np.isfinite(local))
+    head[2] = misfit
     parts = [head] + [src.local_profile(i, lengths, None)[:, 0] for i in range(len(dims))]
     summed = collectives.sum_all_array(mesh.comm, np.concatenate(parts))
+    if summed[2]:
+        raise ValueError(
+            f"pyshard.balance: the cost's local array does not fit its layout on "
+            f"{int(summed[2])} rank(s); every rank raises this"
+            + (f"; this rank's is {detail}" if misfit else ""))
     if summed[0] or summed[1]:
         raise ValueError(_bad_message(int(summed[0]), int(summed[1])))
     with np.errstate(over="ignore"):  # (an overflowing total raises below)
         # the current shards' costs, from the same replicas as the profiles
         mine_sum = float(local.sum()) if mine else 0.0
-        if dims and not np.isfinite(summed[2:2 + lengths[0]].sum()):  # the same on every rank
+        if dims and not np.isfinite(summed[3:3 + lengths[0]].sum()):  # the same on every rank
             raise ValueError(_overflow_message())
     before_max = float(collectives.max_all(mesh.comm, mine_sum))
     ncoll = 2
     if not dims:
         return _result(layout, {}, before_max, before_max, before_max, before_max, 0, [],
                        tolerance, ncoll, t0)
-    first = np.split(summed[2:], np.cumsum(lengths)[:-1])
+    first = np.split(summed[3:], np.cumsum(lengths)[:-1])
     found, found_max, bound, done, passes = _refine(src, layout, dims, grain, least, sweeps,
                                                     first)
     total = float(first[0].sum())

@@ -387,6 +387,9 @@ class GatherPlan:
             err = ValueError(f"pyshard.GatherPlan.{what}: the array is laid out differently "
                              f"from the plan's like= (its dim 0 must have the same shard table "
                              f"on the same mesh)")
+        elif (problem := x.local_problem()) is not None:  # (.local replaced: its rows
+            # would be sent as the layout's, or the core would refuse the size after messages)
+            err = ValueError(f"pyshard.GatherPlan.{what}: the array's local array is {problem}")
         elif self._inflight is not None:
             err = RuntimeError(f"pyshard.GatherPlan.{what}: this plan's previous exchange is "
                                f"still in flight; wait() for it first (plan.pending is "

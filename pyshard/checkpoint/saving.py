@@ -50,10 +50,23 @@ def differing_ranks(comm: Any, what: Any) -> List[int]:
     return [r for r, d in enumerate(digests) if d != digests[0]]
 
 
-def check_same(comm: Any, path: str, tag: str, entries: Dict[str, Any]) -> None:
+def check_same(comm: Any, path: str, tag: str, entries: Dict[str, Any],
+               local: Optional[str] = None) -> None:
     """Every rank must describe the same checkpoint (``tag``: the metadata, format and
-    options, ``sync`` included; ``entries``: the arrays): one small allgather agrees on it."""
-    bad = differing_ranks(comm, [path, tag, entries])
+    options, ``sync`` included; ``entries``: the arrays): one small allgather agrees on it.
+    ``local``: what is wrong with this rank's local arrays (a ``.local`` replaced by one of
+    another shape or dtype, which would be written as raw bytes), or None; the same
+    allgather carries it, so every rank raises naming the first rank at fault."""
+    digest = zlib.crc32(json.dumps([path, tag, entries], sort_keys=True).encode())
+    everyone = collectives.allgather(comm, (digest, local))
+    at_fault = [(r, p) for r, (_, p) in enumerate(everyone) if p is not None]
+    if at_fault:
+        r, p = at_fault[0]
+        more = f" (and {len(at_fault) - 1} more rank(s))" if len(at_fault) > 1 else ""
+        raise ValueError(
+            f"save({path!r}): {collectives.rank_name(comm, r)}{more}: {p}; nothing was "
+            f"written; every rank raises this")
+    bad = [r for r, (d, _) in enumerate(everyone) if d != everyone[0][0]]
     if bad:
         raise ValueError(
             f"save({path!r}): ranks {bad} pass other names, layouts, path, metadata, format, "

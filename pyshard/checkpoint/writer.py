@@ -177,7 +177,10 @@ def save(
         })
     entries = {n: entry(x.layout, "") for n, x in items}
     # sync too: a rank that fsyncs alone would wait in MPI_File_sync (collective)
-    check_same(comm, path, f"{meta_json} {format} {compression} sync={bool(sync)}", entries)
+    problems = [f"array {n!r}'s local array is {p}" for n, x in items
+                if (p := x.local_problem()) is not None]
+    check_same(comm, path, f"{meta_json} {format} {compression} sync={bool(sync)}", entries,
+               problems[0] if problems else None)
     fmt.save(comm, path, items, meta_json, sync, compression)
     if comm.Get_rank() == 0:
         log.info(

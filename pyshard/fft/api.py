@@ -241,6 +241,7 @@ def _go(name: str, kind: str, x: ShardedArray, s: Any, axes: Any, norm: Any, pla
             "arguments": repr((_as_tuple(axes), _as_tuple(s),
                                "backward" if norm is None else norm, type_, orth)),
             "result layout": repr((placements, sizes)),
+            "local shard": x.local_problem() or "fits the layout",
             "out": "None" if out is None else (
                 "a ShardedArray" if isinstance(out, ShardedArray) else "a plain array"),
         })

@@ -123,6 +123,7 @@ class FFTPlan:
                 "norm": repr("backward" if self.norm is None else self.norm),
                 "type": repr(self.type),
                 "orthogonalize": repr(self.orthogonalize),
+                "local shard": x.local_problem() or "fits the layout",
                 "out": "None" if out is None else (
                     "a ShardedArray" if isinstance(out, ShardedArray) else "a plain array"),
             })
@@ -287,6 +288,10 @@ def run_passes(passes: Sequence[Any], x: ShardedArray, out: Optional[Any],
     scipy's, for DCT/DST passes."""
     mesh = x.mesh
     mesh.check_live()  # (cached executors run without the mesh's cache: check it here)
+    problem = x.local_problem()
+    if problem is not None:  # (the core checks byte sizes only: a same-size dtype would be
+        # transformed as bytes; the validation mode agrees this before, on every rank)
+        raise ValueError(f"pyshard.fft: the input's local array is {problem}")
     alg = algorithm or default_algorithm()
     local = x.local
     if not local.flags.c_contiguous:  # a view (HaloArray.array's interior): the core's

@@ -99,6 +99,18 @@ def test_bad_cost_raises_on_every_rank(comm):
         ps.balance(ps.distribute(np.full(2 * comm.size, 1e308), mesh, [ps.Shard(0)]))
     with pytest.raises(ValueError, match="min_size"):
         ps.balance(ps.distribute(np.ones(2 * comm.size), mesh, [ps.Shard(0)]), min_size=3)
+    # the last rank's .local replaced by one of another length: every rank raises (numpy's
+    # broadcast error on that rank alone, the others waited in the allreduce); then the
+    # same cost, put right, balances as before
+    cost = ps.distribute(np.ones(2 * comm.size), mesh, [ps.Shard(0)])
+    good = cost.local
+    if comm.rank == comm.size - 1:
+        cost.local = np.ones(3)
+    with pytest.raises(ValueError, match=r"does not fit its layout on 1 rank\(s\)") as e:
+        ps.balance(cost)
+    assert ("was .local replaced" in str(e.value)) == (comm.rank == comm.size - 1)
+    cost.local = good
+    assert ps.balance(cost).sizes == ps.balance_array(np.ones(2 * comm.size), cost.layout).sizes
     mesh.free()
 
 

@@ -22,7 +22,7 @@ import tempfile
 import numpy as np
 import pytest
 from ckpt_worker import check_loaded, global_of, make_sharded
-from oracle import ML_DTYPES, agree
+from oracle import ML_DTYPES, agree, make_global
 from test_checkpoint import mpirun, needs_subprocess, on_rank0, same_error, save_limited, spec
 from test_redistribute_nd import counts_since
 
@@ -1389,3 +1389,31 @@ def test_cross_sizes_and_killed_saves(comm, shared_dir):
         assert leftovers, f"{fmt}: a killed save leaves its temporary file"
         for t in leftovers:
             shutil.rmtree(t) if os.path.isdir(t) else os.remove(t)
+
+
+@pytest.mark.parametrize("fmt", ["npy", "hdf5", "safetensors", "zarr"])
+@pytest.mark.parametrize("replaced", ["shape", "dtype"])
+def test_save_of_a_replaced_local(comm, shared_dir, replaced, fmt):
+    """One rank's .local replaced by an array of another shape or dtype (float64 -> int64,
+    the same item size), without the validation mode: every rank raises, naming that rank,
+    and nothing is written. The HDF5 save wrote the int64 bytes as float64 (a wrong
+    checkpoint, no error); the npy save wrote one that its load then called corrupt."""
+    if fmt != "npy":
+        need(fmt)
+    mesh = ps.Mesh(comm, (comm.size,))
+    g = make_global((3 * comm.size, 4), "float64")
+    x = ps.distribute(g, mesh, [Shard(0)])
+    last = comm.size - 1
+    if comm.rank == last:
+        x.local = x.local[:-1] if replaced == "shape" else x.local.astype(np.int64)
+    path = os.path.join(shared_dir, f"ck-{replaced}{EXT.get(fmt, '')}")
+    with pytest.raises(ValueError) as e:
+        ps.save(path, {"a": x}, format=fmt)
+    msg = str(e.value)
+    assert comm.allgather(msg) == [msg] * comm.size
+    for needle in (f"rank {last}", "array 'a'", "was .local replaced", "nothing was written"):
+        assert needle in msg, msg
+    comm.Barrier()
+    assert not os.path.exists(path)
+    assert not [f for f in os.listdir(shared_dir) if "tmp" in f]
+    mesh.free()

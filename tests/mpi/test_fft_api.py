@@ -647,3 +647,29 @@ def test_out_on_another_mesh_of_the_same_shape_raises(comm):
     other.free()
     rev.Free()
     mesh.free()
+
+
+@pytest.mark.parametrize("call", ["fftn", "forward", "backward", "out"])
+def test_a_replaced_local_is_refused(comm, call):
+    """A .local replaced by an array of another dtype of the same item size (float64 ->
+    int64) is refused, not transformed as the layout's dtype (every call returned a wrong
+    result). Alone on one rank and without the validation mode, the others wait in the
+    exchange (tests/mpi/test_validate.py: with it, every rank raises): one rank here."""
+    if comm.size != 1:
+        pytest.skip("one rank: with peers, only the validation mode makes them raise too")
+    mesh = ps.Mesh(comm, (1,))
+    g = np.arange(24.0).reshape(4, 6)
+    x = ps.distribute(g, mesh, [Shard(0)])
+    p = pf.plan(x.layout, "fftn")
+    if call == "backward":
+        x = p.forward(x)
+        x.local = x.local.astype(np.complex64)
+    else:
+        x.local = x.local.astype(np.int64)
+    run = {"fftn": lambda: pf.fftn(x), "forward": lambda: p.forward(x),
+           "backward": lambda: p.backward(x),
+           "out": lambda: pf.fftn(x, out=ps.distribute(np.zeros((4, 6), complex), mesh,
+                                                       [Shard(0)]))}[call]
+    with pytest.raises(ValueError, match="was .local replaced"):
+        run()
+    mesh.free()

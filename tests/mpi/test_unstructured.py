@@ -32,7 +32,7 @@ from oracle import agree, make_global
 from test_first_call import shim  # noqa: F401  (the fixture that builds the shim)
 
 import pyshard as ps
-from pyshard import Replicate, Shard
+from pyshard import Replicate, Shard, ShardedArray
 from pyshard.memory import is_node_shared
 from pyshard.unstructured import NODE_RESULT_MIN_BYTES
 
@@ -736,12 +736,14 @@ def test_bad_values_on_one_rank(mesh, method, fault):
 
 @pytest.mark.mpi(min_size=2)
 @pytest.mark.parametrize("method", ["p2p", "persistent", "shm", "tune"])
-@pytest.mark.parametrize("fault", ["layout", "type"])
+@pytest.mark.parametrize("fault", ["layout", "type", "rows", "dtype"])
 def test_bad_x_on_one_rank(mesh, method, fault):
-    """One rank's gather gets an x it cannot use (another layout, or no ShardedArray): it
-    takes part without rows and raises its own error; every rank that reads rows it owns
-    raises ValueError naming it (they waited for ever: the core's forward path had no mark),
-    the others get their rows; the next gather is exact on every rank."""
+    """One rank's gather gets an x it cannot use (another layout, no ShardedArray, or its
+    .local replaced by one of another row count or dtype): it takes part without rows and
+    raises its own error; every rank that reads rows it owns raises ValueError naming it
+    (they waited for ever: the core's forward path had no mark; a replaced .local was
+    blamed on "different gather plans" or, the dtype's item size the same, sent as the
+    layout's), the others get their rows; the next gather is exact on every rank."""
     P, me = mesh.size, mesh.rank
     sizes = layout_sizes("uneven", N, P)
     offsets = offsets_of(sizes, N, P)
@@ -752,7 +754,11 @@ def test_bad_x_on_one_rank(mesh, method, fault):
     plan = ps.gather_plan(idxs[me], like=x, method=method)
     mine = x
     if me == f:
-        mine = ps.distribute(g, mesh, [Replicate()]) if fault == "layout" else x.local
+        mine = {"layout": lambda: ps.distribute(g, mesh, [Replicate()]),
+                "type": lambda: x.local,
+                "rows": lambda: ShardedArray.wrap(x.local[:-1], x.layout, mesh),
+                "dtype": lambda: ShardedArray.wrap(x.local.astype(np.int64), x.layout,
+                                                   mesh)}[fault]()
     readers = {q for q in range(P) if q != f and
                (owner_of(np.asarray(idxs[q], np.int64), offsets) == f).any()}
     want = g[np.asarray(idxs[me], np.int64)]
@@ -764,7 +770,8 @@ def test_bad_x_on_one_rank(mesh, method, fault):
         elif not np.array_equal(got, want):
             failures.append("rows of a rank that reads none of the bad rank's")
     except (TypeError, ValueError) as e:
-        mine_err = "laid out differently" if fault == "layout" else "expected a ShardedArray"
+        mine_err = {"layout": "laid out differently", "type": "expected a ShardedArray"}.get(
+            fault, "was .local replaced")
         if me == f:
             if mine_err not in str(e):
                 failures.append(f"own error {e}")

@@ -299,6 +299,30 @@ def test_halo_of_a_replaced_local(comm, validating, replaced):
 
 
 @two_ranks
+@pytest.mark.parametrize("replaced", ["shape", "dtype"])
+@pytest.mark.parametrize("call", ["fftn", "plan", "backward"])
+def test_fft_of_a_replaced_local(comm, validating, replaced, call):
+    """One rank replaced its .local by an array of another shape, or of another dtype of the
+    same item size (float64 -> int64): every rank raises. The dtype was not checked at all
+    (the int64 bytes were transformed as float64: a wrong result on every rank)."""
+    import pyshard.fft  # noqa: F401 - ps.fft below
+
+    mesh = _mesh(comm)
+    g = make_global((2 * comm.size, 6), "float64")
+    x = ps.distribute(g, mesh, [Shard(0)])
+    plan = ps.fft.plan(x.layout, "fftn") if call != "fftn" else None
+    if call == "backward":  # (complex128: no other dtype has its item size; complex64's half)
+        x = plan.forward(x)
+    if comm.rank == comm.size - 1:
+        x.local = x.local[:-1] if replaced == "shape" else x.local.astype(
+            np.int64 if x.local.dtype == np.float64 else np.complex64)
+    run = {"fftn": lambda: ps.fft.fftn(x), "plan": lambda: plan.forward(x),
+           "backward": lambda: plan.backward(x)}[call]
+    _all_raise(comm, run, "was .local replaced", "local shard")
+    mesh.free()
+
+
+@two_ranks
 def test_errors_on_a_sub_communicator_name_world_ranks(comm, validating):
     """On a mesh whose ranks are not the world's (here in reverse order), the errors that
     name a rank give its world rank beside it: the validation mode's, migrate's and
