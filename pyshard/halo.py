@@ -238,15 +238,11 @@ class HaloArray:
                 "with_halo: method='datatype' takes host arrays (MPI datatypes on device "
                 "memory need a CUDA-aware MPI's datatype engine); use 'persistent'"
             )
-        want = x.layout.local_shape(x.mesh.coords)
-        if tuple(x.local.shape) != want or x.local.dtype != x.layout.dtype:
+        problem = x.local_problem()
+        if problem is not None:
             # (.local replaced by another array: the exchanges are planned on the layout, and
             # the core checks only the byte size, so a same-size dtype was read as bytes)
-            raise ValueError(
-                f"with_halo: the local array is {tuple(x.local.shape)} {x.local.dtype}, the "
-                f"layout puts {want} {x.layout.dtype} at mesh coords {x.mesh.coords} (was "
-                f".local replaced by an array of another shape or dtype? from_local or "
-                f"ShardedArray.wrap the new array with a layout of its own)")
+            raise ValueError(f"with_halo: the local array is {problem}")
         self._spec = spec
         self.width: Tuple[int, ...] = spec.width
         self.periodic: Tuple[bool, ...] = spec.periodic
