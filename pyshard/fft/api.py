@@ -200,7 +200,12 @@ def _run(p: FFTPlan, x: ShardedArray, out: Any, workers: Any, name: str,
         run_passes(p.passes, x, loc, p.norm, p.type, workers, None,
                    orthogonalize=p.orthogonalize)
     else:  # another dtype, or out is (a view of) the input: transform, then cast into out
-        xp.copyto(loc, p.forward(x, workers=workers).local, casting="same_kind")
+        # (run_passes, not p.forward: whether out shares x's memory is this rank's fact (an
+        # empty shard never does), and p.forward's validation check would then run on some
+        # ranks only; _go's check already covered the call)
+        res = run_passes(p.passes, x, None, p.norm, p.type, workers, None,
+                         orthogonalize=p.orthogonalize)
+        xp.copyto(loc, res.local, casting="same_kind")
     return out
 
 

@@ -67,6 +67,11 @@ INVERSE = {
 
 NORMS = (None, "backward", "ortho", "forward")
 R2R = ("dctn", "idctn", "dstn", "idstn")
+class EmptyAxesError(ValueError, IndexError):
+    """``axes=()``: numpy's ``rfftn``/``irfftn`` raise an IndexError, scipy's a ValueError
+    (their c2c transforms return the input; pyshard raises in every function)."""
+
+
 R2C = ("rfftn", "ihfftn")  # real input, last axis to n // 2 + 1 bins
 C2R = ("irfftn", "hfftn")  # Hermitian input, last axis to n real values (default 2 (m - 1))
 SCALED = ("fftn", "ifftn", "rfft", "irfft")  # local passes whose norm is a plain factor
@@ -271,8 +276,9 @@ def check_args(
         if isinstance(axes, scalar):
             axes = (axes,)
         ax = tuple(_axis(a, ndim, api, one) for a in axes)  # type: ignore[union-attr]
-    if not ax:
-        raise ValueError("axes must name at least one axis")
+    if not ax:  # (numpy's r-family raises IndexError here, scipy's ValueError: both)
+        raise EmptyAxesError("axes must name at least one axis (at least 1 axis must be "
+                             "transformed)")
     if len(set(ax)) != len(ax):
         raise ValueError("all axes must be unique")
     if s is not None and len(s) != len(ax):

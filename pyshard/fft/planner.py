@@ -235,6 +235,16 @@ def build_passes(src: Layout, kind: str, axes: Tuple[int, ...], ns: Tuple[int, .
     return passes
 
 
+def _holdable(placements: Sequence[Placement], dtype: np.dtype) -> Tuple[Placement, ...]:
+    """``placements`` where ``dtype`` can be laid out so: a Partial max or min mesh dim is
+    Replicate for complex data (no order: the inverse of a c2c transform of a real input
+    laid out so ends on the reduced value, replicated)."""
+    if np.dtype(dtype).kind != "c":
+        return tuple(placements)
+    return tuple(Replicate() if isinstance(p, Partial) and p.op in ("max", "min") else p
+                 for p in placements)
+
+
 def invert_passes(passes: Sequence[Any], start: Layout, kind: str) -> List[Any]:
     """The passes of the inverse transform, from ``start`` (the forward's result) back to
     the forward's input placements and extents, each forward pass undone in reverse order.
@@ -246,8 +256,8 @@ def invert_passes(passes: Sequence[Any], start: Layout, kind: str) -> List[Any]:
     inv_func = {"rfft": "irfft", "irfft": "rfft", "hfft": "ihfft", "ihfft": "hfft", **INVERSE}
     for p in reversed(passes):
         if isinstance(p, Move):
-            dst = Layout(p.src.shape, cur.dtype, cur.mesh_shape, p.src.placements,
-                         p.src.sizes or None)
+            dst = Layout(p.src.shape, cur.dtype, cur.mesh_shape,
+                         _holdable(p.src.placements, cur.dtype), p.src.sizes or None)
             if dst != cur:
                 out.append(Move(redistribution_plan(cur, dst)))
             cur = dst
@@ -261,7 +271,8 @@ def invert_passes(passes: Sequence[Any], start: Layout, kind: str) -> List[Any]:
             shape = list(cur.shape)
             for ax, o in zip(p.axes, outs):
                 shape[ax] = o
-            dst = Layout(shape, pass_out_dtype(f, cur.dtype), cur.mesh_shape, p.src.placements,
+            dt = pass_out_dtype(f, cur.dtype)
+            dst = Layout(shape, dt, cur.mesh_shape, _holdable(p.src.placements, dt),
                          p.src.sizes or None)
             out.append(Local(f, p.axes, ns, outs, cur, dst))
             cur = dst

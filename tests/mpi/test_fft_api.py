@@ -534,6 +534,12 @@ def test_documented_differences(comm):
         pf.fft2(x, axes=(1, 1))
     with pytest.raises(ValueError, match="at least one axis"):
         pf.fftn(x, axes=())
+    # numpy's rfftn raises IndexError for no axes, scipy's ValueError: both catch it
+    for exc, mod in ((IndexError, np.fft), (ValueError, sf)):
+        with pytest.raises(exc):
+            mod.rfftn(gr, axes=())
+        with pytest.raises(exc, match="at least one axis"):
+            pf.rfftn(r, axes=())
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         y = pf.hfftn(x, s=(None, 7), axes=(0, 2))
@@ -672,4 +678,27 @@ def test_a_replaced_local_is_refused(comm, call):
                                                        [Shard(0)]))}[call]
     with pytest.raises(ValueError, match="was .local replaced"):
         run()
+    mesh.free()
+
+
+@pytest.mark.parametrize("op", ["max", "min", "sum"])
+@pytest.mark.parametrize("kind", ["fftn", "rfftn", "dctn"])
+def test_backward_of_a_partial_input(comm, op, kind):
+    """A plan of a real input laid out Partial('max'|'min'): its backward is complex for
+    fftn, which those ops cannot hold, so that mesh dim ends Replicate (the reduced value);
+    plan.backward raised "Partial('max') is undefined for complex dtype". Real inverses keep
+    the input's placements."""
+    mesh = ps.Mesh(comm, (comm.size,))
+    g = np.arange(12.0).reshape(3, 4) - 5
+    x = ps.distribute(g, mesh, [ps.Partial(op)])
+    p = pf.plan(x.layout, kind)
+    y = p.forward(x)
+    ref = {"fftn": np.fft.fftn, "rfftn": np.fft.rfftn, "dctn": sf.dctn}[kind](g)
+    np.testing.assert_allclose(y.full(), ref, atol=1e-9)
+    back = p.backward(y)
+    complex_back = kind == "fftn"
+    want = [Replicate()] if complex_back and op != "sum" else [ps.Partial(op)]
+    assert list(back.placements) == want
+    assert back.dtype == (np.complex128 if complex_back else np.float64)
+    np.testing.assert_allclose(back.full(), g, atol=1e-9)
     mesh.free()

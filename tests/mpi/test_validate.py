@@ -323,6 +323,26 @@ def test_fft_of_a_replaced_local(comm, validating, replaced, call):
 
 
 @two_ranks
+@pytest.mark.parametrize("func", ["fftn", "dstn"])
+def test_fft_into_its_input_beside_an_empty_shard(comm, validating, func):
+    """fftn(x, out=x) where some ranks hold empty shards: whether out shares x's memory is
+    each rank's own fact (an empty shard never does), and the ranks that shared it ran a
+    second validation check the others did not: a ValueError "ranks are in different calls"
+    at 2 ranks, a hang at 3. The result must be numpy's, as without the validation mode."""
+    import pyshard.fft as pf
+
+    mesh = _mesh(comm)
+    g = make_global((2, 3), "complex128" if func == "fftn" else "float64")
+    x = ps.distribute(g, mesh, [Shard(1)], sizes={1: [3] + [0] * (comm.size - 1)})
+    y = getattr(pf, func)(x, axes=[0], out=x)
+    assert y is x
+    ref = np.fft.fftn(g, axes=[0]) if func == "fftn" else \
+        pytest.importorskip("scipy.fft").dstn(g, axes=[0])
+    np.testing.assert_allclose(y.local, ref[y.box], rtol=1e-12, atol=1e-12)
+    mesh.free()
+
+
+@two_ranks
 def test_errors_on_a_sub_communicator_name_world_ranks(comm, validating):
     """On a mesh whose ranks are not the world's (here in reverse order), the errors that
     name a rank give its world rank beside it: the validation mode's, migrate's and
