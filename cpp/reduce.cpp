@@ -3,7 +3,7 @@
 #include <mutex>
 #include <stdexcept>
 
-#include "combine_kernel.h"  // DevMax, DevMin: NaN wins, as numpy.maximum and minimum
+#include "sym_minmax.h"  // SymMax, SymMin: NaN wins, the same bits in any order
 
 namespace pyshard {
 
@@ -12,7 +12,9 @@ namespace {
 // MPI's builtin MPI_MAX / MPI_MIN leave NaN to the comparison's order (MPICH's keeps or drops
 // a NaN depending on which rank holds it and the algorithm's pairing), so float and double
 // max/min on host buffers reduce through these user ops instead: a NaN anywhere gives NaN,
-// as numpy.maximum.reduce does. Other types and device buffers keep the builtin.
+// as numpy.maximum.reduce does, and ties (+0 and -0, two NaNs) break the same way whatever
+// the pairing, so that every rank gets the same bits. Other types and device buffers keep
+// the builtin.
 template <class T, class F>
 void nan_op_typed(void* in, void* inout, int n) {
   const T* a = static_cast<const T*>(in);
@@ -34,8 +36,8 @@ MPI_Op nan_max_op = MPI_OP_NULL, nan_min_op = MPI_OP_NULL;
 std::once_flag nan_ops_made;
 
 void make_nan_ops() {
-  nan_max_op = mpi::op_create(&nan_op<DevMax>, true);
-  nan_min_op = mpi::op_create(&nan_op<DevMin>, true);
+  nan_max_op = mpi::op_create(&nan_op<SymMax>, true);
+  nan_min_op = mpi::op_create(&nan_op<SymMin>, true);
 }
 
 }  // namespace

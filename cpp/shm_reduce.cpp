@@ -9,6 +9,7 @@
 #include "combine_kernel.h"
 #include "comm.h"
 #include "shm_copy.h"
+#include "sym_minmax.h"
 
 namespace pyshard {
 
@@ -47,10 +48,10 @@ void reduce_typed(char* dst, const std::vector<const char*>& parts, i64 n, Reduc
   switch (op) {
     case ReduceOp::sum:
       return reduce_parts<T>(dst, parts, n, DevSum<T>());  // integers wrap around, as numpy
-    case ReduceOp::max:  // NaN wins, as numpy.maximum (combine_kernel.h)
-      return reduce_parts<T>(dst, parts, n, DevMax<T>());
+    case ReduceOp::max:  // NaN wins, ties as the MPI path breaks them (sym_minmax.h)
+      return reduce_parts<T>(dst, parts, n, SymMax<T>());
     case ReduceOp::min:
-      return reduce_parts<T>(dst, parts, n, DevMin<T>());
+      return reduce_parts<T>(dst, parts, n, SymMin<T>());
     case ReduceOp::lor:
       return reduce_parts<T>(dst, parts, n, [](T a, T b) { return static_cast<T>(a || b); });
     case ReduceOp::land:

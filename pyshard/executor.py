@@ -187,7 +187,10 @@ class _Reduction(_Step):
             res = out if out is not None else xp.empty(self.out_shape, dtype=local.dtype)
         self._call(src, res)
         if self.scale is not None:
-            res /= res.dtype.type(self.scale)
+            # complex: each part divided by the real n (numpy's complex / complex multiplies
+            # by 1 / (n + 0j), two roundings: 7 x (3 + 3j) / 7 gave 3.0000002 + 3.0000002j)
+            parts = res.view(res.real.dtype) if res.dtype.kind == "c" else res
+            parts /= parts.dtype.type(self.scale)
         if self.upcast is not None:  # one rounding, to nearest even, after the last reduction
             if self.wide:
                 return res

@@ -406,6 +406,42 @@ def test_avg_divides_as_numpy_mean(comm):
         mine = np.ones(6, dtype) if comm.rank < P - 1 else totals - (P - 1)
         x = ps.from_local(mine, mesh, [Partial("avg")], global_shape=(6,))
         np.testing.assert_array_equal(x.redistribute([R]).local, totals / t(P))
+    # complex: each part divided by the count (numpy's complex / complex multiplied by
+    # 1 / (P + 0j): 7 x (3 + 3j) / 7 came back as 3.0000002 + 3.0000002j in complex64)
+    for dtype, t in ((np.complex64, np.float32), (np.complex128, np.float64)):
+        k = np.arange(1, 2001, dtype=t)
+        want = k + 1j * (k + 1)
+        x = ps.from_local(want.astype(dtype), mesh, [Partial("avg")], global_shape=k.shape)
+        for tgt in ([R], [S(0)]):
+            y = x.redistribute(tgt)
+            np.testing.assert_array_equal(y.local, want.astype(dtype)[y.box])
+    mesh.free()
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("dtype", ["float64", "float32", "float16"])
+def test_max_min_ties_give_every_rank_the_same_bits(comm, dtype):
+    """Partial max/min -> Replicate where ranks hold +0 and -0, or NaNs of either sign: MPI
+    combines in another order on every rank, and each kept the other's zero (the replicas
+    differed in their sign bits), the node path rank 0's. Now ties break one way on every
+    path: max gives +0 and min -0 (IEEE 754-2019 maximum/minimum), and of two NaNs every
+    rank keeps the same one."""
+    P, me = comm.size, comm.rank
+    mesh = ps.Mesh(comm, (P,))
+    z = np.array([-0.0, 0.0, np.nan, -np.nan, 1.0], dtype)
+    mine = z.copy()
+    if me % 2:
+        mine[:4] = z[[1, 0, 3, 2]]
+    for op in ("max", "min"):
+        x = ps.from_local(mine.copy(), mesh, [Partial(op)], global_shape=z.shape)
+        seen = []
+        for alg in ("alltoallv", "shm", None):
+            y = x.redistribute([R], algorithm=alg)
+            seen.append(y.local.tobytes())
+            assert np.signbit(y.local[:2]).tolist() == [op == "min"] * 2, (op, alg)
+            assert np.isnan(y.local[2:4]).all() and y.local[4] == 1
+        everyone = comm.allgather(seen)
+        assert all(s == everyone[0][0] for e in everyone for s in e), (op, everyone)
     mesh.free()
 
 
