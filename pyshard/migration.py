@@ -116,6 +116,11 @@ def _dest(dest: Any, n: int, room: bool = False) -> Tuple[Optional[np.ndarray], 
     ``n``, the columns' length, for an in-place migration), an error code and its detail, and
     ``dest`` as given on the host (for the values an error names)."""
     try:
+        if isinstance(dest, (list, tuple)):  # (as gather_plan's indices)
+            try:
+                dest = np.asarray(dest) if dest else np.zeros(0, np.int64)
+            except ValueError as e:  # a ragged list
+                raise TypeError(f"dest: a list that is not one flat list of ints ({e})") from e
         d = _backend.as_array(dest, "dest")
     except TypeError as e:
         return None, 2, str(e), None

@@ -678,3 +678,18 @@ def test_owner_non_finite_positions(mesh, periodic):
     d = ps.owner(x, layout, periodic=periodic, mesh=mesh, invalid="dest")
     np.testing.assert_array_equal(d[1:4], -1)
     np.testing.assert_array_equal(d[[0, 4]], ps.owner(x[[0, 4]], layout, mesh=mesh))
+
+
+def test_dest_as_a_list(mesh):
+    """dest as a Python list (or an empty one) moves the rows as the same integer array does,
+    as gather_plan's indices take lists (it raised "dest must be a numpy array")."""
+    P, me = mesh.size, mesh.rank
+    rows = {"a": np.arange(4.0) + 10 * me, "b": np.arange(8, dtype=np.int32).reshape(4, 2)}
+    dest = [(me + k) % P for k in range(4)]
+    got = ps.migrate(rows, dest, mesh)
+    want = ps.migrate(rows, np.array(dest), mesh)
+    for k in rows:
+        np.testing.assert_array_equal(got.rows[k], want.rows[k])
+    np.testing.assert_array_equal(got.counts, want.counts)
+    empty = ps.migrate(np.zeros(0), [], mesh)
+    assert empty.rows.shape == (0,) and empty.counts.sum() == 0
