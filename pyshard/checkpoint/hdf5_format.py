@@ -94,6 +94,9 @@ def check_name(name: str) -> None:
         raise ValueError(
             f"save(arrays[{name!r}]): not a usable HDF5 dataset path (empty, '.' or '..' parts)"
         )
+    if "\x00" in name:  # (HDF5 ends a link name at a NUL: 'w\x00a' was saved as 'w')
+        raise ValueError(f"save(arrays[{name!r}]): not a usable HDF5 dataset path (a NUL "
+                         f"character; HDF5 would cut the name there)")
 
 
 def create(

@@ -50,10 +50,11 @@ def need(what: str) -> Any:
 def check_name(name: str) -> None:
     """ValueError unless ``name`` is a usable Zarr node path (``a`` or ``group/a``)."""
     parts = name.split("/")
-    if any(p in ("", ".", "..") or p.startswith("__") for p in parts) or name == "zarr.json":
+    if any(p in ("", ".", "..", "zarr.json") or p.startswith("__") or "\x00" in p
+           for p in parts):
         raise ValueError(
-            f"save(arrays[{name!r}]): not a usable Zarr node name (empty, '.', '..' or "
-            f"'__' parts)"
+            f"save(arrays[{name!r}]): not a usable Zarr node name (empty, '.', '..', "
+            f"'zarr.json' (a node's metadata file) or '__' parts, or a NUL character)"
         )
 
 

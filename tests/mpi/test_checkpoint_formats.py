@@ -963,7 +963,8 @@ def test_names_a_format_cannot_hold(comm, shared_dir):
     """Names a format would save but never read back raise the same ValueError on every rank
     before anything is written, and the previous checkpoint stays: safetensors'
     ``__metadata__`` (its header's metadata key); for HDF5 and Zarr, a name that is the group
-    of another (``a`` and ``a/b``). Names that share a group or a prefix save."""
+    of another (``a`` and ``a/b``) or holds a NUL, and a Zarr name with a ``zarr.json`` part
+    (a node's metadata file). Names that share a group or a prefix save."""
     mesh = ps.Mesh(comm, (comm.size,))
     g = np.arange(24.0).reshape(6, 4)
     x = ps.distribute(g, mesh, [Shard(0)])
@@ -976,6 +977,11 @@ def test_names_a_format_cannot_hold(comm, shared_dir):
         cases.append((fmt, ["a/b", "a/b/c/d", "z"],
                       rf"'a/b' is an array, so it cannot also be the {label} group holding "
                       rf"'a/b/c/d'"))
+        # a NUL (HDF5 cut 'w\x00a' to 'w': saved under another name, and two such names
+        # collided as "name already exists")
+        cases.append((fmt, ["w\x00a", "y"], "NUL character"))
+    if "zarr" in groups:  # (a directory named zarr.json: the save failed as an OSError)
+        cases.append(("zarr", ["g/zarr.json", "y"], "'zarr.json'"))
     for i, (fmt, names, match) in enumerate(cases):
         path = os.path.join(shared_dir, f"old{i}" + EXT[fmt])
         ps.save(path, {"old": x}, format=fmt)
