@@ -189,8 +189,9 @@ class _Reduction(_Step):
         if self.scale is not None:
             # complex: each part divided by the real n (numpy's complex / complex multiplies
             # by 1 / (n + 0j), two roundings: 7 x (3 + 3j) / 7 gave 3.0000002 + 3.0000002j)
-            parts = res.view(res.real.dtype) if res.dtype.kind == "c" else res
-            parts /= parts.dtype.type(self.scale)
+            # (.real and .imag: views of any array, 0-d and strided ones too)
+            for part in (res.real, res.imag) if res.dtype.kind == "c" else (res,):
+                part /= part.dtype.type(self.scale)
         if self.upcast is not None:  # one rounding, to nearest even, after the last reduction
             if self.wide:
                 return res

@@ -415,6 +415,9 @@ def test_avg_divides_as_numpy_mean(comm):
         for tgt in ([R], [S(0)]):
             y = x.redistribute(tgt)
             np.testing.assert_array_equal(y.local, want.astype(dtype)[y.box])
+        # a 0-d one (a complex view of another item size raised for 0-d arrays)
+        x0 = ps.from_local(np.array(3 + 5j, dtype), mesh, [Partial("avg")], global_shape=())
+        assert x0.redistribute([R]).local == dtype(3 + 5j)
     mesh.free()
 
 
