@@ -123,11 +123,14 @@ def _target_layouts(
     entries: Dict[str, Any], mesh: Mesh, want: Dict[str, list], sizes: Mapping
 ) -> Dict[str, Layout]:
     """The layouts to load into, from the metadata and the arguments: identical on every
-    rank."""
-    return {
-        n: Layout(tuple(e["shape"]), e["dtype"], mesh.shape, want[n], sizes.get(n))
-        for n, e in entries.items()
-    }
+    rank. An error names the array it is about (a load of many arrays)."""
+    out = {}
+    for n, e in entries.items():
+        try:
+            out[n] = Layout(tuple(e["shape"]), e["dtype"], mesh.shape, want[n], sizes.get(n))
+        except (TypeError, ValueError) as err:
+            raise type(err)(f"load: array {n!r} (shape {tuple(e['shape'])}): {err}") from err
+    return out
 
 
 def _row_layout(lay: Layout) -> Optional[Layout]:

@@ -1423,3 +1423,18 @@ def test_save_of_a_replaced_local(comm, shared_dir, replaced, fmt):
     assert not os.path.exists(path)
     assert not [f for f in os.listdir(shared_dir) if "tmp" in f]
     mesh.free()
+
+
+def test_load_errors_name_the_array(comm, shared_dir):
+    """A target placement or sizes= that one array of a load cannot take: the error names
+    that array (it said only "placements[0] = Shard(dim=2): dim out of range")."""
+    mesh = ps.Mesh(comm, (comm.size,))
+    path = os.path.join(shared_dir, "named")
+    x = ps.distribute(np.zeros((8, 2)), mesh, [Shard(0)])
+    ps.save(path, {"v": x, "w": x})
+    with pytest.raises(ValueError, match=r"load: array 'w' \(shape \(8, 2\)\): placements"):
+        ps.load(path, mesh, {"v": [Shard(0)], "w": [Shard(2)]})
+    with pytest.raises(ValueError, match=r"load: array 'w' \(shape \(8, 2\)\): sizes\[0\]"):
+        ps.load(path, mesh, {"v": [Shard(0)], "w": [Shard(0)]},
+                sizes={"w": {0: [3] * comm.size}})
+    mesh.free()
