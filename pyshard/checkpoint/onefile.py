@@ -103,7 +103,14 @@ class OneFile(Format):
             off = offsets[name]
             if off is None or not prod(x.global_shape) * x.dtype.itemsize:
                 continue  # no bytes: the same on every rank (the shape is shared)
-            y = runs(x)  # collective: every rank takes part even after a failed write
+            try:  # collective: every rank takes part even after a failed write
+                y = runs(x)
+            except Exception as e:  # (raised alike on every rank, its checks reading the
+                # shared layout: agreed in finish as a write error, which removes the
+                # temporary file and names the array, as the npy save does)
+                if bad is None:
+                    bad = saving.write_error(path, name, comm.Get_rank(), e)
+                continue
             if bad is None:
                 try:
                     write_runs(y, tmp, off, sync)

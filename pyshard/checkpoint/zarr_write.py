@@ -51,30 +51,37 @@ def save(
     bad = None
     for name, x in items:
         meta = metas[name]
-        lay = x.layout
-        if lay.ndim and shards[name] is not None:
-            # the source's boxes are the shard grid: one replica of each box writes it
-            if lay.partial_mesh_dims():
-                plain = [Replicate() if isinstance(p, Partial) else p for p in x.placements]
-                x = x.redistribute(plain, sizes=lay.sizes)
-            box = x.layout.box(x.mesh.coords)
-            local = bk.to_host(x.local)  # (a cupy shard: its host copy)
-            mine = local.size > 0 and saving.is_writer(x.layout, x.mesh.coords)
-        elif lay.ndim:
-            s0 = meta["chunk_grid"]["configuration"]["chunk_shape"][0]
-            ext = split_sizes(lay.shape[0], parts, grain=s0)
-            target = [Shard(0)] * len(lay.mesh_shape)
-            y = x.redistribute(target, sizes={0: list(ext)})
-            box = y.layout.box(y.mesh.coords)
-            local = bk.to_host(y.local)
-            mine = local.size > 0
-        else:  # 0-d: rank 0 writes the one chunk
-            if lay.partial_mesh_dims():
-                plain = [Replicate() if isinstance(p, Partial) else p for p in x.placements]
-                x = x.redistribute(plain)
-            local = bk.to_host(x.local).reshape(())
-            box = ()
-            mine = comm.Get_rank() == 0
+        try:  # collective (the redistributes): an error, raised alike on every rank (its
+            # checks read shared layouts), is agreed in finish as a write error, which
+            # removes the temporary directory and names the array, as the npy save does
+            lay = x.layout
+            if lay.ndim and shards[name] is not None:
+                # the source's boxes are the shard grid: one replica of each box writes it
+                if lay.partial_mesh_dims():
+                    plain = [Replicate() if isinstance(p, Partial) else p for p in x.placements]
+                    x = x.redistribute(plain, sizes=lay.sizes)
+                box = x.layout.box(x.mesh.coords)
+                local = bk.to_host(x.local)  # (a cupy shard: its host copy)
+                mine = local.size > 0 and saving.is_writer(x.layout, x.mesh.coords)
+            elif lay.ndim:
+                s0 = meta["chunk_grid"]["configuration"]["chunk_shape"][0]
+                ext = split_sizes(lay.shape[0], parts, grain=s0)
+                target = [Shard(0)] * len(lay.mesh_shape)
+                y = x.redistribute(target, sizes={0: list(ext)})
+                box = y.layout.box(y.mesh.coords)
+                local = bk.to_host(y.local)
+                mine = local.size > 0
+            else:  # 0-d: rank 0 writes the one chunk
+                if lay.partial_mesh_dims():
+                    plain = [Replicate() if isinstance(p, Partial) else p for p in x.placements]
+                    x = x.redistribute(plain)
+                local = bk.to_host(x.local).reshape(())
+                box = ()
+                mine = comm.Get_rank() == 0
+        except Exception as e:
+            if bad is None:
+                bad = saving.write_error(path, name, comm.Get_rank(), e)
+            continue
         if mine and bad is None:
             try:
                 write_shards(tmp, name, meta, local, box, sync)

@@ -1438,3 +1438,39 @@ def test_load_errors_name_the_array(comm, shared_dir):
         ps.load(path, mesh, {"v": [Shard(0)], "w": [Shard(0)]},
                 sizes={"w": {0: [3] * comm.size}})
     mesh.free()
+
+
+@pytest.mark.parametrize("fmt", ["npy", "hdf5", "safetensors", "zarr"])
+def test_a_failed_reduction_step_names_the_array_and_cleans_up(comm, shared_dir, fmt,
+                                                                monkeypatch):
+    """An array's collective step before its write (the reduction of a Partial array)
+    raising on every rank: the error names the save and the array, the temporary is
+    removed and the earlier checkpoint stays. HDF5, Zarr and safetensors raised the bare
+    error and left path.tmp-<token> behind (the npy save already did this)."""
+    if fmt != "npy":
+        need(fmt)
+    mesh = ps.Mesh(comm, (comm.size,))
+    g = np.arange(12.0).reshape(6, 2)
+    x = ps.distribute(g, mesh, [Shard(0)])
+    path = os.path.join(shared_dir, "step" + EXT.get(fmt, ""))
+    ps.save(path, {"old": x}, format=fmt)
+    part = ps.from_local(g.copy(), mesh, [ps.Partial("sum")], global_shape=g.shape)
+    real = ps.ShardedArray.redistribute
+
+    def refused(self, *args, **kwargs):
+        if self.layout.partial_mesh_dims():
+            raise ValueError("the reduction step refused")
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(ps.ShardedArray, "redistribute", refused)
+    with pytest.raises(ValueError) as e:
+        ps.save(path, {"a": x, "p": part}, format=fmt)
+    msg = str(e.value)
+    assert comm.allgather(msg) == [msg] * comm.size
+    assert f"save({path!r}): array 'p'" in msg and "the reduction step refused" in msg, msg
+    monkeypatch.undo()
+    comm.Barrier()
+    assert glob.glob(path + ".tmp-*") == []
+    assert sorted(ps.checkpoint_info(path)["arrays"]) == ["old"]
+    np.testing.assert_array_equal(ps.load(path, mesh, {"old": [Replicate()]})["old"].local, g)
+    mesh.free()
