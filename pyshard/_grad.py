@@ -84,7 +84,8 @@ def grad_in_layout(source: Layout) -> Tuple[Layout, int]:
                 raise NotImplementedError(
                     f"pyshard: no gradient through a Partial({p.op!r}) source (mesh dim "
                     f"{m}): max and min are not linear in their addends; reduce it (redistribute "
-                    f"to Replicate) outside the graph, or use torch's own max on the reduced value"
+                    f"to Replicate) outside the graph, or take the framework's own {p.op} "
+                    f"(torch's, jax.numpy's) of the reduced value"
                 )
             if p.op == "avg":
                 n *= source.mesh_shape[m]

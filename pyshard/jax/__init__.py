@@ -149,13 +149,11 @@ def _check(x: object, what: str, args: Optional[Dict[str, str]] = None) -> Shard
     if not isinstance(x, Sharded):
         raise TypeError(f"{what}: expected a pyshard.jax.Sharded, got {type(x).__name__}")
     lay, mesh = x.layout, x.mesh
-    if tuple(lay.mesh_shape) != tuple(mesh.shape):
-        raise ValueError(f"{what}: the layout's mesh shape {lay.mesh_shape} is not the mesh's "
-                         f"{tuple(mesh.shape)}")
-    want = tuple(lay.local_shape(mesh.coords))
-    got = tuple(x.local.shape)
     bad = ""
-    if got != want:
+    got = tuple(x.local.shape)
+    if tuple(lay.mesh_shape) != tuple(mesh.shape):  # (agreed below in validation mode)
+        bad = f"the layout's mesh shape {lay.mesh_shape} is not the mesh's {tuple(mesh.shape)}"
+    elif got != (want := tuple(lay.local_shape(mesh.coords))):
         bad = f"local shape {got}, the layout gives rank {mesh.rank} {want}"
     else:
         dt = np.dtype(x.local.dtype)
@@ -328,6 +326,8 @@ def _fold_layout(layout: Layout) -> Layout:
 
 
 def _pad(local: Any, spec: HaloSpec) -> Any:
+    if not spec.width:  # 0-d: nothing to pad (jnp.pad takes no empty list for ndim 0)
+        return local
     return jnp.pad(local, [(w, w) for w in spec.width])
 
 

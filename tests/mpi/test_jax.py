@@ -870,6 +870,31 @@ def test_a_rank_that_fails_to_trace_makes_every_rank_raise_under_validation(comm
     mesh.free()
 
 
+def test_validation_agrees_a_layout_of_another_mesh_shape(comm):
+    """Under PYSHARD_VALIDATE, one rank's Sharded whose layout has another mesh shape than
+    its mesh ((1, P) on a (P,) mesh): every rank raises the same ValueError (that rank
+    raised before the agreement, the others waited PYSHARD_PEER_TIMEOUT and the mesh was
+    unusable after)."""
+    if comm.size < 2:
+        pytest.skip("one rank: nothing to differ")
+    mesh = ps.Mesh(comm, (comm.size,))
+    g = global_array((comm.size + 1, 4), "float64", 1)
+    x = psj.distribute(g, mesh, [Shard(0)])
+    lay = x.layout if comm.rank != comm.size - 1 else ps.Layout(
+        x.layout.shape, x.layout.dtype, (1, comm.size), [Replicate(), Shard(0)])
+    ps.set_validation(True)
+    try:
+        with pytest.raises(ValueError) as e:
+            psj.redistribute(psj.Sharded(x.local, lay, mesh), [Replicate()])
+        msgs = comm.allgather(str(e.value))
+        assert len(set(msgs)) == 1 and "is not the mesh's" in msgs[0], msgs
+        y = psj.redistribute(x, [Replicate()])  # the mesh is still in step
+    finally:
+        ps.config.reset("PYSHARD_VALIDATE")
+    np.testing.assert_array_equal(np.asarray(y.local), g)
+    mesh.free()
+
+
 def test_validation_compares_the_call_arguments(comm):
     """Under PYSHARD_VALIDATE, arguments that differ on one rank (the target sizes, a halo's
     periodic, the algorithm, an FFT's axes) raise the same ValueError on every rank, naming
@@ -1007,3 +1032,13 @@ def test_jax_outside_the_tested_versions(comm, untested):
     else:
         assert r.returncode != 0 and "imported" not in r.stdout
         assert "this is jax 0.99.0" in r.stderr and "PYSHARD_JAX_UNTESTED=1" in r.stderr
+
+
+def test_halo_pad_of_a_0d_array(comm):
+    """A 0-d array has no ghosts: halo_pad(x, ()) gives its value, as with_halo(()) does
+    (jnp.pad raised on the empty pad list), eagerly and under jit."""
+    mesh = ps.Mesh(comm, (comm.size,))
+    x = psj.distribute(np.float32(2.5), mesh, [Replicate()])
+    for f in (lambda x: psj.halo_pad(x, ()), jax.jit(lambda x: psj.halo_pad(x, ()))):
+        assert float(f(x)) == 2.5
+    mesh.free()
