@@ -42,11 +42,15 @@ def is_writer(layout: Layout, coords: Sequence[int]) -> bool:
     return all(c == 0 for c, p in zip(coords, layout.placements) if not isinstance(p, Shard))
 
 
+def _digest(what: Any) -> int:
+    """A checksum of ``what`` (JSON data) that ranks compare."""
+    return zlib.crc32(json.dumps(what, sort_keys=True).encode())
+
+
 def differing_ranks(comm: Any, what: Any) -> List[int]:
     """One small allgather of a checksum of ``what`` (JSON data): the ranks whose ``what``
     differs from rank 0's (the same list on every rank)."""
-    digest = zlib.crc32(json.dumps(what, sort_keys=True).encode())
-    digests = collectives.allgather(comm, digest)
+    digests = collectives.allgather(comm, _digest(what))
     return [r for r, d in enumerate(digests) if d != digests[0]]
 
 
@@ -57,8 +61,7 @@ def check_same(comm: Any, path: str, tag: str, entries: Dict[str, Any],
     ``local``: what is wrong with this rank's local arrays (a ``.local`` replaced by one of
     another shape or dtype, which would be written as raw bytes), or None; the same
     allgather carries it, so every rank raises naming the first rank at fault."""
-    digest = zlib.crc32(json.dumps([path, tag, entries], sort_keys=True).encode())
-    everyone = collectives.allgather(comm, (digest, local))
+    everyone = collectives.allgather(comm, (_digest([path, tag, entries]), local))
     at_fault = [(r, p) for r, (_, p) in enumerate(everyone) if p is not None]
     if at_fault:
         r, p = at_fault[0]
