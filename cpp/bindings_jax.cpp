@@ -196,6 +196,8 @@ ffi::Error run_step_cuda(void* stream, ffi::AnyBuffer src, ffi::Token,
   const char* s = static_cast<const char*>(src.untyped_data());
   char* d = static_cast<char*>(dst->untyped_data());
   InFlight in_flight(s, d, stream, step);
+  char* aside = nullptr;  // outside the try: released on a throw too (after the stream drains)
+  Packer* packer = nullptr;
   try {
     // Synchronous on both ends: the call waits for every stream before it reads its
     // operand, and for its own stream before it returns. The GPU runs of 2026-12-04/05 gave
@@ -205,10 +207,10 @@ ffi::Error run_step_cuda(void* stream, ffi::AnyBuffer src, ffi::Token,
     // upload). That is fixed and not yet run on a GPU: the CUDA lowering stays opt-in
     // (PYSHARD_JAX_CUDA, docs/jax.md), and these waits stay until it has run clean.
     Packer& pk = cuda_packer();
+    packer = &pk;
     pk.sync_device();
     pk.set_stream(reinterpret_cast<std::uintptr_t>(stream));
     // the source aliasing the result (see run_step): copied aside on the device first
-    char* aside = nullptr;
     if (!e->in_place && sb > 0 && db > 0 && s < d + db && d < s + sb) {
       aside = pk.alloc(sb);
       pk.copy_bytes(aside, s, sb);
@@ -218,6 +220,13 @@ ffi::Error run_step_cuda(void* stream, ffi::AnyBuffer src, ffi::Token,
     pk.sync();
     if (aside != nullptr) pk.release(aside, sb);
   } catch (const std::exception& ex) {
+    if (aside != nullptr) {  // no kernel may still read it when the pool hands it out again
+      try {
+        packer->sync();
+      } catch (...) {
+      }
+      packer->release(aside, sb);
+    }
     return ffi::Error(ffi::ErrorCode::kInternal, ex.what());
   }
   return ffi::Error::Success();
