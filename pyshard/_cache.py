@@ -40,7 +40,8 @@ class ExecCache:
     binding, target, executors)`` (``pyshard.executor.bind``), both bounded, plus the
     workspace pool their core steps share."""
 
-    __slots__ = ("execs", "fast", "workspace", "tuned", "gen", "_keep", "__weakref__")
+    __slots__ = ("execs", "fast", "workspace", "tuned", "tuned_file", "gen", "_keep",
+                 "__weakref__")
 
     def __init__(self, workspace: Any) -> None:
         # (a mesh's build: a setting refused at import raises here, before any call runs on
@@ -51,6 +52,7 @@ class ExecCache:
         # algorithm="tune" decisions (pyshard._tune): never evicted, so that a rebuilt
         # executor finds its choice without communicating
         self.tuned: Optional[Dict[str, str]] = None
+        self.tuned_file = ""  # the PYSHARD_TUNE_FILE ``tuned`` was read from
         self.execs = LRU(self._evicted)
         self.fast = Fifo()
         self._keep = 0

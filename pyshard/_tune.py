@@ -11,7 +11,8 @@ node-shared memory was among the candidates (a choice made with it turned off is
 once it is on, nor the other way round). With
 ``PYSHARD_TUNE_FILE`` set, rank 0 of the mesh reads earlier choices from that JSON file
 (every rank gets them by one broadcast) and adds each new choice to it, so the next job
-starts tuned.
+starts tuned. A file set later (``pyshard.config.set``) is read at the mesh's next tuned
+call: its choices replace the mesh's own for the same keys, and gain the others.
 
 Tuning happens at the first build of a step's executor, which every rank of the mesh
 reaches in the same call; the choices live on the mesh (not in the bounded executor
@@ -115,8 +116,16 @@ def choose(step: Step, mesh: Any, dev: bool, build: Any, candidates: Tuple[str, 
     lists for it: the same on every rank), collective over the mesh the first time a key is
     seen. ``build(algorithm)`` returns an executor for the step."""
     choices = mesh.cache.tuned
-    if choices is None:
-        choices = mesh.cache.tuned = _load(mesh)
+    path = config.get("PYSHARD_TUNE_FILE")
+    if choices is None or path != mesh.cache.tuned_file:
+        # the first tuned call, or the file changed since (config.set): read it; its
+        # choices win over this mesh's earlier ones, which it gains where it has none
+        loaded = _load(mesh)
+        extra = {k: v for k, v in (choices or {}).items() if k not in loaded}
+        if extra:
+            _save(mesh, extra)
+        choices = mesh.cache.tuned = {**extra, **loaded}
+        mesh.cache.tuned_file = path
     k = key(step, dev, "shm" in candidates)
     if k in choices:
         return choices[k]

@@ -279,3 +279,38 @@ def test_a_choice_made_without_node_shared_memory_is_not_reused_with_it(comm, mo
     chosen = sorted(tuned.items())
     assert comm.allgather(chosen) == [chosen] * comm.size
     mesh.free()
+
+
+@pytest.mark.mpi(min_size=2)
+def test_a_tuning_file_set_after_a_first_tuned_call_holds(comm, tmp_path, monkeypatch):
+    """PYSHARD_TUNE_FILE set (config.set) after the mesh's first tuned calls: the next tuned
+    call reads it (its choice for a key wins over the mesh's own), and the choices the mesh
+    made before that the file lacks are added to it, not lost."""
+    monkeypatch.delenv("PYSHARD_TUNE_FILE", raising=False)
+    mesh = ps.Mesh(comm, (comm.size,))
+    small = make_global((4 * comm.size + 3, 2 * comm.size + 1), "float64", seed=11)
+    big = make_global((64 * comm.size, 64 * comm.size), "float64", seed=12)  # another bucket
+    xs = ps.distribute(small, mesh, [Shard(0)])
+    xb = ps.distribute(big, mesh, [Shard(0)])
+    with ps.config.override(PYSHARD_SHM="off"):
+        xs.redistribute([Shard(1)], algorithm="tune")
+        (k, chosen), = mesh.cache.tuned.items()
+        xb.redistribute([Shard(1)], algorithm="tune")
+        (kb, chosen_b), = ((kk, v) for kk, v in mesh.cache.tuned.items() if kk != k)
+        other = "p2p" if chosen != "p2p" else "alltoall"
+        path = comm.bcast(str(tmp_path / "later.json") if comm.rank == 0 else None, root=0)
+        if comm.rank == 0:
+            with open(path, "w") as f:
+                json.dump({"another|key": "alltoallv", k: other}, f)
+        comm.Barrier()
+        with ps.config.override(PYSHARD_TUNE_FILE=path):
+            before = ps.comm_stats()
+            y = xs.redistribute([Shard(1)], algorithm="tune")
+            np.testing.assert_array_equal(y.local, small[y.box])
+            assert counts_since(before) == {other: 1}
+            tuned = {k: other, kb: chosen_b, "another|key": "alltoallv"}
+            assert mesh.cache.tuned == tuned
+            comm.Barrier()
+            with open(path) as f:
+                assert json.load(f) == tuned
+    mesh.free()
