@@ -5,7 +5,7 @@ source's gradient goes. Pure layout arithmetic, no MPI, no torch or jax."""
 from __future__ import annotations
 
 from itertools import product
-from typing import List, Optional, Sequence, Tuple
+from typing import Any, List, Optional, Sequence, Tuple
 
 from ._cache import memoize
 from .layout import Layout, Partial, Placement, Replicate, Shard, SizesArg
@@ -94,3 +94,30 @@ def grad_in_layout(source: Layout) -> Tuple[Layout, int]:
             pl.append(p)
     lay = Layout(source.shape, source.dtype, source.mesh_shape, pl, kept_sizes(source, pl))
     return lay, n
+
+
+@memoize
+def grad_out_scale(result: Layout, grad_placements: Optional[tuple]) -> int:
+    """The factor from the gradient arriving at ``result`` to the gradient of its value:
+    the number of addends of its ``Partial("avg")`` mesh dims whose gradient is read as
+    ``Replicate`` (or ``Shard``), 1 without. A rank's ``Partial("avg")`` tensor is one of n
+    addends of the value (their mean), so the gradient with respect to it is the value's
+    divided by n (what :func:`grad_in_layout`'s divisor hands a source): the value's is n
+    times it. Where ``grad_placements`` makes such a dim ``Partial``, the ranks' gradients
+    are combined by that reduction instead, and nothing is scaled."""
+    n = 1
+    for m, p in enumerate(result.placements):
+        if isinstance(p, Partial) and p.op == "avg":
+            if grad_placements is None or not isinstance(grad_placements[m], Partial):
+                n *= result.mesh_shape[m]
+    return n
+
+
+def scaled(g: Any, mul: int, div: int) -> Any:
+    """``g * mul / div`` (a torch tensor or a jax array), untouched where they cancel."""
+    if mul == div:
+        return g
+    if mul != 1:
+        g = g * mul
+    return g / div if div != 1 else g
+

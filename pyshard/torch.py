@@ -50,6 +50,8 @@ from . import array as _array
 from ._cache import memoize
 from ._grad import grad_in_layout as _grad_in_layout
 from ._grad import grad_out_layout as _grad_out_layout
+from ._grad import grad_out_scale as _grad_out_scale
+from ._grad import scaled as _scaled
 from .array import Placed, ShardedArray
 from .halo_planner import PeriodicArg, WidthArg
 from .layout import Layout, PlacementsArg, Replicate, SizesArg, relaid
@@ -329,26 +331,28 @@ def _run(a: Any, src: Layout, dst: Layout, mesh: Mesh, algorithm: Optional[str])
     return x.redistribute(list(dst.placements), _sizes_arg(dst), algorithm=algorithm).local
 
 
-def _move_grad(g: torch.Tensor, dtype: torch.dtype, gout: Layout, gin: Layout, div: int,
-               mesh: Mesh, algorithm: Optional[str]) -> torch.Tensor:
-    """The gradient ``g`` (laid out as ``gout``) redistributed to ``gin``, divided by ``div``."""
+def _move_grad(g: torch.Tensor, dtype: torch.dtype, gout: Layout, gin: Layout,
+               scale: Tuple[int, int], mesh: Mesh, algorithm: Optional[str]) -> torch.Tensor:
+    """The gradient ``g`` (laid out as ``gout``) redistributed to ``gin``, times
+    ``scale[0] / scale[1]``."""
     if g.dtype != dtype:  # pyshard reads the memory as the layout's dtype
         g = g.to(dtype)
     if gout == gin:  # nothing moves: hand torch the gradient itself (no alias of it)
         res = g
     else:
         res = _to_torch(_run(_as_array(g), gout, gin, mesh, algorithm))
-    return res / div if div != 1 else res
+    return _scaled(res, *scale)
 
 
 class _Redistribute(torch.autograd.Function):
     """Forward: pyshard's redistribute ``src -> dst``; backward: the gradient from
-    ``gout`` (how it arrives) to ``gin`` (how the source's gradient lies), divided by
-    ``div`` (Partial("avg") sources: the number of addends, as torch's mean divides)."""
+    ``gout`` (how it arrives) to ``gin`` (how the source's gradient lies), times
+    ``scale = (mul, div)``: a Partial("avg") result's addends' gradient times their count
+    (the value's gradient), divided by a Partial("avg") source's (as torch's mean divides)."""
 
     @staticmethod
     def forward(ctx: Any, t: torch.Tensor, meta: tuple) -> torch.Tensor:  # type: ignore[override]
-        src, dst, gout, gin, div, mesh, algorithm = meta
+        src, dst, gout, gin, scale, mesh, algorithm = meta
         ctx.meta, ctx.dtype = meta, t.dtype
         a = _as_array(t)
         out = _to_torch(_run(a, src, dst, mesh, algorithm))
@@ -360,8 +364,8 @@ class _Redistribute(torch.autograd.Function):
     @once_differentiable
     def backward(ctx: Any, g: torch.Tensor) -> Tuple[torch.Tensor, None]:  # type: ignore[override]
         # no rank-local shortcut here: every rank runs the same collectives
-        src, dst, gout, gin, div, mesh, algorithm = ctx.meta
-        return _move_grad(g, ctx.dtype, gout, gin, div, mesh, algorithm), None
+        src, dst, gout, gin, scale, mesh, algorithm = ctx.meta
+        return _move_grad(g, ctx.dtype, gout, gin, scale, mesh, algorithm), None
 
 
 def _check_sharded(x: object, what: str) -> ShardedTensor:
@@ -406,9 +410,10 @@ def redistribute(
         return ShardedTensor._wrap(out, dst, x.mesh)
     gout = _grad_out_layout(dst, _as_tuple(grad_placements))
     gin, div = _grad_in_layout(x.layout)
-    if x.layout == dst and gout == gin and div == 1:
+    mul = _grad_out_scale(dst, _as_tuple(grad_placements))
+    if x.layout == dst and gout == gin and div == mul:
         return ShardedTensor._wrap(x.local, dst, x.mesh)  # nothing moves, forward or backward
-    meta = (x.layout, dst, gout, gin, div, x.mesh, algorithm)
+    meta = (x.layout, dst, gout, gin, (mul, div), x.mesh, algorithm)
     return ShardedTensor._wrap(_apply(_Redistribute, x.local, meta), dst, x.mesh)
 
 
@@ -451,7 +456,7 @@ class _RedistributeMany(torch.autograd.Function):
         for i, y in zip(keep, ys):
             g, m = gs[i], metas[i]
             r = g if m[2] == m[3] else _to_torch(y.local)  # unmoved: the gradient itself
-            out[i] = r / m[4] if m[4] != 1 else r
+            out[i] = _scaled(r, *m[4])
         return (None, None, None, *out)
 
 
@@ -486,7 +491,8 @@ def redistribute_many(
         # only a tensor that requires grad has a gradient to place (a Partial max/min one has
         # none: NotImplementedError); the others' gradients are not moved back (gin None)
         gin, div = _grad_in_layout(x.layout) if grad and x.local.requires_grad else (None, 1)
-        metas.append((x.layout, dst, gout, gin, div))
+        metas.append((x.layout, dst, gout, gin,
+                      (_grad_out_scale(dst, _as_tuple(grad_placements)), div)))
     if grad:
         outs = _apply(_RedistributeMany, metas, mesh, algorithm, *[x.local for x in xs])
     else:

@@ -49,7 +49,7 @@ from jax.tree_util import register_pytree_node_class
 from .. import _validate, config
 from .._backend import malloc_name
 from .._dtypes import accumulator
-from .._grad import grad_in_layout, grad_out_layout
+from .._grad import grad_in_layout, grad_out_layout, grad_out_scale, scaled
 from ..array import ShardedArray
 from ..array import distribute as _np_distribute
 from ..executor import local_slices, step_executor
@@ -267,7 +267,7 @@ def _apply(local: Any, src: Layout, dst: Layout, mesh: Mesh, algorithm: str) -> 
 
 @partial(jax.custom_vjp, nondiff_argnums=(1,))
 def _redistribute(local: Any, meta: tuple) -> Any:
-    src, dst, _, mesh, algorithm = meta
+    src, dst, _, _, mesh, algorithm = meta
     return _apply(local, src, dst, mesh, algorithm)
 
 
@@ -276,14 +276,14 @@ def _redistribute_fwd(local: Any, meta: tuple) -> Tuple[Any, None]:
 
 
 def _redistribute_bwd(meta: tuple, _res: None, g: Any) -> tuple:
-    src, _, gout, mesh, algorithm = meta
+    src, _, gout, mul, mesh, algorithm = meta
     # here, not in the forward: a Partial('max'/'min') source has no gradient, but redistributes
     # (the forward) like any other; the layout is every rank's, so every rank raises alike
     gin, div = grad_in_layout(src)
     if np.dtype(g.dtype) != src.dtype:
         g = g.astype(src.dtype)
     out = _apply(g, gout, gin, mesh, algorithm)
-    return (out / div if div != 1 else out,)
+    return (scaled(out, mul, div),)
 
 
 _redistribute.defvjp(_redistribute_fwd, _redistribute_bwd)
@@ -309,7 +309,7 @@ def redistribute(x: Sharded, placements: PlacementsArg, sizes: SizesArg = None,
     dst = relaid(x.layout, placements, sizes)
     gp = None if grad_placements is None else tuple(grad_placements)
     gout = grad_out_layout(dst, gp)
-    meta = (x.layout, dst, gout, x.mesh, algorithm)
+    meta = (x.layout, dst, gout, grad_out_scale(dst, gp), x.mesh, algorithm)
     return Sharded(_redistribute(x.local, meta), dst, x.mesh)
 
 
@@ -506,7 +506,8 @@ def _fft(kind: str, x: Sharded, s: Optional[Sequence[int]], axes: Optional[Seque
             local = _local_pass(local, p, norm)
         elif p.plan.steps:
             gout = grad_out_layout(p.dst, None)
-            local = _redistribute(local, (p.src, p.dst, gout, x.mesh, algorithm))
+            local = _redistribute(local, (p.src, p.dst, gout, grad_out_scale(p.dst, None),
+                                          x.mesh, algorithm))
     return Sharded(local, fp.dst, x.mesh)
 
 

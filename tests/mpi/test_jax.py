@@ -271,6 +271,43 @@ def test_gradient_equals_the_serial_gradient(comm, dtype):
     agree(comm, failures)
 
 
+def test_gradient_through_a_partial_avg_result(comm):
+    """A hop to Partial("avg") inside a differentiated chain (Shard -> P(avg) -> Replicate,
+    and from a P(avg) source through another P(avg)): the gradient arriving at a P(avg)
+    result is its addends' (the value's over n), so its backward multiplies by n; the
+    source's gradient equals the serial one (it was once 1/n of it)."""
+    failures = []
+    for ms in meshes(comm.size):
+        mesh = ps.Mesh(comm, ms)
+        shape = (7, 5)
+        avg = [Partial("avg")] * len(ms)
+        n = prod(ms)
+        for src_avg in (False, True):
+            pl0 = avg if src_avg else [Shard(0)] + [R] * (len(ms) - 1)
+            nq = n if src_avg else 1
+            parts = np.stack([global_array(shape, "float64", 11 + j) for j in range(nq)])
+            w = global_array(shape, "float64", 99)
+            x, q = sharded(parts, mesh, pl0, None)
+
+            def loss(local, x=x, mesh=mesh, w=w, avg=avg, ms=ms):
+                cur = psj.Sharded(local, x.layout, x.mesh)
+                cur = psj.redistribute(cur, avg)
+                cur = psj.redistribute(cur, [R] * len(ms))
+                return jnp.sum(jnp.asarray(w) * cur.local * cur.local)
+
+            got = np.asarray(jax.jit(jax.grad(loss))(x.local))
+
+            def serial(X, w=w, src_avg=src_avg):
+                Y = X.mean(0) if src_avg else X[0]
+                return jnp.sum(jnp.asarray(w) * Y * Y)
+
+            ref = np.asarray(jax.grad(serial)(jnp.asarray(parts)))[q][x.layout.box(mesh.coords)]
+            if not np.allclose(got, ref, rtol=1e-12, atol=1e-12):
+                failures.append(f"{ms} source {pl0}: {got.ravel()[:4]} vs {ref.ravel()[:4]}")
+        mesh.free()
+    agree(comm, failures)
+
+
 @pytest.mark.parametrize("op", ["max", "min"])
 def test_partial_max_min_source_redistributes_and_raises_only_in_the_backward(comm, op):
     """A Partial('max'/'min') source redistributes like the numpy path (eagerly, under jit,

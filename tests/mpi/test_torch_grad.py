@@ -119,6 +119,11 @@ def run_chain(mesh, shape, dtype, src, hops, op="sum", seed=0, algorithm=None, l
     linear = any(isinstance(p, Partial) for p in cur.placements)
     yl = cur.local
     loss = (w[cur.box] * (yl if linear else yl * yl)).sum()
+    # a Partial("avg") result's value is the mean of the ranks' addends: the loss of the value
+    # is the ranks' losses of their addends over their count
+    n_avg = prod(mesh.shape[m] for m, p in enumerate(cur.placements) if p == Partial("avg"))
+    if n_avg > 1:
+        loss = loss / n_avg
     loss.backward()
     # reference: the same on the global tensors
     ref_parts = parts.detach().clone().requires_grad_()
@@ -135,7 +140,7 @@ def run_chain(mesh, shape, dtype, src, hops, op="sum", seed=0, algorithm=None, l
     return leaf.grad, want
 
 
-def random_cases(rng, mesh_shape, shapes, ncases, ops=("sum",)):
+def random_cases(rng, mesh_shape, shapes, ncases, ops=("sum",), hop_ops=("sum",)):
     out = []
     for k in range(ncases):
         shape = shapes[k % len(shapes)]
@@ -144,7 +149,7 @@ def random_cases(rng, mesh_shape, shapes, ncases, ops=("sum",)):
         src = (pl0, random_sizes(rng, shape, mesh_shape, pl0))
         hops = []
         for _ in range(rng.randint(1, 3)):
-            pl = random_placements(rng, nd, mesh_shape)
+            pl = random_placements(rng, nd, mesh_shape, ops=hop_ops)
             hops.append((pl, random_sizes(rng, shape, mesh_shape, pl)))
         out.append((shape, src, hops))
     return out
@@ -165,15 +170,16 @@ def same(got, want, op):
                           atol=8 * torch.finfo(want.dtype).eps * scale)
 
 
-def check_cases(comm, dtype, ncases, seed, ops=("sum",), algorithm=None):
+def check_cases(comm, dtype, ncases, seed, ops=("sum",), algorithm=None, hop_ops=("sum",)):
     failures = []
     for mesh_shape in all_meshes(comm.size):
         mesh = ps.Mesh(comm, mesh_shape)
         rng = random.Random(seed + len(mesh_shape))  # the same on every rank
-        for shape, src, hops in random_cases(rng, mesh_shape, SHAPES, ncases, ops):
+        for shape, src, hops in random_cases(rng, mesh_shape, SHAPES, ncases, ops, hop_ops):
             op = next((p.op for p in src[0] if isinstance(p, Partial)), "sum")
             got, want = run_chain(mesh, shape, dtype, src, hops, op=op, algorithm=algorithm)
-            if got is None or got.dtype != want.dtype or not same(got, want, op):
+            tol = "avg" if any(p == Partial("avg") for pl, _ in hops for p in pl) else op
+            if got is None or got.dtype != want.dtype or not same(got, want, tol):
                 failures.append(f"{mesh_shape} {shape} {src} -> {hops}: {got} vs {want}")
     assert not failures, f"{len(failures)} failures:\n" + "\n".join(failures[:5])
 
@@ -186,6 +192,13 @@ def test_random_chains_float64(comm):
 
 def test_random_chains_partial_avg(comm):
     check_cases(comm, "float64", 6, seed=2, ops=("avg",))
+
+
+def test_random_chains_through_partial_avg(comm):
+    """Hops to Partial("avg") in the middle of a chain: the gradient arriving at such a
+    result is its addends' (the value's divided by n), so its backward multiplies by n before
+    the reverse redistribute (it once handed the source 1/n of its gradient)."""
+    check_cases(comm, "float64", 10, seed=4, ops=("sum", "avg"), hop_ops=("sum", "avg"))
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
