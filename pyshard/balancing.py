@@ -15,7 +15,8 @@ The algorithm (docs/balance.md has the proofs' outline and the measurements):
   the upper end to the bottleneck it reached; both are costs of real intervals, so the
   bisection ends on the optimum exactly (no tolerance). Among the optimal splits the one
   nearest an even share of the cost at each cut is kept (uniform costs give
-  ``numpy.array_split``'s extents, the larger parts first).
+  ``split_sizes(n, parts, grain=multiple_of)``'s extents: ``numpy.array_split``'s, the
+  larger parts first, in whole multiples with the rest to the last part).
 * **N-D, iterative rectilinear refinement** (Nicol's scheme): start from the exact 1-D split
   of each sharded dim's projected profile (the cost summed over the other dims), then sweep
   the dims in turn. For dim ``d`` with the other dims' cuts fixed, the cost of the shard
@@ -37,6 +38,7 @@ process (a simulated mesh of any size).
 
 from __future__ import annotations
 
+import math
 import numbers
 import time
 from dataclasses import dataclass, field
@@ -49,6 +51,7 @@ from . import _backend, _validate, collectives
 from .array import ShardedArray
 from .layout import Layout, Partial, Replicate, Shard, unravel
 from .mesh import Mesh
+from .migration import grid_params
 
 __all__ = ["Balance", "balance", "balance_array", "particle_cost"]
 
@@ -119,8 +122,13 @@ class Balance:
     def measure(self, seconds_before: float, seconds_after: float) -> float:
         """Record the measured gain, ``1 - seconds_after / seconds_before`` (say, the step time
         on the slowest rank before and after moving to ``sizes``), and return it."""
-        if seconds_before <= 0.0:
-            raise ValueError(f"Balance.measure: seconds_before must be > 0, got {seconds_before}")
+        b, a = float(seconds_before), float(seconds_after)
+        if not (math.isfinite(b) and b > 0.0):
+            raise ValueError(f"Balance.measure: seconds_before must be finite and > 0, got "
+                             f"{seconds_before}")
+        if not (math.isfinite(a) and a >= 0.0):
+            raise ValueError(f"Balance.measure: seconds_after must be finite and >= 0, got "
+                             f"{seconds_after}")
         self.measured_gain = 1.0 - float(seconds_after) / float(seconds_before)
         return self.measured_gain
 
@@ -271,13 +279,16 @@ class Chain:
             if not target:
                 i = int(cand[-1])
             else:
+                # the even share of what lies up to the last allowed cut point (the cells
+                # past it, n % grain of them, go to the last part whatever the split, as
+                # split_sizes' remainder does), rounded up to an allowed cut point
                 r = self.p - k + 1  # parts left, this one included
-                rem = self.Wn - float(self.W[i])
+                rem = float(self.W[-1]) - float(self.W[i])
                 if rem > 0.0:
                     t = int(np.searchsorted(self.W, float(self.W[i]) + rem / r, "left"))
                 else:
-                    t = int(np.searchsorted(self.pos, self.pos[i] + (self.n - self.pos[i]) / r,
-                                            "left"))
+                    t = int(np.searchsorted(self.pos, self.pos[i] + (self.pos[-1] - self.pos[i])
+                                            / r, "left"))
                 d = np.abs(cand - t)
                 i = int(cand[np.flatnonzero(d == d.min())[-1]])
             cuts.append(i)
@@ -624,12 +635,17 @@ def balance(cost: ShardedArray, multiple_of: PerDim = 1, min_size: PerDim = 0,
         raise ValueError(f"pyshard.balance: cost must be a pyshard.ShardedArray of per-cell "
                          f"costs, got {type(cost).__name__}")
     layout, mesh = cost.layout, cost.mesh
-    if _validate.enabled:
+    try:
+        dims, grain, least = _options(layout, multiple_of, min_size, tolerance, sweeps)
+    except ValueError as e:  # (validation mode: the others wait in their agreement)
+        _validate.refused(mesh.comm, "balance", e)
+        raise
+    if _validate.enabled:  # the options as read: 2, np.int64(2) and {0: 2} are one option
         _validate.agree(mesh.comm, "balance", {
-            "layout": repr(layout), "multiple_of": repr(multiple_of),
-            "min_size": repr(min_size), "tolerance": repr(tolerance), "sweeps": repr(sweeps),
+            "layout": repr(layout), "multiple_of": repr(sorted(grain.items())),
+            "min_size": repr(sorted(least.items())), "tolerance": repr(float(tolerance)),
+            "sweeps": repr(int(sweeps)),
         })
-    dims, grain, least = _options(layout, multiple_of, min_size, tolerance, sweeps)
     local = cost.local
     # (.local replaced by an array of another shape on one rank: carried in the first
     # collective below, so that every rank raises; its dtype is cast anyway)
@@ -692,6 +708,10 @@ def balance_array(cost: Any, layout: Layout, multiple_of: PerDim = 1, min_size: 
     if not isinstance(layout, Layout):
         raise ValueError(f"pyshard.balance_array: layout must be a pyshard.Layout, got "
                          f"{type(layout).__name__}")
+    if isinstance(cost, ShardedArray):
+        raise ValueError("pyshard.balance_array: cost is a ShardedArray: balance_array takes "
+                         "the whole cost as a numpy array in this process; pyshard.balance "
+                         "takes a ShardedArray (collective)")
     a = np.asarray(cost)
     if a.shape != layout.shape:
         raise ValueError(f"pyshard.balance_array: the cost has shape {a.shape}, the layout "
@@ -758,6 +778,8 @@ def particle_cost(positions: Any, like: Any, origin: Any = 0.0, spacing: Any = 1
     if _backend.is_device(x):
         x = _backend.to_host(x)
     nd = lay.ndim
+    # the arguments alone (the same on every rank): raised before any communication
+    o_h_per = grid_params(origin, spacing, periodic, nd, "pyshard.particle_cost")
     err = ""
     if x.ndim != 2 or x.shape[1] != nd or x.dtype.kind != "f":
         err = f"positions must be (n, {nd}) floating point, got {x.dtype} {x.shape}"
@@ -768,9 +790,7 @@ def particle_cost(positions: Any, like: Any, origin: Any = 0.0, spacing: Any = 1
     shape = lay.local_shape(mesh.coords)
     flat = np.zeros(0, np.int64)
     if not err:
-        o = np.broadcast_to(np.asarray(origin, np.float64), (nd,))
-        h = np.broadcast_to(np.asarray(spacing, np.float64), (nd,))
-        per = np.broadcast_to(np.asarray(periodic, bool), (nd,))
+        o, h, per = o_h_per
         ok = np.ones(x.shape[0], bool)
         local = []
         for k in range(nd):

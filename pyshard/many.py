@@ -351,11 +351,17 @@ def _wrong_shape(keys: List[Any], xs: List[ShardedArray], mesh: Mesh) -> Optiona
 def plan_many(arrays: ArraysArg, placements: PlacementsLike, sizes: Any = None) -> ManyPlan:
     """The (cached) :class:`ManyPlan` that :func:`redistribute_many` would run; no
     communication."""
-    keys, xs, is_map = _items(arrays)
-    if xs:
-        mesh = next((x.mesh for x in xs if isinstance(x, ShardedArray)), None)
-        _check_arrays(keys, xs, mesh)
-    targets = _targets(keys, xs, placements, is_map, sizes)
+    try:
+        keys, xs, is_map = _items(arrays)
+        if xs:
+            mesh = next((x.mesh for x in xs if isinstance(x, ShardedArray)), None)
+            _check_arrays(keys, xs, mesh)
+        targets = _targets(keys, xs, placements, is_map, sizes)
+    except (TypeError, ValueError) as e:  # (the checks are redistribute_many's: named so)
+        head = "redistribute_many: "
+        if type(e) in (TypeError, ValueError) and str(e).startswith(head):
+            raise type(e)("plan_many: " + str(e)[len(head):]) from None
+        raise
     return _many(tuple(plan(x.layout, t) for x, t in zip(xs, targets)))
 
 

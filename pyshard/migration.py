@@ -791,6 +791,31 @@ def _describe(st: _Structure, cols: List[np.ndarray]) -> str:
                      f"{list(a.shape[1:])}" for k, a in zip(st.keys, cols))
 
 
+def grid_params(origin: Any, spacing: Any, periodic: Any, nd: int, what: str
+                ) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``origin``, ``spacing`` and ``periodic`` (scalars or one per axis) as arrays of ``nd``;
+    ValueError naming the argument where one is not (or a spacing is not finite and > 0, an
+    origin not finite): the arguments alone, so every rank that passes them raises alike."""
+    out = []
+    for name, v, dt in (("origin", origin, np.float64), ("spacing", spacing, np.float64),
+                        ("periodic", periodic, bool)):
+        try:
+            a = np.asarray(v, dt)
+            if a.ndim > 1:
+                raise ValueError
+            out.append(np.broadcast_to(a, (nd,)))
+        except (TypeError, ValueError):
+            raise ValueError(f"{what}: {name} must be a scalar or one value per axis of the "
+                             f"{nd}-D grid, got {v!r}") from None
+    o, h, per = out
+    if not np.isfinite(o).all():
+        raise ValueError(f"{what}: origin must be finite, got {o.tolist()}")
+    if not (np.isfinite(h) & (h > 0)).all():
+        raise ValueError(f"{what}: spacing must be finite and > 0 on every axis, got "
+                         f"{h.tolist()}")
+    return o, h, per
+
+
 def owner(positions: Any, like: Any, origin: Any = 0.0, spacing: Any = 1.0,
           periodic: Any = False, mesh: Any = None, invalid: str = "raise") -> np.ndarray:
     """The ``dest`` that sends each position to the rank whose box holds its cell.
@@ -826,9 +851,7 @@ def owner(positions: Any, like: Any, origin: Any = 0.0, spacing: Any = 1.0,
     if x.ndim != 2 or x.shape[1] != nd or x.dtype.kind != "f":
         raise ValueError(f"pyshard.owner: positions must be (n, {nd}) floating point, got "
                          f"{x.dtype} {x.shape}")
-    origin = np.broadcast_to(np.asarray(origin, np.float64), (nd,))
-    spacing = np.broadcast_to(np.asarray(spacing, np.float64), (nd,))
-    periodic = np.broadcast_to(np.asarray(periodic, bool), (nd,))
+    origin, spacing, periodic = grid_params(origin, spacing, periodic, nd, "pyshard.owner")
     n = x.shape[0]
     coords = np.empty((n, len(layout.mesh_shape)), np.int64)
     for m, p in enumerate(layout.placements):

@@ -75,6 +75,23 @@ def test_uniform_costs_give_array_split(n, p):
     assert split(np.ones(n), p)[0] == ps.split_sizes(n, p)
 
 
+def test_uniform_costs_with_multiple_of_give_split_sizes():
+    """Every n <= 40, 1-8 parts, multiples 1-8 that fit: split_sizes' extents (whole
+    multiples as array_split deals them, the rest to the last part); the tie-break once
+    rounded each even share up to the next allowed cut, so 13 cells in 3 parts by 3 gave
+    (6, 6, 1) where split_sizes gives (6, 3, 4)."""
+    bad = []
+    for n, p, g in itertools.product(range(41), range(1, 9), range(1, 9)):
+        try:
+            got = split(np.ones(n), p, multiple_of=g)[0]
+        except ValueError:
+            continue
+        if got != ps.split_sizes(n, p, grain=g):
+            bad.append((n, p, g, got, ps.split_sizes(n, p, grain=g)))
+    assert not bad, bad[:5]
+    assert split(np.ones(13), 3, multiple_of=3)[0] == (6, 3, 4)
+
+
 def test_uneven_head_split_is_deepspeeds():
     """hidden 384, 6 heads of 64 on tp 4: get_shard_size_list gives [128, 128, 64, 64]."""
     assert split(np.ones(384), 4, multiple_of=64) == ((128, 128, 64, 64), 128.0)
@@ -172,3 +189,10 @@ def test_errors():
                                                     [ps.Shard(0), ps.Partial()]))
     with pytest.raises(ValueError, match="ShardedArray"):
         ps.balance(np.ones(8))
+    with pytest.raises(ValueError, match="pyshard.balance takes a ShardedArray"):
+        ps.balance_array(ps.ShardedArray.wrap(np.ones(8), ps.Layout((8,), np.float64, (1,),
+                                                                   [ps.Shard(0)]), None), lay)
+    b = ps.balance_array(np.ones(8), lay)
+    for before, after in ((0.0, 1.0), (float("nan"), 1.0), (1.0, float("nan")), (1.0, -1.0)):
+        with pytest.raises(ValueError, match="seconds_"):
+            b.measure(before, after)

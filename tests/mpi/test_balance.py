@@ -192,3 +192,39 @@ def test_not_a_sharded_array_raises(comm):
     # every rank passing one: every rank raises (one rank alone cannot tell the others)
     with pytest.raises(ValueError, match="ShardedArray"):
         ps.balance(np.ones(4))
+
+
+def test_bad_grid_arguments_name_the_argument(comm):
+    """particle_cost and owner with a spacing <= 0 or not finite, an origin of the wrong
+    length: a ValueError naming the argument on every rank (it was "particles lie outside
+    rank k's box", or numpy's broadcast error, or with periodic axes a mirrored grid)."""
+    mesh = ps.Mesh(comm, (comm.size,))
+    grid = ps.distribute(np.zeros((8, 3)), mesh, [ps.Shard(0)])
+    box = grid.box
+    x = np.array([[box[0].start + 0.5, 1.5]]) if box[0].stop > box[0].start else np.zeros((0, 2))
+    for kw, match in (({"spacing": 0.0}, "spacing must be finite and > 0"),
+                      ({"spacing": -1.0, "periodic": True}, "spacing must be finite and > 0"),
+                      ({"spacing": [1.0, np.inf]}, "spacing must be finite and > 0"),
+                      ({"origin": [0.0, 1.0, 2.0]}, "origin must be a scalar or one value"),
+                      ({"origin": np.nan}, "origin must be finite")):
+        for f in (ps.particle_cost, ps.owner):
+            with pytest.raises(ValueError, match=match):
+                f(x, grid, **kw)
+    mesh.free()
+
+
+def test_validation_reads_equal_options_as_equal(comm):
+    """PYSHARD_VALIDATE=1 compares the options as read: multiple_of=2 on one rank and
+    np.int64(2) or {0: 2} on another are the same call (they raised "different arguments");
+    options that differ still raise on every rank."""
+    mesh = ps.Mesh(comm, (comm.size,))
+    cost = ps.distribute(np.ones(4 * comm.size), mesh, [ps.Shard(0)])
+    spell = [2, np.int64(2), {0: 2}, {-1: 2}][comm.rank % 4]
+    tol = [0.02, np.float64(0.02)][comm.rank % 2]
+    with ps.config.override(PYSHARD_VALIDATE=1):
+        b = ps.balance(cost, multiple_of=spell, tolerance=tol)
+        assert b.sizes == {0: ps.split_sizes(4 * comm.size, comm.size, grain=2)}
+        if comm.size > 1:
+            with pytest.raises(ValueError, match="different"):
+                ps.balance(cost, multiple_of=1 + (comm.rank == 0))
+    mesh.free()

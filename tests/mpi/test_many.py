@@ -347,8 +347,10 @@ def test_containers_rebuilt_and_plan_many_checked(comm):
     for y in (*out.values(), *out2):
         np.testing.assert_array_equal(y.local, g[y.box])
     c = ps.distribute(g, other, [Shard(0), Replicate()])
-    with pytest.raises(ValueError, match="every array must share one Mesh"):
+    with pytest.raises(ValueError, match="^plan_many: .*every array must share one Mesh"):
         ps.plan_many([a, c], [Shard(1)])
+    with pytest.raises(TypeError, match=r"^plan_many: arrays\[0\] is a int"):
+        ps.plan_many([3], [Shard(1)])
     with pytest.raises(TypeError, match=r"arrays\[0\] is a ndarray, not a ShardedArray"):
         ps.redistribute_many([a.local, b], [Shard(1)])
     mesh.free()
