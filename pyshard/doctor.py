@@ -208,7 +208,9 @@ def report(comm: Any) -> Tuple[List[str], List[str]]:
     bad = sorted({k for f in facts for k, v in f["settings"].items() if _invalid(v)})
     if bad:
         hints.append(f"settings with a value pyshard refuses: {', '.join(bad)} (the first call "
-                     "that reads one raises; one read at import: the first Mesh's build)")
+                     "that reads one raises: a setting of a path the job never takes, the GPU's "
+                     "or a checkpoint format's, never raises; one read at import: the first "
+                     "Mesh's build)")
     if f0["cuda"]:
         lines.append(f"CUDA: built ({f0['cuda']}), a device: {bool(f0['cuda_device'])}, "
                      f"CUDA-aware MPI: {bool(f0['cuda_aware_mpi'])}")
