@@ -11,7 +11,8 @@ in the fewest collectives, as any redistribute.
 The gradient convention (DTensor's; docs/adjoints.md, "Gradients (torch)"): the gradient
 that arrives at a result is taken to be laid out like the result, with every ``Partial``
 mesh dim read as ``Replicate`` (the gradient of a sum with respect to each addend is the
-gradient of the sum). On a ``Replicate`` mesh dim every rank holds the same gradient,
+gradient of the sum; of a ``Partial("avg")`` result, the value's gradient divided by n, so
+its backward multiplies by n). On a ``Replicate`` mesh dim every rank holds the same gradient,
 counted once; ``grad_placements=`` says otherwise where the work downstream differs per
 rank (``[Partial("sum")]``: the ranks' gradients are to be summed). The gradient that
 leaves for the source is laid out like the source with ``Partial("sum")`` read as
