@@ -79,6 +79,14 @@ class ShardedArray(Placed):
     __slots__ = ("local", "layout", "mesh")
 
     def __init__(self, local: Any, layout: Layout, mesh: Mesh) -> None:
+        if not isinstance(layout, Layout):
+            raise TypeError(f"ShardedArray: layout must be a pyshard.Layout, got "
+                            f"{type(layout).__name__}")
+        if not isinstance(mesh, Mesh):
+            raise TypeError(f"ShardedArray: mesh must be a pyshard.Mesh, got {type(mesh).__name__}")
+        if not (hasattr(local, "shape") and hasattr(local, "dtype") and hasattr(local, "flags")):
+            raise TypeError(f"ShardedArray: local must be a numpy or cupy array, got "
+                            f"{type(local).__name__}")
         if layout.mesh_shape != mesh.shape:
             raise ValueError(
                 f"ShardedArray: the layout is for a mesh of shape {layout.mesh_shape}, the mesh "
@@ -102,6 +110,14 @@ class ShardedArray(Placed):
 
     def __repr__(self) -> str:
         return f"ShardedArray({self.layout!r}, local {self.local.shape} at {self.mesh.coords})"
+
+    def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
+        # numpy would take it as an opaque object (np.asarray(x): a 0-d object array,
+        # np.sum(x): x itself): say which array is meant instead
+        raise TypeError(
+            "a ShardedArray is not a numpy array: use x.local (this rank's shard) or x.full() "
+            "(the whole array on every rank, collective)"
+        )
 
     def plan_to(self, placements: PlacementsArg, sizes: SizesArg = None) -> Plan:
         """The (cached) plan that :meth:`redistribute` would run; no communication."""

@@ -23,7 +23,9 @@ __all__ = ["device_note", "explain", "route_note"]
 def route_note(s: Step, mesh: Any = None, algorithm: str = "auto") -> Optional[str]:
     """The line on where step ``s`` goes for host arrays called with ``algorithm``: the path
     :func:`pyshard.route.route` takes on ``mesh``, or without one the rule in words
-    (:func:`pyshard.route.describe`); None for a step that communicates nothing."""
+    (:func:`pyshard.route.describe`). A step that communicates nothing: on a mesh, the line
+    says ``local`` (every step of the plan gets one, so the lines follow the steps); without
+    one, None."""
     if mesh is not None:
         r = route(s, mesh, algorithm)
         how = r.path + (f" ({r.algorithm})" if r.algorithm not in ("", r.path) else "")

@@ -295,6 +295,25 @@ def test_sharded_array_checks_the_mesh_shape(comm):
         ps.ShardedArray(np.zeros((4, 3)), lay, mesh)
 
 
+def test_sharded_array_arguments_and_numpy_interop(comm):
+    """The constructor names a wrong argument with a TypeError (it was an AttributeError from
+    inside), and numpy refuses a ShardedArray with a TypeError saying what to use (it took
+    it as an opaque object: np.asarray(x) a 0-d object array, np.sum(x) x itself)."""
+    mesh = ps.Mesh(comm, (comm.size,))
+    g = make_global((2 * comm.size, 3), "float64")
+    x = ps.distribute(g, mesh, [Shard(0)])
+    for args, match in (((x.local.tolist(), x.layout, mesh), "local must be"),
+                        ((x.local, "Shard(0)", mesh), "layout must be"),
+                        ((x.local, x.layout, comm), "mesh must be")):
+        with pytest.raises(TypeError, match=match):
+            ps.ShardedArray(*args)
+    for f in (np.asarray, np.sum, lambda a: np.add(a, 1), lambda a: np.array([a, a])):
+        with pytest.raises(TypeError, match=r"x\.local .* or x\.full\(\)"):
+            f(x)
+    np.testing.assert_array_equal(np.asarray(x.local), g[x.box])
+    mesh.free()
+
+
 def test_sub_dims_takes_a_name(comm):
     m = ps.Mesh(comm, (1, comm.size), names=("dp", "tp"))
     assert m.sub_dims("tp") is m.sub_dims(("tp",)) is m.sub("tp")
