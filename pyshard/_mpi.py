@@ -53,11 +53,12 @@ def clean(text: str) -> str:
 
 
 def library_line() -> str:
-    """The first line of the running MPI library's version text (mpi4py's), without a NUL."""
+    """The first line of the running MPI library's version text (mpi4py's), without a NUL,
+    its runs of spaces one ("MPICH Version: 5.0.2", not MPICH's tab-aligned text)."""
     from mpi4py import MPI
 
     text = clean(MPI.Get_library_version())
-    return text.splitlines()[0].strip() if text else ""
+    return " ".join(text.splitlines()[0].split()) if text else ""
 
 
 def library_name(text: str) -> str:
