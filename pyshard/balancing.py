@@ -129,7 +129,7 @@ class Balance:
         if not (math.isfinite(a) and a >= 0.0):
             raise ValueError(f"Balance.measure: seconds_after must be finite and >= 0, got "
                              f"{seconds_after}")
-        self.measured_gain = 1.0 - float(seconds_after) / float(seconds_before)
+        self.measured_gain = 1.0 - a / b
         return self.measured_gain
 
     def explain(self) -> str:

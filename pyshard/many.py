@@ -209,20 +209,22 @@ def _many(plans: Tuple[Plan, ...]) -> ManyPlan:
     return _plan_with(plans, many_limits())
 
 
-def _items(arrays: ArraysArg) -> Tuple[List[Any], List[ShardedArray], bool]:
+def _items(arrays: ArraysArg, call: str = "redistribute_many"
+           ) -> Tuple[List[Any], List[ShardedArray], bool]:
     if isinstance(arrays, Mapping):
         keys = list(arrays.keys())
         return keys, [arrays[k] for k in keys], True
     if isinstance(arrays, (list, tuple)):
         return list(range(len(arrays))), list(arrays), False
     raise TypeError(
-        f"redistribute_many: arrays must be a list, tuple or dict of ShardedArray, got "
+        f"{call}: arrays must be a list, tuple or dict of ShardedArray, got "
         f"{type(arrays).__name__}"
     )
 
 
 def _per_array(
-    what: str, keys: List[Any], xs: List[ShardedArray], value: Any, is_map: bool, default: Any
+    what: str, keys: List[Any], xs: List[ShardedArray], value: Any, is_map: bool, default: Any,
+    call: str = "redistribute_many",
 ) -> list:
     """``value`` per array: a dict (dict containers) or list (list containers) matching
     ``arrays``; ``None`` gives ``default`` to every array."""
@@ -231,20 +233,21 @@ def _per_array(
     if is_map and isinstance(value, Mapping):
         extra = [k for k in value if k not in set(keys)]
         if extra:
-            raise ValueError(f"redistribute_many: {what} names arrays not in arrays: {extra[:5]}")
+            raise ValueError(f"{call}: {what} names arrays not in arrays: {extra[:5]}")
         return [value.get(k, default) for k in keys]
     if not is_map and isinstance(value, (list, tuple)):
         if len(value) != len(xs):
-            raise ValueError(f"redistribute_many: {len(value)} {what} for {len(xs)} arrays")
+            raise ValueError(f"{call}: {len(value)} {what} for {len(xs)} arrays")
         return list(value)
     raise TypeError(
-        f"redistribute_many({what}): expected a {'dict' if is_map else 'list'} matching "
+        f"{call}({what}): expected a {'dict' if is_map else 'list'} matching "
         f"arrays, got {type(value).__name__}"
     )
 
 
 def _targets(
-    keys: List[Any], xs: List[ShardedArray], placements: Any, is_map: bool, sizes: Any = None
+    keys: List[Any], xs: List[ShardedArray], placements: Any, is_map: bool, sizes: Any = None,
+    call: str = "redistribute_many",
 ) -> list:
     """One target layout per array: ``placements`` is one placement list for all, or a list
     (dict) matching ``arrays``; ``sizes`` a list (dict) of ``{array_dim: extents}``."""
@@ -253,7 +256,7 @@ def _targets(
         extra = [k for k in placements if k not in set(keys)]
         if missing or extra:
             raise ValueError(
-                f"redistribute_many: placements name other arrays than arrays (missing "
+                f"{call}: placements name other arrays than arrays (missing "
                 f"{missing[:5]}, extra {extra[:5]})"
             )
         per = [placements[k] for k in keys]
@@ -265,12 +268,12 @@ def _targets(
     ):
         if len(placements) != len(xs):
             raise ValueError(
-                f"redistribute_many: {len(placements)} placement lists for {len(xs)} arrays"
+                f"{call}: {len(placements)} placement lists for {len(xs)} arrays"
             )
         per = list(placements)
     else:
         per = [placements] * len(xs)
-    per_sizes = _per_array("sizes", keys, xs, sizes, is_map, None)
+    per_sizes = _per_array("sizes", keys, xs, sizes, is_map, None, call)
     return [x.target_layout(pl, sz) for x, pl, sz in zip(xs, per, per_sizes)]
 
 
@@ -304,7 +307,8 @@ def _check_no_arrays(placements: Any, is_map: bool, sizes: Any) -> None:
     _per_array("sizes", [], [], sizes, is_map, None)
 
 
-def _check_arrays(keys: List[Any], xs: List[Any], mesh: Any) -> bool:
+def _check_arrays(keys: List[Any], xs: List[Any], mesh: Any, call: str = "redistribute_many"
+                  ) -> bool:
     """Every item a ShardedArray on ``mesh`` whose ``.local`` has its layout's dtype, all on
     the host or all on a GPU (which: the result); TypeError or ValueError naming the first
     that is not. This rank's facts, as redistribute's checks: the fused and node-shared
@@ -313,24 +317,24 @@ def _check_arrays(keys: List[Any], xs: List[Any], mesh: Any) -> bool:
     for k, x in zip(keys, xs):
         if not isinstance(x, ShardedArray):
             raise TypeError(
-                f"redistribute_many: arrays[{k!r}] is a {type(x).__name__}, not a ShardedArray"
+                f"{call}: arrays[{k!r}] is a {type(x).__name__}, not a ShardedArray"
             )
         if x.mesh is not mesh:
             raise ValueError(
-                f"redistribute_many: arrays[{k!r}] lies on another mesh than "
+                f"{call}: arrays[{k!r}] lies on another mesh than "
                 f"arrays[{first!r}]; every array must share one Mesh"
             )
         dt = x.local.dtype
         if dt is not x.layout.dtype and dt != x.layout.dtype:
             raise TypeError(
-                f"redistribute_many: arrays[{k!r}]'s local array has dtype {dt}, its layout "
+                f"{call}: arrays[{k!r}]'s local array has dtype {dt}, its layout "
                 f"{x.layout.dtype} (was .local replaced by an array of another dtype? "
                 f"ShardedArray.wrap the new array with a layout of its dtype)")
     if all(type(x.local) is np.ndarray for x in xs):
         return False
     devs = {bk.is_device(x.local) for x in xs}
     if len(devs) > 1:
-        raise TypeError("redistribute_many: mixes host and GPU arrays; pass one kind")
+        raise TypeError(f"{call}: mixes host and GPU arrays; pass one kind")
     return devs.pop()
 
 
@@ -351,17 +355,11 @@ def _wrong_shape(keys: List[Any], xs: List[ShardedArray], mesh: Mesh) -> Optiona
 def plan_many(arrays: ArraysArg, placements: PlacementsLike, sizes: Any = None) -> ManyPlan:
     """The (cached) :class:`ManyPlan` that :func:`redistribute_many` would run; no
     communication."""
-    try:
-        keys, xs, is_map = _items(arrays)
-        if xs:
-            mesh = next((x.mesh for x in xs if isinstance(x, ShardedArray)), None)
-            _check_arrays(keys, xs, mesh)
-        targets = _targets(keys, xs, placements, is_map, sizes)
-    except (TypeError, ValueError) as e:  # (the checks are redistribute_many's: named so)
-        head = "redistribute_many: "
-        if type(e) in (TypeError, ValueError) and str(e).startswith(head):
-            raise type(e)("plan_many: " + str(e)[len(head):]) from None
-        raise
+    keys, xs, is_map = _items(arrays, "plan_many")
+    if xs:
+        mesh = next((x.mesh for x in xs if isinstance(x, ShardedArray)), None)
+        _check_arrays(keys, xs, mesh, "plan_many")
+    targets = _targets(keys, xs, placements, is_map, sizes, "plan_many")
     return _many(tuple(plan(x.layout, t) for x, t in zip(xs, targets)))
 
 
