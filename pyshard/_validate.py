@@ -81,10 +81,21 @@ def _crc(s: str) -> int:
     return zlib.crc32(s.encode())
 
 
+def _live(comm: MPI.Comm) -> None:
+    """RuntimeError, before any MPI call, where MPI was finalized or ``comm`` is a freed
+    mesh's (``MPI.COMM_NULL``): the calls that agree first would end the process (MPICH) or
+    raise the MPI library's own message about a null communicator."""
+    collectives.check_finalized()
+    if comm == MPI.COMM_NULL:
+        raise RuntimeError("this mesh was freed (Mesh.free()): it has no communicators left; "
+                           "make a new Mesh")
+
+
 def agree(comm: MPI.Comm, call: str, items: Dict[str, str]) -> None:
     """Collective over ``comm``: every rank's ``items`` (name -> description) must be equal;
     else every rank raises the same ValueError naming the ranks that differ and how.
     Counted in :func:`validation_stats` under ``call``."""
+    _live(comm)
     _checks[call] = _checks.get(call, 0) + 1
     # the settings that choose the collectives too: ranks that differ would wait for each
     # other in different calls

@@ -635,6 +635,7 @@ def balance(cost: ShardedArray, multiple_of: PerDim = 1, min_size: PerDim = 0,
         raise ValueError(f"pyshard.balance: cost must be a pyshard.ShardedArray of per-cell "
                          f"costs, got {type(cost).__name__}")
     layout, mesh = cost.layout, cost.mesh
+    mesh.check_live()
     try:
         dims, grain, least = _options(layout, multiple_of, min_size, tolerance, sweeps)
     except ValueError as e:  # (validation mode: the others wait in their agreement)

@@ -43,8 +43,9 @@ class Mesh:
         if isinstance(comm, MPI.Comm) and comm == MPI.COMM_NULL:  # (mpi4py types it Comm,
             # or Intracomm where Split(MPI.UNDEFINED) made it)
             raise ValueError(
-                "Mesh(comm): this rank is not in the communicator (MPI.COMM_NULL, e.g. from "
-                "comm.Split(MPI.UNDEFINED)): only the ranks of a communicator build its mesh"
+                "Mesh(comm): the communicator is MPI.COMM_NULL: a freed one (comm.Free()), "
+                "or this rank is not in it (e.g. comm.Split(MPI.UNDEFINED)): only the ranks "
+                "of a live communicator build its mesh"
             )
         if not isinstance(comm, MPI.Intracomm):
             raise TypeError(

@@ -712,6 +712,8 @@ def _gather_plan(indices: Any, like: ShardedArray, algorithm: str, method: str, 
                  refuse: str) -> GatherPlan:
     """:func:`gather_plan` for ``pyshard.<name>``; ``refuse``: this rank's caller found its
     input bad (the detail), told to every rank with the setup's counts as error code 4."""
+    if isinstance(like, ShardedArray):  # (before the agreement's and the setup's MPI calls)
+        like.mesh.check_live()
     try:
         mesh, lay, offsets = _index_layout(like, name)
         route = index_route(mesh, algorithm, method)

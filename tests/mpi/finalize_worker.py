@@ -33,6 +33,16 @@ pmig = ps.migrate(g[:4], np.zeros(4, np.int64), mesh, wait=False)
 pgather = ps.gather_plan(np.arange(3), like=x).gather(x, wait=False)
 MPI.Finalize()
 
+
+
+def validated(call):
+    ps.set_validation(True)
+    try:
+        return call()
+    finally:
+        ps.set_validation(False)
+
+
 calls = {
     "redistribute (fast path)": lambda: x.redistribute([Shard(1)]),
     "redistribute (new target)": lambda: x.redistribute([Replicate()]),
@@ -54,6 +64,15 @@ calls = {
     "PendingMigration.wait": pmig.wait,
     "gather in flight, test": pgather.test,
     "gather in flight, wait": pgather.wait,
+    # (these reached MPI before any check: a new gather plan and what builds one, balance,
+    # and the agreement that validation runs first)
+    "gather_plan (new)": lambda: ps.gather_plan(np.arange(2), like=x),
+    "take": lambda: ps.take(x, np.arange(2)),
+    "scatter_add": lambda: ps.scatter_add(x, np.arange(2), np.ones((2, 6))),
+    "balance": lambda: ps.balance(x),
+    "rfftn (validated)": lambda: validated(lambda: pf.rfftn(x)),
+    "gather_plan (validated)": lambda: validated(
+        lambda: ps.gather_plan(np.arange(2), like=x)),
     "Mesh.free": mesh.free,
     "build_info": ps.build_info,
 }

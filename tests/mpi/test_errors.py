@@ -10,6 +10,7 @@ from oracle import make_global
 
 import pyshard as ps
 from pyshard import Partial, Replicate, Shard
+from pyshard import fft as pf
 
 pytestmark = pytest.mark.mpi  # run under mpiexec with --with-mpi (pytest-mpi)
 
@@ -34,8 +35,11 @@ def test_mesh_errors(comm):
     with pytest.raises(TypeError, match="intracommunicator"):
         ps.Mesh(None, (comm.size,))
     from mpi4py import MPI
-    for null in (MPI.COMM_NULL, comm.Split(MPI.UNDEFINED, 0)):  # (a rank outside a Split)
-        with pytest.raises(ValueError, match="not in the communicator"):
+    freed = comm.Dup()
+    freed.Free()  # (mpi4py makes it MPI.COMM_NULL)
+    # (a rank outside a Split, a freed communicator)
+    for null in (MPI.COMM_NULL, comm.Split(MPI.UNDEFINED, 0), freed):
+        with pytest.raises(ValueError, match=r"MPI.COMM_NULL: a freed one .*not in it"):
             ps.Mesh(null, (1,))
     with pytest.raises(ValueError, match="int >= 1"):
         ps.Mesh(comm, (comm.size, 0))
@@ -332,8 +336,19 @@ def test_freed_mesh_says_so(comm):
                lambda: x.redistribute([Shard(0)]),
                lambda: ps.from_local(x.local, m, [Shard(0)]),
                lambda: ps.from_local(x.local, m, [Shard(0)], global_shape=(5, 3), validate=True),
-               lambda: m.sub(0), lambda: m.core_comm((0,))):
+               lambda: m.sub(0), lambda: m.core_comm((0,)),
+               lambda: ps.balance(x), lambda: ps.take(x, np.arange(2)),
+               lambda: ps.gather_plan(np.arange(2), like=x)):
         no_comm(fn, RuntimeError, r"this mesh was freed \(Mesh.free\(\)\)")
+    # validation's agreement runs first: it raised the MPI library's message about a null
+    # communicator (and balance did without validation)
+    ps.set_validation(True)
+    try:
+        for fn in (lambda: ps.balance(x), lambda: ps.gather_plan(np.arange(2), like=x),
+                   lambda: ps.take(x, np.arange(2)), lambda: pf.fftn(x)):
+            no_comm(fn, RuntimeError, r"this mesh was freed \(Mesh.free\(\)\)")
+    finally:
+        ps.set_validation(False)
     m.free()  # twice: nothing left to free
 
 
