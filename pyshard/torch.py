@@ -46,7 +46,7 @@ import numpy as np
 from torch.autograd.function import once_differentiable
 
 from . import _backend as bk
-from . import _validate
+from . import _dtypes, _validate
 from . import array as _array
 from ._cache import memoize
 from ._grad import grad_in_layout as _grad_in_layout
@@ -141,12 +141,11 @@ def _memory_of(t: torch.Tensor) -> Any:
 
 def _to_torch(a: Any) -> torch.Tensor:
     """A pyshard result as a torch tensor on the same memory."""
-    if type(a) is np.ndarray and a.dtype.kind in _NATIVE_KINDS:
+    # (numpy's own dtypes; not ml_dtypes', whose float8_e5m2 is kind "f" like float32 while
+    # its other floats are kind "V": torch.from_numpy refuses every one of them)
+    if type(a) is np.ndarray and a.dtype.kind in "biufc" and not _dtypes.is_ml(a.dtype):
         return torch.from_numpy(a)
     return torch.from_dlpack(bk.to_dlpack(a))
-
-
-_NATIVE_KINDS = "biufc"  # numpy's own dtypes; ml_dtypes' floats are kind "V"
 
 
 _ML_TORCH = tuple(
