@@ -268,7 +268,7 @@ def _load_rows(
             )
         return local
 
-    local = reading.agreed(comm, f"load: {e['file']!r}", read)
+    local = reading.agreed(comm, f"load: {e['file']!r}: array {name!r}", read)
     assert local is not None
     if src is None:
         y_local = np.array(local, copy=True).reshape(lay.local_shape(mesh.coords))

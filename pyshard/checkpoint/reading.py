@@ -73,19 +73,36 @@ class NoMapping(OSError):
     """The file cannot be mapped here (a file system without mmap): read it another way."""
 
 
+_PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+
+
+def _raised_here(e: BaseException) -> bool:
+    """Was ``e`` raised by pyshard's own code (its last frame in this package)?"""
+    tb = e.__traceback__
+    if tb is None:
+        return True
+    while tb.tb_next is not None:
+        tb = tb.tb_next
+    return os.path.abspath(tb.tb_frame.f_code.co_filename).startswith(_PACKAGE)
+
+
 def agreed(comm: MPI.Comm, prefix: str, read: Callable[[], Any]) -> Any:
     """``read()`` on every rank, the verdicts agreed with one allgather, so that no rank goes
     on into a collective that another has left: every rank raises the first failing rank's
-    error as the same ValueError (``prefix: error`` for errors other than ValueError); where
-    some rank's file system cannot map the file (:class:`NoMapping`) and no rank failed,
-    every rank gets None (the caller reads it another way). Else this rank's value."""
+    error as the same ValueError (``prefix: error`` for errors other than pyshard's own
+    ValueErrors); where some rank's file system cannot map the file (:class:`NoMapping`) and
+    no rank failed, every rank gets None (the caller reads it another way). Else this rank's
+    value."""
     value, bad = None, None
     try:
         value = read()
     except NoMapping as e:
         bad = ("unmapped", f"{prefix}: {e}")
     except Exception as e:  # a verdict from every rank, whatever happened
-        bad = ("error", str(e) if isinstance(e, ValueError) else f"{prefix}: {e!r}")
+        if not isinstance(e, ValueError):
+            bad = ("error", f"{prefix}: {e!r}")
+        else:  # pyshard's own say what and where; another package's (zarr's) get the prefix
+            bad = ("error", str(e) if _raised_here(e) else f"{prefix}: {e}")
     verdicts = [v for v in collectives.allgather(comm, bad) if v is not None]
     errors = [m for k, m in verdicts if k == "error"]
     if errors:

@@ -7,6 +7,7 @@ metadata last, fsync, rename into place) or remove what was written."""
 from __future__ import annotations
 
 import json
+import logging
 import os
 import secrets
 import shutil
@@ -19,6 +20,8 @@ from .. import collectives
 from ..layout import Layout, Shard
 from .driver import Format
 from .errors import Failure, error, on_root
+
+log = logging.getLogger(__name__)
 
 __all__ = [
     "check_nested",
@@ -213,7 +216,13 @@ def swap_in(tmp: str, path: str, parent: str, token: str, sync: bool) -> None:
     if sync:
         fsync_dir(parent)
     if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
+        if os.path.islink(old) or not os.path.isdir(old):
+            os.unlink(old)  # (a link at path: the link goes, what it pointed at stays)
+        else:
+            shutil.rmtree(old, ignore_errors=True)
+        if os.path.lexists(old):
+            log.warning("save: could not remove the previous checkpoint set aside at %s; "
+                        "delete it by hand", old)
 
 
 def replace_file(tmp: str, path: str, parent: str, sync: bool) -> None:

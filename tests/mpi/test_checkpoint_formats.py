@@ -675,6 +675,31 @@ def _shard_files(path, name):
     return sorted({f for f in found if os.path.isfile(f)})
 
 
+def test_zarr_damaged_shard_names_the_array(comm, shared_dir, monkeypatch):
+    """A truncated shard of a pyshard Zarr checkpoint raises the same ValueError on every
+    rank, naming where, with the direct reader or through zarr-python (whose own message, a
+    bare "Stored and computed checksum do not match", was passed on without file or array)."""
+    need("zarr")
+    mesh = ps.Mesh(comm, (comm.size,))
+    g = make_global((4 * comm.size + 4, 3), "float64", seed=3)
+    path = os.path.join(shared_dir, "d.zarr")
+    ps.save(path, {"w": ps.distribute(g, mesh, [Shard(0)])}, format="zarr")
+
+    def damage():
+        f = _shard_files(path, "w")[-1]
+        with open(f, "r+b") as fh:
+            fh.truncate(os.path.getsize(f) // 2)
+        return f
+
+    shard = on_rank0(comm, damage)
+    for direct, where in (("1", repr(shard)), ("0", f"{os.path.join(path, 'w')!r}: array 'w'")):
+        monkeypatch.setenv("PYSHARD_ZARR_DIRECT", direct)
+        with pytest.raises(ValueError) as ei:
+            ps.load(path, mesh, {"w": [Shard(1)]})
+        assert same_error(comm, str(ei.value), f"load: {where}: ") == [], direct
+    mesh.free()
+
+
 def test_zarr_missing_shard_raises_on_every_rank(comm, shared_dir, monkeypatch):
     """A shard file missing from pyshard's own Zarr checkpoint (its save wrote every shard)
     raises the same FileNotFoundError naming the file on every rank, before any data is read,
@@ -1473,4 +1498,27 @@ def test_a_failed_reduction_step_names_the_array_and_cleans_up(comm, shared_dir,
     assert glob.glob(path + ".tmp-*") == []
     assert sorted(ps.checkpoint_info(path)["arrays"]) == ["old"]
     np.testing.assert_array_equal(ps.load(path, mesh, {"old": [Replicate()]})["old"].local, g)
+    mesh.free()
+
+
+def test_a_save_to_a_symlink_replaces_the_link(comm, shared_dir):
+    """A save to a path that is a symbolic link (``latest -> step-1``) replaces the link with
+    the new checkpoint and leaves the one it pointed at as it was, in every format; the
+    directory formats left the link behind as ``latest.old-<token>`` (rmtree cannot remove a
+    link, and ignored the error)."""
+    mesh = ps.Mesh(comm, (comm.size,))
+    g1, g2 = make_global((5, 3), "float64", seed=1), make_global((4, 2), "int32", seed=2)
+    for fmt in ["npy"] + available(FORMATS):
+        ext = EXT.get(fmt, "")
+        target = os.path.join(shared_dir, "step-1" + ext)
+        link = os.path.join(shared_dir, "latest" + ext)
+        ps.save(target, {"w": ps.distribute(g1, mesh, [Shard(0)])}, format=fmt)
+        on_rank0(comm, lambda t=target, lk=link: os.symlink(t, lk))
+        ps.save(link, {"w": ps.distribute(g2, mesh, [Shard(0)])}, format=fmt)
+        left = on_rank0(comm, lambda: [n for n in os.listdir(shared_dir) if ".old-" in n])
+        assert left == [], (fmt, left)
+        assert not os.path.islink(link), fmt
+        for path, g in ((link, g2), (target, g1)):
+            out = ps.load(path, mesh, {"w": [Shard(1)]})["w"]
+            np.testing.assert_array_equal(out.local, g[out.box], err_msg=f"{fmt} {path}")
     mesh.free()
