@@ -696,12 +696,13 @@ class HaloArray:
         why = halo_reason(self._route, self.layout, self._spec, self.mesh, self.method)
         text += f"\n  route ({self.method}): {why}"
         node = self._route.node
-        if node is not None:
+        if node is not None and m in ("shm", "tune"):  # (not where tune measured MPI faster)
             on = set(node.node_ranks) - {p.rank}
             mine = [r for r in p.peers if r in on]
             text += (
                 f"; it reaches {len(mine)} of this rank's {len(p.peers)} peer(s) (ranks "
-                f"{mine}), MPI the others"
+                f"{mine}), MPI the others" + (" (where the measurement picks node-shared "
+                                             "memory)" if m == "tune" else "")
             )
         if self._buf is not None:
             sb, nb = self._buf.shared_bytes, self._buf.nbytes

@@ -14,6 +14,7 @@ array dropped in flight."""
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import os
 import time
@@ -440,6 +441,30 @@ def test_errors_on_every_rank_before_communication(comm):
     with pytest.raises(ValueError, match="method must be one of"):
         x.with_halo(1, method="carrier-pigeon")
     assert counts_since(before) == {}
+    mesh.free()
+
+
+def test_explain_after_tune_names_the_method_it_chose(comm):
+    """After ``method="tune"`` measured, explain() says how the chosen method runs, and says
+    node peers are reached through node-shared memory only where it chose that (it said so
+    after tune chose persistent requests)."""
+    mesh = ps.Mesh(comm, (comm.size,))
+    x = ps.distribute(make_global((4 * comm.size, 3), "float64"), mesh, [S0])
+    for only in (None, ("persistent",), ("shm",)):
+        h = x.with_halo((1, 0), periodic=True, method="tune")
+        if only is not None:  # the measurement's candidates narrowed: its choice known
+            if "shm" in only and "shm" not in h._route.candidates:
+                continue  # (no node peers)
+            h._route = dataclasses.replace(h._route, candidates=only)
+        h.update()
+        text, line = h.explain(), route_line(h)
+        assert only is None or h.chosen == only[0], (only, h.chosen)
+        assert "(chosen by measurement)" in text, text
+        if h.chosen == "shm":
+            assert "runs as node-shared memory" in text
+            assert "reaches" in line or h._route.node is None, line
+        else:
+            assert "runs as node-shared memory" not in text and "reaches" not in line, line
     mesh.free()
 
 
