@@ -375,6 +375,16 @@ def _check_sharded(x: object, what: str) -> ShardedTensor:
     return x
 
 
+def _agree_noop(x: ShardedTensor, placements: PlacementsArg, sizes: SizesArg,
+                algorithm: Optional[str]) -> None:
+    """Validation mode: a redistribute that moves nothing on this rank agrees all the same,
+    as the numpy path's does (the numpy no-op, which only agrees): a rank whose target is
+    bad or differs waits in an agreement that this rank's next call would answer."""
+    if _validate.enabled:
+        a = ShardedArray.wrap(_as_array(x.local.detach()), x.layout, x.mesh)
+        a.redistribute(placements, sizes, algorithm=algorithm)
+
+
 def redistribute(
     x: ShardedTensor,
     placements: PlacementsArg,
@@ -405,13 +415,15 @@ def redistribute(
         if grad_placements is not None:
             _grad_out_layout(dst, _as_tuple(grad_placements))  # the same errors either way
         if x.layout == dst:  # the tensor itself, as with gradients (a new tensor over its
-            return ShardedTensor._wrap(x.local, dst, x.mesh)  # memory hid writes from autograd)
+            _agree_noop(x, placements, sizes, algorithm)  # memory hid writes from autograd)
+            return ShardedTensor._wrap(x.local, dst, x.mesh)
         out = _to_torch(_run(_as_array(x.local), x.layout, dst, x.mesh, algorithm))
         return ShardedTensor._wrap(out, dst, x.mesh)
     gout = _grad_out_layout(dst, _as_tuple(grad_placements))
     gin, div = _grad_in_layout(x.layout)
     mul = _grad_out_scale(dst, _as_tuple(grad_placements))
     if x.layout == dst and gout == gin and div == mul:
+        _agree_noop(x, placements, sizes, algorithm)
         return ShardedTensor._wrap(x.local, dst, x.mesh)  # nothing moves, forward or backward
     meta = (x.layout, dst, gout, gin, (mul, div), x.mesh, algorithm)
     return ShardedTensor._wrap(_apply(_Redistribute, x.local, meta), dst, x.mesh)

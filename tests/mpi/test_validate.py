@@ -451,4 +451,11 @@ def test_torch_bad_argument_on_one_rank(comm, validating):
                "halo update", f"rank {last}")
     y = pst.redistribute(x, [Shard(1)])
     np.testing.assert_array_equal(y.local.detach().numpy(), g[:, y.box[1]])
+    # the others' target is the layout they have (a no-op there, which skipped its
+    # agreement: the odd rank's was answered by their next call, out of step for good)
+    for t in (x, pst.distribute(torch.tensor(g), mesh, [Shard(0)])):  # (grad or not)
+        _all_raise(comm, lambda t=t: pst.redistribute(t, [Shard(7)] if odd else [Shard(0)]),
+                   "redistribute", f"rank {last}")
+        z = pst.redistribute(t, [Replicate()])
+        np.testing.assert_array_equal(z.local.detach().numpy(), g)
     mesh.free()
