@@ -227,6 +227,8 @@ class Mesh:
         if self.pending:  # (handles dropped unwaited keep their buffers and requests)
             self.pending[-1].wait()  # (completes every one started before it, in order)
         self._cache.clear()  # executors, and the workspace pool back to the OS
+        # migrate's kept buffers and persistent count requests (pyshard.migration.kept)
+        self.__dict__.pop("_migrate_state", None)
         if self._node_map is not None:  # node-shared memory: the pools and mappings
             self._node_map.release()
             self._node_map = None

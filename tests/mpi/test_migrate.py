@@ -221,6 +221,21 @@ def test_peers(mesh):
     assert r.route.algorithm == "peers"
 
 
+def test_mesh_free_drops_what_migrate_keeps(comm):
+    """Mesh.free() lets go of migrate's kept buffers and persistent count requests (on the
+    communicator it frees; they lived as long as the Mesh object did)."""
+    m = ps.Mesh(comm, (comm.size,))
+    P, me = m.size, m.rank
+    spec = [("x", "float32", (2,))]
+    cols, dest = rows_of(5, me, P, "neighbours", spec)
+    want, _ = expected(5, me, P, "neighbours", spec)
+    r = ps.migrate(cols, dest, m, peers=[(me - 1) % P, (me + 1) % P])
+    same(r.rows["x"], want["x"])
+    assert kept(m)["buffers"] + kept(m)["peer_sets"] >= 1
+    m.free()
+    assert kept(m) == {"buffers": 0, "peer_sets": 0}
+
+
 @pytest.mark.mpi(min_size=4)
 def test_dest_outside_peers_raises(mesh):
     """A dest naming a rank outside peers=: that rank and its peers raise (no row is lost to
