@@ -6,7 +6,9 @@
 # message at 2 ranks (asked for with PYSHARD_TEST_LARGE=1: about 4.5 GB of memory), and the
 # demo at 4 ranks. At 1 rank only the tests marked `spawns` run (those that start mpiexec jobs
 # of their own: checkpoints across rank counts through MPI-IO, killed and stopped jobs, PMPI
-# counts): the rest at 1 rank is local copies, run on MPICH by scripts/test.sh. The core is
+# counts), without their `numerics` cases (the same on every library: pyshard's own waits on
+# node-shared memory, jobs with no MPI call to count): the rest at 1 rank is local copies, run
+# on MPICH by scripts/test.sh. The core is
 # built at -O1 (PYSHARD_CXX_OPT): these runs check the MPI library, not speed. The venv has only the test and build tools (requirements/test.txt,
 # requirements/build.txt), no optional extras. Ends with a table: library, version, run,
 # tests passed / skipped / failed, seconds. scripts/test-matrix.sh runs it for each library.
@@ -32,7 +34,8 @@
 #   PYSHARD_TEST_ONLY    test files or node ids instead of all of tests/mpi
 #   PYSHARD_TEST_MARKS   the pytest -m expression (default "not numerics and not slow"; site:
 #                        "not slow"; "" runs every test)
-#   PYSHARD_TEST_MARKS_1 the -m expression at 1 rank (default "spawns and not slow"; with
+#   PYSHARD_TEST_MARKS_1 the -m expression at 1 rank (default "spawns and not slow and not
+#                        numerics"; with
 #                        PYSHARD_TEST_ONLY or PYSHARD_TEST_MARKS set, and for site: MARKS)
 #   PYSHARD_CXX_OPT      the core's optimisation flag (default -O1; site: -O3)
 #   PYSHARD_TEST_LARGE   1: also the 2^31-byte message test at 2 ranks (it is skipped in the
@@ -53,7 +56,7 @@ NAME=${1:-}
 PLAIN=0
 SLIM=(PYSHARD_REQUIREMENTS="requirements/test.txt requirements/build.txt")
 MARKS=${PYSHARD_TEST_MARKS-not numerics and not slow}
-MARKS_1=${PYSHARD_TEST_MARKS_1-spawns and not slow}
+MARKS_1=${PYSHARD_TEST_MARKS_1-spawns and not slow and not numerics}
 [ -n "${PYSHARD_TEST_ONLY:-}${PYSHARD_TEST_MARKS+x}" ] && MARKS_1=${PYSHARD_TEST_MARKS_1-$MARKS}
 OPT=${PYSHARD_CXX_OPT:--O1}
 case "$NAME" in

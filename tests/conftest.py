@@ -9,12 +9,19 @@ A test that runs past ``PYSHARD_TEST_TIMEOUT_EACH`` seconds (default 180; 0: no 
 mpiexec ends the run: each rank prints every thread's stack (faulthandler) and exits, so a
 rank that left a loop of collective calls early shows where every rank waits, within that
 limit rather than the stage's (scripts/test.sh: 600 s for a whole run).
+
+A test module that ``-m`` leaves out whole (every test in it carries a module marker the
+expression excludes, say test_jax.py under ``-m "not jax"``) is not imported at all
+(``pytest_ignore_collect`` below): importing jax or torch costs about a second of CPU a rank,
+paid by every rank of every run that would then deselect all of it.
 """
 
 from __future__ import annotations
 
 import faulthandler
+import itertools
 import os
+import re
 import shutil
 import sys
 import tempfile
@@ -23,6 +30,53 @@ import pytest
 from mpi4py import MPI
 
 COMM = MPI.COMM_WORLD
+
+
+# pyshard's own markers (pyproject.toml): only ever applied in a test file's text, never by a
+# hook or a plugin, so a name of these that a file does not mention is a marker none of its
+# tests carry
+_OWN_MARKS = frozenset({"numerics", "spawns", "mesh3d", "jax", "slow"})
+_MARK = re.compile(r"pytest\.mark\.([A-Za-z_]\w*)")
+_NAME = re.compile(r"[A-Za-z_]\w*")
+
+
+def pytest_ignore_collect(collection_path, config):
+    """True for a test module that ``-m`` deselects whole, so that it is not imported.
+
+    Its tests all carry the markers of its ``pytestmark = ...`` line; a name of the
+    expression that line does not give may be on any test, unless it is one of
+    ``_OWN_MARKS`` that the file never mentions. The module is left out only when the
+    expression is false for every such choice; when anything is in doubt (an expression
+    with arguments, pytest's parser not found), it is collected as usual.
+    """
+    expr = config.option.markexpr
+    name = collection_path.name
+    if not expr or not (name.startswith("test_") and name.endswith(".py")):
+        return None
+    try:
+        from _pytest.mark.expression import Expression  # pytest's own -m parser
+
+        compiled = Expression.compile(expr)
+        text = collection_path.read_text(encoding="utf-8")
+    except Exception:  # anything odd: collect as usual
+        return None
+    line = re.search(r"^pytestmark\s*=(.*)$", text, re.M)
+    if line is None or "(" in expr:
+        return None
+    module = set(_MARK.findall(line.group(1)))
+    mentioned = set(_MARK.findall(text))
+    free = sorted(
+        n for n in set(_NAME.findall(expr)) - {"and", "or", "not"} - module
+        if n not in _OWN_MARKS or n in mentioned
+    )
+    for values in itertools.product((False, True), repeat=len(free)):
+        on = module | {n for n, v in zip(free, values) if v}
+        try:
+            if compiled.evaluate(lambda n, on=on, **kw: n in on):
+                return None  # some test here may be selected
+        except Exception:  # an expression this cannot evaluate
+            return None
+    return True
 
 
 def pytest_report_header(config):

@@ -85,6 +85,8 @@ def test_overlapped_exchange(comm, limited):
     """Blocks of 1 MiB or more take the nonblocking Ialltoallv (own block copied meanwhile),
     as MPI_Ialltoallw with a datatype per peer block."""
     P = comm.size
+    if P > 8:  # a block of 1 MiB between every pair: P^2 MiB, 12 s at 12 ranks on 2 cores
+        pytest.skip("P^2 blocks of 1 MiB: the same path runs at 2-8 ranks")
     mesh = ps.Mesh(comm, (P,))
     small = (5, 7)  # the box generator is make_global's slice
     box = (slice(1, 4), slice(2, 7))

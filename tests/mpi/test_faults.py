@@ -55,7 +55,15 @@ def left_running(script):
 
 
 @pytest.mark.spawns  # starts mpiexec jobs of its own (the matrix's 1-rank run)
-@pytest.mark.parametrize("where", ["setup", "exchange", "arrive", "halo", "validate"])
+@pytest.mark.parametrize("where", [
+    # numerics: pyshard's own waits on node-shared memory, the same on every MPI library; the
+    # matrix's 1-rank run keeps one of them (exchange) and the wait on an MPI request (validate)
+    pytest.param("setup", marks=pytest.mark.numerics),
+    "exchange",
+    pytest.param("arrive", marks=pytest.mark.numerics),
+    pytest.param("halo", marks=pytest.mark.numerics),
+    "validate",
+])
 def test_a_stopped_node_peer_makes_the_waiting_rank_raise(comm, where, tmp_path):
     """Rank 1 stops at mesh setup, before a node-shared exchange, inside one (after its writes,
     before its arrivals) or before a halo update, or
