@@ -85,8 +85,15 @@ fi
 # PYSHARD_REQUIREMENTS: the requirement files to install (default requirements/dev.txt: the
 # test and build tools and every optional extra); the MPI matrix's venvs take the slimmer
 # "requirements/test.txt requirements/build.txt" (scripts/test-mpi.sh)
+# --no-compile: pip would byte-compile every module of every package it installs (torch's and
+# jax's thousands: 24 of the 47 s this step took here); Python compiles a module the first time
+# it is imported instead, and only those (about 5 s for what the tests import, once). Not
+# where PYTHONDONTWRITEBYTECODE is set: nothing would keep those compiles, and every import
+# of torch or jax would pay them again.
+NO_COMPILE=()
+[ -z "${PYTHONDONTWRITEBYTECODE:-}" ] && NO_COMPILE=(--no-compile)
 for req in ${PYSHARD_REQUIREMENTS:-requirements/dev.txt}; do
-  $PIP install -q -r "$req"
+  $PIP install -q ${NO_COMPILE[@]+"${NO_COMPILE[@]}"} -r "$req"
 done
 CUDA_MODE=${PYSHARD_CUDA:-AUTO}
 # PYSHARD_CXX_OPT: the optimisation flag of the Release build (default -O3, what pip install

@@ -90,7 +90,7 @@ export PYSHARD_TWO_NODES_SHM_STRICT=1  # a file left in a host's /dev/shm fails 
 TWO_HOSTS=0
 PYSHARD_TWO_NODES_INSTALL=1 bash scripts/two-nodes.sh -n 2 -ppn 1 true && TWO_HOSTS=1
 mpich_run 1 "1 rank" "not slow"
-mpich_run 2 "2 ranks (+ slow)" ""
+mpich_run 2 "2 ranks (+ slow)" "not jax"
 mpich_run 3 "3 ranks, all shared" "not slow" PYSHARD_SHM_MIN_BYTES=0
 # two_hosts_run N LABEL MARKS PATHS [VAR=VALUE...]: PATHS at N ranks, N/2 a host, on two hosts
 two_hosts_run() {
