@@ -10,7 +10,8 @@
 #   oversubscribed, so a run is a rank count (the meshes it builds) and a transport:
 #     1 rank                      no peers: every exchange a local copy
 #     2 ranks                     auto (node-shared memory from 16 KiB, MPI below), a core a
-#                                 rank; also the `slow` tests and the 2^31-byte message
+#                                 rank; also the `slow` tests and the 2^31-byte message;
+#                                 without the `jax` tests (they run at 1, 3 and 4 ranks)
 #     3 ranks, all shared         PYSHARD_SHM_MIN_BYTES=0: every exchange, gather and reduction
 #                                 through node-shared memory however small (uneven, odd)
 #     4 ranks, two hosts          2 a host on two hosts of this machine (scripts/two-nodes.sh:
@@ -29,7 +30,7 @@
 #                                 again at 6 ranks would cost about 140 s of CI's budget)
 #     7 ranks, nodes of 2, 2, 2, 1  a prime: auto, uneven and empty shards everywhere, a rank alone
 #                                 on its node; without the
-#                                 `jax` tests (pyshard.jax runs at 1-4 ranks: importing jax and
+#                                 `jax` tests (pyshard.jax runs at 1, 3, 4 ranks: importing jax and
 #                                 compiling each case costs seconds a rank on 2 cores)
 #     8 ranks                     auto on the 3-D 2x2x2 mesh (and 4x2, 2x4): the files that
 #                                 build meshes of their own (the others are 1-D at 8 ranks,
