@@ -32,10 +32,6 @@ from mpi4py import MPI
 COMM = MPI.COMM_WORLD
 
 
-# pyshard's own markers (pyproject.toml): only ever applied in a test file's text, never by a
-# hook or a plugin, so a name of these that a file does not mention is a marker none of its
-# tests carry
-_OWN_MARKS = frozenset({"numerics", "spawns", "mesh3d", "jax", "slow"})
 _MARK = re.compile(r"pytest\.mark\.([A-Za-z_]\w*)")
 _NAME = re.compile(r"[A-Za-z_]\w*")
 
@@ -44,8 +40,9 @@ def pytest_ignore_collect(collection_path, config):
     """True for a test module that ``-m`` deselects whole, so that it is not imported.
 
     Its tests all carry the markers of its ``pytestmark = ...`` line; a name of the
-    expression that line does not give may be on any test, unless it is one of
-    ``_OWN_MARKS`` that the file never mentions. The module is left out only when the
+    expression that line does not give may be on any test, unless it is one of the markers
+    pyproject.toml declares (applied only in a test file's text, never by a hook or a
+    plugin) and the file never mentions it. The module is left out only when the
     expression is false for every such choice; when anything is in doubt (an expression
     with arguments, pytest's parser not found), it is collected as usual.
     """
@@ -63,11 +60,12 @@ def pytest_ignore_collect(collection_path, config):
     line = re.search(r"^pytestmark\s*=(.*)$", text, re.M)
     if line is None or "(" in expr:
         return None
+    own = {m.split(":")[0].strip() for m in config.getini("markers")}
     module = set(_MARK.findall(line.group(1)))
     mentioned = set(_MARK.findall(text))
     free = sorted(
         n for n in set(_NAME.findall(expr)) - {"and", "or", "not"} - module
-        if n not in _OWN_MARKS or n in mentioned
+        if n not in own or n in mentioned
     )
     for values in itertools.product((False, True), repeat=len(free)):
         on = module | {n for n, v in zip(free, values) if v}
